@@ -1,0 +1,18 @@
+//! The backend-free core of memlab: the allocator statistics model, the
+//! line-profiler engine and its reports. Users reach all of it through the
+//! `memlab` crate; backends (such as `memlab-tch`) implement [`Backend`].
+#![deny(missing_docs)]
+
+mod backend;
+mod error;
+pub mod profiler;
+pub mod report;
+pub mod stats;
+
+pub use backend::Backend;
+pub use error::{Error, Result};
+pub use report::{format_bytes, reset, Column, FunctionReport, LineReport, Report};
+pub use stats::{Device, DeviceSelector, DeviceStats, RawStats, Stat, StatArray};
+
+#[doc(hidden)]
+pub use inventory;

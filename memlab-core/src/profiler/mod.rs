@@ -1,0 +1,21 @@
+//! The line-profiler engine behind `#[memlab::profile]`.
+//!
+//! Each call of a profiled function is a [`Frame`]; generated code marks the
+//! start of every statement, and each mark closes the interval of the statement
+//! before it. For every interval memlab keeps, per allocator field, the level
+//! after it, the highest level during it, and how much running totals grew.
+//! Peaks of enclosing intervals survive the peak resets that inner intervals
+//! need (see `ledger`), so a caller's line includes what its callees reached.
+
+mod config;
+mod frame;
+mod ledger;
+pub mod site;
+
+pub use config::{
+    default_columns, is_enabled, set_default_columns, set_enabled, set_output, set_print_at_exit,
+    set_target_device, set_target_gpu, target_device, Output,
+};
+pub use frame::Frame;
+pub use ledger::MAX_CUDA_DEVICES;
+pub use site::{LineStats, Registered, Site, SiteMeta};

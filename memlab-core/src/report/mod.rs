@@ -1,0 +1,294 @@
+//! The line-profiler report: one model ([`Report`]), rendered as a text table,
+//! HTML (also for evcxr notebooks), CSV and JSON. Renderers produce `String`s;
+//! printing is left to the caller.
+
+mod export;
+mod html;
+mod text;
+
+use std::fmt;
+use std::str::FromStr;
+
+use crate::profiler::site::{sites, LineStats, Site, Table};
+use crate::stats::{field_index, FIELDS};
+use crate::{Device, Error, Result};
+
+pub use text::format_bytes;
+
+/// One column of a report.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Column {
+    /// A field of `torch.cuda.memory_stats()`, by index in [`FIELDS`].
+    Stat(usize),
+    /// The largest change of allocated bytes over one run of the line.
+    Increment,
+    /// The change of allocated bytes summed over all runs of the line.
+    IncrementTotal,
+    /// How many times the line ran.
+    Hits,
+}
+
+impl Column {
+    /// The columns reports show unless told otherwise: the peak of active and of
+    /// reserved bytes while the line ran, allocated bytes after it, its
+    /// increment, and its hit count.
+    pub fn defaults() -> Vec<Column> {
+        [
+            "active_bytes.all.peak",
+            "reserved_bytes.all.peak",
+            "allocated_bytes.all.current",
+            "increment",
+            "hits",
+        ]
+        .iter()
+        .map(|n| n.parse().expect("default column names are valid"))
+        .collect()
+    }
+
+    /// The column's name as it is parsed.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Column::Stat(i) => FIELDS[*i].name,
+            Column::Increment => "increment",
+            Column::IncrementTotal => "increment_total",
+            Column::Hits => "hits",
+        }
+    }
+
+    /// Whether the column counts bytes (as opposed to allocations, calls, …).
+    pub fn is_bytes(&self) -> bool {
+        match self {
+            Column::Stat(i) => {
+                FIELDS[*i].name.contains("_bytes") || FIELDS[*i].name == "max_split_size"
+            }
+            Column::Increment | Column::IncrementTotal => true,
+            Column::Hits => false,
+        }
+    }
+
+    /// The column's value in a line's record.
+    pub fn value(&self, stats: &LineStats) -> i64 {
+        match self {
+            Column::Stat(i) => stats.values[*i],
+            Column::Increment => stats.increment,
+            Column::IncrementTotal => stats.increment_total,
+            Column::Hits => stats.hits as i64,
+        }
+    }
+
+    fn signed(&self) -> bool {
+        matches!(self, Column::Increment | Column::IncrementTotal)
+    }
+}
+
+impl FromStr for Column {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        match s.trim() {
+            "increment" => Ok(Column::Increment),
+            "increment_total" => Ok(Column::IncrementTotal),
+            "hits" => Ok(Column::Hits),
+            name => field_index(name)
+                .map(Column::Stat)
+                .ok_or_else(|| Error::UnknownStat(name.to_string())),
+        }
+    }
+}
+
+/// One source line of a profiled function.
+#[derive(Clone, Debug)]
+pub struct LineReport {
+    /// The line number in the source file.
+    pub line: u32,
+    /// The source text of the line, as it was compiled.
+    pub code: &'static str,
+    /// The figures, or `None` for a line with no statement or one that never ran.
+    pub stats: Option<LineStats>,
+}
+
+/// One profiled function.
+#[derive(Clone, Debug)]
+pub struct FunctionReport {
+    /// The function's path, e.g. `demo::Mlp::forward`.
+    pub name: String,
+    /// Its source file.
+    pub file: &'static str,
+    /// The device it was last measured on.
+    pub device: Option<Device>,
+    /// Completed calls covered by the figures.
+    pub calls: u64,
+    /// The last error that kept it from being measured, with what to do.
+    pub error: Option<String>,
+    /// Its source lines, in order.
+    pub lines: Vec<LineReport>,
+}
+
+impl FunctionReport {
+    fn new(site: &Site, table: Table, device: Option<Device>, error: Option<String>) -> Self {
+        let meta = site.meta();
+        let lines = meta
+            .source
+            .iter()
+            .enumerate()
+            .map(|(i, code)| LineReport {
+                line: meta.first_line + i as u32,
+                code,
+                stats: table.lines.get(i).cloned().flatten(),
+            })
+            .collect();
+        FunctionReport {
+            name: site.name().to_string(),
+            file: meta.file,
+            device,
+            calls: table.calls,
+            error,
+            lines,
+        }
+    }
+
+    /// The record of source line `line`, if it ran.
+    pub fn line(&self, line: u32) -> Option<&LineStats> {
+        self.lines
+            .iter()
+            .find(|l| l.line == line)
+            .and_then(|l| l.stats.as_ref())
+    }
+
+    /// The first line whose source text contains `code`, e.g. `"let w ="`.
+    pub fn find(&self, code: &str) -> Option<&LineReport> {
+        self.lines.iter().find(|l| l.code.contains(code))
+    }
+
+    /// Whether the function ran at all (its entry was recorded).
+    pub fn ran(&self) -> bool {
+        self.lines.iter().any(|l| l.stats.is_some())
+    }
+}
+
+/// The figures of profiled functions, ready to render.
+#[derive(Clone, Debug)]
+pub struct Report {
+    /// The functions, sorted by name.
+    pub functions: Vec<FunctionReport>,
+    columns: Vec<Column>,
+}
+
+impl Report {
+    /// Every profiled function linked into the program, called or not.
+    pub fn collect() -> Report {
+        Report::from_sites(sites(), |_| true)
+    }
+
+    fn from_sites(
+        all: impl Iterator<Item = &'static Site>,
+        keep: impl Fn(&Site) -> bool,
+    ) -> Report {
+        let mut functions: Vec<FunctionReport> = all
+            .filter(|s| keep(s))
+            .map(|site| {
+                let (table, device, error) = match site.state().as_ref() {
+                    Some(st) => (st.total.clone(), st.device, st.error.clone()),
+                    None => (Table::default(), None, None),
+                };
+                FunctionReport::new(site, table, device, error)
+            })
+            .collect();
+        functions.sort_by(|a, b| a.name.cmp(&b.name).then(a.file.cmp(b.file)));
+        Report {
+            functions,
+            columns: crate::profiler::default_columns(),
+        }
+    }
+
+    /// The `#[profile]` functions (not `profile_every` ones), for printing at exit.
+    pub(crate) fn at_exit() -> Report {
+        Report::from_sites(sites(), |s| s.meta().every == 0)
+    }
+
+    /// The calls of `site` since `profile_every` last printed; starts a new window.
+    pub(crate) fn window_of(site: &'static Site) -> Report {
+        let (table, device, error) =
+            site.with_state(|st| (std::mem::take(&mut st.window), st.device, st.error.clone()));
+        let function = FunctionReport::new(site, table, device, error);
+        Report {
+            functions: vec![function],
+            columns: crate::profiler::default_columns(),
+        }
+    }
+
+    /// The same report showing `columns`: `memory_stats()` keys, `increment`,
+    /// `increment_total` or `hits`.
+    pub fn with_columns<S: AsRef<str>>(mut self, columns: &[S]) -> Result<Report> {
+        self.columns = columns
+            .iter()
+            .map(|c| c.as_ref().parse())
+            .collect::<Result<_>>()?;
+        Ok(self)
+    }
+
+    /// The columns shown.
+    pub fn columns(&self) -> &[Column] {
+        &self.columns
+    }
+
+    /// The report of the function whose path ends with `name` (e.g. `forward`
+    /// or `Net::forward`).
+    pub fn function(&self, name: &str) -> Option<&FunctionReport> {
+        let suffix = format!("::{name}");
+        self.functions
+            .iter()
+            .find(|f| f.name == name || f.name.ends_with(&suffix))
+    }
+
+    /// The same report with only the functions whose path is `name` or ends
+    /// with `::name`.
+    pub fn filter(mut self, name: &str) -> Report {
+        let suffix = format!("::{name}");
+        self.functions
+            .retain(|f| f.name == name || f.name.ends_with(&suffix));
+        self
+    }
+
+    /// The text table, one section per function that ran, and a closing line
+    /// naming the profiled functions that never ran.
+    pub fn to_text(&self) -> String {
+        text::render(self)
+    }
+
+    /// An HTML rendering: one `<table>` per function that ran.
+    pub fn to_html(&self) -> String {
+        html::render(self)
+    }
+
+    /// Every line that ran, one CSV row each, with all statistics in bytes or counts.
+    pub fn to_csv(&self) -> Result<String> {
+        export::csv(self)
+    }
+
+    /// The whole model as JSON, all statistics included.
+    pub fn to_json(&self) -> String {
+        export::json(self)
+    }
+
+    /// Shows the report as HTML in an evcxr (Rust Jupyter) notebook cell.
+    pub fn evcxr_display(&self) {
+        println!(
+            "EVCXR_BEGIN_CONTENT text/html\n{}\nEVCXR_END_CONTENT",
+            self.to_html()
+        );
+    }
+}
+
+impl fmt::Display for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.to_text())
+    }
+}
+
+/// Clears the figures of every profiled function.
+pub fn reset() {
+    for site in sites() {
+        *site.state() = None;
+    }
+}

@@ -1,0 +1,169 @@
+//! The text table, in the layout pytorch_memlab users know: a `## function`
+//! heading, a header whose stat names are split over three rows, then one row
+//! per source line with its figures (blank where nothing ran) and its code.
+
+use std::fmt::Write;
+
+use super::{Column, FunctionReport, Report};
+
+/// Formats a byte count with base-1024 units and two decimals: `512.00B`,
+/// `40.00K`, `4.00M`, `-2.00G`.
+pub fn format_bytes(bytes: i64) -> String {
+    const UNITS: [&str; 6] = ["B", "K", "M", "G", "T", "P"];
+    let mut value = bytes.unsigned_abs() as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit < UNITS.len() - 1 {
+        value /= 1024.0;
+        unit += 1;
+    }
+    format!(
+        "{}{value:.2}{}",
+        if bytes < 0 { "-" } else { "" },
+        UNITS[unit]
+    )
+}
+
+/// A cell's text: sizes for byte columns (signed for increments), plain
+/// numbers for counts.
+pub(super) fn cell(column: &Column, value: i64) -> String {
+    match (column.is_bytes(), column.signed()) {
+        (true, true) if value > 0 => format!("+{}", format_bytes(value)),
+        (true, _) => format_bytes(value),
+        (false, _) => value.to_string(),
+    }
+}
+
+/// The function's heading, shared by the renderings.
+pub(super) fn heading(f: &FunctionReport) -> String {
+    let mut out = f.name.clone();
+    let calls = if f.calls == 1 {
+        "1 call".to_string()
+    } else {
+        format!("{} calls", f.calls)
+    };
+    match f.device {
+        Some(d) => write!(out, "  ({d}, {calls})").unwrap(),
+        None => write!(out, "  ({calls})").unwrap(),
+    }
+    out
+}
+
+/// The lines of a function's code without the indentation they all share.
+pub(super) fn dedented(f: &FunctionReport) -> Vec<&str> {
+    let indent = f
+        .lines
+        .iter()
+        .filter(|l| !l.code.trim().is_empty())
+        .map(|l| l.code.len() - l.code.trim_start().len())
+        .min()
+        .unwrap_or(0);
+    f.lines
+        .iter()
+        .map(|l| {
+            l.code
+                .get(indent..)
+                .unwrap_or(l.code.trim_start())
+                .trim_end()
+        })
+        .collect()
+}
+
+pub(super) fn render(report: &Report) -> String {
+    let mut out = String::new();
+    for f in &report.functions {
+        if let Some(e) = &f.error {
+            writeln!(out, "## {}\n\nnot measured: {e}\n", f.name).unwrap();
+        } else if f.ran() {
+            render_function(&mut out, f, report.columns());
+        }
+    }
+    let idle: Vec<&str> = report
+        .functions
+        .iter()
+        .filter(|f| !f.ran() && f.error.is_none())
+        .map(|f| f.name.as_str())
+        .collect();
+    if !idle.is_empty() {
+        writeln!(out, "Profiled, never called: {}\n", idle.join(", ")).unwrap();
+    }
+    out
+}
+
+fn render_function(out: &mut String, f: &FunctionReport, columns: &[Column]) {
+    writeln!(out, "## {}\n", heading(f)).unwrap();
+    let headers: Vec<Vec<&str>> = columns
+        .iter()
+        .map(|c| c.name().splitn(3, '.').collect())
+        .collect();
+    let cells: Vec<Vec<String>> = f
+        .lines
+        .iter()
+        .map(|l| match &l.stats {
+            Some(s) => columns.iter().map(|c| cell(c, c.value(s))).collect(),
+            None => vec![String::new(); columns.len()],
+        })
+        .collect();
+    let widths: Vec<usize> = (0..columns.len())
+        .map(|i| {
+            let head = headers[i].iter().map(|p| p.len()).max().unwrap_or(0);
+            cells
+                .iter()
+                .map(|row| row[i].len())
+                .max()
+                .unwrap_or(0)
+                .max(head)
+        })
+        .collect();
+    let line_width = f
+        .lines
+        .iter()
+        .map(|l| l.line.to_string().len())
+        .max()
+        .unwrap_or(0)
+        .max(4);
+
+    let header_rows = headers.iter().map(Vec::len).max().unwrap_or(1);
+    for row in 0..header_rows {
+        let mut text = String::new();
+        for (i, parts) in headers.iter().enumerate() {
+            write!(
+                text,
+                "{:>w$}  ",
+                parts.get(row).copied().unwrap_or(""),
+                w = widths[i]
+            )
+            .unwrap();
+        }
+        if row == 0 {
+            write!(text, "{:>line_width$}  code", "line").unwrap();
+        }
+        writeln!(out, "{}", text.trim_end()).unwrap();
+    }
+    for ((l, row), code) in f.lines.iter().zip(&cells).zip(dedented(f)) {
+        let mut text = String::new();
+        for (i, value) in row.iter().enumerate() {
+            write!(text, "{value:>w$}  ", w = widths[i]).unwrap();
+        }
+        write!(text, "{:>line_width$}  {code}", l.line).unwrap();
+        writeln!(out, "{}", text.trim_end()).unwrap();
+    }
+    out.push('\n');
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes_use_base_1024_and_two_decimals() {
+        assert_eq!(format_bytes(0), "0.00B");
+        assert_eq!(format_bytes(512), "512.00B");
+        assert_eq!(format_bytes(40 * 1024), "40.00K");
+        assert_eq!(format_bytes(4 * 1024 * 1024), "4.00M");
+        assert_eq!(format_bytes(-3 * 1024 * 1024 * 1024), "-3.00G");
+        assert_eq!(cell(&Column::Increment, 4 << 20), "+4.00M");
+        assert_eq!(cell(&Column::Increment, -(4 << 20)), "-4.00M");
+        assert_eq!(cell(&Column::Increment, 0), "0.00B");
+        assert_eq!(cell(&Column::Hits, 12), "12");
+    }
+}

@@ -1,0 +1,84 @@
+//! Builds memlab's C++ shim against the libtorch that torch-sys found, with the
+//! same C++ ABI, and keeps libtorch_cuda linked when that libtorch has CUDA.
+
+use std::env;
+use std::path::PathBuf;
+use std::process::Command;
+
+fn main() {
+    println!("cargo:rerun-if-changed=cpp/memlab_shim.cpp");
+    println!("cargo:rerun-if-env-changed=DEP_TCH_LIBTORCH_LIB");
+    println!("cargo:rerun-if-env-changed=LIBTORCH_CXX11_ABI");
+    println!("cargo:rerun-if-env-changed=LIBTORCH_USE_PYTORCH");
+
+    let Some(lib_dir) = env::var_os("DEP_TCH_LIBTORCH_LIB").map(PathBuf::from) else {
+        panic!(
+            "memlab-tch: torch-sys did not say where libtorch is (DEP_TCH_LIBTORCH_LIB is unset). \
+             Build with LIBTORCH_USE_PYTORCH=1 and a python3 that has torch==2.11.0 first on PATH \
+             (`source scripts/env.sh` in the memlab repository does both), or set LIBTORCH."
+        );
+    };
+    let root = lib_dir
+        .parent()
+        .expect("libtorch's lib directory has a parent")
+        .to_path_buf();
+    let include = root.join("include");
+    if !include.join("c10/core/CachingDeviceAllocator.h").exists() {
+        panic!(
+            "memlab-tch: {} has no c10/core/CachingDeviceAllocator.h; memlab needs the headers of \
+             libtorch 2.11 (PyPI torch==2.11.0, or LIBTORCH pointing at a full libtorch 2.11)",
+            include.display()
+        );
+    }
+
+    let mut build = cc::Build::new();
+    build
+        .cpp(true)
+        .pic(true)
+        .std("c++17")
+        .include(&include)
+        .include(include.join("torch/csrc/api/include"))
+        .define("_GLIBCXX_USE_CXX11_ABI", cxx11_abi().as_str())
+        .define("GLOG_USE_GLOG_EXPORT", None)
+        .flag_if_supported("-Wno-unused-parameter")
+        .file("cpp/memlab_shim.cpp");
+    let with_cuda = lib_dir.join("libtorch_cuda.so").exists();
+    if with_cuda {
+        build.define("MEMLAB_WITH_CUDA", None);
+    }
+    build.compile("memlab_shim");
+    println!("cargo:rustc-link-search=native={}", lib_dir.display());
+    // After the shim, so that its reference to libtorch_cuda is already known
+    // when the linker decides under --as-needed whether the library is needed.
+    if with_cuda {
+        println!("cargo:rustc-link-lib=dylib=torch_cuda");
+    }
+    println!("cargo:rustc-link-lib=dylib=c10");
+    println!("cargo:rustc-link-lib=dylib=torch_cpu");
+}
+
+/// The C++ ABI libtorch was built with, which the shim must match: an explicit
+/// LIBTORCH_CXX11_ABI, else what the PyTorch install says, else 1 (every
+/// PyPI build of torch 2.11).
+fn cxx11_abi() -> String {
+    if let Ok(abi) = env::var("LIBTORCH_CXX11_ABI") {
+        return abi;
+    }
+    if env::var("LIBTORCH_USE_PYTORCH").is_ok_and(|v| v == "1") {
+        let python = env::var("PYTHON_SYS_EXECUTABLE").unwrap_or_else(|_| "python3".into());
+        println!("cargo:rerun-if-env-changed=PYTHON_SYS_EXECUTABLE");
+        if let Ok(out) = Command::new(python)
+            .args([
+                "-c",
+                "import torch; print(int(torch._C._GLIBCXX_USE_CXX11_ABI))",
+            ])
+            .output()
+        {
+            let abi = String::from_utf8_lossy(&out.stdout).trim().to_string();
+            if abi == "0" || abi == "1" {
+                return abi;
+            }
+        }
+    }
+    "1".into()
+}

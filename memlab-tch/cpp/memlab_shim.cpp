@@ -1,0 +1,425 @@
+// memlab's C++ shim over libtorch: allocator statistics for CUDA (through the
+// caching allocator's DeviceAllocator interface) and for the CPU (through a
+// counting allocator that wraps libtorch's own), and storage facts of tensors.
+//
+// Every entry point returns NULL on success or a malloc'd error message that
+// the caller frees with memlab_free_error: no C++ exception crosses into Rust.
+
+#include <c10/core/CPUAllocator.h>
+#include <c10/core/CachingDeviceAllocator.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
+#include <ATen/core/Tensor.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+
+#ifdef MEMLAB_WITH_CUDA
+// Declared here rather than through ATen/cuda headers, which need the CUDA
+// toolkit's headers. Referencing one symbol of libtorch_cuda keeps the library
+// linked under --as-needed; without it libtorch never registers its CUDA
+// backend and every program sees "no CUDA".
+namespace at::cuda {
+int warp_size();
+}
+#endif
+
+namespace {
+
+char* error_copy(const char* message) {
+  size_t n = std::strlen(message);
+  char* out = static_cast<char*>(std::malloc(n + 1));
+  if (out != nullptr) {
+    std::memcpy(out, message, n + 1);
+  }
+  return out;
+}
+
+#define MEMLAB_TRY try {
+#define MEMLAB_CATCH                                  \
+  }                                                   \
+  catch (const c10::Error& e) {                       \
+    return error_copy(e.what_without_backtrace());    \
+  }                                                   \
+  catch (const std::exception& e) {                   \
+    return error_copy(e.what());                      \
+  }                                                   \
+  catch (...) {                                       \
+    return error_copy("unknown C++ exception");       \
+  }                                                   \
+  return nullptr;
+
+// Field layout shared with memlab-core's RawStats: 9 stat arrays of 3 pools of
+// (current, peak, allocated, freed), then the scalars and the two oversize stats.
+constexpr int kFields = 122;
+
+void put_stat(int64_t* out, int index, const c10::CachingAllocator::Stat& s) {
+  out[index] = s.current;
+  out[index + 1] = s.peak;
+  out[index + 2] = s.allocated;
+  out[index + 3] = s.freed;
+}
+
+void put_array(int64_t* out, int array, const c10::CachingAllocator::StatArray& a) {
+  for (int pool = 0; pool < 3; ++pool) {
+    put_stat(out, (array * 3 + pool) * 4, a[pool]);
+  }
+}
+
+void flatten(const c10::CachingDeviceAllocator::DeviceStats& s, int64_t* out) {
+  put_array(out, 0, s.allocation);
+  put_array(out, 1, s.segment);
+  put_array(out, 2, s.active);
+  put_array(out, 3, s.inactive_split);
+  put_array(out, 4, s.allocated_bytes);
+  put_array(out, 5, s.reserved_bytes);
+  put_array(out, 6, s.active_bytes);
+  put_array(out, 7, s.inactive_split_bytes);
+  put_array(out, 8, s.requested_bytes);
+  out[108] = s.num_alloc_retries;
+  out[109] = s.num_ooms;
+  put_stat(out, 110, s.oversize_allocations);
+  put_stat(out, 114, s.oversize_segments);
+  out[118] = s.num_sync_all_streams;
+  out[119] = s.num_device_alloc;
+  out[120] = s.num_device_free;
+  out[121] = s.max_split_size;
+}
+
+// ---------------------------------------------------------------------------
+// The counting CPU allocator.
+//
+// Each block is taken from the wrapped allocator with a 64-byte header in
+// front (64 keeps libtorch's alignment) that records the size asked for and
+// how to give the block back. The figures count the bytes tensors asked for;
+// the header is memlab's own cost and is not counted.
+
+constexpr size_t kHeader = 64;
+
+struct Header {
+  size_t size;
+  void* context;
+  c10::DeleterFnPtr deleter;
+};
+static_assert(sizeof(Header) <= kHeader, "header fits its slot");
+
+struct Counter {
+  std::atomic<int64_t> current{0};
+  std::atomic<int64_t> peak{0};
+  std::atomic<int64_t> allocated{0};
+  std::atomic<int64_t> freed{0};
+
+  void add(int64_t n) {
+    int64_t now = current.fetch_add(n, std::memory_order_relaxed) + n;
+    int64_t seen = peak.load(std::memory_order_relaxed);
+    while (now > seen && !peak.compare_exchange_weak(seen, now, std::memory_order_relaxed)) {
+    }
+    allocated.fetch_add(n, std::memory_order_relaxed);
+  }
+  void sub(int64_t n) {
+    current.fetch_sub(n, std::memory_order_relaxed);
+    freed.fetch_add(n, std::memory_order_relaxed);
+  }
+  // Reads the four counters; with `reset`, the peak restarts from the level.
+  void read(int64_t* out, bool reset) {
+    int64_t level = current.load(std::memory_order_relaxed);
+    out[0] = level;
+    out[1] = reset ? peak.exchange(level, std::memory_order_relaxed) : peak.load(std::memory_order_relaxed);
+    out[2] = allocated.load(std::memory_order_relaxed);
+    out[3] = freed.load(std::memory_order_relaxed);
+  }
+  void reset_peak() { peak.store(current.load(std::memory_order_relaxed), std::memory_order_relaxed); }
+  void reset_accumulated() {
+    allocated.store(0, std::memory_order_relaxed);
+    freed.store(0, std::memory_order_relaxed);
+  }
+};
+
+Counter g_bytes;
+Counter g_blocks;
+
+void counting_delete(void* data) {
+  if (data == nullptr) {
+    return;
+  }
+  auto* header = reinterpret_cast<Header*>(static_cast<char*>(data) - kHeader);
+  Header h = *header;
+  g_bytes.sub(static_cast<int64_t>(h.size));
+  g_blocks.sub(1);
+  if (h.deleter != nullptr) {
+    h.deleter(h.context);
+  }
+}
+
+struct CountingCpuAllocator final : c10::Allocator {
+  c10::Allocator* inner = nullptr;
+
+  c10::DataPtr allocate(size_t n) override {
+    const c10::Device cpu(c10::DeviceType::CPU);
+    if (n == 0) {
+      return {nullptr, nullptr, &counting_delete, cpu};
+    }
+    c10::DataPtr block = inner->allocate(n + kHeader);
+    char* base = static_cast<char*>(block.get());
+    c10::DeleterFnPtr deleter = block.get_deleter();
+    void* context = block.release_context();
+    new (base) Header{n, context, deleter};
+    g_bytes.add(static_cast<int64_t>(n));
+    g_blocks.add(1);
+    char* data = base + kHeader;
+    return {data, data, &counting_delete, cpu};
+  }
+
+  c10::DeleterFnPtr raw_deleter() const override {
+    return &counting_delete;
+  }
+
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+};
+
+// Never destroyed: libtorch may free CPU tensors during its own teardown.
+CountingCpuAllocator* const g_counting = new CountingCpuAllocator();
+std::atomic<bool> g_installed{false};
+std::atomic<bool> g_declined{false};
+
+char* install_counting_allocator() {
+  MEMLAB_TRY
+  if (g_installed.load()) {
+    return nullptr;
+  }
+  c10::Allocator* current = c10::GetCPUAllocator();
+  if (current != g_counting) {
+    g_counting->inner = current;
+    c10::SetCPUAllocator(g_counting, /*priority=*/0);
+  }
+  if (c10::GetCPUAllocator() != g_counting) {
+    g_declined.store(true);
+    return error_copy(
+        "another CPU allocator with a higher priority is registered with libtorch; "
+        "memlab cannot count CPU tensors while it is in place");
+  }
+  g_installed.store(true);
+  MEMLAB_CATCH
+}
+
+// Installed when the program loads, before any tensor exists, so that every
+// CPU tensor is counted. MEMLAB_CPU_ALLOCATOR=0 opts out; memlab_cpu_install
+// can still install it later, and counts only what is allocated after that.
+const bool g_installed_at_load = [] {
+  const char* opt = std::getenv("MEMLAB_CPU_ALLOCATOR");
+  if (opt != nullptr && std::strcmp(opt, "0") == 0) {
+    return false;
+  }
+  char* error = install_counting_allocator();
+  std::free(error);
+  return error == nullptr;
+}();
+
+c10::DeviceAllocator* cuda_allocator() {
+  return c10::getDeviceAllocator(c10::DeviceType::CUDA);
+}
+
+bool cuda_registered() {
+  return c10::impl::hasDeviceGuardImpl(c10::DeviceType::CUDA);
+}
+
+}  // namespace
+
+extern "C" {
+
+struct memlab_storage_info {
+  uint64_t storage_id;
+  uint64_t data_ptr;
+  int64_t nbytes;
+  int64_t numel;
+  int64_t element_size;
+  int32_t device_type;  // 0 = CPU, 1 = CUDA, other = libtorch's DeviceType value + 100
+  int32_t device_index;
+  int32_t layout;  // 0 = strided, 1 = sparse COO, 2 = other sparse, 3 = other
+  int32_t has_storage;
+};
+
+void memlab_free_error(char* error) {
+  std::free(error);
+}
+
+// 1 when memlab was built against a libtorch with CUDA (and keeps it linked).
+int32_t memlab_built_with_cuda() {
+#ifdef MEMLAB_WITH_CUDA
+  // Taking the address is enough for the linker; the volatile read keeps the
+  // reference from being optimised away.
+  void* volatile keep = reinterpret_cast<void*>(&at::cuda::warp_size);
+  return keep != nullptr ? 1 : 0;
+#else
+  return 0;
+#endif
+}
+
+char* memlab_cuda_device_count(int64_t* out) {
+  MEMLAB_TRY
+  *out = cuda_registered() ? c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->deviceCount() : 0;
+  MEMLAB_CATCH
+}
+
+char* memlab_cuda_current_device(int64_t* out) {
+  MEMLAB_TRY
+  TORCH_CHECK(cuda_registered(), "libtorch has no CUDA backend in this process");
+  *out = c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->getDevice().index();
+  MEMLAB_CATCH
+}
+
+char* memlab_cuda_stats(int64_t device, int32_t reset_peaks, int64_t* out) {
+  MEMLAB_TRY
+  std::memset(out, 0, sizeof(int64_t) * kFields);
+  TORCH_CHECK(cuda_registered(), "libtorch has no CUDA backend in this process");
+  auto* allocator = cuda_allocator();
+  // Before the first CUDA allocation the caching allocator holds nothing.
+  if (!allocator->initialized()) {
+    return nullptr;
+  }
+  auto index = static_cast<c10::DeviceIndex>(device);
+  flatten(allocator->getDeviceStats(index), out);
+  if (reset_peaks != 0) {
+    allocator->resetPeakStats(index);
+  }
+  MEMLAB_CATCH
+}
+
+char* memlab_cuda_reset_peak_stats(int64_t device) {
+  MEMLAB_TRY
+  TORCH_CHECK(cuda_registered(), "libtorch has no CUDA backend in this process");
+  auto* allocator = cuda_allocator();
+  if (allocator->initialized()) {
+    allocator->resetPeakStats(static_cast<c10::DeviceIndex>(device));
+  }
+  MEMLAB_CATCH
+}
+
+char* memlab_cuda_reset_accumulated_stats(int64_t device) {
+  MEMLAB_TRY
+  TORCH_CHECK(cuda_registered(), "libtorch has no CUDA backend in this process");
+  auto* allocator = cuda_allocator();
+  if (allocator->initialized()) {
+    allocator->resetAccumulatedStats(static_cast<c10::DeviceIndex>(device));
+  }
+  MEMLAB_CATCH
+}
+
+char* memlab_cuda_empty_cache() {
+  MEMLAB_TRY
+  TORCH_CHECK(cuda_registered(), "libtorch has no CUDA backend in this process");
+  auto* allocator = cuda_allocator();
+  if (allocator->initialized()) {
+    allocator->emptyCache();
+  }
+  MEMLAB_CATCH
+}
+
+char* memlab_cuda_mem_info(int64_t device, uint64_t* free_bytes, uint64_t* total_bytes) {
+  MEMLAB_TRY
+  TORCH_CHECK(cuda_registered(), "libtorch has no CUDA backend in this process");
+  auto info = cuda_allocator()->getMemoryInfo(static_cast<c10::DeviceIndex>(device));
+  *free_bytes = info.first;
+  *total_bytes = info.second;
+  MEMLAB_CATCH
+}
+
+char* memlab_cpu_install() {
+  return install_counting_allocator();
+}
+
+int32_t memlab_cpu_installed() {
+  return g_installed.load() ? 1 : 0;
+}
+
+int32_t memlab_cpu_installed_at_load() {
+  return g_installed_at_load ? 1 : 0;
+}
+
+char* memlab_cpu_stats(int32_t reset_peaks, int64_t* out) {
+  std::memset(out, 0, sizeof(int64_t) * kFields);
+  if (!g_installed.load()) {
+    return error_copy(g_declined.load()
+        ? "another CPU allocator with a higher priority is registered with libtorch"
+        : "it was turned off with MEMLAB_CPU_ALLOCATOR=0; call memlab::install_cpu_allocator() or unset the variable");
+  }
+  bool reset = reset_peaks != 0;
+  int64_t blocks[4];
+  int64_t bytes[4];
+  g_blocks.read(blocks, reset);
+  g_bytes.read(bytes, reset);
+  // Every CPU block is its own system allocation, in use until freed: the
+  // block counts serve allocation, segment and active; the byte counts serve
+  // allocated, reserved, active and requested bytes (the CPU has no cache).
+  for (int array : {0, 1, 2}) {
+    std::memcpy(out + array * 12, blocks, sizeof blocks);
+  }
+  for (int array : {4, 5, 6, 8}) {
+    std::memcpy(out + array * 12, bytes, sizeof bytes);
+  }
+  out[119] = blocks[2];
+  out[120] = blocks[3];
+  return nullptr;
+}
+
+void memlab_cpu_reset_peak_stats() {
+  g_blocks.reset_peak();
+  g_bytes.reset_peak();
+}
+
+void memlab_cpu_reset_accumulated_stats() {
+  g_blocks.reset_accumulated();
+  g_bytes.reset_accumulated();
+}
+
+char* memlab_tensor_storage(const void* tensor, memlab_storage_info* out) {
+  MEMLAB_TRY
+  TORCH_CHECK(tensor != nullptr, "null tensor");
+  const auto& t = *static_cast<const at::Tensor*>(tensor);
+  TORCH_CHECK(t.defined(), "the tensor is undefined (it holds no data)");
+  std::memset(out, 0, sizeof *out);
+  out->numel = t.numel();
+  out->element_size = static_cast<int64_t>(t.element_size());
+  const auto device = t.device();
+  switch (device.type()) {
+    case c10::DeviceType::CPU:
+      out->device_type = 0;
+      break;
+    case c10::DeviceType::CUDA:
+      out->device_type = 1;
+      break;
+    default:
+      out->device_type = 100 + static_cast<int32_t>(device.type());
+  }
+  out->device_index = device.has_index() ? device.index() : 0;
+  switch (t.layout()) {
+    case c10::kStrided:
+      out->layout = 0;
+      break;
+    case c10::kSparse:
+      out->layout = 1;
+      break;
+    case c10::kSparseCsr:
+    case c10::kSparseCsc:
+    case c10::kSparseBsr:
+    case c10::kSparseBsc:
+      out->layout = 2;
+      break;
+    default:
+      out->layout = 3;
+  }
+  if (t.has_storage()) {
+    const auto& storage = t.storage();
+    out->has_storage = 1;
+    out->storage_id = reinterpret_cast<uint64_t>(storage.unsafeGetStorageImpl());
+    out->nbytes = static_cast<int64_t>(storage.nbytes());
+    out->data_ptr = reinterpret_cast<uint64_t>(storage.data());
+  }
+  MEMLAB_CATCH
+}
+
+}  // extern "C"

@@ -1,0 +1,51 @@
+//! The shim's C API. Functions returning `*mut c_char` return null on success
+//! or an error message to be freed with `memlab_free_error`.
+
+use std::ffi::{c_char, c_void};
+
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct StorageInfo {
+    pub storage_id: u64,
+    pub data_ptr: u64,
+    pub nbytes: i64,
+    pub numel: i64,
+    pub element_size: i64,
+    pub device_type: i32,
+    pub device_index: i32,
+    pub layout: i32,
+    pub has_storage: i32,
+}
+
+extern "C" {
+    pub fn memlab_free_error(error: *mut c_char);
+    pub fn memlab_built_with_cuda() -> i32;
+    pub fn memlab_cuda_device_count(out: *mut i64) -> *mut c_char;
+    pub fn memlab_cuda_current_device(out: *mut i64) -> *mut c_char;
+    pub fn memlab_cuda_stats(device: i64, reset_peaks: i32, out: *mut i64) -> *mut c_char;
+    pub fn memlab_cuda_reset_peak_stats(device: i64) -> *mut c_char;
+    pub fn memlab_cuda_reset_accumulated_stats(device: i64) -> *mut c_char;
+    pub fn memlab_cuda_empty_cache() -> *mut c_char;
+    pub fn memlab_cuda_mem_info(device: i64, free: *mut u64, total: *mut u64) -> *mut c_char;
+    pub fn memlab_cpu_install() -> *mut c_char;
+    pub fn memlab_cpu_installed() -> i32;
+    pub fn memlab_cpu_installed_at_load() -> i32;
+    pub fn memlab_cpu_stats(reset_peaks: i32, out: *mut i64) -> *mut c_char;
+    pub fn memlab_cpu_reset_peak_stats();
+    pub fn memlab_cpu_reset_accumulated_stats();
+    pub fn memlab_tensor_storage(tensor: *const c_void, out: *mut StorageInfo) -> *mut c_char;
+}
+
+/// Turns a shim status into a `Result`, freeing the message.
+pub fn check(status: *mut c_char) -> memlab_core::Result<()> {
+    if status.is_null() {
+        return Ok(());
+    }
+    // SAFETY: a non-null status is a NUL-terminated string malloc'd by the
+    // shim, read once here and then handed back to it to free.
+    let message = unsafe { std::ffi::CStr::from_ptr(status) }
+        .to_string_lossy()
+        .into_owned();
+    unsafe { memlab_free_error(status) };
+    Err(memlab_core::Error::Torch(message))
+}

@@ -1,0 +1,191 @@
+//! memlab's libtorch backend: exact allocator figures for CPU tensors (through
+//! a counting allocator installed when the program loads) and for CUDA devices
+//! (through libtorch's caching allocator), plus storage facts of `tch` tensors.
+//!
+//! Every call into libtorch goes through a C++ shim that catches every
+//! exception and hands it back as [`memlab_core::Error`]; on a machine without
+//! CUDA the CUDA calls return an error or report zero devices, never abort.
+#![deny(missing_docs)]
+
+mod ffi;
+mod storage;
+
+use std::sync::OnceLock;
+
+use memlab_core::{Backend, Device, DeviceStats, Error, RawStats, Result};
+
+pub use storage::{storage_info, Layout, StorageInfo};
+
+/// The libtorch backend of memlab's profiler.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct TchBackend;
+
+/// The one backend instance, for `&'static dyn Backend` users.
+pub static BACKEND: TchBackend = TchBackend;
+
+impl Backend for TchBackend {
+    fn sample(&self, device: Device, out: &mut RawStats, reset_peaks: bool) -> Result<()> {
+        let reset = i32::from(reset_peaks);
+        match device {
+            // SAFETY: `out` holds exactly the 122 fields the shim writes.
+            Device::Cpu => ffi::check(unsafe { ffi::memlab_cpu_stats(reset, out.0.as_mut_ptr()) })
+                .map_err(|e| Error::CpuAllocatorMissing(message_of(e))),
+            Device::Cuda(i) => {
+                check_cuda_device(i)?;
+                // SAFETY: as above.
+                ffi::check(unsafe { ffi::memlab_cuda_stats(i as i64, reset, out.0.as_mut_ptr()) })
+            }
+        }
+    }
+
+    fn cuda_device_count(&self) -> usize {
+        cuda_device_count()
+    }
+
+    fn current_cuda_device(&self) -> Result<usize> {
+        let mut index = 0i64;
+        // SAFETY: the shim writes one i64.
+        ffi::check(unsafe { ffi::memlab_cuda_current_device(&mut index) })?;
+        Ok(index as usize)
+    }
+}
+
+fn message_of(e: Error) -> String {
+    match e {
+        Error::Torch(m) => m,
+        other => other.to_string(),
+    }
+}
+
+/// The number of CUDA devices this process can use; 0 on a machine without
+/// CUDA or with a CPU-only libtorch. Read once, then cached.
+pub fn cuda_device_count() -> usize {
+    static COUNT: OnceLock<usize> = OnceLock::new();
+    *COUNT.get_or_init(|| {
+        // Touching the shim keeps libtorch_cuda linked (see memlab_built_with_cuda).
+        // SAFETY: no arguments.
+        if unsafe { ffi::memlab_built_with_cuda() } == 0 {
+            return 0;
+        }
+        let mut n = 0i64;
+        // SAFETY: the shim writes one i64.
+        match ffi::check(unsafe { ffi::memlab_cuda_device_count(&mut n) }) {
+            Ok(()) => n.max(0) as usize,
+            Err(_) => 0,
+        }
+    })
+}
+
+/// Whether this process can use CUDA.
+pub fn cuda_is_available() -> bool {
+    cuda_device_count() > 0
+}
+
+/// Whether memlab was built against a libtorch with CUDA (and keeps its CUDA
+/// library linked, so `tch::Cuda::is_available()` works without linker flags).
+pub fn built_with_cuda() -> bool {
+    // SAFETY: no arguments.
+    unsafe { ffi::memlab_built_with_cuda() != 0 }
+}
+
+fn check_cuda_device(index: usize) -> Result<()> {
+    let count = cuda_device_count();
+    if index < count {
+        Ok(())
+    } else {
+        Err(Error::DeviceUnavailable {
+            device: Device::Cuda(index),
+            count,
+        })
+    }
+}
+
+/// Every allocator statistic of `device` (the set of `torch.cuda.memory_stats()`).
+pub fn device_stats(device: Device) -> Result<DeviceStats> {
+    raw_stats(device).map(|raw| raw.to_device_stats())
+}
+
+/// Every allocator statistic of `device` as a flat record.
+pub fn raw_stats(device: Device) -> Result<RawStats> {
+    let mut raw = RawStats::default();
+    BACKEND.sample(device, &mut raw, false)?;
+    Ok(raw)
+}
+
+/// Sets every peak statistic of `device` to its current level.
+///
+/// memlab's profiler resets peaks itself while profiled functions run (and keeps
+/// the peaks of enclosing statements); reading `*.peak` yourself at the same
+/// time sees only the peak since the last statement began.
+pub fn reset_peak_stats(device: Device) -> Result<()> {
+    match device {
+        Device::Cpu => {
+            // SAFETY: no arguments.
+            unsafe { ffi::memlab_cpu_reset_peak_stats() };
+            Ok(())
+        }
+        Device::Cuda(i) => {
+            check_cuda_device(i)?;
+            // SAFETY: plain integer argument.
+            ffi::check(unsafe { ffi::memlab_cuda_reset_peak_stats(i as i64) })
+        }
+    }
+}
+
+/// Sets the running totals (`*.allocated`, `*.freed`, `num_*`) of `device` to zero.
+pub fn reset_accumulated_stats(device: Device) -> Result<()> {
+    match device {
+        Device::Cpu => {
+            // SAFETY: no arguments.
+            unsafe { ffi::memlab_cpu_reset_accumulated_stats() };
+            Ok(())
+        }
+        Device::Cuda(i) => {
+            check_cuda_device(i)?;
+            // SAFETY: plain integer argument.
+            ffi::check(unsafe { ffi::memlab_cuda_reset_accumulated_stats(i as i64) })
+        }
+    }
+}
+
+/// Returns the CUDA caching allocator's unused cached blocks to the device
+/// (`torch.cuda.empty_cache()`). Does nothing without CUDA.
+pub fn empty_cache() -> Result<()> {
+    if !cuda_is_available() {
+        return Ok(());
+    }
+    // SAFETY: no arguments.
+    ffi::check(unsafe { ffi::memlab_cuda_empty_cache() })
+}
+
+/// Free and total memory of CUDA device `index` in bytes, as the driver reports it.
+pub fn cuda_mem_info(index: usize) -> Result<(u64, u64)> {
+    check_cuda_device(index)?;
+    let (mut free, mut total) = (0u64, 0u64);
+    // SAFETY: the shim writes two u64s.
+    ffi::check(unsafe { ffi::memlab_cuda_mem_info(index as i64, &mut free, &mut total) })?;
+    Ok((free, total))
+}
+
+/// Installs memlab's counting CPU allocator if it is not in place yet. It is
+/// normally installed when the program loads; this matters only after
+/// `MEMLAB_CPU_ALLOCATOR=0`. Tensors allocated before it was installed are not
+/// counted, neither when made nor when freed.
+pub fn install_cpu_allocator() -> Result<()> {
+    // SAFETY: no arguments.
+    ffi::check(unsafe { ffi::memlab_cpu_install() })
+        .map_err(|e| Error::CpuAllocatorMissing(message_of(e)))
+}
+
+/// Whether CPU figures are available (the counting allocator is in place).
+pub fn cpu_allocator_installed() -> bool {
+    // SAFETY: no arguments.
+    unsafe { ffi::memlab_cpu_installed() != 0 }
+}
+
+/// Whether the counting CPU allocator was installed when the program loaded,
+/// before any tensor existed, so that it counts every CPU tensor.
+pub fn cpu_allocator_installed_at_load() -> bool {
+    // SAFETY: no arguments.
+    unsafe { ffi::memlab_cpu_installed_at_load() != 0 }
+}

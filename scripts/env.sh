@@ -1,0 +1,37 @@
+# Sourced by memlab's scripts: makes sure the project-local Python venv holds
+# torch==2.11.0 (the libtorch that tch 0.24 binds), then exports what cargo needs
+# to build against it and what the binaries need to load it. Idempotent: when
+# the venv already has the right torch, nothing is installed.
+
+MEMLAB_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+MEMLAB_VENV="${MEMLAB_VENV:-$MEMLAB_ROOT/.venv}"
+MEMLAB_TORCH_VERSION="2.11.0"
+
+memlab_torch_version() {
+  "$MEMLAB_VENV/bin/python" - <<'PY' 2>/dev/null
+import importlib.metadata as m
+print(m.version("torch").split("+")[0])
+PY
+}
+
+if [ "$(memlab_torch_version)" != "$MEMLAB_TORCH_VERSION" ]; then
+  echo "memlab: installing torch==$MEMLAB_TORCH_VERSION into $MEMLAB_VENV (once; a few GB)" >&2
+  python3 -m venv "$MEMLAB_VENV" || {
+    echo "memlab: could not create a venv; install Python 3.10+ with its venv module" >&2
+    return 1 2>/dev/null || exit 1
+  }
+  "$MEMLAB_VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
+    "torch==$MEMLAB_TORCH_VERSION" || {
+    echo "memlab: pip could not install torch==$MEMLAB_TORCH_VERSION" >&2
+    return 1 2>/dev/null || exit 1
+  }
+fi
+
+export PATH="$MEMLAB_VENV/bin:$PATH"
+export LIBTORCH_USE_PYTORCH=1
+MEMLAB_TORCH_DIR="$("$MEMLAB_VENV/bin/python" - <<'PY'
+import importlib.util, os
+print(os.path.dirname(importlib.util.find_spec("torch").origin))
+PY
+)"
+export LD_LIBRARY_PATH="$MEMLAB_TORCH_DIR/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"

@@ -1,0 +1,150 @@
+#![doc = include_str!("../README.md")]
+#![deny(missing_docs)]
+
+/// Profiles the memory of a function line by line.
+///
+/// ```
+/// #[memlab::profile]
+/// fn make_weights() -> tch::Tensor {
+///     let w = tch::Tensor::zeros([1024, 1024], (tch::Kind::Float, tch::Device::Cpu));
+///     w
+/// }
+///
+/// memlab::set_print_at_exit(false);
+/// let _w = make_weights();
+/// let report = memlab::report();
+/// let f = report.function("make_weights").unwrap();
+/// let line = f.find("let w =").unwrap().stats.as_ref().unwrap();
+/// assert_eq!(line.increment, 4 << 20); // shown as +4.00M
+/// ```
+///
+/// # What a row means
+///
+/// Every statement of the function, and of the blocks inside it (loop bodies,
+/// `if`/`else`, `match` arms, `unsafe` blocks), starts with a probe. A probe
+/// reads the allocator of the profiled device and ends the interval of the
+/// statement before it, so each row of the table describes the runs of the
+/// statements that start on that source line:
+///
+/// - `*.peak` columns: the highest level while the statement ran, callees
+///   included;
+/// - `*.current` columns: the level right after it;
+/// - running totals (`*.allocated`, `*.freed`, `num_*`): how much they grew
+///   during it;
+/// - `increment`: the change of `allocated_bytes.all.current` over one run,
+///   the figure that tells which line keeps memory; `increment_total` sums it
+///   over all runs (a line in a loop that keeps 1 MiB per iteration shows
+///   `+1.00M` and a total of `+N.00M`).
+///
+/// The signature line shows the state at entry. A `return`, a `?` or a panic
+/// ends the statement that was running, so it is recorded too, and so is what
+/// the locals free when they go out of scope (on the last statement).
+/// Loop headers evaluated again between iterations count towards the
+/// statement that ran last.
+///
+/// Repeated calls merge per line: every figure keeps its largest value and
+/// `hits` counts the runs. A profiled function called from a profiled line
+/// shows its own table, and its allocations and peaks count in the caller's
+/// line as well: memlab resets the allocator's peak counters at every probe
+/// but keeps the peak of every statement still running, so nested calls never
+/// erase an enclosing peak. Reading `*.peak` statistics yourself while
+/// profiled code runs shows only the peak since the last probe.
+///
+/// # Options
+///
+/// - `#[profile(device = "cuda:1")]`: the device to measure: `"cpu"`,
+///   `"cuda"` (the current CUDA device at each call), `"cuda:N"` or `"auto"`
+///   (the current CUDA device when CUDA is available, else the CPU). Without
+///   it the function follows [`set_target_device`], whose default is `auto`.
+/// - `#[profile(crate = my_reexport::memlab)]`: where to find memlab when the
+///   crate re-exports it under another path.
+///
+/// The tables of all `#[profile]` functions print when the process exits
+/// (turn it off with [`set_print_at_exit`] or `MEMLAB_PRINT_AT_EXIT=0`), and
+/// [`report()`] returns them at any time.
+///
+/// # Threads and async
+///
+/// Any number of threads may run profiled functions at once. The allocator's
+/// statistics are per device, not per thread, so a line's figures include what
+/// other threads allocated while it ran. `async fn` works the same way; a line
+/// that awaits counts what ran elsewhere until it resumed.
+///
+/// Closures and `async` blocks inside the function are not instrumented (they
+/// may run later or on another thread): they count towards the statement that
+/// calls or awaits them. Nested items are left alone; `const fn` is rejected.
+#[doc(inline)]
+pub use memlab_macros::profile;
+
+/// Like [`profile`], and also prints the table of the last `N` calls every
+/// `N` calls (the counterpart of pytorch_memlab's `profile_every`).
+///
+/// ```
+/// #[memlab::profile_every(2, device = "cpu")]
+/// fn step(x: &tch::Tensor) -> tch::Tensor {
+///     x * 2
+/// }
+///
+/// let x = tch::Tensor::ones([8], (tch::Kind::Float, tch::Device::Cpu));
+/// for _ in 0..4 {
+///     let _ = step(&x); // prints a table after the 2nd and the 4th call
+/// }
+/// ```
+///
+/// `profile_every` functions are left out of the table printed at exit, since
+/// they print their own; [`report()`] includes them, with all calls merged.
+#[doc(inline)]
+pub use memlab_macros::profile_every;
+
+pub use memlab_core::profiler::{
+    default_columns, is_enabled, set_default_columns, set_enabled, set_output, set_print_at_exit,
+    set_target_device, set_target_gpu, target_device, LineStats, Output,
+};
+pub use memlab_core::{
+    format_bytes, Column, Device, DeviceSelector, DeviceStats, Error, FunctionReport, LineReport,
+    RawStats, Report, Result, Stat, StatArray,
+};
+pub use memlab_tch::{
+    built_with_cuda, cpu_allocator_installed, cpu_allocator_installed_at_load, cuda_device_count,
+    cuda_is_available, cuda_mem_info, device_stats, empty_cache, install_cpu_allocator, raw_stats,
+    reset_accumulated_stats, reset_peak_stats, storage_info, Layout, StorageInfo,
+};
+
+/// The figures of every profiled function linked into the program, called or
+/// not, at this moment. Render it with `to_text()` (or `{}`), `to_html()`,
+/// `to_csv()`, `to_json()` or `evcxr_display()`.
+pub fn report() -> Report {
+    Report::collect()
+}
+
+/// Clears the figures of every profiled function.
+pub fn reset() {
+    memlab_core::reset();
+}
+
+/// The device memlab measures on this machine when told `auto`: the current
+/// CUDA device when CUDA is available, else the CPU.
+pub fn auto_device() -> Device {
+    use memlab_core::Backend;
+    if cuda_is_available() {
+        if let Ok(i) = memlab_tch::BACKEND.current_cuda_device() {
+            return Device::Cuda(i);
+        }
+    }
+    Device::Cpu
+}
+
+/// What code generated by memlab's macros refers to. Not public API: it may
+/// change in any release.
+#[doc(hidden)]
+pub mod __private {
+    pub use inventory;
+    pub use memlab_core::profiler::{Frame, Registered, Site, SiteMeta};
+    pub use memlab_core::{Device, DeviceSelector};
+
+    /// Starts a profiled call measured through libtorch's allocators.
+    #[inline]
+    pub fn enter(site: &'static Site) -> Frame {
+        Frame::enter(site, &memlab_tch::BACKEND)
+    }
+}
