@@ -27,10 +27,7 @@ struct Mlp {
 impl Mlp {
     #[memlab::profile]
     fn new(vs: &nn::Path) -> Mlp {
-        let no_bias = nn::LinearConfig {
-            bias: false,
-            ..Default::default()
-        };
+        let no_bias = nn::LinearConfig { bias: false, ..Default::default() };
         let fc1 = nn::linear(vs / "fc1", INPUT, INPUT, no_bias);
         let fc2 = nn::linear(vs / "fc2", INPUT, HIDDEN, Default::default());
         let fc3 = nn::linear(vs / "fc3", HIDDEN, CLASSES, Default::default());
@@ -46,13 +43,7 @@ impl Mlp {
 }
 
 #[memlab::profile]
-fn train(
-    model: &Mlp,
-    opt: &mut nn::Optimizer,
-    data: &Tensor,
-    labels: &Tensor,
-    steps: usize,
-) -> f64 {
+fn train(model: &Mlp, opt: &mut nn::Optimizer, data: &Tensor, labels: &Tensor, steps: usize) -> f64 {
     let mut last_loss = f64::NAN;
     for _ in 0..steps {
         let logits = model.forward(data);
@@ -77,19 +68,13 @@ fn main() -> Result<(), Box<dyn Error>> {
 
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
-        let path = args
-            .next()
-            .ok_or_else(|| format!("{flag} needs a file name"))?;
+        let path = args.next().ok_or_else(|| format!("{flag} needs a file name"))?;
         let report = memlab::report();
         let text = match flag.as_str() {
             "--html" => report.to_html(),
             "--csv" => report.to_csv()?,
             "--json" => report.to_json(),
-            other => {
-                return Err(
-                    format!("unknown option {other}: use --html, --csv or --json FILE").into(),
-                )
-            }
+            other => return Err(format!("unknown option {other}: use --html, --csv or --json FILE").into()),
         };
         std::fs::write(&path, text).map_err(|e| format!("cannot write {path}: {e}"))?;
         println!("wrote {path}");

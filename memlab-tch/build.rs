@@ -18,10 +18,7 @@ fn main() {
              (`source scripts/env.sh` in the memlab repository does both), or set LIBTORCH."
         );
     };
-    let root = lib_dir
-        .parent()
-        .expect("libtorch's lib directory has a parent")
-        .to_path_buf();
+    let root = lib_dir.parent().expect("libtorch's lib directory has a parent").to_path_buf();
     let include = root.join("include");
     if !include.join("c10/core/CachingDeviceAllocator.h").exists() {
         panic!(
@@ -67,12 +64,8 @@ fn cxx11_abi() -> String {
     if env::var("LIBTORCH_USE_PYTORCH").is_ok_and(|v| v == "1") {
         let python = env::var("PYTHON_SYS_EXECUTABLE").unwrap_or_else(|_| "python3".into());
         println!("cargo:rerun-if-env-changed=PYTHON_SYS_EXECUTABLE");
-        if let Ok(out) = Command::new(python)
-            .args([
-                "-c",
-                "import torch; print(int(torch._C._GLIBCXX_USE_CXX11_ABI))",
-            ])
-            .output()
+        if let Ok(out) =
+            Command::new(python).args(["-c", "import torch; print(int(torch._C._GLIBCXX_USE_CXX11_ABI))"]).output()
         {
             let abi = String::from_utf8_lossy(&out.stdout).trim().to_string();
             if abi == "0" || abi == "1" {

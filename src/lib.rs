@@ -97,17 +97,17 @@ pub use memlab_macros::profile;
 pub use memlab_macros::profile_every;
 
 pub use memlab_core::profiler::{
-    default_columns, is_enabled, set_default_columns, set_enabled, set_output, set_print_at_exit,
-    set_target_device, set_target_gpu, target_device, LineStats, Output,
+    default_columns, is_enabled, set_default_columns, set_enabled, set_output, set_print_at_exit, set_target_device,
+    set_target_gpu, target_device, LineStats, Output,
 };
 pub use memlab_core::{
-    format_bytes, Column, Device, DeviceSelector, DeviceStats, Error, FunctionReport, LineReport,
-    RawStats, Report, Result, Stat, StatArray,
+    format_bytes, Column, Device, DeviceSelector, DeviceStats, Error, FunctionReport, LineReport, RawStats, Report,
+    Result, Stat, StatArray,
 };
 pub use memlab_tch::{
-    built_with_cuda, cpu_allocator_installed, cpu_allocator_installed_at_load, cuda_device_count,
-    cuda_is_available, cuda_mem_info, device_stats, empty_cache, install_cpu_allocator, raw_stats,
-    reset_accumulated_stats, reset_peak_stats, storage_info, Layout, StorageInfo,
+    built_with_cuda, cpu_allocator_installed, cpu_allocator_installed_at_load, cuda_device_count, cuda_is_available,
+    cuda_mem_info, device_stats, empty_cache, install_cpu_allocator, raw_stats, reset_accumulated_stats,
+    reset_peak_stats, storage_info, Layout, StorageInfo,
 };
 
 /// The figures of every profiled function linked into the program, called or

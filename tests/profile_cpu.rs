@@ -22,27 +22,16 @@ fn floats(n: i64) -> Tensor {
 }
 
 fn allocated() -> i64 {
-    memlab::device_stats(Device::Cpu)
-        .unwrap()
-        .allocated_bytes
-        .all
-        .current
+    memlab::device_stats(Device::Cpu).unwrap().allocated_bytes.all.current
 }
 
 fn function(name: &str) -> FunctionReport {
-    memlab::report()
-        .function(name)
-        .unwrap_or_else(|| panic!("{name} is registered"))
-        .clone()
+    memlab::report().function(name).unwrap_or_else(|| panic!("{name} is registered")).clone()
 }
 
 fn line<'a>(f: &'a FunctionReport, code: &str) -> &'a LineStats {
-    let l = f
-        .find(code)
-        .unwrap_or_else(|| panic!("a line containing {code:?} in {}", f.name));
-    l.stats
-        .as_ref()
-        .unwrap_or_else(|| panic!("line {} ({code:?}) ran", l.line))
+    let l = f.find(code).unwrap_or_else(|| panic!("a line containing {code:?} in {}", f.name));
+    l.stats.as_ref().unwrap_or_else(|| panic!("line {} ({code:?}) ran", l.line))
 }
 
 fn never_ran(f: &FunctionReport, code: &str) -> bool {
@@ -81,23 +70,13 @@ fn exact_figures_for_known_allocations() {
     assert_eq!(f.device, Some(Device::Cpu));
 
     let entry = line(&f, "fn known_allocations");
-    assert_eq!(
-        (
-            entry.hits,
-            stat(entry, "allocated_bytes.all.current"),
-            entry.increment
-        ),
-        (1, base, 0)
-    );
+    assert_eq!((entry.hits, stat(entry, "allocated_bytes.all.current"), entry.increment), (1, base, 0));
 
     // A 1024x1024 f32 tensor: 4 MiB, by the allocator and by an independent count.
     let w = line(&f, "let weight");
     let expected = 1024 * 1024 * 4;
     assert_eq!(w.increment, expected);
-    assert_eq!(
-        memlab::storage_info(&weight).unwrap().nbytes as i64,
-        expected
-    );
+    assert_eq!(memlab::storage_info(&weight).unwrap().nbytes as i64, expected);
     assert_eq!(stat(w, "allocated_bytes.all.current"), base + 4 * MIB);
     assert_eq!(stat(w, "active_bytes.all.peak"), base + 4 * MIB);
     assert_eq!(stat(w, "allocation.all.allocated"), 1);
@@ -107,26 +86,14 @@ fn exact_figures_for_known_allocations() {
     // The 8 MiB temporary lives and dies inside its statement: a peak, no increment.
     let t = line(&f, "let transient");
     assert_eq!(t.increment, 0);
-    assert_eq!(
-        stat(t, "active_bytes.all.peak"),
-        base + 4 * MIB + 1024 + 8 * MIB
-    );
-    assert_eq!(
-        stat(t, "allocated_bytes.all.current"),
-        base + 4 * MIB + 1024
-    );
+    assert_eq!(stat(t, "active_bytes.all.peak"), base + 4 * MIB + 1024 + 8 * MIB);
+    assert_eq!(stat(t, "allocated_bytes.all.current"), base + 4 * MIB + 1024);
     assert_eq!(stat(t, "allocated_bytes.all.freed"), 8 * MIB);
 
     let d = line(&f, "drop(bias)");
-    assert_eq!(
-        (d.increment, stat(d, "allocated_bytes.all.freed")),
-        (-1024, 1024)
-    );
+    assert_eq!((d.increment, stat(d, "allocated_bytes.all.freed")), (-1024, 1024));
     assert_eq!(line(&f, "assert_eq!(transient").increment, 0);
-    assert_eq!(
-        stat(line(&f, "    weight"), "allocated_bytes.all.current"),
-        base + 4 * MIB
-    );
+    assert_eq!(stat(line(&f, "    weight"), "allocated_bytes.all.current"), base + 4 * MIB);
     assert_eq!(allocated(), base + 4 * MIB);
 }
 
@@ -153,16 +120,10 @@ fn nested_calls_keep_the_callers_peak() {
     let call = line(&outer, "let n = inner_spike()");
     // inner_spike's probes reset the allocator's peak; the caller's line still
     // sees the 16 MiB spike on top of its own 4 MiB.
-    assert_eq!(
-        stat(call, "active_bytes.all.peak"),
-        base + 4 * MIB + 16 * MIB
-    );
+    assert_eq!(stat(call, "active_bytes.all.peak"), base + 4 * MIB + 16 * MIB);
     assert_eq!(call.increment, 0);
     let inner = function("inner_spike");
-    assert_eq!(
-        stat(line(&inner, "let spike"), "active_bytes.all.peak"),
-        base + 20 * MIB
-    );
+    assert_eq!(stat(line(&inner, "let spike"), "active_bytes.all.peak"), base + 20 * MIB);
     assert_eq!(line(&inner, "let spike").increment, 16 * MIB);
     // The callee's locals are freed on its last statement.
     assert_eq!(line(&inner, "spike.numel()").increment, -16 * MIB);
@@ -215,10 +176,7 @@ fn question_mark_records_the_failing_statement() {
     assert_eq!((q.hits, q.increment), (1, -4 * MIB));
     assert!(never_ran(&f, "Ok(n + t.numel())"));
     assert_eq!(with_question_mark("2"), Ok(2 + 1024 * 1024));
-    assert_eq!(
-        line(&function("with_question_mark"), "Ok(n + t.numel())").hits,
-        1
-    );
+    assert_eq!(line(&function("with_question_mark"), "Ok(n + t.numel())").hits, 1);
 }
 
 #[memlab::profile(device = "cpu")]
@@ -360,9 +318,8 @@ fn threaded(n: i64) -> usize {
 fn many_threads_at_once() {
     let _s = serial();
     memlab::reset();
-    let handles: Vec<_> = (0..4)
-        .map(|_| std::thread::spawn(|| (0..25).map(|_| threaded(1024)).sum::<usize>()))
-        .collect();
+    let handles: Vec<_> =
+        (0..4).map(|_| std::thread::spawn(|| (0..25).map(|_| threaded(1024)).sum::<usize>())).collect();
     let total: usize = handles.into_iter().map(|h| h.join().unwrap()).sum();
     assert_eq!(total, 100 * 1024);
     let f = function("threaded");
@@ -387,9 +344,7 @@ fn profile_every_prints_the_last_n_calls() {
     memlab::reset();
     let printed = Arc::new(Mutex::new(Vec::<String>::new()));
     let sink = printed.clone();
-    memlab::set_output(memlab::Output::Sink(Box::new(move |text| {
-        sink.lock().unwrap().push(text.to_string())
-    })));
+    memlab::set_output(memlab::Output::Sink(Box::new(move |text| sink.lock().unwrap().push(text.to_string()))));
     for _ in 0..3 {
         every_second_call();
     }
@@ -399,10 +354,7 @@ fn profile_every_prints_the_last_n_calls() {
     let printed = printed.lock().unwrap();
     assert_eq!(printed.len(), 2);
     for table in printed.iter() {
-        assert!(
-            table.starts_with("## profile_cpu::every_second_call  (cpu, 2 calls)\n"),
-            "{table}"
-        );
+        assert!(table.starts_with("## profile_cpu::every_second_call  (cpu, 2 calls)\n"), "{table}");
         assert!(table.contains("+4.00K     2"), "{table}");
     }
     // The report keeps every call.
@@ -425,10 +377,8 @@ fn text_table_snapshot() {
     memlab::reset();
     snapshot_subject();
     snapshot_subject();
-    let report = memlab::report()
-        .filter("snapshot_subject")
-        .with_columns(&["increment", "increment_total", "hits"])
-        .unwrap();
+    let report =
+        memlab::report().filter("snapshot_subject").with_columns(&["increment", "increment_total", "hits"]).unwrap();
     let rows = [
         "    0.00B            0.00B     2  {0}  fn snapshot_subject() -> usize {{",
         "   +4.00M           +8.00M     2  {1}      let a = floats(1024 * 1024);",
@@ -438,14 +388,12 @@ fn text_table_snapshot() {
         "   -4.00M           -8.00M     2  {5}      parts.len()",
         "                                  {6}  }}",
     ];
-    let mut expected = String::from("## profile_cpu::snapshot_subject  (cpu, 2 calls)\n\nincrement  increment_total  hits  line  code\n");
+    let mut expected = String::from(
+        "## profile_cpu::snapshot_subject  (cpu, 2 calls)\n\nincrement  increment_total  hits  line  code\n",
+    );
     for (i, row) in rows.iter().enumerate() {
         let line = format!("{:>4}", SNAPSHOT_LINE + i as u32);
-        expected.push_str(
-            &row.replace(&format!("{{{i}}}"), &line)
-                .replace("{{", "{")
-                .replace("}}", "}"),
-        );
+        expected.push_str(&row.replace(&format!("{{{i}}}"), &line).replace("{{", "{").replace("}}", "}"));
         expected.push('\n');
     }
     expected.push('\n');
@@ -459,11 +407,7 @@ fn html_csv_and_json_carry_the_same_figures() {
     snapshot_subject();
     let report = memlab::report().filter("snapshot_subject");
     let html = report.to_html();
-    assert!(
-        html.contains("<table>")
-            && html.contains("+4.00M")
-            && html.contains("let mut parts = vec![a, b];")
-    );
+    assert!(html.contains("<table>") && html.contains("+4.00M") && html.contains("let mut parts = vec![a, b];"));
     assert!(html.contains("-&gt; usize"), "code is escaped");
 
     let csv = report.to_csv().unwrap();
@@ -472,28 +416,17 @@ fn html_csv_and_json_carry_the_same_figures() {
     let col = |name: &str| header.iter().position(|h| h == name).unwrap();
     let records: Vec<csv::StringRecord> = rows.records().map(Result::unwrap).collect();
     assert_eq!(records.len(), 6, "one row per line that ran");
-    let a = records
-        .iter()
-        .find(|r| r[col("code")].starts_with("let a"))
-        .unwrap();
+    let a = records.iter().find(|r| r[col("code")].starts_with("let a")).unwrap();
     assert_eq!(&a[col("increment")], (4 * MIB).to_string());
     assert_eq!(a[col("line")].parse::<u32>().unwrap(), SNAPSHOT_LINE + 1);
     assert_eq!(&a[col("allocation.all.allocated")], "1");
 
     let json: serde_json::Value = serde_json::from_str(&report.to_json()).unwrap();
     let lines = &json["functions"][0]["lines"];
-    let a = lines
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|l| l["line"] == SNAPSHOT_LINE + 1)
-        .unwrap();
+    let a = lines.as_array().unwrap().iter().find(|l| l["line"] == SNAPSHOT_LINE + 1).unwrap();
     assert_eq!(a["increment"], 4 * MIB);
     assert_eq!(a["stats"]["allocated_bytes.all.allocated"], 4 * MIB);
-    assert_eq!(
-        lines.as_array().unwrap().last().unwrap()["stats"],
-        serde_json::Value::Null
-    );
+    assert_eq!(lines.as_array().unwrap().last().unwrap()["stats"], serde_json::Value::Null);
 }
 
 #[memlab::profile(device = "cuda:7")]
@@ -510,10 +443,7 @@ fn an_unavailable_device_is_reported_not_fatal() {
     let f = function("on_a_missing_gpu");
     let error = f.error.as_deref().expect("an error is recorded");
     assert!(error.starts_with("cuda:7 is not available"), "{error}");
-    assert!(memlab::report()
-        .filter("on_a_missing_gpu")
-        .to_text()
-        .contains("not measured: cuda:7 is not available"));
+    assert!(memlab::report().filter("on_a_missing_gpu").to_text().contains("not measured: cuda:7 is not available"));
 }
 
 #[memlab::profile(device = "cpu")]
@@ -524,13 +454,10 @@ fn uncalled_functions_are_listed() {
     let _s = serial();
     memlab::reset();
     let report = memlab::report();
-    let f = report
-        .function("never_called")
-        .expect("registered at compile time");
+    let f = report.function("never_called").expect("registered at compile time");
     assert!(!f.ran());
     assert!(
-        report.to_text().contains("Profiled, never called: ")
-            && report.to_text().contains("profile_cpu::never_called")
+        report.to_text().contains("Profiled, never called: ") && report.to_text().contains("profile_cpu::never_called")
     );
 }
 
@@ -547,14 +474,8 @@ fn disabled_profiling_records_nothing() {
 
 #[test]
 fn unknown_columns_are_rejected_with_a_hint() {
-    let err = memlab::report()
-        .with_columns(&["active_bytes.peak"])
-        .unwrap_err();
-    assert!(
-        err.to_string()
-            .contains("`active_bytes.peak` is not a statistic"),
-        "{err}"
-    );
+    let err = memlab::report().with_columns(&["active_bytes.peak"]).unwrap_err();
+    assert!(err.to_string().contains("`active_bytes.peak` is not a statistic"), "{err}");
     assert!(memlab::set_default_columns(&["nope"]).is_err());
 }
 

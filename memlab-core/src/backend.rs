@@ -12,6 +12,19 @@ pub trait Backend: Send + Sync {
     /// A device whose allocator has not been used yet reads as all zeros.
     fn sample(&self, device: Device, out: &mut RawStats, reset_peaks: bool) -> Result<()>;
 
+    /// The fields of [`RawStats`] that `sample` fills for `device`; the others
+    /// always read zero there, and the profiler skips them.
+    fn fields(&self, device: Device) -> &'static [usize] {
+        let _ = device;
+        &crate::stats::ALL_FIELDS
+    }
+
+    /// The peak fields among [`Backend::fields`].
+    fn peak_fields(&self, device: Device) -> &'static [usize] {
+        let _ = device;
+        &crate::profiler::PEAK_FIELDS
+    }
+
     /// The number of CUDA devices this process can use (0 without CUDA).
     fn cuda_device_count(&self) -> usize;
 

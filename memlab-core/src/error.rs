@@ -23,7 +23,9 @@ pub enum Error {
     #[error("libtorch: {0}")]
     Torch(String),
     /// A statistic name is not one of `torch.cuda.memory_stats()`'s keys.
-    #[error("`{0}` is not a statistic: use a memory_stats() key such as `active_bytes.all.peak`, or `increment` / `hits`")]
+    #[error(
+        "`{0}` is not a statistic: use a memory_stats() key such as `active_bytes.all.peak`, or `increment` / `hits`"
+    )]
     UnknownStat(String),
     /// Writing a report failed.
     #[error("could not write the report: {0}")]

@@ -153,70 +153,25 @@ const ARRAY_FIELDS: [[Field; 4]; 27] = stat_array_fields!(
 );
 
 const TAIL_FIELDS: [Field; 14] = [
-    Field {
-        name: "num_alloc_retries",
-        kind: FieldKind::Cumulative,
-    },
-    Field {
-        name: "num_ooms",
-        kind: FieldKind::Cumulative,
-    },
-    Field {
-        name: "oversize_allocations.current",
-        kind: FieldKind::Current,
-    },
-    Field {
-        name: "oversize_allocations.peak",
-        kind: FieldKind::Peak,
-    },
-    Field {
-        name: "oversize_allocations.allocated",
-        kind: FieldKind::Cumulative,
-    },
-    Field {
-        name: "oversize_allocations.freed",
-        kind: FieldKind::Cumulative,
-    },
-    Field {
-        name: "oversize_segments.current",
-        kind: FieldKind::Current,
-    },
-    Field {
-        name: "oversize_segments.peak",
-        kind: FieldKind::Peak,
-    },
-    Field {
-        name: "oversize_segments.allocated",
-        kind: FieldKind::Cumulative,
-    },
-    Field {
-        name: "oversize_segments.freed",
-        kind: FieldKind::Cumulative,
-    },
-    Field {
-        name: "num_sync_all_streams",
-        kind: FieldKind::Cumulative,
-    },
-    Field {
-        name: "num_device_alloc",
-        kind: FieldKind::Cumulative,
-    },
-    Field {
-        name: "num_device_free",
-        kind: FieldKind::Cumulative,
-    },
-    Field {
-        name: "max_split_size",
-        kind: FieldKind::Current,
-    },
+    Field { name: "num_alloc_retries", kind: FieldKind::Cumulative },
+    Field { name: "num_ooms", kind: FieldKind::Cumulative },
+    Field { name: "oversize_allocations.current", kind: FieldKind::Current },
+    Field { name: "oversize_allocations.peak", kind: FieldKind::Peak },
+    Field { name: "oversize_allocations.allocated", kind: FieldKind::Cumulative },
+    Field { name: "oversize_allocations.freed", kind: FieldKind::Cumulative },
+    Field { name: "oversize_segments.current", kind: FieldKind::Current },
+    Field { name: "oversize_segments.peak", kind: FieldKind::Peak },
+    Field { name: "oversize_segments.allocated", kind: FieldKind::Cumulative },
+    Field { name: "oversize_segments.freed", kind: FieldKind::Cumulative },
+    Field { name: "num_sync_all_streams", kind: FieldKind::Cumulative },
+    Field { name: "num_device_alloc", kind: FieldKind::Cumulative },
+    Field { name: "num_device_free", kind: FieldKind::Cumulative },
+    Field { name: "max_split_size", kind: FieldKind::Current },
 ];
 
 /// Every field of [`RawStats`], in storage order.
 pub static FIELDS: [Field; N_FIELDS] = {
-    let mut out = [Field {
-        name: "",
-        kind: FieldKind::Current,
-    }; N_FIELDS];
+    let mut out = [Field { name: "", kind: FieldKind::Current }; N_FIELDS];
     let mut i = 0;
     while i < 27 {
         let mut j = 0;
@@ -230,6 +185,17 @@ pub static FIELDS: [Field; N_FIELDS] = {
     while k < TAIL_FIELDS.len() {
         out[108 + k] = TAIL_FIELDS[k];
         k += 1;
+    }
+    out
+};
+
+/// The indices of every field, `0..N_FIELDS`.
+pub static ALL_FIELDS: [usize; N_FIELDS] = {
+    let mut out = [0; N_FIELDS];
+    let mut i = 0;
+    while i < N_FIELDS {
+        out[i] = i;
+        i += 1;
     }
     out
 };
@@ -263,13 +229,7 @@ impl Default for RawStats {
 impl fmt::Debug for RawStats {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_map()
-            .entries(
-                FIELDS
-                    .iter()
-                    .zip(self.0.iter())
-                    .filter(|(_, v)| **v != 0)
-                    .map(|(k, v)| (k.name, v)),
-            )
+            .entries(FIELDS.iter().zip(self.0.iter()).filter(|(_, v)| **v != 0).map(|(k, v)| (k.name, v)))
             .finish()
     }
 }
@@ -364,12 +324,7 @@ pub struct DeviceStats {
 impl From<&RawStats> for DeviceStats {
     fn from(raw: &RawStats) -> Self {
         let r = &raw.0;
-        let stat = |i: usize| Stat {
-            current: r[i],
-            peak: r[i + 1],
-            allocated: r[i + 2],
-            freed: r[i + 3],
-        };
+        let stat = |i: usize| Stat { current: r[i], peak: r[i + 1], allocated: r[i + 2], freed: r[i + 3] };
         let array = |a: usize| StatArray {
             all: stat(array_index(a, 0, 0)),
             small_pool: stat(array_index(a, 1, 0)),
@@ -404,14 +359,8 @@ mod tests {
     #[test]
     fn field_table_matches_memory_stats_names() {
         assert_eq!(FIELDS[0].name, "allocation.all.current");
-        assert_eq!(
-            FIELDS[ALLOCATED_BYTES_CURRENT].name,
-            "allocated_bytes.all.current"
-        );
-        assert_eq!(
-            FIELDS[array_index(6, 2, 1)].name,
-            "active_bytes.large_pool.peak"
-        );
+        assert_eq!(FIELDS[ALLOCATED_BYTES_CURRENT].name, "allocated_bytes.all.current");
+        assert_eq!(FIELDS[array_index(6, 2, 1)].name, "active_bytes.large_pool.peak");
         assert_eq!(FIELDS[107].name, "requested_bytes.large_pool.freed");
         assert_eq!(FIELDS[121].name, "max_split_size");
         let mut names: Vec<_> = FIELDS.iter().map(|f| f.name).collect();
@@ -440,13 +389,7 @@ mod tests {
         assert_eq!("cuda:3".parse::<Device>().unwrap(), Device::Cuda(3));
         assert_eq!(Device::Cuda(1).to_string(), "cuda:1");
         assert!("gpu".parse::<Device>().is_err());
-        assert_eq!(
-            "auto".parse::<DeviceSelector>().unwrap(),
-            DeviceSelector::Auto
-        );
-        assert_eq!(
-            "cuda".parse::<DeviceSelector>().unwrap(),
-            DeviceSelector::CurrentCuda
-        );
+        assert_eq!("auto".parse::<DeviceSelector>().unwrap(), DeviceSelector::Auto);
+        assert_eq!("cuda".parse::<DeviceSelector>().unwrap(), DeviceSelector::CurrentCuda);
     }
 }

@@ -24,14 +24,13 @@ impl Options {
     /// Parses `#[profile(...)]` arguments (`every_required = false`) or
     /// `#[profile_every(...)]` arguments, whose first argument is the period.
     pub fn parse(input: ParseStream, every_required: bool) -> Result<Options> {
-        let mut options = Options {
-            every: 0,
-            device: None,
-            krate: None,
-        };
+        let mut options = Options { every: 0, device: None, krate: None };
         if every_required {
             if input.is_empty() {
-                return Err(Error::new(Span::call_site(), "profile_every needs a period: write `#[memlab::profile_every(10)]` to print every 10 calls"));
+                return Err(Error::new(
+                    Span::call_site(),
+                    "profile_every needs a period: write `#[memlab::profile_every(10)]` to print every 10 calls",
+                ));
             }
             let n: LitInt = input.parse()?;
             options.every = n.base10_parse()?;

@@ -30,10 +30,7 @@ pub fn profile(options: Options, item: TokenStream) -> TokenStream {
         );
         return fallback(item, error);
     }
-    let krate = options
-        .krate
-        .clone()
-        .unwrap_or_else(|| syn::parse_quote!(::memlab));
+    let krate = options.krate.clone().unwrap_or_else(|| syn::parse_quote!(::memlab));
     let frame = Ident::new("__memlab_frame", Span::mixed_site());
 
     let signature_line = function.sig.fn_token.span.start().line;
@@ -42,14 +39,7 @@ pub fn profile(options: Options, item: TokenStream) -> TokenStream {
         vis => vis.span().start().line.min(signature_line),
     }
     .max(1);
-    let last_line = function
-        .block
-        .brace_token
-        .span
-        .close()
-        .start()
-        .line
-        .max(first_line);
+    let last_line = function.block.brace_token.span.close().start().line.max(first_line);
     let source = source_lines(&function, first_line, last_line);
 
     let mut instrument = Instrument { frame: &frame };
@@ -149,26 +139,15 @@ fn source_lines(function: &ItemFn, first: usize, last: usize) -> Vec<String> {
         .span
         .local_file()
         .and_then(|path| std::fs::read_to_string(path).ok())
-        .map(|text| {
-            text.lines()
-                .skip(first - 1)
-                .take(last - first + 1)
-                .map(str::to_string)
-                .collect::<Vec<_>>()
-        })
+        .map(|text| text.lines().skip(first - 1).take(last - first + 1).map(str::to_string).collect::<Vec<_>>())
         .filter(|lines| lines.len() == last - first + 1 && lines.iter().any(|l| l.contains("fn")));
     if let Some(lines) = from_file {
         return lines;
     }
     let mut by_line: BTreeMap<usize, String> = BTreeMap::new();
-    by_line.insert(
-        function.sig.fn_token.span.start().line,
-        function.sig.to_token_stream().to_string(),
-    );
+    by_line.insert(function.sig.fn_token.span.start().line, function.sig.to_token_stream().to_string());
     collect_statement_text(&function.block, &mut by_line);
-    (first..=last)
-        .map(|l| by_line.remove(&l).unwrap_or_default())
-        .collect()
+    (first..=last).map(|l| by_line.remove(&l).unwrap_or_default()).collect()
 }
 
 fn collect_statement_text(block: &Block, by_line: &mut BTreeMap<usize, String>) {
@@ -176,9 +155,7 @@ fn collect_statement_text(block: &Block, by_line: &mut BTreeMap<usize, String>) 
     impl syn::visit::Visit<'_> for Collect<'_> {
         fn visit_stmt(&mut self, stmt: &Stmt) {
             let text = stmt.to_token_stream().to_string();
-            self.0
-                .entry(stmt.span().start().line)
-                .or_insert_with(|| text.chars().take(120).collect());
+            self.0.entry(stmt.span().start().line).or_insert_with(|| text.chars().take(120).collect());
             syn::visit::visit_stmt(self, stmt);
         }
         fn visit_expr_closure(&mut self, _: &ExprClosure) {}

@@ -340,8 +340,8 @@ int32_t memlab_cpu_installed_at_load() {
   return g_installed_at_load ? 1 : 0;
 }
 
+// Writes the CPU fields only; the caller zero-initialises the record once.
 char* memlab_cpu_stats(int32_t reset_peaks, int64_t* out) {
-  std::memset(out, 0, sizeof(int64_t) * kFields);
   if (!g_installed.load()) {
     return error_copy(g_declined.load()
         ? "another CPU allocator with a higher priority is registered with libtorch"

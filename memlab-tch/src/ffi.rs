@@ -43,9 +43,7 @@ pub fn check(status: *mut c_char) -> memlab_core::Result<()> {
     }
     // SAFETY: a non-null status is a NUL-terminated string malloc'd by the
     // shim, read once here and then handed back to it to free.
-    let message = unsafe { std::ffi::CStr::from_ptr(status) }
-        .to_string_lossy()
-        .into_owned();
+    let message = unsafe { std::ffi::CStr::from_ptr(status) }.to_string_lossy().into_owned();
     unsafe { memlab_free_error(status) };
     Err(memlab_core::Error::Torch(message))
 }

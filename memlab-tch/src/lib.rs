@@ -27,14 +27,34 @@ impl Backend for TchBackend {
     fn sample(&self, device: Device, out: &mut RawStats, reset_peaks: bool) -> Result<()> {
         let reset = i32::from(reset_peaks);
         match device {
-            // SAFETY: `out` holds exactly the 122 fields the shim writes.
-            Device::Cpu => ffi::check(unsafe { ffi::memlab_cpu_stats(reset, out.0.as_mut_ptr()) })
-                .map_err(|e| Error::CpuAllocatorMissing(message_of(e))),
+            Device::Cpu => {
+                // SAFETY: `out` holds the 122 fields; the shim writes the CPU
+                // ones (CPU_FIELDS) and leaves the others as they are.
+                let status = unsafe { ffi::memlab_cpu_stats(reset, out.0.as_mut_ptr()) };
+                if status.is_null() {
+                    return Ok(());
+                }
+                ffi::check(status).map_err(|e| Error::CpuAllocatorMissing(message_of(e)))
+            }
             Device::Cuda(i) => {
                 check_cuda_device(i)?;
                 // SAFETY: as above.
                 ffi::check(unsafe { ffi::memlab_cuda_stats(i as i64, reset, out.0.as_mut_ptr()) })
             }
+        }
+    }
+
+    fn fields(&self, device: Device) -> &'static [usize] {
+        match device {
+            Device::Cpu => &CPU_FIELDS,
+            Device::Cuda(_) => &memlab_core::stats::ALL_FIELDS,
+        }
+    }
+
+    fn peak_fields(&self, device: Device) -> &'static [usize] {
+        match device {
+            Device::Cpu => &CPU_PEAKS,
+            Device::Cuda(_) => &memlab_core::profiler::PEAK_FIELDS,
         }
     }
 
@@ -49,6 +69,37 @@ impl Backend for TchBackend {
         Ok(index as usize)
     }
 }
+
+/// The fields the counting CPU allocator fills: the `all` pool of the block
+/// counts (allocation, segment, active) and of the byte counts (allocated,
+/// reserved, active, requested bytes), and the device alloc/free totals.
+static CPU_FIELDS: [usize; 30] = {
+    let mut out = [0; 30];
+    let arrays = [0, 1, 2, 4, 5, 6, 8];
+    let mut a = 0;
+    while a < arrays.len() {
+        let mut c = 0;
+        while c < 4 {
+            out[a * 4 + c] = memlab_core::stats::array_index(arrays[a], 0, c);
+            c += 1;
+        }
+        a += 1;
+    }
+    out[28] = 119;
+    out[29] = 120;
+    out
+};
+
+/// The peak fields among [`CPU_FIELDS`].
+static CPU_PEAKS: [usize; 7] = {
+    let mut out = [0; 7];
+    let mut k = 0;
+    while k < 7 {
+        out[k] = CPU_FIELDS[k * 4 + 1];
+        k += 1;
+    }
+    out
+};
 
 fn message_of(e: Error) -> String {
     match e {
@@ -93,10 +144,7 @@ fn check_cuda_device(index: usize) -> Result<()> {
     if index < count {
         Ok(())
     } else {
-        Err(Error::DeviceUnavailable {
-            device: Device::Cuda(index),
-            count,
-        })
+        Err(Error::DeviceUnavailable { device: Device::Cuda(index), count })
     }
 }
 
@@ -105,7 +153,8 @@ pub fn device_stats(device: Device) -> Result<DeviceStats> {
     raw_stats(device).map(|raw| raw.to_device_stats())
 }
 
-/// Every allocator statistic of `device` as a flat record.
+/// Every allocator statistic of `device` as a flat record (fields the device
+/// does not have read zero).
 pub fn raw_stats(device: Device) -> Result<RawStats> {
     let mut raw = RawStats::default();
     BACKEND.sample(device, &mut raw, false)?;
@@ -173,8 +222,7 @@ pub fn cuda_mem_info(index: usize) -> Result<(u64, u64)> {
 /// counted, neither when made nor when freed.
 pub fn install_cpu_allocator() -> Result<()> {
     // SAFETY: no arguments.
-    ffi::check(unsafe { ffi::memlab_cpu_install() })
-        .map_err(|e| Error::CpuAllocatorMissing(message_of(e)))
+    ffi::check(unsafe { ffi::memlab_cpu_install() }).map_err(|e| Error::CpuAllocatorMissing(message_of(e)))
 }
 
 /// Whether CPU figures are available (the counting allocator is in place).

@@ -100,27 +100,19 @@ pub fn set_print_at_exit(print: bool) {
 }
 
 pub(crate) fn print_at_exit() -> bool {
-    PRINT_AT_EXIT.load(Ordering::Relaxed)
-        && std::env::var_os("MEMLAB_PRINT_AT_EXIT").is_none_or(|v| v != "0")
+    PRINT_AT_EXIT.load(Ordering::Relaxed) && std::env::var_os("MEMLAB_PRINT_AT_EXIT").is_none_or(|v| v != "0")
 }
 
 /// Sets the columns of every report that does not choose its own: names of
 /// `torch.cuda.memory_stats()` keys (`reserved_bytes.large_pool.peak`, …) or
 /// `increment`, `increment_total`, `hits`.
 pub fn set_default_columns<S: AsRef<str>>(names: &[S]) -> Result<()> {
-    let columns = names
-        .iter()
-        .map(|n| n.as_ref().parse())
-        .collect::<Result<Vec<Column>>>()?;
+    let columns = names.iter().map(|n| n.as_ref().parse()).collect::<Result<Vec<Column>>>()?;
     *COLUMNS.lock().unwrap_or_else(|e| e.into_inner()) = Some(columns);
     Ok(())
 }
 
 /// The columns reports use by default.
 pub fn default_columns() -> Vec<Column> {
-    COLUMNS
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .clone()
-        .unwrap_or_else(Column::defaults)
+    COLUMNS.lock().unwrap_or_else(|e| e.into_inner()).clone().unwrap_or_else(Column::defaults)
 }

@@ -15,11 +15,27 @@ use crate::{Device, DeviceSelector, Error, Result};
 struct Open {
     device: Device,
     slot: usize,
+    /// The fields the backend fills for `device`, and the peak fields among them.
+    fields: &'static [usize],
+    peaks: &'static [usize],
     /// Index in the site's table of the statement being measured; `None`
     /// before the first statement.
     line: Option<usize>,
-    /// The sample taken when that statement started.
-    before: RawStats,
+    /// Two sample buffers used in turn: `samples[before]` was taken when the
+    /// running statement started, the other receives the next sample.
+    samples: [RawStats; 2],
+    before: usize,
+}
+
+impl Open {
+    /// Takes the next sample; on success returns (before, after) and makes
+    /// `after` the start of the next interval.
+    fn step(&mut self, backend: &dyn Backend, reopen: bool) -> Result<(&RawStats, &RawStats)> {
+        let next = 1 - self.before;
+        ledger::probe(backend, self.device, self.slot, &mut self.samples[next], self.peaks, reopen)?;
+        let before = std::mem::replace(&mut self.before, next);
+        Ok((&self.samples[before], &self.samples[next]))
+    }
 }
 
 /// The guard of one profiled call. Generated code holds it as `__memlab_frame`.
@@ -34,35 +50,24 @@ pub struct Frame {
 impl Frame {
     /// Starts a profiled call of `site`, measuring through `backend`.
     pub fn enter(site: &'static Site, backend: &'static dyn Backend) -> Frame {
-        let frame = Frame {
-            site,
-            backend,
-            open: RefCell::new(None),
-        };
+        let frame = Frame { site, backend, open: RefCell::new(None) };
         if !config::is_enabled() {
             return frame;
         }
         register_exit_report();
         let opened = resolve_device(site.meta.device, backend).and_then(|device| {
-            let mut entry = RawStats::default();
-            let slot = ledger::open(backend, device, &mut entry)?;
-            Ok(Open {
-                device,
-                slot,
-                line: None,
-                before: entry,
-            })
+            let mut samples = [RawStats::default(); 2];
+            let peaks = backend.peak_fields(device);
+            let slot = ledger::open(backend, device, &mut samples[0], peaks)?;
+            Ok(Open { device, slot, fields: backend.fields(device), peaks, line: None, samples, before: 0 })
         });
         match opened {
             Ok(open) => {
                 site.with_state(|state| {
                     state.device = Some(open.device);
                     state.error = None;
-                    site.record_entry(
-                        state,
-                        site.line_index(site.meta.signature_line),
-                        &open.before,
-                    );
+                    let signature = site.line_index(site.meta.signature_line);
+                    site.record_entry(state, signature, &open.samples[0], open.fields);
                 });
                 *frame.open.borrow_mut() = Some(open);
             }
@@ -75,25 +80,17 @@ impl Frame {
     /// interval of the statement before it.
     #[inline]
     pub fn line(&self, line: u32) {
-        let Ok(mut slot) = self.open.try_borrow_mut() else {
-            return;
-        };
+        let Ok(mut slot) = self.open.try_borrow_mut() else { return };
         let Some(open) = slot.as_mut() else { return };
-        let index = self.site.line_index(line);
         // The entry sample already opened the first statement's interval.
-        let Some(running) = open.line.replace(index) else {
-            return;
-        };
-        let mut after = RawStats::default();
-        match ledger::probe(self.backend, open.device, open.slot, &mut after, true) {
-            Ok(()) => {
-                self.site
-                    .with_state(|state| self.site.record_run(state, running, &open.before, &after));
-                open.before = after;
+        let Some(running) = open.line.replace(self.site.line_index(line)) else { return };
+        let fields = open.fields;
+        match open.step(self.backend, true) {
+            Ok((before, after)) => {
+                self.site.with_state(|state| self.site.record_run(state, running, before, after, fields))
             }
             Err(e) => {
-                self.site
-                    .with_state(|state| state.error = Some(e.to_string()));
+                self.site.with_state(|state| state.error = Some(e.to_string()));
                 *slot = None;
             }
         }
@@ -102,18 +99,14 @@ impl Frame {
 
 impl Drop for Frame {
     fn drop(&mut self) {
-        let Some(open) = self.open.get_mut().take() else {
-            return;
-        };
-        let mut after = RawStats::default();
-        let read = ledger::probe(self.backend, open.device, open.slot, &mut after, false);
+        let Some(mut open) = self.open.get_mut().take() else { return };
         let every = self.site.meta.every as u64;
+        let (running, fields) = (open.line, open.fields);
+        let read = open.step(self.backend, false);
         let due = self.site.with_state(|state| {
-            match (read, open.line) {
-                (Ok(()), Some(running)) => {
-                    self.site.record_run(state, running, &open.before, &after)
-                }
-                (Ok(()), None) => {}
+            match (read, running) {
+                (Ok((before, after)), Some(running)) => self.site.record_run(state, running, before, after, fields),
+                (Ok(_), None) => {}
                 (Err(e), _) => state.error = Some(e.to_string()),
             }
             state.total.calls += 1;
@@ -134,16 +127,11 @@ fn resolve_device(chosen: Option<DeviceSelector>, backend: &dyn Backend) -> Resu
         DeviceSelector::Auto if count == 0 => Ok(Device::Cpu),
         DeviceSelector::Auto | DeviceSelector::CurrentCuda => {
             if count == 0 {
-                return Err(Error::DeviceUnavailable {
-                    device: Device::Cuda(0),
-                    count,
-                });
+                return Err(Error::DeviceUnavailable { device: Device::Cuda(0), count });
             }
             backend.current_cuda_device().map(Device::Cuda)
         }
-        DeviceSelector::Fixed(Device::Cuda(i)) if i < count && i < ledger::MAX_CUDA_DEVICES => {
-            Ok(Device::Cuda(i))
-        }
+        DeviceSelector::Fixed(Device::Cuda(i)) if i < count && i < ledger::MAX_CUDA_DEVICES => Ok(Device::Cuda(i)),
         DeviceSelector::Fixed(device) => Err(Error::DeviceUnavailable { device, count }),
     }
 }

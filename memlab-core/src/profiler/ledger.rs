@@ -15,8 +15,105 @@ use crate::backend::Backend;
 use crate::stats::{FieldKind, RawStats, FIELDS, N_FIELDS};
 use crate::{Device, Result};
 
-/// Indices of the peak fields, which are the only ones folded.
-const PEAK_FIELDS: [usize; 29] = {
+/// The most CUDA devices memlab tracks in one process.
+pub const MAX_CUDA_DEVICES: usize = 64;
+
+/// Open intervals of one device: the running peak of each peak field, indexed
+/// like [`RawStats`] (only the peak fields are used).
+struct Ledger {
+    slots: Vec<[i64; N_FIELDS]>,
+    open: Vec<bool>,
+    free: Vec<usize>,
+}
+
+impl Ledger {
+    const fn new() -> Self {
+        Ledger { slots: Vec::new(), open: Vec::new(), free: Vec::new() }
+    }
+
+    fn fold(&mut self, sample: &RawStats, peaks: &[usize]) {
+        for (slot, open) in self.slots.iter_mut().zip(&self.open) {
+            if *open {
+                for &i in peaks {
+                    slot[i] = slot[i].max(sample.0[i]);
+                }
+            }
+        }
+    }
+
+    /// Right after a reset every peak equals its level, which sits just before
+    /// it in each (current, peak, allocated, freed) group.
+    fn seed(&mut self, slot: usize, sample: &RawStats, peaks: &[usize]) {
+        let s = &mut self.slots[slot];
+        for &i in peaks {
+            s[i] = sample.0[i - 1];
+        }
+        self.open[slot] = true;
+    }
+}
+
+static LEDGERS: [Mutex<Ledger>; MAX_CUDA_DEVICES + 1] = [const { Mutex::new(Ledger::new()) }; MAX_CUDA_DEVICES + 1];
+
+fn ledger(device: Device) -> MutexGuard<'static, Ledger> {
+    let index = match device {
+        Device::Cpu => 0,
+        Device::Cuda(i) => 1 + i.min(MAX_CUDA_DEVICES - 1),
+    };
+    // A panic while the lock was held cannot leave a slot half-written in a way
+    // that matters (peaks only grow), so a poisoned lock is still usable.
+    LEDGERS[index].lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Samples `device`, folds its peaks into every open interval, resets the
+/// allocator's peaks and opens a new interval. Returns the slot. `peaks` are
+/// the peak fields the backend fills for this device.
+pub(crate) fn open(backend: &dyn Backend, device: Device, sample: &mut RawStats, peaks: &[usize]) -> Result<usize> {
+    let mut l = ledger(device);
+    backend.sample(device, sample, true)?;
+    l.fold(sample, peaks);
+    let slot = match l.free.pop() {
+        Some(slot) => slot,
+        None => {
+            l.slots.push([0; N_FIELDS]);
+            l.open.push(false);
+            l.slots.len() - 1
+        }
+    };
+    l.seed(slot, sample, peaks);
+    Ok(slot)
+}
+
+/// Samples `device`, ends the interval of `slot` (writing its peaks into the
+/// peak fields of `sample`), and either starts the next interval in the same
+/// slot (`reopen`) or frees the slot.
+pub(crate) fn probe(
+    backend: &dyn Backend,
+    device: Device,
+    slot: usize,
+    sample: &mut RawStats,
+    peaks: &[usize],
+    reopen: bool,
+) -> Result<()> {
+    let mut l = ledger(device);
+    let read = backend.sample(device, sample, true);
+    if read.is_ok() {
+        l.fold(sample, peaks);
+        let ended = &l.slots[slot];
+        for &i in peaks {
+            sample.0[i] = ended[i];
+        }
+    }
+    if reopen && read.is_ok() {
+        l.seed(slot, sample, peaks);
+    } else {
+        l.open[slot] = false;
+        l.free.push(slot);
+    }
+    read
+}
+
+/// The indices of every peak field (`*.peak`) of [`RawStats`].
+pub static PEAK_FIELDS: [usize; 29] = {
     let mut out = [0usize; 29];
     let mut n = 0;
     let mut i = 0;
@@ -31,103 +128,6 @@ const PEAK_FIELDS: [usize; 29] = {
     out
 };
 
-/// The most CUDA devices memlab tracks in one process.
-pub const MAX_CUDA_DEVICES: usize = 64;
-
-/// Open intervals of one device: the running peaks of each.
-struct Ledger {
-    slots: Vec<Option<[i64; 29]>>,
-    free: Vec<usize>,
-}
-
-impl Ledger {
-    const fn new() -> Self {
-        Ledger {
-            slots: Vec::new(),
-            free: Vec::new(),
-        }
-    }
-
-    fn fold(&mut self, sample: &RawStats) {
-        for slot in self.slots.iter_mut().flatten() {
-            for (k, &i) in PEAK_FIELDS.iter().enumerate() {
-                slot[k] = slot[k].max(sample.0[i]);
-            }
-        }
-    }
-
-    fn seed(sample: &RawStats) -> [i64; 29] {
-        // Right after a reset every peak equals its level, which sits just
-        // before it in each (current, peak, allocated, freed) group.
-        let mut out = [0; 29];
-        for (k, &i) in PEAK_FIELDS.iter().enumerate() {
-            out[k] = sample.0[i - 1];
-        }
-        out
-    }
-}
-
-static LEDGERS: [Mutex<Ledger>; MAX_CUDA_DEVICES + 1] =
-    [const { Mutex::new(Ledger::new()) }; MAX_CUDA_DEVICES + 1];
-
-fn ledger(device: Device) -> MutexGuard<'static, Ledger> {
-    let index = match device {
-        Device::Cpu => 0,
-        Device::Cuda(i) => 1 + i.min(MAX_CUDA_DEVICES - 1),
-    };
-    // A panic while the lock was held cannot leave a slot half-written in a way
-    // that matters (peaks only grow), so a poisoned lock is still usable.
-    LEDGERS[index].lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// Samples `device`, folds its peaks into every open interval, resets the
-/// allocator's peaks and opens a new interval. Returns the slot.
-pub(crate) fn open(backend: &dyn Backend, device: Device, sample: &mut RawStats) -> Result<usize> {
-    let mut l = ledger(device);
-    backend.sample(device, sample, true)?;
-    l.fold(sample);
-    let seeded = Some(Ledger::seed(sample));
-    Ok(match l.free.pop() {
-        Some(slot) => {
-            l.slots[slot] = seeded;
-            slot
-        }
-        None => {
-            l.slots.push(seeded);
-            l.slots.len() - 1
-        }
-    })
-}
-
-/// Samples `device`, ends the interval of `slot` (writing its peaks into the
-/// peak fields of `sample`), and either starts the next interval in the same
-/// slot (`reopen`) or frees the slot.
-pub(crate) fn probe(
-    backend: &dyn Backend,
-    device: Device,
-    slot: usize,
-    sample: &mut RawStats,
-    reopen: bool,
-) -> Result<()> {
-    let mut l = ledger(device);
-    let read = backend.sample(device, sample, true);
-    if read.is_ok() {
-        l.fold(sample);
-    }
-    let peaks = l.slots[slot].take().unwrap_or_default();
-    if reopen && read.is_ok() {
-        l.slots[slot] = Some(Ledger::seed(sample));
-    } else {
-        l.free.push(slot);
-    }
-    drop(l);
-    read?;
-    for (k, &i) in PEAK_FIELDS.iter().enumerate() {
-        sample.0[i] = peaks[k];
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -137,10 +137,7 @@ mod tests {
     fn peak_fields_follow_their_level() {
         for &i in PEAK_FIELDS.iter() {
             assert!(FIELDS[i].name.ends_with(".peak"));
-            assert_eq!(
-                FIELDS[i - 1].name.replace(".current", ".peak"),
-                FIELDS[i].name
-            );
+            assert_eq!(FIELDS[i - 1].name.replace(".current", ".peak"), FIELDS[i].name);
         }
         assert!(PEAK_FIELDS.contains(&field_index("active_bytes.all.peak").unwrap()));
     }

@@ -44,21 +44,25 @@ pub struct LineStats {
 }
 
 impl LineStats {
-    fn first(values: [i64; N_FIELDS], increment: i64) -> Self {
-        LineStats {
-            hits: 1,
-            values,
-            increment,
-            increment_total: increment,
-        }
+    fn empty() -> Self {
+        LineStats { hits: 0, values: [0; N_FIELDS], increment: 0, increment_total: 0 }
     }
 
-    fn merge_run(&mut self, values: &[i64; N_FIELDS], increment: i64) {
-        self.hits += 1;
-        for (mine, theirs) in self.values.iter_mut().zip(values) {
-            *mine = (*mine).max(*theirs);
+    /// Adds one run: `values` gives each field of `fields` its value for the run.
+    #[inline]
+    fn add_run(&mut self, fields: &[usize], value: impl Fn(usize) -> i64, increment: i64) {
+        if self.hits == 0 {
+            for &i in fields {
+                self.values[i] = value(i);
+            }
+            self.increment = increment;
+        } else {
+            for &i in fields {
+                self.values[i] = self.values[i].max(value(i));
+            }
+            self.increment = self.increment.max(increment);
         }
-        self.increment = self.increment.max(increment);
+        self.hits += 1;
         self.increment_total += increment;
     }
 
@@ -81,14 +85,12 @@ pub(crate) struct Table {
 }
 
 impl Table {
-    fn record(&mut self, line: usize, values: &[i64; N_FIELDS], increment: i64) {
+    #[inline]
+    fn line(&mut self, line: usize) -> &mut LineStats {
         if self.lines.len() <= line {
             self.lines.resize(line + 1, None);
         }
-        match &mut self.lines[line] {
-            Some(stats) => stats.merge_run(values, increment),
-            slot @ None => *slot = Some(LineStats::first(*values, increment)),
-        }
+        self.lines[line].get_or_insert_with(LineStats::empty)
     }
 }
 
@@ -113,11 +115,7 @@ pub struct Site {
 impl Site {
     /// A site for the function `meta` describes.
     pub const fn new(meta: SiteMeta) -> Self {
-        Site {
-            meta,
-            name: OnceLock::new(),
-            state: Mutex::new(None),
-        }
+        Site { meta, name: OnceLock::new(), state: Mutex::new(None) }
     }
 
     /// The function's path, e.g. `my_crate::model::Net::forward`.
@@ -146,44 +144,48 @@ impl Site {
     }
 
     /// Records one run of a line: `before` is the sample when it started, and
-    /// `after` the sample when it ended, its peak fields holding the interval's peaks.
+    /// `after` the sample when it ended, its peak fields holding the interval's
+    /// peaks. Only `fields` are merged: the backend leaves the others at zero.
     pub(crate) fn record_run(
         &self,
         state: &mut SiteState,
         line: usize,
         before: &RawStats,
         after: &RawStats,
+        fields: &[usize],
     ) {
-        let mut values = [0i64; N_FIELDS];
-        for (i, field) in FIELDS.iter().enumerate() {
-            values[i] = match field.kind {
-                FieldKind::Current | FieldKind::Peak => after.0[i],
-                FieldKind::Cumulative => after.0[i] - before.0[i],
-            };
-        }
+        let value = |i: usize| after.0[i] - before.0[i] * CUMULATIVE[i];
         let increment = after.0[ALLOCATED_BYTES_CURRENT] - before.0[ALLOCATED_BYTES_CURRENT];
-        state.total.record(line, &values, increment);
+        state.total.line(line).add_run(fields, value, increment);
         if self.meta.every > 0 {
-            state.window.record(line, &values, increment);
+            state.window.line(line).add_run(fields, value, increment);
         }
     }
 
     /// Records the signature line: the state at entry, with peaks equal to levels.
-    pub(crate) fn record_entry(&self, state: &mut SiteState, line: usize, entry: &RawStats) {
-        let mut values = [0i64; N_FIELDS];
-        for (i, field) in FIELDS.iter().enumerate() {
-            values[i] = match field.kind {
-                FieldKind::Current => entry.0[i],
-                FieldKind::Peak => entry.0[i - 1],
-                FieldKind::Cumulative => 0,
-            };
-        }
-        state.total.record(line, &values, 0);
+    pub(crate) fn record_entry(&self, state: &mut SiteState, line: usize, entry: &RawStats, fields: &[usize]) {
+        let value = |i: usize| match FIELDS[i].kind {
+            FieldKind::Current => entry.0[i],
+            FieldKind::Peak => entry.0[i - 1],
+            FieldKind::Cumulative => 0,
+        };
+        state.total.line(line).add_run(fields, value, 0);
         if self.meta.every > 0 {
-            state.window.record(line, &values, 0);
+            state.window.line(line).add_run(fields, value, 0);
         }
     }
 }
+
+/// 1 for running totals, whose per-run value is a difference; 0 for levels and peaks.
+static CUMULATIVE: [i64; N_FIELDS] = {
+    let mut out = [0; N_FIELDS];
+    let mut i = 0;
+    while i < N_FIELDS {
+        out[i] = matches!(FIELDS[i].kind, FieldKind::Cumulative) as i64;
+        i += 1;
+    }
+    out
+};
 
 /// How a site registers itself for reports.
 #[derive(Debug)]
@@ -201,11 +203,7 @@ pub fn sites() -> impl Iterator<Item = &'static Site> {
 /// segments that `async fn` bodies add.
 fn function_path(marker: &str) -> String {
     let trimmed = marker.rsplit_once("::").map_or(marker, |(head, _)| head);
-    trimmed
-        .split("::")
-        .filter(|seg| *seg != "{{closure}}")
-        .collect::<Vec<_>>()
-        .join("::")
+    trimmed.split("::").filter(|seg| *seg != "{{closure}}").collect::<Vec<_>>().join("::")
 }
 
 #[cfg(test)]
@@ -215,29 +213,43 @@ mod tests {
     #[test]
     fn function_path_drops_marker_and_closures() {
         assert_eq!(function_path("demo::train::__memlab_here"), "demo::train");
-        assert_eq!(
-            function_path("demo::Net::forward::__memlab_here"),
-            "demo::Net::forward"
-        );
-        assert_eq!(
-            function_path("demo::fetch::{{closure}}::__memlab_here"),
-            "demo::fetch"
-        );
+        assert_eq!(function_path("demo::Net::forward::__memlab_here"), "demo::Net::forward");
+        assert_eq!(function_path("demo::fetch::{{closure}}::__memlab_here"), "demo::fetch");
     }
 
     #[test]
     fn merge_takes_maxima_and_sums_increments() {
         let mut t = Table::default();
-        let mut a = [0i64; N_FIELDS];
-        a[0] = 5;
-        t.record(2, &a, 10);
-        a[0] = 3;
-        t.record(2, &a, -4);
+        t.line(2).add_run(&[0, 1], |i| [5, -7][i], 10);
+        t.line(2).add_run(&[0, 1], |i| [3, -9][i], -4);
         let s = t.lines[2].as_ref().unwrap();
-        assert_eq!(
-            (s.hits, s.values[0], s.increment, s.increment_total),
-            (2, 5, 10, 6)
-        );
+        assert_eq!((s.hits, s.values[0], s.values[1], s.increment, s.increment_total), (2, 5, -7, 10, 6));
         assert!(t.lines[0].is_none());
+    }
+
+    #[test]
+    fn a_run_reports_levels_peaks_and_growth() {
+        let site = Site::new(SiteMeta {
+            name: || "t::f::__memlab_here",
+            file: "t.rs",
+            first_line: 1,
+            signature_line: 1,
+            source: &["fn f() {", "}"],
+            device: None,
+            every: 0,
+        });
+        let (mut before, mut after) = (RawStats::default(), RawStats::default());
+        let cur = crate::stats::ALLOCATED_BYTES_CURRENT;
+        before.0[cur] = 100;
+        after.0[cur] = 40;
+        after.0[cur + 1] = 500; // the interval's peak
+        before.0[cur + 2] = 1000; // allocated so far
+        after.0[cur + 2] = 1300;
+        let mut state = SiteState::default();
+        site.record_run(&mut state, 0, &before, &after, &crate::stats::ALL_FIELDS);
+        let s = state.total.lines[0].as_ref().unwrap();
+        assert_eq!((s.values[cur], s.values[cur + 1], s.values[cur + 2]), (40, 500, 300));
+        assert_eq!((s.increment, s.hits), (-60, 1));
+        assert!(state.window.lines.is_empty(), "no window without profile_every");
     }
 }

@@ -10,17 +10,8 @@ use crate::{Error, Result};
 pub(super) fn csv(report: &Report) -> Result<String> {
     let io = |e: csv::Error| Error::Io(e.to_string());
     let mut w = csv::Writer::from_writer(Vec::new());
-    let mut header = vec![
-        "function",
-        "file",
-        "device",
-        "calls",
-        "line",
-        "code",
-        "hits",
-        "increment",
-        "increment_total",
-    ];
+    let mut header =
+        vec!["function", "file", "device", "calls", "line", "code", "hits", "increment", "increment_total"];
     header.extend(FIELDS.iter().map(|f| f.name));
     w.write_record(&header).map_err(io)?;
     for f in &report.functions {

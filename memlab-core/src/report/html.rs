@@ -28,13 +28,7 @@ pub(super) fn render(report: &Report) -> String {
     );
     for f in &report.functions {
         if let Some(e) = &f.error {
-            writeln!(
-                out,
-                "<h3>{}</h3><p>not measured: {}</p>",
-                escape(&f.name),
-                escape(e)
-            )
-            .unwrap();
+            writeln!(out, "<h3>{}</h3><p>not measured: {}</p>", escape(&f.name), escape(e)).unwrap();
             continue;
         }
         if !f.ran() {
@@ -46,26 +40,12 @@ pub(super) fn render(report: &Report) -> String {
         }
         out.push_str("<th>line</th><th class=\"code\">code</th></tr>\n");
         for (l, code) in f.lines.iter().zip(dedented(f)) {
-            out.push_str(if l.stats.is_some() {
-                "<tr>"
-            } else {
-                "<tr class=\"idle\">"
-            });
+            out.push_str(if l.stats.is_some() { "<tr>" } else { "<tr class=\"idle\">" });
             for c in report.columns() {
-                let text = l
-                    .stats
-                    .as_ref()
-                    .map(|s| cell(c, c.value(s)))
-                    .unwrap_or_default();
+                let text = l.stats.as_ref().map(|s| cell(c, c.value(s))).unwrap_or_default();
                 write!(out, "<td>{text}</td>").unwrap();
             }
-            writeln!(
-                out,
-                "<td>{}</td><td class=\"code\">{}</td></tr>",
-                l.line,
-                escape(code)
-            )
-            .unwrap();
+            writeln!(out, "<td>{}</td><td class=\"code\">{}</td></tr>", l.line, escape(code)).unwrap();
         }
         out.push_str("</table>\n");
     }

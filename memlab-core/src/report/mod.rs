@@ -33,16 +33,10 @@ impl Column {
     /// reserved bytes while the line ran, allocated bytes after it, its
     /// increment, and its hit count.
     pub fn defaults() -> Vec<Column> {
-        [
-            "active_bytes.all.peak",
-            "reserved_bytes.all.peak",
-            "allocated_bytes.all.current",
-            "increment",
-            "hits",
-        ]
-        .iter()
-        .map(|n| n.parse().expect("default column names are valid"))
-        .collect()
+        ["active_bytes.all.peak", "reserved_bytes.all.peak", "allocated_bytes.all.current", "increment", "hits"]
+            .iter()
+            .map(|n| n.parse().expect("default column names are valid"))
+            .collect()
     }
 
     /// The column's name as it is parsed.
@@ -58,9 +52,7 @@ impl Column {
     /// Whether the column counts bytes (as opposed to allocations, calls, …).
     pub fn is_bytes(&self) -> bool {
         match self {
-            Column::Stat(i) => {
-                FIELDS[*i].name.contains("_bytes") || FIELDS[*i].name == "max_split_size"
-            }
+            Column::Stat(i) => FIELDS[*i].name.contains("_bytes") || FIELDS[*i].name == "max_split_size",
             Column::Increment | Column::IncrementTotal => true,
             Column::Hits => false,
         }
@@ -89,9 +81,7 @@ impl FromStr for Column {
             "increment" => Ok(Column::Increment),
             "increment_total" => Ok(Column::IncrementTotal),
             "hits" => Ok(Column::Hits),
-            name => field_index(name)
-                .map(Column::Stat)
-                .ok_or_else(|| Error::UnknownStat(name.to_string())),
+            name => field_index(name).map(Column::Stat).ok_or_else(|| Error::UnknownStat(name.to_string())),
         }
     }
 }
@@ -137,22 +127,12 @@ impl FunctionReport {
                 stats: table.lines.get(i).cloned().flatten(),
             })
             .collect();
-        FunctionReport {
-            name: site.name().to_string(),
-            file: meta.file,
-            device,
-            calls: table.calls,
-            error,
-            lines,
-        }
+        FunctionReport { name: site.name().to_string(), file: meta.file, device, calls: table.calls, error, lines }
     }
 
     /// The record of source line `line`, if it ran.
     pub fn line(&self, line: u32) -> Option<&LineStats> {
-        self.lines
-            .iter()
-            .find(|l| l.line == line)
-            .and_then(|l| l.stats.as_ref())
+        self.lines.iter().find(|l| l.line == line).and_then(|l| l.stats.as_ref())
     }
 
     /// The first line whose source text contains `code`, e.g. `"let w ="`.
@@ -180,10 +160,7 @@ impl Report {
         Report::from_sites(sites(), |_| true)
     }
 
-    fn from_sites(
-        all: impl Iterator<Item = &'static Site>,
-        keep: impl Fn(&Site) -> bool,
-    ) -> Report {
+    fn from_sites(all: impl Iterator<Item = &'static Site>, keep: impl Fn(&Site) -> bool) -> Report {
         let mut functions: Vec<FunctionReport> = all
             .filter(|s| keep(s))
             .map(|site| {
@@ -195,10 +172,7 @@ impl Report {
             })
             .collect();
         functions.sort_by(|a, b| a.name.cmp(&b.name).then(a.file.cmp(b.file)));
-        Report {
-            functions,
-            columns: crate::profiler::default_columns(),
-        }
+        Report { functions, columns: crate::profiler::default_columns() }
     }
 
     /// The `#[profile]` functions (not `profile_every` ones), for printing at exit.
@@ -211,19 +185,13 @@ impl Report {
         let (table, device, error) =
             site.with_state(|st| (std::mem::take(&mut st.window), st.device, st.error.clone()));
         let function = FunctionReport::new(site, table, device, error);
-        Report {
-            functions: vec![function],
-            columns: crate::profiler::default_columns(),
-        }
+        Report { functions: vec![function], columns: crate::profiler::default_columns() }
     }
 
     /// The same report showing `columns`: `memory_stats()` keys, `increment`,
     /// `increment_total` or `hits`.
     pub fn with_columns<S: AsRef<str>>(mut self, columns: &[S]) -> Result<Report> {
-        self.columns = columns
-            .iter()
-            .map(|c| c.as_ref().parse())
-            .collect::<Result<_>>()?;
+        self.columns = columns.iter().map(|c| c.as_ref().parse()).collect::<Result<_>>()?;
         Ok(self)
     }
 
@@ -236,17 +204,14 @@ impl Report {
     /// or `Net::forward`).
     pub fn function(&self, name: &str) -> Option<&FunctionReport> {
         let suffix = format!("::{name}");
-        self.functions
-            .iter()
-            .find(|f| f.name == name || f.name.ends_with(&suffix))
+        self.functions.iter().find(|f| f.name == name || f.name.ends_with(&suffix))
     }
 
     /// The same report with only the functions whose path is `name` or ends
     /// with `::name`.
     pub fn filter(mut self, name: &str) -> Report {
         let suffix = format!("::{name}");
-        self.functions
-            .retain(|f| f.name == name || f.name.ends_with(&suffix));
+        self.functions.retain(|f| f.name == name || f.name.ends_with(&suffix));
         self
     }
 
@@ -273,10 +238,7 @@ impl Report {
 
     /// Shows the report as HTML in an evcxr (Rust Jupyter) notebook cell.
     pub fn evcxr_display(&self) {
-        println!(
-            "EVCXR_BEGIN_CONTENT text/html\n{}\nEVCXR_END_CONTENT",
-            self.to_html()
-        );
+        println!("EVCXR_BEGIN_CONTENT text/html\n{}\nEVCXR_END_CONTENT", self.to_html());
     }
 }
 

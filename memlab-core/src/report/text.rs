@@ -16,11 +16,7 @@ pub fn format_bytes(bytes: i64) -> String {
         value /= 1024.0;
         unit += 1;
     }
-    format!(
-        "{}{value:.2}{}",
-        if bytes < 0 { "-" } else { "" },
-        UNITS[unit]
-    )
+    format!("{}{value:.2}{}", if bytes < 0 { "-" } else { "" }, UNITS[unit])
 }
 
 /// A cell's text: sizes for byte columns (signed for increments), plain
@@ -36,11 +32,7 @@ pub(super) fn cell(column: &Column, value: i64) -> String {
 /// The function's heading, shared by the renderings.
 pub(super) fn heading(f: &FunctionReport) -> String {
     let mut out = f.name.clone();
-    let calls = if f.calls == 1 {
-        "1 call".to_string()
-    } else {
-        format!("{} calls", f.calls)
-    };
+    let calls = if f.calls == 1 { "1 call".to_string() } else { format!("{} calls", f.calls) };
     match f.device {
         Some(d) => write!(out, "  ({d}, {calls})").unwrap(),
         None => write!(out, "  ({calls})").unwrap(),
@@ -57,15 +49,7 @@ pub(super) fn dedented(f: &FunctionReport) -> Vec<&str> {
         .map(|l| l.code.len() - l.code.trim_start().len())
         .min()
         .unwrap_or(0);
-    f.lines
-        .iter()
-        .map(|l| {
-            l.code
-                .get(indent..)
-                .unwrap_or(l.code.trim_start())
-                .trim_end()
-        })
-        .collect()
+    f.lines.iter().map(|l| l.code.get(indent..).unwrap_or(l.code.trim_start()).trim_end()).collect()
 }
 
 pub(super) fn render(report: &Report) -> String {
@@ -77,12 +61,8 @@ pub(super) fn render(report: &Report) -> String {
             render_function(&mut out, f, report.columns());
         }
     }
-    let idle: Vec<&str> = report
-        .functions
-        .iter()
-        .filter(|f| !f.ran() && f.error.is_none())
-        .map(|f| f.name.as_str())
-        .collect();
+    let idle: Vec<&str> =
+        report.functions.iter().filter(|f| !f.ran() && f.error.is_none()).map(|f| f.name.as_str()).collect();
     if !idle.is_empty() {
         writeln!(out, "Profiled, never called: {}\n", idle.join(", ")).unwrap();
     }
@@ -91,10 +71,7 @@ pub(super) fn render(report: &Report) -> String {
 
 fn render_function(out: &mut String, f: &FunctionReport, columns: &[Column]) {
     writeln!(out, "## {}\n", heading(f)).unwrap();
-    let headers: Vec<Vec<&str>> = columns
-        .iter()
-        .map(|c| c.name().splitn(3, '.').collect())
-        .collect();
+    let headers: Vec<Vec<&str>> = columns.iter().map(|c| c.name().splitn(3, '.').collect()).collect();
     let cells: Vec<Vec<String>> = f
         .lines
         .iter()
@@ -106,33 +83,16 @@ fn render_function(out: &mut String, f: &FunctionReport, columns: &[Column]) {
     let widths: Vec<usize> = (0..columns.len())
         .map(|i| {
             let head = headers[i].iter().map(|p| p.len()).max().unwrap_or(0);
-            cells
-                .iter()
-                .map(|row| row[i].len())
-                .max()
-                .unwrap_or(0)
-                .max(head)
+            cells.iter().map(|row| row[i].len()).max().unwrap_or(0).max(head)
         })
         .collect();
-    let line_width = f
-        .lines
-        .iter()
-        .map(|l| l.line.to_string().len())
-        .max()
-        .unwrap_or(0)
-        .max(4);
+    let line_width = f.lines.iter().map(|l| l.line.to_string().len()).max().unwrap_or(0).max(4);
 
     let header_rows = headers.iter().map(Vec::len).max().unwrap_or(1);
     for row in 0..header_rows {
         let mut text = String::new();
         for (i, parts) in headers.iter().enumerate() {
-            write!(
-                text,
-                "{:>w$}  ",
-                parts.get(row).copied().unwrap_or(""),
-                w = widths[i]
-            )
-            .unwrap();
+            write!(text, "{:>w$}  ", parts.get(row).copied().unwrap_or(""), w = widths[i]).unwrap();
         }
         if row == 0 {
             write!(text, "{:>line_width$}  code", "line").unwrap();

@@ -1,0 +1,192 @@
+//! Benchmark of the line profiler: the cost of one statement probe, and the
+//! slowdown of a profiled training step against the same step unprofiled, for
+//! a small and a large MLP, on the CPU and (when there is one) on CUDA.
+//!
+//!     bash scripts/env.sh; cargo run --release --example bench_profiler
+//!
+//! Prints Markdown tables (the figures in BENCHMARKS.md come from here).
+//! Timings are medians over alternating rounds, so drift hits both sides.
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use tch::nn::{self, Module, OptimizerConfig};
+use tch::{Device, Kind, Tensor};
+
+const PROBES: u64 = 200_000;
+
+macro_rules! probe_loop {
+    ($(#[$attr:meta])* $name:ident) => {
+        $(#[$attr])*
+        fn $name(n: u64) -> u64 {
+            let mut acc = 0u64;
+            for i in 0..n {
+                acc = black_box(acc.wrapping_add(i));
+            }
+            acc
+        }
+    };
+}
+
+probe_loop!(plain_loop);
+probe_loop!(
+    #[memlab::profile(device = "cpu")]
+    cpu_loop
+);
+probe_loop!(
+    #[memlab::profile(device = "cuda:0")]
+    cuda_loop
+);
+
+struct Mlp {
+    layers: Vec<nn::Linear>,
+}
+
+impl Mlp {
+    fn new(vs: &nn::Path, widths: &[i64]) -> Mlp {
+        let layers =
+            widths.windows(2).enumerate().map(|(i, w)| nn::linear(vs / i, w[0], w[1], Default::default())).collect();
+        Mlp { layers }
+    }
+
+    fn forward(&self, x: &Tensor) -> Tensor {
+        let last = self.layers.len() - 1;
+        self.layers.iter().enumerate().fold(x.shallow_clone(), |h, (i, l)| {
+            let y = l.forward(&h);
+            if i == last {
+                y
+            } else {
+                y.relu()
+            }
+        })
+    }
+}
+
+macro_rules! train_step {
+    ($(#[$attr:meta])* $name:ident) => {
+        $(#[$attr])*
+        fn $name(model: &Mlp, opt: &mut nn::Optimizer, x: &Tensor, y: &Tensor) -> Tensor {
+            let logits = model.forward(x);
+            let loss = logits.cross_entropy_for_logits(y);
+            opt.backward_step(&loss);
+            loss
+        }
+    };
+}
+
+train_step!(plain_step);
+train_step!(
+    #[memlab::profile]
+    profiled_step
+);
+
+fn median(mut v: Vec<Duration>) -> Duration {
+    v.sort();
+    v[v.len() / 2]
+}
+
+fn time(mut f: impl FnMut()) -> Duration {
+    let start = Instant::now();
+    f();
+    start.elapsed()
+}
+
+fn probe_cost(device: &str, profiled: fn(u64) -> u64) -> (f64, f64) {
+    let (mut plain, mut prof) = (Vec::new(), Vec::new());
+    for _ in 0..7 {
+        plain.push(time(|| {
+            black_box(plain_loop(black_box(PROBES)));
+        }));
+        prof.push(time(|| {
+            black_box(profiled(black_box(PROBES)));
+        }));
+    }
+    let (p, q) = (median(plain), median(prof));
+    let per_probe = (q.as_secs_f64() - p.as_secs_f64()) / PROBES as f64 * 1e9;
+    eprintln!("probe loop on {device}: plain {p:?}, profiled {q:?}");
+    (per_probe, q.as_secs_f64() / PROBES as f64 * 1e9)
+}
+
+struct StepResult {
+    plain: Duration,
+    profiled: Duration,
+}
+
+fn step_slowdown(device: Device, widths: &[i64], batch: i64, steps: usize, rounds: usize) -> StepResult {
+    tch::manual_seed(0);
+    let vs = nn::VarStore::new(device);
+    let model = Mlp::new(&vs.root(), widths);
+    let mut opt = nn::Adam::default().build(&vs, 1e-4).expect("optimizer");
+    let x = Tensor::randn([batch, widths[0]], (Kind::Float, device));
+    let y = Tensor::randint(*widths.last().unwrap(), [batch], (Kind::Int64, device));
+    let sync = || {
+        if let Device::Cuda(i) = device {
+            tch::Cuda::synchronize(i as i64);
+        }
+    };
+    for _ in 0..steps {
+        let _ = plain_step(&model, &mut opt, &x, &y);
+        let _ = profiled_step(&model, &mut opt, &x, &y);
+    }
+    sync();
+    let (mut plain, mut prof) = (Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        plain.push(time(|| {
+            for _ in 0..steps {
+                let _ = plain_step(&model, &mut opt, &x, &y);
+            }
+            sync();
+        }));
+        prof.push(time(|| {
+            for _ in 0..steps {
+                let _ = profiled_step(&model, &mut opt, &x, &y);
+            }
+            sync();
+        }));
+    }
+    StepResult { plain: median(plain) / steps as u32, profiled: median(prof) / steps as u32 }
+}
+
+fn main() {
+    memlab::set_print_at_exit(false);
+    let cuda = memlab::cuda_is_available();
+    println!("## Statement probe\n");
+    println!("| device | probe cost (ns) | profiled loop iteration (ns) |");
+    println!("|---|---:|---:|");
+    let (cost, iter) = probe_cost("cpu", cpu_loop);
+    println!("| cpu | {cost:.1} | {iter:.1} |");
+    if cuda {
+        // A first CUDA allocation initialises the caching allocator, so the
+        // probes read real statistics rather than the "no allocator yet" zeros.
+        let _warm = Tensor::zeros([1], (Kind::Float, Device::Cuda(0)));
+        let (cost, iter) = probe_cost("cuda:0", cuda_loop);
+        println!("| cuda:0 | {cost:.1} | {iter:.1} |");
+    }
+
+    println!("\n## Training step, profiled (4 statements) vs plain\n");
+    println!("| device | model | batch | plain step | profiled step | ratio |");
+    println!("|---|---|---:|---:|---:|---:|");
+    let mut cases: Vec<(Device, &str, Vec<i64>, i64, usize, usize)> = vec![
+        (Device::Cpu, "small 256-256-10", vec![256, 256, 10], 64, 50, 9),
+        (Device::Cpu, "large 2048-2048-2048-10", vec![2048, 2048, 2048, 10], 256, 5, 7),
+    ];
+    if cuda {
+        cases.push((Device::Cuda(0), "small 256-256-10", vec![256, 256, 10], 64, 200, 11));
+        cases.push((Device::Cuda(0), "large 4096x4-10", vec![4096, 4096, 4096, 4096, 10], 1024, 50, 11));
+    }
+    for (device, name, widths, batch, steps, rounds) in cases {
+        let measured = match device {
+            Device::Cuda(i) => memlab::Device::Cuda(i),
+            _ => memlab::Device::Cpu,
+        };
+        memlab::set_target_device(memlab::DeviceSelector::Fixed(measured));
+        let r = step_slowdown(device, &widths, batch, steps, rounds);
+        println!(
+            "| {} | {name} | {batch} | {:.1} µs | {:.1} µs | {:.3}× |",
+            measured,
+            r.plain.as_secs_f64() * 1e6,
+            r.profiled.as_secs_f64() * 1e6,
+            r.profiled.as_secs_f64() / r.plain.as_secs_f64()
+        );
+    }
+}
