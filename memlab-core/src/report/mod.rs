@@ -201,17 +201,15 @@ impl Report {
     }
 
     /// The report of the function whose path ends with `name` (e.g. `forward`
-    /// or `Net::forward`).
+    /// or `Net::forward`; raw identifiers may keep their `r#`).
     pub fn function(&self, name: &str) -> Option<&FunctionReport> {
-        let suffix = format!("::{name}");
-        self.functions.iter().find(|f| f.name == name || f.name.ends_with(&suffix))
+        self.functions.iter().find(|f| path_matches(&f.name, name))
     }
 
     /// The same report with only the functions whose path is `name` or ends
     /// with `::name`.
     pub fn filter(mut self, name: &str) -> Report {
-        let suffix = format!("::{name}");
-        self.functions.retain(|f| f.name == name || f.name.ends_with(&suffix));
+        self.functions.retain(|f| path_matches(&f.name, name));
         self
     }
 
@@ -246,6 +244,12 @@ impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.to_text())
     }
+}
+
+/// Whether function path `path` is `name` or ends with `::name`.
+fn path_matches(path: &str, name: &str) -> bool {
+    let name = name.replace("r#", "");
+    path == name || path.strip_suffix(name.as_str()).is_some_and(|head| head.ends_with("::"))
 }
 
 /// Clears the figures of every profiled function.

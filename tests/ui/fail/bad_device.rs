@@ -1,0 +1,6 @@
+#[memlab::profile(device = "gpu0")]
+fn step() {}
+
+fn main() {
+    step();
+}

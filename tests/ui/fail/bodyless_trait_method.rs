@@ -1,0 +1,6 @@
+trait Forward {
+    #[memlab::profile]
+    fn forward(&self) -> u32;
+}
+
+fn main() {}

@@ -1,0 +1,6 @@
+#[memlab::profile(device = "cpu", device = "cuda")]
+fn step() {}
+
+fn main() {
+    step();
+}

@@ -1,0 +1,10 @@
+#[memlab::profile_every]
+fn step() {}
+
+#[memlab::profile_every(0)]
+fn never() {}
+
+fn main() {
+    step();
+    never();
+}

@@ -1,0 +1,8 @@
+#[memlab::profile]
+struct Model {
+    layers: usize,
+}
+
+fn main() {
+    let _ = Model { layers: 1 };
+}

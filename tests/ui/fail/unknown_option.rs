@@ -1,0 +1,6 @@
+#[memlab::profile(every = 3)]
+fn step() {}
+
+fn main() {
+    step();
+}
