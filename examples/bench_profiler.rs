@@ -107,6 +107,16 @@ fn probe_cost(device: &str, profiled: fn(u64) -> u64) -> (f64, f64) {
     (per_probe, q.as_secs_f64() / PROBES as f64 * 1e9)
 }
 
+/// One training-step measurement: a model on a device.
+struct Case {
+    device: Device,
+    name: &'static str,
+    widths: &'static [i64],
+    batch: i64,
+    steps: usize,
+    rounds: usize,
+}
+
 struct StepResult {
     plain: Duration,
     profiled: Duration,
@@ -166,21 +176,51 @@ fn main() {
     println!("\n## Training step, profiled (4 statements) vs plain\n");
     println!("| device | model | batch | plain step | profiled step | ratio |");
     println!("|---|---|---:|---:|---:|---:|");
-    let mut cases: Vec<(Device, &str, Vec<i64>, i64, usize, usize)> = vec![
-        (Device::Cpu, "small 256-256-10", vec![256, 256, 10], 64, 50, 9),
-        (Device::Cpu, "large 2048-2048-2048-10", vec![2048, 2048, 2048, 10], 256, 5, 7),
+    let mut cases = vec![
+        Case {
+            device: Device::Cpu,
+            name: "small 256-256-10",
+            widths: &[256, 256, 10],
+            batch: 64,
+            steps: 50,
+            rounds: 9,
+        },
+        Case {
+            device: Device::Cpu,
+            name: "large 2048-2048-2048-10",
+            widths: &[2048, 2048, 2048, 10],
+            batch: 256,
+            steps: 5,
+            rounds: 7,
+        },
     ];
     if cuda {
-        cases.push((Device::Cuda(0), "small 256-256-10", vec![256, 256, 10], 64, 200, 11));
-        cases.push((Device::Cuda(0), "large 4096x4-10", vec![4096, 4096, 4096, 4096, 10], 1024, 50, 11));
+        let gpu = Device::Cuda(0);
+        cases.push(Case {
+            device: gpu,
+            name: "small 256-256-10",
+            widths: &[256, 256, 10],
+            batch: 64,
+            steps: 200,
+            rounds: 11,
+        });
+        cases.push(Case {
+            device: gpu,
+            name: "large 4096x4-10",
+            widths: &[4096, 4096, 4096, 4096, 10],
+            batch: 1024,
+            steps: 50,
+            rounds: 11,
+        });
     }
-    for (device, name, widths, batch, steps, rounds) in cases {
+    for case in cases {
+        let Case { device, name, widths, batch, steps, rounds } = case;
         let measured = match device {
             Device::Cuda(i) => memlab::Device::Cuda(i),
             _ => memlab::Device::Cpu,
         };
         memlab::set_target_device(memlab::DeviceSelector::Fixed(measured));
-        let r = step_slowdown(device, &widths, batch, steps, rounds);
+        let r = step_slowdown(device, widths, batch, steps, rounds);
         println!(
             "| {} | {name} | {batch} | {:.1} µs | {:.1} µs | {:.3}× |",
             measured,

@@ -126,7 +126,13 @@ struct Counter {
   void read(int64_t* out, bool reset) {
     int64_t level = current.load(std::memory_order_relaxed);
     out[0] = level;
-    out[1] = reset ? peak.exchange(level, std::memory_order_relaxed) : peak.load(std::memory_order_relaxed);
+    out[1] = peak.load(std::memory_order_relaxed);
+    if (reset) {
+      // A plain store, not an exchange: a block allocated and freed again
+      // between the load and the store would be missed, which is the same
+      // window libtorch's CUDA allocator has between reading and resetting.
+      peak.store(level, std::memory_order_relaxed);
+    }
     out[2] = allocated.load(std::memory_order_relaxed);
     out[3] = freed.load(std::memory_order_relaxed);
   }
