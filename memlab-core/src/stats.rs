@@ -93,23 +93,6 @@ pub enum FieldKind {
     Cumulative,
 }
 
-/// The groups of four counters (`current`, `peak`, `allocated`, `freed`) per pool,
-/// in the order of `DeviceStats`.
-pub const STAT_ARRAYS: [&str; 9] = [
-    "allocation",
-    "segment",
-    "active",
-    "inactive_split",
-    "allocated_bytes",
-    "reserved_bytes",
-    "active_bytes",
-    "inactive_split_bytes",
-    "requested_bytes",
-];
-
-/// The pools of a stat array, in libtorch's `StatType` order.
-pub const POOLS: [&str; 3] = ["all", "small_pool", "large_pool"];
-
 /// Number of `i64` fields in a [`RawStats`] record.
 pub const N_FIELDS: usize = 122;
 
@@ -205,9 +188,10 @@ pub fn field_index(name: &str) -> Option<usize> {
     FIELDS.iter().position(|f| f.name == name)
 }
 
-/// Index in [`FIELDS`] of `array.pool.counter`; the names are those of
-/// [`STAT_ARRAYS`] and [`POOLS`], and `counter` is 0 = current, 1 = peak,
-/// 2 = allocated, 3 = freed.
+/// Index in [`FIELDS`] of `array.pool.counter`: `array` counts the stat
+/// arrays in `DeviceStats` order (0 = `allocation` … 8 = `requested_bytes`),
+/// `pool` is 0 = all, 1 = small_pool, 2 = large_pool, and `counter` is
+/// 0 = current, 1 = peak, 2 = allocated, 3 = freed.
 pub const fn array_index(array: usize, pool: usize, counter: usize) -> usize {
     (array * 3 + pool) * 4 + counter
 }

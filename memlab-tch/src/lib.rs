@@ -5,6 +5,18 @@
 //! Every call into libtorch goes through a C++ shim that catches every
 //! exception and hands it back as [`memlab_core::Error`]; on a machine without
 //! CUDA the CUDA calls return an error or report zero devices, never abort.
+//!
+//! ```
+//! use memlab_core::Device;
+//! use tch::{Kind, Tensor};
+//!
+//! let before = memlab_tch::device_stats(Device::Cpu)?.allocated_bytes.all.current;
+//! let t = Tensor::zeros([256, 256], (Kind::Float, tch::Device::Cpu));
+//! let after = memlab_tch::device_stats(Device::Cpu)?.allocated_bytes.all.current;
+//! assert_eq!(after - before, 256 * 256 * 4);
+//! assert_eq!(memlab_tch::storage_info(&t)?.nbytes, 256 * 256 * 4);
+//! # Ok::<(), memlab_core::Error>(())
+//! ```
 #![deny(missing_docs)]
 
 mod ffi;
