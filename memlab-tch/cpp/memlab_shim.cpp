@@ -225,8 +225,11 @@ const bool g_installed_at_load = [] {
   return error == nullptr;
 }();
 
+// The CUDA allocator is registered once, when libtorch_cuda loads; looking it
+// up once spares every probe a dynamic_cast.
 c10::DeviceAllocator* cuda_allocator() {
-  return c10::getDeviceAllocator(c10::DeviceType::CUDA);
+  static c10::DeviceAllocator* const allocator = c10::getDeviceAllocator(c10::DeviceType::CUDA);
+  return allocator;
 }
 
 bool cuda_registered() {
