@@ -43,12 +43,36 @@ fn main() {
     if with_cuda {
         build.define("MEMLAB_WITH_CUDA", None);
     }
+    // CUDA allocation events need the CUDA runtime headers, which PyPI's
+    // torch wheel does not carry: nvidia-cuda-runtime ships most of them, and
+    // nvidia-cuda-crt the crt/ ones. Without them memlab builds, and says so
+    // when CUDA events are asked for.
+    let cuda_include = root.parent().map(|site| site.join("nvidia/cu13/include"));
+    let cuda_events = with_cuda
+        && cuda_include
+            .as_ref()
+            .is_some_and(|dir| dir.join("cuda_runtime_api.h").exists() && dir.join("crt/host_defines.h").exists());
+    if cuda_events {
+        let dir = cuda_include.expect("checked above");
+        println!("cargo:rerun-if-changed={}", dir.join("crt/host_defines.h").display());
+        build.include(dir).define("MEMLAB_CUDA_EVENTS", None).file("cpp/memlab_cuda_events.cpp");
+    } else if with_cuda {
+        println!(
+            "cargo:warning=memlab-tch: CUDA headers not found next to libtorch (nvidia/cu13/include with crt/); \
+             CUDA allocation events are off. `pip install nvidia-cuda-crt==13.0.88` in torch's environment \
+             (scripts/env.sh does) and rebuild."
+        );
+    }
+    println!("cargo:rerun-if-changed=cpp/memlab_cuda_events.cpp");
     build.compile("memlab_shim");
     println!("cargo:rustc-link-search=native={}", lib_dir.display());
     // After the shim, so that its reference to libtorch_cuda is already known
     // when the linker decides under --as-needed whether the library is needed.
     if with_cuda {
         println!("cargo:rustc-link-lib=dylib=torch_cuda");
+    }
+    if cuda_events {
+        println!("cargo:rustc-link-lib=dylib=c10_cuda");
     }
     println!("cargo:rustc-link-lib=dylib=c10");
     println!("cargo:rustc-link-lib=dylib=torch_cpu");

@@ -6,22 +6,24 @@
 MEMLAB_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 MEMLAB_VENV="${MEMLAB_VENV:-$MEMLAB_ROOT/.venv}"
 MEMLAB_TORCH_VERSION="2.11.0"
+# The CUDA runtime's crt/ headers, which memlab's CUDA event hook compiles against.
+MEMLAB_CUDA_CRT_VERSION="13.0.88"
 
-memlab_torch_version() {
+memlab_installed() {
   "$MEMLAB_VENV/bin/python" - <<'PY' 2>/dev/null
 import importlib.metadata as m
-print(m.version("torch").split("+")[0])
+print(m.version("torch").split("+")[0], m.version("nvidia-cuda-crt"))
 PY
 }
 
-if [ "$(memlab_torch_version)" != "$MEMLAB_TORCH_VERSION" ]; then
+if [ "$(memlab_installed)" != "$MEMLAB_TORCH_VERSION $MEMLAB_CUDA_CRT_VERSION" ]; then
   echo "memlab: installing torch==$MEMLAB_TORCH_VERSION into $MEMLAB_VENV (once; a few GB)" >&2
   python3 -m venv "$MEMLAB_VENV" || {
     echo "memlab: could not create a venv; install Python 3.10+ with its venv module" >&2
     return 1 2>/dev/null || exit 1
   }
   "$MEMLAB_VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
-    "torch==$MEMLAB_TORCH_VERSION" || {
+    "torch==$MEMLAB_TORCH_VERSION" "nvidia-cuda-crt==$MEMLAB_CUDA_CRT_VERSION" || {
     echo "memlab: pip could not install torch==$MEMLAB_TORCH_VERSION" >&2
     return 1 2>/dev/null || exit 1
   }

@@ -96,6 +96,10 @@ pub use memlab_macros::profile;
 #[doc(inline)]
 pub use memlab_macros::profile_every;
 
+pub use memlab_core::events::{
+    live as live_allocations, thread_number as events_thread_number, Action, Event, LiveAllocation, ScopeCounts,
+    Settings as EventSettings, StatementRef, Stats as EventStats,
+};
 pub use memlab_core::profiler::{
     default_columns, is_enabled, set_default_columns, set_enabled, set_output, set_print_at_exit, set_target_device,
     set_target_gpu, target_device, LineStats, Output,
@@ -109,6 +113,13 @@ pub use memlab_tch::{
     cuda_mem_info, device_stats, empty_cache, install_cpu_allocator, raw_stats, reset_accumulated_stats,
     reset_peak_stats, storage_info, Layout, StorageInfo,
 };
+pub use memlab_tch::{check_step, DisposeScope, OnEscape, Recording, ScopeReport, StepCheck};
+
+/// The recorded allocation events, oldest first, and how many were dropped to
+/// stay within [`EventSettings::capacity`] (see [`Recording`]).
+pub fn event_history() -> (Vec<Event>, EventStats) {
+    memlab_core::events::history()
+}
 
 /// The figures of every profiled function linked into the program, called or
 /// not, at this moment. Render it with `to_text()` (or `{}`), `to_html()`,

@@ -5,6 +5,7 @@
 
 mod backend;
 mod error;
+pub mod events;
 pub mod profiler;
 pub mod report;
 pub mod stats;

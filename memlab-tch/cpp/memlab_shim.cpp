@@ -91,6 +91,9 @@ void flatten(const c10::CachingDeviceAllocator::DeviceStats& s, int64_t* out) {
 // ---------------------------------------------------------------------------
 // The counting CPU allocator.
 //
+// With an event hook set (memlab_set_cpu_event_hook), every allocation and
+// free is also reported to it; without, the check is one relaxed load.
+//
 // Each block is taken from the wrapped allocator with a 64-byte header in
 // front (64 keeps libtorch's alignment) that records the size asked for and
 // how to give the block back. The figures count the bytes tensors asked for;
@@ -146,6 +149,12 @@ struct Counter {
 Counter g_bytes;
 Counter g_blocks;
 
+using EventHook = void (*)(int32_t action, int32_t device, uint64_t address, uint64_t size);
+std::atomic<EventHook> g_cpu_hook{nullptr};
+constexpr int32_t kAlloc = 0;
+constexpr int32_t kFreeRequested = 1;
+constexpr int32_t kCpu = -1;
+
 void counting_delete(void* data) {
   if (data == nullptr) {
     return;
@@ -154,6 +163,9 @@ void counting_delete(void* data) {
   Header h = *header;
   g_bytes.sub(static_cast<int64_t>(h.size));
   g_blocks.sub(1);
+  if (EventHook hook = g_cpu_hook.load(std::memory_order_relaxed)) {
+    hook(kFreeRequested, kCpu, reinterpret_cast<uint64_t>(data), h.size);
+  }
   if (h.deleter != nullptr) {
     h.deleter(h.context);
   }
@@ -175,6 +187,9 @@ struct CountingCpuAllocator final : c10::Allocator {
     g_bytes.add(static_cast<int64_t>(n));
     g_blocks.add(1);
     char* data = base + kHeader;
+    if (EventHook hook = g_cpu_hook.load(std::memory_order_relaxed)) {
+      hook(kAlloc, kCpu, reinterpret_cast<uint64_t>(data), n);
+    }
     return {data, data, &counting_delete, cpu};
   }
 
@@ -374,6 +389,28 @@ char* memlab_cpu_stats(int32_t reset_peaks, int64_t* out) {
   out[120] = blocks[3];
   return nullptr;
 }
+
+// Reports every CPU allocation and free to `hook` (NULL: to nobody). The hook
+// must not throw.
+void memlab_set_cpu_event_hook(EventHook hook) {
+  g_cpu_hook.store(hook);
+}
+
+#ifndef MEMLAB_CUDA_EVENTS
+char* memlab_cuda_set_event_hook(EventHook hook) {
+  if (hook == nullptr) {
+    return nullptr;
+  }
+  return error_copy(
+#ifdef MEMLAB_WITH_CUDA
+      "memlab was built without the CUDA runtime headers, so it cannot observe CUDA allocations: "
+      "`pip install nvidia-cuda-crt==13.0.88` into torch's environment (scripts/env.sh does) and rebuild"
+#else
+      "this libtorch has no CUDA"
+#endif
+  );
+}
+#endif
 
 void memlab_cpu_reset_peak_stats() {
   g_blocks.reset_peak();

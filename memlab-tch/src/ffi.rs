@@ -17,7 +17,12 @@ pub struct StorageInfo {
     pub has_storage: i32,
 }
 
+/// The shim's event hook: action code, device (-1 = CPU), address, size.
+pub type EventHook = extern "C" fn(action: i32, device: i32, address: u64, size: u64);
+
 extern "C" {
+    pub fn memlab_set_cpu_event_hook(hook: Option<EventHook>);
+    pub fn memlab_cuda_set_event_hook(hook: Option<EventHook>) -> *mut c_char;
     pub fn memlab_free_error(error: *mut c_char);
     pub fn memlab_built_with_cuda() -> i32;
     pub fn memlab_cuda_device_count(out: *mut i64) -> *mut c_char;

@@ -19,6 +19,8 @@
 //! ```
 #![deny(missing_docs)]
 
+mod dispose;
+mod events;
 mod ffi;
 mod storage;
 
@@ -26,6 +28,8 @@ use std::sync::OnceLock;
 
 use memlab_core::{Backend, Device, DeviceStats, Error, RawStats, Result};
 
+pub use dispose::{check_step, DisposeScope, OnEscape, ScopeReport, StepCheck};
+pub use events::Recording;
 pub use storage::{storage_info, Layout, StorageInfo};
 
 /// The libtorch backend of memlab's profiler.

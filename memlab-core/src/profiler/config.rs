@@ -33,9 +33,10 @@ pub fn set_output(output: Output) {
     *OUTPUT.lock().unwrap_or_else(|e| e.into_inner()) = output;
 }
 
-/// Prints `text` to the chosen output. Best effort: a closed stream must not
-/// turn a profiled call into a panic, least of all while unwinding.
-pub(crate) fn emit(text: &str) {
+/// Prints `text` to the output chosen with [`set_output`]. Best effort: a
+/// closed stream must not turn a profiled call into a panic, least of all
+/// while unwinding.
+pub fn emit(text: &str) {
     use std::io::Write;
     if text.is_empty() {
         return;

@@ -8,6 +8,7 @@ use std::sync::Once;
 
 use super::{config, ledger, site::Site};
 use crate::backend::Backend;
+use crate::events::context::{self, StatementRef};
 use crate::report::Report;
 use crate::stats::RawStats;
 use crate::{Device, DeviceSelector, Error, Result};
@@ -45,15 +46,19 @@ pub struct Frame {
     backend: &'static dyn Backend,
     /// `None` when profiling is off or the device could not be read.
     open: RefCell<Option<Open>>,
+    /// The statement that was running on this thread when the call began;
+    /// `None` when this call did not take part (profiling off).
+    caller: Option<Option<StatementRef>>,
 }
 
 impl Frame {
     /// Starts a profiled call of `site`, measuring through `backend`.
     pub fn enter(site: &'static Site, backend: &'static dyn Backend) -> Frame {
-        let frame = Frame { site, backend, open: RefCell::new(None) };
         if !config::is_enabled() {
-            return frame;
+            return Frame { site, backend, open: RefCell::new(None), caller: None };
         }
+        let caller = Some(context::set_statement(Some(StatementRef::new(site, site.meta.signature_line))));
+        let frame = Frame { site, backend, open: RefCell::new(None), caller };
         register_exit_report();
         let opened = resolve_device(site.meta.device, backend).and_then(|device| {
             let mut samples = [RawStats::default(); 2];
@@ -82,6 +87,7 @@ impl Frame {
     pub fn line(&self, line: u32) {
         let Ok(mut slot) = self.open.try_borrow_mut() else { return };
         let Some(open) = slot.as_mut() else { return };
+        context::set_statement(Some(StatementRef::new(self.site, line)));
         // The entry sample already opened the first statement's interval.
         let Some(running) = open.line.replace(self.site.line_index(line)) else { return };
         let fields = open.fields;
@@ -99,6 +105,9 @@ impl Frame {
 
 impl Drop for Frame {
     fn drop(&mut self) {
+        if let Some(caller) = self.caller {
+            context::set_statement(caller);
+        }
         let Some(mut open) = self.open.get_mut().take() else { return };
         let every = self.site.meta.every as u64;
         let (running, fields) = (open.line, open.fields);

@@ -11,11 +11,13 @@ mod config;
 mod frame;
 mod ledger;
 pub mod site;
+mod watch;
 
 pub use config::{
-    default_columns, is_enabled, set_default_columns, set_enabled, set_output, set_print_at_exit, set_target_device,
-    set_target_gpu, target_device, Output,
+    default_columns, emit, is_enabled, set_default_columns, set_enabled, set_output, set_print_at_exit,
+    set_target_device, set_target_gpu, target_device, Output,
 };
 pub use frame::Frame;
 pub use ledger::{MAX_CUDA_DEVICES, PEAK_FIELDS};
 pub use site::{LineStats, Registered, Site, SiteMeta};
+pub use watch::PeakWatch;

@@ -1,0 +1,126 @@
+//! Allocation events: every allocation and free the backends observe, with when,
+//! where (device, address, size), on which thread, and inside which memlab
+//! scope and profiled statement it happened; optionally with a Rust backtrace.
+//!
+//! The recorder keeps a bounded history (old events are dropped and counted)
+//! and the complete live set: what is allocated now, with where it was
+//! allocated. Dispose scopes are built on the live set. Nothing is recorded,
+//! and the backends' hooks cost one atomic load, until someone turns it on.
+
+pub(crate) mod context;
+mod recorder;
+
+use std::sync::Arc;
+
+pub use context::{current_statement, StatementRef};
+pub use recorder::{
+    attribute, history, is_active, live, record, release, retain, scope_close, scope_keep, scope_open, settings, stats,
+    LiveAllocation, ScopeCounts, ScopeOutcome, Settings, Stats,
+};
+
+use crate::Device;
+
+/// What happened to a block of memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Action {
+    /// A tensor's memory was allocated.
+    Alloc,
+    /// A tensor's memory was given back (for CUDA: the caching allocator got it back).
+    FreeRequested,
+    /// CUDA only: the block can be reused (the streams that used it are done).
+    FreeCompleted,
+    /// CUDA only: the caching allocator obtained a segment from the device.
+    SegmentAlloc,
+    /// CUDA only: the caching allocator returned a segment to the device.
+    SegmentFree,
+    /// An allocation failed for lack of memory; `size` is what was asked for.
+    Oom,
+}
+
+/// One observed allocator event.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct Event {
+    /// Position in the sequence of all events since recording began.
+    pub seq: u64,
+    /// Nanoseconds since the recorder was first turned on.
+    pub time_ns: u64,
+    /// Where the memory is.
+    pub device: Device,
+    /// What happened.
+    pub action: Action,
+    /// Address of the block (for tensors: their storage's data pointer).
+    pub address: u64,
+    /// Bytes: asked for on the CPU, the rounded block on CUDA.
+    pub size: u64,
+    /// memlab's number for the thread that caused it (see [`thread_number`]).
+    pub thread: u64,
+    /// The innermost dispose scope open on that thread, if any.
+    pub scope: Option<u64>,
+    /// The profiled statement running on that thread, if any.
+    pub statement: Option<StatementRef>,
+    /// Where in the program it happened, when backtraces are on.
+    pub backtrace: Option<Arc<Backtrace>>,
+}
+
+/// A captured call stack, resolved to symbols only when it is displayed.
+pub struct Backtrace(std::sync::Mutex<backtrace::Backtrace>);
+
+impl Backtrace {
+    pub(crate) fn capture() -> Backtrace {
+        Backtrace(std::sync::Mutex::new(backtrace::Backtrace::new_unresolved()))
+    }
+
+    /// The frames of the user's code, innermost first, as `function at
+    /// file:line`: frames without source information (libtorch, libc) and
+    /// frames of memlab, of dependencies and of the standard library are left out.
+    pub fn user_frames(&self) -> Vec<String> {
+        let mut bt = self.0.lock().unwrap_or_else(|e| e.into_inner());
+        bt.resolve();
+        let mut out = Vec::new();
+        for symbol in bt.frames().iter().flat_map(|f| f.symbols()) {
+            let (Some(file), Some(line)) = (symbol.filename(), symbol.lineno()) else { continue };
+            if !is_user_file(file) {
+                continue;
+            }
+            let name = symbol.name().map_or_else(|| "?".to_string(), |n| format!("{n:#}"));
+            out.push(format!("{name} at {}:{line}", file.display()));
+        }
+        out
+    }
+}
+
+impl std::fmt::Debug for Backtrace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Backtrace(..)")
+    }
+}
+
+/// Whether a source file belongs to the user's code rather than to the
+/// standard library, a dependency (registry or git checkout) or memlab itself.
+fn is_user_file(file: &std::path::Path) -> bool {
+    let memlab_core = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let workspace = memlab_core.parent().unwrap_or(memlab_core);
+    let memlab_dirs = [memlab_core.to_path_buf(), workspace.join("memlab-tch"), workspace.join("src")];
+    let text = file.to_string_lossy();
+    // libtorch's inline headers and the C library's sources (which its debug
+    // information names relative to its build directory) are not the user's.
+    !(text.starts_with("/rustc/")
+        || text.starts_with("./")
+        || text.contains("/torch/include/")
+        || text.contains("/.cargo/registry/")
+        || text.contains("/.cargo/git/")
+        || memlab_dirs.iter().any(|dir| file.starts_with(dir)))
+}
+
+/// A small number for the calling thread, stable for its lifetime: 1 for the
+/// first thread that asks, 2 for the next, and so on.
+pub fn thread_number() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    thread_local! {
+        static NUMBER: u64 = NEXT.fetch_add(1, Ordering::Relaxed);
+    }
+    NUMBER.with(|n| *n)
+}

@@ -1,0 +1,382 @@
+//! The process-wide recorder: a bounded history of events, the live set, and
+//! the accounts of open dispose scopes.
+//!
+//! Backends call [`record`] from their allocator hooks. On CUDA that happens
+//! under the caching allocator's lock, so nothing here may call into libtorch,
+//! and nothing that holds the recorder's lock may either.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::Instant;
+
+use super::context::{self, StatementRef};
+use super::{thread_number, Action, Backtrace, Event};
+use crate::Device;
+
+/// How the recorder works.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Settings {
+    /// The most events kept in the history; older ones are dropped and counted.
+    /// 0 keeps no history (the live set and dispose scopes still work).
+    pub capacity: usize,
+    /// Capture a Rust backtrace with every allocation (costly: see BENCHMARKS.md).
+    pub backtraces: bool,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings { capacity: 100_000, backtraces: false }
+    }
+}
+
+impl Settings {
+    /// Settings with this history capacity.
+    pub fn capacity(mut self, events: usize) -> Self {
+        self.capacity = events;
+        self
+    }
+
+    /// Settings with backtraces on or off.
+    pub fn backtraces(mut self, on: bool) -> Self {
+        self.backtraces = on;
+        self
+    }
+}
+
+/// An allocation that is alive now.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct LiveAllocation {
+    /// Where it is.
+    pub device: Device,
+    /// Its address (a tensor storage's data pointer).
+    pub address: u64,
+    /// Its size in bytes (CUDA: the rounded block).
+    pub size: u64,
+    /// The event that allocated it.
+    pub seq: u64,
+    /// When, in nanoseconds since the recorder started.
+    pub time_ns: u64,
+    /// The thread that allocated it.
+    pub thread: u64,
+    /// The dispose scope that answers for it now, if any.
+    pub scope: Option<u64>,
+    /// The profiled statement that allocated it, if any.
+    pub statement: Option<StatementRef>,
+    /// Where it was allocated, when backtraces were on.
+    pub backtrace: Option<Arc<Backtrace>>,
+}
+
+impl LiveAllocation {
+    /// Where it was allocated, as precisely as memlab knows: the user frames of
+    /// its backtrace, else the profiled statement, else `None`.
+    pub fn site(&self) -> Option<String> {
+        if let Some(bt) = &self.backtrace {
+            if let Some(first) = bt.user_frames().into_iter().next() {
+                return Some(first);
+            }
+        }
+        self.statement.map(|s| s.to_string())
+    }
+}
+
+/// Byte and block counts of one dispose scope on one device.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
+pub struct ScopeCounts {
+    /// Bytes allocated while the scope was innermost (plus escapes handed over
+    /// by scopes nested in it).
+    pub created_bytes: u64,
+    /// Blocks allocated, likewise.
+    pub created: u64,
+    /// Of those, bytes freed before the scope closed.
+    pub freed_bytes: u64,
+    /// Blocks freed, likewise.
+    pub freed: u64,
+    /// Bytes still alive when the scope closed, and not kept.
+    pub escaped_bytes: u64,
+    /// Blocks still alive, likewise.
+    pub escaped: u64,
+    /// Bytes exempted with `keep`.
+    pub kept_bytes: u64,
+    /// Blocks exempted with `keep`.
+    pub kept: u64,
+}
+
+/// What a closed dispose scope found.
+#[derive(Clone, Debug, Default)]
+#[non_exhaustive]
+pub struct ScopeOutcome {
+    /// Counts per device.
+    pub devices: BTreeMap<Device, ScopeCounts>,
+    /// The allocations that escaped, oldest first.
+    pub escaped: Vec<LiveAllocation>,
+    /// The scope the escapes were handed to, if one encloses this one.
+    pub handed_to: Option<u64>,
+}
+
+/// How much the recorder holds.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Stats {
+    /// Events observed since recording began.
+    pub recorded: u64,
+    /// Events dropped from the history to stay within its capacity.
+    pub dropped: u64,
+    /// Events in the history now.
+    pub kept: usize,
+    /// Allocations in the live set.
+    pub live: usize,
+}
+
+#[derive(Default)]
+struct Account {
+    devices: BTreeMap<Device, ScopeCounts>,
+    parent: Option<u64>,
+}
+
+struct Recorder {
+    settings: Settings,
+    users: usize,
+    history: VecDeque<Event>,
+    recorded: u64,
+    dropped: u64,
+    live: HashMap<(Device, u64), LiveAllocation>,
+    scopes: HashMap<u64, Account>,
+}
+
+static ACTIVE: AtomicBool = AtomicBool::new(false);
+static BACKTRACES: AtomicBool = AtomicBool::new(false);
+static NEXT_SCOPE: AtomicU64 = AtomicU64::new(1);
+static RECORDER: Mutex<Option<Recorder>> = Mutex::new(None);
+
+fn recorder() -> MutexGuard<'static, Option<Recorder>> {
+    // Every update leaves the recorder consistent before it can panic.
+    RECORDER.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn with<R>(f: impl FnOnce(&mut Recorder) -> R) -> R {
+    let mut guard = recorder();
+    let r = guard.get_or_insert_with(|| Recorder {
+        settings: Settings::default(),
+        users: 0,
+        history: VecDeque::new(),
+        recorded: 0,
+        dropped: 0,
+        live: HashMap::new(),
+        scopes: HashMap::new(),
+    });
+    f(r)
+}
+
+fn start() -> Instant {
+    static START: OnceLock<Instant> = OnceLock::new();
+    *START.get_or_init(Instant::now)
+}
+
+/// Whether events are being recorded (someone holds [`retain`]).
+#[inline]
+pub fn is_active() -> bool {
+    ACTIVE.load(Ordering::Relaxed)
+}
+
+/// Starts recording, or adds a user of an already running recorder. Returns
+/// true when this call turned recording on: the caller then turns its
+/// backend's hooks on.
+pub fn retain() -> bool {
+    start();
+    with(|r| {
+        r.users += 1;
+        let first = r.users == 1;
+        if first {
+            ACTIVE.store(true, Ordering::Relaxed);
+        }
+        first
+    })
+}
+
+/// Removes a user; the last one turns recording off and returns true (the
+/// caller then turns its backend's hooks off). The live set is cleared then:
+/// frees that are not observed would leave it wrong. The history stays.
+pub fn release() -> bool {
+    with(|r| {
+        if r.users == 0 {
+            return false;
+        }
+        r.users -= 1;
+        let last = r.users == 0;
+        if last {
+            ACTIVE.store(false, Ordering::Relaxed);
+            r.live.clear();
+        }
+        last
+    })
+}
+
+/// Changes the recorder's settings; a smaller capacity drops the oldest events now.
+pub fn settings(settings: Settings) {
+    BACKTRACES.store(settings.backtraces, Ordering::Relaxed);
+    with(|r| {
+        r.settings = settings;
+        while r.history.len() > settings.capacity {
+            r.history.pop_front();
+            r.dropped += 1;
+        }
+    });
+}
+
+/// Records one event. Called by backends from their allocator hooks; returns
+/// at once when recording is off.
+pub fn record(device: Device, action: Action, address: u64, size: u64) {
+    if !is_active() {
+        return;
+    }
+    let time_ns = start().elapsed().as_nanos() as u64;
+    let thread = thread_number();
+    let scope = context::innermost_scope();
+    let statement = context::current_statement();
+    let backtrace =
+        (action == Action::Alloc && BACKTRACES.load(Ordering::Relaxed)).then(|| Arc::new(Backtrace::capture()));
+    with(|r| {
+        let seq = r.recorded;
+        r.recorded += 1;
+        match action {
+            Action::Alloc => {
+                if let Some(id) = scope {
+                    let counts = r.scopes.entry(id).or_default().devices.entry(device).or_default();
+                    counts.created += 1;
+                    counts.created_bytes += size;
+                }
+                let live = LiveAllocation {
+                    device,
+                    address,
+                    size,
+                    seq,
+                    time_ns,
+                    thread,
+                    scope,
+                    statement,
+                    backtrace: backtrace.clone(),
+                };
+                r.live.insert((device, address), live);
+            }
+            Action::FreeRequested => {
+                if let Some(gone) = r.live.remove(&(device, address)) {
+                    if let Some(account) = gone.scope.and_then(|id| r.scopes.get_mut(&id)) {
+                        let counts = account.devices.entry(device).or_default();
+                        counts.freed += 1;
+                        counts.freed_bytes += gone.size;
+                    }
+                }
+            }
+            _ => {}
+        }
+        if r.settings.capacity > 0 {
+            if r.history.len() >= r.settings.capacity {
+                r.history.pop_front();
+                r.dropped += 1;
+            }
+            r.history.push_back(Event {
+                seq,
+                time_ns,
+                device,
+                action,
+                address,
+                size,
+                thread,
+                scope,
+                statement,
+                backtrace,
+            });
+        } else {
+            r.dropped += 1;
+        }
+    });
+}
+
+/// The events in the history (oldest first) and the recorder's counts.
+pub fn history() -> (Vec<Event>, Stats) {
+    with(|r| (r.history.iter().cloned().collect(), stats_of(r)))
+}
+
+fn stats_of(r: &Recorder) -> Stats {
+    Stats { recorded: r.recorded, dropped: r.dropped, kept: r.history.len(), live: r.live.len() }
+}
+
+/// Everything allocated now, oldest first (empty while recording is off).
+pub fn live() -> Vec<LiveAllocation> {
+    let mut all: Vec<LiveAllocation> = with(|r| r.live.values().cloned().collect());
+    all.sort_by_key(|l| l.seq);
+    all
+}
+
+/// The live allocation at `address` on `device`, if recording saw it made.
+pub fn attribute(device: Device, address: u64) -> Option<LiveAllocation> {
+    with(|r| r.live.get(&(device, address)).cloned())
+}
+
+/// Opens a dispose scope on this thread and returns its id. Recording must be
+/// on (hold [`retain`] for the scope's life).
+pub fn scope_open() -> u64 {
+    let id = NEXT_SCOPE.fetch_add(1, Ordering::Relaxed);
+    let parent = context::innermost_scope();
+    with(|r| r.scopes.insert(id, Account { devices: BTreeMap::new(), parent }));
+    context::push_scope(id);
+    id
+}
+
+/// Exempts the allocation at `address` on `device` from scope `id`: it is
+/// handed to the enclosing scope (`to_outer`), or to no scope at all. Returns
+/// its size, or `None` when scope `id` does not answer for such an allocation.
+pub fn scope_keep(id: u64, device: Device, address: u64, to_outer: bool) -> Option<u64> {
+    with(|r| {
+        let outer = r.scopes.get(&id)?.parent;
+        let parent = if to_outer { outer } else { None };
+        let live = r.live.get_mut(&(device, address)).filter(|l| l.scope == Some(id))?;
+        live.scope = parent;
+        let size = live.size;
+        let counts = r.scopes.get_mut(&id)?.devices.entry(device).or_default();
+        counts.kept += 1;
+        counts.kept_bytes += size;
+        if let Some(p) = parent.and_then(|p| r.scopes.get_mut(&p)) {
+            let counts = p.devices.entry(device).or_default();
+            counts.created += 1;
+            counts.created_bytes += size;
+        }
+        Some(size)
+    })
+}
+
+/// Closes scope `id`: what it allocated and is still alive escaped, and is
+/// handed to the enclosing scope (which then answers for it).
+pub fn scope_close(id: u64) -> ScopeOutcome {
+    context::remove_scope(id);
+    with(|r| {
+        let Some(account) = r.scopes.remove(&id) else { return ScopeOutcome::default() };
+        let mut devices = account.devices;
+        let mut escaped: Vec<LiveAllocation> = Vec::new();
+        for live in r.live.values_mut().filter(|l| l.scope == Some(id)) {
+            let counts = devices.entry(live.device).or_default();
+            counts.escaped += 1;
+            counts.escaped_bytes += live.size;
+            escaped.push(live.clone());
+            live.scope = account.parent;
+        }
+        escaped.sort_by_key(|l| l.seq);
+        if let Some(parent) = account.parent.and_then(|p| r.scopes.get_mut(&p)) {
+            for l in &escaped {
+                let counts = parent.devices.entry(l.device).or_default();
+                counts.created += 1;
+                counts.created_bytes += l.size;
+            }
+        }
+        ScopeOutcome { devices, escaped, handed_to: account.parent }
+    })
+}
+
+/// The recorder's counts.
+pub fn stats() -> Stats {
+    with(|r| stats_of(r))
+}

@@ -1,0 +1,90 @@
+// CUDA allocation events for memlab: a trace tracker attached to libtorch's
+// caching allocator that forwards every event to a hook set from Rust.
+//
+// Trackers only reach device allocators that exist, and the caching allocator
+// creates them on the first CUDA allocation; attaching therefore makes that
+// allocation happen first. A tracker cannot be detached: the hook can be
+// cleared, after which the tracker does nothing. Trackers run under the
+// allocator's lock: the hook must not call back into libtorch.
+//
+// Built only when the CUDA headers are found (memlab's scripts install them).
+
+#include <ATen/ops/empty.h>
+#include <c10/cuda/CUDACachingAllocator.h>
+
+#include <atomic>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+
+namespace {
+
+using EventHook = void (*)(int32_t action, int32_t device, uint64_t address, uint64_t size);
+std::atomic<EventHook> g_cuda_hook{nullptr};
+std::atomic<bool> g_attached{false};
+
+char* copy_message(const char* message) {
+  size_t n = std::strlen(message);
+  char* out = static_cast<char*>(std::malloc(n + 1));
+  if (out != nullptr) {
+    std::memcpy(out, message, n + 1);
+  }
+  return out;
+}
+
+// memlab's action codes (see memlab-tch/src/events.rs); -1 = not forwarded.
+int32_t action_code(c10::CachingDeviceAllocator::TraceEntry::Action action) {
+  using A = c10::CachingDeviceAllocator::TraceEntry::Action;
+  switch (action) {
+    case A::ALLOC:
+      return 0;
+    case A::FREE_REQUESTED:
+      return 1;
+    case A::FREE_COMPLETED:
+      return 2;
+    case A::SEGMENT_ALLOC:
+    case A::SEGMENT_MAP:
+      return 3;
+    case A::SEGMENT_FREE:
+    case A::SEGMENT_UNMAP:
+      return 4;
+    case A::OOM:
+      return 5;
+    default:
+      return -1;
+  }
+}
+
+void forward(const c10::CachingDeviceAllocator::TraceEntry& entry) {
+  EventHook hook = g_cuda_hook.load(std::memory_order_relaxed);
+  int32_t code = action_code(entry.action_);
+  if (hook != nullptr && code >= 0) {
+    hook(code, static_cast<int32_t>(entry.device_), static_cast<uint64_t>(entry.addr_),
+         static_cast<uint64_t>(entry.size_));
+  }
+}
+
+}  // namespace
+
+extern "C" char* memlab_cuda_set_event_hook(EventHook hook) {
+  try {
+    if (hook != nullptr && !g_attached.load()) {
+      auto* allocator = c10::getDeviceAllocator(c10::DeviceType::CUDA);
+      if (!allocator->initialized()) {
+        // The first CUDA allocation creates the per-device allocators.
+        at::empty({1}, at::TensorOptions().device(c10::DeviceType::CUDA));
+      }
+      c10::cuda::CUDACachingAllocator::attachAllocatorTraceTracker(&forward);
+      g_attached.store(true);
+    }
+    g_cuda_hook.store(hook);
+  } catch (const c10::Error& e) {
+    return copy_message(e.what_without_backtrace());
+  } catch (const std::exception& e) {
+    return copy_message(e.what());
+  } catch (...) {
+    return copy_message("unknown C++ exception");
+  }
+  return nullptr;
+}

@@ -1,0 +1,296 @@
+//! Dispose scopes: which tensors outlived a stretch of code that should have
+//! left nothing behind.
+//!
+//! In Rust, ownership frees tensors; what goes wrong is that something keeps
+//! them: a loss accumulated with its graph, a cache that grows every step, a
+//! tensor pushed into a `Vec`. A [`DisposeScope`] sees every allocation made
+//! on its thread while it is the innermost scope, and when it closes it
+//! reports those still alive (with where they were allocated), except the
+//! ones it was told to [`keep`](DisposeScope::keep).
+
+use std::collections::BTreeMap;
+use std::fmt::{self, Write};
+
+use memlab_core::events::{self, LiveAllocation, ScopeCounts, ScopeOutcome};
+use memlab_core::profiler::PeakWatch;
+use memlab_core::{format_bytes, Device, Error, Result};
+
+use crate::{events as hooks, storage_info, BACKEND};
+
+/// What a scope does when allocations escaped it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OnEscape {
+    /// Print the report whether or not anything escaped.
+    Report,
+    /// Print the report to standard error only when something escaped (the default).
+    Warn,
+    /// Panic with the report when something escaped (for tests). A scope
+    /// dropped while its thread is already panicking only prints.
+    Fail,
+    /// Do nothing on drop; call [`DisposeScope::finish`] to see the report.
+    Silent,
+}
+
+/// A scope that tells which allocations made inside it survived it. Bind it
+/// to a named variable (`let _scope = …`), not to `_`, which drops it at once.
+///
+/// ```
+/// use tch::{Kind, Tensor};
+///
+/// let mut kept = Vec::new();
+/// let scope = memlab_tch::DisposeScope::new("step")?;
+/// let temporary = Tensor::ones([1024], (Kind::Float, tch::Device::Cpu)) * 2;
+/// let result = temporary.sum(Kind::Float);
+/// scope.keep(&result)?;                // meant to escape
+/// kept.push(Tensor::zeros([256], (Kind::Float, tch::Device::Cpu))); // a leak
+/// drop(temporary);
+/// let report = scope.finish();
+/// assert_eq!(report.escaped.len(), 1);
+/// assert_eq!(report.escaped_bytes(memlab_core::Device::Cpu), 256 * 4);
+/// assert_eq!(report.counts(memlab_core::Device::Cpu).kept_bytes, 4);
+/// # drop((kept, result));
+/// # Ok::<(), memlab_core::Error>(())
+/// ```
+#[must_use = "a DisposeScope reports when it is dropped; bind it to a named variable"]
+pub struct DisposeScope {
+    id: u64,
+    name: String,
+    on_escape: OnEscape,
+    closed: bool,
+}
+
+impl DisposeScope {
+    /// Opens a scope named `name` on this thread (recording allocation events
+    /// for as long as it is open).
+    pub fn new(name: impl Into<String>) -> Result<DisposeScope> {
+        hooks::acquire()?;
+        let id = events::scope_open();
+        Ok(DisposeScope { id, name: name.into(), on_escape: OnEscape::Warn, closed: false })
+    }
+
+    /// Chooses what happens on drop when allocations escaped.
+    pub fn on_escape(mut self, on_escape: OnEscape) -> Self {
+        self.on_escape = on_escape;
+        self
+    }
+
+    /// memlab's id of this scope (events carry it).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Exempts `tensor` (its storage): it is meant to outlive the scope and is
+    /// handed to the enclosing scope, if any (TorchSharp's
+    /// `MoveToOuterDisposeScope`). Returns the bytes exempted.
+    pub fn keep(&self, tensor: &tch::Tensor) -> Result<u64> {
+        self.exempt(tensor, true)
+    }
+
+    /// Like [`keep`](Self::keep), but no enclosing scope answers for the
+    /// tensor either (TorchSharp's `DetachFromDisposeScope`).
+    pub fn detach(&self, tensor: &tch::Tensor) -> Result<u64> {
+        self.exempt(tensor, false)
+    }
+
+    fn exempt(&self, tensor: &tch::Tensor, to_outer: bool) -> Result<u64> {
+        let info = storage_info(tensor)?;
+        let device =
+            info.device.ok_or_else(|| Error::Torch("the tensor is on a device memlab does not track".into()))?;
+        events::scope_keep(self.id, device, info.data_ptr, to_outer).ok_or_else(|| {
+            Error::Torch(format!(
+                "scope `{}` did not allocate this tensor's storage (it was made before the scope, in another \
+                 scope or thread, or kept already)",
+                self.name
+            ))
+        })
+    }
+
+    /// Closes the scope and returns what it found, without printing or panicking.
+    pub fn finish(mut self) -> ScopeReport {
+        self.close()
+    }
+
+    /// Closes the scope; `Err` with the report when anything escaped.
+    pub fn check(self) -> std::result::Result<ScopeReport, ScopeReport> {
+        let report = self.finish();
+        if report.escaped.is_empty() {
+            Ok(report)
+        } else {
+            Err(report)
+        }
+    }
+
+    fn close(&mut self) -> ScopeReport {
+        self.closed = true;
+        let ScopeOutcome { devices, escaped, handed_to, .. } = events::scope_close(self.id);
+        hooks::release();
+        ScopeReport { name: std::mem::take(&mut self.name), devices, escaped, handed_to }
+    }
+}
+
+impl Drop for DisposeScope {
+    fn drop(&mut self) {
+        if self.closed {
+            return;
+        }
+        let on_escape = self.on_escape;
+        let report = self.close();
+        let escaped = !report.escaped.is_empty();
+        match on_escape {
+            OnEscape::Silent => {}
+            OnEscape::Report => memlab_core::profiler::emit(&report.to_string()),
+            OnEscape::Warn if escaped => eprint!("{report}"),
+            OnEscape::Warn => {}
+            OnEscape::Fail if escaped && !std::thread::panicking() => panic!("{report}"),
+            OnEscape::Fail if escaped => eprint!("{report}"),
+            OnEscape::Fail => {}
+        }
+    }
+}
+
+/// What a dispose scope found when it closed.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct ScopeReport {
+    /// The scope's name.
+    pub name: String,
+    /// Byte and block counts per device.
+    pub devices: BTreeMap<Device, ScopeCounts>,
+    /// The allocations that outlived the scope, oldest first.
+    pub escaped: Vec<LiveAllocation>,
+    /// The enclosing scope that now answers for them, if any.
+    pub handed_to: Option<u64>,
+}
+
+impl ScopeReport {
+    /// The counts of `device` (zeros when the scope saw nothing there).
+    pub fn counts(&self, device: Device) -> ScopeCounts {
+        self.devices.get(&device).copied().unwrap_or_default()
+    }
+
+    /// Bytes that escaped on `device`.
+    pub fn escaped_bytes(&self, device: Device) -> u64 {
+        self.counts(device).escaped_bytes
+    }
+}
+
+impl fmt::Display for ScopeReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let total: u64 = self.escaped.iter().map(|a| a.size).sum();
+        writeln!(
+            f,
+            "DisposeScope `{}`: {} allocation(s) escaped, {}",
+            self.name,
+            self.escaped.len(),
+            format_bytes(total as i64)
+        )?;
+        for (device, c) in &self.devices {
+            writeln!(
+                f,
+                "  {device}: created {} ({}), freed {} ({}), escaped {} ({}), kept {} ({})",
+                format_bytes(c.created_bytes as i64),
+                c.created,
+                format_bytes(c.freed_bytes as i64),
+                c.freed,
+                format_bytes(c.escaped_bytes as i64),
+                c.escaped,
+                format_bytes(c.kept_bytes as i64),
+                c.kept
+            )?;
+        }
+        // One line per device and allocation site, largest first.
+        let mut sites: BTreeMap<(Device, Option<String>), (u64, u64)> = BTreeMap::new();
+        for a in &self.escaped {
+            let entry = sites.entry((a.device, a.site())).or_default();
+            entry.0 += a.size;
+            entry.1 += 1;
+        }
+        let mut sites: Vec<_> = sites.into_iter().collect();
+        sites.sort_by(|a, b| b.1 .0.cmp(&a.1 .0).then_with(|| a.0.cmp(&b.0)));
+        for ((device, site), (bytes, blocks)) in sites {
+            let mut line = format!("  escaped {:>9} on {device} in {blocks} block(s)", format_bytes(bytes as i64));
+            match site {
+                Some(site) => write!(line, ", allocated at {site}")?,
+                None => line.push_str(
+                    ", allocated outside profiled code (profile the function, or record backtraces to see where)",
+                ),
+            }
+            writeln!(f, "{line}")?;
+        }
+        if let Some(outer) = self.handed_to.filter(|_| !self.escaped.is_empty()) {
+            writeln!(f, "  (handed to the enclosing scope #{outer})")?;
+        }
+        Ok(())
+    }
+}
+
+/// What [`check_step`] measured.
+#[derive(Debug)]
+#[non_exhaustive]
+pub struct StepCheck<R> {
+    /// What the step returned.
+    pub value: R,
+    /// What escaped the step.
+    pub scope: ScopeReport,
+    /// Per device: the highest allocated bytes during the step above the level
+    /// at its start.
+    pub peak_above_start: BTreeMap<Device, i64>,
+}
+
+impl<R> StepCheck<R> {
+    /// Panics with the scope report if anything escaped the step.
+    #[track_caller]
+    pub fn assert_no_escapes(&self) -> &Self {
+        assert!(self.scope.escaped.is_empty(), "{}", self.scope);
+        self
+    }
+
+    /// Panics if the step's peak on `device` rose more than `bytes` above its start.
+    #[track_caller]
+    pub fn assert_peak_below(&self, device: Device, bytes: i64) -> &Self {
+        let peak = self.peak_above_start.get(&device).copied().unwrap_or(0);
+        assert!(
+            peak <= bytes,
+            "the step's peak on {device} rose {} above its start, more than the {} allowed",
+            format_bytes(peak),
+            format_bytes(bytes)
+        );
+        self
+    }
+}
+
+/// Runs `step` inside a dispose scope and a peak watch (on the CPU and, where
+/// there is one, the current CUDA device): a test can then assert that the
+/// step leaked nothing beyond what it returned and kept, and that its peak
+/// stayed under a bound.
+///
+/// ```
+/// use tch::{Kind, Tensor};
+///
+/// let check = memlab_tch::check_step(|| {
+///     let x = Tensor::ones([1024], (Kind::Float, tch::Device::Cpu));
+///     (&x * 2).sum(Kind::Float).double_value(&[])
+/// })?;
+/// // `x` and `&x * 2` (4 KiB each) and the sum were alive at once.
+/// check.assert_no_escapes().assert_peak_below(memlab_core::Device::Cpu, 9 * 1024);
+/// assert_eq!(check.value, 2048.0);
+/// # Ok::<(), memlab_core::Error>(())
+/// ```
+pub fn check_step<R>(step: impl FnOnce() -> R) -> Result<StepCheck<R>> {
+    let mut devices = vec![Device::Cpu];
+    if crate::cuda_is_available() {
+        use memlab_core::Backend;
+        devices.push(Device::Cuda(BACKEND.current_cuda_device()?));
+    }
+    let watches = devices.iter().map(|d| PeakWatch::start(&BACKEND, *d)).collect::<Result<Vec<_>>>()?;
+    let scope = DisposeScope::new("check_step")?.on_escape(OnEscape::Silent);
+    let value = step();
+    let scope = scope.finish();
+    let mut peak_above_start = BTreeMap::new();
+    for (device, watch) in devices.into_iter().zip(watches) {
+        let (start, end) = watch.finish()?;
+        let stats = (start.to_device_stats(), end.to_device_stats());
+        peak_above_start.insert(device, stats.1.allocated_bytes.all.peak - stats.0.allocated_bytes.all.current);
+    }
+    Ok(StepCheck { value, scope, peak_above_start })
+}

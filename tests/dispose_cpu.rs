@@ -1,0 +1,217 @@
+//! Allocation events, the live set and dispose scopes on CPU tensors, with
+//! exact byte counts. One test at a time: the recorder is process-wide.
+
+use std::sync::{Mutex, MutexGuard};
+
+use memlab::{Action, Device, DisposeScope, EventSettings, OnEscape, Recording};
+use tch::{Kind, Tensor};
+
+fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    memlab::set_print_at_exit(false);
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn floats(n: i64) -> Tensor {
+    Tensor::zeros([n], (Kind::Float, tch::Device::Cpu))
+}
+
+fn data_ptr(t: &Tensor) -> u64 {
+    memlab::storage_info(t).unwrap().data_ptr
+}
+
+#[test]
+fn events_and_live_set_are_exact() {
+    let _s = serial();
+    let recording = Recording::start(EventSettings::default()).unwrap();
+    let (_, before) = memlab::event_history();
+    let t = floats(1000);
+    let address = data_ptr(&t);
+    let live = memlab::live_allocations();
+    let mine = live.iter().find(|a| a.address == address).expect("the tensor is live");
+    assert_eq!((mine.device, mine.size), (Device::Cpu, 4000));
+    drop(t);
+    assert!(memlab::live_allocations().iter().all(|a| a.address != address));
+    let (events, after) = memlab::event_history();
+    assert_eq!(after.recorded - before.recorded, 2);
+    let tail: Vec<_> = events.iter().rev().take(2).rev().map(|e| (e.action, e.address, e.size)).collect();
+    assert_eq!(tail, [(Action::Alloc, address, 4000), (Action::FreeRequested, address, 4000)]);
+    assert_eq!(events.last().unwrap().thread, memlab::events_thread_number());
+    drop(recording);
+    assert!(memlab::live_allocations().is_empty(), "the live set is cleared when recording stops");
+}
+
+#[test]
+fn dropped_events_are_counted() {
+    let _s = serial();
+    let _recording = Recording::start(EventSettings::default().capacity(4)).unwrap();
+    let (_, before) = memlab::event_history();
+    for _ in 0..5 {
+        drop(floats(8));
+    }
+    let (events, after) = memlab::event_history();
+    assert_eq!(events.len(), 4);
+    assert_eq!(after.recorded - before.recorded, 10);
+    assert!(after.dropped >= before.dropped + 6);
+    memlab_restore_capacity();
+}
+
+fn memlab_restore_capacity() {
+    let _r = Recording::start(EventSettings::default()).unwrap();
+}
+
+#[memlab::profile(device = "cpu")]
+fn allocates_on_a_known_line() -> Tensor {
+    let made_here = floats(64);
+    made_here
+}
+
+#[test]
+fn events_know_the_profiled_statement() {
+    let _s = serial();
+    let _recording = Recording::start(EventSettings::default()).unwrap();
+    let t = allocates_on_a_known_line();
+    let live = memlab::live_allocations();
+    let a = live.iter().find(|a| a.address == data_ptr(&t)).unwrap();
+    let statement = a.statement.expect("allocated inside a profiled statement");
+    assert!(statement.function().ends_with("allocates_on_a_known_line"));
+    assert_eq!(statement.code(), "let made_here = floats(64);");
+    assert!(a.site().unwrap().contains("let made_here = floats(64);"));
+}
+
+#[test]
+fn backtraces_name_the_user_frames() {
+    let _s = serial();
+    let _recording = Recording::start(EventSettings::default().backtraces(true)).unwrap();
+    let t = floats(16);
+    let live = memlab::live_allocations();
+    let a = live.iter().find(|a| a.address == data_ptr(&t)).unwrap();
+    let frames = a.backtrace.as_ref().expect("captured").user_frames();
+    assert!(frames[0].starts_with("floats") && frames[0].contains("tests/dispose_cpu.rs:"), "{frames:#?}");
+    assert!(frames.iter().any(|f| f.starts_with("backtraces_name_the_user_frames")), "{frames:#?}");
+    assert!(frames.iter().all(|f| !f.contains("memlab-core") && !f.contains(".cargo")), "{frames:#?}");
+    drop(Recording::start(EventSettings::default()).unwrap());
+}
+
+// Written the way the classic leak is written: a new `total_loss` that keeps
+// every step's graph alive.
+#[allow(clippy::assign_op_pattern)]
+#[memlab::profile(device = "cpu")]
+fn accumulate_with_graph(steps: usize) -> Tensor {
+    let w = Tensor::ones([256], (Kind::Float, tch::Device::Cpu)).set_requires_grad(true);
+    let mut total_loss = Tensor::zeros([], (Kind::Float, tch::Device::Cpu));
+    for _ in 0..steps {
+        let loss = (&w * 3.0).exp().sum(Kind::Float);
+        total_loss = total_loss + loss;
+    }
+    total_loss
+}
+
+#[memlab::profile(device = "cpu")]
+fn accumulate_values(steps: usize) -> f64 {
+    let w = Tensor::ones([256], (Kind::Float, tch::Device::Cpu)).set_requires_grad(true);
+    let mut total_loss = 0.0;
+    for _ in 0..steps {
+        let loss = (&w * 3.0).exp().sum(Kind::Float);
+        total_loss += loss.double_value(&[]);
+    }
+    total_loss
+}
+
+#[test]
+fn the_classic_leak_is_caught_with_its_line() {
+    let _s = serial();
+    let scope = DisposeScope::new("accumulate").unwrap().on_escape(OnEscape::Silent);
+    let total = accumulate_with_graph(4);
+    scope.keep(&total).unwrap();
+    let report = scope.finish();
+    // Every step's graph keeps `exp`'s 1 KiB output (saved for backward).
+    assert!(report.escaped_bytes(Device::Cpu) >= 4 * 1024, "{report}");
+    let text = report.to_string();
+    assert!(text.contains("let loss = (&w * 3.0).exp().sum(Kind::Float);"), "{text}");
+    drop(total);
+
+    let scope = DisposeScope::new("fixed").unwrap();
+    let value = accumulate_values(4);
+    let report = scope.finish();
+    assert!(report.escaped.is_empty(), "{report}");
+    assert!(value > 0.0);
+    assert!(report.counts(Device::Cpu).created_bytes > 0);
+}
+
+#[test]
+fn keep_detach_and_nested_scopes() {
+    let _s = serial();
+    let outer = DisposeScope::new("outer").unwrap().on_escape(OnEscape::Silent);
+    let (kept, detached, leaked);
+    {
+        let inner = DisposeScope::new("inner").unwrap().on_escape(OnEscape::Silent);
+        kept = floats(100);
+        detached = floats(200);
+        leaked = floats(300);
+        let temporary = floats(400);
+        assert_eq!(inner.keep(&kept).unwrap(), 400);
+        assert_eq!(inner.detach(&detached).unwrap(), 800);
+        assert!(inner.keep(&kept).is_err(), "kept already");
+        drop(temporary);
+        let report = inner.finish();
+        let c = report.counts(Device::Cpu);
+        assert_eq!((c.created_bytes, c.created), (400 + 800 + 1200 + 1600, 4));
+        assert_eq!((c.freed_bytes, c.freed), (1600, 1));
+        assert_eq!((c.kept_bytes, c.kept), (400 + 800, 2));
+        assert_eq!((c.escaped_bytes, c.escaped), (1200, 1));
+        assert_eq!(report.escaped[0].address, data_ptr(&leaked));
+        assert!(report.handed_to.is_some());
+    }
+    let report = outer.finish();
+    // The outer scope answers for what the inner one kept and leaked, not for
+    // what it detached.
+    let c = report.counts(Device::Cpu);
+    assert_eq!((c.escaped_bytes, c.escaped), (400 + 1200, 2));
+    assert!(report.escaped.iter().all(|a| a.address != data_ptr(&detached)));
+    drop((kept, detached, leaked));
+}
+
+#[test]
+fn fail_mode_panics_with_the_report() {
+    let _s = serial();
+    let hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let mut stash = Vec::new();
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let _scope = DisposeScope::new("must not leak").unwrap().on_escape(OnEscape::Fail);
+        stash.push(floats(10));
+    }));
+    std::panic::set_hook(hook);
+    let message = *result.unwrap_err().downcast::<String>().unwrap();
+    assert!(message.starts_with("DisposeScope `must not leak`: 1 allocation(s) escaped, 40.00B"), "{message}");
+    assert!(DisposeScope::new("clean").unwrap().check().is_ok());
+}
+
+#[test]
+fn scopes_see_only_their_own_thread() {
+    let _s = serial();
+    let scope = DisposeScope::new("main thread").unwrap().on_escape(OnEscape::Silent);
+    let other = std::thread::spawn(|| floats(1000)).join().unwrap();
+    let report = scope.finish();
+    assert_eq!(report.counts(Device::Cpu).created, 0);
+    drop(other);
+}
+
+#[test]
+fn check_step_measures_peak_and_escapes() {
+    let _s = serial();
+    let check = memlab::check_step(|| {
+        let spike = floats(256 * 1024);
+        drop(spike);
+        floats(16)
+    })
+    .unwrap();
+    assert_eq!(check.peak_above_start[&Device::Cpu], 1 << 20);
+    check.assert_peak_below(Device::Cpu, 1 << 20);
+    assert_eq!(check.scope.escaped_bytes(Device::Cpu), 64, "the returned tensor escaped");
+    let result = std::panic::catch_unwind(|| {
+        check.assert_peak_below(Device::Cpu, 1000);
+    });
+    assert!(result.is_err());
+}
