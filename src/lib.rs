@@ -113,7 +113,10 @@ pub use memlab_tch::{
     cuda_mem_info, device_stats, empty_cache, install_cpu_allocator, raw_stats, reset_accumulated_stats,
     reset_peak_stats, storage_info, Layout, StorageInfo,
 };
-pub use memlab_tch::{check_step, DisposeScope, OnEscape, Recording, ScopeReport, StepCheck};
+pub use memlab_tch::{
+    check_step, clear_registry, register_tensor, register_var_store, DeviceReport, DisposeScope, MemReport,
+    MemReporter, OnEscape, Recording, Row, RowKind, ScopeReport, StepCheck, WeakTensor,
+};
 
 /// The recorded allocation events, oldest first, and how many were dropped to
 /// stay within [`EventSettings::capacity`] (see [`Recording`]).

@@ -25,6 +25,12 @@ impl fmt::Display for Device {
     }
 }
 
+impl serde::Serialize for Device {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> std::result::Result<S::Ok, S::Error> {
+        serializer.collect_str(self)
+    }
+}
+
 impl FromStr for Device {
     type Err = Error;
 

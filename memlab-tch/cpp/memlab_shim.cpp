@@ -267,6 +267,15 @@ struct memlab_storage_info {
   int32_t has_storage;
 };
 
+constexpr int32_t kMaxDims = 16;
+
+struct memlab_tensor_facts {
+  memlab_storage_info storage;
+  int32_t dtype;  // c10::ScalarType
+  int32_t ndim;
+  int64_t dims[kMaxDims];  // the first kMaxDims sizes
+};
+
 void memlab_free_error(char* error) {
   std::free(error);
 }
@@ -422,11 +431,9 @@ void memlab_cpu_reset_accumulated_stats() {
   g_bytes.reset_accumulated();
 }
 
-char* memlab_tensor_storage(const void* tensor, memlab_storage_info* out) {
-  MEMLAB_TRY
-  TORCH_CHECK(tensor != nullptr, "null tensor");
-  const auto& t = *static_cast<const at::Tensor*>(tensor);
-  TORCH_CHECK(t.defined(), "the tensor is undefined (it holds no data)");
+namespace {
+
+void fill_storage(const at::Tensor& t, memlab_storage_info* out) {
   std::memset(out, 0, sizeof *out);
   out->numel = t.numel();
   out->element_size = static_cast<int64_t>(t.element_size());
@@ -465,7 +472,79 @@ char* memlab_tensor_storage(const void* tensor, memlab_storage_info* out) {
     out->nbytes = static_cast<int64_t>(storage.nbytes());
     out->data_ptr = reinterpret_cast<uint64_t>(storage.data());
   }
+}
+
+void fill_facts(const at::Tensor& t, memlab_tensor_facts* out) {
+  fill_storage(t, &out->storage);
+  out->dtype = static_cast<int32_t>(t.scalar_type());
+  out->ndim = static_cast<int32_t>(t.dim());
+  for (int32_t i = 0; i < out->ndim && i < kMaxDims; ++i) {
+    out->dims[i] = t.size(i);
+  }
+}
+
+}  // namespace
+
+char* memlab_tensor_storage(const void* tensor, memlab_storage_info* out) {
+  MEMLAB_TRY
+  TORCH_CHECK(tensor != nullptr, "null tensor");
+  const auto& t = *static_cast<const at::Tensor*>(tensor);
+  TORCH_CHECK(t.defined(), "the tensor is undefined (it holds no data)");
+  fill_storage(t, out);
   MEMLAB_CATCH
+}
+
+// Storage, dtype and shape of a tensor and, with `grad` non-null, of its
+// gradient (grad->storage.has_storage = -1 when it has none), in one call:
+// the reporter's cost is dominated by crossings into libtorch.
+char* memlab_tensor_facts(const void* tensor, memlab_tensor_facts* out, memlab_tensor_facts* grad) {
+  MEMLAB_TRY
+  TORCH_CHECK(tensor != nullptr, "null tensor");
+  const auto& t = *static_cast<const at::Tensor*>(tensor);
+  TORCH_CHECK(t.defined(), "the tensor is undefined (it holds no data)");
+  fill_facts(t, out);
+  if (grad != nullptr) {
+    const auto& g = t.grad();
+    if (g.defined()) {
+      fill_facts(g, grad);
+    } else {
+      std::memset(grad, 0, sizeof *grad);
+      grad->storage.has_storage = -1;
+    }
+  }
+  MEMLAB_CATCH
+}
+
+// Weak references to tensors, for registries that must not keep a model alive.
+using WeakTensor = c10::weak_intrusive_ptr<c10::TensorImpl, c10::UndefinedTensorImpl>;
+
+char* memlab_weak_tensor_new(const void* tensor, void** out) {
+  MEMLAB_TRY
+  const auto& t = *static_cast<const at::Tensor*>(tensor);
+  TORCH_CHECK(t.defined(), "cannot register an undefined tensor");
+  *out = new WeakTensor(t.getIntrusivePtr());
+  MEMLAB_CATCH
+}
+
+// A new strong at::Tensor (for tch to own), or NULL when the tensor is gone.
+void* memlab_weak_tensor_lock(void* weak) {
+  try {
+    auto strong = static_cast<WeakTensor*>(weak)->lock();
+    if (!strong) {
+      return nullptr;
+    }
+    return new at::Tensor(std::move(strong));
+  } catch (...) {
+    return nullptr;
+  }
+}
+
+int32_t memlab_weak_tensor_expired(void* weak) {
+  return static_cast<WeakTensor*>(weak)->expired() ? 1 : 0;
+}
+
+void memlab_weak_tensor_free(void* weak) {
+  delete static_cast<WeakTensor*>(weak);
 }
 
 }  // extern "C"

@@ -20,7 +20,20 @@ pub struct StorageInfo {
 /// The shim's event hook: action code, device (-1 = CPU), address, size.
 pub type EventHook = extern "C" fn(action: i32, device: i32, address: u64, size: u64);
 
+/// The most dimensions `TensorFacts` carries.
+pub const MAX_DIMS: usize = 16;
+
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub struct TensorFacts {
+    pub storage: StorageInfo,
+    pub dtype: i32,
+    pub ndim: i32,
+    pub dims: [i64; MAX_DIMS],
+}
+
 extern "C" {
+    pub fn memlab_tensor_facts(tensor: *const c_void, out: *mut TensorFacts, grad: *mut TensorFacts) -> *mut c_char;
     pub fn memlab_set_cpu_event_hook(hook: Option<EventHook>);
     pub fn memlab_cuda_set_event_hook(hook: Option<EventHook>) -> *mut c_char;
     pub fn memlab_free_error(error: *mut c_char);
@@ -38,6 +51,10 @@ extern "C" {
     pub fn memlab_cpu_stats(reset_peaks: i32, out: *mut i64) -> *mut c_char;
     pub fn memlab_cpu_reset_peak_stats();
     pub fn memlab_cpu_reset_accumulated_stats();
+    pub fn memlab_weak_tensor_new(tensor: *const c_void, out: *mut *mut c_void) -> *mut c_char;
+    pub fn memlab_weak_tensor_lock(weak: *mut c_void) -> *mut c_void;
+    pub fn memlab_weak_tensor_expired(weak: *mut c_void) -> i32;
+    pub fn memlab_weak_tensor_free(weak: *mut c_void);
     pub fn memlab_tensor_storage(tensor: *const c_void, out: *mut StorageInfo) -> *mut c_char;
 }
 

@@ -22,6 +22,8 @@
 mod dispose;
 mod events;
 mod ffi;
+mod registry;
+mod reporter;
 mod storage;
 
 use std::sync::OnceLock;
@@ -30,6 +32,8 @@ use memlab_core::{Backend, Device, DeviceStats, Error, RawStats, Result};
 
 pub use dispose::{check_step, DisposeScope, OnEscape, ScopeReport, StepCheck};
 pub use events::Recording;
+pub use registry::{clear_registry, register_tensor, register_var_store, WeakTensor};
+pub use reporter::{DeviceReport, MemReport, MemReporter, Row, RowKind};
 pub use storage::{storage_info, Layout, StorageInfo};
 
 /// The libtorch backend of memlab's profiler.

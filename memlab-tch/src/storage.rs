@@ -45,6 +45,10 @@ pub fn storage_info(tensor: &tch::Tensor) -> Result<StorageInfo> {
     // SAFETY: `as_ptr` is tch's pointer to the C++ at::Tensor, valid while
     // `tensor` is borrowed; the shim only reads it.
     ffi::check(unsafe { ffi::memlab_tensor_storage(tensor.as_ptr().cast(), &mut raw) })?;
+    from_raw(&raw)
+}
+
+fn from_raw(raw: &ffi::StorageInfo) -> Result<StorageInfo> {
     let device = match raw.device_type {
         0 => Some(Device::Cpu),
         1 => Some(Device::Cuda(raw.device_index.max(0) as usize)),
@@ -58,7 +62,7 @@ pub fn storage_info(tensor: &tch::Tensor) -> Result<StorageInfo> {
     };
     let count = |v: i64| u64::try_from(v).map_err(|_| Error::Torch(format!("negative size {v} reported")));
     Ok(StorageInfo {
-        storage_id: (raw.has_storage != 0).then_some(raw.storage_id),
+        storage_id: (raw.has_storage > 0).then_some(raw.storage_id),
         data_ptr: raw.data_ptr,
         nbytes: count(raw.nbytes)?,
         numel: count(raw.numel)?,
@@ -66,4 +70,52 @@ pub fn storage_info(tensor: &tch::Tensor) -> Result<StorageInfo> {
         device,
         layout,
     })
+}
+
+/// Storage, element type and shape of one tensor.
+pub(crate) struct Facts {
+    pub(crate) info: StorageInfo,
+    pub(crate) dtype: &'static str,
+    pub(crate) shape: Vec<i64>,
+}
+
+/// The facts of `tensor` and, with `with_grad`, of its gradient if it has
+/// one, in one call into libtorch.
+pub(crate) fn facts(tensor: &tch::Tensor, with_grad: bool) -> Result<(Facts, Option<Facts>)> {
+    let (mut main, mut grad) = (ffi::TensorFacts::default(), ffi::TensorFacts::default());
+    let grad_out: *mut ffi::TensorFacts = if with_grad { &mut grad } else { std::ptr::null_mut() };
+    // SAFETY: `as_ptr` is tch's live at::Tensor; the shim fills both records.
+    ffi::check(unsafe { ffi::memlab_tensor_facts(tensor.as_ptr().cast(), &mut main, grad_out) })?;
+    let convert = |raw: &ffi::TensorFacts, shape_of: &dyn Fn() -> Vec<i64>| -> Result<Facts> {
+        let ndim = raw.ndim.max(0) as usize;
+        let shape = if ndim <= ffi::MAX_DIMS { raw.dims[..ndim].to_vec() } else { shape_of() };
+        Ok(Facts { info: from_raw(&raw.storage)?, dtype: dtype_name(raw.dtype), shape })
+    };
+    let main = convert(&main, &|| tensor.size())?;
+    let grad =
+        if with_grad && grad.storage.has_storage >= 0 { Some(convert(&grad, &|| tensor.grad().size())?) } else { None };
+    Ok((main, grad))
+}
+
+/// The name tch's `Kind` gives a libtorch scalar type.
+fn dtype_name(code: i32) -> &'static str {
+    const NAMES: [&str; 16] = [
+        "Uint8",
+        "Int8",
+        "Int16",
+        "Int",
+        "Int64",
+        "Half",
+        "Float",
+        "Double",
+        "ComplexHalf",
+        "ComplexFloat",
+        "ComplexDouble",
+        "Bool",
+        "QInt8",
+        "QUInt8",
+        "QInt32",
+        "BFloat16",
+    ];
+    usize::try_from(code).ok().and_then(|i| NAMES.get(i)).copied().unwrap_or("Other")
 }

@@ -1,0 +1,40 @@
+//! MemReporter on a small model: what occupies memory, by name, before and
+//! after a backward pass, with the activations the autograd graph keeps listed
+//! by the statement that allocated them.
+//!
+//!     cargo run --release --example mem_report [-- --verbose]
+
+use tch::nn::{self, Module};
+use tch::{Device, Kind, Tensor};
+
+#[memlab::profile]
+fn forward(model: &nn::Sequential, x: &Tensor) -> Tensor {
+    let logits = model.forward(x);
+    let loss = logits.mean(Kind::Float);
+    loss
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    memlab::set_print_at_exit(false);
+    let verbose = std::env::args().any(|a| a == "--verbose");
+    let device = Device::cuda_if_available();
+    // Recording from the start lets the reporter name the site of every
+    // allocation that no named tensor owns.
+    let _recording = memlab::Recording::start(memlab::EventSettings::default())?;
+    let vs = nn::VarStore::new(device);
+    let model = nn::seq()
+        .add(nn::linear(vs.root() / "encoder", 1024, 1024, Default::default()))
+        .add_fn(|x| x.relu())
+        .add(nn::linear(vs.root() / "head", 1024, 16, Default::default()));
+    memlab::register_var_store("model", &vs);
+    let input = Tensor::randn([512, 1024], (Kind::Float, device));
+    memlab::register_tensor("input", &input)?;
+
+    let loss = forward(&model, &input);
+    println!("========= before backward =========");
+    print!("{}", memlab::MemReporter::new().verbose(verbose).report()?);
+    loss.backward();
+    println!("========= after backward =========");
+    print!("{}", memlab::MemReporter::new().verbose(verbose).report()?);
+    Ok(())
+}

@@ -1,0 +1,129 @@
+//! The models and tensors memlab knows by name: registered once, held weakly,
+//! found by the reporter, Courtesy and the monitors without being passed around.
+//! A dropped model simply disappears from the registry.
+
+use std::ffi::c_void;
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+
+use memlab_core::Result;
+use tch::nn::{VarStore, Variables};
+use tch::Tensor;
+
+use crate::ffi;
+
+/// A weak reference to a tensor: it does not keep the tensor's memory alive.
+pub struct WeakTensor(*mut c_void);
+
+// SAFETY: the handle is a heap-allocated c10::weak_intrusive_ptr, whose
+// reference counts are atomic; it is only read through the shim.
+unsafe impl Send for WeakTensor {}
+// SAFETY: as above: `lock` and `expired` only read it.
+unsafe impl Sync for WeakTensor {}
+
+impl WeakTensor {
+    /// A weak reference to `tensor`.
+    pub fn new(tensor: &Tensor) -> Result<WeakTensor> {
+        let mut handle = std::ptr::null_mut();
+        // SAFETY: `as_ptr` is tch's live at::Tensor; the shim writes the handle.
+        ffi::check(unsafe { ffi::memlab_weak_tensor_new(tensor.as_ptr().cast(), &mut handle) })?;
+        Ok(WeakTensor(handle))
+    }
+
+    /// The tensor, if it is still alive (a new handle to the same tensor).
+    pub fn upgrade(&self) -> Option<Tensor> {
+        // SAFETY: the handle is valid until drop; the shim returns a new
+        // heap-allocated at::Tensor, whose ownership tch takes.
+        let strong = unsafe { ffi::memlab_weak_tensor_lock(self.0) };
+        (!strong.is_null()).then(|| unsafe { Tensor::from_ptr(strong.cast()) })
+    }
+
+    /// Whether the tensor is gone.
+    pub fn is_gone(&self) -> bool {
+        // SAFETY: the handle is valid until drop.
+        unsafe { ffi::memlab_weak_tensor_expired(self.0) != 0 }
+    }
+}
+
+impl Drop for WeakTensor {
+    fn drop(&mut self) {
+        // SAFETY: the handle came from memlab_weak_tensor_new and is freed once.
+        unsafe { ffi::memlab_weak_tensor_free(self.0) }
+    }
+}
+
+impl std::fmt::Debug for WeakTensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.is_gone() { "WeakTensor(gone)" } else { "WeakTensor(alive)" })
+    }
+}
+
+/// A registered var store, held weakly.
+#[derive(Clone, Debug)]
+pub(crate) struct WeakVarStore {
+    pub(crate) name: String,
+    pub(crate) variables: Weak<Mutex<Variables>>,
+}
+
+pub(crate) enum Entry {
+    VarStore(WeakVarStore),
+    Tensor { name: String, tensor: WeakTensor },
+}
+
+impl Entry {
+    fn is_gone(&self) -> bool {
+        match self {
+            Entry::VarStore(vs) => vs.variables.strong_count() == 0,
+            Entry::Tensor { tensor, .. } => tensor.is_gone(),
+        }
+    }
+}
+
+static REGISTRY: Mutex<Vec<Entry>> = Mutex::new(Vec::new());
+
+/// The registry, without the entries whose model or tensor is gone.
+pub(crate) fn entries() -> MutexGuard<'static, Vec<Entry>> {
+    let mut entries = REGISTRY.lock().unwrap_or_else(|e| e.into_inner());
+    entries.retain(|e| !e.is_gone());
+    entries
+}
+
+/// Registers `vs` under `name` (its variables are reported as `name.variable`;
+/// an empty name adds no prefix). Held weakly.
+pub fn register_var_store(name: impl Into<String>, vs: &VarStore) {
+    let entry = WeakVarStore { name: name.into(), variables: Arc::downgrade(&vs.variables_) };
+    entries().push(Entry::VarStore(entry));
+}
+
+/// Registers a tensor under `name`, held weakly.
+pub fn register_tensor(name: impl Into<String>, tensor: &Tensor) -> Result<()> {
+    let tensor = WeakTensor::new(tensor)?;
+    entries().push(Entry::Tensor { name: name.into(), tensor });
+    Ok(())
+}
+
+/// Forgets every registered var store and tensor.
+pub fn clear_registry() {
+    entries().clear();
+}
+
+/// The registered var stores that are still alive.
+pub(crate) fn var_stores() -> Vec<WeakVarStore> {
+    entries()
+        .iter()
+        .filter_map(|e| match e {
+            Entry::VarStore(vs) => Some(vs.clone()),
+            Entry::Tensor { .. } => None,
+        })
+        .collect()
+}
+
+/// The registered tensors that are still alive, with new handles.
+pub(crate) fn tensors() -> Vec<(String, Tensor)> {
+    entries()
+        .iter()
+        .filter_map(|e| match e {
+            Entry::Tensor { name, tensor } => tensor.upgrade().map(|t| (name.clone(), t)),
+            Entry::VarStore(_) => None,
+        })
+        .collect()
+}

@@ -1,0 +1,138 @@
+//! MemReporter on CPU tensors: exact storage bytes, gradients, shared
+//! storages, sparse tensors, weak registration, and rows that add up to the
+//! allocator's figure. One test at a time: the allocator is process-wide.
+
+use std::sync::{Mutex, MutexGuard};
+
+use memlab::{Device, MemReport, MemReporter, Recording, RowKind};
+use tch::nn::{self, Module};
+use tch::{Kind, Tensor};
+
+fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    memlab::set_print_at_exit(false);
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn cpu(report: &MemReport) -> &memlab::DeviceReport {
+    report.device(Device::Cpu).expect("a CPU section")
+}
+
+fn row<'a>(report: &'a MemReport, name: &str) -> &'a memlab::Row {
+    cpu(report).rows.iter().find(|r| r.name == name).unwrap_or_else(|| panic!("row {name}: {report}"))
+}
+
+/// Every byte the allocator holds is in a row.
+fn assert_rows_add_up(report: &MemReport) {
+    for d in &report.devices {
+        let total: i64 = d.rows.iter().map(|r| r.bytes).sum();
+        assert_eq!(total, d.allocated_bytes, "rows of {} add up to the allocator's figure:\n{report}", d.device);
+    }
+}
+
+#[test]
+fn parameters_and_gradients_by_name() {
+    let _s = serial();
+    let vs = nn::VarStore::new(tch::Device::Cpu);
+    let linear = nn::linear(vs.root() / "fc", 1024, 1024, Default::default());
+    let report = MemReporter::for_var_store(&vs).report().unwrap();
+    let w = row(&report, "fc.weight");
+    assert_eq!(
+        (w.kind, w.shape.as_slice(), w.dtype, w.bytes),
+        (RowKind::Parameter, &[1024, 1024][..], "Float", 4 << 20)
+    );
+    assert_eq!(row(&report, "fc.bias").bytes, 4096);
+    assert_eq!(cpu(&report).named_bytes, (4 << 20) + 4096);
+    assert!(report.to_text().contains("fc.weight") && report.to_text().contains("4.00M"));
+    assert_rows_add_up(&report);
+
+    let x = Tensor::ones([8, 1024], (Kind::Float, tch::Device::Cpu));
+    linear.forward(&x).sum(Kind::Float).backward();
+    let report = MemReporter::for_var_store(&vs).report().unwrap();
+    let g = row(&report, "fc.weight.grad");
+    assert_eq!((g.kind, g.bytes), (RowKind::Gradient, 4 << 20));
+    assert_eq!(row(&report, "fc.bias.grad").bytes, 4096);
+    assert_rows_add_up(&report);
+}
+
+#[test]
+fn shared_storages_count_once() {
+    let _s = serial();
+    let base = Tensor::zeros([256, 256], (Kind::Float, tch::Device::Cpu));
+    let view = base.narrow(0, 0, 16);
+    let reporter = MemReporter::default().tensor("base", &base).tensor("view", &view);
+    let report = reporter.report().unwrap();
+    assert!(cpu(&report).rows.iter().all(|r| r.name != "view(->base)"), "hidden unless verbose");
+    let verbose = MemReporter::default().tensor("base", &base).tensor("view", &view).verbose(true).report().unwrap();
+    let shared = row(&verbose, "view(->base)");
+    assert_eq!((shared.bytes, shared.shape.as_slice()), (0, &[16, 256][..]));
+    assert_eq!(cpu(&verbose).named_bytes, 256 * 256 * 4);
+}
+
+#[test]
+fn sparse_tensors_are_indices_plus_values() {
+    let _s = serial();
+    let sparse = Tensor::eye(8, (Kind::Float, tch::Device::Cpu)).to_sparse_sparse_dim(2);
+    let report = MemReporter::default().tensor("adjacency", &sparse).report().unwrap();
+    // 8 non-zeros: 2x8 int64 indices and 8 float values.
+    assert_eq!(row(&report, "adjacency.indices").bytes, 2 * 8 * 8);
+    assert_eq!(row(&report, "adjacency.values").bytes, 8 * 4);
+}
+
+#[test]
+fn registration_is_weak() {
+    let _s = serial();
+    memlab::clear_registry();
+    let vs = nn::VarStore::new(tch::Device::Cpu);
+    let _layer = nn::linear(vs.root() / "layer", 16, 16, Default::default());
+    memlab::register_var_store("model", &vs);
+    let extra = Tensor::zeros([100], (Kind::Float, tch::Device::Cpu));
+    memlab::register_tensor("extra", &extra).unwrap();
+    let report = MemReporter::new().report().unwrap();
+    assert_eq!(row(&report, "model.layer.weight").bytes, 16 * 16 * 4);
+    assert_eq!(row(&report, "extra").bytes, 400);
+    drop((vs, _layer, extra));
+    let report = MemReporter::new().report().unwrap();
+    assert!(cpu(&report).rows.iter().all(|r| !r.name.starts_with("model.") && r.name != "extra"), "{report}");
+}
+
+#[memlab::profile(device = "cpu")]
+fn activation(x: &Tensor) -> Tensor {
+    let hidden = x.relu();
+    hidden
+}
+
+#[test]
+fn unnamed_allocations_are_listed_by_site() {
+    let _s = serial();
+    let _recording = Recording::start(memlab::EventSettings::default()).unwrap();
+    let vs = nn::VarStore::new(tch::Device::Cpu);
+    let _layer = nn::linear(vs.root() / "layer", 64, 64, Default::default());
+    let x = Tensor::randn([32, 64], (Kind::Float, tch::Device::Cpu));
+    let hidden = activation(&x);
+    let report = MemReporter::for_var_store(&vs).tensor("x", &x).report().unwrap();
+    let unnamed = cpu(&report)
+        .rows
+        .iter()
+        .find(|r| r.kind == RowKind::Unnamed && r.name.contains("let hidden = x.relu();"))
+        .unwrap_or_else(|| panic!("{report}"));
+    assert_eq!((unnamed.bytes, unnamed.count), (32 * 64 * 4, 1));
+    assert_rows_add_up(&report);
+    drop(hidden);
+}
+
+#[test]
+fn device_filter_and_exports() {
+    let _s = serial();
+    let vs = nn::VarStore::new(tch::Device::Cpu);
+    let _layer = nn::linear(vs.root() / "l", 4, 3, Default::default());
+    let report = MemReporter::for_var_store(&vs).device(Device::Cpu).report().unwrap();
+    assert_eq!(report.devices.len(), 1);
+    let csv = report.to_csv().unwrap();
+    assert!(csv.starts_with("device,kind,name,shape,dtype,count,bytes\n"));
+    assert!(csv.contains("cpu,parameter,l.weight,3x4,Float,12,48\n"), "{csv}");
+    let json: serde_json::Value = serde_json::from_str(&report.to_json()).unwrap();
+    assert_eq!(json["devices"][0]["device"], "cpu");
+    assert_eq!(json["devices"][0]["rows"][1]["bytes"], 48);
+    assert!(report.to_html().contains("<td>l.weight</td>"));
+}
