@@ -136,3 +136,155 @@ fn device_statistics_and_cache_control() {
         memlab::format_bytes(after.allocated_bytes.all.current)
     );
 }
+
+fn cuda_model(vs: &tch::nn::VarStore, width: i64) -> tch::nn::Sequential {
+    use tch::nn;
+    nn::seq()
+        .add(nn::linear(vs.root() / "a", width, width, Default::default()))
+        .add_fn(|x| x.relu())
+        .add(nn::linear(vs.root() / "b", width, width, Default::default()))
+        .add_fn(|x| x.relu())
+        .add(nn::linear(vs.root() / "c", width, 10, Default::default()))
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn courtesy_gives_reserved_memory_back() {
+    let _s = serial();
+    memlab::empty_cache().unwrap();
+    let vs = tch::nn::VarStore::new(GPU);
+    let _model = cuda_model(&vs, 2048);
+    let weights: Vec<Tensor> = vs.trainable_variables().iter().map(|t| t.to_device(tch::Device::Cpu)).collect();
+    let mut courtesy = memlab::Courtesy::only().var_store(&vs);
+    let report = courtesy.yield_memory().unwrap();
+    println!("{report}");
+    let c = report.devices[&Device::Cuda(0)];
+    assert_eq!(c.moved_bytes, (2 * 2048 * 2048 + 2 * 2048 + 2048 * 10 + 10) * 4);
+    assert_eq!(c.still_allocated, 0);
+    assert!(c.reserved_after <= 2 * MIB, "reserved after yield: {}", c.reserved_after);
+    assert!(vs.trainable_variables().iter().all(|t| t.device() == tch::Device::Cpu));
+    assert_eq!(courtesy.restore().unwrap(), 6);
+    for (t, w) in vs.trainable_variables().iter().zip(&weights) {
+        assert_eq!(t.device(), GPU);
+        assert!(t.to_device(tch::Device::Cpu).equal(w));
+    }
+}
+
+fn train(steps: usize, yield_at: Option<usize>) -> Vec<f64> {
+    use tch::nn::{Module, OptimizerConfig};
+    tch::manual_seed(7);
+    let vs = tch::nn::VarStore::new(GPU);
+    let model = cuda_model(&vs, 512);
+    let mut opt = tch::nn::Adam::default().build(&vs, 1e-3).unwrap();
+    let x = Tensor::randn([256, 512], (Kind::Float, GPU));
+    let y = Tensor::randint(10, [256], (Kind::Int64, GPU));
+    let mut courtesy = memlab::Courtesy::only().var_store(&vs);
+    let mut losses = Vec::new();
+    for step in 0..steps {
+        if Some(step) == yield_at {
+            let report = courtesy.yield_memory().unwrap();
+            println!("{report}");
+            assert!(report.moved > 0);
+            courtesy.restore().unwrap();
+        }
+        let loss = model.forward(&x).cross_entropy_for_logits(&y);
+        opt.backward_step(&loss);
+        losses.push(loss.double_value(&[]));
+    }
+    losses
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn courtesy_mid_training_gives_bit_identical_losses() {
+    let _s = serial();
+    let plain = train(12, None);
+    let yielded = train(12, Some(6));
+    println!("losses without yield: {plain:?}\nlosses with yield at step 6: {yielded:?}");
+    assert_eq!(
+        plain.iter().map(|l| l.to_bits()).collect::<Vec<_>>(),
+        yielded.iter().map(|l| l.to_bits()).collect::<Vec<_>>()
+    );
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn courtesy_restore_survives_a_full_gpu() {
+    let _s = serial();
+    let vs = tch::nn::VarStore::new(GPU);
+    let _model = cuda_model(&vs, 2048);
+    let weights: Vec<Tensor> = vs.trainable_variables().iter().map(|t| t.to_device(tch::Device::Cpu)).collect();
+    let mut courtesy = memlab::Courtesy::only().var_store(&vs);
+    courtesy.yield_memory().unwrap();
+    // Someone else takes (nearly) the whole GPU.
+    let (free, _) = memlab::cuda_mem_info(0).unwrap();
+    let hog = Tensor::empty([free as i64 - 8 * MIB], (Kind::Uint8, GPU));
+    let err = courtesy.restore().unwrap_err();
+    println!("restore on a full GPU: {err}");
+    assert!(err.to_string().contains("valid on the CPU; call restore() again"));
+    assert!(courtesy.is_yielded());
+    for t in vs.trainable_variables() {
+        let _ = t.sum(Kind::Float).double_value(&[]); // every tensor is usable wherever it is
+    }
+    drop(hog);
+    assert!(courtesy.restore().unwrap() > 0);
+    for (t, w) in vs.trainable_variables().iter().zip(&weights) {
+        assert_eq!(t.device(), GPU);
+        assert!(t.to_device(tch::Device::Cpu).equal(w));
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn cuda_events_and_the_live_set() {
+    let _s = serial();
+    let _recording = memlab::Recording::start(memlab::EventSettings::default()).unwrap();
+    let (_, before) = memlab::event_history();
+    let t = floats(1024 * 1024);
+    let address = memlab::storage_info(&t).unwrap().data_ptr;
+    let live = memlab::live_allocations();
+    let a = live.iter().find(|a| a.device == Device::Cuda(0) && a.address == address).expect("the CUDA tensor is live");
+    assert_eq!(a.size, 4 << 20);
+    drop(t);
+    assert!(memlab::live_allocations().iter().all(|a| a.address != address || a.device != Device::Cuda(0)));
+    let (events, after) = memlab::event_history();
+    assert!(after.recorded > before.recorded);
+    let mine: Vec<_> =
+        events.iter().filter(|e| e.device == Device::Cuda(0) && e.address == address).map(|e| e.action).collect();
+    assert!(mine.contains(&memlab::Action::Alloc) && mine.contains(&memlab::Action::FreeRequested), "{mine:?}");
+    println!("CUDA events for the 4 MiB tensor: {mine:?}");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn reporter_rows_add_up_on_cuda() {
+    let _s = serial();
+    let _recording = memlab::Recording::start(memlab::EventSettings::default()).unwrap();
+    let vs = tch::nn::VarStore::new(GPU);
+    let _layer = tch::nn::linear(vs.root() / "fc", 1024, 1024, Default::default());
+    let odd = floats(1000); // 4000 bytes, a 4096-byte block
+    let report = memlab::MemReporter::for_var_store(&vs).tensor("odd", &odd).device(Device::Cuda(0)).report().unwrap();
+    println!("{report}");
+    let cuda = report.device(Device::Cuda(0)).unwrap();
+    assert_eq!(cuda.rows.iter().find(|r| r.name == "fc.weight").unwrap().bytes, 4 << 20);
+    assert_eq!(cuda.rows.iter().find(|r| r.name == "odd").unwrap().bytes, 4000);
+    let total: i64 = cuda.rows.iter().map(|r| r.bytes).sum();
+    assert_eq!(total, cuda.allocated_bytes);
+    let rounding = cuda.rows.iter().find(|r| r.kind == memlab::RowKind::Rounding).expect("a rounding row");
+    assert!(rounding.bytes >= 96, "{report}");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn dispose_scope_on_cuda() {
+    let _s = serial();
+    let mut stash = Vec::new();
+    let scope = memlab::DisposeScope::new("cuda step").unwrap();
+    let temporary = floats(1024);
+    stash.push(floats(2048));
+    drop(temporary);
+    let report = scope.finish();
+    println!("{report}");
+    assert_eq!(report.escaped_bytes(Device::Cuda(0)), 8192);
+    assert_eq!(report.counts(Device::Cuda(0)).freed_bytes, 4096);
+}

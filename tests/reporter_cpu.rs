@@ -136,3 +136,21 @@ fn device_filter_and_exports() {
     assert_eq!(json["devices"][0]["rows"][1]["bytes"], 48);
     assert!(report.to_html().contains("<td>l.weight</td>"));
 }
+
+#[test]
+fn courtesy_without_cuda_tensors_moves_nothing() {
+    let _s = serial();
+    let vs = nn::VarStore::new(tch::Device::Cpu);
+    let layer = nn::linear(vs.root() / "fc", 8, 8, Default::default());
+    let before = layer.ws.shallow_clone().copy();
+    let mut courtesy = memlab::Courtesy::only().var_store(&vs);
+    let report = courtesy.yield_memory().unwrap();
+    assert_eq!(report.moved, 0);
+    assert!(!courtesy.is_yielded());
+    assert_eq!(courtesy.restore().unwrap(), 0);
+    assert_eq!(layer.ws.device(), tch::Device::Cpu);
+    assert!(layer.ws.equal(&before));
+    if memlab::cuda_device_count() == 0 {
+        assert_eq!(report.to_string(), "Courtesy: no CUDA device, nothing to yield\n");
+    }
+}

@@ -19,6 +19,7 @@
 //! ```
 #![deny(missing_docs)]
 
+mod courtesy;
 mod dispose;
 mod events;
 mod ffi;
@@ -30,6 +31,7 @@ use std::sync::OnceLock;
 
 use memlab_core::{Backend, Device, DeviceStats, Error, RawStats, Result};
 
+pub use courtesy::{Courtesy, YieldCounts, YieldReport};
 pub use dispose::{check_step, DisposeScope, OnEscape, ScopeReport, StepCheck};
 pub use events::Recording;
 pub use registry::{clear_registry, register_tensor, register_var_store, WeakTensor};

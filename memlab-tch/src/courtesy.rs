@@ -1,0 +1,279 @@
+//! `Courtesy`: give the GPU back without a checkpoint.
+//!
+//! [`Courtesy::yield_memory`] moves the CUDA tensors of the var stores and
+//! tensors it knows (and their gradients) to the CPU in place, with
+//! `set_data`, so every handle to them (layers, an `nn::Optimizer`) stays
+//! valid; then it empties the CUDA cache and says how many bytes the devices
+//! got back and what stayed. [`Courtesy::restore`], or dropping the guard,
+//! moves everything back. Nothing is lost on failure: a tensor that cannot
+//! go back (out of memory) stays valid on the CPU, and `restore` can be
+//! called again.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+use memlab_core::{events, format_bytes, Device, Error, Result};
+use tch::nn::{VarStore, Variables};
+use tch::Tensor;
+
+use crate::registry;
+
+/// A tensor moved to the CPU, and where it came from.
+struct Moved {
+    name: String,
+    tensor: Tensor,
+    home: tch::Device,
+    bytes: u64,
+}
+
+/// Moves models off the GPU and back. Bind it to a named variable
+/// (`let mut courtesy = …`), not to `_`, which drops it at once.
+///
+/// ```no_run
+/// use tch::nn::{self, OptimizerConfig};
+///
+/// let vs = nn::VarStore::new(tch::Device::Cuda(0));
+/// let _layer = nn::linear(vs.root() / "fc", 4096, 4096, Default::default());
+/// let mut courtesy = memlab_tch::Courtesy::new().var_store(&vs);
+/// let report = courtesy.yield_memory()?;   // the GPU is free for someone else
+/// println!("{report}");
+/// courtesy.restore()?;                      // and back, to go on training
+/// # Ok::<(), memlab_core::Error>(())
+/// ```
+#[must_use = "a Courtesy moves everything back when it is dropped"]
+pub struct Courtesy {
+    var_stores: Vec<Arc<Mutex<Variables>>>,
+    tensors: Vec<(String, Tensor)>,
+    use_registry: bool,
+    moved: Vec<Moved>,
+}
+
+impl Default for Courtesy {
+    fn default() -> Self {
+        Courtesy::new()
+    }
+}
+
+impl Courtesy {
+    /// A Courtesy over every registered var store and tensor (see
+    /// [`register_var_store`](crate::register_var_store)), plus what is added.
+    pub fn new() -> Courtesy {
+        Courtesy { var_stores: Vec::new(), tensors: Vec::new(), use_registry: true, moved: Vec::new() }
+    }
+
+    /// A Courtesy over only what is added to it (not the registry).
+    pub fn only() -> Courtesy {
+        Courtesy { var_stores: Vec::new(), tensors: Vec::new(), use_registry: false, moved: Vec::new() }
+    }
+
+    /// Adds a var store: its variables and their gradients move.
+    pub fn var_store(mut self, vs: &VarStore) -> Courtesy {
+        self.var_stores.push(vs.variables_.clone());
+        self
+    }
+
+    /// Adds a tensor (and its gradient, if it has one).
+    pub fn tensor(mut self, name: impl Into<String>, tensor: &Tensor) -> Courtesy {
+        self.tensors.push((name.into(), tensor.shallow_clone()));
+        self
+    }
+
+    /// Whether tensors are on the CPU now, waiting for [`restore`](Self::restore).
+    pub fn is_yielded(&self) -> bool {
+        !self.moved.is_empty()
+    }
+
+    /// Every CUDA tensor (and gradient) this Courtesy knows, by name.
+    fn cuda_tensors(&self) -> Vec<(String, Tensor)> {
+        let mut stores = self.var_stores.clone();
+        let mut tensors: Vec<(String, Tensor)> =
+            self.tensors.iter().map(|(n, t)| (n.clone(), t.shallow_clone())).collect();
+        if self.use_registry {
+            stores.extend(registry::var_stores().into_iter().filter_map(|vs| vs.variables.upgrade()));
+            tensors.extend(registry::tensors());
+        }
+        for variables in &stores {
+            let variables = variables.lock().unwrap_or_else(|e| e.into_inner());
+            tensors.extend(variables.named_variables.iter().map(|(n, t)| (n.clone(), t.shallow_clone())));
+        }
+        let mut out = Vec::new();
+        for (name, tensor) in tensors {
+            if let Ok(grad) = tensor.f_grad() {
+                if grad.defined() {
+                    out.push((format!("{name}.grad"), grad));
+                }
+            }
+            out.push((name, tensor));
+        }
+        out.retain(|(_, t)| t.device().is_cuda());
+        // A storage shared by two names moves once.
+        let mut seen = std::collections::HashSet::new();
+        out.retain(|(_, t)| crate::storage_info(t).map(|i| seen.insert(i.storage_id)).unwrap_or(false));
+        out
+    }
+
+    /// Moves every CUDA tensor this Courtesy knows (and their gradients) to
+    /// the CPU, empties the CUDA cache, and reports what the devices got back.
+    ///
+    /// On an error nothing is half-moved: the tensor that failed stays where
+    /// it was, and the ones already moved are on the CPU, valid, and go back
+    /// with [`restore`](Self::restore).
+    pub fn yield_memory(&mut self) -> Result<YieldReport> {
+        let devices: Vec<Device> = (0..crate::cuda_device_count()).map(Device::Cuda).collect();
+        let before = snapshot(&devices)?;
+        for (name, tensor) in self.cuda_tensors() {
+            let home = tensor.device();
+            let bytes = crate::storage_info(&tensor)?.nbytes;
+            let on_cpu = tensor.f_to_device(tch::Device::Cpu).map_err(torch)?;
+            let mut handle = tensor.shallow_clone();
+            handle.f_set_data(&on_cpu).map_err(torch)?;
+            self.moved.push(Moved { name, tensor: handle, home, bytes });
+        }
+        crate::empty_cache()?;
+        let after = snapshot(&devices)?;
+        let mut report = YieldReport { devices: BTreeMap::new(), moved: self.moved.len(), stayed: Vec::new() };
+        for device in devices {
+            let moved_bytes = self.moved.iter().filter(|m| tch_device(m.home) == device).map(|m| m.bytes).sum();
+            let (reserved_before, _) = before[&device];
+            let (reserved_after, allocated_after) = after[&device];
+            report.devices.insert(
+                device,
+                YieldCounts { moved_bytes, reserved_before, reserved_after, still_allocated: allocated_after },
+            );
+        }
+        if events::is_active() {
+            let mut sites: BTreeMap<(Device, String), u64> = BTreeMap::new();
+            for a in events::live().into_iter().filter(|a| a.device != Device::Cpu) {
+                let site = a.site().unwrap_or_else(|| "allocated outside profiled code".into());
+                *sites.entry((a.device, site)).or_default() += a.size;
+            }
+            report.stayed = sites.into_iter().map(|((d, s), b)| (d, s, b)).collect();
+        }
+        Ok(report)
+    }
+
+    /// Moves everything [`yield_memory`](Self::yield_memory) moved back to its
+    /// device. If a move fails (say, the GPU is still taken), the tensors not
+    /// yet moved stay valid on the CPU, the error says how far it got, and a
+    /// later call carries on.
+    pub fn restore(&mut self) -> Result<usize> {
+        let total = self.moved.len();
+        let mut restored = 0;
+        while let Some(m) = self.moved.last_mut() {
+            let back = match m.tensor.f_to_device(m.home) {
+                Ok(back) => back,
+                Err(e) => {
+                    return Err(Error::Torch(format!(
+                        "restored {restored} of {total} tensors; `{}` could not go back to {:?} ({e}). The {} \
+                         not restored are valid on the CPU; call restore() again once the device has room",
+                        m.name,
+                        m.home,
+                        total - restored
+                    )))
+                }
+            };
+            m.tensor.f_set_data(&back).map_err(torch)?;
+            self.moved.pop();
+            restored += 1;
+        }
+        Ok(restored)
+    }
+}
+
+impl Drop for Courtesy {
+    fn drop(&mut self) {
+        if self.is_yielded() {
+            if let Err(e) = self.restore() {
+                eprintln!("memlab Courtesy: {e}");
+            }
+        }
+    }
+}
+
+fn torch(e: tch::TchError) -> Error {
+    Error::Torch(e.to_string())
+}
+
+fn tch_device(d: tch::Device) -> Device {
+    match d {
+        tch::Device::Cuda(i) => Device::Cuda(i),
+        _ => Device::Cpu,
+    }
+}
+
+/// Reserved and allocated bytes per device.
+fn snapshot(devices: &[Device]) -> Result<BTreeMap<Device, (i64, i64)>> {
+    devices
+        .iter()
+        .map(|d| {
+            let s = crate::device_stats(*d)?;
+            Ok((*d, (s.reserved_bytes.all.current, s.allocated_bytes.all.current)))
+        })
+        .collect()
+}
+
+/// What one device got back.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct YieldCounts {
+    /// Bytes of the storages moved to the CPU.
+    pub moved_bytes: u64,
+    /// Bytes the caching allocator held before.
+    pub reserved_before: i64,
+    /// Bytes it holds after the move and `empty_cache`.
+    pub reserved_after: i64,
+    /// Bytes still allocated to tensors memlab was not given.
+    pub still_allocated: i64,
+}
+
+impl YieldCounts {
+    /// What the device got back.
+    pub fn returned(&self) -> i64 {
+        self.reserved_before - self.reserved_after
+    }
+}
+
+/// What [`Courtesy::yield_memory`] did.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct YieldReport {
+    /// Per CUDA device.
+    pub devices: BTreeMap<Device, YieldCounts>,
+    /// Tensors moved to the CPU.
+    pub moved: usize,
+    /// With a recording on: what stayed allocated, by device and site.
+    pub stayed: Vec<(Device, String, u64)>,
+}
+
+impl fmt::Display for YieldReport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.devices.is_empty() {
+            return writeln!(f, "Courtesy: no CUDA device, nothing to yield");
+        }
+        writeln!(f, "Courtesy: moved {} tensor(s) to the CPU", self.moved)?;
+        for (device, c) in &self.devices {
+            writeln!(
+                f,
+                "  {device}: moved {}, reserved {} -> {} (returned {}), still allocated {}",
+                format_bytes(c.moved_bytes as i64),
+                format_bytes(c.reserved_before),
+                format_bytes(c.reserved_after),
+                format_bytes(c.returned()),
+                format_bytes(c.still_allocated)
+            )?;
+            if c.still_allocated > 0 {
+                writeln!(
+                    f,
+                    "    what stays belongs to tensors memlab was not given, such as an optimizer's state \
+                     (tch keeps it inside its C++ optimizer, out of memlab's reach){}",
+                    if self.stayed.is_empty() { "; record events to see where it was allocated" } else { ":" }
+                )?;
+            }
+            for (_, site, bytes) in self.stayed.iter().filter(|(d, _, _)| d == device) {
+                writeln!(f, "      {:>9}  {site}", format_bytes(*bytes as i64))?;
+            }
+        }
+        Ok(())
+    }
+}
