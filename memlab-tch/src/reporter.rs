@@ -169,10 +169,10 @@ impl MemReporter {
                 let tensor = &variables.named_variables[name];
                 let full = if prefix.is_empty() { name.clone() } else { format!("{prefix}.{name}") };
                 let (facts, grad) = facts(tensor, true)?;
+                named.add(&full, Source::Tensor(tensor), facts, RowKind::Parameter)?;
                 if let Some(grad) = grad {
                     named.add(&format!("{full}.grad"), Source::GradOf(tensor), grad, RowKind::Gradient)?;
                 }
-                named.add(&full, Source::Tensor(tensor), facts, RowKind::Parameter)?;
             }
         }
         for (name, tensor) in &tensors {
@@ -186,7 +186,7 @@ impl MemReporter {
         let mut out = Vec::new();
         for device in devices {
             let section = named.take_section(device, self.verbose, live.as_deref())?;
-            if section.allocated_bytes != 0 || !section.rows.is_empty() || device == Device::Cpu {
+            if section.allocated_bytes != 0 || !section.rows.is_empty() {
                 out.push(section);
             }
         }
