@@ -9,6 +9,8 @@
 
 pub(crate) mod context;
 mod recorder;
+#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+mod unwind;
 
 use std::sync::Arc;
 
@@ -64,30 +66,55 @@ pub struct Event {
     pub backtrace: Option<Arc<Backtrace>>,
 }
 
-/// A captured call stack, resolved to symbols only when it is displayed.
-pub struct Backtrace(std::sync::Mutex<backtrace::Backtrace>);
+/// A captured call stack: return addresses, resolved to functions and source
+/// lines only when someone looks (and then once).
+pub struct Backtrace {
+    addresses: Vec<u64>,
+    resolved: std::sync::OnceLock<Vec<String>>,
+}
 
 impl Backtrace {
     pub(crate) fn capture() -> Backtrace {
-        Backtrace(std::sync::Mutex::new(backtrace::Backtrace::new_unresolved()))
+        #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+        let addresses = unwind::capture();
+        #[cfg(not(all(target_os = "linux", target_arch = "x86_64")))]
+        let addresses = {
+            let mut out = Vec::new();
+            backtrace::trace(|frame| {
+                out.push(frame.ip() as u64);
+                out.len() < 64
+            });
+            out
+        };
+        Backtrace { addresses, resolved: std::sync::OnceLock::new() }
+    }
+
+    /// The raw return addresses, innermost first.
+    pub fn addresses(&self) -> &[u64] {
+        &self.addresses
     }
 
     /// The frames of the user's code, innermost first, as `function at
     /// file:line`: frames without source information (libtorch, libc) and
     /// frames of memlab, of dependencies and of the standard library are left out.
     pub fn user_frames(&self) -> Vec<String> {
-        let mut bt = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        bt.resolve();
-        let mut out = Vec::new();
-        for symbol in bt.frames().iter().flat_map(|f| f.symbols()) {
-            let (Some(file), Some(line)) = (symbol.filename(), symbol.lineno()) else { continue };
-            if !is_user_file(file) {
-                continue;
-            }
-            let name = symbol.name().map_or_else(|| "?".to_string(), |n| format!("{n:#}"));
-            out.push(format!("{name} at {}:{line}", file.display()));
-        }
-        out
+        self.resolved
+            .get_or_init(|| {
+                let mut out = Vec::new();
+                for &address in &self.addresses {
+                    // A return address points after the call; look up the call.
+                    let lookup = address.saturating_sub(1) as *mut std::ffi::c_void;
+                    backtrace::resolve(lookup, |symbol| {
+                        let (Some(file), Some(line)) = (symbol.filename(), symbol.lineno()) else { return };
+                        if is_user_file(file) {
+                            let name = symbol.name().map_or_else(|| "?".to_string(), |n| format!("{n:#}"));
+                            out.push(format!("{name} at {}:{line}", file.display()));
+                        }
+                    });
+                }
+                out
+            })
+            .clone()
     }
 }
 
