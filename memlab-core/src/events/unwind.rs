@@ -73,7 +73,7 @@ pub(crate) fn capture() -> Vec<u64> {
             Err(())
         }
     };
-    let mut frames = Vec::with_capacity(32);
+    let mut frames = Vec::with_capacity(MAX_FRAMES);
     let _ = CACHE.try_with(|cache| {
         let Ok(mut cache) = cache.try_borrow_mut() else { return };
         let mut iter = unwinder().iter_frames(pc, UnwindRegsX86_64::new(pc, sp, bp), &mut *cache, &mut read_stack);
