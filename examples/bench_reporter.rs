@@ -27,7 +27,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let vs = nn::VarStore::new(device);
     let layers: Vec<nn::Linear> =
         (0..1000).map(|i| nn::linear(vs.root() / format!("layer{i}"), 16, 16, Default::default())).collect();
-    let reporter = memlab::MemReporter::for_var_store(&vs);
+    let reporter = memlab::MemReporter::new(&vs);
     let tensors = vs.variables().len();
 
     println!("| case | tensors | rows | report() median |");

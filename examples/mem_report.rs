@@ -32,9 +32,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let loss = forward(&model, &input);
     println!("========= before backward =========");
-    print!("{}", memlab::MemReporter::new().verbose(verbose).report()?);
+    print!("{}", memlab::MemReporter::registered().verbose(verbose).report()?);
     loss.backward();
     println!("========= after backward =========");
-    print!("{}", memlab::MemReporter::new().verbose(verbose).report()?);
+    print!("{}", memlab::MemReporter::registered().verbose(verbose).report()?);
     Ok(())
 }

@@ -263,7 +263,7 @@ fn reporter_rows_add_up_on_cuda() {
     let vs = tch::nn::VarStore::new(GPU);
     let _layer = tch::nn::linear(vs.root() / "fc", 1024, 1024, Default::default());
     let odd = floats(1000); // 4000 bytes, a 4096-byte block
-    let report = memlab::MemReporter::for_var_store(&vs).tensor("odd", &odd).device(Device::Cuda(0)).report().unwrap();
+    let report = memlab::MemReporter::new(&vs).tensor("odd", &odd).device(Device::Cuda(0)).report().unwrap();
     println!("{report}");
     let cuda = report.device(Device::Cuda(0)).unwrap();
     assert_eq!(cuda.rows.iter().find(|r| r.name == "fc.weight").unwrap().bytes, 4 << 20);

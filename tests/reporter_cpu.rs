@@ -35,7 +35,7 @@ fn parameters_and_gradients_by_name() {
     let _s = serial();
     let vs = nn::VarStore::new(tch::Device::Cpu);
     let linear = nn::linear(vs.root() / "fc", 1024, 1024, Default::default());
-    let report = MemReporter::for_var_store(&vs).report().unwrap();
+    let report = MemReporter::new(&vs).report().unwrap();
     let w = row(&report, "fc.weight");
     assert_eq!(
         (w.kind, w.shape.as_slice(), w.dtype, w.bytes),
@@ -48,7 +48,7 @@ fn parameters_and_gradients_by_name() {
 
     let x = Tensor::ones([8, 1024], (Kind::Float, tch::Device::Cpu));
     linear.forward(&x).sum(Kind::Float).backward();
-    let report = MemReporter::for_var_store(&vs).report().unwrap();
+    let report = MemReporter::new(&vs).report().unwrap();
     let g = row(&report, "fc.weight.grad");
     assert_eq!((g.kind, g.bytes), (RowKind::Gradient, 4 << 20));
     assert_eq!(row(&report, "fc.bias.grad").bytes, 4096);
@@ -88,11 +88,11 @@ fn registration_is_weak() {
     memlab::register_var_store("model", &vs);
     let extra = Tensor::zeros([100], (Kind::Float, tch::Device::Cpu));
     memlab::register_tensor("extra", &extra).unwrap();
-    let report = MemReporter::new().report().unwrap();
+    let report = MemReporter::registered().report().unwrap();
     assert_eq!(row(&report, "model.layer.weight").bytes, 16 * 16 * 4);
     assert_eq!(row(&report, "extra").bytes, 400);
     drop((vs, _layer, extra));
-    let report = MemReporter::new().report().unwrap();
+    let report = MemReporter::registered().report().unwrap();
     // With nothing left on the CPU the section may be gone altogether.
     let rows = report.device(Device::Cpu).map(|d| d.rows.as_slice()).unwrap_or_default();
     assert!(rows.iter().all(|r| !r.name.starts_with("model.") && r.name != "extra"), "{report}");
@@ -112,7 +112,7 @@ fn unnamed_allocations_are_listed_by_site() {
     let _layer = nn::linear(vs.root() / "layer", 64, 64, Default::default());
     let x = Tensor::randn([32, 64], (Kind::Float, tch::Device::Cpu));
     let hidden = activation(&x);
-    let report = MemReporter::for_var_store(&vs).tensor("x", &x).report().unwrap();
+    let report = MemReporter::new(&vs).tensor("x", &x).report().unwrap();
     let unnamed = cpu(&report)
         .rows
         .iter()
@@ -128,7 +128,7 @@ fn device_filter_and_exports() {
     let _s = serial();
     let vs = nn::VarStore::new(tch::Device::Cpu);
     let _layer = nn::linear(vs.root() / "l", 4, 3, Default::default());
-    let report = MemReporter::for_var_store(&vs).device(Device::Cpu).report().unwrap();
+    let report = MemReporter::new(&vs).device(Device::Cpu).report().unwrap();
     assert_eq!(report.devices.len(), 1);
     let csv = report.to_csv().unwrap();
     assert!(csv.starts_with("device,kind,name,shape,dtype,count,bytes\n"));

@@ -95,7 +95,7 @@ pub struct MemReport {
 ///
 /// let vs = nn::VarStore::new(Device::Cpu);
 /// let _linear = nn::linear(vs.root() / "fc", 1024, 1024, Default::default());
-/// let report = memlab_tch::MemReporter::new().var_store("model", &vs).report()?;
+/// let report = memlab_tch::MemReporter::default().var_store("model", &vs).report()?;
 /// let cpu = report.device(memlab_core::Device::Cpu).unwrap();
 /// assert_eq!(cpu.rows[0].name, "model.fc.bias");
 /// assert_eq!(cpu.named_bytes, (1024 * 1024 + 1024) * 4);
@@ -112,16 +112,17 @@ pub struct MemReporter {
 }
 
 impl MemReporter {
+    /// A reporter over `vs` (its variables keep their own names); add more
+    /// var stores, with a prefix, and named tensors to it.
+    pub fn new(vs: &VarStore) -> MemReporter {
+        MemReporter::default().var_store("", vs)
+    }
+
     /// A reporter over everything registered with
     /// [`register_var_store`](crate::register_var_store) and
     /// [`register_tensor`](crate::register_tensor), plus what is added to it.
-    pub fn new() -> MemReporter {
+    pub fn registered() -> MemReporter {
         MemReporter { use_registry: true, ..MemReporter::default() }
-    }
-
-    /// A reporter over `vs` alone (its variables keep their own names).
-    pub fn for_var_store(vs: &VarStore) -> MemReporter {
-        MemReporter::default().var_store("", vs)
     }
 
     /// Adds a var store; its variables are named `prefix.variable` (no prefix
