@@ -7,6 +7,7 @@ use std::process::Command;
 
 fn main() {
     println!("cargo:rerun-if-changed=cpp/memlab_shim.cpp");
+    println!("cargo:rerun-if-changed=cpp/memlab_shim.h");
     println!("cargo:rerun-if-env-changed=DEP_TCH_LIBTORCH_LIB");
     println!("cargo:rerun-if-env-changed=LIBTORCH_CXX11_ABI");
     println!("cargo:rerun-if-env-changed=LIBTORCH_USE_PYTORCH");

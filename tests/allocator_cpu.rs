@@ -2,15 +2,12 @@
 //! counts computed independently from shapes and dtypes. Runs one test at a
 //! time: the counters are process-wide.
 
-use std::sync::{Mutex, MutexGuard};
+mod common;
+
+use common::serial;
 
 use memlab::{Device, Layout};
 use tch::{Kind, Tensor};
-
-fn serial() -> MutexGuard<'static, ()> {
-    static LOCK: Mutex<()> = Mutex::new(());
-    LOCK.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 fn cpu() -> memlab::DeviceStats {
     memlab::device_stats(Device::Cpu).expect("CPU figures are available")

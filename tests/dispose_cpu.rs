@@ -1,20 +1,12 @@
 //! Allocation events, the live set and dispose scopes on CPU tensors, with
 //! exact byte counts. One test at a time: the recorder is process-wide.
 
-use std::sync::{Mutex, MutexGuard};
+mod common;
+
+use common::{floats, serial};
 
 use memlab::{Action, Device, DisposeScope, EventSettings, OnEscape, Recording};
 use tch::{Kind, Tensor};
-
-fn serial() -> MutexGuard<'static, ()> {
-    static LOCK: Mutex<()> = Mutex::new(());
-    memlab::set_print_at_exit(false);
-    LOCK.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn floats(n: i64) -> Tensor {
-    Tensor::zeros([n], (Kind::Float, tch::Device::Cpu))
-}
 
 fn data_ptr(t: &Tensor) -> u64 {
     memlab::storage_info(t).unwrap().data_ptr
@@ -92,7 +84,7 @@ fn backtraces_name_the_user_frames() {
     // up to the test harness.
     assert!(backtrace.addresses().len() > 10, "{:?}", backtrace.addresses());
     let frames = backtrace.user_frames();
-    assert!(frames[0].starts_with("floats") && frames[0].contains("tests/dispose_cpu.rs:"), "{frames:#?}");
+    assert!(frames[0].starts_with("floats") && frames[0].contains("tests/common/mod.rs:"), "{frames:#?}");
     assert!(frames.iter().any(|f| f.starts_with("backtraces_name_the_user_frames")), "{frames:#?}");
     assert!(frames.iter().all(|f| !f.contains("memlab-core") && !f.contains(".cargo")), "{frames:#?}");
     drop(Recording::start(EventSettings::default()).unwrap());

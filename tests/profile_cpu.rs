@@ -3,23 +3,16 @@
 //! The allocator's counters are process-wide: the tests of this file run one
 //! at a time (see `serial`).
 
+mod common;
+
+use common::{floats, serial};
 use std::panic;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex};
 
 use memlab::{Device, FunctionReport, LineStats};
 use tch::{Kind, Tensor};
 
 const MIB: i64 = 1 << 20;
-
-fn serial() -> MutexGuard<'static, ()> {
-    static LOCK: Mutex<()> = Mutex::new(());
-    memlab::set_print_at_exit(false);
-    LOCK.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-fn floats(n: i64) -> Tensor {
-    Tensor::zeros([n], (Kind::Float, tch::Device::Cpu))
-}
 
 fn allocated() -> i64 {
     memlab::device_stats(Device::Cpu).unwrap().allocated_bytes.all.current

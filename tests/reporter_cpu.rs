@@ -2,17 +2,13 @@
 //! storages, sparse tensors, weak registration, and rows that add up to the
 //! allocator's figure. One test at a time: the allocator is process-wide.
 
-use std::sync::{Mutex, MutexGuard};
+mod common;
+
+use common::serial;
 
 use memlab::{Device, MemReport, MemReporter, Recording, RowKind};
 use tch::nn::{self, Module};
 use tch::{Kind, Tensor};
-
-fn serial() -> MutexGuard<'static, ()> {
-    static LOCK: Mutex<()> = Mutex::new(());
-    memlab::set_print_at_exit(false);
-    LOCK.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 fn cpu(report: &MemReport) -> &memlab::DeviceReport {
     report.device(Device::Cpu).expect("a CPU section")

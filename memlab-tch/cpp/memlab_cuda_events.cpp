@@ -9,29 +9,20 @@
 //
 // Built only when the CUDA headers are found (memlab's scripts install them).
 
+#include "memlab_shim.h"
+
 #include <ATen/ops/empty.h>
 #include <c10/cuda/CUDACachingAllocator.h>
 
 #include <atomic>
 #include <cstdint>
-#include <cstdlib>
-#include <cstring>
 #include <exception>
 
 namespace {
 
-using EventHook = void (*)(int32_t action, int32_t device, uint64_t address, uint64_t size);
+using memlab::EventHook;
 std::atomic<EventHook> g_cuda_hook{nullptr};
 std::atomic<bool> g_attached{false};
-
-char* copy_message(const char* message) {
-  size_t n = std::strlen(message);
-  char* out = static_cast<char*>(std::malloc(n + 1));
-  if (out != nullptr) {
-    std::memcpy(out, message, n + 1);
-  }
-  return out;
-}
 
 // memlab's action codes (see memlab-tch/src/events.rs); -1 = not forwarded.
 int32_t action_code(c10::CachingDeviceAllocator::TraceEntry::Action action) {
@@ -80,11 +71,11 @@ extern "C" char* memlab_cuda_set_event_hook(EventHook hook) {
     }
     g_cuda_hook.store(hook);
   } catch (const c10::Error& e) {
-    return copy_message(e.what_without_backtrace());
+    return memlab::error_copy(e.what_without_backtrace());
   } catch (const std::exception& e) {
-    return copy_message(e.what());
+    return memlab::error_copy(e.what());
   } catch (...) {
-    return copy_message("unknown C++ exception");
+    return memlab::error_copy("unknown C++ exception");
   }
   return nullptr;
 }

@@ -10,6 +10,8 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <ATen/core/Tensor.h>
 
+#include "memlab_shim.h"
+
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
@@ -26,9 +28,7 @@ int warp_size();
 }
 #endif
 
-namespace {
-
-char* error_copy(const char* message) {
+char* memlab::error_copy(const char* message) {
   size_t n = std::strlen(message);
   char* out = static_cast<char*>(std::malloc(n + 1));
   if (out != nullptr) {
@@ -36,6 +36,11 @@ char* error_copy(const char* message) {
   }
   return out;
 }
+
+namespace {
+
+using memlab::error_copy;
+using memlab::EventHook;
 
 #define MEMLAB_TRY try {
 #define MEMLAB_CATCH                                  \
@@ -149,7 +154,6 @@ struct Counter {
 Counter g_bytes;
 Counter g_blocks;
 
-using EventHook = void (*)(int32_t action, int32_t device, uint64_t address, uint64_t size);
 std::atomic<EventHook> g_cpu_hook{nullptr};
 constexpr int32_t kAlloc = 0;
 constexpr int32_t kFreeRequested = 1;
