@@ -114,8 +114,9 @@ pub use memlab_tch::{
     reset_peak_stats, storage_info, Layout, StorageInfo,
 };
 pub use memlab_tch::{
-    check_step, clear_registry, register_tensor, register_var_store, Courtesy, DeviceReport, DisposeScope, MemReport,
-    MemReporter, OnEscape, Recording, Row, RowKind, ScopeReport, StepCheck, WeakTensor, YieldCounts, YieldReport,
+    check_step, clear_registry, register_tensor, register_var_store, Courtesy, DeviceReport, DisposeScope,
+    IterationRecord, MemReport, MemReporter, OnEscape, OptimizerKind, Recording, Row, RowKind, ScopeReport, StepCheck,
+    TrainingMonitor, WeakTensor, YieldCounts, YieldReport,
 };
 
 /// The recorded allocation events, oldest first, and how many were dropped to

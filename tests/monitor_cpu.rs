@@ -1,0 +1,124 @@
+//! TrainingMonitor on the CPU: exact weights and gradients, feature maps,
+//! printing, CSV files that append with one header, and a bad directory that
+//! does not stop training.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+
+use common::serial;
+use memlab::{Device, OptimizerKind, TrainingMonitor};
+use tch::nn::{self, Module, OptimizerConfig};
+use tch::{Kind, Tensor};
+
+struct Setup {
+    vs: nn::VarStore,
+    model: nn::Linear,
+    opt: nn::Optimizer,
+    x: Tensor,
+}
+
+fn setup() -> Setup {
+    let vs = nn::VarStore::new(tch::Device::Cpu);
+    let model = nn::linear(vs.root() / "fc", 256, 128, Default::default());
+    let opt = nn::Adam::default().build(&vs, 1e-3).unwrap();
+    let x = Tensor::randn([64, 256], (Kind::Float, tch::Device::Cpu));
+    Setup { vs, model, opt, x }
+}
+
+fn step(s: &mut Setup) {
+    let loss = s.model.forward(&s.x).relu().mean(Kind::Float);
+    s.opt.backward_step(&loss);
+}
+
+const PARAMS: i64 = (256 * 128 + 128) * 4;
+
+#[test]
+fn records_weights_gradients_and_feature_maps() {
+    let _s = serial();
+    let mut s = setup();
+    let mut monitor = TrainingMonitor::new(&s.vs).device(Device::Cpu).print_period(0).optimizer(OptimizerKind::Adam);
+    step(&mut s);
+    let r = monitor.record_stats().expect("a record").clone();
+    assert_eq!((r.epoch, r.iteration, r.device), (1, 1, Some(Device::Cpu)));
+    assert_eq!(r.weights, PARAMS);
+    assert_eq!(r.weight_rows, vec![("fc.bias".to_string(), 512), ("fc.weight".to_string(), 256 * 128 * 4)]);
+    assert_eq!(r.gradients, PARAMS);
+    assert_eq!(r.optimizer_state_estimate, Some(2 * PARAMS));
+    // Adam's two moment buffers stay allocated besides weights and gradients.
+    assert!(r.optimizer_state_measured >= 2 * PARAMS, "{r}");
+    // The forward pass kept a 64x128 activation (and its relu) for backward.
+    assert!(r.feature_maps >= 64 * 128 * 4, "{r}");
+    assert!(r.peak_allocated >= r.current_allocated);
+    step(&mut s);
+    assert_eq!(monitor.record_stats().unwrap().iteration, 2);
+    monitor.epoch_end();
+    step(&mut s);
+    let r = monitor.record_stats().unwrap();
+    assert_eq!((r.epoch, r.iteration), (2, 1));
+    assert!(monitor.last_error().is_none());
+}
+
+#[test]
+fn prints_every_period() {
+    let _s = serial();
+    let mut s = setup();
+    let printed = Arc::new(Mutex::new(Vec::<String>::new()));
+    let sink = printed.clone();
+    memlab::set_output(memlab::Output::Sink(Box::new(move |t| sink.lock().unwrap().push(t.to_string()))));
+    let mut monitor = TrainingMonitor::new(&s.vs).device(Device::Cpu).print_period(2);
+    for _ in 0..5 {
+        step(&mut s);
+        monitor.record_stats();
+    }
+    memlab::set_output(memlab::Output::Stdout);
+    let printed = printed.lock().unwrap();
+    assert_eq!(printed.len(), 2);
+    assert!(printed[0].contains("Memory of iteration 2 of epoch 1 on cpu"), "{}", printed[0]);
+    assert!(printed[1].contains("Memory of iteration 4 of epoch 1 on cpu"));
+    assert!(printed[0].contains("  fc.weight grad"), "{}", printed[0]);
+    assert!(printed[0].contains("Weights.................................   128.50K"), "{}", printed[0]);
+}
+
+#[test]
+fn csv_files_append_with_one_header() {
+    let _s = serial();
+    let dir = std::env::temp_dir().join(format!("memlab-monitor-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut s = setup();
+    for _ in 0..2 {
+        // Two monitors one after the other: the second appends.
+        let mut monitor = TrainingMonitor::new(&s.vs).device(Device::Cpu).print_period(0).csv_dir(&dir);
+        for _ in 0..3 {
+            step(&mut s);
+            monitor.record_stats();
+        }
+        assert!(monitor.last_error().is_none(), "{:?}", monitor.last_error());
+    }
+    let text = std::fs::read_to_string(dir.join("memlab_iterations.csv")).unwrap();
+    let mut rows = csv::Reader::from_reader(text.as_bytes());
+    assert_eq!(rows.headers().unwrap().iter().next(), Some("epoch"));
+    let records: Vec<csv::StringRecord> = rows.records().map(Result::unwrap).collect();
+    assert_eq!(records.len(), 6, "one row per recorded iteration, header once");
+    assert_eq!(&records[5][7], PARAMS.to_string(), "weights column");
+    let variables = std::fs::read_to_string(dir.join("memlab_variables.csv")).unwrap();
+    assert_eq!(variables.lines().count(), 1 + 6 * 4, "a weight and a gradient row per variable per iteration");
+    assert!(variables.contains(",fc.weight,gradient,131072\n"));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn a_bad_directory_does_not_stop_training() {
+    let _s = serial();
+    let mut s = setup();
+    let mut monitor = TrainingMonitor::new(&s.vs).device(Device::Cpu).print_period(0).csv_dir("/nonexistent/memlab");
+    for _ in 0..3 {
+        step(&mut s);
+        assert!(monitor.record_stats().is_some(), "records go on");
+    }
+    let error = monitor.last_error().expect("the problem is kept");
+    assert!(error.contains("cannot write CSV files in /nonexistent/memlab"), "{error}");
+    assert!(error.contains("does not exist"), "{error}");
+    assert_eq!(monitor.last().unwrap().iteration, 3);
+}
