@@ -118,6 +118,51 @@ pub use memlab_tch::{
     IterationRecord, MemReport, MemReporter, OnEscape, OptimizerKind, Recording, Row, RowKind, ScopeReport, StepCheck,
     TrainingMonitor, WeakTensor, YieldCounts, YieldReport,
 };
+pub use memlab_tch::{global_tracker, CallSite, StorageKind, Tracker};
+
+/// Logs the memory at this call site and what changed since the previous
+/// call: storages that appeared (`+`) or disappeared (`-`), grouped by kind
+/// (parameter, gradient, other), shape and dtype, with where unnamed ones were
+/// allocated. `track!()` uses a global [`Tracker`] (standard output, the
+/// current CUDA device or the CPU); `track!(tracker)` uses yours. Returns the
+/// text logged.
+///
+/// Put calls around a step, or one per batch, to see what grew between
+/// batch 1 and batch 2:
+///
+/// ```
+/// memlab::set_output(memlab::Output::Sink(Box::new(|_| {})));
+/// let mut tracker = memlab::Tracker::new().device(memlab::Device::Cpu);
+/// memlab::track!(tracker);
+/// let kept = tch::Tensor::zeros([1024], (tch::Kind::Float, tch::Device::Cpu));
+/// let log = memlab::track!(tracker);
+/// assert!(log.contains("+ 1 × other 4.00K"), "{log}");
+/// # drop(kept);
+/// ```
+#[macro_export]
+macro_rules! track {
+    () => {
+        $crate::__private::track_global($crate::__call_site!())
+    };
+    ($tracker:expr) => {
+        $tracker.track($crate::__call_site!())
+    };
+}
+
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __call_site {
+    () => {
+        $crate::CallSite {
+            file: ::core::file!(),
+            line: ::core::line!(),
+            function: {
+                fn __memlab_here() {}
+                $crate::__private::function_path(::core::any::type_name_of_val(&__memlab_here))
+            },
+        }
+    };
+}
 
 /// The recorded allocation events, oldest first, and how many were dropped to
 /// stay within [`EventSettings::capacity`] (see [`Recording`]).
@@ -156,6 +201,13 @@ pub mod __private {
     pub use inventory;
     pub use memlab_core::profiler::{Frame, Registered, Site, SiteMeta};
     pub use memlab_core::{Device, DeviceSelector};
+    pub use memlab_tch::track_global;
+
+    /// The path of the function a marker item is nested in (see `track!`).
+    pub fn function_path(marker: &'static str) -> &'static str {
+        let head = marker.strip_suffix("::__memlab_here").unwrap_or(marker);
+        head.strip_suffix("::{{closure}}").unwrap_or(head)
+    }
 
     /// Starts a profiled call measured through libtorch's allocators.
     #[inline]

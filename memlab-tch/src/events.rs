@@ -37,6 +37,15 @@ impl Recording {
     }
 }
 
+impl Recording {
+    /// Joins the recording, or starts one with the current settings, without
+    /// changing them (for memlab's own tools).
+    pub(crate) fn join() -> Result<Recording> {
+        acquire()?;
+        Ok(Recording { _private: () })
+    }
+}
+
 impl Drop for Recording {
     fn drop(&mut self) {
         release();

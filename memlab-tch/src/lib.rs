@@ -27,6 +27,7 @@ mod monitor;
 mod registry;
 mod reporter;
 mod storage;
+mod tracker;
 
 use std::sync::OnceLock;
 
@@ -39,6 +40,7 @@ pub use monitor::{IterationRecord, OptimizerKind, TrainingMonitor};
 pub use registry::{clear_registry, register_tensor, register_var_store, WeakTensor};
 pub use reporter::{DeviceReport, MemReport, MemReporter, Row, RowKind};
 pub use storage::{storage_info, Layout, StorageInfo};
+pub use tracker::{global_tracker, track_global, CallSite, StorageKind, Tracker};
 
 /// The libtorch backend of memlab's profiler.
 #[derive(Debug, Default, Clone, Copy)]

@@ -1,0 +1,291 @@
+//! The call-site tracker behind `memlab::track!()`: at each call it logs when
+//! and where it was called, how much the live tensors and the allocator hold,
+//! and which storages appeared (`+`) or disappeared (`-`) since the previous
+//! call, grouped by kind, shape and dtype, with where unnamed ones were
+//! allocated. Put one call before and one after a step, or one per batch, and
+//! the log says what grew between them.
+//!
+//! Named storages come from the registered var stores and tensors (see
+//! [`register_var_store`](crate::register_var_store)); every other live
+//! allocation comes from the event recorder, which a tracker keeps on.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt::Write as _;
+use std::fs::OpenOptions;
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::sync::Mutex;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use memlab_core::events;
+use memlab_core::{format_bytes, Backend, Device, Result};
+
+use crate::storage::facts;
+use crate::{registry, Recording, BACKEND};
+
+/// Where `track!()` was called.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CallSite {
+    /// Source file.
+    pub file: &'static str,
+    /// Source line.
+    pub line: u32,
+    /// The calling function's path.
+    pub function: &'static str,
+}
+
+/// What a storage is, for grouping.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum StorageKind {
+    /// A variable of a registered var store.
+    Parameter,
+    /// A gradient of one.
+    Gradient,
+    /// Anything else: registered tensors and unnamed allocations.
+    Other,
+}
+
+impl StorageKind {
+    fn label(self) -> &'static str {
+        match self {
+            StorageKind::Parameter => "parameter",
+            StorageKind::Gradient => "gradient",
+            StorageKind::Other => "other",
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+struct Group {
+    kind: StorageKind,
+    shape: Option<Vec<i64>>,
+    dtype: &'static str,
+    site: Option<String>,
+}
+
+#[derive(Clone, Debug)]
+struct Entry {
+    group: Group,
+    bytes: u64,
+}
+
+/// Logs the memory at call sites, and what changed between them.
+pub struct Tracker {
+    device: Option<Device>,
+    stdout: bool,
+    file: Option<PathBuf>,
+    started: Instant,
+    previous: Option<HashMap<u64, Entry>>,
+    last_error: Option<String>,
+    _recording: Option<Recording>,
+}
+
+impl Tracker {
+    /// A tracker that logs to standard output and measures the current CUDA
+    /// device when CUDA is available, else the CPU. It keeps allocation
+    /// events on while it lives, to see unnamed allocations.
+    pub fn new() -> Tracker {
+        let (recording, last_error) = match Recording::join() {
+            Ok(r) => (Some(r), None),
+            Err(e) => (None, Some(format!("unnamed allocations are not tracked: {e}"))),
+        };
+        Tracker {
+            device: None,
+            stdout: true,
+            file: None,
+            started: Instant::now(),
+            previous: None,
+            last_error,
+            _recording: recording,
+        }
+    }
+
+    /// Measures `device`.
+    pub fn device(mut self, device: Device) -> Tracker {
+        self.device = Some(device);
+        self
+    }
+
+    /// Appends the log to `path` as well (or instead, with `stdout(false)`).
+    pub fn log_file(mut self, path: impl Into<PathBuf>) -> Tracker {
+        self.file = Some(path.into());
+        self
+    }
+
+    /// Whether the log also goes to the output chosen with `memlab::set_output`
+    /// (standard output by default).
+    pub fn stdout(mut self, on: bool) -> Tracker {
+        self.stdout = on;
+        self
+    }
+
+    /// The last problem met (measuring or writing the log), if any.
+    pub fn last_error(&self) -> Option<&str> {
+        self.last_error.as_deref()
+    }
+
+    /// Empties the CUDA caching allocator's cache (`torch.cuda.empty_cache()`).
+    pub fn clear_cache(&self) -> Result<()> {
+        crate::empty_cache()
+    }
+
+    fn measured_device(&self) -> Device {
+        self.device.unwrap_or_else(|| match crate::cuda_is_available() {
+            true => BACKEND.current_cuda_device().map(Device::Cuda).unwrap_or(Device::Cpu),
+            false => Device::Cpu,
+        })
+    }
+
+    /// Logs one call site; returns the text logged. Never fails the caller:
+    /// problems are kept in [`last_error`](Self::last_error).
+    pub fn track(&mut self, site: CallSite) -> String {
+        let device = self.measured_device();
+        let text = match self.snapshot(device) {
+            Ok(now) => {
+                let text = self.render(site, device, &now);
+                self.previous = Some(now);
+                text
+            }
+            Err(e) => {
+                self.last_error = Some(e.to_string());
+                format!("{} {}:{} {} — not measured: {e}\n", self.stamp(), site.file, site.line, site.function)
+            }
+        };
+        if self.stdout {
+            memlab_core::profiler::emit(&text);
+        }
+        if let Some(path) = &self.file {
+            let written =
+                OpenOptions::new().create(true).append(true).open(path).and_then(|mut f| f.write_all(text.as_bytes()));
+            if let Err(e) = written {
+                if self.last_error.is_none() {
+                    eprintln!("memlab tracker: cannot append to {}: {e}; tracking goes on", path.display());
+                }
+                self.last_error = Some(format!("cannot append to {}: {e}", path.display()));
+            }
+        }
+        text
+    }
+
+    /// The storages on `device` now, by data address.
+    fn snapshot(&self, device: Device) -> Result<HashMap<u64, Entry>> {
+        let mut out: HashMap<u64, Entry> = HashMap::new();
+        let mut add = |address: u64, entry: Entry| {
+            out.entry(address).or_insert(entry);
+        };
+        for vs in registry::var_stores() {
+            let Some(variables) = vs.variables.upgrade() else { continue };
+            let variables = variables.lock().unwrap_or_else(|e| e.into_inner());
+            for tensor in variables.named_variables.values() {
+                let (param, grad) = facts(tensor, true)?;
+                for (facts, kind) in [(Some(param), StorageKind::Parameter), (grad, StorageKind::Gradient)] {
+                    let Some(f) = facts.filter(|f| f.info.device == Some(device)) else { continue };
+                    let group = Group { kind, shape: Some(f.shape), dtype: f.dtype, site: None };
+                    add(f.info.data_ptr, Entry { group, bytes: f.info.nbytes });
+                }
+            }
+        }
+        for (_, tensor) in registry::tensors() {
+            let f = facts(&tensor, false)?.0;
+            if f.info.device == Some(device) {
+                let group = Group { kind: StorageKind::Other, shape: Some(f.shape), dtype: f.dtype, site: None };
+                add(f.info.data_ptr, Entry { group, bytes: f.info.nbytes });
+            }
+        }
+        for a in events::live().into_iter().filter(|a| a.device == device) {
+            let group = Group { kind: StorageKind::Other, shape: None, dtype: "", site: a.site() };
+            add(a.address, Entry { group, bytes: a.size });
+        }
+        Ok(out)
+    }
+
+    fn stamp(&self) -> String {
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+        format!("[{} +{:.3}s]", utc(now.as_secs(), now.subsec_millis()), self.started.elapsed().as_secs_f64())
+    }
+
+    fn render(&self, site: CallSite, device: Device, now: &HashMap<u64, Entry>) -> String {
+        let live: u64 = now.values().map(|e| e.bytes).sum();
+        let allocated = crate::device_stats(device).map(|s| format_bytes(s.allocated_bytes.all.current));
+        let mut out = String::new();
+        writeln!(
+            out,
+            "{} {}:{} {} — live tensors {} on {device}, allocator {}",
+            self.stamp(),
+            site.file,
+            site.line,
+            site.function,
+            format_bytes(live as i64),
+            allocated.unwrap_or_else(|e| format!("unknown ({e})"))
+        )
+        .unwrap();
+        let empty = HashMap::new();
+        let before = self.previous.as_ref().unwrap_or(&empty);
+        for (sign, from, to) in [("+", now, before), ("-", before, now)] {
+            let mut groups: BTreeMap<&Group, (u64, u64)> = BTreeMap::new();
+            for (address, entry) in from {
+                if !to.contains_key(address) {
+                    let g = groups.entry(&entry.group).or_default();
+                    g.0 += 1;
+                    g.1 += entry.bytes;
+                }
+            }
+            for (group, (count, bytes)) in groups {
+                let mut line = format!("  {sign} {count} × ");
+                if let Some(shape) = &group.shape {
+                    write!(line, "{shape:?} {} ", group.dtype).unwrap();
+                }
+                write!(line, "{} {}", group.kind.label(), format_bytes(bytes as i64)).unwrap();
+                if let Some(s) = &group.site {
+                    write!(line, ", allocated at {s}").unwrap();
+                }
+                writeln!(out, "{line}").unwrap();
+            }
+        }
+        out
+    }
+}
+
+impl Default for Tracker {
+    fn default() -> Self {
+        Tracker::new()
+    }
+}
+
+/// The tracker `track!()` without an argument uses.
+pub fn global_tracker() -> std::sync::MutexGuard<'static, Option<Tracker>> {
+    static GLOBAL: Mutex<Option<Tracker>> = Mutex::new(None);
+    GLOBAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Logs `site` with the global tracker (creating it on first use).
+pub fn track_global(site: CallSite) -> String {
+    global_tracker().get_or_insert_with(Tracker::new).track(site)
+}
+
+/// `YYYY-MM-DD HH:MM:SS.mmm` in UTC.
+fn utc(secs: u64, millis: u32) -> String {
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!("{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}.{millis:03}", rem / 3600, rem % 3600 / 60, rem % 60)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn utc_dates() {
+        assert_eq!(super::utc(0, 0), "1970-01-01 00:00:00.000");
+        assert_eq!(super::utc(951_782_400, 5), "2000-02-29 00:00:00.005");
+        assert_eq!(super::utc(1_795_287_845, 123), "2026-11-21 19:04:05.123");
+    }
+}

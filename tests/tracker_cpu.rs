@@ -1,0 +1,71 @@
+//! `track!()` on the CPU: call sites, totals, and the +/- lines of storages
+//! that appeared or disappeared, grouped by kind, shape and dtype.
+
+mod common;
+
+use common::{floats, serial};
+use memlab::{Device, Tracker};
+use tch::nn;
+
+#[memlab::profile(device = "cpu")]
+fn grow(cache: &mut Vec<tch::Tensor>) {
+    let entry = floats(2048);
+    cache.push(entry);
+}
+
+#[test]
+fn logs_what_appeared_and_disappeared() {
+    let _s = serial();
+    memlab::clear_registry();
+    memlab::set_output(memlab::Output::Sink(Box::new(|_| {})));
+    let vs = nn::VarStore::new(tch::Device::Cpu);
+    let _fc = nn::linear(vs.root() / "fc", 32, 16, Default::default());
+    memlab::register_var_store("model", &vs);
+    let mut tracker = Tracker::new().device(Device::Cpu);
+
+    let first = memlab::track!(tracker);
+    let header = first.lines().next().unwrap();
+    assert!(header.contains("tests/tracker_cpu.rs:"), "{header}");
+    assert!(header.contains("tracker_cpu::logs_what_appeared_and_disappeared — live tensors"), "{header}");
+    assert!(first.contains("  + 1 × [16, 32] Float parameter 2.00K"), "{first}");
+    assert!(first.contains("  + 1 × [16] Float parameter 64.00B"), "{first}");
+
+    let mut cache = Vec::new();
+    grow(&mut cache);
+    grow(&mut cache);
+    let second = memlab::track!(tracker);
+    let growth = second.lines().filter(|l| l.starts_with("  +")).collect::<Vec<_>>();
+    assert_eq!(growth.len(), 1, "{second}");
+    assert!(growth[0].starts_with("  + 2 × other 16.00K, allocated at tracker_cpu::grow"), "{second}");
+    assert!(growth[0].contains("let entry = floats(2048);"), "{second}");
+    assert!(!second.contains("  -"), "nothing went away: {second}");
+
+    cache.clear();
+    let third = memlab::track!(tracker);
+    assert!(third.contains("  - 2 × other 16.00K"), "{third}");
+    memlab::set_output(memlab::Output::Stdout);
+    memlab::clear_registry();
+}
+
+#[test]
+fn log_file_and_a_bad_path() {
+    let _s = serial();
+    memlab::set_output(memlab::Output::Sink(Box::new(|_| {})));
+    let path = std::env::temp_dir().join(format!("memlab-track-{}.log", std::process::id()));
+    let _ = std::fs::remove_file(&path);
+    let mut tracker = Tracker::new().device(Device::Cpu).log_file(&path).stdout(false);
+    memlab::track!(tracker);
+    let kept = floats(100);
+    memlab::track!(tracker);
+    let log = std::fs::read_to_string(&path).unwrap();
+    assert_eq!(log.lines().filter(|l| l.starts_with('[')).count(), 2, "{log}");
+    assert!(log.contains("  + 1 × other 400.00B"), "{log}");
+    std::fs::remove_file(&path).unwrap();
+
+    let mut broken = Tracker::new().device(Device::Cpu).log_file("/nonexistent/dir/track.log");
+    let text = memlab::track!(broken);
+    assert!(text.contains("live tensors"), "tracking goes on");
+    assert!(broken.last_error().unwrap().contains("cannot append to /nonexistent/dir/track.log"));
+    memlab::set_output(memlab::Output::Stdout);
+    drop(kept);
+}
