@@ -118,7 +118,10 @@ pub use memlab_tch::{
     IterationRecord, MemReport, MemReporter, OnEscape, OptimizerKind, Recording, Row, RowKind, ScopeReport, StepCheck,
     TrainingMonitor, WeakTensor, YieldCounts, YieldReport,
 };
-pub use memlab_tch::{global_tracker, CallSite, StorageKind, Tracker};
+pub use memlab_tch::{
+    find_batch_size, global_tracker, measure_model, BatchSearch, Budget, CallSite, ModelSize, StepOptimizer,
+    StorageKind, Tracker,
+};
 
 /// Logs the memory at this call site and what changed since the previous
 /// call: storages that appeared (`+`) or disappeared (`-`), grouped by kind

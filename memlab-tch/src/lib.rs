@@ -26,6 +26,7 @@ mod ffi;
 mod monitor;
 mod registry;
 mod reporter;
+mod size;
 mod storage;
 mod tracker;
 
@@ -39,6 +40,7 @@ pub use events::Recording;
 pub use monitor::{IterationRecord, OptimizerKind, TrainingMonitor};
 pub use registry::{clear_registry, register_tensor, register_var_store, WeakTensor};
 pub use reporter::{DeviceReport, MemReport, MemReporter, Row, RowKind};
+pub use size::{find_batch_size, measure_model, BatchSearch, Budget, ModelSize, StepOptimizer};
 pub use storage::{storage_info, Layout, StorageInfo};
 pub use tracker::{global_tracker, track_global, CallSite, StorageKind, Tracker};
 
