@@ -119,6 +119,9 @@ pub use memlab_tch::{
     TrainingMonitor, WeakTensor, YieldCounts, YieldReport,
 };
 pub use memlab_tch::{
+    driver_memory, process_gpu_memory, rss, DriverMemory, GpuFigures, RamFigures, StepData, StepLogger,
+};
+pub use memlab_tch::{
     find_batch_size, global_tracker, measure_model, BatchSearch, Budget, CallSite, ModelSize, StepOptimizer,
     StorageKind, Tracker,
 };

@@ -288,3 +288,55 @@ fn dispose_scope_on_cuda() {
     assert_eq!(report.escaped_bytes(Device::Cuda(0)), 8192);
     assert_eq!(report.counts(Device::Cuda(0)).freed_bytes, 4096);
 }
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn step_logger_and_driver_figures_on_cuda() {
+    let _s = serial();
+    let driver = memlab::driver_memory(0).unwrap();
+    assert!(driver.total > 70 << 30 && driver.free <= driver.total);
+    println!(
+        "driver: {} used of {}; NVML, this process: {:?}",
+        driver.used(),
+        driver.total,
+        memlab::process_gpu_memory(0)
+    );
+    let mut logger = memlab::StepLogger::new();
+    let kept = logger.log("cuda step", || {
+        let spike = floats(64 << 20); // 256 MiB, freed
+        drop(spike);
+        floats(16 << 20) // 64 MiB, kept
+    });
+    let g = logger.data().unwrap().gpu.expect("GPU figures");
+    assert_eq!(g.consumed, 64 * MIB);
+    assert_eq!(g.peaked, 256 * MIB);
+    assert!(g.driver_used.is_some() && g.total == driver.total);
+    drop(kept);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn model_size_and_batch_search_on_cuda() {
+    use tch::nn::{Module, OptimizerConfig};
+    let _s = serial();
+    let vs = tch::nn::VarStore::new(GPU);
+    let net = cuda_model(&vs, 1024);
+    let sample = Tensor::randn([64, 1024], (Kind::Float, GPU));
+    let size = memlab::measure_model(&vs, |x| net.forward(x), &sample, &[memlab::StepOptimizer::Adam]).unwrap();
+    println!("{size}");
+    let params = (2 * (1024 * 1024 + 1024) + 1024 * 10 + 10) * 4;
+    assert_eq!(size.parameter_bytes, params as u64);
+    assert_eq!(size.optimizer_state, vec![(memlab::StepOptimizer::Adam, 2 * params)]);
+    // The search meets real CUDA out-of-memory errors and the process stays healthy.
+    let mut opt = tch::nn::Adam::default().build(&vs, 1e-4).unwrap();
+    let search = memlab::find_batch_size(Device::Cuda(0), memlab::Budget::FreeDeviceMemory, 1 << 24, |batch| {
+        let x = Tensor::randn([batch as i64, 1024], (Kind::Float, GPU));
+        opt.backward_step(&net.forward(&x).mean(Kind::Float));
+        Ok(())
+    })
+    .unwrap();
+    print!("{search}");
+    assert!(search.largest.is_some_and(|n| n > 1000));
+    let after = floats(1024);
+    assert_eq!(after.sum(Kind::Float).double_value(&[]), 0.0, "CUDA still works");
+}

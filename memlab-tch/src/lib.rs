@@ -21,8 +21,10 @@
 
 mod courtesy;
 mod dispose;
+mod driver;
 mod events;
 mod ffi;
+mod logger;
 mod monitor;
 mod registry;
 mod reporter;
@@ -36,7 +38,9 @@ use memlab_core::{Backend, Device, DeviceStats, Error, RawStats, Result};
 
 pub use courtesy::{Courtesy, YieldCounts, YieldReport};
 pub use dispose::{check_step, DisposeScope, OnEscape, ScopeReport, StepCheck};
+pub use driver::{driver_memory, process_gpu_memory, DriverMemory};
 pub use events::Recording;
+pub use logger::{rss, GpuFigures, RamFigures, StepData, StepLogger};
 pub use monitor::{IterationRecord, OptimizerKind, TrainingMonitor};
 pub use registry::{clear_registry, register_tensor, register_var_store, WeakTensor};
 pub use reporter::{DeviceReport, MemReport, MemReporter, Row, RowKind};

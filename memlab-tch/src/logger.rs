@@ -1,0 +1,426 @@
+//! `StepLogger`: RAM, GPU memory and time of a step, a block or a closure, in
+//! the manner of ipygpulogger: for general RAM (the process's resident set)
+//! and for the GPU, what the step consumed, how far it peaked above that, what
+//! is used after it and the total, and how long it took.
+//!
+//! The GPU figures come from libtorch's allocator (exact, peak included) and,
+//! where a driver is present, from the driver: device-wide use, with its peak
+//! sampled by a background thread during the step (it catches memory outside
+//! libtorch, such as other libraries' workspaces or other processes), and this
+//! process's own use from NVML. The RAM peak is exact where Linux lets memlab
+//! reset the process's high-water mark, and sampled otherwise.
+
+use std::fmt;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use memlab_core::profiler::PeakWatch;
+use memlab_core::{format_bytes, Backend, Device, Result};
+
+use crate::driver::{driver_memory, process_gpu_memory};
+use crate::BACKEND;
+
+/// General RAM figures of one step, in bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RamFigures {
+    /// Resident set after minus before.
+    pub consumed: i64,
+    /// How far the resident set peaked above its level after the step.
+    pub peaked: i64,
+    /// Resident set after the step.
+    pub used: u64,
+    /// The machine's memory.
+    pub total: u64,
+    /// Whether `peaked` is exact (the kernel's high-water mark) or sampled.
+    pub peak_exact: bool,
+}
+
+/// GPU figures of one step, in bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct GpuFigures {
+    /// The CUDA device.
+    pub device: usize,
+    /// Allocated bytes after minus before (libtorch's allocator, exact).
+    pub consumed: i64,
+    /// How far allocated bytes peaked above their level after the step (exact).
+    pub peaked: i64,
+    /// Allocated bytes after the step.
+    pub used: i64,
+    /// Reserved (cached) bytes after the step.
+    pub reserved: i64,
+    /// The device's memory, from the driver (0 without one).
+    pub total: u64,
+    /// Device-wide use after the step, from the driver (all processes and contexts).
+    pub driver_used: Option<u64>,
+    /// How far device-wide use peaked above `driver_used`, sampled during the step.
+    pub driver_peaked: Option<u64>,
+    /// This process's GPU memory, from NVML, when NVML lists it.
+    pub process_used: Option<u64>,
+}
+
+/// What one logged step measured.
+#[derive(Clone, Debug, Default)]
+#[non_exhaustive]
+pub struct StepData {
+    /// The step's label.
+    pub label: String,
+    /// General RAM.
+    pub ram: RamFigures,
+    /// The GPU, when CUDA is available.
+    pub gpu: Option<GpuFigures>,
+    /// Wall time of the step.
+    pub time: Duration,
+}
+
+/// Logs the memory and time of steps. See the module documentation.
+///
+/// ```
+/// let mut logger = memlab_tch::StepLogger::new().compact(true);
+/// let sum = logger.log("sum", || tch::Tensor::ones([1 << 20], (tch::Kind::Float, tch::Device::Cpu)).sum(tch::Kind::Float));
+/// let data = logger.data().unwrap();
+/// assert!(data.ram.total > 0);
+/// # drop(sum);
+/// ```
+pub struct StepLogger {
+    compact: bool,
+    clear_cache: bool,
+    running: bool,
+    sample_every: Duration,
+    last: Option<StepData>,
+    context_reported: bool,
+}
+
+impl Default for StepLogger {
+    fn default() -> Self {
+        StepLogger::new()
+    }
+}
+
+impl StepLogger {
+    /// A logger that prints a report after every step (see [`stop`](Self::stop)).
+    pub fn new() -> StepLogger {
+        StepLogger {
+            compact: false,
+            clear_cache: false,
+            running: true,
+            sample_every: Duration::from_millis(1),
+            last: None,
+            context_reported: false,
+        }
+    }
+
+    /// One line per step instead of the three-line table.
+    pub fn compact(mut self, compact: bool) -> StepLogger {
+        self.compact = compact;
+        self
+    }
+
+    /// Empties the CUDA cache before each step, so that `driver_used` shows
+    /// what the step really holds rather than what the cache kept.
+    pub fn clear_cache(mut self, clear: bool) -> StepLogger {
+        self.clear_cache = clear;
+        self
+    }
+
+    /// How often the background thread samples the driver and the resident set.
+    pub fn sample_every(mut self, every: Duration) -> StepLogger {
+        self.sample_every = every;
+        self
+    }
+
+    /// Prints reports again.
+    pub fn start(&mut self) {
+        self.running = true;
+    }
+
+    /// Stops printing; steps are still measured and [`data`](Self::data) still answers.
+    pub fn stop(&mut self) {
+        self.running = false;
+    }
+
+    /// The figures of the last step.
+    pub fn data(&self) -> Option<&StepData> {
+        self.last.as_ref()
+    }
+
+    /// Initialises CUDA (its context) now rather than inside the first step,
+    /// and reports once what the context took on the device. Returns those bytes.
+    pub fn preinit_cuda(&mut self) -> Result<u64> {
+        let index = BACKEND.current_cuda_device()?;
+        let before = driver_memory(index)?.used();
+        let warm = tch::Tensor::zeros([1], (tch::Kind::Float, tch::Device::Cuda(index)));
+        drop(warm);
+        let cost = driver_memory(index)?.used().saturating_sub(before);
+        if !self.context_reported {
+            self.context_reported = true;
+            memlab_core::profiler::emit(&format!(
+                "memlab StepLogger: CUDA initialised on cuda:{index}; the context and libtorch's start-up took {} of device memory\n",
+                format_bytes(cost as i64)
+            ));
+        }
+        Ok(cost)
+    }
+
+    /// Runs `step` under measurement, prints a report (while started) and
+    /// keeps the figures for [`data`](Self::data).
+    pub fn log<R>(&mut self, label: &str, step: impl FnOnce() -> R) -> R {
+        let gpu = crate::cuda_is_available().then(|| BACKEND.current_cuda_device().ok()).flatten();
+        if self.clear_cache {
+            let _ = crate::empty_cache();
+        }
+        let exact_ram_peak = reset_rss_peak();
+        let ram_before = rss();
+        let gpu_before = gpu.and_then(|i| crate::device_stats(Device::Cuda(i)).ok());
+        let watch = gpu.and_then(|i| PeakWatch::start(&BACKEND, Device::Cuda(i)).ok());
+        let sampler = Sampler::start(gpu, self.sample_every);
+        let started = Instant::now();
+        let value = step();
+        let time = started.elapsed();
+        let (sampled_rss_peak, sampled_driver_peak) = sampler.stop();
+
+        let ram_after = rss();
+        let ram_peak = if exact_ram_peak { rss_peak().max(ram_after) } else { sampled_rss_peak.max(ram_after) };
+        let ram = RamFigures {
+            consumed: ram_after as i64 - ram_before as i64,
+            peaked: ram_peak.saturating_sub(ram_after) as i64,
+            used: ram_after,
+            total: total_ram(),
+            peak_exact: exact_ram_peak,
+        };
+        let gpu = match (gpu, gpu_before, watch) {
+            (Some(index), Some(before), Some(watch)) => {
+                let end = watch.finish().ok().map(|(_, end)| end.to_device_stats());
+                end.map(|after| {
+                    let driver = driver_memory(index).ok();
+                    GpuFigures {
+                        device: index,
+                        consumed: after.allocated_bytes.all.current - before.allocated_bytes.all.current,
+                        peaked: after.allocated_bytes.all.peak - after.allocated_bytes.all.current,
+                        used: after.allocated_bytes.all.current,
+                        reserved: after.reserved_bytes.all.current,
+                        total: driver.map_or(0, |d| d.total),
+                        driver_used: driver.map(|d| d.used()),
+                        driver_peaked: driver.map(|d| sampled_driver_peak.saturating_sub(d.used())),
+                        process_used: process_gpu_memory(index).ok().flatten(),
+                    }
+                })
+            }
+            _ => None,
+        };
+        let data = StepData { label: label.to_string(), ram, gpu, time };
+        if self.running {
+            let text = if self.compact { data.compact_line() } else { data.to_string() };
+            memlab_core::profiler::emit(&text);
+        }
+        self.last = Some(data);
+        value
+    }
+}
+
+impl StepData {
+    /// The one-line form.
+    pub fn compact_line(&self) -> String {
+        let mut line = format!(
+            "{}: {:.3}s | RAM {} ^{} ={} of {}",
+            self.label,
+            self.time.as_secs_f64(),
+            signed(self.ram.consumed),
+            format_bytes(self.ram.peaked),
+            format_bytes(self.ram.used as i64),
+            format_bytes(self.ram.total as i64)
+        );
+        if let Some(g) = &self.gpu {
+            line += &format!(
+                " | GPU {} ^{} ={} of {}",
+                signed(g.consumed),
+                format_bytes(g.peaked),
+                format_bytes(g.used),
+                format_bytes(g.total as i64)
+            );
+        }
+        line.push('\n');
+        line
+    }
+}
+
+impl fmt::Display for StepData {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(
+            f,
+            "RAM: {:>9} {:>9} {:>9} {:>9}  in {:.3}s ({})",
+            "Consumed",
+            "Peaked",
+            "Used",
+            "Total",
+            self.time.as_secs_f64(),
+            self.label
+        )?;
+        writeln!(
+            f,
+            "Gen: {:>9} {:>9} {:>9} {:>9}{}",
+            format_bytes(self.ram.consumed),
+            format_bytes(self.ram.peaked),
+            format_bytes(self.ram.used as i64),
+            format_bytes(self.ram.total as i64),
+            if self.ram.peak_exact { "" } else { "  (peak sampled)" }
+        )?;
+        if let Some(g) = &self.gpu {
+            writeln!(
+                f,
+                "GPU: {:>9} {:>9} {:>9} {:>9}  (cuda:{}, libtorch's allocator; reserved {})",
+                format_bytes(g.consumed),
+                format_bytes(g.peaked),
+                format_bytes(g.used),
+                format_bytes(g.total as i64),
+                g.device,
+                format_bytes(g.reserved)
+            )?;
+            if let (Some(used), Some(peaked)) = (g.driver_used, g.driver_peaked) {
+                write!(
+                    f,
+                    "     driver: device-wide {} used, peaked {} above (sampled)",
+                    format_bytes(used as i64),
+                    format_bytes(peaked as i64)
+                )?;
+                match g.process_used {
+                    Some(p) => writeln!(f, "; this process {} (NVML)", format_bytes(p as i64))?,
+                    None => writeln!(f)?,
+                }
+            }
+        } else {
+            writeln!(f, "GPU: no CUDA device")?;
+        }
+        Ok(())
+    }
+}
+
+/// Samples the resident set and the driver's device-wide use while a step
+/// runs. One thread serves every step of the process: it parks between steps,
+/// so a step costs no thread start.
+struct Sampler;
+
+struct SamplerState {
+    active: AtomicBool,
+    /// The CUDA device to sample, plus one (0: none).
+    gpu: AtomicU64,
+    every_ns: AtomicU64,
+    rss_peak: AtomicU64,
+    driver_peak: AtomicU64,
+    thread: std::thread::Thread,
+}
+
+fn sampler() -> Option<&'static SamplerState> {
+    static STATE: std::sync::OnceLock<Option<&'static SamplerState>> = std::sync::OnceLock::new();
+    *STATE.get_or_init(|| {
+        let (tx, rx) = std::sync::mpsc::channel::<&'static SamplerState>();
+        let spawned = std::thread::Builder::new().name("memlab-step-sampler".into()).spawn(move || {
+            let Ok(state) = rx.recv() else { return };
+            loop {
+                if !state.active.load(Ordering::Acquire) {
+                    std::thread::park();
+                    continue;
+                }
+                state.rss_peak.fetch_max(rss(), Ordering::Relaxed);
+                if let Some(index) = state.gpu.load(Ordering::Relaxed).checked_sub(1) {
+                    if let Ok(m) = driver_memory(index as usize) {
+                        state.driver_peak.fetch_max(m.used(), Ordering::Relaxed);
+                    }
+                }
+                std::thread::sleep(Duration::from_nanos(state.every_ns.load(Ordering::Relaxed)));
+            }
+        });
+        let handle = spawned.ok()?;
+        let state: &'static SamplerState = Box::leak(Box::new(SamplerState {
+            active: AtomicBool::new(false),
+            gpu: AtomicU64::new(0),
+            every_ns: AtomicU64::new(1_000_000),
+            rss_peak: AtomicU64::new(0),
+            driver_peak: AtomicU64::new(0),
+            thread: handle.thread().clone(),
+        }));
+        tx.send(state).ok()?;
+        Some(state)
+    })
+}
+
+impl Sampler {
+    fn start(gpu: Option<usize>, every: Duration) -> Sampler {
+        if let Some(state) = sampler() {
+            state.gpu.store(gpu.map_or(0, |i| i as u64 + 1), Ordering::Relaxed);
+            state.every_ns.store(every.as_nanos().max(1) as u64, Ordering::Relaxed);
+            state.rss_peak.store(rss(), Ordering::Relaxed);
+            state.driver_peak.store(0, Ordering::Relaxed);
+            state.active.store(true, Ordering::Release);
+            state.thread.unpark();
+        }
+        Sampler
+    }
+
+    /// Stops sampling; returns the sampled peaks (resident set, driver use).
+    fn stop(self) -> (u64, u64) {
+        match sampler() {
+            Some(state) => {
+                state.active.store(false, Ordering::Release);
+                (state.rss_peak.load(Ordering::Relaxed), state.driver_peak.load(Ordering::Relaxed))
+            }
+            None => (0, 0),
+        }
+    }
+}
+
+/// A change with its sign: `+4.00M`, `-2.00K`, `0.00B`.
+fn signed(bytes: i64) -> String {
+    if bytes > 0 {
+        format!("+{}", format_bytes(bytes))
+    } else {
+        format_bytes(bytes)
+    }
+}
+
+/// The process's resident set in bytes (0 where /proc is not there).
+pub fn rss() -> u64 {
+    static PAGE: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    // SAFETY: sysconf only reads a configuration value.
+    let page = *PAGE.get_or_init(|| u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096));
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1).and_then(|v| v.parse::<u64>().ok()))
+        .map_or(0, |pages| pages * page)
+}
+
+/// The resident set's high-water mark (VmHWM) in bytes.
+fn rss_peak() -> u64 {
+    status_kib("VmHWM:") * 1024
+}
+
+/// Resets the kernel's resident-set high-water mark; false where not allowed.
+fn reset_rss_peak() -> bool {
+    std::fs::write("/proc/self/clear_refs", "5").is_ok()
+}
+
+fn total_ram() -> u64 {
+    static TOTAL: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *TOTAL.get_or_init(read_total_ram)
+}
+
+fn read_total_ram() -> u64 {
+    std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("MemTotal:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        })
+        .map_or(0, |kib| kib * 1024)
+}
+
+fn status_kib(key: &str) -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines().find(|l| l.starts_with(key)).and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        })
+        .unwrap_or(0)
+}

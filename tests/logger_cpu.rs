@@ -1,0 +1,74 @@
+//! StepLogger and the driver-level figures on a machine without a GPU (and,
+//! for what does not depend on one, anywhere): RAM figures of a step, the
+//! compact and table forms, start/stop, and "no GPU" answers that never panic.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+
+use common::serial;
+use memlab::StepLogger;
+use tch::{Kind, Tensor};
+
+#[test]
+fn ram_figures_of_a_step() {
+    let _s = serial();
+    let mut logger = StepLogger::new();
+    logger.stop();
+    let kept = logger.log("allocate", || {
+        // 64 MiB written (so resident) and freed, 16 MiB kept.
+        let spike = Tensor::ones([16 << 20], (Kind::Float, tch::Device::Cpu));
+        drop(spike);
+        Tensor::ones([4 << 20], (Kind::Float, tch::Device::Cpu))
+    });
+    let data = logger.data().unwrap();
+    assert_eq!(data.label, "allocate");
+    assert!(data.ram.total > data.ram.used && data.ram.used > 0);
+    // glibc returns large blocks to the system at once, so the 64 MiB spike is
+    // a peak above what stays.
+    assert!(data.ram.peaked >= 40 << 20, "peaked {} (exact: {})", data.ram.peaked, data.ram.peak_exact);
+    assert!(data.ram.consumed >= 12 << 20, "consumed {}", data.ram.consumed);
+    assert_eq!(data.gpu.is_some(), memlab::cuda_is_available());
+    drop(kept);
+}
+
+#[test]
+fn printed_forms_and_start_stop() {
+    let _s = serial();
+    let printed = Arc::new(Mutex::new(Vec::<String>::new()));
+    let sink = printed.clone();
+    memlab::set_output(memlab::Output::Sink(Box::new(move |t| sink.lock().unwrap().push(t.to_string()))));
+    let mut logger = StepLogger::new();
+    logger.log("table", || ());
+    let mut compact = StepLogger::new().compact(true);
+    compact.log("one line", || ());
+    compact.stop();
+    compact.log("quiet", || ());
+    compact.start();
+    memlab::set_output(memlab::Output::Stdout);
+    let printed = printed.lock().unwrap();
+    assert_eq!(printed.len(), 2);
+    assert!(printed[0].starts_with("RAM:  Consumed    Peaked      Used     Total  in "), "{}", printed[0]);
+    assert!(printed[0].contains("(table)\nGen: "), "{}", printed[0]);
+    assert!(printed[1].starts_with("one line: ") && printed[1].contains("s | RAM "), "{}", printed[1]);
+    assert_eq!(printed[1].lines().count(), 1);
+    assert_eq!(compact.data().unwrap().label, "quiet");
+}
+
+#[test]
+fn no_gpu_is_an_answer_not_a_crash() {
+    if memlab::cuda_device_count() > 0 {
+        assert!(memlab::driver_memory(0).unwrap().total > 0);
+        return;
+    }
+    let err = memlab::driver_memory(0).unwrap_err();
+    assert!(err.to_string().contains("no GPU"), "{err}");
+    let err = memlab::process_gpu_memory(0).unwrap_err();
+    assert!(err.to_string().contains("no GPU"), "{err}");
+    let mut logger = StepLogger::new();
+    logger.stop();
+    assert!(logger.preinit_cuda().is_err());
+    logger.log("cpu only", || ());
+    assert!(logger.data().unwrap().gpu.is_none());
+    assert!(logger.data().unwrap().to_string().contains("GPU: no CUDA device"));
+}
