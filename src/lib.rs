@@ -125,6 +125,7 @@ pub use memlab_tch::{
     find_batch_size, global_tracker, measure_model, BatchSearch, Budget, CallSite, ModelSize, StepOptimizer,
     StorageKind, Tracker,
 };
+pub use memlab_tch::{where_gpu_memory_went, GpuAccount, Part};
 
 /// Logs the memory at this call site and what changed since the previous
 /// call: storages that appeared (`+`) or disappeared (`-`), grouped by kind

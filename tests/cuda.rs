@@ -340,3 +340,22 @@ fn model_size_and_batch_search_on_cuda() {
     let after = floats(1024);
     assert_eq!(after.sum(Kind::Float).double_value(&[]), 0.0, "CUDA still works");
 }
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn where_the_gpu_memory_went() {
+    let _s = serial();
+    let _recording = memlab::Recording::start(memlab::EventSettings::default()).unwrap();
+    let vs = tch::nn::VarStore::new(GPU);
+    let _model = cuda_model(&vs, 2048);
+    memlab::register_var_store("model", &vs);
+    let stray = floats(1 << 20);
+    let account = memlab::where_gpu_memory_went(0).unwrap();
+    println!("{account}");
+    let sum: i64 = account.parts.iter().map(|p| p.bytes).sum();
+    assert_eq!(sum, account.total as i64, "the parts add up to the device's total");
+    assert!(account.named >= (2 * 2048 * 2048 * 4) as i64);
+    assert!(account.parts.iter().any(|p| p.label.starts_with("allocated, not named") && p.bytes >= 4 << 20));
+    memlab::clear_registry();
+    drop(stray);
+}

@@ -13,7 +13,7 @@ use tch::{Kind, Tensor};
 #[test]
 fn ram_figures_of_a_step() {
     let _s = serial();
-    let mut logger = StepLogger::new();
+    let mut logger = StepLogger::new().exact_ram_peak(true);
     logger.stop();
     let kept = logger.log("allocate", || {
         // 64 MiB written (so resident) and freed, 16 MiB kept.
@@ -64,6 +64,8 @@ fn no_gpu_is_an_answer_not_a_crash() {
     let err = memlab::driver_memory(0).unwrap_err();
     assert!(err.to_string().contains("no GPU"), "{err}");
     let err = memlab::process_gpu_memory(0).unwrap_err();
+    assert!(err.to_string().contains("no GPU"), "{err}");
+    let err = memlab::where_gpu_memory_went(0).unwrap_err();
     assert!(err.to_string().contains("no GPU"), "{err}");
     let mut logger = StepLogger::new();
     logger.stop();

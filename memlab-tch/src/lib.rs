@@ -19,6 +19,7 @@
 //! ```
 #![deny(missing_docs)]
 
+mod account;
 mod courtesy;
 mod dispose;
 mod driver;
@@ -36,6 +37,7 @@ use std::sync::OnceLock;
 
 use memlab_core::{Backend, Device, DeviceStats, Error, RawStats, Result};
 
+pub use account::{where_gpu_memory_went, GpuAccount, Part};
 pub use courtesy::{Courtesy, YieldCounts, YieldReport};
 pub use dispose::{check_step, DisposeScope, OnEscape, ScopeReport, StepCheck};
 pub use driver::{driver_memory, process_gpu_memory, DriverMemory};

@@ -56,7 +56,8 @@ pub struct GpuFigures {
     pub driver_used: Option<u64>,
     /// How far device-wide use peaked above `driver_used`, sampled during the step.
     pub driver_peaked: Option<u64>,
-    /// This process's GPU memory, from NVML, when NVML lists it.
+    /// This process's GPU memory, from NVML, when NVML lists it: the
+    /// background thread's latest reading, at most 100 ms old.
     pub process_used: Option<u64>,
 }
 
@@ -85,6 +86,7 @@ pub struct StepData {
 /// ```
 pub struct StepLogger {
     compact: bool,
+    exact_ram_peak: bool,
     clear_cache: bool,
     running: bool,
     sample_every: Duration,
@@ -103,6 +105,7 @@ impl StepLogger {
     pub fn new() -> StepLogger {
         StepLogger {
             compact: false,
+            exact_ram_peak: false,
             clear_cache: false,
             running: true,
             sample_every: Duration::from_millis(1),
@@ -114,6 +117,14 @@ impl StepLogger {
     /// One line per step instead of the three-line table.
     pub fn compact(mut self, compact: bool) -> StepLogger {
         self.compact = compact;
+        self
+    }
+
+    /// Takes the RAM peak from the kernel's high-water mark, reset before each
+    /// step (exact, where Linux allows it; costs a few system calls a step),
+    /// instead of the background samples.
+    pub fn exact_ram_peak(mut self, exact: bool) -> StepLogger {
+        self.exact_ram_peak = exact;
         self
     }
 
@@ -170,7 +181,7 @@ impl StepLogger {
         if self.clear_cache {
             let _ = crate::empty_cache();
         }
-        let exact_ram_peak = reset_rss_peak();
+        let exact_ram_peak = self.exact_ram_peak && reset_rss_peak();
         let ram_before = rss();
         let gpu_before = gpu.and_then(|i| crate::device_stats(Device::Cuda(i)).ok());
         let watch = gpu.and_then(|i| PeakWatch::start(&BACKEND, Device::Cuda(i)).ok());
@@ -203,7 +214,7 @@ impl StepLogger {
                         total: driver.map_or(0, |d| d.total),
                         driver_used: driver.map(|d| d.used()),
                         driver_peaked: driver.map(|d| sampled_driver_peak.saturating_sub(d.used())),
-                        process_used: process_gpu_memory(index).ok().flatten(),
+                        process_used: sampled_process_memory(),
                     }
                 })
             }
@@ -308,7 +319,14 @@ struct SamplerState {
     every_ns: AtomicU64,
     rss_peak: AtomicU64,
     driver_peak: AtomicU64,
+    /// NVML's figure for this process, plus one (0: none yet).
+    process: AtomicU64,
     thread: std::thread::Thread,
+}
+
+/// The sampler's latest NVML reading of this process's GPU memory.
+fn sampled_process_memory() -> Option<u64> {
+    sampler().and_then(|s| s.process.load(Ordering::Relaxed).checked_sub(1))
 }
 
 fn sampler() -> Option<&'static SamplerState> {
@@ -317,6 +335,7 @@ fn sampler() -> Option<&'static SamplerState> {
         let (tx, rx) = std::sync::mpsc::channel::<&'static SamplerState>();
         let spawned = std::thread::Builder::new().name("memlab-step-sampler".into()).spawn(move || {
             let Ok(state) = rx.recv() else { return };
+            let mut nvml_read: Option<Instant> = None;
             loop {
                 if !state.active.load(Ordering::Acquire) {
                     std::thread::park();
@@ -326,6 +345,12 @@ fn sampler() -> Option<&'static SamplerState> {
                 if let Some(index) = state.gpu.load(Ordering::Relaxed).checked_sub(1) {
                     if let Ok(m) = driver_memory(index as usize) {
                         state.driver_peak.fetch_max(m.used(), Ordering::Relaxed);
+                    }
+                    // NVML's process query is slow: at most every 100 ms.
+                    if nvml_read.is_none_or(|t| t.elapsed() >= Duration::from_millis(100)) {
+                        nvml_read = Some(Instant::now());
+                        let used = process_gpu_memory(index as usize).ok().flatten();
+                        state.process.store(used.map_or(0, |u| u + 1), Ordering::Relaxed);
                     }
                 }
                 std::thread::sleep(Duration::from_nanos(state.every_ns.load(Ordering::Relaxed)));
@@ -338,6 +363,7 @@ fn sampler() -> Option<&'static SamplerState> {
             every_ns: AtomicU64::new(1_000_000),
             rss_peak: AtomicU64::new(0),
             driver_peak: AtomicU64::new(0),
+            process: AtomicU64::new(0),
             thread: handle.thread().clone(),
         }));
         tx.send(state).ok()?;
@@ -384,7 +410,13 @@ pub fn rss() -> u64 {
     static PAGE: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
     // SAFETY: sysconf only reads a configuration value.
     let page = *PAGE.get_or_init(|| u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096));
-    std::fs::read_to_string("/proc/self/statm")
+    // One descriptor kept open and read from offset 0 (procfs regenerates
+    // the text) spares an open and a close per reading.
+    static STATM: std::sync::OnceLock<Option<std::fs::File>> = std::sync::OnceLock::new();
+    let Some(file) = STATM.get_or_init(|| std::fs::File::open("/proc/self/statm").ok()) else { return 0 };
+    let mut buf = [0u8; 128];
+    let n = std::os::unix::fs::FileExt::read_at(file, &mut buf, 0).unwrap_or(0);
+    std::str::from_utf8(&buf[..n])
         .ok()
         .and_then(|s| s.split_whitespace().nth(1).and_then(|v| v.parse::<u64>().ok()))
         .map_or(0, |pages| pages * page)

@@ -1,0 +1,157 @@
+//! Where the GPU memory went: one call that sets the figures users see side by
+//! side (device total, what the driver says is used, what NVML says this
+//! process uses, libtorch's reserved cache, allocated bytes, named tensors)
+//! and explains every gap between them in bytes and words.
+
+use std::fmt;
+
+use memlab_core::{format_bytes, Device, Result};
+
+use crate::driver::{driver_memory, process_gpu_memory};
+use crate::reporter::{MemReporter, RowKind};
+
+/// One part of the device's memory.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Part {
+    /// What it is.
+    pub label: String,
+    /// Bytes.
+    pub bytes: i64,
+    /// Why it is there, and what to do about it.
+    pub why: String,
+}
+
+/// The device's memory, split into parts that add up to its total.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct GpuAccount {
+    /// The CUDA device.
+    pub device: usize,
+    /// The device's memory.
+    pub total: u64,
+    /// Used by all processes, from the driver.
+    pub driver_used: u64,
+    /// Used by this process, from NVML (`None` when NVML does not list it).
+    pub process_used: Option<u64>,
+    /// Reserved by libtorch's caching allocator.
+    pub reserved: i64,
+    /// Allocated to tensors by it.
+    pub allocated: i64,
+    /// Bytes of the named storages (registered var stores and tensors).
+    pub named: i64,
+    /// The parts, largest gaps explained; they add up to `total`.
+    pub parts: Vec<Part>,
+}
+
+/// Accounts for the memory of CUDA device `index`. Named tensors are those of
+/// the registered var stores and tensors (see
+/// [`register_var_store`](crate::register_var_store)); with a recording on,
+/// unnamed allocations are listed by the line that made them.
+pub fn where_gpu_memory_went(index: usize) -> Result<GpuAccount> {
+    let device = Device::Cuda(index);
+    let driver = driver_memory(index)?;
+    let process = process_gpu_memory(index).ok().flatten();
+    let stats = crate::device_stats(device)?;
+    let report = MemReporter::registered().device(device).report()?;
+    let section = report.device(device);
+    let reserved = stats.reserved_bytes.all.current;
+    let allocated = stats.allocated_bytes.all.current;
+    let inactive = stats.inactive_split_bytes.all.current;
+    let named = section.map_or(0, |s| s.named_bytes as i64);
+    let used = driver.used() as i64;
+
+    let mut parts = Vec::new();
+    let mut part = |label: &str, bytes: i64, why: String| parts.push(Part { label: label.to_string(), bytes, why });
+    part("free", driver.free as i64, "not in use by anyone".into());
+    match process {
+        Some(mine) => {
+            let mine = mine as i64;
+            part(
+                "other processes",
+                used - mine,
+                "memory of other processes on this device (nvidia-smi lists them)".into(),
+            );
+            part(
+                "CUDA context and libraries (this process)",
+                mine - reserved,
+                "the CUDA context, kernels and libraries' own memory (cuDNN, NCCL), outside libtorch's \
+                 cache: paid once per process and device"
+                    .into(),
+            );
+        }
+        None => part(
+            "outside libtorch's cache",
+            used - reserved,
+            "this process's CUDA context and libraries, and other processes (NVML does not list this \
+             process here, so the two cannot be told apart)"
+                .into(),
+        ),
+    }
+    part(
+        "cache: fragmentation",
+        inactive,
+        "unused pieces of split blocks: free, but only for requests that fit them; \
+         PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True reduces this"
+            .into(),
+    );
+    part(
+        "cache: free blocks",
+        reserved - allocated - inactive,
+        "memory libtorch keeps cached for reuse; empty_cache() returns it to the device".into(),
+    );
+    let rows = section.map(|s| s.rows.as_slice()).unwrap_or_default();
+    let mut unnamed_listed = 0;
+    for row in rows.iter().filter(|r| matches!(r.kind, RowKind::Unnamed | RowKind::Unattributed | RowKind::Rounding)) {
+        unnamed_listed += row.bytes;
+        part(
+            &format!("allocated, {}", row.name),
+            row.bytes,
+            match row.kind {
+                RowKind::Rounding => "the allocator rounds every block up to a multiple of 512 bytes".into(),
+                _ => "tensors no registered model owns: activations, autograd buffers, temporaries, \
+                      cuBLAS workspaces (32 MiB per stream and handle)"
+                    .into(),
+            },
+        );
+    }
+    // What the reporter's rows did not cover (none when every row is listed).
+    let rest = allocated - named - unnamed_listed;
+    if rest != 0 {
+        part("allocated, not named", rest, "register the model with memlab::register_var_store to name it".into());
+    }
+    part("named tensors", named, "the registered models' weights, gradients and tensors".into());
+    Ok(GpuAccount {
+        device: index,
+        total: driver.total,
+        driver_used: driver.used(),
+        process_used: process,
+        reserved,
+        allocated,
+        named,
+        parts,
+    })
+}
+
+impl fmt::Display for GpuAccount {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        writeln!(f, "Where the memory of cuda:{} went", self.device)?;
+        writeln!(
+            f,
+            "  total {}; used {} (driver, all processes){}; reserved {} and allocated {} (libtorch); named {}",
+            format_bytes(self.total as i64),
+            format_bytes(self.driver_used as i64),
+            self.process_used
+                .map(|p| format!(", {} by this process (NVML)", format_bytes(p as i64)))
+                .unwrap_or_default(),
+            format_bytes(self.reserved),
+            format_bytes(self.allocated),
+            format_bytes(self.named)
+        )?;
+        for p in &self.parts {
+            writeln!(f, "  {:>10}  {}: {}", format_bytes(p.bytes), p.label, p.why)?;
+        }
+        let sum: i64 = self.parts.iter().map(|p| p.bytes).sum();
+        writeln!(f, "  {:>10}  in all (the device's total)", format_bytes(sum))
+    }
+}
