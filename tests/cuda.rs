@@ -309,7 +309,8 @@ fn step_logger_and_driver_figures_on_cuda() {
     });
     let g = logger.data().unwrap().gpu.expect("GPU figures");
     assert_eq!(g.consumed, 64 * MIB);
-    assert_eq!(g.peaked, 256 * MIB);
+    // Peaked is counted above the level after the step: 256 MiB at the top, 64 MiB kept.
+    assert_eq!(g.peaked, 192 * MIB);
     assert!(g.driver_used.is_some() && g.total == driver.total);
     drop(kept);
 }
@@ -326,7 +327,10 @@ fn model_size_and_batch_search_on_cuda() {
     println!("{size}");
     let params = (2 * (1024 * 1024 + 1024) + 1024 * 10 + 10) * 4;
     assert_eq!(size.parameter_bytes, params as u64);
-    assert_eq!(size.optimizer_state, vec![(memlab::StepOptimizer::Adam, 2 * params)]);
+    // Allocator bytes: each of Adam's buffers is rounded up to 512 bytes, so
+    // the 40-byte bias of the last layer takes 512.
+    let rounded = params + (512 - 40);
+    assert_eq!(size.optimizer_state, vec![(memlab::StepOptimizer::Adam, 2 * rounded)]);
     // The search meets real CUDA out-of-memory errors and the process stays healthy.
     let mut opt = tch::nn::Adam::default().build(&vs, 1e-4).unwrap();
     let search = memlab::find_batch_size(Device::Cuda(0), memlab::Budget::FreeDeviceMemory, 1 << 24, |batch| {

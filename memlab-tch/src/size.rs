@@ -41,7 +41,9 @@ impl StepOptimizer {
 }
 
 /// What [`measure_model`] found. All byte counts are measured on the model's
-/// device; peaks are above what was allocated before each phase began.
+/// device, as its allocator counts them (on CUDA every block is rounded up to
+/// a multiple of 512 bytes); peaks are above what was allocated before each
+/// phase began. `parameter_bytes` is the storages' own size.
 #[derive(Clone, Debug)]
 #[non_exhaustive]
 pub struct ModelSize {
@@ -319,7 +321,12 @@ impl fmt::Display for BatchSearch {
         for (n, outcome) in &self.tried {
             match outcome {
                 Ok(peak) => writeln!(f, "  batch {n:>6}: peak {}", format_bytes(*peak))?,
-                Err(e) => writeln!(f, "  batch {n:>6}: failed: {}", e.lines().next().unwrap_or(""))?,
+                Err(e) => {
+                    // libtorch's messages run on with a C++ stack trace; the first sentence says it.
+                    let first = e.split(['\n']).next().unwrap_or("").split("\\n").next().unwrap_or("");
+                    let short: String = first.chars().take(160).collect();
+                    writeln!(f, "  batch {n:>6}: failed: {short}")?
+                }
             }
         }
         Ok(())
