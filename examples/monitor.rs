@@ -23,6 +23,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let x = Tensor::randn([128, 512], (Kind::Float, device));
             let y = Tensor::randint(10, [128], (Kind::Int64, device));
             let loss = model.forward(&x).cross_entropy_for_logits(&y);
+            monitor.mark_backward(); // separates feature maps from intermediate gradients
             opt.backward_step(&loss);
             monitor.record_stats();
         }

@@ -122,3 +122,26 @@ fn a_bad_directory_does_not_stop_training() {
     assert!(error.contains("does not exist"), "{error}");
     assert_eq!(monitor.last().unwrap().iteration, 3);
 }
+
+#[test]
+fn marking_backward_separates_feature_maps_from_intermediate_gradients() {
+    let _s = serial();
+    let mut s = setup();
+    let mut monitor = TrainingMonitor::new(&s.vs).device(Device::Cpu).print_period(0);
+    for _ in 0..2 {
+        let loss = s.model.forward(&s.x).relu().mean(Kind::Float);
+        monitor.mark_backward();
+        s.opt.backward_step(&loss);
+        drop(loss);
+        monitor.record_stats();
+    }
+    let r = monitor.last().unwrap();
+    // Forward kept the 64x128 linear output and its relu for backward.
+    assert!(r.feature_maps >= 64 * 128 * 4, "{r}");
+    let ig = r.intermediate_gradients.expect("separated");
+    // Backward's transient: at least the gradient flowing into the linear layer.
+    assert!(ig >= 64 * 128 * 4, "{r}");
+    assert!(r.to_string().contains("Intermediate gradients (backward's transient)"));
+    monitor.record_stats();
+    assert_eq!(monitor.last().unwrap().intermediate_gradients, None, "only marked iterations separate");
+}

@@ -80,8 +80,14 @@ pub struct IterationRecord {
     /// What the named optimizer's state should take (an estimate).
     pub optimizer_state_estimate: Option<i64>,
     /// Feature maps: how far the iteration's peak rose above the memory held
-    /// when it began (activations kept for backward, temporaries).
+    /// when it began (activations kept for backward, temporaries); with
+    /// [`TrainingMonitor::mark_backward`], what the forward pass still held
+    /// when backward began.
     pub feature_maps: i64,
+    /// With [`TrainingMonitor::mark_backward`]: the transient memory of the
+    /// backward pass (intermediate gradients and temporaries), how far it
+    /// peaked above what was held both before and after it.
+    pub intermediate_gradients: Option<i64>,
 }
 
 /// Watches the memory of a training loop. See the module documentation.
@@ -114,6 +120,8 @@ pub struct TrainingMonitor {
     iteration: u64,
     watch: Option<PeakWatch>,
     start_allocated: i64,
+    /// Set by `mark_backward`: allocated bytes then, and a watch of the backward pass.
+    backward: Option<(i64, PeakWatch)>,
     last: Option<IterationRecord>,
     last_error: Option<String>,
 }
@@ -149,6 +157,7 @@ impl TrainingMonitor {
             iteration: 0,
             watch: None,
             start_allocated: 0,
+            backward: None,
             last: None,
             last_error: None,
         };
@@ -225,6 +234,18 @@ impl TrainingMonitor {
         self.last.as_ref()
     }
 
+    /// Marks the start of the backward pass of this iteration (call it right
+    /// before `backward()` or `backward_step`'s backward): the record then
+    /// separates the feature maps that forward kept from the intermediate
+    /// gradients of backward.
+    pub fn mark_backward(&mut self) {
+        let allocated = crate::device_stats(self.device).map(|s| s.allocated_bytes.all.current);
+        match (allocated, PeakWatch::start(&BACKEND, self.device)) {
+            (Ok(a), Ok(w)) => self.backward = Some((a, w)),
+            (Err(e), _) | (_, Err(e)) => self.last_error = Some(e.to_string()),
+        }
+    }
+
     /// Ends an epoch: iterations count from 1 again.
     pub fn epoch_end(&mut self) {
         self.epoch += 1;
@@ -232,6 +253,10 @@ impl TrainingMonitor {
     }
 
     fn measure(&mut self) -> Result<IterationRecord> {
+        let backward = match self.backward.take() {
+            Some((at_mark, watch)) => Some((at_mark, watch.finish()?.1.to_device_stats())),
+            None => None,
+        };
         let end = match self.watch.take() {
             Some(watch) => watch.finish()?.1,
             None => crate::raw_stats(self.device)?,
@@ -268,7 +293,14 @@ impl TrainingMonitor {
         }
         record.optimizer_state_measured = record.current_allocated - record.weights - record.gradients;
         record.optimizer_state_estimate = self.optimizer.map(|k| k.buffers() as i64 * record.weights);
-        record.feature_maps = record.peak_allocated - self.start_allocated;
+        match backward {
+            Some((at_mark, during)) => {
+                record.feature_maps = at_mark - self.start_allocated;
+                let held = at_mark.max(record.current_allocated);
+                record.intermediate_gradients = Some((during.allocated_bytes.all.peak - held).max(0));
+            }
+            None => record.feature_maps = record.peak_allocated - self.start_allocated,
+        }
         Ok(record)
     }
 
@@ -289,7 +321,7 @@ impl TrainingMonitor {
     }
 }
 
-const ITERATION_HEADER: [&str; 12] = [
+const ITERATION_HEADER: [&str; 13] = [
     "epoch",
     "iteration",
     "device",
@@ -302,6 +334,7 @@ const ITERATION_HEADER: [&str; 12] = [
     "optimizer_state_measured",
     "optimizer_state_estimate",
     "feature_maps",
+    "intermediate_gradients",
 ];
 
 const VARIABLE_HEADER: [&str; 6] = ["epoch", "iteration", "device", "variable", "kind", "bytes"];
@@ -348,6 +381,7 @@ fn append_csv(dir: &Path, r: &IterationRecord) -> std::io::Result<()> {
         r.optimizer_state_measured.to_string(),
         r.optimizer_state_estimate.map(|e| e.to_string()).unwrap_or_default(),
         r.feature_maps.to_string(),
+        r.intermediate_gradients.map(|e| e.to_string()).unwrap_or_default(),
     ])?;
     w.flush()?;
     let mut w = open_csv(&dir.join("memlab_variables.csv"), &VARIABLE_HEADER)?;
@@ -382,7 +416,13 @@ impl fmt::Display for IterationRecord {
         out += &line("Current reserved (cached)", format_bytes(self.current_reserved));
         out += &line("Peak allocated", format_bytes(self.peak_allocated));
         out += &line("Current allocated", format_bytes(self.current_allocated));
-        out += &line("Feature maps (peak above start)", format_bytes(self.feature_maps));
+        match self.intermediate_gradients {
+            Some(ig) => {
+                out += &line("Feature maps (held when backward began)", format_bytes(self.feature_maps));
+                out += &line("Intermediate gradients (backward's transient)", format_bytes(ig));
+            }
+            None => out += &line("Feature maps (peak above start)", format_bytes(self.feature_maps)),
+        }
         out.push('\n');
         out += &line("Weights", format_bytes(self.weights));
         for (name, bytes) in &self.weight_rows {
