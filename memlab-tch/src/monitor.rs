@@ -402,7 +402,7 @@ fn append_csv(dir: &Path, r: &IterationRecord) -> std::io::Result<()> {
 
 impl fmt::Display for IterationRecord {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let line = |label: &str, value: String| format!("{label:.<40}{value:>10}\n");
+        let line = |label: &str, value: String| format!("{label:.<48}{value:>10}\n");
         let mut out = String::new();
         let title = format!(
             "Memory of iteration {} of epoch {} on {}",
