@@ -134,7 +134,7 @@ impl Courtesy {
         let after = snapshot(&devices)?;
         let mut report = YieldReport { devices: BTreeMap::new(), moved: self.moved.len(), stayed: Vec::new() };
         for device in devices {
-            let moved_bytes = self.moved.iter().filter(|m| tch_device(m.home) == device).map(|m| m.bytes).sum();
+            let moved_bytes = self.moved.iter().filter(|m| crate::device_of(m.home) == device).map(|m| m.bytes).sum();
             let (reserved_before, _) = before[&device];
             let (reserved_after, allocated_after) = after[&device];
             report.devices.insert(
@@ -193,13 +193,6 @@ impl Drop for Courtesy {
 
 fn torch(e: tch::TchError) -> Error {
     Error::Torch(e.to_string())
-}
-
-fn tch_device(d: tch::Device) -> Device {
-    match d {
-        tch::Device::Cuda(i) => Device::Cuda(i),
-        _ => Device::Cpu,
-    }
 }
 
 /// Reserved and allocated bytes per device.

@@ -161,6 +161,25 @@ pub fn cuda_device_count() -> usize {
     })
 }
 
+/// The device memlab measures on this machine when told `auto`: the current
+/// CUDA device when CUDA is available, else the CPU.
+pub fn auto_device() -> Device {
+    if cuda_is_available() {
+        if let Ok(i) = BACKEND.current_cuda_device() {
+            return Device::Cuda(i);
+        }
+    }
+    Device::Cpu
+}
+
+/// memlab's name for a tch device (devices memlab does not measure map to the CPU).
+pub(crate) fn device_of(device: tch::Device) -> Device {
+    match device {
+        tch::Device::Cuda(i) => Device::Cuda(i),
+        _ => Device::Cpu,
+    }
+}
+
 /// Whether this process can use CUDA.
 pub fn cuda_is_available() -> bool {
     cuda_device_count() > 0

@@ -177,13 +177,15 @@ impl StepLogger {
     /// Runs `step` under measurement, prints a report (while started) and
     /// keeps the figures for [`data`](Self::data).
     pub fn log<R>(&mut self, label: &str, step: impl FnOnce() -> R) -> R {
-        let gpu = crate::cuda_is_available().then(|| BACKEND.current_cuda_device().ok()).flatten();
+        let gpu = match crate::auto_device() {
+            Device::Cuda(i) => Some(i),
+            Device::Cpu => None,
+        };
         if self.clear_cache {
             let _ = crate::empty_cache();
         }
         let exact_ram_peak = self.exact_ram_peak && reset_rss_peak();
         let ram_before = rss();
-        let gpu_before = gpu.and_then(|i| crate::device_stats(Device::Cuda(i)).ok());
         let watch = gpu.and_then(|i| PeakWatch::start(&BACKEND, Device::Cuda(i)).ok());
         let sampler = Sampler::start(gpu, self.sample_every);
         let started = Instant::now();
@@ -200,24 +202,22 @@ impl StepLogger {
             total: total_ram(),
             peak_exact: exact_ram_peak,
         };
-        let gpu = match (gpu, gpu_before, watch) {
-            (Some(index), Some(before), Some(watch)) => {
-                let end = watch.finish().ok().map(|(_, end)| end.to_device_stats());
-                end.map(|after| {
-                    let driver = driver_memory(index).ok();
-                    GpuFigures {
-                        device: index,
-                        consumed: after.allocated_bytes.all.current - before.allocated_bytes.all.current,
-                        peaked: after.allocated_bytes.all.peak - after.allocated_bytes.all.current,
-                        used: after.allocated_bytes.all.current,
-                        reserved: after.reserved_bytes.all.current,
-                        total: driver.map_or(0, |d| d.total),
-                        driver_used: driver.map(|d| d.used()),
-                        driver_peaked: driver.map(|d| sampled_driver_peak.saturating_sub(d.used())),
-                        process_used: sampled_process_memory(),
-                    }
-                })
-            }
+        let gpu = match (gpu, watch) {
+            (Some(index), Some(watch)) => watch.finish().ok().map(|(start, end)| {
+                let (before, after) = (start.to_device_stats(), end.to_device_stats());
+                let driver = driver_memory(index).ok();
+                GpuFigures {
+                    device: index,
+                    consumed: after.allocated_bytes.all.current - before.allocated_bytes.all.current,
+                    peaked: after.allocated_bytes.all.peak - after.allocated_bytes.all.current,
+                    used: after.allocated_bytes.all.current,
+                    reserved: after.reserved_bytes.all.current,
+                    total: driver.map_or(0, |d| d.total),
+                    driver_used: driver.map(|d| d.used()),
+                    driver_peaked: driver.map(|d| sampled_driver_peak.saturating_sub(d.used())),
+                    process_used: sampled_process_memory(),
+                }
+            }),
             _ => None,
         };
         let data = StepData { label: label.to_string(), ram, gpu, time };

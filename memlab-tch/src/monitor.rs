@@ -17,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use memlab_core::profiler::PeakWatch;
-use memlab_core::{format_bytes, Backend, Device, Result};
+use memlab_core::{format_bytes, Device, Result};
 
 use tch::nn::{VarStore, Variables};
 
@@ -119,7 +119,6 @@ pub struct TrainingMonitor {
     epoch: u64,
     iteration: u64,
     watch: Option<PeakWatch>,
-    start_allocated: i64,
     /// Set by `mark_backward`: allocated bytes then, and a watch of the backward pass.
     backward: Option<(i64, PeakWatch)>,
     last: Option<IterationRecord>,
@@ -142,10 +141,7 @@ impl TrainingMonitor {
     }
 
     fn with_stores(var_stores: Vec<Arc<Mutex<Variables>>>) -> TrainingMonitor {
-        let device = match crate::cuda_is_available() {
-            true => BACKEND.current_cuda_device().map(Device::Cuda).unwrap_or(Device::Cpu),
-            false => Device::Cpu,
-        };
+        let device = crate::auto_device();
         let mut monitor = TrainingMonitor {
             var_stores,
             device,
@@ -156,7 +152,6 @@ impl TrainingMonitor {
             epoch: 1,
             iteration: 0,
             watch: None,
-            start_allocated: 0,
             backward: None,
             last: None,
             last_error: None,
@@ -206,11 +201,7 @@ impl TrainingMonitor {
     fn start_interval(&mut self) {
         self.watch = None;
         match PeakWatch::start(&BACKEND, self.device) {
-            Ok(watch) => {
-                self.start_allocated =
-                    crate::device_stats(self.device).map(|s| s.allocated_bytes.all.current).unwrap_or(0);
-                self.watch = Some(watch);
-            }
+            Ok(watch) => self.watch = Some(watch),
             Err(e) => self.last_error = Some(e.to_string()),
         }
     }
@@ -257,10 +248,15 @@ impl TrainingMonitor {
             Some((at_mark, watch)) => Some((at_mark, watch.finish()?.1.to_device_stats())),
             None => None,
         };
-        let end = match self.watch.take() {
-            Some(watch) => watch.finish()?.1,
-            None => crate::raw_stats(self.device)?,
+        // The watch's first sample is the level the iteration began at.
+        let (start, end) = match self.watch.take() {
+            Some(watch) => watch.finish()?,
+            None => {
+                let now = crate::raw_stats(self.device)?;
+                (now, now)
+            }
         };
+        let start_allocated = start.to_device_stats().allocated_bytes.all.current;
         let end = end.to_device_stats();
         let mut record = IterationRecord {
             epoch: self.epoch,
@@ -295,11 +291,11 @@ impl TrainingMonitor {
         record.optimizer_state_estimate = self.optimizer.map(|k| k.buffers() as i64 * record.weights);
         match backward {
             Some((at_mark, during)) => {
-                record.feature_maps = at_mark - self.start_allocated;
+                record.feature_maps = at_mark - start_allocated;
                 let held = at_mark.max(record.current_allocated);
                 record.intermediate_gradients = Some((during.allocated_bytes.all.peak - held).max(0));
             }
-            None => record.feature_maps = record.peak_allocated - self.start_allocated,
+            None => record.feature_maps = record.peak_allocated - start_allocated,
         }
         Ok(record)
     }

@@ -83,10 +83,7 @@ pub fn measure_model(
     input: &Tensor,
     optimizers: &[StepOptimizer],
 ) -> Result<ModelSize> {
-    let device = match vs.device() {
-        tch::Device::Cuda(i) => Device::Cuda(i),
-        _ => Device::Cpu,
-    };
+    let device = crate::device_of(vs.device());
     let variables = vs.trainable_variables();
     let parameters: u64 = variables.iter().map(|t| t.numel() as u64).sum();
     let parameter_bytes: u64 =
@@ -99,19 +96,9 @@ pub fn measure_model(
         .collect();
     clear_grads(vs)?;
 
-    let forward_peak_no_grad = peak_of(device, || drop(tch::no_grad(|| forward(input))))?.0;
-    let (forward_peak, activations, output) = {
-        let watch = PeakWatch::start(&BACKEND, device)?;
-        let output = forward(input);
-        let (start, end) = watch.finish()?;
-        let (start, end) = (start.to_device_stats(), end.to_device_stats());
-        (
-            end.allocated_bytes.all.peak - start.allocated_bytes.all.current,
-            end.allocated_bytes.all.current - start.allocated_bytes.all.current,
-            output,
-        )
-    };
-    let (backward_peak, _) = peak_of(device, || output.mean(Kind::Float).backward())?;
+    let (forward_peak_no_grad, _, ()) = peak_of(device, || drop(tch::no_grad(|| forward(input))))?;
+    let (forward_peak, activations, output) = peak_of(device, || forward(input))?;
+    let (backward_peak, _, ()) = peak_of(device, || output.mean(Kind::Float).backward())?;
     drop(output);
     let gradient_bytes: i64 = variables
         .iter()
@@ -130,7 +117,7 @@ pub fn measure_model(
         opt.zero_grad();
         let state = allocated(device)? - before;
         // ...the second is a steady-state step, state already there.
-        let (peak, _) = peak_of(device, || opt.backward_step(&forward(input).mean(Kind::Float)))?;
+        let (peak, _, ()) = peak_of(device, || opt.backward_step(&forward(input).mean(Kind::Float)))?;
         opt.zero_grad();
         optimizer_state.push((kind, state));
         training_step_peak.push((kind, parameter_bytes as i64 + state + peak));
@@ -164,15 +151,16 @@ fn allocated(device: Device) -> Result<i64> {
 }
 
 /// Runs `f` and returns how far allocated memory peaked above where it began,
-/// and where it ended relative to that.
-fn peak_of(device: Device, f: impl FnOnce()) -> Result<(i64, i64)> {
+/// where it ended relative to that, and what `f` returned.
+fn peak_of<R>(device: Device, f: impl FnOnce() -> R) -> Result<(i64, i64, R)> {
     let watch = PeakWatch::start(&BACKEND, device)?;
-    f();
+    let value = f();
     let (start, end) = watch.finish()?;
     let (start, end) = (start.to_device_stats(), end.to_device_stats());
     Ok((
         end.allocated_bytes.all.peak - start.allocated_bytes.all.current,
         end.allocated_bytes.all.current - start.allocated_bytes.all.current,
+        value,
     ))
 }
 

@@ -18,10 +18,10 @@ use std::sync::Mutex;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use memlab_core::events;
-use memlab_core::{format_bytes, Backend, Device, Result};
+use memlab_core::{format_bytes, Device, Result};
 
 use crate::storage::facts;
-use crate::{registry, Recording, BACKEND};
+use crate::{registry, Recording};
 
 /// Where `track!()` was called.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -130,10 +130,7 @@ impl Tracker {
     }
 
     fn measured_device(&self) -> Device {
-        self.device.unwrap_or_else(|| match crate::cuda_is_available() {
-            true => BACKEND.current_cuda_device().map(Device::Cuda).unwrap_or(Device::Cpu),
-            false => Device::Cpu,
-        })
+        self.device.unwrap_or_else(crate::auto_device)
     }
 
     /// Logs one call site; returns the text logged. Never fails the caller:
