@@ -11,7 +11,8 @@
 //! reset the process's high-water mark, and sampled otherwise.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use memlab_core::profiler::PeakWatch;
@@ -307,18 +308,22 @@ impl fmt::Display for StepData {
     }
 }
 
-/// Samples the resident set and the driver's device-wide use while a step
-/// runs. One thread serves every step of the process: it parks between steps,
-/// so a step costs no thread start.
-struct Sampler;
+/// Samples the resident set and the driver's device-wide use while steps
+/// run. One thread serves every step of the process, also steps logged at the
+/// same time on several threads (each keeps its own peaks); it parks when no
+/// step runs, so a step costs no thread start.
+struct Sampler(Arc<Window>);
 
-struct SamplerState {
-    active: AtomicBool,
-    /// The CUDA device to sample, plus one (0: none).
-    gpu: AtomicU64,
-    every_ns: AtomicU64,
+/// The peaks one step has seen so far.
+struct Window {
+    gpu: Option<usize>,
     rss_peak: AtomicU64,
     driver_peak: AtomicU64,
+}
+
+struct SamplerState {
+    windows: Mutex<Vec<Arc<Window>>>,
+    every_ns: AtomicU64,
     /// NVML's figure for this process, plus one (0: none yet).
     process: AtomicU64,
     thread: std::thread::Thread,
@@ -330,26 +335,35 @@ fn sampled_process_memory() -> Option<u64> {
 }
 
 fn sampler() -> Option<&'static SamplerState> {
-    static STATE: std::sync::OnceLock<Option<&'static SamplerState>> = std::sync::OnceLock::new();
+    static STATE: OnceLock<Option<&'static SamplerState>> = OnceLock::new();
     *STATE.get_or_init(|| {
         let (tx, rx) = std::sync::mpsc::channel::<&'static SamplerState>();
         let spawned = std::thread::Builder::new().name("memlab-step-sampler".into()).spawn(move || {
             let Ok(state) = rx.recv() else { return };
             let mut nvml_read: Option<Instant> = None;
             loop {
-                if !state.active.load(Ordering::Acquire) {
+                let windows = state.windows.lock().unwrap_or_else(|e| e.into_inner()).clone();
+                if windows.is_empty() {
                     std::thread::park();
                     continue;
                 }
-                state.rss_peak.fetch_max(rss(), Ordering::Relaxed);
-                if let Some(index) = state.gpu.load(Ordering::Relaxed).checked_sub(1) {
-                    if let Ok(m) = driver_memory(index as usize) {
-                        state.driver_peak.fetch_max(m.used(), Ordering::Relaxed);
+                let rss = rss();
+                let mut gpus: Vec<usize> = windows.iter().filter_map(|w| w.gpu).collect();
+                gpus.sort_unstable();
+                gpus.dedup();
+                let driver: Vec<(usize, u64)> =
+                    gpus.iter().filter_map(|&i| driver_memory(i).ok().map(|m| (i, m.used()))).collect();
+                for w in &windows {
+                    w.rss_peak.fetch_max(rss, Ordering::Relaxed);
+                    if let Some(&(_, used)) = driver.iter().find(|(i, _)| Some(*i) == w.gpu) {
+                        w.driver_peak.fetch_max(used, Ordering::Relaxed);
                     }
-                    // NVML's process query is slow: at most every 100 ms.
+                }
+                // NVML's process query is slow: at most every 100 ms.
+                if let Some(&index) = gpus.first() {
                     if nvml_read.is_none_or(|t| t.elapsed() >= Duration::from_millis(100)) {
                         nvml_read = Some(Instant::now());
-                        let used = process_gpu_memory(index as usize).ok().flatten();
+                        let used = process_gpu_memory(index).ok().flatten();
                         state.process.store(used.map_or(0, |u| u + 1), Ordering::Relaxed);
                     }
                 }
@@ -358,11 +372,8 @@ fn sampler() -> Option<&'static SamplerState> {
         });
         let handle = spawned.ok()?;
         let state: &'static SamplerState = Box::leak(Box::new(SamplerState {
-            active: AtomicBool::new(false),
-            gpu: AtomicU64::new(0),
+            windows: Mutex::new(Vec::new()),
             every_ns: AtomicU64::new(1_000_000),
-            rss_peak: AtomicU64::new(0),
-            driver_peak: AtomicU64::new(0),
             process: AtomicU64::new(0),
             thread: handle.thread().clone(),
         }));
@@ -373,26 +384,21 @@ fn sampler() -> Option<&'static SamplerState> {
 
 impl Sampler {
     fn start(gpu: Option<usize>, every: Duration) -> Sampler {
+        let window = Arc::new(Window { gpu, rss_peak: AtomicU64::new(rss()), driver_peak: AtomicU64::new(0) });
         if let Some(state) = sampler() {
-            state.gpu.store(gpu.map_or(0, |i| i as u64 + 1), Ordering::Relaxed);
             state.every_ns.store(every.as_nanos().max(1) as u64, Ordering::Relaxed);
-            state.rss_peak.store(rss(), Ordering::Relaxed);
-            state.driver_peak.store(0, Ordering::Relaxed);
-            state.active.store(true, Ordering::Release);
+            state.windows.lock().unwrap_or_else(|e| e.into_inner()).push(window.clone());
             state.thread.unpark();
         }
-        Sampler
+        Sampler(window)
     }
 
-    /// Stops sampling; returns the sampled peaks (resident set, driver use).
+    /// Stops sampling this step; returns its sampled peaks (resident set, driver use).
     fn stop(self) -> (u64, u64) {
-        match sampler() {
-            Some(state) => {
-                state.active.store(false, Ordering::Release);
-                (state.rss_peak.load(Ordering::Relaxed), state.driver_peak.load(Ordering::Relaxed))
-            }
-            None => (0, 0),
+        if let Some(state) = sampler() {
+            state.windows.lock().unwrap_or_else(|e| e.into_inner()).retain(|w| !Arc::ptr_eq(w, &self.0));
         }
+        (self.0.rss_peak.load(Ordering::Relaxed), self.0.driver_peak.load(Ordering::Relaxed))
     }
 }
 
