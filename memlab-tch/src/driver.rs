@@ -4,10 +4,8 @@
 //! are loaded only when asked for, and on a machine without them every call
 //! answers "no GPU" instead of failing hard.
 
-use std::cell::RefCell;
-use std::collections::HashSet;
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
 use cudarc::driver::{result, sys};
 use memlab_core::{Error, Result};
@@ -49,31 +47,53 @@ fn driver() -> Result<()> {
         .map_err(no_gpu)
 }
 
-thread_local! {
-    /// Devices whose primary context this thread has made current.
-    static CONTEXTS: RefCell<HashSet<usize>> = RefCell::new(HashSet::new());
+/// The primary context of each device memlab has asked about, retained once
+/// for the life of the process (libtorch uses the same contexts).
+fn primary_context(ordinal: i32) -> std::result::Result<sys::CUcontext, String> {
+    /// A context handle; the driver's handles may be used from any thread.
+    #[derive(Clone, Copy)]
+    struct Ctx(sys::CUcontext);
+    // SAFETY: a CUcontext is an opaque handle the driver accepts on every thread.
+    unsafe impl Send for Ctx {}
+    static CONTEXTS: Mutex<Vec<(i32, Ctx)>> = Mutex::new(Vec::new());
+    let mut known = CONTEXTS.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, ctx)) = known.iter().find(|(o, _)| *o == ordinal) {
+        return Ok(ctx.0);
+    }
+    let device = result::device::get(ordinal).map_err(|e| e.to_string())?;
+    // SAFETY: `device` came from cuDeviceGet; retaining its primary context
+    // touches no memory of ours.
+    let ctx = unsafe { result::primary_ctx::retain(device) }.map_err(|e| e.to_string())?;
+    known.push((ordinal, Ctx(ctx)));
+    Ok(ctx)
 }
 
 /// Free and total memory of CUDA device `index`, from the driver.
 ///
-/// Uses the device's primary context, the one libtorch uses: if libtorch has
-/// not touched the device yet, this creates it (the CUDA context costs some hundreds of MiB of device memory).
+/// Asks through the device's primary context, the one libtorch uses, and
+/// leaves the calling thread's current context (libtorch's current device)
+/// as it was. If libtorch has not touched the device yet, this creates the
+/// context (which costs some hundreds of MiB of device memory).
 pub fn driver_memory(index: usize) -> Result<DriverMemory> {
     driver()?;
     let run = || -> std::result::Result<DriverMemory, String> {
         let ordinal = i32::try_from(index).map_err(|e| e.to_string())?;
-        let fresh = CONTEXTS.with(|c| !c.borrow().contains(&index));
-        if fresh {
-            let device = result::device::get(ordinal).map_err(|e| e.to_string())?;
-            // SAFETY: `device` came from cuDeviceGet; retaining its primary
-            // context and making it current touches no memory of ours.
+        let ctx = primary_context(ordinal)?;
+        let current = result::ctx::get_current().map_err(|e| e.to_string())?;
+        let (free, total) = if current == Some(ctx) {
+            result::mem_get_info().map_err(|e| e.to_string())?
+        } else {
+            // SAFETY: `ctx` is a retained primary context; it is pushed for
+            // this one query and popped again, so the thread's own current
+            // context comes back whatever the query answers.
             unsafe {
-                let ctx: sys::CUcontext = result::primary_ctx::retain(device).map_err(|e| e.to_string())?;
-                result::ctx::set_current(ctx).map_err(|e| e.to_string())?;
+                sys::cuCtxPushCurrent_v2(ctx).result().map_err(|e| e.to_string())?;
+                let info = result::mem_get_info();
+                let mut popped: sys::CUcontext = std::ptr::null_mut();
+                sys::cuCtxPopCurrent_v2(&mut popped).result().map_err(|e| e.to_string())?;
+                info.map_err(|e| e.to_string())?
             }
-            CONTEXTS.with(|c| c.borrow_mut().insert(index));
-        }
-        let (free, total) = result::mem_get_info().map_err(|e| e.to_string())?;
+        };
         Ok(DriverMemory { free: free as u64, total: total as u64 })
     };
     match catch_unwind(AssertUnwindSafe(run)) {
@@ -112,5 +132,21 @@ pub fn process_gpu_memory(index: usize) -> Result<Option<u64>> {
     match catch_unwind(AssertUnwindSafe(run)) {
         Ok(r) => r.map_err(|e| no_gpu(format!("NVML, device {index}: {e}"))),
         Err(_) => Err(no_gpu("NVML failed")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use cudarc::driver::result;
+
+    #[test]
+    #[ignore = "needs a CUDA GPU"]
+    fn asking_the_driver_keeps_the_threads_context() {
+        let answered = std::thread::spawn(|| {
+            let memory = super::driver_memory(0).expect("a GPU");
+            assert!(memory.total > 0 && memory.free <= memory.total);
+            assert_eq!(result::ctx::get_current().unwrap(), None, "a thread without a context stays without one");
+        });
+        answered.join().unwrap();
     }
 }
