@@ -109,6 +109,37 @@ fn csv_files_append_with_one_header() {
 }
 
 #[test]
+fn csv_rows_reach_the_disk_at_flush_epoch_end_and_panic() {
+    let _s = serial();
+    let dir = std::env::temp_dir().join(format!("memlab-monitor-flush-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let rows = || {
+        std::fs::read_to_string(dir.join("memlab_iterations.csv")).map_or(0, |t| t.lines().count().saturating_sub(1))
+    };
+    let mut s = setup();
+    let mut monitor = TrainingMonitor::new(&s.vs).device(Device::Cpu).print_period(0).csv_dir(&dir);
+    step(&mut s);
+    monitor.record_stats();
+    monitor.flush();
+    assert_eq!(rows(), 1);
+    step(&mut s);
+    monitor.record_stats();
+    monitor.epoch_end();
+    assert_eq!(rows(), 2, "the epoch's rows are written at its end");
+    // A panic in the training loop (tch panics on out-of-memory) unwinds
+    // through the monitor, which writes what it still holds.
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+        step(&mut s);
+        monitor.record_stats();
+        panic!("out of memory");
+    }));
+    assert!(panicked.is_err());
+    assert_eq!(rows(), 3);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
 fn a_bad_directory_does_not_stop_training() {
     let _s = serial();
     let mut s = setup();

@@ -235,6 +235,22 @@ impl RawStats {
         FIELDS.iter().zip(self.0.iter()).map(|(f, v)| (f.name, *v))
     }
 
+    /// `allocated_bytes.all`: bytes of live allocations (one field group,
+    /// without building the whole typed view).
+    pub fn allocated_bytes(&self) -> Stat {
+        self.stat(4)
+    }
+
+    /// `reserved_bytes.all`: bytes the allocator holds, cached ones included.
+    pub fn reserved_bytes(&self) -> Stat {
+        self.stat(5)
+    }
+
+    fn stat(&self, array: usize) -> Stat {
+        let at = |counter| self.0[array_index(array, 0, counter)];
+        Stat { current: at(0), peak: at(1), allocated: at(2), freed: at(3) }
+    }
+
     /// The typed view of this record.
     pub fn to_device_stats(&self) -> DeviceStats {
         DeviceStats::from(self)
@@ -350,6 +366,12 @@ mod tests {
     fn field_table_matches_memory_stats_names() {
         assert_eq!(FIELDS[0].name, "allocation.all.current");
         assert_eq!(FIELDS[ALLOCATED_BYTES_CURRENT].name, "allocated_bytes.all.current");
+        let mut raw = RawStats::default();
+        for (i, v) in raw.0.iter_mut().enumerate() {
+            *v = i as i64;
+        }
+        assert_eq!(raw.allocated_bytes(), raw.to_device_stats().allocated_bytes.all);
+        assert_eq!(raw.reserved_bytes(), raw.to_device_stats().reserved_bytes.all);
         assert_eq!(FIELDS[array_index(6, 2, 1)].name, "active_bytes.large_pool.peak");
         assert_eq!(FIELDS[107].name, "requested_bytes.large_pool.freed");
         assert_eq!(FIELDS[121].name, "max_split_size");

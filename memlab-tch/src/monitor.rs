@@ -10,18 +10,21 @@
 //! named with [`optimizer`](TrainingMonitor::optimizer) is shown beside it,
 //! labelled as one.
 
+use std::collections::HashSet;
 use std::fmt::{self, Write as _};
 use std::fs::{File, OpenOptions};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use memlab_core::profiler::PeakWatch;
 use memlab_core::{format_bytes, Device, Result};
 
 use tch::nn::{VarStore, Variables};
 
-use crate::storage::facts;
+use crate::storage::storages;
 use crate::{registry, BACKEND};
 
 /// The optimizers whose state size memlab can estimate from the parameters.
@@ -116,6 +119,14 @@ pub struct TrainingMonitor {
     optimizer: Option<OptimizerKind>,
     csv_dir: Option<PathBuf>,
     csv_failed: bool,
+    /// The CSV files, opened at the first record and kept open.
+    csv_files: Option<CsvFiles>,
+    /// Each var store's variable names, sorted; sorted again when they change.
+    names: Vec<Vec<String>>,
+    /// Storages counted in the record being made (reused from record to record).
+    seen: HashSet<u64, BuildHasherDefault<IdHasher>>,
+    /// The rows of a record no longer kept, to be filled again.
+    spare_rows: (Vec<Row>, Vec<Row>),
     epoch: u64,
     iteration: u64,
     watch: Option<PeakWatch>,
@@ -149,6 +160,10 @@ impl TrainingMonitor {
             optimizer: None,
             csv_dir: None,
             csv_failed: false,
+            csv_files: None,
+            names: Vec::new(),
+            seen: HashSet::default(),
+            spare_rows: Default::default(),
             epoch: 1,
             iteration: 0,
             watch: None,
@@ -181,10 +196,16 @@ impl TrainingMonitor {
 
     /// Appends every record to `dir/memlab_iterations.csv` (one row per
     /// iteration) and `dir/memlab_variables.csv` (one row per variable and
-    /// iteration). A directory that cannot be written is reported once, on
-    /// standard error and by [`last_error`](Self::last_error); training goes on.
+    /// iteration). Existing files with the same columns are appended to; give
+    /// each monitor that runs at the same time a directory of its own. Rows
+    /// are written at least once a second and at every epoch's end (see
+    /// [`flush`](Self::flush)). A directory that cannot be written is reported
+    /// once, on standard error and by [`last_error`](Self::last_error);
+    /// training goes on.
     pub fn csv_dir(mut self, dir: impl Into<PathBuf>) -> TrainingMonitor {
         self.csv_dir = Some(dir.into());
+        self.csv_files = None;
+        self.csv_failed = false;
         self
     }
 
@@ -217,11 +238,15 @@ impl TrainingMonitor {
                     memlab_core::profiler::emit(&record.to_string());
                 }
                 self.write_csv(&record);
-                self.last = Some(record);
+                if let Some(old) = self.last.replace(record) {
+                    self.spare_rows = (old.weight_rows, old.gradient_rows);
+                }
             }
             Err(e) => self.last_error = Some(e.to_string()),
         }
-        self.start_interval();
+        if self.watch.is_none() {
+            self.start_interval();
+        }
         self.last.as_ref()
     }
 
@@ -230,70 +255,86 @@ impl TrainingMonitor {
     /// separates the feature maps that forward kept from the intermediate
     /// gradients of backward.
     pub fn mark_backward(&mut self) {
-        let allocated = crate::device_stats(self.device).map(|s| s.allocated_bytes.all.current);
-        match (allocated, PeakWatch::start(&BACKEND, self.device)) {
-            (Ok(a), Ok(w)) => self.backward = Some((a, w)),
-            (Err(e), _) | (_, Err(e)) => self.last_error = Some(e.to_string()),
+        match PeakWatch::start(&BACKEND, self.device) {
+            Ok(w) => self.backward = Some((w.started().allocated_bytes().current, w)),
+            Err(e) => self.last_error = Some(e.to_string()),
         }
     }
 
-    /// Ends an epoch: iterations count from 1 again.
+    /// Ends an epoch: iterations count from 1 again, and the CSV rows of the
+    /// epoch are written out.
     pub fn epoch_end(&mut self) {
+        self.flush();
         self.epoch += 1;
         self.iteration = 0;
     }
 
     fn measure(&mut self) -> Result<IterationRecord> {
         let backward = match self.backward.take() {
-            Some((at_mark, watch)) => Some((at_mark, watch.finish()?.1.to_device_stats())),
+            Some((at_mark, watch)) => Some((at_mark, watch.finish()?.1.allocated_bytes())),
             None => None,
         };
-        // The watch's first sample is the level the iteration began at.
-        let (start, end) = match self.watch.take() {
-            Some(watch) => watch.finish()?,
+        // The watch's first sample is the level the iteration began at; one
+        // read of the allocator ends this iteration and starts the next.
+        let (start, end) = match self.watch.take().map(PeakWatch::lap) {
+            Some(Ok((start, end, next))) => {
+                self.watch = Some(next);
+                (start, end)
+            }
+            Some(Err(e)) => return Err(e),
             None => {
                 let now = crate::raw_stats(self.device)?;
                 (now, now)
             }
         };
-        let start_allocated = start.to_device_stats().allocated_bytes.all.current;
-        let end = end.to_device_stats();
+        let start_allocated = start.allocated_bytes().current;
+        let (allocated, reserved) = (end.allocated_bytes(), end.reserved_bytes());
         let mut record = IterationRecord {
             epoch: self.epoch,
             iteration: self.iteration,
             device: Some(self.device),
-            peak_reserved: end.reserved_bytes.all.peak,
-            current_reserved: end.reserved_bytes.all.current,
-            peak_allocated: end.allocated_bytes.all.peak,
-            current_allocated: end.allocated_bytes.all.current,
+            peak_reserved: reserved.peak,
+            current_reserved: reserved.current,
+            peak_allocated: allocated.peak,
+            current_allocated: allocated.current,
             ..IterationRecord::default()
         };
-        let mut seen = std::collections::HashSet::new();
-        for variables in &self.var_stores {
+        // The rows of the record before last, their names' buffers reused.
+        let (mut weight_rows, mut gradient_rows) = std::mem::take(&mut self.spare_rows);
+        let (mut weights, mut gradients) = (0, 0);
+        self.names.resize_with(self.var_stores.len(), Vec::new);
+        self.seen.clear();
+        for (variables, names) in self.var_stores.iter().zip(&mut self.names) {
             let variables = variables.lock().unwrap_or_else(|e| e.into_inner());
-            let mut names: Vec<&String> = variables.named_variables.keys().collect();
-            names.sort();
-            for name in names {
-                let (param, grad) = facts(&variables.named_variables[name], true)?;
-                if param.info.device == Some(self.device) && seen.insert(param.info.storage_id) {
-                    record.weights += param.info.nbytes as i64;
-                    record.weight_rows.push((name.clone(), param.info.nbytes as i64));
+            let vars = &variables.named_variables;
+            if names.len() != vars.len() || !names.iter().all(|n| vars.contains_key(n)) {
+                *names = vars.keys().cloned().collect();
+                names.sort();
+            }
+            for name in names.iter() {
+                let (param, grad) = storages(&vars[name])?;
+                if param.device == Some(self.device) && param.storage_id.is_none_or(|id| self.seen.insert(id)) {
+                    put_row(&mut weight_rows, &mut weights, name, param.nbytes as i64);
                 }
-                if let Some(grad) = grad.filter(|g| g.info.device == Some(self.device)) {
-                    if seen.insert(grad.info.storage_id) {
-                        record.gradients += grad.info.nbytes as i64;
-                        record.gradient_rows.push((name.clone(), grad.info.nbytes as i64));
+                if let Some(grad) = grad.filter(|g| g.device == Some(self.device)) {
+                    if grad.storage_id.is_none_or(|id| self.seen.insert(id)) {
+                        put_row(&mut gradient_rows, &mut gradients, name, grad.nbytes as i64);
                     }
                 }
             }
         }
+        weight_rows.truncate(weights);
+        gradient_rows.truncate(gradients);
+        record.weights = weight_rows.iter().map(|r| r.1).sum();
+        record.gradients = gradient_rows.iter().map(|r| r.1).sum();
+        (record.weight_rows, record.gradient_rows) = (weight_rows, gradient_rows);
         record.optimizer_state_measured = record.current_allocated - record.weights - record.gradients;
         record.optimizer_state_estimate = self.optimizer.map(|k| k.buffers() as i64 * record.weights);
         match backward {
             Some((at_mark, during)) => {
                 record.feature_maps = at_mark - start_allocated;
                 let held = at_mark.max(record.current_allocated);
-                record.intermediate_gradients = Some((during.allocated_bytes.all.peak - held).max(0));
+                record.intermediate_gradients = Some((during.peak - held).max(0));
             }
             None => record.feature_maps = record.peak_allocated - start_allocated,
         }
@@ -301,19 +342,85 @@ impl TrainingMonitor {
     }
 
     fn write_csv(&mut self, record: &IterationRecord) {
-        let Some(dir) = self.csv_dir.clone() else { return };
+        let Some(dir) = &self.csv_dir else { return };
         if self.csv_failed {
             return;
         }
-        if let Err(e) = append_csv(&dir, record) {
-            let message = format!(
-                "memlab TrainingMonitor: cannot write CSV files in {}: {e}; monitoring goes on without them",
-                dir.display()
-            );
-            eprintln!("{message}");
-            self.last_error = Some(message);
-            self.csv_failed = true;
+        let written = match &mut self.csv_files {
+            Some(files) => files.append(record),
+            None => CsvFiles::open(dir).and_then(|mut files| files.append(record).map(|()| files)).map(|files| {
+                self.csv_files = Some(files);
+            }),
+        };
+        if let Err(e) = written {
+            self.csv_failure(e);
         }
+    }
+
+    /// Writes the CSV rows still buffered (they are written at least once a
+    /// second, at every [`epoch_end`](Self::epoch_end) and when the monitor is
+    /// dropped anyway). A failure is reported like any CSV failure.
+    pub fn flush(&mut self) {
+        if let Some(Err(e)) = self.csv_files.as_mut().map(CsvFiles::flush) {
+            self.csv_failure(e);
+        }
+    }
+
+    fn csv_failure(&mut self, e: std::io::Error) {
+        let dir = self.csv_dir.as_deref().unwrap_or(Path::new(""));
+        let message = format!(
+            "memlab TrainingMonitor: cannot write CSV files in {}: {e}; monitoring goes on without them",
+            dir.display()
+        );
+        eprintln!("{message}");
+        self.last_error = Some(message);
+        self.csv_failed = true;
+        self.csv_files = None;
+    }
+}
+
+impl Drop for TrainingMonitor {
+    fn drop(&mut self) {
+        self.flush();
+    }
+}
+
+/// A variable's name and bytes.
+type Row = (String, i64);
+
+/// Sets row `*n` of `rows` to (`name`, `bytes`), reusing the row's string
+/// when there is one, and counts it.
+fn put_row(rows: &mut Vec<Row>, n: &mut usize, name: &str, bytes: i64) {
+    match rows.get_mut(*n) {
+        Some(row) => {
+            row.0.clear();
+            row.0.push_str(name);
+            row.1 = bytes;
+        }
+        None => rows.push((name.to_string(), bytes)),
+    }
+    *n += 1;
+}
+
+/// Speeds up the set of storage ids: they are addresses, already spread out,
+/// so a multiply mixes them well enough (SipHash would cost more than the
+/// rest of a small model's record).
+#[derive(Default)]
+struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+
+    fn write_u64(&mut self, id: u64) {
+        self.0 = (id ^ (id >> 29)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
     }
 }
 
@@ -358,42 +465,74 @@ fn open_csv(path: &Path, header: &[&str]) -> std::io::Result<csv::Writer<File>> 
     Ok(w)
 }
 
-fn append_csv(dir: &Path, r: &IterationRecord) -> std::io::Result<()> {
-    if !dir.is_dir() {
-        return Err(std::io::Error::new(std::io::ErrorKind::NotFound, "the directory does not exist; create it first"));
+/// The two CSV files of a monitor, open for appending. Rows are buffered and
+/// written at least once a second, at the end of every epoch, on
+/// [`TrainingMonitor::flush`] and when the monitor is dropped (a panic that
+/// unwinds, such as tch's out-of-memory panic, drops it too): writing every
+/// row at once would cost a small training step more than the rest of the
+/// monitor.
+struct CsvFiles {
+    iterations: csv::Writer<File>,
+    variables: csv::Writer<File>,
+    flushed: Instant,
+}
+
+/// The longest rows wait in memory before they are written.
+const CSV_FLUSH_EVERY: Duration = Duration::from_secs(1);
+
+impl CsvFiles {
+    fn open(dir: &Path) -> std::io::Result<CsvFiles> {
+        if !dir.is_dir() {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::NotFound,
+                "the directory does not exist; create it first",
+            ));
+        }
+        Ok(CsvFiles {
+            iterations: open_csv(&dir.join("memlab_iterations.csv"), &ITERATION_HEADER)?,
+            variables: open_csv(&dir.join("memlab_variables.csv"), &VARIABLE_HEADER)?,
+            flushed: Instant::now(),
+        })
     }
-    let device = r.device.map(|d| d.to_string()).unwrap_or_default();
-    let mut w = open_csv(&dir.join("memlab_iterations.csv"), &ITERATION_HEADER)?;
-    w.write_record([
-        r.epoch.to_string(),
-        r.iteration.to_string(),
-        device.clone(),
-        r.peak_reserved.to_string(),
-        r.current_reserved.to_string(),
-        r.peak_allocated.to_string(),
-        r.current_allocated.to_string(),
-        r.weights.to_string(),
-        r.gradients.to_string(),
-        r.optimizer_state_measured.to_string(),
-        r.optimizer_state_estimate.map(|e| e.to_string()).unwrap_or_default(),
-        r.feature_maps.to_string(),
-        r.intermediate_gradients.map(|e| e.to_string()).unwrap_or_default(),
-    ])?;
-    w.flush()?;
-    let mut w = open_csv(&dir.join("memlab_variables.csv"), &VARIABLE_HEADER)?;
-    let rows = r.weight_rows.iter().map(|x| (x, "weight")).chain(r.gradient_rows.iter().map(|x| (x, "gradient")));
-    for ((name, bytes), kind) in rows {
-        w.write_record([
-            r.epoch.to_string(),
-            r.iteration.to_string(),
-            device.clone(),
-            name.clone(),
-            kind.to_string(),
-            bytes.to_string(),
-        ])?;
+
+    fn append(&mut self, r: &IterationRecord) -> std::io::Result<()> {
+        let device = r.device.map(|d| d.to_string()).unwrap_or_default();
+        let w = &mut self.iterations;
+        w.write_field(r.epoch.to_string())?;
+        w.write_field(r.iteration.to_string())?;
+        w.write_field(&device)?;
+        for value in [
+            r.peak_reserved,
+            r.current_reserved,
+            r.peak_allocated,
+            r.current_allocated,
+            r.weights,
+            r.gradients,
+            r.optimizer_state_measured,
+        ] {
+            w.write_field(value.to_string())?;
+        }
+        w.write_field(r.optimizer_state_estimate.map(|e| e.to_string()).unwrap_or_default())?;
+        w.write_field(r.feature_maps.to_string())?;
+        w.write_field(r.intermediate_gradients.map(|e| e.to_string()).unwrap_or_default())?;
+        w.write_record(None::<&[u8]>)?;
+        let w = &mut self.variables;
+        let rows = r.weight_rows.iter().map(|x| (x, "weight")).chain(r.gradient_rows.iter().map(|x| (x, "gradient")));
+        let (epoch, iteration) = (r.epoch.to_string(), r.iteration.to_string());
+        for ((name, bytes), kind) in rows {
+            w.write_record([epoch.as_str(), iteration.as_str(), device.as_str(), name, kind, &bytes.to_string()])?;
+        }
+        if self.flushed.elapsed() >= CSV_FLUSH_EVERY {
+            self.flush()?;
+        }
+        Ok(())
     }
-    w.flush()?;
-    Ok(())
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.flushed = Instant::now();
+        self.iterations.flush()?;
+        self.variables.flush()
+    }
 }
 
 impl fmt::Display for IterationRecord {

@@ -72,6 +72,16 @@ fn from_raw(raw: &ffi::StorageInfo) -> Result<StorageInfo> {
     })
 }
 
+/// The storages of `tensor` and of its gradient, if it has one, in one call
+/// into libtorch (what [`facts`] gives, without element types and shapes).
+pub(crate) fn storages(tensor: &tch::Tensor) -> Result<(StorageInfo, Option<StorageInfo>)> {
+    let (mut main, mut grad) = (ffi::TensorFacts::default(), ffi::TensorFacts::default());
+    // SAFETY: `as_ptr` is tch's live at::Tensor; the shim fills both records.
+    ffi::check(unsafe { ffi::memlab_tensor_facts(tensor.as_ptr().cast(), &mut main, &mut grad) })?;
+    let grad = if grad.storage.has_storage >= 0 { Some(from_raw(&grad.storage)?) } else { None };
+    Ok((from_raw(&main.storage)?, grad))
+}
+
 /// Storage, element type and shape of one tensor.
 pub(crate) struct Facts {
     pub(crate) info: StorageInfo,
