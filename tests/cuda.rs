@@ -363,3 +363,101 @@ fn where_the_gpu_memory_went() {
     memlab::clear_registry();
     drop(stray);
 }
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn training_monitor_on_cuda() {
+    use tch::nn::{self, Module, OptimizerConfig};
+    let _s = serial();
+    const PARAMS: i64 = (256 * 128 + 128) * 4;
+    let dir = std::env::temp_dir().join(format!("memlab-monitor-cuda-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let vs = nn::VarStore::new(GPU);
+    let model = nn::linear(vs.root() / "fc", 256, 128, Default::default());
+    let mut opt = nn::Adam::default().build(&vs, 1e-3).unwrap();
+    let x = Tensor::randn([64, 256], (Kind::Float, GPU));
+    let mut monitor =
+        memlab::TrainingMonitor::new(&vs).print_period(0).optimizer(memlab::OptimizerKind::Adam).csv_dir(&dir);
+    for i in 0..3 {
+        let loss = model.forward(&x).relu().mean(Kind::Float);
+        if i == 2 {
+            monitor.mark_backward();
+        }
+        opt.backward_step(&loss);
+        drop(loss);
+        let r = monitor.record_stats().expect("a record").clone();
+        println!("{r}");
+        assert_eq!(r.device, Some(Device::Cuda(0)), "the monitor follows the GPU by default");
+        assert_eq!((r.weights, r.gradients), (PARAMS, PARAMS), "{r}");
+        assert_eq!(r.weight_rows, vec![("fc.bias".to_string(), 512), ("fc.weight".to_string(), 256 * 128 * 4)]);
+        assert_eq!(r.current_allocated, allocated(), "the allocator, read again");
+        assert!(r.peak_reserved >= r.current_reserved && r.current_reserved >= r.current_allocated, "{r}");
+        // Adam's two moments, besides the input and cuBLAS's workspace.
+        assert!(r.optimizer_state_measured >= 2 * PARAMS, "{r}");
+        assert_eq!(r.optimizer_state_estimate, Some(2 * PARAMS));
+        // Forward kept the 64x128 output of the layer and of relu for backward.
+        assert!(r.feature_maps >= 64 * 128 * 4, "{r}");
+    }
+    let r = monitor.last().unwrap();
+    assert!(r.intermediate_gradients.expect("the last iteration was marked") >= 64 * 128 * 4, "{r}");
+    assert!(monitor.last_error().is_none(), "{:?}", monitor.last_error());
+    monitor.flush();
+    let text = std::fs::read_to_string(dir.join("memlab_iterations.csv")).unwrap();
+    let records: Vec<csv::StringRecord> =
+        csv::Reader::from_reader(text.as_bytes()).records().map(Result::unwrap).collect();
+    assert_eq!(records.len(), 3);
+    assert!(records.iter().all(|r| &r[2] == "cuda:0" && r[7] == PARAMS.to_string()), "{text}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[memlab::profile(device = "cuda:0")]
+fn cuda_grow(cache: &mut Vec<Tensor>) {
+    let entry = floats(2048);
+    cache.push(entry);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn tracker_on_cuda() {
+    use tch::nn::{self, Module};
+    let _s = serial();
+    memlab::clear_registry();
+    memlab::set_output(memlab::Output::Sink(Box::new(|_| {})));
+    let vs = nn::VarStore::new(GPU);
+    let fc = nn::linear(vs.root() / "fc", 32, 16, Default::default());
+    memlab::register_var_store("model", &vs);
+    let mut tracker = memlab::Tracker::new();
+
+    let first = memlab::track!(tracker);
+    println!("{first}");
+    let header = first.lines().next().unwrap();
+    assert!(header.contains(" on cuda:0, allocator "), "the tracker follows the GPU by default: {header}");
+    assert!(header.ends_with(&memlab::format_bytes(allocated())), "{header}");
+    assert!(first.contains("  + 1 × [16, 32] Float parameter 2.00K"), "{first}");
+    assert!(first.contains("  + 1 × [16] Float parameter 64.00B"), "{first}");
+
+    let mut cache = Vec::new();
+    cuda_grow(&mut cache);
+    cuda_grow(&mut cache);
+    let second = memlab::track!(tracker);
+    println!("{second}");
+    let growth: Vec<&str> = second.lines().filter(|l| l.starts_with("  +")).collect();
+    assert_eq!(growth.len(), 1, "{second}");
+    assert!(growth[0].starts_with("  + 2 × other 16.00K, allocated at cuda::cuda_grow"), "{second}");
+    assert!(growth[0].contains("let entry = floats(2048);"), "{second}");
+
+    let x = Tensor::randn([8, 32], (Kind::Float, GPU));
+    fc.forward(&x).sum(Kind::Float).backward();
+    let third = memlab::track!(tracker);
+    println!("{third}");
+    assert!(third.contains("  + 1 × [16, 32] Float gradient 2.00K"), "{third}");
+    assert!(third.contains("  + 1 × [16] Float gradient 64.00B"), "{third}");
+
+    cache.clear();
+    let fourth = memlab::track!(tracker);
+    println!("{fourth}");
+    assert!(fourth.contains("  - 2 × other 16.00K"), "{fourth}");
+    memlab::set_output(memlab::Output::Stdout);
+    memlab::clear_registry();
+}
