@@ -103,8 +103,22 @@ fn csv_files_append_with_one_header() {
     assert_eq!(records.len(), 6, "one row per recorded iteration, header once");
     assert_eq!(&records[5][7], PARAMS.to_string(), "weights column");
     let variables = std::fs::read_to_string(dir.join("memlab_variables.csv")).unwrap();
-    assert_eq!(variables.lines().count(), 1 + 6 * 4, "a weight and a gradient row per variable per iteration");
-    assert!(variables.contains(",fc.weight,gradient,131072\n"));
+    // A row per variable and kind when its bytes change: each monitor's
+    // first record lists them all, the records after it nothing.
+    assert_eq!(variables.lines().count(), 1 + 2 * 4, "{variables}");
+    assert!(variables.contains("1,1,cpu,fc.weight,gradient,131072\n"), "{variables}");
+
+    // A variable that leaves the store gets a 0-byte row, once.
+    let mut monitor = TrainingMonitor::new(&s.vs).device(Device::Cpu).print_period(0).csv_dir(&dir);
+    step(&mut s);
+    monitor.record_stats();
+    s.vs.variables_.lock().unwrap().named_variables.remove("fc.bias");
+    monitor.record_stats();
+    monitor.record_stats();
+    drop(monitor);
+    let variables = std::fs::read_to_string(dir.join("memlab_variables.csv")).unwrap();
+    let tail: Vec<&str> = variables.lines().skip(1 + 2 * 4 + 4).collect();
+    assert_eq!(tail, ["1,2,cpu,fc.bias,weight,0", "1,2,cpu,fc.bias,gradient,0"], "{variables}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 

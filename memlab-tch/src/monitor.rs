@@ -10,7 +10,7 @@
 //! named with [`optimizer`](TrainingMonitor::optimizer) is shown beside it,
 //! labelled as one.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::fmt::{self, Write as _};
 use std::fs::{File, OpenOptions};
 use std::hash::{BuildHasherDefault, Hasher};
@@ -195,8 +195,10 @@ impl TrainingMonitor {
     }
 
     /// Appends every record to `dir/memlab_iterations.csv` (one row per
-    /// iteration) and `dir/memlab_variables.csv` (one row per variable and
-    /// iteration). Existing files with the same columns are appended to; give
+    /// iteration) and `dir/memlab_variables.csv` (a row for a variable's
+    /// weight or gradient whenever its bytes change: all of them at the
+    /// monitor's first record, 0 bytes when one goes away; the size at any
+    /// iteration is the last row before it). Existing files with the same columns are appended to; give
     /// each monitor that runs at the same time a directory of its own. Rows
     /// are written at least once a second and at every epoch's end (see
     /// [`flush`](Self::flush)). A directory that cannot be written is reported
@@ -475,6 +477,38 @@ struct CsvFiles {
     iterations: csv::Writer<File>,
     variables: csv::Writer<File>,
     flushed: Instant,
+    /// The bytes of each variable (and gradient) as last written.
+    weights: HashMap<String, i64>,
+    gradients: HashMap<String, i64>,
+    /// The rows of the last record.
+    last_weights: Vec<Row>,
+    last_gradients: Vec<Row>,
+    /// The device of the records and its name.
+    device: (Option<Device>, String),
+}
+
+/// Formats integers for the CSV files without allocating.
+#[derive(Default)]
+struct Digits([u8; 20]);
+
+impl Digits {
+    fn of(&mut self, value: i64) -> &[u8] {
+        let mut n = value.unsigned_abs();
+        let mut at = self.0.len();
+        loop {
+            at -= 1;
+            self.0[at] = b'0' + (n % 10) as u8;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        }
+        if value < 0 {
+            at -= 1;
+            self.0[at] = b'-';
+        }
+        &self.0[at..]
+    }
 }
 
 /// The longest rows wait in memory before they are written.
@@ -492,35 +526,81 @@ impl CsvFiles {
             iterations: open_csv(&dir.join("memlab_iterations.csv"), &ITERATION_HEADER)?,
             variables: open_csv(&dir.join("memlab_variables.csv"), &VARIABLE_HEADER)?,
             flushed: Instant::now(),
+            weights: HashMap::new(),
+            gradients: HashMap::new(),
+            last_weights: Vec::new(),
+            last_gradients: Vec::new(),
+            device: (None, String::new()),
         })
     }
 
     fn append(&mut self, r: &IterationRecord) -> std::io::Result<()> {
-        let device = r.device.map(|d| d.to_string()).unwrap_or_default();
-        let w = &mut self.iterations;
-        w.write_field(r.epoch.to_string())?;
-        w.write_field(r.iteration.to_string())?;
-        w.write_field(&device)?;
-        for value in [
-            r.peak_reserved,
-            r.current_reserved,
-            r.peak_allocated,
-            r.current_allocated,
-            r.weights,
-            r.gradients,
-            r.optimizer_state_measured,
-        ] {
-            w.write_field(value.to_string())?;
+        if self.device.0 != r.device {
+            self.device = (r.device, r.device.map(|d| d.to_string()).unwrap_or_default());
         }
-        w.write_field(r.optimizer_state_estimate.map(|e| e.to_string()).unwrap_or_default())?;
-        w.write_field(r.feature_maps.to_string())?;
-        w.write_field(r.intermediate_gradients.map(|e| e.to_string()).unwrap_or_default())?;
+        let device = &self.device.1;
+        let mut digits = Digits::default();
+        let w = &mut self.iterations;
+        w.write_field(digits.of(r.epoch as i64))?;
+        w.write_field(digits.of(r.iteration as i64))?;
+        w.write_field(device)?;
+        for value in [
+            Some(r.peak_reserved),
+            Some(r.current_reserved),
+            Some(r.peak_allocated),
+            Some(r.current_allocated),
+            Some(r.weights),
+            Some(r.gradients),
+            Some(r.optimizer_state_measured),
+            r.optimizer_state_estimate,
+            Some(r.feature_maps),
+            r.intermediate_gradients,
+        ] {
+            w.write_field(value.map_or(&[][..], |v| digits.of(v)))?;
+        }
         w.write_record(None::<&[u8]>)?;
-        let w = &mut self.variables;
-        let rows = r.weight_rows.iter().map(|x| (x, "weight")).chain(r.gradient_rows.iter().map(|x| (x, "gradient")));
-        let (epoch, iteration) = (r.epoch.to_string(), r.iteration.to_string());
-        for ((name, bytes), kind) in rows {
-            w.write_record([epoch.as_str(), iteration.as_str(), device.as_str(), name, kind, &bytes.to_string()])?;
+        // Variables: a row when a variable's bytes change (every variable at
+        // the first record), and a 0-byte row when a gradient goes away.
+        for (rows, kind, written, last) in [
+            (&r.weight_rows, "weight", &mut self.weights, &mut self.last_weights),
+            (&r.gradient_rows, "gradient", &mut self.gradients, &mut self.last_gradients),
+        ] {
+            // Most records repeat the rows of the one before.
+            if rows == last {
+                continue;
+            }
+            last.clone_from(rows);
+            let mut known = 0;
+            let mut changed: Vec<(&str, i64)> = Vec::new();
+            for (name, bytes) in rows {
+                let before = written.get(name);
+                known += usize::from(before.is_some());
+                if before != Some(bytes) {
+                    changed.push((name, *bytes));
+                }
+            }
+            if known < written.len() {
+                let gone = written.keys().filter(|n| !rows.iter().any(|(name, _)| name == *n));
+                changed.extend(gone.map(|n| (n.as_str(), 0)));
+            }
+            for &(name, bytes) in &changed {
+                let w = &mut self.variables;
+                w.write_field(digits.of(r.epoch as i64))?;
+                w.write_field(digits.of(r.iteration as i64))?;
+                w.write_field(device)?;
+                w.write_field(name)?;
+                w.write_field(kind)?;
+                w.write_field(digits.of(bytes))?;
+                w.write_record(None::<&[u8]>)?;
+            }
+            let changed: Vec<(String, i64)> = changed.into_iter().map(|(n, b)| (n.to_string(), b)).collect();
+            for (name, bytes) in changed {
+                if bytes == 0 && !rows.iter().any(|(n, _)| *n == name) {
+                    written.remove(&name);
+                } else {
+                    written.insert(name, bytes);
+                }
+            }
         }
         if self.flushed.elapsed() >= CSV_FLUSH_EVERY {
             self.flush()?;
