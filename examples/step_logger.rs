@@ -1,5 +1,6 @@
-//! StepLogger: RAM, GPU memory and time of each step of a small training run,
-//! in the table form and in compact lines.
+//! StepLogger: RAM, GPU memory and time of the blocks that build a model (in
+//! the table form, RAM read at both ends of each block) and of each step of a
+//! small training run (compact lines, RAM from the background samples).
 //!
 //!     cargo run --release --example step_logger
 
@@ -8,7 +9,7 @@ use tch::{Device, Kind, Tensor};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let device = Device::cuda_if_available();
-    let mut logger = memlab::StepLogger::new();
+    let mut logger = memlab::StepLogger::new().exact_ram(true);
     if device.is_cuda() {
         logger.preinit_cuda()?;
     }

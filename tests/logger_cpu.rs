@@ -13,7 +13,7 @@ use tch::{Kind, Tensor};
 #[test]
 fn ram_figures_of_a_step() {
     let _s = serial();
-    let mut logger = StepLogger::new().exact_ram_peak(true);
+    let mut logger = StepLogger::new().exact_ram(true).exact_ram_peak(true);
     logger.stop();
     let kept = logger.log("allocate", || {
         // 64 MiB written (so resident) and freed, 16 MiB kept.
@@ -24,12 +24,37 @@ fn ram_figures_of_a_step() {
     let data = logger.data().unwrap();
     assert_eq!(data.label, "allocate");
     assert!(data.ram.total > data.ram.used && data.ram.used > 0);
+    let gen = data.to_string().lines().nth(1).unwrap().to_string();
+    assert!(!data.ram.sampled && gen.starts_with("Gen:") && !gen.contains("sampled"), "{data}");
     // glibc returns large blocks to the system at once, so the 64 MiB spike is
     // a peak above what stays.
     assert!(data.ram.peaked >= 40 << 20, "peaked {} (exact: {})", data.ram.peaked, data.ram.peak_exact);
     assert!(data.ram.consumed >= 12 << 20, "consumed {}", data.ram.consumed);
     assert_eq!(data.gpu.is_some(), memlab::cuda_is_available());
     drop(kept);
+}
+
+#[test]
+fn ram_follows_the_background_readings_by_default() {
+    let _s = serial();
+    let mut logger = StepLogger::new();
+    logger.stop();
+    // Steps that hold 32 MiB (written, so resident) long enough for the
+    // sampler, which reads every millisecond, to see it before they end.
+    let hold = || {
+        let t = Tensor::ones([8 << 20], (Kind::Float, tch::Device::Cpu));
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        t
+    };
+    let first = logger.log("warm", hold);
+    let second = logger.log("keep 32 MiB", hold);
+    let data = logger.data().unwrap();
+    assert!(data.ram.sampled && !data.ram.peak_exact);
+    let mib = 1 << 20;
+    assert!((28 * mib..=40 * mib).contains(&data.ram.consumed), "consumed {}", data.ram.consumed);
+    assert!(data.ram.used >= data.ram.consumed as u64);
+    assert!(data.to_string().contains("  (sampled)"), "{data}");
+    drop((first, second));
 }
 
 #[test]
@@ -51,6 +76,7 @@ fn printed_forms_and_start_stop() {
     assert!(printed[0].starts_with("RAM:  Consumed    Peaked      Used     Total  in "), "{}", printed[0]);
     assert!(printed[0].contains("(table)\nGen: "), "{}", printed[0]);
     assert!(printed[1].starts_with("one line: ") && printed[1].contains("s | RAM "), "{}", printed[1]);
+    assert!(printed[1].contains("  (sampled)"), "RAM figures from samples say so: {}", printed[1]);
     assert_eq!(printed[1].lines().count(), 1);
     assert_eq!(compact.data().unwrap().label, "quiet");
 }

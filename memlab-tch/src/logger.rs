@@ -4,21 +4,26 @@
 //! is used after it and the total, and how long it took.
 //!
 //! The GPU figures come from libtorch's allocator (exact, peak included) and,
-//! where a driver is present, from the driver: device-wide use, with its peak
-//! sampled by a background thread during the step (it catches memory outside
+//! where a driver is present, from the driver: device-wide use and its peak,
+//! sampled by a background thread during the step (they catch memory outside
 //! libtorch, such as other libraries' workspaces or other processes), and this
-//! process's own use from NVML. The RAM peak is exact where Linux lets memlab
-//! reset the process's high-water mark, and sampled otherwise.
+//! process's own use from NVML. The same thread samples the resident set every
+//! millisecond; the RAM figures come from its readings unless
+//! [`StepLogger::exact_ram`] reads the resident set at the step's ends and
+//! [`StepLogger::exact_ram_peak`] takes the peak from the kernel's
+//! high-water mark. By default, then, the step's own thread reads only the
+//! allocator and the clock, and logging every step of a training loop costs
+//! it a few microseconds.
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use memlab_core::profiler::PeakWatch;
 use memlab_core::{format_bytes, Backend, Device, Result};
 
-use crate::driver::{driver_memory, process_gpu_memory};
+use crate::driver::{driver_memory, process_gpu_memory, DriverMemory};
 use crate::BACKEND;
 
 /// General RAM figures of one step, in bytes.
@@ -35,6 +40,21 @@ pub struct RamFigures {
     pub total: u64,
     /// Whether `peaked` is exact (the kernel's high-water mark) or sampled.
     pub peak_exact: bool,
+    /// Whether `consumed` and `used` come from the background thread's
+    /// readings (at most one sampling period old) instead of readings at the
+    /// step's two ends (see [`StepLogger::exact_ram`]).
+    pub sampled: bool,
+}
+
+impl RamFigures {
+    /// How the figures were read, for the printed forms.
+    fn label(&self) -> &'static str {
+        match (self.sampled, self.peak_exact) {
+            (true, _) => "  (sampled)",
+            (false, false) => "  (peak sampled)",
+            (false, true) => "",
+        }
+    }
 }
 
 /// GPU figures of one step, in bytes.
@@ -53,7 +73,10 @@ pub struct GpuFigures {
     pub reserved: i64,
     /// The device's memory, from the driver (0 without one).
     pub total: u64,
-    /// Device-wide use after the step, from the driver (all processes and contexts).
+    /// Device-wide use from the driver (all processes and contexts) at the
+    /// end of the step: the background thread's latest reading, taken at most
+    /// one sampling period (1 ms by default) before the step ended, so that
+    /// a step pays no driver call of its own.
     pub driver_used: Option<u64>,
     /// How far device-wide use peaked above `driver_used`, sampled during the step.
     pub driver_peaked: Option<u64>,
@@ -88,6 +111,7 @@ pub struct StepData {
 pub struct StepLogger {
     compact: bool,
     exact_ram_peak: bool,
+    exact_ram: bool,
     clear_cache: bool,
     running: bool,
     sample_every: Duration,
@@ -107,6 +131,7 @@ impl StepLogger {
         StepLogger {
             compact: false,
             exact_ram_peak: false,
+            exact_ram: false,
             clear_cache: false,
             running: true,
             sample_every: Duration::from_millis(1),
@@ -126,6 +151,19 @@ impl StepLogger {
     /// instead of the background samples.
     pub fn exact_ram_peak(mut self, exact: bool) -> StepLogger {
         self.exact_ram_peak = exact;
+        self
+    }
+
+    /// Reads the resident set at the step's two ends, on the step's own
+    /// thread, instead of taking the background thread's latest readings
+    /// (at most one sampling period, 1 ms by default, old; the default).
+    /// Reading costs two system calls a step, some microseconds right after
+    /// a GPU step, over 1% of a millisecond-long step (see `BENCHMARKS.md`);
+    /// for steps or blocks of tens of milliseconds and more it makes no
+    /// difference either way. The kernel's own resident-set counters lag by
+    /// up to some MiB on a many-core machine anyway.
+    pub fn exact_ram(mut self, exact: bool) -> StepLogger {
+        self.exact_ram = exact;
         self
     }
 
@@ -186,15 +224,16 @@ impl StepLogger {
             let _ = crate::empty_cache();
         }
         let exact_ram_peak = self.exact_ram_peak && reset_rss_peak();
-        let ram_before = rss();
+        let read_rss = || if self.exact_ram { rss() } else { sampled_rss().unwrap_or_else(rss) };
+        let ram_before = read_rss();
         let watch = gpu.and_then(|i| PeakWatch::start(&BACKEND, Device::Cuda(i)).ok());
-        let sampler = Sampler::start(gpu, self.sample_every);
+        let sampler = Sampler::start(gpu, ram_before, self.sample_every);
         let started = Instant::now();
         let value = step();
         let time = started.elapsed();
         let (sampled_rss_peak, sampled_driver_peak) = sampler.stop();
 
-        let ram_after = rss();
+        let ram_after = read_rss();
         let ram_peak = if exact_ram_peak { rss_peak().max(ram_after) } else { sampled_rss_peak.max(ram_after) };
         let ram = RamFigures {
             consumed: ram_after as i64 - ram_before as i64,
@@ -202,17 +241,18 @@ impl StepLogger {
             used: ram_after,
             total: total_ram(),
             peak_exact: exact_ram_peak,
+            sampled: !self.exact_ram,
         };
         let gpu = match (gpu, watch) {
             (Some(index), Some(watch)) => watch.finish().ok().map(|(start, end)| {
-                let (before, after) = (start.to_device_stats(), end.to_device_stats());
-                let driver = driver_memory(index).ok();
+                let (before, after, reserved) = (start.allocated_bytes(), end.allocated_bytes(), end.reserved_bytes());
+                let driver = latest_driver_memory(index);
                 GpuFigures {
                     device: index,
-                    consumed: after.allocated_bytes.all.current - before.allocated_bytes.all.current,
-                    peaked: after.allocated_bytes.all.peak - after.allocated_bytes.all.current,
-                    used: after.allocated_bytes.all.current,
-                    reserved: after.reserved_bytes.all.current,
+                    consumed: after.current - before.current,
+                    peaked: after.peak - after.current,
+                    used: after.current,
+                    reserved: reserved.current,
                     total: driver.map_or(0, |d| d.total),
                     driver_used: driver.map(|d| d.used()),
                     driver_peaked: driver.map(|d| sampled_driver_peak.saturating_sub(d.used())),
@@ -243,6 +283,7 @@ impl StepData {
             format_bytes(self.ram.used as i64),
             format_bytes(self.ram.total as i64)
         );
+        line += self.ram.label();
         if let Some(g) = &self.gpu {
             line += &format!(
                 " | GPU {} ^{} ={} of {}",
@@ -276,7 +317,7 @@ impl fmt::Display for StepData {
             format_bytes(self.ram.peaked),
             format_bytes(self.ram.used as i64),
             format_bytes(self.ram.total as i64),
-            if self.ram.peak_exact { "" } else { "  (peak sampled)" }
+            self.ram.label()
         )?;
         if let Some(g) = &self.gpu {
             writeln!(
@@ -292,7 +333,7 @@ impl fmt::Display for StepData {
             if let (Some(used), Some(peaked)) = (g.driver_used, g.driver_peaked) {
                 write!(
                     f,
-                    "     driver: device-wide {} used, peaked {} above (sampled)",
+                    "     driver (sampled): device-wide {} used, peaked {} above",
                     format_bytes(used as i64),
                     format_bytes(peaked as i64)
                 )?;
@@ -310,8 +351,9 @@ impl fmt::Display for StepData {
 
 /// Samples the resident set and the driver's device-wide use while steps
 /// run. One thread serves every step of the process, also steps logged at the
-/// same time on several threads (each keeps its own peaks); it parks when no
-/// step runs, so a step costs no thread start.
+/// same time on several threads (each keeps its own peaks). It keeps sampling
+/// between steps for a while, so a training loop's steps neither wake it nor
+/// wait for it, and parks after a second without steps.
 struct Sampler(Arc<Window>);
 
 /// The peaks one step has seen so far.
@@ -324,14 +366,47 @@ struct Window {
 struct SamplerState {
     windows: Mutex<Vec<Arc<Window>>>,
     every_ns: AtomicU64,
+    /// Set while the thread is parked (or about to park).
+    parked: AtomicBool,
+    /// The latest driver reading of each device a step has used.
+    driver: Mutex<Vec<(usize, DriverMemory)>>,
     /// NVML's figure for this process, plus one (0: none yet).
     process: AtomicU64,
+    /// The latest resident set, while the thread samples (0: parked).
+    rss: AtomicU64,
     thread: std::thread::Thread,
 }
+
+/// How long the sampler goes on without steps before it parks.
+const IDLE: Duration = Duration::from_secs(1);
 
 /// The sampler's latest NVML reading of this process's GPU memory.
 fn sampled_process_memory() -> Option<u64> {
     sampler().and_then(|s| s.process.load(Ordering::Relaxed).checked_sub(1))
+}
+
+/// The sampler's latest reading of the resident set, while it samples.
+fn sampled_rss() -> Option<u64> {
+    sampler().map(|s| s.rss.load(Ordering::Relaxed)).filter(|&r| r > 0)
+}
+
+/// The sampler's latest driver reading of `device` (read here when it has none).
+fn latest_driver_memory(device: usize) -> Option<DriverMemory> {
+    let Some(state) = sampler() else { return driver_memory(device).ok() };
+    let known = state.driver.lock().unwrap_or_else(|e| e.into_inner()).iter().find(|(d, _)| *d == device).map(|m| m.1);
+    known.or_else(|| {
+        let read = driver_memory(device).ok()?;
+        remember_driver(state, device, read);
+        Some(read)
+    })
+}
+
+fn remember_driver(state: &SamplerState, device: usize, read: DriverMemory) {
+    let mut known = state.driver.lock().unwrap_or_else(|e| e.into_inner());
+    match known.iter_mut().find(|(d, _)| *d == device) {
+        Some(slot) => slot.1 = read,
+        None => known.push((device, read)),
+    }
 }
 
 fn sampler() -> Option<&'static SamplerState> {
@@ -339,42 +414,18 @@ fn sampler() -> Option<&'static SamplerState> {
     *STATE.get_or_init(|| {
         let (tx, rx) = std::sync::mpsc::channel::<&'static SamplerState>();
         let spawned = std::thread::Builder::new().name("memlab-step-sampler".into()).spawn(move || {
-            let Ok(state) = rx.recv() else { return };
-            let mut nvml_read: Option<Instant> = None;
-            loop {
-                let windows = state.windows.lock().unwrap_or_else(|e| e.into_inner()).clone();
-                if windows.is_empty() {
-                    std::thread::park();
-                    continue;
-                }
-                let rss = rss();
-                let mut gpus: Vec<usize> = windows.iter().filter_map(|w| w.gpu).collect();
-                gpus.sort_unstable();
-                gpus.dedup();
-                let driver: Vec<(usize, u64)> =
-                    gpus.iter().filter_map(|&i| driver_memory(i).ok().map(|m| (i, m.used()))).collect();
-                for w in &windows {
-                    w.rss_peak.fetch_max(rss, Ordering::Relaxed);
-                    if let Some(&(_, used)) = driver.iter().find(|(i, _)| Some(*i) == w.gpu) {
-                        w.driver_peak.fetch_max(used, Ordering::Relaxed);
-                    }
-                }
-                // NVML's process query is slow: at most every 100 ms.
-                if let Some(&index) = gpus.first() {
-                    if nvml_read.is_none_or(|t| t.elapsed() >= Duration::from_millis(100)) {
-                        nvml_read = Some(Instant::now());
-                        let used = process_gpu_memory(index).ok().flatten();
-                        state.process.store(used.map_or(0, |u| u + 1), Ordering::Relaxed);
-                    }
-                }
-                std::thread::sleep(Duration::from_nanos(state.every_ns.load(Ordering::Relaxed)));
+            if let Ok(state) = rx.recv() {
+                sample_forever(state);
             }
         });
         let handle = spawned.ok()?;
         let state: &'static SamplerState = Box::leak(Box::new(SamplerState {
             windows: Mutex::new(Vec::new()),
             every_ns: AtomicU64::new(1_000_000),
+            parked: AtomicBool::new(false),
+            driver: Mutex::new(Vec::new()),
             process: AtomicU64::new(0),
+            rss: AtomicU64::new(0),
             thread: handle.thread().clone(),
         }));
         tx.send(state).ok()?;
@@ -382,13 +433,72 @@ fn sampler() -> Option<&'static SamplerState> {
     })
 }
 
+/// The sampler thread's loop.
+fn sample_forever(state: &'static SamplerState) {
+    let mut nvml_read: Option<Instant> = None;
+    let mut last_step = Instant::now();
+    // Devices steps have used lately: sampled between steps as well, so
+    // that a step's end finds a fresh reading.
+    let mut gpus: Vec<usize> = Vec::new();
+    loop {
+        let windows = state.windows.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        if windows.is_empty() {
+            if last_step.elapsed() >= IDLE {
+                // Park unless a step came in meanwhile: a step pushes its
+                // window and then reads `parked`, this thread sets `parked`
+                // and then reads the windows, so one of the two sees the other.
+                state.rss.store(0, Ordering::Relaxed);
+                state.parked.store(true, Ordering::SeqCst);
+                if state.windows.lock().unwrap_or_else(|e| e.into_inner()).is_empty() {
+                    std::thread::park();
+                }
+                state.parked.store(false, Ordering::SeqCst);
+                gpus.clear();
+                last_step = Instant::now();
+                continue;
+            }
+        } else {
+            last_step = Instant::now();
+            for gpu in windows.iter().filter_map(|w| w.gpu) {
+                if !gpus.contains(&gpu) {
+                    gpus.push(gpu);
+                }
+            }
+        }
+        let rss = rss();
+        state.rss.store(rss, Ordering::Relaxed);
+        for w in &windows {
+            w.rss_peak.fetch_max(rss, Ordering::Relaxed);
+        }
+        for &gpu in &gpus {
+            let Ok(read) = driver_memory(gpu) else { continue };
+            remember_driver(state, gpu, read);
+            for w in windows.iter().filter(|w| w.gpu == Some(gpu)) {
+                w.driver_peak.fetch_max(read.used(), Ordering::Relaxed);
+            }
+        }
+        // NVML's process query is slow: at most every 100 ms.
+        if let Some(&index) = gpus.first() {
+            if nvml_read.is_none_or(|t| t.elapsed() >= Duration::from_millis(100)) {
+                nvml_read = Some(Instant::now());
+                let used = process_gpu_memory(index).ok().flatten();
+                state.process.store(used.map_or(0, |u| u + 1), Ordering::Relaxed);
+            }
+        }
+        std::thread::sleep(Duration::from_nanos(state.every_ns.load(Ordering::Relaxed)));
+    }
+}
+
 impl Sampler {
-    fn start(gpu: Option<usize>, every: Duration) -> Sampler {
-        let window = Arc::new(Window { gpu, rss_peak: AtomicU64::new(rss()), driver_peak: AtomicU64::new(0) });
+    /// Starts sampling a step that begins with `rss` bytes resident.
+    fn start(gpu: Option<usize>, rss: u64, every: Duration) -> Sampler {
+        let window = Arc::new(Window { gpu, rss_peak: AtomicU64::new(rss), driver_peak: AtomicU64::new(0) });
         if let Some(state) = sampler() {
             state.every_ns.store(every.as_nanos().max(1) as u64, Ordering::Relaxed);
             state.windows.lock().unwrap_or_else(|e| e.into_inner()).push(window.clone());
-            state.thread.unpark();
+            if state.parked.load(Ordering::SeqCst) {
+                state.thread.unpark();
+            }
         }
         Sampler(window)
     }
