@@ -14,7 +14,7 @@ use std::collections::{HashMap, HashSet};
 use std::fmt::{self, Write as _};
 use std::fs::{File, OpenOptions};
 use std::hash::{BuildHasherDefault, Hasher};
-use std::io::{BufRead, BufReader};
+use std::io::{BufRead, BufReader, BufWriter, Write as _};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -474,7 +474,8 @@ fn open_csv(path: &Path, header: &[&str]) -> std::io::Result<csv::Writer<File>> 
 /// row at once would cost a small training step more than the rest of the
 /// monitor.
 struct CsvFiles {
-    iterations: csv::Writer<File>,
+    /// Numbers and device names only, which CSV never quotes: written as they are.
+    iterations: BufWriter<File>,
     variables: csv::Writer<File>,
     flushed: Instant,
     /// The bytes of each variable (and gradient) as last written.
@@ -523,7 +524,11 @@ impl CsvFiles {
             ));
         }
         Ok(CsvFiles {
-            iterations: open_csv(&dir.join("memlab_iterations.csv"), &ITERATION_HEADER)?,
+            iterations: BufWriter::new(
+                open_csv(&dir.join("memlab_iterations.csv"), &ITERATION_HEADER)?
+                    .into_inner()
+                    .map_err(|e| e.into_error())?,
+            ),
             variables: open_csv(&dir.join("memlab_variables.csv"), &VARIABLE_HEADER)?,
             flushed: Instant::now(),
             weights: HashMap::new(),
@@ -541,9 +546,11 @@ impl CsvFiles {
         let device = &self.device.1;
         let mut digits = Digits::default();
         let w = &mut self.iterations;
-        w.write_field(digits.of(r.epoch as i64))?;
-        w.write_field(digits.of(r.iteration as i64))?;
-        w.write_field(device)?;
+        w.write_all(digits.of(r.epoch as i64))?;
+        w.write_all(b",")?;
+        w.write_all(digits.of(r.iteration as i64))?;
+        w.write_all(b",")?;
+        w.write_all(device.as_bytes())?;
         for value in [
             Some(r.peak_reserved),
             Some(r.current_reserved),
@@ -556,9 +563,12 @@ impl CsvFiles {
             Some(r.feature_maps),
             r.intermediate_gradients,
         ] {
-            w.write_field(value.map_or(&[][..], |v| digits.of(v)))?;
+            w.write_all(b",")?;
+            if let Some(v) = value {
+                w.write_all(digits.of(v))?;
+            }
         }
-        w.write_record(None::<&[u8]>)?;
+        w.write_all(b"\n")?;
         // Variables: a row when a variable's bytes change (every variable at
         // the first record), and a 0-byte row when a gradient goes away.
         for (rows, kind, written, last) in [
