@@ -102,3 +102,29 @@ fn no_gpu_is_an_answer_not_a_crash() {
     assert!(logger.data().unwrap().gpu.is_none());
     assert!(logger.data().unwrap().to_string().contains("GPU: no CUDA device"));
 }
+
+#[test]
+fn printed_forms_snapshot() {
+    let mut data = memlab::StepData::default();
+    data.label = "step 3".into();
+    data.time = std::time::Duration::from_micros(12_500);
+    let mut ram = memlab::RamFigures::default();
+    (ram.consumed, ram.peaked, ram.used, ram.total) = (4 << 20, 1 << 20, 512 << 20, 16 << 30);
+    (ram.peak_exact, ram.sampled) = (false, true);
+    data.ram = ram;
+    let mut gpu = memlab::GpuFigures::default();
+    (gpu.device, gpu.consumed, gpu.peaked, gpu.used, gpu.reserved, gpu.total) =
+        (0, 64 << 20, 192 << 20, 129 << 20, 160 << 20, 80 << 30);
+    (gpu.driver_used, gpu.driver_peaked, gpu.process_used) = (Some(1 << 30), Some(0), Some(900 << 20));
+    data.gpu = Some(gpu);
+    let table = "\
+RAM:  Consumed    Peaked      Used     Total  in 0.013s (step 3)
+Gen:     4.00M     1.00M   512.00M    16.00G  (sampled)
+GPU:    64.00M   192.00M   129.00M    80.00G  (cuda:0, libtorch's allocator; reserved 160.00M)
+     driver (sampled): device-wide 1.00G used, peaked 0.00B above; this process 900.00M (NVML)
+";
+    assert_eq!(data.to_string(), table);
+    let line =
+        "step 3: 0.013s | RAM +4.00M ^1.00M =512.00M of 16.00G  (sampled) | GPU +64.00M ^192.00M =129.00M of 80.00G\n";
+    assert_eq!(data.compact_line(), line);
+}

@@ -190,3 +190,40 @@ fn marking_backward_separates_feature_maps_from_intermediate_gradients() {
     monitor.record_stats();
     assert_eq!(monitor.last().unwrap().intermediate_gradients, None, "only marked iterations separate");
 }
+
+#[test]
+fn report_snapshot() {
+    let mut r = memlab::IterationRecord::default();
+    (r.epoch, r.iteration, r.device) = (2, 7, Some(Device::Cuda(0)));
+    (r.peak_reserved, r.current_reserved) = (96 << 20, 64 << 20);
+    (r.peak_allocated, r.current_allocated) = (80 << 20, 40 << 20);
+    r.weight_rows = vec![("fc.bias".into(), 512), ("fc.weight".into(), 131_072)];
+    r.gradient_rows = r.weight_rows.clone();
+    (r.weights, r.gradients) = (131_584, 131_584);
+    r.optimizer_state_measured = r.current_allocated - r.weights - r.gradients;
+    r.optimizer_state_estimate = Some(2 * r.weights);
+    (r.feature_maps, r.intermediate_gradients) = (3 << 20, Some(5 << 20));
+    let expected = "\
+******************************************
+Memory of iteration 7 of epoch 2 on cuda:0
+******************************************
+Peak reserved (cached)..........................    96.00M
+Current reserved (cached).......................    64.00M
+Peak allocated..................................    80.00M
+Current allocated...............................    40.00M
+Feature maps (held when backward began).........     3.00M
+Intermediate gradients (backward's transient)...     5.00M
+
+Weights.........................................   128.50K
+  fc.bias.......................................   512.00B
+  fc.weight.....................................   128.00K
+
+Weight gradients................................   128.50K
+  fc.bias grad..................................   512.00B
+  fc.weight grad................................   128.00K
+
+Optimizer state and kept tensors................    39.75M
+  optimizer state (estimate)....................   257.00K
+";
+    assert_eq!(r.to_string(), expected);
+}
