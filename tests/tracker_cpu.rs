@@ -69,3 +69,29 @@ fn log_file_and_a_bad_path() {
     memlab::set_output(memlab::Output::Stdout);
     drop(kept);
 }
+
+#[inline(never)]
+fn allocate_unprofiled() -> tch::Tensor {
+    floats(4096)
+}
+
+#[test]
+fn with_backtraces_unnamed_storages_name_their_caller() {
+    let _s = serial();
+    memlab::clear_registry();
+    memlab::set_output(memlab::Output::Sink(Box::new(|_| {})));
+    // A recording started with backtraces on: the tracker joins it.
+    let recording = memlab::Recording::start(memlab::EventSettings::default().backtraces(true)).unwrap();
+    let mut tracker = Tracker::new().device(Device::Cpu);
+    memlab::track!(tracker);
+    let kept = allocate_unprofiled();
+    let text = memlab::track!(tracker);
+    println!("{text}");
+    let line = text.lines().find(|l| l.starts_with("  + 1 × other 16.00K")).unwrap_or_else(|| panic!("{text}"));
+    // The innermost of the user's frames: the helper that made the tensor.
+    assert!(line.contains("allocated at floats at ") && line.contains("tests/common/mod.rs:"), "{line}");
+    drop((kept, tracker, recording));
+    // Back to the default settings (no backtraces) for the other tests.
+    drop(memlab::Recording::start(memlab::EventSettings::default()).unwrap());
+    memlab::set_output(memlab::Output::Stdout);
+}

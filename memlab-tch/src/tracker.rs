@@ -7,7 +7,10 @@
 //!
 //! Named storages come from the registered var stores and tensors (see
 //! [`register_var_store`](crate::register_var_store)); every other live
-//! allocation comes from the event recorder, which a tracker keeps on.
+//! allocation comes from the event recorder, which a tracker keeps on. An
+//! unnamed storage shows the profiled statement that allocated it or, when a
+//! [`Recording`] with backtraces was started before the tracker, the
+//! innermost of the user's frames.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
