@@ -303,30 +303,36 @@ impl TrainingMonitor {
         };
         // The rows of the record before last, their names' buffers reused.
         let (mut weight_rows, mut gradient_rows) = std::mem::take(&mut self.spare_rows);
-        let (mut weights, mut gradients) = (0, 0);
+        let (mut n_weights, mut n_gradients) = (0, 0);
         self.names.resize_with(self.var_stores.len(), Vec::new);
         self.seen.clear();
         for (variables, names) in self.var_stores.iter().zip(&mut self.names) {
             let variables = variables.lock().unwrap_or_else(|e| e.into_inner());
             let vars = &variables.named_variables;
-            if names.len() != vars.len() || !names.iter().all(|n| vars.contains_key(n)) {
-                *names = vars.keys().cloned().collect();
-                names.sort();
-            }
-            for name in names.iter() {
-                let (param, grad) = storages(&vars[name])?;
+            // One lookup per variable; the names are sorted again only when
+            // the store's variables changed.
+            let tensors = match names.iter().map(|n| vars.get(n)).collect::<Option<Vec<_>>>() {
+                Some(tensors) if tensors.len() == vars.len() => tensors,
+                _ => {
+                    *names = vars.keys().cloned().collect();
+                    names.sort();
+                    names.iter().map(|n| &vars[n]).collect()
+                }
+            };
+            for (name, tensor) in names.iter().zip(tensors) {
+                let (param, grad) = storages(tensor)?;
                 if param.device == Some(self.device) && param.storage_id.is_none_or(|id| self.seen.insert(id)) {
-                    put_row(&mut weight_rows, &mut weights, name, param.nbytes as i64);
+                    put_row(&mut weight_rows, &mut n_weights, name, param.nbytes as i64);
                 }
                 if let Some(grad) = grad.filter(|g| g.device == Some(self.device)) {
                     if grad.storage_id.is_none_or(|id| self.seen.insert(id)) {
-                        put_row(&mut gradient_rows, &mut gradients, name, grad.nbytes as i64);
+                        put_row(&mut gradient_rows, &mut n_gradients, name, grad.nbytes as i64);
                     }
                 }
             }
         }
-        weight_rows.truncate(weights);
-        gradient_rows.truncate(gradients);
+        weight_rows.truncate(n_weights);
+        gradient_rows.truncate(n_gradients);
         record.weights = weight_rows.iter().map(|r| r.1).sum();
         record.gradients = gradient_rows.iter().map(|r| r.1).sum();
         (record.weight_rows, record.gradient_rows) = (weight_rows, gradient_rows);
@@ -478,10 +484,7 @@ struct CsvFiles {
     iterations: BufWriter<File>,
     variables: csv::Writer<File>,
     flushed: Instant,
-    /// The bytes of each variable (and gradient) as last written.
-    weights: HashMap<String, i64>,
-    gradients: HashMap<String, i64>,
-    /// The rows of the last record.
+    /// The rows of the last record: the variables' bytes as last written.
     last_weights: Vec<Row>,
     last_gradients: Vec<Row>,
     /// The device of the records and its name.
@@ -531,8 +534,6 @@ impl CsvFiles {
             ),
             variables: open_csv(&dir.join("memlab_variables.csv"), &VARIABLE_HEADER)?,
             flushed: Instant::now(),
-            weights: HashMap::new(),
-            gradients: HashMap::new(),
             last_weights: Vec::new(),
             last_gradients: Vec::new(),
             device: (None, String::new()),
@@ -571,29 +572,19 @@ impl CsvFiles {
         w.write_all(b"\n")?;
         // Variables: a row when a variable's bytes change (every variable at
         // the first record), and a 0-byte row when a gradient goes away.
-        for (rows, kind, written, last) in [
-            (&r.weight_rows, "weight", &mut self.weights, &mut self.last_weights),
-            (&r.gradient_rows, "gradient", &mut self.gradients, &mut self.last_gradients),
+        for (rows, kind, last) in [
+            (&r.weight_rows, "weight", &mut self.last_weights),
+            (&r.gradient_rows, "gradient", &mut self.last_gradients),
         ] {
             // Most records repeat the rows of the one before.
             if rows == last {
                 continue;
             }
-            last.clone_from(rows);
-            let mut known = 0;
-            let mut changed: Vec<(&str, i64)> = Vec::new();
-            for (name, bytes) in rows {
-                let before = written.get(name);
-                known += usize::from(before.is_some());
-                if before != Some(bytes) {
-                    changed.push((name, *bytes));
-                }
-            }
-            if known < written.len() {
-                let gone = written.keys().filter(|n| !rows.iter().any(|(name, _)| name == *n));
-                changed.extend(gone.map(|n| (n.as_str(), 0)));
-            }
-            for &(name, bytes) in &changed {
+            let before: HashMap<&str, i64> = last.iter().map(|(n, b)| (n.as_str(), *b)).collect();
+            let now: HashSet<&str> = rows.iter().map(|(n, _)| n.as_str()).collect();
+            let changed = rows.iter().filter(|(n, b)| before.get(n.as_str()) != Some(b)).map(|(n, b)| (n, *b));
+            let gone = last.iter().filter(|(n, _)| !now.contains(n.as_str())).map(|(n, _)| (n, 0));
+            for (name, bytes) in changed.chain(gone) {
                 let w = &mut self.variables;
                 w.write_field(digits.of(r.epoch as i64))?;
                 w.write_field(digits.of(r.iteration as i64))?;
@@ -603,14 +594,7 @@ impl CsvFiles {
                 w.write_field(digits.of(bytes))?;
                 w.write_record(None::<&[u8]>)?;
             }
-            let changed: Vec<(String, i64)> = changed.into_iter().map(|(n, b)| (n.to_string(), b)).collect();
-            for (name, bytes) in changed {
-                if bytes == 0 && !rows.iter().any(|(n, _)| *n == name) {
-                    written.remove(&name);
-                } else {
-                    written.insert(name, bytes);
-                }
-            }
+            last.clone_from(rows);
         }
         if self.flushed.elapsed() >= CSV_FLUSH_EVERY {
             self.flush()?;
