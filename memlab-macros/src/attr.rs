@@ -32,48 +32,86 @@ impl Options {
                     "profile_every needs a period: write `#[memlab::profile_every(10)]` to print every 10 calls",
                 ));
             }
-            let n: LitInt = input.parse()?;
-            options.every = n.base10_parse()?;
-            if options.every == 0 {
-                return Err(Error::new_spanned(n, "the period must be at least 1 call"));
-            }
+            options.every = parse_period(input)?;
             if !input.is_empty() {
-                input.parse::<Token![,]>()?;
+                expect_comma(input)?;
             }
         }
         while !input.is_empty() {
             if input.peek(Token![crate]) {
                 let key = input.parse::<Token![crate]>()?;
-                input.parse::<Token![=]>()?;
+                expect_eq(input, "crate", "crate = my_reexport::memlab")?;
                 if options.krate.is_some() {
                     return Err(Error::new_spanned(key, "`crate` is given twice"));
                 }
-                options.krate = Some(input.parse()?);
+                options.krate = Some(input.parse::<Path>().map_err(|e| {
+                    Error::new(e.span(), "`crate` takes a path, without quotes: `crate = my_reexport::memlab`")
+                })?);
             } else {
-                let key: syn::Ident = input.parse()?;
-                input.parse::<Token![=]>()?;
+                let key: syn::Ident = input.parse().map_err(|e| Error::new(e.span(), OPTIONS))?;
                 match key.to_string().as_str() {
                     "device" => {
+                        expect_eq(input, "device", "device = \"cuda:0\"")?;
                         if options.device.is_some() {
                             return Err(Error::new_spanned(key, "`device` is given twice"));
                         }
-                        let value: LitStr = input.parse()?;
+                        let value: LitStr = input.parse().map_err(|e| {
+                            Error::new(
+                                e.span(),
+                                "`device` takes a string: \"cpu\", \"cuda\" (the current CUDA device), \"cuda:N\" or \"auto\"",
+                            )
+                        })?;
                         options.device = Some(parse_device(&value)?);
                     }
-                    _ => {
+                    "every" | "period" => {
                         return Err(Error::new_spanned(
                             key,
-                            "unknown option: memlab's profile attributes take `device = \"cpu\" | \"cuda\" | \"cuda:N\" | \"auto\"` and `crate = path`",
+                            "the period is not an option: write `#[memlab::profile_every(10)]` to print every 10 calls",
                         ))
                     }
+                    _ => return Err(Error::new_spanned(key, OPTIONS)),
                 }
             }
             if !input.is_empty() {
-                input.parse::<Token![,]>()?;
+                expect_comma(input)?;
             }
         }
         Ok(options)
     }
+}
+
+/// What the profile attributes accept, for errors about anything else.
+const OPTIONS: &str = "unknown option: memlab's profile attributes take `device = \"cpu\" | \"cuda\" | \"cuda:N\" | \"auto\"` and `crate = path`";
+
+/// The period of `profile_every`: a positive number of calls.
+fn parse_period(input: ParseStream) -> Result<u32> {
+    const WHAT: &str =
+        "profile_every takes a positive number of calls: write `#[memlab::profile_every(10)]` to print every 10 calls";
+    let negative = input.peek(Token![-]);
+    if negative {
+        let minus: Token![-] = input.parse()?;
+        return Err(Error::new_spanned(minus, WHAT));
+    }
+    let n: LitInt = input.parse().map_err(|e| Error::new(e.span(), WHAT))?;
+    if n.base10_digits().starts_with('-') {
+        return Err(Error::new_spanned(n, WHAT));
+    }
+    let every: u64 = n.base10_parse().map_err(|_| Error::new_spanned(&n, WHAT))?;
+    if every == 0 {
+        return Err(Error::new_spanned(n, "the period must be at least 1 call"));
+    }
+    u32::try_from(every).map_err(|_| Error::new_spanned(&n, "the period is at most 4294967295 calls"))
+}
+
+fn expect_eq(input: ParseStream, key: &str, example: &str) -> Result<()> {
+    input
+        .parse::<Token![=]>()
+        .map(drop)
+        .map_err(|e| Error::new(e.span(), format!("`{key}` needs a value: write `{example}`")))
+}
+
+fn expect_comma(input: ParseStream) -> Result<()> {
+    input.parse::<Token![,]>().map(drop).map_err(|e| Error::new(e.span(), "separate the options with commas"))
 }
 
 fn parse_device(lit: &LitStr) -> Result<DeviceArg> {

@@ -1,4 +1,4 @@
-#[memlab::profile(every = 3)]
+#[memlab::profile(colour = 3)]
 fn step() {}
 
 fn main() {
