@@ -16,7 +16,6 @@ fn forward(model: &nn::Sequential, x: &Tensor) -> Tensor {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     memlab::set_print_at_exit(false);
-    let verbose = std::env::args().any(|a| a == "--verbose");
     let device = Device::cuda_if_available();
     // Recording from the start lets the reporter name the site of every
     // allocation that no named tensor owns.
@@ -32,9 +31,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     let loss = forward(&model, &input);
     println!("========= before backward =========");
-    print!("{}", memlab::MemReporter::registered().verbose(verbose).report()?);
+    print!("{}", memlab::MemReporter::registered().report()?);
     loss.backward();
     println!("========= after backward =========");
-    print!("{}", memlab::MemReporter::registered().verbose(verbose).report()?);
+    print!("{}", memlab::MemReporter::registered().report()?);
     Ok(())
 }

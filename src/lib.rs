@@ -36,11 +36,15 @@
 ///   over all runs (a line in a loop that keeps 1 MiB per iteration shows
 ///   `+1.00M` and a total of `+N.00M`).
 ///
-/// The signature line shows the state at entry. A `return`, a `?` or a panic
-/// ends the statement that was running, so it is recorded too, and so is what
-/// the locals free when they go out of scope (on the last statement).
-/// Loop headers evaluated again between iterations count towards the
-/// statement that ran last.
+/// The signature line shows the state at entry. What a block's locals free
+/// when it ends (the function body, a loop body, an `if` arm, …) counts on the
+/// block's closing-brace line, so every statement's increment is its own: a
+/// last statement that creates a 4 MiB tensor shows `+4.00M`, and the closing
+/// brace shows `-4.00M` when the tensor goes out of scope there. A `return`,
+/// `break`, `continue`, `?` or panic ends the statement that was running, so
+/// it is recorded too, together with what the locals it drops free. Loop
+/// headers evaluated again between iterations count towards the closing brace
+/// of the body (or, in a body without locals, its last statement).
 ///
 /// Repeated calls merge per line: every figure keeps its largest value and
 /// `hits` counts the runs. A profiled function called from a profiled line
@@ -68,7 +72,9 @@
 /// Any number of threads may run profiled functions at once. The allocator's
 /// statistics are per device, not per thread, so a line's figures include what
 /// other threads allocated while it ran. `async fn` works the same way; a line
-/// that awaits counts what ran elsewhere until it resumed.
+/// that awaits counts what ran elsewhere until it resumed. Allocation events
+/// (dispose scopes, the reporter's sites, `track!()`) name a statement of an
+/// `async fn` only while one of its polls runs, however futures interleave.
 ///
 /// Closures and `async` blocks inside the function are not instrumented (they
 /// may run later or on another thread): they count towards the statement that
@@ -114,9 +120,9 @@ pub use memlab_tch::{
     reset_accumulated_stats, reset_peak_stats, storage_info, Layout, StorageInfo,
 };
 pub use memlab_tch::{
-    check_step, clear_registry, register_tensor, register_var_store, Courtesy, DeviceReport, DisposeScope,
-    IterationRecord, MemReport, MemReporter, OnEscape, OptimizerKind, Recording, Row, RowKind, ScopeReport, StepCheck,
-    TrainingMonitor, WeakTensor, YieldCounts, YieldReport,
+    check_step, check_step_with, clear_registry, register_tensor, register_var_store, Courtesy, DeviceReport,
+    DisposeScope, IterationRecord, MemReport, MemReporter, OnEscape, OptimizerKind, Recording, Row, RowKind,
+    ScopeReport, StepCheck, TrainingMonitor, WeakTensor, YieldCounts, YieldReport,
 };
 pub use memlab_tch::{
     driver_memory, process_gpu_memory, rss, DriverMemory, GpuFigures, RamFigures, StepData, StepLogger,
@@ -194,8 +200,9 @@ pub fn reset() {
 #[doc(hidden)]
 pub mod __private {
     pub use inventory;
-    pub use memlab_core::profiler::{Frame, Registered, Site, SiteMeta};
+    pub use memlab_core::profiler::{Frame, InStatement, Registered, Site, SiteMeta};
     pub use memlab_core::{Device, DeviceSelector};
+    pub use memlab_tch::events_testing;
     pub use memlab_tch::track_global;
 
     /// The path of the function a marker item is nested in (see `track!`).

@@ -268,7 +268,7 @@ fn reporter_rows_add_up_on_cuda() {
     let cuda = report.device(Device::Cuda(0)).unwrap();
     assert_eq!(cuda.rows.iter().find(|r| r.name == "fc.weight").unwrap().bytes, 4 << 20);
     assert_eq!(cuda.rows.iter().find(|r| r.name == "odd").unwrap().bytes, 4000);
-    let total: i64 = cuda.rows.iter().map(|r| r.bytes).sum();
+    let total: i64 = cuda.rows.iter().filter(|r| r.counted).map(|r| r.bytes).sum();
     assert_eq!(total, cuda.allocated_bytes);
     let rounding = cuda.rows.iter().find(|r| r.kind == memlab::RowKind::Rounding).expect("a rounding row");
     assert!(rounding.bytes >= 96, "{report}");
@@ -460,4 +460,121 @@ fn tracker_on_cuda() {
     assert!(fourth.contains("  - 2 × other 16.00K"), "{fourth}");
     memlab::set_output(memlab::Output::Stdout);
     memlab::clear_registry();
+}
+
+fn spike_then_reset_peaks_on_cuda() {
+    drop(floats(MIB));
+    memlab::reset_peak_stats(Device::Cuda(0)).unwrap();
+}
+
+fn allocate_then_reset_totals_on_cuda() -> Tensor {
+    let kept = floats(MIB);
+    memlab::reset_accumulated_stats(Device::Cuda(0)).unwrap();
+    kept
+}
+
+#[memlab::profile(device = "cuda:0")]
+fn cuda_resets_inside_a_line() -> Tensor {
+    spike_then_reset_peaks_on_cuda();
+    allocate_then_reset_totals_on_cuda()
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn user_resets_keep_the_running_lines_figures_on_cuda() {
+    let _s = serial();
+    memlab::reset();
+    let base = allocated();
+    let kept = cuda_resets_inside_a_line();
+    let f = memlab::report().function("cuda_resets_inside_a_line").unwrap().clone();
+    println!("{}", memlab::report().filter("cuda_resets_inside_a_line"));
+    let spike = line(&f, "spike_then_reset_peaks_on_cuda()");
+    assert_eq!(stat(spike, "allocated_bytes.all.peak"), base + 4 * MIB, "the reset kept the line's peak");
+    let totals = line(&f, "allocate_then_reset_totals_on_cuda()");
+    assert_eq!(stat(totals, "allocated_bytes.all.allocated"), 4 * MIB, "the reset kept the line's totals");
+    assert_eq!(stat(totals, "allocation.all.allocated"), 1);
+    drop(kept);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_gpu_this_process_lacks_is_named_with_the_count() {
+    let _s = serial();
+    let count = memlab::cuda_device_count();
+    for missing in [count, count + 5] {
+        for err in [
+            memlab::driver_memory(missing).unwrap_err(),
+            memlab::where_gpu_memory_went(missing).unwrap_err(),
+            memlab::process_gpu_memory(missing).unwrap_err(),
+        ] {
+            println!("{err}");
+            assert_eq!(err, memlab::Error::DeviceUnavailable { device: Device::Cuda(missing), count });
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_flattened_lstm_storage_has_a_row_of_its_own() {
+    let _s = serial();
+    let vs = tch::nn::VarStore::new(GPU);
+    let lstm = tch::nn::lstm(vs.root() / "lstm", 1024, 1024, Default::default());
+    let input = Tensor::zeros([2, 4, 1024], (Kind::Float, GPU));
+    let _ = tch::nn::RNN::seq(&lstm, &input);
+    let report = memlab::MemReporter::new(&vs).device(Device::Cuda(0)).report().unwrap();
+    println!("{report}");
+    let cuda = report.device(Device::Cuda(0)).unwrap();
+    let storage = cuda.rows.iter().find(|r| r.kind == memlab::RowKind::Storage).expect("a storage row");
+    let views: Vec<_> = cuda.rows.iter().filter(|r| r.name.contains("(->storage #1)")).collect();
+    assert_eq!(views.len(), 4, "weights and biases of one layer:\n{report}");
+    for view in &views {
+        let elements: i64 = view.shape.iter().product();
+        assert_eq!(view.bytes, elements * 4, "a view's bytes are its own size: {view:?}");
+        assert!(!view.counted);
+    }
+    let packed: i64 = views.iter().map(|v| v.bytes).sum();
+    assert!(storage.bytes >= packed, "the storage holds its views:\n{report}");
+    let total: i64 = cuda.rows.iter().filter(|r| r.counted).map(|r| r.bytes).sum();
+    assert_eq!(total, cuda.allocated_bytes, "rows add up:\n{report}");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn concurrent_checks_catch_every_cuda_leak() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    use std::time::{Duration, Instant};
+    let _s = serial();
+    let stop = Arc::new(AtomicBool::new(false));
+    let churn = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                drop(memlab::Recording::start(memlab::EventSettings::default()).unwrap());
+            }
+        })
+    };
+    let deadline = Instant::now() + Duration::from_secs(3);
+    let checkers: Vec<_> = (0..2)
+        .map(|_| {
+            std::thread::spawn(move || {
+                let (mut kept, mut checks) = (Vec::new(), 0usize);
+                while Instant::now() < deadline {
+                    // 128 floats: 512 bytes, exactly one block of the caching allocator.
+                    let check = memlab::check_step(|| kept.push(floats(128))).unwrap();
+                    assert_eq!(check.scope.escaped_bytes(Device::Cuda(0)), 512, "check {checks} missed the leak");
+                    checks += 1;
+                    if kept.len() > 64 {
+                        kept.clear();
+                    }
+                }
+                checks
+            })
+        })
+        .collect();
+    let checks: usize = checkers.into_iter().map(|c| c.join().unwrap()).sum();
+    stop.store(true, Ordering::Relaxed);
+    churn.join().unwrap();
+    println!("{checks} concurrent checks on cuda:0, every leak caught");
+    assert!(checks > 100);
 }

@@ -89,12 +89,14 @@ fn no_gpu_is_an_answer_not_a_crash() {
         assert!(memlab::driver_memory(0).unwrap().total > 0);
         return;
     }
-    let err = memlab::driver_memory(0).unwrap_err();
-    assert!(err.to_string().contains("no GPU"), "{err}");
-    let err = memlab::process_gpu_memory(0).unwrap_err();
-    assert!(err.to_string().contains("no GPU"), "{err}");
-    let err = memlab::where_gpu_memory_went(0).unwrap_err();
-    assert!(err.to_string().contains("no GPU"), "{err}");
+    // The cause first: this process sees no CUDA device.
+    for err in [
+        memlab::driver_memory(0).unwrap_err(),
+        memlab::process_gpu_memory(0).unwrap_err(),
+        memlab::where_gpu_memory_went(0).unwrap_err(),
+    ] {
+        assert!(err.to_string().contains("cuda:0 is not available: this process sees 0 CUDA device(s)"), "{err}");
+    }
     let mut logger = StepLogger::new();
     logger.stop();
     assert!(logger.preinit_cuda().is_err());

@@ -19,12 +19,20 @@ fn allocated() -> i64 {
 }
 
 fn function(name: &str) -> FunctionReport {
-    memlab::report().function(name).unwrap_or_else(|| panic!("{name} is registered")).clone()
+    memlab::report().function(name).unwrap_or_else(|e| panic!("{e}")).clone()
 }
 
 fn line<'a>(f: &'a FunctionReport, code: &str) -> &'a LineStats {
     let l = f.find(code).unwrap_or_else(|| panic!("a line containing {code:?} in {}", f.name));
     l.stats.as_ref().unwrap_or_else(|| panic!("line {} ({code:?}) ran", l.line))
+}
+
+/// The figures of the `n`th closing brace (1 = the first) after the line
+/// containing `code`: where a block's locals are freed when it ends.
+fn brace_after<'a>(f: &'a FunctionReport, code: &str, n: usize) -> &'a LineStats {
+    let start = f.lines.iter().position(|l| l.code.contains(code)).expect("the line exists");
+    let brace = f.lines[start..].iter().filter(|l| l.code.trim() == "}").nth(n - 1).expect("a closing brace");
+    brace.stats.as_ref().unwrap_or_else(|| panic!("the closing brace on line {} ran", brace.line))
 }
 
 fn never_ran(f: &FunctionReport, code: &str) -> bool {
@@ -118,8 +126,9 @@ fn nested_calls_keep_the_callers_peak() {
     let inner = function("inner_spike");
     assert_eq!(stat(line(&inner, "let spike"), "active_bytes.all.peak"), base + 20 * MIB);
     assert_eq!(line(&inner, "let spike").increment, 16 * MIB);
-    // The callee's locals are freed on its last statement.
-    assert_eq!(line(&inner, "spike.numel()").increment, -16 * MIB);
+    // The callee's locals are freed at its closing brace, not by its last statement.
+    assert_eq!(line(&inner, "spike.numel()").increment, 0);
+    assert_eq!(brace_after(&inner, "spike.numel()", 1).increment, -16 * MIB);
 }
 
 #[memlab::profile(device = "cpu")]
@@ -219,8 +228,15 @@ fn recursion_merges_calls_and_keeps_outer_peaks() {
     assert_eq!(tail.hits, 3);
     // At the deepest point all four levels (1 MiB each) were alive.
     assert_eq!(stat(tail, "active_bytes.all.peak"), base + 4 * MIB);
-    assert_eq!((tail.increment, tail.increment_total), (-MIB, -3 * MIB));
-    assert_eq!(line(&f, "return level.numel()").hits, 1);
+    // Each callee frees its level at its own closing brace, inside the
+    // caller's line: the line itself keeps nothing.
+    assert_eq!((tail.increment, tail.increment_total), (0, 0));
+    // The three calls that reach the end free their level at the closing
+    // brace; the deepest returns early, and its `return` frees it.
+    let brace = brace_after(&f, "recurse(depth - 1)", 1);
+    assert_eq!((brace.hits, brace.increment, brace.increment_total), (3, -MIB, -3 * MIB));
+    let early = line(&f, "return level.numel()");
+    assert_eq!((early.hits, early.increment), (1, -MIB));
 }
 
 #[memlab::profile(device = "cpu")]
@@ -295,7 +311,11 @@ fn statements_in_nested_blocks_get_their_own_rows() {
     assert_eq!((scratch.hits, scratch.increment), (2, 8192));
     // `t` of odd iterations is dropped at the end of the body, after the last statement.
     assert_eq!(line(&f, "drop(scratch)").increment, -8192);
-    assert_eq!(line(&f, "total += *p").increment_total, -2 * 4096);
+    // The `t` of odd iterations is freed when the loop body ends: its closing
+    // brace (the second after `total += *p`; the first closes `unsafe`).
+    assert_eq!(line(&f, "total += *p").increment_total, 0);
+    assert_eq!(brace_after(&f, "total += *p", 1).increment_total, 0);
+    assert_eq!(brace_after(&f, "total += *p", 2).increment_total, -2 * 4096);
     assert_eq!(line(&f, "let first").hits, 1);
     assert_eq!(line(&f, "let p: *const usize").hits, 4);
     assert_eq!(line(&f, "total += *p").hits, 4);
@@ -380,8 +400,8 @@ fn text_table_snapshot() {
         "   +2.00K           +4.00K     2  {2}      let b = floats(512);",
         "    0.00B            0.00B     2  {3}      let mut parts = vec![a, b];",
         "   -2.00K           -4.00K     2  {4}      parts.pop();",
-        "   -4.00M           -8.00M     2  {5}      parts.len()",
-        "                                  {6}  }}",
+        "    0.00B            0.00B     2  {5}      parts.len()",
+        "   -4.00M           -8.00M     2  {6}  }}",
     ];
     let mut expected = String::from(
         "## profile_cpu::snapshot_subject  (cpu, 2 calls)\n\nincrement  increment_total  hits  line  code\n",
@@ -410,7 +430,7 @@ fn html_csv_and_json_carry_the_same_figures() {
     let header = rows.headers().unwrap().clone();
     let col = |name: &str| header.iter().position(|h| h == name).unwrap();
     let records: Vec<csv::StringRecord> = rows.records().map(Result::unwrap).collect();
-    assert_eq!(records.len(), 6, "one row per line that ran");
+    assert_eq!(records.len(), 7, "one row per line that ran, the closing brace included");
     let a = records.iter().find(|r| r[col("code")].starts_with("let a")).unwrap();
     assert_eq!(&a[col("increment")], (4 * MIB).to_string());
     assert_eq!(a[col("line")].parse::<u32>().unwrap(), SNAPSHOT_LINE + 1);
@@ -421,7 +441,9 @@ fn html_csv_and_json_carry_the_same_figures() {
     let a = lines.as_array().unwrap().iter().find(|l| l["line"] == SNAPSHOT_LINE + 1).unwrap();
     assert_eq!(a["increment"], 4 * MIB);
     assert_eq!(a["stats"]["allocated_bytes.all.allocated"], 4 * MIB);
-    assert_eq!(lines.as_array().unwrap().last().unwrap()["stats"], serde_json::Value::Null);
+    // The closing brace ran: the locals were freed there.
+    let brace = lines.as_array().unwrap().last().unwrap();
+    assert_eq!(brace["increment"], -4 * MIB);
 }
 
 #[memlab::profile(device = "cuda:7")]

@@ -21,7 +21,7 @@ fn row<'a>(report: &'a MemReport, name: &str) -> &'a memlab::Row {
 /// Every byte the allocator holds is in a row.
 fn assert_rows_add_up(report: &MemReport) {
     for d in &report.devices {
-        let total: i64 = d.rows.iter().map(|r| r.bytes).sum();
+        let total: i64 = d.rows.iter().filter(|r| r.counted).map(|r| r.bytes).sum();
         assert_eq!(total, d.allocated_bytes, "rows of {} add up to the allocator's figure:\n{report}", d.device);
     }
 }
@@ -56,13 +56,22 @@ fn shared_storages_count_once() {
     let _s = serial();
     let base = Tensor::zeros([256, 256], (Kind::Float, tch::Device::Cpu));
     let view = base.narrow(0, 0, 16);
-    let reporter = MemReporter::default().tensor("base", &base).tensor("view", &view);
-    let report = reporter.report().unwrap();
-    assert!(cpu(&report).rows.iter().all(|r| r.name != "view(->base)"), "hidden unless verbose");
-    let verbose = MemReporter::default().tensor("base", &base).tensor("view", &view).verbose(true).report().unwrap();
-    let shared = row(&verbose, "view(->base)");
-    assert_eq!((shared.bytes, shared.shape.as_slice()), (0, &[16, 256][..]));
-    assert_eq!(cpu(&verbose).named_bytes, 256 * 256 * 4);
+    let report = MemReporter::default().tensor("base", &base).tensor("view", &view).report().unwrap();
+    // One row for the storage, with its bytes; each view under it with its own size.
+    let storage = row(&report, "storage #1: 2 views");
+    assert_eq!(
+        (storage.kind, storage.bytes, storage.count, storage.counted),
+        (RowKind::Storage, 256 * 256 * 4, 256 * 256, true)
+    );
+    assert_eq!(storage.shape, [256 * 256], "a storage is a flat buffer");
+    let whole = row(&report, "base(->storage #1)");
+    assert_eq!((whole.bytes, whole.counted, whole.shape.as_slice()), (256 * 256 * 4, false, &[256, 256][..]));
+    let part = row(&report, "view(->storage #1)");
+    assert_eq!((part.bytes, part.counted, part.shape.as_slice()), (16 * 256 * 4, false, &[16, 256][..]));
+    assert_eq!(cpu(&report).named_bytes, 256 * 256 * 4);
+    assert_rows_add_up(&report);
+    let text = report.to_text();
+    assert!(text.contains("  view(->storage #1)") && text.contains("(16.00K)"), "{text}");
 }
 
 #[test]
@@ -127,8 +136,8 @@ fn device_filter_and_exports() {
     let report = MemReporter::new(&vs).device(Device::Cpu).report().unwrap();
     assert_eq!(report.devices.len(), 1);
     let csv = report.to_csv().unwrap();
-    assert!(csv.starts_with("device,kind,name,shape,dtype,count,bytes\n"));
-    assert!(csv.contains("cpu,parameter,l.weight,3x4,Float,12,48\n"), "{csv}");
+    assert!(csv.starts_with("device,kind,name,shape,dtype,count,bytes,counted\n"));
+    assert!(csv.contains("cpu,parameter,l.weight,3x4,Float,12,48,true\n"), "{csv}");
     let json: serde_json::Value = serde_json::from_str(&report.to_json()).unwrap();
     assert_eq!(json["devices"][0]["device"], "cpu");
     assert_eq!(json["devices"][0]["rows"][1]["bytes"], 48);

@@ -12,6 +12,10 @@ pub trait Backend: Send + Sync {
     /// A device whose allocator has not been used yet reads as all zeros.
     fn sample(&self, device: Device, out: &mut RawStats, reset_peaks: bool) -> Result<()>;
 
+    /// Sets the running totals (`*.allocated`, `*.freed`, `num_*`) of `device`
+    /// to zero, writing into `taken` the values they had when they were reset.
+    fn reset_totals(&self, device: Device, taken: &mut RawStats) -> Result<()>;
+
     /// The fields of [`RawStats`] that `sample` fills for `device`; the others
     /// always read zero there, and the profiler skips them.
     fn fields(&self, device: Device) -> &'static [usize] {

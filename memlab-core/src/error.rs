@@ -27,6 +27,22 @@ pub enum Error {
         "`{0}` is not a statistic: use a memory_stats() key such as `active_bytes.all.peak`, or `increment` / `hits`"
     )]
     UnknownStat(String),
+    /// No profiled function has this name.
+    #[error("no profiled function is named `{name}`; profiled functions: {known}")]
+    UnknownFunction {
+        /// The name asked for.
+        name: String,
+        /// The profiled functions, comma-separated.
+        known: String,
+    },
+    /// Several profiled functions end with this name.
+    #[error("`{name}` names several profiled functions; write more of the path: {}", candidates.join(", "))]
+    AmbiguousFunction {
+        /// The name asked for.
+        name: String,
+        /// The functions it matches.
+        candidates: Vec<String>,
+    },
     /// Writing a report failed.
     #[error("could not write the report: {0}")]
     Io(String),

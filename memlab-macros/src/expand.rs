@@ -68,21 +68,39 @@ pub fn profile(options: Options, item: TokenStream) -> TokenStream {
     let first_line_lit = first_line as u32;
     let signature_line_lit = signature_line as u32;
     let stmts = &function.block.stmts;
-    let body = quote! {
-        {
-            fn __memlab_here() {}
-            static __MEMLAB_SITE: #krate::__private::Site = #krate::__private::Site::new(#krate::__private::SiteMeta {
-                name: || ::core::any::type_name_of_val(&__memlab_here),
-                file: ::core::file!(),
-                first_line: #first_line_lit,
-                signature_line: #signature_line_lit,
-                source: &[#(#source),*],
-                device: #device,
-                every: #every,
-            });
-            #krate::__private::inventory::submit! { #krate::__private::Registered(&__MEMLAB_SITE) }
-            let #frame = #krate::__private::enter(&__MEMLAB_SITE);
-            #(#stmts)*
+    let setup = quote! {
+        fn __memlab_here() {}
+        static __MEMLAB_SITE: #krate::__private::Site = #krate::__private::Site::new(#krate::__private::SiteMeta {
+            name: || ::core::any::type_name_of_val(&__memlab_here),
+            file: ::core::file!(),
+            first_line: #first_line_lit,
+            signature_line: #signature_line_lit,
+            source: &[#(#source),*],
+            device: #device,
+            every: #every,
+        });
+        #krate::__private::inventory::submit! { #krate::__private::Registered(&__MEMLAB_SITE) }
+        let #frame = #krate::__private::enter(&__MEMLAB_SITE);
+    };
+    // An `async fn` body runs in pieces, one per poll, interleaved with other
+    // code on the same thread: its statement must be the thread's only while
+    // one of its polls runs.
+    let body = if function.sig.asyncness.is_some() {
+        quote! {
+            {
+                #krate::__private::InStatement::new(async move {
+                    #setup
+                    #(#stmts)*
+                })
+                .await
+            }
+        }
+    } else {
+        quote! {
+            {
+                #setup
+                #(#stmts)*
+            }
         }
     };
     function.block = Box::new(syn::parse2(body).expect("generated body parses"));
@@ -109,15 +127,24 @@ impl VisitMut for Instrument<'_> {
         for stmt in &mut block.stmts {
             self.visit_stmt_mut(stmt);
         }
-        let mut out = Vec::with_capacity(block.stmts.len() * 2);
+        let frame = self.frame;
+        // What a block's locals free when it ends belongs to its closing
+        // brace: a guard declared after every other local is dropped first,
+        // right after the last statement, and opens the brace's interval.
+        let declares_locals = block.stmts.iter().any(|s| matches!(s, Stmt::Local(_) | Stmt::Macro(_)));
+        let tail = match block.stmts.last() {
+            Some(Stmt::Expr(_, None)) => block.stmts.pop(),
+            _ => None,
+        };
+        let mut out = Vec::with_capacity(block.stmts.len() * 2 + 3);
         for stmt in block.stmts.drain(..) {
-            if !matches!(stmt, Stmt::Item(_)) {
-                let span = stmt.span();
-                let line = span.start().line as u32;
-                let frame = self.frame;
-                out.push(syn::parse_quote_spanned!(span=> #frame.line(#line);));
-            }
-            out.push(stmt);
+            push_probed(&mut out, frame, stmt);
+        }
+        if declares_locals {
+            out.push(block_end(frame, block));
+        }
+        if let Some(tail) = tail {
+            push_probed(&mut out, frame, tail);
         }
         block.stmts = out;
     }
@@ -126,6 +153,25 @@ impl VisitMut for Instrument<'_> {
     fn visit_expr_async_mut(&mut self, _: &mut ExprAsync) {}
     fn visit_expr_const_mut(&mut self, _: &mut ExprConst) {}
     fn visit_item_mut(&mut self, _: &mut Item) {}
+}
+
+/// `let __memlab_end = frame.block_end(LINE);` for the closing brace of `block`.
+fn block_end(frame: &Ident, block: &Block) -> Stmt {
+    let line = block.brace_token.span.close().start().line as u32;
+    let end = Ident::new("__memlab_end", Span::mixed_site());
+    // After a diverging statement (`return`, `continue`, `panic!`) the guard
+    // is unreachable, which is fine: the statement's exit drops the locals.
+    syn::parse_quote!(#[allow(unreachable_code)] let #end = #frame.block_end(#line);)
+}
+
+/// Pushes `stmt`, preceded by `frame.line(N);` unless it is a nested item.
+fn push_probed(out: &mut Vec<Stmt>, frame: &Ident, stmt: Stmt) {
+    if !matches!(stmt, Stmt::Item(_)) {
+        let span = stmt.span();
+        let line = span.start().line as u32;
+        out.push(syn::parse_quote_spanned!(span=> #frame.line(#line);));
+    }
+    out.push(stmt);
 }
 
 /// The function's source lines, `first..=last`: read from the file being

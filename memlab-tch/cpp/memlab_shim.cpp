@@ -16,7 +16,10 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <cctype>
+#include <cstdio>
 #include <exception>
+#include <string>
 
 #ifdef MEMLAB_WITH_CUDA
 // Declared here rather than through ATen/cuda headers, which need the CUDA
@@ -145,9 +148,13 @@ struct Counter {
     out[3] = freed.load(std::memory_order_relaxed);
   }
   void reset_peak() { peak.store(current.load(std::memory_order_relaxed), std::memory_order_relaxed); }
-  void reset_accumulated() {
-    allocated.store(0, std::memory_order_relaxed);
-    freed.store(0, std::memory_order_relaxed);
+  // Sets the running totals to zero and returns, in out[2] and out[3], what
+  // they held: nothing counted in between is lost.
+  void take_accumulated(int64_t* out) {
+    out[0] = 0;
+    out[1] = 0;
+    out[2] = allocated.exchange(0, std::memory_order_relaxed);
+    out[3] = freed.exchange(0, std::memory_order_relaxed);
   }
 };
 
@@ -231,12 +238,38 @@ char* install_counting_allocator() {
   MEMLAB_CATCH
 }
 
-// Installed when the program loads, before any tensor exists, so that every
-// CPU tensor is counted. MEMLAB_CPU_ALLOCATOR=0 opts out; memlab_cpu_install
-// can still install it later, and counts only what is allocated after that.
+// Reads a boolean environment variable the way memlab's Rust side does
+// (memlab_core::profiler::env_flag): 1/true/yes/on, 0/false/no/off, any case,
+// spaces around ignored. Returns -1 when unset or empty, and also for anything
+// else, after a warning on stderr.
+int env_flag(const char* name) {
+  const char* raw = std::getenv(name);
+  if (raw == nullptr) {
+    return -1;
+  }
+  std::string text(raw);
+  auto blank = [](char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; };
+  while (!text.empty() && blank(text.back())) text.pop_back();
+  size_t start = 0;
+  while (start < text.size() && blank(text[start])) ++start;
+  text = text.substr(start);
+  for (char& c : text) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (text.empty()) return -1;
+  if (text == "1" || text == "true" || text == "yes" || text == "on") return 1;
+  if (text == "0" || text == "false" || text == "no" || text == "off") return 0;
+  std::fprintf(stderr,
+               "memlab: ignoring %s=\"%s\": write 1, true, yes or on to turn it on, "
+               "0, false, no or off to turn it off\n",
+               name, raw);
+  return -1;
+}
+
+// Installed when the program loads (before main), before any tensor exists,
+// so that every CPU tensor is counted. MEMLAB_CPU_ALLOCATOR=0 (or false/no/off)
+// opts out; memlab_cpu_install can still install it later, and counts only
+// what is allocated after that.
 const bool g_installed_at_load = [] {
-  const char* opt = std::getenv("MEMLAB_CPU_ALLOCATOR");
-  if (opt != nullptr && std::strcmp(opt, "0") == 0) {
+  if (env_flag("MEMLAB_CPU_ALLOCATOR") == 0) {
     return false;
   }
   char* error = install_counting_allocator();
@@ -269,6 +302,12 @@ struct memlab_storage_info {
   int32_t device_index;
   int32_t layout;  // 0 = strided, 1 = sparse COO, 2 = other sparse, 3 = other
   int32_t has_storage;
+  // 1 when the storage's memory came from the allocator whose figures memlab
+  // reads (the counting CPU allocator, the CUDA caching allocator); 0 for
+  // memory it never counted (Tensor::from_blob, tensors made before memlab's
+  // CPU allocator was installed).
+  int32_t from_allocator;
+  int32_t reserved;
 };
 
 constexpr int32_t kMaxDims = 16;
@@ -326,22 +365,19 @@ char* memlab_cuda_stats(int64_t device, int32_t reset_peaks, int64_t* out) {
   MEMLAB_CATCH
 }
 
-char* memlab_cuda_reset_peak_stats(int64_t device) {
+// Sets the running totals of `device` to zero and writes what they held into
+// `out` (all 122 fields, as memlab_cuda_stats does). The caching allocator
+// reads and resets under its own lock in two calls: an allocation between
+// them is counted in neither.
+char* memlab_cuda_take_accumulated_stats(int64_t device, int64_t* out) {
   MEMLAB_TRY
+  std::memset(out, 0, sizeof(int64_t) * kFields);
   TORCH_CHECK(cuda_registered(), "libtorch has no CUDA backend in this process");
   auto* allocator = cuda_allocator();
   if (allocator->initialized()) {
-    allocator->resetPeakStats(static_cast<c10::DeviceIndex>(device));
-  }
-  MEMLAB_CATCH
-}
-
-char* memlab_cuda_reset_accumulated_stats(int64_t device) {
-  MEMLAB_TRY
-  TORCH_CHECK(cuda_registered(), "libtorch has no CUDA backend in this process");
-  auto* allocator = cuda_allocator();
-  if (allocator->initialized()) {
-    allocator->resetAccumulatedStats(static_cast<c10::DeviceIndex>(device));
+    auto index = static_cast<c10::DeviceIndex>(device);
+    flatten(allocator->getDeviceStats(index), out);
+    allocator->resetAccumulatedStats(index);
   }
   MEMLAB_CATCH
 }
@@ -377,29 +413,55 @@ int32_t memlab_cpu_installed_at_load() {
   return g_installed_at_load ? 1 : 0;
 }
 
+namespace {
+
+const char* cpu_missing() {
+  return g_declined.load()
+             ? "another CPU allocator with a higher priority is registered with libtorch"
+             : "it was turned off with MEMLAB_CPU_ALLOCATOR=0; call memlab::install_cpu_allocator() or unset the variable";
+}
+
+// Every CPU block is its own system allocation, in use until freed: the block
+// counts serve allocation, segment and active; the byte counts serve
+// allocated, reserved, active and requested bytes (the CPU has no cache).
+void put_cpu(int64_t* out, const int64_t* blocks, const int64_t* bytes) {
+  for (int array : {0, 1, 2}) {
+    std::memcpy(out + array * 12, blocks, sizeof(int64_t) * 4);
+  }
+  for (int array : {4, 5, 6, 8}) {
+    std::memcpy(out + array * 12, bytes, sizeof(int64_t) * 4);
+  }
+  out[119] = blocks[2];
+  out[120] = blocks[3];
+}
+
+}  // namespace
+
 // Writes the CPU fields only; the caller zero-initialises the record once.
 char* memlab_cpu_stats(int32_t reset_peaks, int64_t* out) {
   if (!g_installed.load()) {
-    return error_copy(g_declined.load()
-        ? "another CPU allocator with a higher priority is registered with libtorch"
-        : "it was turned off with MEMLAB_CPU_ALLOCATOR=0; call memlab::install_cpu_allocator() or unset the variable");
+    return error_copy(cpu_missing());
   }
   bool reset = reset_peaks != 0;
   int64_t blocks[4];
   int64_t bytes[4];
   g_blocks.read(blocks, reset);
   g_bytes.read(bytes, reset);
-  // Every CPU block is its own system allocation, in use until freed: the
-  // block counts serve allocation, segment and active; the byte counts serve
-  // allocated, reserved, active and requested bytes (the CPU has no cache).
-  for (int array : {0, 1, 2}) {
-    std::memcpy(out + array * 12, blocks, sizeof blocks);
+  put_cpu(out, blocks, bytes);
+  return nullptr;
+}
+
+// Sets the CPU's running totals to zero; writes what they held into the CPU
+// fields of `out` (levels and peaks read zero there).
+char* memlab_cpu_take_accumulated_stats(int64_t* out) {
+  if (!g_installed.load()) {
+    return error_copy(cpu_missing());
   }
-  for (int array : {4, 5, 6, 8}) {
-    std::memcpy(out + array * 12, bytes, sizeof bytes);
-  }
-  out[119] = blocks[2];
-  out[120] = blocks[3];
+  int64_t blocks[4];
+  int64_t bytes[4];
+  g_blocks.take_accumulated(blocks);
+  g_bytes.take_accumulated(bytes);
+  put_cpu(out, blocks, bytes);
   return nullptr;
 }
 
@@ -425,15 +487,6 @@ char* memlab_cuda_set_event_hook(EventHook hook) {
 }
 #endif
 
-void memlab_cpu_reset_peak_stats() {
-  g_blocks.reset_peak();
-  g_bytes.reset_peak();
-}
-
-void memlab_cpu_reset_accumulated_stats() {
-  g_blocks.reset_accumulated();
-  g_bytes.reset_accumulated();
-}
 
 namespace {
 
@@ -475,6 +528,15 @@ void fill_storage(const at::Tensor& t, memlab_storage_info* out) {
     out->storage_id = reinterpret_cast<uint64_t>(storage.unsafeGetStorageImpl());
     out->nbytes = static_cast<int64_t>(storage.nbytes());
     out->data_ptr = reinterpret_cast<uint64_t>(storage.data());
+    c10::DeleterFnPtr deleter = storage.data_ptr().get_deleter();
+    c10::DeleterFnPtr counted = nullptr;
+    if (device.type() == c10::DeviceType::CPU) {
+      counted = &counting_delete;
+    } else if (device.type() == c10::DeviceType::CUDA && cuda_registered()) {
+      counted = cuda_allocator()->raw_deleter();
+    }
+    // An allocator that does not say how it frees cannot be told apart: count it.
+    out->from_allocator = (counted == nullptr || deleter == counted || storage.nbytes() == 0) ? 1 : 0;
   }
 }
 
@@ -508,7 +570,10 @@ char* memlab_tensor_facts(const void* tensor, memlab_tensor_facts* out, memlab_t
   TORCH_CHECK(t.defined(), "the tensor is undefined (it holds no data)");
   fill_facts(t, out);
   if (grad != nullptr) {
-    const auto& g = t.grad();
+    // Only leaves (and tensors that retain theirs) have gradients; asking a
+    // non-leaf makes libtorch print a warning every time.
+    const bool has_grad_field = t.is_leaf() || t.retains_grad();
+    const at::Tensor g = has_grad_field ? t.grad() : at::Tensor();
     if (g.defined()) {
       fill_facts(g, grad);
     } else {

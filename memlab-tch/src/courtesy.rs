@@ -99,10 +99,8 @@ impl Courtesy {
         }
         let mut out = Vec::new();
         for (name, tensor) in tensors {
-            if let Ok(grad) = tensor.f_grad() {
-                if grad.defined() {
-                    out.push((format!("{name}.grad"), grad));
-                }
+            if let Some(grad) = crate::grad_of(&tensor) {
+                out.push((format!("{name}.grad"), grad));
             }
             out.push((name, tensor));
         }

@@ -8,14 +8,18 @@
 //! reports those still alive (with where they were allocated), except the
 //! ones it was told to [`keep`](DisposeScope::keep).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::fmt::{self, Write};
+use std::marker::PhantomData;
+use std::sync::{Arc, Mutex};
 
 use memlab_core::events::{self, LiveAllocation, ScopeCounts, ScopeOutcome};
 use memlab_core::profiler::PeakWatch;
 use memlab_core::{format_bytes, Device, Error, Result};
 
-use crate::{events as hooks, storage_info, BACKEND};
+use tch::nn::{VarStore, Variables};
+
+use crate::{events as hooks, registry, storage_info, BACKEND};
 
 /// What a scope does when allocations escaped it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,21 +55,59 @@ pub enum OnEscape {
 /// # drop((kept, result));
 /// # Ok::<(), memlab_core::Error>(())
 /// ```
+///
+/// A scope belongs to the thread that opened it (it is not `Send`): it sees
+/// the allocations of that thread, and closes there.
+///
+/// New gradients of the model's var stores are the model's state, not leaks:
+/// a training step replaces them every time (libtorch's `zero_grad` sets them
+/// to none, and backward makes new ones). The scope lists them apart, as
+/// replaced model state, for every var store registered with
+/// [`register_var_store`](crate::register_var_store) or given with
+/// [`model`](Self::model).
 #[must_use = "a DisposeScope reports when it is dropped; bind it to a named variable"]
 pub struct DisposeScope {
     id: u64,
     name: String,
     on_escape: OnEscape,
-    closed: bool,
+    user: Option<events::User>,
+    model: Vec<Arc<Mutex<Variables>>>,
+    /// Scopes are per thread: the thread's stack of open scopes knows them.
+    _not_send: PhantomData<*const ()>,
 }
 
 impl DisposeScope {
     /// Opens a scope named `name` on this thread (recording allocation events
     /// for as long as it is open).
+    ///
+    /// Fails when memlab's counting CPU allocator is off
+    /// (`MEMLAB_CPU_ALLOCATOR=0`): the scope could not see CPU allocations.
     pub fn new(name: impl Into<String>) -> Result<DisposeScope> {
-        hooks::acquire()?;
+        if !crate::cpu_allocator_installed() {
+            return Err(Error::CpuAllocatorMissing(
+                "dispose scopes cannot see CPU allocations without it: unset MEMLAB_CPU_ALLOCATOR=0, or call \
+                 memlab::install_cpu_allocator() first"
+                    .to_string(),
+            ));
+        }
+        let user = hooks::acquire(None)?;
         let id = events::scope_open();
-        Ok(DisposeScope { id, name: name.into(), on_escape: OnEscape::Warn, closed: false })
+        Ok(DisposeScope {
+            id,
+            name: name.into(),
+            on_escape: OnEscape::Warn,
+            user: Some(user),
+            model: Vec::new(),
+            _not_send: PhantomData,
+        })
+    }
+
+    /// Treats the variables of `vs` and their gradients as the model's state:
+    /// new ones alive when the scope closes are listed as replaced model
+    /// state, not as escapes. (Registered var stores count without this.)
+    pub fn model(mut self, vs: &VarStore) -> Self {
+        self.model.push(vs.variables_.clone());
+        self
     }
 
     /// Chooses what happens on drop when allocations escaped.
@@ -111,6 +153,9 @@ impl DisposeScope {
     }
 
     /// Closes the scope; `Err` with the report when anything escaped.
+    // Both sides carry the same report, once per scope: boxing one would only
+    // make the two cases read differently.
+    #[allow(clippy::result_large_err)]
     pub fn check(self) -> std::result::Result<ScopeReport, ScopeReport> {
         let report = self.finish();
         if report.escaped.is_empty() {
@@ -121,16 +166,22 @@ impl DisposeScope {
     }
 
     fn close(&mut self) -> ScopeReport {
-        self.closed = true;
-        let ScopeOutcome { devices, escaped, handed_to, .. } = events::scope_close(self.id);
-        hooks::release();
-        ScopeReport { name: std::mem::take(&mut self.name), devices, escaped, handed_to }
+        // The walk reads libtorch; it runs before the recorder's lock is taken.
+        let (model, model_error) = match registry::model_storages(&self.model) {
+            Ok(model) => (model, None),
+            Err(e) => (HashSet::new(), Some(e.to_string())),
+        };
+        let ScopeOutcome { devices, escaped, model_state, handed_to, .. } = events::scope_close(self.id, &model);
+        if let Some(user) = self.user.take() {
+            hooks::release(user);
+        }
+        ScopeReport { name: std::mem::take(&mut self.name), devices, escaped, model_state, handed_to, model_error }
     }
 }
 
 impl Drop for DisposeScope {
     fn drop(&mut self) {
-        if self.closed {
+        if self.user.is_none() {
             return;
         }
         let on_escape = self.on_escape;
@@ -158,8 +209,14 @@ pub struct ScopeReport {
     pub devices: BTreeMap<Device, ScopeCounts>,
     /// The allocations that outlived the scope, oldest first.
     pub escaped: Vec<LiveAllocation>,
-    /// The enclosing scope that now answers for them, if any.
+    /// The allocations alive at the end that are the model's state (new
+    /// gradients of its var stores): replaced, not escaped.
+    pub model_state: Vec<LiveAllocation>,
+    /// The enclosing scope that now answers for the escapes, if any.
     pub handed_to: Option<u64>,
+    /// Why the model's state could not be read, if it could not (its
+    /// allocations then count as escapes).
+    pub model_error: Option<String>,
 }
 
 impl ScopeReport {
@@ -185,7 +242,7 @@ impl fmt::Display for ScopeReport {
             format_bytes(total as i64)
         )?;
         for (device, c) in &self.devices {
-            writeln!(
+            write!(
                 f,
                 "  {device}: created {} ({}), freed {} ({}), escaped {} ({}), kept {} ({})",
                 format_bytes(c.created_bytes as i64),
@@ -197,6 +254,22 @@ impl fmt::Display for ScopeReport {
                 format_bytes(c.kept_bytes as i64),
                 c.kept
             )?;
+            if c.model_state > 0 {
+                write!(f, ", model state {} ({})", format_bytes(c.model_state_bytes as i64), c.model_state)?;
+            }
+            writeln!(f)?;
+        }
+        if !self.model_state.is_empty() {
+            let bytes: u64 = self.model_state.iter().map(|a| a.size).sum();
+            writeln!(
+                f,
+                "  replaced model state (new gradients of the model's var stores): {} allocation(s), {}",
+                self.model_state.len(),
+                format_bytes(bytes as i64)
+            )?;
+        }
+        if let Some(e) = &self.model_error {
+            writeln!(f, "  the model's state could not be read ({e}); its new tensors count as escapes")?;
         }
         // One line per device and allocation site, largest first.
         let mut sites: BTreeMap<(Device, Option<String>), (u64, u64)> = BTreeMap::new();
@@ -276,14 +349,49 @@ impl<R> StepCheck<R> {
 /// assert_eq!(check.value, 2048.0);
 /// # Ok::<(), memlab_core::Error>(())
 /// ```
+///
+/// New gradients of registered var stores are replaced model state, not
+/// escapes (see [`DisposeScope`]); [`check_step_with`] names the model's var
+/// store for the check.
 pub fn check_step<R>(step: impl FnOnce() -> R) -> Result<StepCheck<R>> {
+    check(None, step)
+}
+
+/// [`check_step`] of a training step of the model in `vs`: the variables of
+/// `vs` and their new gradients are the model's state, listed in
+/// [`ScopeReport::model_state`], not escapes.
+///
+/// ```
+/// use tch::nn::{self, Module, OptimizerConfig};
+/// use tch::{Kind, Tensor};
+///
+/// let vs = nn::VarStore::new(tch::Device::Cpu);
+/// let net = nn::linear(vs.root(), 8, 1, Default::default());
+/// let mut opt = nn::Sgd::default().build(&vs, 1e-2).unwrap();
+/// let x = Tensor::ones([4, 8], (Kind::Float, tch::Device::Cpu));
+/// for _ in 0..3 {
+///     // backward_step drops the old gradients and makes new ones.
+///     let check = memlab_tch::check_step_with(&vs, || opt.backward_step(&net.forward(&x).mean(Kind::Float)))?;
+///     check.assert_no_escapes();
+///     assert_eq!(check.scope.model_state.len(), 2); // weight and bias gradients
+/// }
+/// # Ok::<(), memlab_core::Error>(())
+/// ```
+pub fn check_step_with<R>(vs: &VarStore, step: impl FnOnce() -> R) -> Result<StepCheck<R>> {
+    check(Some(vs), step)
+}
+
+fn check<R>(model: Option<&VarStore>, step: impl FnOnce() -> R) -> Result<StepCheck<R>> {
     let mut devices = vec![Device::Cpu];
     if crate::cuda_is_available() {
         use memlab_core::Backend;
         devices.push(Device::Cuda(BACKEND.current_cuda_device()?));
     }
     let watches = devices.iter().map(|d| PeakWatch::start(&BACKEND, *d)).collect::<Result<Vec<_>>>()?;
-    let scope = DisposeScope::new("check_step")?.on_escape(OnEscape::Silent);
+    let mut scope = DisposeScope::new("check_step")?.on_escape(OnEscape::Silent);
+    if let Some(vs) = model {
+        scope = scope.model(vs);
+    }
     let value = step();
     let scope = scope.finish();
     let mut peak_above_start = BTreeMap::new();

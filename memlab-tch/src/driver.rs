@@ -33,15 +33,50 @@ fn no_gpu(why: impl std::fmt::Display) -> Error {
     Error::Torch(format!("no GPU: {why}"))
 }
 
+/// The device asked for, if this process can use it: libtorch's count of CUDA
+/// devices decides, as it does for every other memlab call.
+fn usable(index: usize) -> Result<()> {
+    let count = crate::cuda_device_count();
+    if index < count {
+        Ok(())
+    } else {
+        Err(Error::DeviceUnavailable { device: memlab_core::Device::Cuda(index), count })
+    }
+}
+
+/// Whether the CUDA driver library can be loaded. cudarc panics when it
+/// cannot load it, and a panic would reach the user's panic hook even when
+/// caught, so memlab looks for the library itself first.
+fn driver_library_present() -> bool {
+    ["libcuda.so.1", "libcuda.so"].iter().any(|name| {
+        let name = std::ffi::CString::new(*name).expect("no NUL in a library name");
+        // SAFETY: dlopen with a valid C string; the handle is closed at once.
+        unsafe {
+            let handle = libc::dlopen(name.as_ptr(), libc::RTLD_LAZY | libc::RTLD_LOCAL);
+            if handle.is_null() {
+                false
+            } else {
+                libc::dlclose(handle);
+                true
+            }
+        }
+    })
+}
+
 /// Loads libcuda and initialises the driver API once; the error says why
 /// there is no GPU.
 fn driver() -> Result<()> {
     static READY: OnceLock<std::result::Result<(), String>> = OnceLock::new();
     READY
-        .get_or_init(|| match catch_unwind(result::init) {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(format!("the CUDA driver did not initialise ({e})")),
-            Err(_) => Err("the CUDA driver library (libcuda) is not installed".to_string()),
+        .get_or_init(|| {
+            if !driver_library_present() {
+                return Err("the CUDA driver library (libcuda.so.1) is not installed".to_string());
+            }
+            match catch_unwind(result::init) {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(e)) => Err(format!("the CUDA driver did not initialise ({e})")),
+                Err(_) => Err("the CUDA driver library could not be loaded".to_string()),
+            }
         })
         .clone()
         .map_err(no_gpu)
@@ -75,6 +110,7 @@ fn primary_context(ordinal: i32) -> std::result::Result<sys::CUcontext, String> 
 /// as it was. If libtorch has not touched the device yet, this creates the
 /// context (which costs some hundreds of MiB of device memory).
 pub fn driver_memory(index: usize) -> Result<DriverMemory> {
+    usable(index)?;
     driver()?;
     let run = || -> std::result::Result<DriverMemory, String> {
         let ordinal = i32::try_from(index).map_err(|e| e.to_string())?;
@@ -119,6 +155,7 @@ fn nvml() -> std::result::Result<&'static Nvml, String> {
 /// when NVML works but does not list this process (in a container whose
 /// process ids it cannot see, say).
 pub fn process_gpu_memory(index: usize) -> Result<Option<u64>> {
+    usable(index)?;
     let nvml = nvml().map_err(no_gpu)?;
     let run = || -> std::result::Result<Option<u64>, String> {
         let device = nvml.device_by_index(index as u32).map_err(|e| e.to_string())?;

@@ -1,6 +1,8 @@
 //! Connects memlab's event recorder to libtorch: the counting CPU allocator's
 //! hook and, on CUDA machines, a trace tracker on the caching allocator.
 
+use std::sync::{Mutex, MutexGuard};
+
 use memlab_core::events::{self, Action, Settings};
 use memlab_core::{Device, Result};
 
@@ -21,61 +23,106 @@ use crate::ffi;
 #[must_use = "recording stops when the Recording is dropped"]
 #[derive(Debug)]
 pub struct Recording {
-    _private: (),
+    user: Option<events::User>,
 }
 
 impl Recording {
-    /// Applies `settings` and starts recording (or joins a recording already on).
+    /// Starts recording (or joins a recording already on) with at least
+    /// `settings` for as long as this `Recording` lives: while several are
+    /// live, the recorder keeps the largest capacity any of them asked for,
+    /// and backtraces if any asked for them.
     ///
     /// On a CUDA machine this attaches memlab's tracker to the caching
     /// allocator, creating it with a first (1-element) CUDA allocation if no
     /// CUDA memory was allocated yet.
     pub fn start(settings: Settings) -> Result<Recording> {
-        events::settings(settings);
-        acquire()?;
-        Ok(Recording { _private: () })
+        Ok(Recording { user: Some(acquire(Some(settings))?) })
     }
-}
 
-impl Recording {
-    /// Joins the recording, or starts one with the current settings, without
-    /// changing them (for memlab's own tools).
+    /// Joins the recording, or starts one with the settings in force, without
+    /// asking for any (for memlab's own tools).
     pub(crate) fn join() -> Result<Recording> {
-        acquire()?;
-        Ok(Recording { _private: () })
+        Ok(Recording { user: Some(acquire(None)?) })
+    }
+
+    /// The settings in force now (the union of what live recordings asked for).
+    pub fn settings(&self) -> Settings {
+        events::current_settings()
     }
 }
 
 impl Drop for Recording {
     fn drop(&mut self) {
-        release();
+        if let Some(user) = self.user.take() {
+            release(user);
+        }
     }
 }
 
+/// Held while the recorder's users and the backends' hooks change, so that
+/// the hooks are on exactly when the recorder has users: one thread's last
+/// release can never clear the hooks another thread's first acquire just set.
+/// Allocator hooks never take it.
+static HOOKS: Mutex<()> = Mutex::new(());
+
+fn hooks_lock() -> MutexGuard<'static, ()> {
+    HOOKS.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Adds a user of the recorder, turning the hooks on for the first one.
-pub(crate) fn acquire() -> Result<()> {
-    if events::retain() {
+pub(crate) fn acquire(settings: Option<Settings>) -> Result<events::User> {
+    let _hooks = hooks_lock();
+    let user = events::retain(settings);
+    if user.first {
         // SAFETY: `on_event` is an `extern "C"` function that never unwinds.
         unsafe { ffi::memlab_set_cpu_event_hook(Some(on_event)) };
         if crate::cuda_is_available() {
             // SAFETY: as above.
             if let Err(e) = ffi::check(unsafe { ffi::memlab_cuda_set_event_hook(Some(on_event)) }) {
-                release();
+                if events::release(user) {
+                    // SAFETY: clearing a hook is always allowed.
+                    unsafe { ffi::memlab_set_cpu_event_hook(None) };
+                }
                 return Err(e);
             }
         }
     }
-    Ok(())
+    Ok(user)
 }
 
 /// Removes a user; the last one turns the hooks off.
-pub(crate) fn release() {
-    if events::release() {
+pub(crate) fn release(user: events::User) {
+    let _hooks = hooks_lock();
+    if events::release(user) {
+        testing::pause_after_last_release();
         // SAFETY: clearing a hook is always allowed.
         unsafe { ffi::memlab_set_cpu_event_hook(None) };
         if crate::cuda_is_available() {
             // SAFETY: as above; clearing cannot fail.
             let _ = ffi::check(unsafe { ffi::memlab_cuda_set_event_hook(None) });
+        }
+    }
+}
+
+/// A point where tests can stop a thread between the recorder's last release
+/// and the hooks going off, to check that no other thread's acquire can slip
+/// in between. Not public API.
+#[doc(hidden)]
+pub mod testing {
+    use std::sync::Mutex;
+
+    static PAUSE: Mutex<Option<fn()>> = Mutex::new(None);
+
+    /// Calls `pause` (once) the next time the last user of the recorder leaves,
+    /// before the hooks are turned off.
+    pub fn pause_after_next_last_release(pause: fn()) {
+        *PAUSE.lock().unwrap_or_else(|e| e.into_inner()) = Some(pause);
+    }
+
+    pub(super) fn pause_after_last_release() {
+        let pause = PAUSE.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(pause) = pause {
+            pause();
         }
     }
 }

@@ -15,6 +15,8 @@ pub struct StorageInfo {
     pub device_index: i32,
     pub layout: i32,
     pub has_storage: i32,
+    pub from_allocator: i32,
+    pub reserved: i32,
 }
 
 /// The shim's event hook: action code, device (-1 = CPU), address, size.
@@ -41,16 +43,14 @@ extern "C" {
     pub fn memlab_cuda_device_count(out: *mut i64) -> *mut c_char;
     pub fn memlab_cuda_current_device(out: *mut i64) -> *mut c_char;
     pub fn memlab_cuda_stats(device: i64, reset_peaks: i32, out: *mut i64) -> *mut c_char;
-    pub fn memlab_cuda_reset_peak_stats(device: i64) -> *mut c_char;
-    pub fn memlab_cuda_reset_accumulated_stats(device: i64) -> *mut c_char;
+    pub fn memlab_cuda_take_accumulated_stats(device: i64, out: *mut i64) -> *mut c_char;
     pub fn memlab_cuda_empty_cache() -> *mut c_char;
     pub fn memlab_cuda_mem_info(device: i64, free: *mut u64, total: *mut u64) -> *mut c_char;
     pub fn memlab_cpu_install() -> *mut c_char;
     pub fn memlab_cpu_installed() -> i32;
     pub fn memlab_cpu_installed_at_load() -> i32;
     pub fn memlab_cpu_stats(reset_peaks: i32, out: *mut i64) -> *mut c_char;
-    pub fn memlab_cpu_reset_peak_stats();
-    pub fn memlab_cpu_reset_accumulated_stats();
+    pub fn memlab_cpu_take_accumulated_stats(out: *mut i64) -> *mut c_char;
     pub fn memlab_weak_tensor_new(tensor: *const c_void, out: *mut *mut c_void) -> *mut c_char;
     pub fn memlab_weak_tensor_lock(weak: *mut c_void) -> *mut c_void;
     pub fn memlab_weak_tensor_expired(weak: *mut c_void) -> i32;

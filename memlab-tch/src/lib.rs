@@ -39,9 +39,9 @@ use memlab_core::{Backend, Device, DeviceStats, Error, RawStats, Result};
 
 pub use account::{where_gpu_memory_went, GpuAccount, Part};
 pub use courtesy::{Courtesy, YieldCounts, YieldReport};
-pub use dispose::{check_step, DisposeScope, OnEscape, ScopeReport, StepCheck};
+pub use dispose::{check_step, check_step_with, DisposeScope, OnEscape, ScopeReport, StepCheck};
 pub use driver::{driver_memory, process_gpu_memory, DriverMemory};
-pub use events::Recording;
+pub use events::{testing as events_testing, Recording};
 pub use logger::{rss, GpuFigures, RamFigures, StepData, StepLogger};
 pub use monitor::{IterationRecord, OptimizerKind, TrainingMonitor};
 pub use registry::{clear_registry, register_tensor, register_var_store, WeakTensor};
@@ -74,6 +74,21 @@ impl Backend for TchBackend {
                 check_cuda_device(i)?;
                 // SAFETY: as above.
                 ffi::check(unsafe { ffi::memlab_cuda_stats(i as i64, reset, out.0.as_mut_ptr()) })
+            }
+        }
+    }
+
+    fn reset_totals(&self, device: Device, taken: &mut RawStats) -> Result<()> {
+        match device {
+            Device::Cpu => {
+                // SAFETY: `taken` holds the 122 fields; the shim writes the CPU ones.
+                let status = unsafe { ffi::memlab_cpu_take_accumulated_stats(taken.0.as_mut_ptr()) };
+                ffi::check(status).map_err(|e| Error::CpuAllocatorMissing(message_of(e)))
+            }
+            Device::Cuda(i) => {
+                check_cuda_device(i)?;
+                // SAFETY: as above; the shim writes all 122.
+                ffi::check(unsafe { ffi::memlab_cuda_take_accumulated_stats(i as i64, taken.0.as_mut_ptr()) })
             }
         }
     }
@@ -180,6 +195,17 @@ pub(crate) fn device_of(device: tch::Device) -> Device {
     }
 }
 
+/// The gradient of `tensor`, if it has one. Only leaves (and tensors that
+/// retain theirs) have a gradient field: asking any other tensor makes
+/// libtorch print a warning every time.
+pub(crate) fn grad_of(tensor: &tch::Tensor) -> Option<tch::Tensor> {
+    let has_field = tensor.f_is_leaf().unwrap_or(false) || tensor.f_retains_grad().unwrap_or(false);
+    if !has_field {
+        return None;
+    }
+    tensor.f_grad().ok().filter(tch::Tensor::defined)
+}
+
 /// Whether this process can use CUDA.
 pub fn cuda_is_available() -> bool {
     cuda_device_count() > 0
@@ -216,38 +242,18 @@ pub fn raw_stats(device: Device) -> Result<RawStats> {
 
 /// Sets every peak statistic of `device` to its current level.
 ///
-/// memlab's profiler resets peaks itself while profiled functions run (and keeps
-/// the peaks of enclosing statements); reading `*.peak` yourself at the same
-/// time sees only the peak since the last statement began.
+/// Profiled lines running now keep the peaks they reached: memlab folds them
+/// into its own records first. Reading `*.peak` yourself while profiled code
+/// runs shows only the peak since the last statement began, since the
+/// profiler resets peaks at every statement.
 pub fn reset_peak_stats(device: Device) -> Result<()> {
-    match device {
-        Device::Cpu => {
-            // SAFETY: no arguments.
-            unsafe { ffi::memlab_cpu_reset_peak_stats() };
-            Ok(())
-        }
-        Device::Cuda(i) => {
-            check_cuda_device(i)?;
-            // SAFETY: plain integer argument.
-            ffi::check(unsafe { ffi::memlab_cuda_reset_peak_stats(i as i64) })
-        }
-    }
+    memlab_core::profiler::reset_peaks(&BACKEND, device)
 }
 
-/// Sets the running totals (`*.allocated`, `*.freed`, `num_*`) of `device` to zero.
+/// Sets the running totals (`*.allocated`, `*.freed`, `num_*`) of `device` to
+/// zero. Profiled lines running now keep counting from where they were.
 pub fn reset_accumulated_stats(device: Device) -> Result<()> {
-    match device {
-        Device::Cpu => {
-            // SAFETY: no arguments.
-            unsafe { ffi::memlab_cpu_reset_accumulated_stats() };
-            Ok(())
-        }
-        Device::Cuda(i) => {
-            check_cuda_device(i)?;
-            // SAFETY: plain integer argument.
-            ffi::check(unsafe { ffi::memlab_cuda_reset_accumulated_stats(i as i64) })
-        }
-    }
+    memlab_core::profiler::reset_totals(&BACKEND, device)
 }
 
 /// Returns the CUDA caching allocator's unused cached blocks to the device

@@ -31,6 +31,15 @@ pub enum RowKind {
     Gradient,
     /// A tensor added or registered by name.
     Tensor,
+    /// A storage that several named tensors view, or that one named tensor
+    /// views only part of: its bytes, once. The views follow it as rows of
+    /// their own kind, named `name(->storage #N)`, with their own size, not
+    /// counted again.
+    Storage,
+    /// A named storage whose memory did not come from the allocator
+    /// (`Tensor::from_blob`, or a CPU tensor made before memlab's allocator
+    /// was installed): listed outside the allocator's sum.
+    External,
     /// A live allocation no named tensor owns (activations, autograd
     /// buffers, temporaries, workspaces), grouped by allocation site.
     Unnamed,
@@ -46,8 +55,8 @@ pub enum RowKind {
 pub struct Row {
     /// What it is.
     pub kind: RowKind,
-    /// The tensor's name, `name(->owner)` for a tensor that shares an earlier
-    /// row's storage, or a description for the other kinds.
+    /// The tensor's name, `name(->storage #N)` for a view of a shared
+    /// storage, or a description for the other kinds.
     pub name: String,
     /// The tensor's shape (empty for the other kinds).
     pub shape: Vec<i64>,
@@ -55,10 +64,14 @@ pub struct Row {
     pub dtype: &'static str,
     /// Elements (for blocks: how many).
     pub count: u64,
-    /// Bytes counted in this row: a storage's bytes for its first owner, 0
-    /// for tensors sharing it. Negative only in the correction row for named
-    /// storages that the allocator did not allocate (see [`RowKind::Unattributed`]).
+    /// Bytes: a storage's bytes for a tensor that is its whole storage and for
+    /// a [`RowKind::Storage`] row; a view's own size (elements × element size)
+    /// for the views listed under a storage row.
     pub bytes: i64,
+    /// Whether `bytes` is part of the device's sum, which equals the
+    /// allocator's allocated bytes. Views (their storage row counts them) and
+    /// [`RowKind::External`] rows are not.
+    pub counted: bool,
 }
 
 /// The report of one device.
@@ -70,10 +83,13 @@ pub struct DeviceReport {
     /// Named tensors first (in the order they were found), then the rows that
     /// account for the rest of the allocator's figure.
     pub rows: Vec<Row>,
-    /// Bytes of the named storages.
+    /// Bytes of the named storages the allocator allocated.
     pub named_bytes: u64,
-    /// Elements of the named tensors.
+    /// Elements of those storages.
     pub named_elements: u64,
+    /// Bytes of named storages the allocator did not allocate
+    /// ([`RowKind::External`] rows), not part of its figures.
+    pub external_bytes: u64,
     /// What the allocator says is allocated (`allocated_bytes.all.current`).
     pub allocated_bytes: i64,
 }
@@ -84,8 +100,6 @@ pub struct DeviceReport {
 pub struct MemReport {
     /// One section per device, CPU first.
     pub devices: Vec<DeviceReport>,
-    /// Whether tensors sharing a storage are listed (with 0 bytes).
-    pub verbose: bool,
 }
 
 /// Builds [`MemReport`]s from var stores and named tensors.
@@ -107,7 +121,6 @@ pub struct MemReporter {
     var_stores: Vec<(String, Arc<Mutex<Variables>>)>,
     tensors: Vec<(String, Tensor)>,
     use_registry: bool,
-    verbose: bool,
     device: Option<Device>,
 }
 
@@ -135,12 +148,6 @@ impl MemReporter {
     /// Adds a tensor under `name`.
     pub fn tensor(mut self, name: impl Into<String>, tensor: &Tensor) -> MemReporter {
         self.tensors.push((name.into(), tensor.shallow_clone()));
-        self
-    }
-
-    /// Lists tensors that share another row's storage, as `name(->owner)` with 0 bytes.
-    pub fn verbose(mut self, verbose: bool) -> MemReporter {
-        self.verbose = verbose;
         self
     }
 
@@ -186,12 +193,12 @@ impl MemReporter {
         let live = if events::is_active() { Some(events::live()) } else { None };
         let mut out = Vec::new();
         for device in devices {
-            let section = named.take_section(device, self.verbose, live.as_deref())?;
+            let section = named.take_section(device, live.as_deref())?;
             if section.allocated_bytes != 0 || !section.rows.is_empty() {
                 out.push(section);
             }
         }
-        Ok(MemReport { devices: out, verbose: self.verbose })
+        Ok(MemReport { devices: out })
     }
 }
 
@@ -212,19 +219,37 @@ impl Source<'_> {
     }
 }
 
-/// The named tensors found, grouped by device, each storage counted once.
+/// One named tensor with a storage.
+struct Named {
+    kind: RowKind,
+    name: String,
+    shape: Vec<i64>,
+    dtype: &'static str,
+    numel: u64,
+    /// The tensor's own size: elements × element size.
+    own_bytes: u64,
+}
+
+/// The named tensors viewing one storage, in the order they were found.
+struct StorageGroup {
+    nbytes: u64,
+    element_size: u64,
+    from_allocator: bool,
+    views: Vec<Named>,
+}
+
+/// The named tensors found, grouped by device and storage.
 #[derive(Default)]
 struct Collector {
-    rows: BTreeMap<Device, Vec<Row>>,
-    /// Per storage: the index in its device's rows of the row that owns it.
-    owners: HashMap<(Device, u64), usize>,
+    storages: BTreeMap<Device, Vec<StorageGroup>>,
+    /// Per storage: its index in its device's groups.
+    index: HashMap<(Device, u64), usize>,
     addresses: HashSet<(Device, u64)>,
-    bytes: BTreeMap<Device, (u64, u64)>,
 }
 
 impl Collector {
-    /// Adds a row for `tensor`, whose facts are `facts`. The tensor itself is
-    /// only touched for sparse layouts, whose parts are added one by one.
+    /// Adds `tensor`, whose facts are `facts`. The tensor itself is only
+    /// touched for sparse layouts, whose parts are added one by one.
     fn add(&mut self, name: &str, source: Source<'_>, facts: Facts, kind: RowKind) -> Result<()> {
         let Facts { info, dtype, shape } = facts;
         let Some(device) = info.device else { return Ok(()) };
@@ -257,35 +282,78 @@ impl Collector {
         let Some(storage) = info.storage_id else {
             return Err(Error::Torch(format!("`{name}` has no storage of its own, and a layout memlab cannot size")));
         };
-        let rows = self.rows.entry(device).or_default();
-        let (label, bytes) = match self.owners.get(&(device, storage)) {
-            Some(&owner) => (format!("{name}(->{})", rows[owner].name), 0i64),
-            None => {
-                self.owners.insert((device, storage), rows.len());
-                self.addresses.insert((device, info.data_ptr));
-                (name.to_string(), info.nbytes as i64)
-            }
-        };
-        let totals = self.bytes.entry(device).or_default();
-        totals.0 += bytes as u64;
-        totals.1 += info.numel;
-        self.rows.entry(device).or_default().push(Row { kind, name: label, shape, dtype, count: info.numel, bytes });
+        let groups = self.storages.entry(device).or_default();
+        let at = *self.index.entry((device, storage)).or_insert_with(|| {
+            groups.push(StorageGroup {
+                nbytes: info.nbytes,
+                element_size: info.element_size.max(1),
+                from_allocator: info.from_allocator,
+                views: Vec::new(),
+            });
+            groups.len() - 1
+        });
+        self.addresses.insert((device, info.data_ptr));
+        let own_bytes = info.numel * info.element_size;
+        groups[at].views.push(Named { kind, name: name.to_string(), shape, dtype, numel: info.numel, own_bytes });
         Ok(())
     }
 
-    /// The section of `device`, taking its rows out of the collector.
-    fn take_section(
-        &mut self,
-        device: Device,
-        verbose: bool,
-        live: Option<&[events::LiveAllocation]>,
-    ) -> Result<DeviceReport> {
+    /// The section of `device`, taking its storages out of the collector.
+    fn take_section(&mut self, device: Device, live: Option<&[events::LiveAllocation]>) -> Result<DeviceReport> {
         let stats = crate::device_stats(device)?;
         let allocated = stats.allocated_bytes.all.current;
         let requested = stats.requested_bytes.all.current;
-        let (named_bytes, named_elements) = self.bytes.get(&device).copied().unwrap_or_default();
-        let mut rows: Vec<Row> =
-            self.rows.remove(&device).into_iter().flatten().filter(|r| verbose || r.bytes > 0).collect();
+        let (mut rows, mut external) = (Vec::new(), Vec::new());
+        let (mut named_bytes, mut named_elements, mut external_bytes) = (0u64, 0u64, 0u64);
+        let mut shared = 0;
+        for group in self.storages.remove(&device).into_iter().flatten() {
+            let out = if group.from_allocator { &mut rows } else { &mut external };
+            let single = group.views.len() == 1 && group.views[0].own_bytes == group.nbytes;
+            if group.from_allocator {
+                named_bytes += group.nbytes;
+                named_elements += group.nbytes / group.element_size;
+            } else {
+                external_bytes += group.nbytes;
+            }
+            if single {
+                let view = group.views.into_iter().next().expect("one view");
+                let kind = if group.from_allocator { view.kind } else { RowKind::External };
+                out.push(Row {
+                    kind,
+                    name: view.name,
+                    shape: view.shape,
+                    dtype: view.dtype,
+                    count: view.numel,
+                    bytes: group.nbytes as i64,
+                    counted: group.from_allocator,
+                });
+                continue;
+            }
+            shared += 1;
+            let storage = format!("storage #{shared}");
+            let views = group.views.len();
+            out.push(Row {
+                kind: if group.from_allocator { RowKind::Storage } else { RowKind::External },
+                name: format!("{storage}: {views} view{}", if views == 1 { "" } else { "s" }),
+                // A storage is a flat buffer of elements.
+                shape: vec![(group.nbytes / group.element_size) as i64],
+                dtype: group.views[0].dtype,
+                count: group.nbytes / group.element_size,
+                bytes: group.nbytes as i64,
+                counted: group.from_allocator,
+            });
+            for view in group.views {
+                out.push(Row {
+                    kind: view.kind,
+                    name: format!("{}(->{storage})", view.name),
+                    shape: view.shape,
+                    dtype: view.dtype,
+                    count: view.numel,
+                    bytes: view.own_bytes as i64,
+                    counted: false,
+                });
+            }
+        }
         let other = |kind: RowKind, name: String, count: u64, bytes: i64| Row {
             kind,
             name,
@@ -293,6 +361,7 @@ impl Collector {
             dtype: "",
             count,
             bytes,
+            counted: true,
         };
 
         let mut listed: u64 = 0;
@@ -314,11 +383,11 @@ impl Collector {
         let rest = requested - named_bytes as i64 - listed as i64;
         if rest != 0 {
             let why = if rest < 0 {
-                "named storages the allocator did not count (from_blob memory, or made before memlab's CPU allocator was installed)"
+                "named storages the allocator no longer counts (its totals were reset or it was replaced)"
             } else if live.is_some() {
                 "not named, allocated before recording began"
             } else {
-                "not named (activations, autograd buffers, temporaries, workspaces): start a memlab::Recording to list them by site"
+                "not named (activations, temporaries, workspaces): a memlab::Recording lists them by site"
             };
             rows.push(other(RowKind::Unattributed, why.to_string(), 0, rest));
         }
@@ -330,7 +399,8 @@ impl Collector {
                 allocated - requested,
             ));
         }
-        Ok(DeviceReport { device, rows, named_bytes, named_elements, allocated_bytes: allocated })
+        rows.extend(external);
+        Ok(DeviceReport { device, rows, named_bytes, named_elements, external_bytes, allocated_bytes: allocated })
     }
 }
 
@@ -344,7 +414,8 @@ impl MemReport {
     pub fn to_text(&self) -> String {
         let mut out = String::new();
         for d in &self.devices {
-            let name_width = d.rows.iter().map(|r| r.name.len()).max().unwrap_or(0).clamp(12, 72);
+            let label = |r: &Row| if is_view(r) { format!("  {}", r.name) } else { r.name.clone() };
+            let name_width = d.rows.iter().map(|r| label(r).chars().count()).max().unwrap_or(0).clamp(12, 72);
             let shape = |r: &Row| {
                 if r.shape.is_empty() && r.dtype.is_empty() {
                     String::new()
@@ -352,37 +423,57 @@ impl MemReport {
                     format!("{:?}", r.shape)
                 }
             };
+            let bytes = |r: &Row| {
+                // A view's own size is shown, not added: its storage row counts the bytes.
+                if is_view(r) {
+                    format!("({})", format_bytes(r.bytes))
+                } else {
+                    format_bytes(r.bytes)
+                }
+            };
             let shape_width = d.rows.iter().map(|r| shape(r).len()).max().unwrap_or(0).max(5);
             let rule = "-".repeat(name_width + shape_width + 30);
+            let row = |out: &mut String, r: &Row| {
+                let indent = if is_view(r) { "  " } else { "" };
+                let mut lines = wrap(&r.name, name_width - indent.len()).into_iter();
+                let first = format!("{indent}{}", lines.next().unwrap_or_default());
+                writeln!(out, "{first:<name_width$}  {:>shape_width$}  {:<8}  {:>10}", shape(r), r.dtype, bytes(r))
+                    .unwrap();
+                for more in lines {
+                    writeln!(out, "    {more}").unwrap();
+                }
+            };
             writeln!(out, "Storage on {}", d.device).unwrap();
             writeln!(out, "{:<name_width$}  {:>shape_width$}  {:<8}  {:>10}", "name", "shape", "dtype", "bytes")
                 .unwrap();
             writeln!(out, "{rule}").unwrap();
-            for r in &d.rows {
-                let name = if r.name.chars().count() > name_width {
-                    format!("{}…", r.name.chars().take(name_width - 1).collect::<String>())
-                } else {
-                    r.name.clone()
-                };
-                writeln!(
-                    out,
-                    "{name:<name_width$}  {:>shape_width$}  {:<8}  {:>10}",
-                    shape(r),
-                    r.dtype,
-                    format_bytes(r.bytes)
-                )
-                .unwrap();
+            let (inside, outside): (Vec<&Row>, Vec<&Row>) = d.rows.iter().partition(|r| r.kind != RowKind::External);
+            for r in &inside {
+                row(&mut out, r);
             }
             writeln!(out, "{rule}").unwrap();
             writeln!(
                 out,
-                "named: {} in {} elements; allocated on {}: {} (every byte above)\n",
+                "named: {} in {} elements; allocated on {}: {} (every byte above)",
                 format_bytes(d.named_bytes as i64),
                 d.named_elements,
                 d.device,
                 format_bytes(d.allocated_bytes)
             )
             .unwrap();
+            if !outside.is_empty() {
+                writeln!(
+                    out,
+                    "not from the allocator, outside its figures (from_blob memory, or made before memlab's CPU \
+                     allocator): {}",
+                    format_bytes(d.external_bytes as i64)
+                )
+                .unwrap();
+                for r in &outside {
+                    row(&mut out, r);
+                }
+            }
+            out.push('\n');
         }
         out
     }
@@ -405,7 +496,7 @@ impl MemReport {
                     esc(&r.name),
                     if r.shape.is_empty() { String::new() } else { format!("{:?}", r.shape) },
                     r.dtype,
-                    format_bytes(r.bytes)
+                    if r.counted { format_bytes(r.bytes) } else { format!("({})", format_bytes(r.bytes)) }
                 )
                 .unwrap();
             }
@@ -426,7 +517,7 @@ impl MemReport {
     pub fn to_csv(&self) -> Result<String> {
         let io = |e: csv::Error| Error::Io(e.to_string());
         let mut w = csv::Writer::from_writer(Vec::new());
-        w.write_record(["device", "kind", "name", "shape", "dtype", "count", "bytes"]).map_err(io)?;
+        w.write_record(["device", "kind", "name", "shape", "dtype", "count", "bytes", "counted"]).map_err(io)?;
         for d in &self.devices {
             for r in &d.rows {
                 let kind = serde_json::to_value(r.kind).map_err(|e| Error::Io(e.to_string()))?;
@@ -439,6 +530,7 @@ impl MemReport {
                     r.dtype.to_string(),
                     r.count.to_string(),
                     r.bytes.to_string(),
+                    r.counted.to_string(),
                 ])
                 .map_err(io)?;
             }
@@ -455,6 +547,31 @@ impl MemReport {
     pub fn evcxr_display(&self) {
         println!("EVCXR_BEGIN_CONTENT text/html\n{}\nEVCXR_END_CONTENT", self.to_html());
     }
+}
+
+/// Whether `row` is a view listed under its storage's row.
+fn is_view(row: &Row) -> bool {
+    !row.counted && row.kind != RowKind::External
+}
+
+/// `text` cut at spaces into lines of at most `width` characters (a word
+/// longer than that gets a line of its own): every row reads in full.
+fn wrap(text: &str, width: usize) -> Vec<String> {
+    let mut lines: Vec<String> = Vec::new();
+    let mut line = String::new();
+    for word in text.split(' ') {
+        let needed =
+            if line.is_empty() { word.chars().count() } else { line.chars().count() + 1 + word.chars().count() };
+        if needed > width && !line.is_empty() {
+            lines.push(std::mem::take(&mut line));
+        }
+        if !line.is_empty() {
+            line.push(' ');
+        }
+        line.push_str(word);
+    }
+    lines.push(line);
+    lines
 }
 
 impl fmt::Display for MemReport {

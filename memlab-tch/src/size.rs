@@ -98,11 +98,19 @@ pub fn measure_model(
 
     let (forward_peak_no_grad, _, ()) = peak_of(device, || drop(tch::no_grad(|| forward(input))))?;
     let (forward_peak, activations, output) = peak_of(device, || forward(input))?;
+    if !output.requires_grad() {
+        return Err(Error::Torch(
+            "the forward pass's output does not require grad, so there is no backward pass to measure: \
+             give measure_model a forward that uses the var store's trainable variables (not under no_grad, \
+             and without detach)"
+                .to_string(),
+        ));
+    }
     let (backward_peak, _, ()) = peak_of(device, || output.mean(Kind::Float).backward())?;
     drop(output);
     let gradient_bytes: i64 = variables
         .iter()
-        .filter_map(|t| t.f_grad().ok().filter(Tensor::defined))
+        .filter_map(crate::grad_of)
         .map(|g| crate::storage_info(&g).map(|i| i.nbytes as i64))
         .sum::<Result<i64>>()?;
     clear_grads(vs)?;
@@ -221,7 +229,12 @@ pub struct BatchSearch {
 /// accelerate's `find_executable_batch_size`, but measured: a try fails when
 /// its peak exceeds the budget or when it panics or errs, e.g. CUDA out of
 /// memory). Failures are caught and the CUDA cache emptied after each try, so
-/// the process stays healthy.
+/// the process stays healthy. Any `max` works, `usize::MAX` included.
+///
+/// The out-of-memory panics of the tries are caught and not printed; every
+/// other panic (of another thread, or a try's panic that is not an
+/// out-of-memory error) still reaches the panic hook that was in place when
+/// the search began, which is in place again when it returns.
 pub fn find_batch_size(
     device: Device,
     budget: Budget,
@@ -242,38 +255,123 @@ pub fn find_batch_size(
         },
     };
     let mut search = BatchSearch { largest: None, budget, tried: Vec::new() };
-    let quiet = std::panic::take_hook();
-    std::panic::set_hook(Box::new(|_| {}));
-    // Double from 1 until a try fails, so that nothing far above the answer
-    // is tried (on the CPU a too-large try is not an error but a swap storm);
-    // then halve the gap.
-    let (mut fits, mut fails) = (0usize, max + 1);
-    let mut n = 1;
-    while n <= max {
+    let _quiet = quiet_oom_panics::install();
+    let mut run = |n: usize| {
         let outcome = try_once(device, &mut step, n);
         let ok = matches!(outcome, Ok(peak) if peak <= budget);
         search.tried.push((n, outcome));
-        if !ok {
-            fails = n;
+        ok
+    };
+    // Double from 1 until a try fails, so that nothing far above the answer
+    // is tried (on the CPU a too-large try is not an error but a swap storm);
+    // then halve the gap. `fails` is the smallest size known to fail, if any.
+    let (mut fits, mut fails) = (0usize, None::<usize>);
+    let mut n = 1;
+    while n <= max {
+        if !run(n) {
+            fails = Some(n);
             break;
         }
         fits = n;
-        n = n.saturating_mul(2);
+        if n == max {
+            break;
+        }
+        n = n.saturating_mul(2).min(max);
     }
-    while fails - fits > 1 {
-        let n = fits + (fails - fits) / 2;
-        let outcome = try_once(device, &mut step, n);
-        let ok = matches!(outcome, Ok(peak) if peak <= budget);
-        search.tried.push((n, outcome));
-        if ok {
-            fits = n;
-        } else {
-            fails = n;
+    if let Some(mut fails) = fails {
+        while fails - fits > 1 {
+            let n = fits + (fails - fits) / 2;
+            if run(n) {
+                fits = n;
+            } else {
+                fails = n;
+            }
         }
     }
-    std::panic::set_hook(quiet);
     search.largest = (fits > 0).then_some(fits);
     Ok(search)
+}
+
+/// Keeps the panics of a batch search's own out-of-memory tries from being
+/// printed. While searches run, the panic hook is a wrapper that passes every
+/// panic on to the hook that was in place before, except an out-of-memory
+/// panic raised on a thread while it runs a try; when the last search ends,
+/// that hook is put back. Panics of every other thread, and of a search's
+/// thread outside its tries, are reported as always.
+mod quiet_oom_panics {
+    use std::cell::Cell;
+    use std::panic::PanicHookInfo;
+    use std::sync::{Arc, Mutex};
+
+    type Hook = Arc<dyn Fn(&PanicHookInfo<'_>) + Send + Sync>;
+
+    thread_local! {
+        static TRYING: Cell<bool> = const { Cell::new(false) };
+    }
+
+    /// The searches running, and the hook that was in place before the first.
+    static SEARCHES: Mutex<(usize, Option<Hook>)> = Mutex::new((0, None));
+
+    /// The wrapper is in place while the guard lives.
+    pub(super) struct Installed(());
+
+    pub(super) fn install() -> Installed {
+        let mut searches = SEARCHES.lock().unwrap_or_else(|e| e.into_inner());
+        if searches.0 == 0 {
+            let previous: Hook = Arc::from(std::panic::take_hook());
+            let passed = previous.clone();
+            std::panic::set_hook(Box::new(move |info| {
+                if !(TRYING.try_with(Cell::get).unwrap_or(false) && is_oom(info)) {
+                    passed(info);
+                }
+            }));
+            searches.1 = Some(previous);
+        }
+        searches.0 += 1;
+        Installed(())
+    }
+
+    impl Drop for Installed {
+        fn drop(&mut self) {
+            let mut searches = SEARCHES.lock().unwrap_or_else(|e| e.into_inner());
+            searches.0 -= 1;
+            if searches.0 == 0 {
+                if let Some(previous) = searches.1.take() {
+                    drop(std::panic::take_hook());
+                    std::panic::set_hook(Box::new(move |info| previous(info)));
+                }
+            }
+        }
+    }
+
+    /// Marks the calling thread as running a try while `f` runs.
+    pub(super) fn trying<R>(f: impl FnOnce() -> R) -> R {
+        struct Reset(bool);
+        impl Drop for Reset {
+            fn drop(&mut self) {
+                let _ = TRYING.try_with(|t| t.set(self.0));
+            }
+        }
+        let _reset = Reset(TRYING.try_with(|t| t.replace(true)).unwrap_or(false));
+        f()
+    }
+
+    fn is_oom(info: &PanicHookInfo<'_>) -> bool {
+        let payload = info.payload();
+        let message = payload
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| payload.downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        super::is_out_of_memory(message)
+    }
+}
+
+/// Whether a failure message says memory ran out (libtorch's CUDA and CPU
+/// messages, and the allocator's own).
+fn is_out_of_memory(message: &str) -> bool {
+    let lower = message.to_ascii_lowercase();
+    lower.contains("out of memory") || lower.contains("outofmemory") || lower.contains("failed to allocate")
 }
 
 fn try_once(
@@ -283,7 +381,7 @@ fn try_once(
 ) -> std::result::Result<i64, String> {
     let _ = crate::empty_cache();
     let watch = PeakWatch::start(&BACKEND, device).map_err(|e| e.to_string())?;
-    let ran = catch_unwind(AssertUnwindSafe(|| step(n)));
+    let ran = quiet_oom_panics::trying(|| catch_unwind(AssertUnwindSafe(|| step(n))));
     let measured = watch.finish().map_err(|e| e.to_string());
     let _ = crate::empty_cache();
     match ran {

@@ -37,6 +37,12 @@ pub struct StorageInfo {
     pub device: Option<Device>,
     /// The tensor's layout.
     pub layout: Layout,
+    /// Whether the storage's memory came from the allocator memlab reads
+    /// (the counting CPU allocator, the CUDA caching allocator). `false` for
+    /// memory libtorch was handed (`Tensor::from_blob`) or CPU tensors made
+    /// before memlab's allocator was installed: the allocator's figures do
+    /// not include them.
+    pub from_allocator: bool,
 }
 
 /// Storage facts of `tensor`.
@@ -69,6 +75,7 @@ fn from_raw(raw: &ffi::StorageInfo) -> Result<StorageInfo> {
         element_size: count(raw.element_size)?,
         device,
         layout,
+        from_allocator: raw.from_allocator != 0 || raw.has_storage <= 0,
     })
 }
 

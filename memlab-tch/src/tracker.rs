@@ -21,7 +21,7 @@ use std::sync::Mutex;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use memlab_core::events;
-use memlab_core::{format_bytes, Device, Result};
+use memlab_core::{format_bytes, Device, Error, Result};
 
 use crate::storage::facts;
 use crate::{registry, Recording};
@@ -139,10 +139,23 @@ impl Tracker {
     /// Logs one call site; returns the text logged. Never fails the caller:
     /// problems are kept in [`last_error`](Self::last_error).
     pub fn track(&mut self, site: CallSite) -> String {
+        let text = self.record(site);
+        if self.stdout {
+            memlab_core::profiler::emit(&text);
+        }
+        text
+    }
+
+    /// Measures and renders one call site and appends it to the log file;
+    /// leaves printing to the caller, which may first let go of its locks.
+    fn record(&mut self, site: CallSite) -> String {
         let device = self.measured_device();
         let text = match self.snapshot(device) {
             Ok(now) => {
-                let text = self.render(site, device, &now);
+                let (text, unreadable) = self.render(site, device, &now);
+                if let Some(e) = unreadable {
+                    self.last_error = Some(format!("the allocator of {device} could not be read: {e}"));
+                }
                 self.previous = Some(now);
                 text
             }
@@ -151,9 +164,6 @@ impl Tracker {
                 format!("{} {}:{} {} — not measured: {e}\n", self.stamp(), site.file, site.line, site.function)
             }
         };
-        if self.stdout {
-            memlab_core::profiler::emit(&text);
-        }
         if let Some(path) = &self.file {
             let written =
                 OpenOptions::new().create(true).append(true).open(path).and_then(|mut f| f.write_all(text.as_bytes()));
@@ -204,9 +214,12 @@ impl Tracker {
         format!("[{} +{:.3}s]", utc(now.as_secs(), now.subsec_millis()), self.started.elapsed().as_secs_f64())
     }
 
-    fn render(&self, site: CallSite, device: Device, now: &HashMap<u64, Entry>) -> String {
+    /// The log text, and the error if the allocator could not be read.
+    fn render(&self, site: CallSite, device: Device, now: &HashMap<u64, Entry>) -> (String, Option<Error>) {
         let live: u64 = now.values().map(|e| e.bytes).sum();
-        let allocated = crate::device_stats(device).map(|s| format_bytes(s.allocated_bytes.all.current));
+        let stats = crate::device_stats(device);
+        let unreadable = stats.as_ref().err().cloned();
+        let allocated = stats.map(|s| format_bytes(s.allocated_bytes.all.current));
         let mut out = String::new();
         writeln!(
             out,
@@ -242,7 +255,7 @@ impl Tracker {
                 writeln!(out, "{line}").unwrap();
             }
         }
-        out
+        (out, unreadable)
     }
 }
 
@@ -258,9 +271,19 @@ pub fn global_tracker() -> std::sync::MutexGuard<'static, Option<Tracker>> {
     GLOBAL.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// Logs `site` with the global tracker (creating it on first use).
+/// Logs `site` with the global tracker (creating it on first use). The
+/// tracker's lock is let go before the text is printed, so an output sink may
+/// call `track!()` itself.
 pub fn track_global(site: CallSite) -> String {
-    global_tracker().get_or_insert_with(Tracker::new).track(site)
+    let (text, print) = {
+        let mut global = global_tracker();
+        let tracker = global.get_or_insert_with(Tracker::new);
+        (tracker.record(site), tracker.stdout)
+    };
+    if print {
+        memlab_core::profiler::emit(&text);
+    }
+    text
 }
 
 /// `YYYY-MM-DD HH:MM:SS.mmm` in UTC.

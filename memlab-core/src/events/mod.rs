@@ -16,8 +16,8 @@ use std::sync::Arc;
 
 pub use context::{current_statement, StatementRef};
 pub use recorder::{
-    attribute, history, is_active, live, record, release, retain, scope_close, scope_keep, scope_open, settings, stats,
-    LiveAllocation, ScopeCounts, ScopeOutcome, Settings, Stats,
+    attribute, current_settings, history, is_active, live, record, release, retain, scope_close, scope_keep,
+    scope_open, stats, LiveAllocation, ScopeCounts, ScopeOutcome, Settings, Stats, User,
 };
 
 use crate::Device;

@@ -5,7 +5,7 @@
 //! under the caching allocator's lock, so nothing here may call into libtorch,
 //! and nothing that holds the recorder's lock may either.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Instant;
@@ -104,6 +104,11 @@ pub struct ScopeCounts {
     pub kept_bytes: u64,
     /// Blocks exempted with `keep`.
     pub kept: u64,
+    /// Bytes still alive when the scope closed that belong to the model's
+    /// state (new gradients of its var stores): replaced, not escaped.
+    pub model_state_bytes: u64,
+    /// Blocks of model state, likewise.
+    pub model_state: u64,
 }
 
 /// What a closed dispose scope found.
@@ -114,7 +119,11 @@ pub struct ScopeOutcome {
     pub devices: BTreeMap<Device, ScopeCounts>,
     /// The allocations that escaped, oldest first.
     pub escaped: Vec<LiveAllocation>,
-    /// The scope the escapes were handed to, if one encloses this one.
+    /// The allocations still alive that are the model's state (see
+    /// [`scope_close`]), oldest first; no scope answers for them any more.
+    pub model_state: Vec<LiveAllocation>,
+    /// The scope the escapes were handed to: the nearest enclosing scope
+    /// still open, if any.
     pub handed_to: Option<u64>,
 }
 
@@ -139,8 +148,10 @@ struct Account {
 }
 
 struct Recorder {
+    /// What the recorder does now: the union of what its users asked for.
     settings: Settings,
-    users: usize,
+    /// Users, each with the settings it asked for (`None`: joined as it is).
+    users: Vec<(u64, Option<Settings>)>,
     history: VecDeque<Event>,
     recorded: u64,
     dropped: u64,
@@ -162,7 +173,7 @@ fn with<R>(f: impl FnOnce(&mut Recorder) -> R) -> R {
     let mut guard = recorder();
     let r = guard.get_or_insert_with(|| Recorder {
         settings: Settings::default(),
-        users: 0,
+        users: Vec::new(),
         history: VecDeque::new(),
         recorded: 0,
         dropped: 0,
@@ -183,53 +194,83 @@ pub fn is_active() -> bool {
     ACTIVE.load(Ordering::Relaxed)
 }
 
-/// Starts recording, or adds a user of an already running recorder. Returns
-/// true when this call turned recording on: the caller then turns its
-/// backend's hooks on.
-pub fn retain() -> bool {
+/// A user of the recorder, from [`retain`].
+#[derive(Debug, PartialEq, Eq)]
+#[must_use = "a user is released with `release`"]
+pub struct User {
+    ticket: u64,
+    /// Whether this user turned recording on: the caller then turns its
+    /// backend's hooks on.
+    pub first: bool,
+}
+
+/// Starts recording, or adds a user of an already running recorder. A user
+/// that asks for `settings` gets at least them for as long as it is there:
+/// the recorder runs with the largest capacity and with backtraces if any
+/// user asked for them. `None` joins with whatever is in force (memlab's own
+/// tools do that).
+pub fn retain(settings: Option<Settings>) -> User {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
     start();
+    let ticket = NEXT.fetch_add(1, Ordering::Relaxed);
     with(|r| {
-        r.users += 1;
-        let first = r.users == 1;
+        r.users.push((ticket, settings));
+        let first = r.users.len() == 1;
         if first {
             ACTIVE.store(true, Ordering::Relaxed);
         }
-        first
+        r.apply_settings();
+        User { ticket, first }
     })
 }
 
 /// Removes a user; the last one turns recording off and returns true (the
 /// caller then turns its backend's hooks off). The live set is cleared then:
 /// frees that are not observed would leave it wrong. The history stays.
-pub fn release() -> bool {
+pub fn release(user: User) -> bool {
     with(|r| {
-        if r.users == 0 {
-            return false;
-        }
-        r.users -= 1;
-        let last = r.users == 0;
+        let Some(at) = r.users.iter().position(|(t, _)| *t == user.ticket) else { return false };
+        r.users.remove(at);
+        let last = r.users.is_empty();
         if last {
             ACTIVE.store(false, Ordering::Relaxed);
             r.live.clear();
         }
+        r.apply_settings();
         last
     })
 }
 
-/// Changes the recorder's settings; a smaller capacity drops the oldest events now.
-pub fn settings(settings: Settings) {
-    #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
-    if settings.backtraces {
-        super::unwind::prepare();
-    }
-    BACKTRACES.store(settings.backtraces, Ordering::Relaxed);
-    with(|r| {
-        r.settings = settings;
-        while r.history.len() > settings.capacity {
-            r.history.pop_front();
-            r.dropped += 1;
+impl Recorder {
+    /// Puts the union of the users' settings in force; a smaller capacity
+    /// drops the oldest events now.
+    fn apply_settings(&mut self) {
+        let asked: Vec<Settings> = self.users.iter().filter_map(|(_, s)| *s).collect();
+        let settings = if asked.is_empty() {
+            // Only joiners, or nobody: the defaults.
+            Settings::default()
+        } else {
+            Settings {
+                capacity: asked.iter().map(|s| s.capacity).max().unwrap_or(0),
+                backtraces: asked.iter().any(|s| s.backtraces),
+            }
+        };
+        #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+        if settings.backtraces {
+            super::unwind::prepare();
         }
-    });
+        BACKTRACES.store(settings.backtraces, Ordering::Relaxed);
+        self.settings = settings;
+        while self.history.len() > settings.capacity {
+            self.history.pop_front();
+            self.dropped += 1;
+        }
+    }
+}
+
+/// The settings in force: the union of what the recorder's users asked for.
+pub fn current_settings() -> Settings {
+    with(|r| r.settings)
 }
 
 /// Records one event. Called by backends from their allocator hooks; returns
@@ -354,30 +395,48 @@ pub fn scope_keep(id: u64, device: Device, address: u64, to_outer: bool) -> Opti
     })
 }
 
-/// Closes scope `id`: what it allocated and is still alive escaped, and is
-/// handed to the enclosing scope (which then answers for it).
-pub fn scope_close(id: u64) -> ScopeOutcome {
+/// Closes scope `id`. What it allocated and is still alive either is the
+/// model's state (its address is in `model`: a var store's new gradient, say),
+/// which no scope answers for any more, or escaped, and is handed to the
+/// nearest enclosing scope still open (which then answers for it). Scopes
+/// nested in this one and still open are handed to that scope too, so scopes
+/// closed out of order never hand anything to a closed one.
+pub fn scope_close(id: u64, model: &HashSet<(Device, u64)>) -> ScopeOutcome {
     context::remove_scope(id);
     with(|r| {
         let Some(account) = r.scopes.remove(&id) else { return ScopeOutcome::default() };
+        // Parents always name open scopes: every close re-parents its children.
+        let parent = account.parent;
+        for other in r.scopes.values_mut().filter(|a| a.parent == Some(id)) {
+            other.parent = parent;
+        }
         let mut devices = account.devices;
         let mut escaped: Vec<LiveAllocation> = Vec::new();
+        let mut model_state: Vec<LiveAllocation> = Vec::new();
         for live in r.live.values_mut().filter(|l| l.scope == Some(id)) {
             let counts = devices.entry(live.device).or_default();
-            counts.escaped += 1;
-            counts.escaped_bytes += live.size;
-            escaped.push(live.clone());
-            live.scope = account.parent;
+            if model.contains(&(live.device, live.address)) {
+                counts.model_state += 1;
+                counts.model_state_bytes += live.size;
+                live.scope = None;
+                model_state.push(live.clone());
+            } else {
+                counts.escaped += 1;
+                counts.escaped_bytes += live.size;
+                live.scope = parent;
+                escaped.push(live.clone());
+            }
         }
         escaped.sort_by_key(|l| l.seq);
-        if let Some(parent) = account.parent.and_then(|p| r.scopes.get_mut(&p)) {
+        model_state.sort_by_key(|l| l.seq);
+        if let Some(parent) = parent.and_then(|p| r.scopes.get_mut(&p)) {
             for l in &escaped {
                 let counts = parent.devices.entry(l.device).or_default();
                 counts.created += 1;
                 counts.created_bytes += l.size;
             }
         }
-        ScopeOutcome { devices, escaped, handed_to: account.parent }
+        ScopeOutcome { devices, escaped, model_state, handed_to: parent }
     })
 }
 

@@ -1,22 +1,30 @@
 //! Process-wide profiler settings: the target device, the switch that turns
-//! probes off, printing at exit, and the default report columns.
+//! probes off, printing at exit, the default report columns, and where
+//! memlab's own output goes.
+//!
+//! Switches follow one rule: an explicit call (`set_enabled`, …) wins over the
+//! environment whenever it is made; until then the environment variable
+//! decides, parsed by [`env_flag`].
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
 use crate::report::Column;
 use crate::{Device, DeviceSelector, Result};
 
+/// The kind of target stored in `TARGET_KIND`; a CUDA target keeps its index in
+/// `TARGET_INDEX`, so every `usize` index stays itself.
 const AUTO: usize = 0;
 const CURRENT_CUDA: usize = 1;
 const CPU: usize = 2;
-const CUDA_BASE: usize = 3;
+const CUDA: usize = 3;
 
-static TARGET: AtomicUsize = AtomicUsize::new(AUTO);
-static ENABLED: AtomicBool = AtomicBool::new(true);
-static PRINT_AT_EXIT: AtomicBool = AtomicBool::new(true);
+static TARGET_KIND: AtomicUsize = AtomicUsize::new(AUTO);
+static TARGET_INDEX: AtomicUsize = AtomicUsize::new(0);
+static ENABLED: Switch = Switch::new("MEMLAB_DISABLE", true);
+static PRINT_AT_EXIT: Switch = Switch::new("MEMLAB_PRINT_AT_EXIT", false);
 static COLUMNS: Mutex<Option<Vec<Column>>> = Mutex::new(None);
-static OUTPUT: Mutex<Output> = Mutex::new(Output::Stdout);
+static OUTPUT: Mutex<Option<Arc<Output>>> = Mutex::new(None);
 
 /// Where memlab prints the tables it prints by itself (`profile_every` and at exit).
 pub enum Output {
@@ -24,27 +32,101 @@ pub enum Output {
     Stdout,
     /// Standard error.
     Stderr,
-    /// A function that receives each rendered table, e.g. to log it.
-    Sink(Box<dyn Fn(&str) + Send>),
+    /// A function that receives each rendered table, e.g. to log it. memlab
+    /// holds none of its locks while calling it, so it may call memlab
+    /// (even `set_output`); it may be called from several threads at once.
+    Sink(Box<dyn Fn(&str) + Send + Sync>),
 }
 
 /// Sets where memlab prints the tables it prints by itself.
 pub fn set_output(output: Output) {
-    *OUTPUT.lock().unwrap_or_else(|e| e.into_inner()) = output;
+    *OUTPUT.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(output));
 }
 
 /// Prints `text` to the output chosen with [`set_output`]. Best effort: a
 /// closed stream must not turn a profiled call into a panic, least of all
-/// while unwinding.
+/// while unwinding. No lock is held while a sink runs.
 pub fn emit(text: &str) {
     use std::io::Write;
     if text.is_empty() {
         return;
     }
-    match &*OUTPUT.lock().unwrap_or_else(|e| e.into_inner()) {
-        Output::Stdout => drop(std::io::stdout().lock().write_all(text.as_bytes())),
-        Output::Stderr => drop(std::io::stderr().lock().write_all(text.as_bytes())),
-        Output::Sink(f) => f(text),
+    let output = OUTPUT.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    match output.as_deref() {
+        None | Some(Output::Stdout) => drop(std::io::stdout().lock().write_all(text.as_bytes())),
+        Some(Output::Stderr) => drop(std::io::stderr().lock().write_all(text.as_bytes())),
+        Some(Output::Sink(f)) => f(text),
+    }
+}
+
+/// Reads a boolean environment variable the one way memlab reads them all:
+/// `1`, `true`, `yes`, `on` and `0`, `false`, `no`, `off`, in any case and
+/// with surrounding spaces ignored. Unset or empty is `None`; anything else is
+/// warned about on standard error (once per variable) and ignored.
+pub fn env_flag(name: &str) -> Option<bool> {
+    let value = std::env::var_os(name)?;
+    let text = value.to_string_lossy();
+    match parse_flag(&text) {
+        Ok(flag) => flag,
+        Err(()) => {
+            static WARNED: Mutex<Vec<String>> = Mutex::new(Vec::new());
+            let mut warned = WARNED.lock().unwrap_or_else(|e| e.into_inner());
+            if !warned.iter().any(|w| w == name) {
+                warned.push(name.to_string());
+                eprintln!(
+                    "memlab: ignoring {name}={text:?}: write 1, true, yes or on to turn it on, \
+                     0, false, no or off to turn it off"
+                );
+            }
+            None
+        }
+    }
+}
+
+fn parse_flag(text: &str) -> std::result::Result<Option<bool>, ()> {
+    match text.trim().to_ascii_lowercase().as_str() {
+        "" => Ok(None),
+        "1" | "true" | "yes" | "on" => Ok(Some(true)),
+        "0" | "false" | "no" | "off" => Ok(Some(false)),
+        _ => Err(()),
+    }
+}
+
+/// A boolean setting with an environment variable behind it: the variable is
+/// read once, when the setting is first needed, unless a call set it before.
+struct Switch {
+    /// 0: not decided yet; 1: off; 2: on.
+    state: AtomicU8,
+    variable: &'static str,
+    /// Whether the variable being on turns the setting off (`MEMLAB_DISABLE`).
+    inverted: bool,
+}
+
+impl Switch {
+    const fn new(variable: &'static str, inverted: bool) -> Switch {
+        Switch { state: AtomicU8::new(0), variable, inverted }
+    }
+
+    fn set(&self, on: bool) {
+        self.state.store(1 + u8::from(on), Ordering::Relaxed);
+    }
+
+    #[inline]
+    fn get(&self, default: bool) -> bool {
+        match self.state.load(Ordering::Relaxed) {
+            0 => self.read_env(default),
+            state => state == 2,
+        }
+    }
+
+    #[cold]
+    fn read_env(&self, default: bool) -> bool {
+        let on = env_flag(self.variable).map_or(default, |flag| flag != self.inverted);
+        // A call that set the switch meanwhile wins.
+        match self.state.compare_exchange(0, 1 + u8::from(on), Ordering::Relaxed, Ordering::Relaxed) {
+            Ok(_) => on,
+            Err(state) => state == 2,
+        }
     }
 }
 
@@ -52,13 +134,16 @@ pub fn emit(text: &str) {
 /// measure, for every thread (the counterpart of pytorch_memlab's
 /// `set_target_gpu`). The default is [`DeviceSelector::Auto`].
 pub fn set_target_device(target: DeviceSelector) {
-    let code = match target {
+    let kind = match target {
         DeviceSelector::Auto => AUTO,
         DeviceSelector::CurrentCuda => CURRENT_CUDA,
         DeviceSelector::Fixed(Device::Cpu) => CPU,
-        DeviceSelector::Fixed(Device::Cuda(i)) => CUDA_BASE + i,
+        DeviceSelector::Fixed(Device::Cuda(i)) => {
+            TARGET_INDEX.store(i, Ordering::Relaxed);
+            CUDA
+        }
     };
-    TARGET.store(code, Ordering::Relaxed);
+    TARGET_KIND.store(kind, Ordering::Release);
 }
 
 /// Makes CUDA device `index` the global target: `set_target_device(Fixed(Cuda(index)))`.
@@ -68,40 +153,37 @@ pub fn set_target_gpu(index: usize) {
 
 /// The global target set by [`set_target_device`].
 pub fn target_device() -> DeviceSelector {
-    match TARGET.load(Ordering::Relaxed) {
+    match TARGET_KIND.load(Ordering::Acquire) {
         AUTO => DeviceSelector::Auto,
         CURRENT_CUDA => DeviceSelector::CurrentCuda,
         CPU => DeviceSelector::Fixed(Device::Cpu),
-        n => DeviceSelector::Fixed(Device::Cuda(n - CUDA_BASE)),
+        _ => DeviceSelector::Fixed(Device::Cuda(TARGET_INDEX.load(Ordering::Relaxed))),
     }
 }
 
 /// Turns every profiled function into a plain one (`false`) or back (`true`).
-/// A call that is already running keeps its state. The environment variable
-/// `MEMLAB_DISABLE=1` turns profiling off from the start.
+/// A call that is already running keeps its state. Until this is called, the
+/// environment variable `MEMLAB_DISABLE` decides (`1`/`true`/`yes`/`on`
+/// turns profiling off; see [`env_flag`]); a call wins over it.
 pub fn set_enabled(enabled: bool) {
-    ENABLED.store(enabled, Ordering::Relaxed);
+    ENABLED.set(enabled);
 }
 
 /// Whether profiled functions measure (see [`set_enabled`]).
+#[inline]
 pub fn is_enabled() -> bool {
-    static FROM_ENV: std::sync::Once = std::sync::Once::new();
-    FROM_ENV.call_once(|| {
-        if std::env::var_os("MEMLAB_DISABLE").is_some_and(|v| v != "0" && !v.is_empty()) {
-            ENABLED.store(false, Ordering::Relaxed);
-        }
-    });
-    ENABLED.load(Ordering::Relaxed)
+    ENABLED.get(true)
 }
 
 /// Whether the tables of `#[profile]` functions print when the process exits
-/// (default: yes; `MEMLAB_PRINT_AT_EXIT=0` also turns it off).
+/// (default: yes). Until this is called, `MEMLAB_PRINT_AT_EXIT` decides
+/// (`0`/`false`/`no`/`off` turns it off); a call wins over it.
 pub fn set_print_at_exit(print: bool) {
-    PRINT_AT_EXIT.store(print, Ordering::Relaxed);
+    PRINT_AT_EXIT.set(print);
 }
 
 pub(crate) fn print_at_exit() -> bool {
-    PRINT_AT_EXIT.load(Ordering::Relaxed) && std::env::var_os("MEMLAB_PRINT_AT_EXIT").is_none_or(|v| v != "0")
+    PRINT_AT_EXIT.get(true)
 }
 
 /// Sets the columns of every report that does not choose its own: names of
@@ -116,4 +198,21 @@ pub fn set_default_columns<S: AsRef<str>>(names: &[S]) -> Result<()> {
 /// The columns reports use by default.
 pub fn default_columns() -> Vec<Column> {
     COLUMNS.lock().unwrap_or_else(|e| e.into_inner()).clone().unwrap_or_else(Column::defaults)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flags_parse_one_way() {
+        for on in ["1", "true", "TRUE", " yes ", "On"] {
+            assert_eq!(parse_flag(on), Ok(Some(true)), "{on}");
+        }
+        for off in ["0", "false", "No", "OFF"] {
+            assert_eq!(parse_flag(off), Ok(Some(false)), "{off}");
+        }
+        assert_eq!(parse_flag(""), Ok(None));
+        assert_eq!(parse_flag("maybe"), Err(()));
+    }
 }

@@ -3,8 +3,12 @@
 //! the interval of the statement that ran before it. `Drop` closes the last
 //! one, so `return`, `?` and panics record the statement that was running.
 
-use std::cell::RefCell;
+use std::cell::UnsafeCell;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Once;
+use std::task::{Context, Poll};
 
 use super::{config, ledger, site::Site};
 use crate::backend::Backend;
@@ -40,31 +44,60 @@ impl Open {
 }
 
 /// The guard of one profiled call. Generated code holds it as `__memlab_frame`.
+///
+/// It keeps its measuring state in a box (taken from a per-thread pool), so a
+/// profiled call adds little to the stack: deep recursion stays possible.
 #[must_use = "a profiled call ends when its Frame is dropped"]
 pub struct Frame {
     site: &'static Site,
     backend: &'static dyn Backend,
+    /// Set while a method works on `open`: a probe re-entered from inside a
+    /// probe (an allocator hook, say) finds it set and does nothing.
+    busy: AtomicBool,
     /// `None` when profiling is off or the device could not be read.
-    open: RefCell<Option<Open>>,
+    open: UnsafeCell<Option<Box<Open>>>,
     /// The statement that was running on this thread when the call began;
     /// `None` when this call did not take part (profiling off).
     caller: Option<Option<StatementRef>>,
 }
 
+// SAFETY: `open` is only touched between a successful `busy` swap to true and
+// the store of false that follows (see `with_open`), so no two threads ever
+// reach it at once; everything else is immutable or already Sync.
+unsafe impl Sync for Frame {}
+
 impl Frame {
     /// Starts a profiled call of `site`, measuring through `backend`.
     pub fn enter(site: &'static Site, backend: &'static dyn Backend) -> Frame {
+        let mut frame =
+            Frame { site, backend, busy: AtomicBool::new(false), open: UnsafeCell::new(None), caller: None };
         if !config::is_enabled() {
-            return Frame { site, backend, open: RefCell::new(None), caller: None };
+            return frame;
         }
-        let caller = Some(context::set_statement(Some(StatementRef::new(site, site.meta.signature_line))));
-        let frame = Frame { site, backend, open: RefCell::new(None), caller };
+        frame.caller = Some(context::set_statement(Some(StatementRef::new(site, site.meta.signature_line))));
         register_exit_report();
         let opened = resolve_device(site.meta.device, backend).and_then(|device| {
-            let mut samples = [RawStats::default(); 2];
+            let mut open = pool::take();
+            if open.device != device {
+                // A CPU sample fills only the CPU fields: start from zeros.
+                open.samples = [RawStats::default(); 2];
+            }
             let peaks = backend.peak_fields(device);
-            let slot = ledger::open(backend, device, &mut samples[0], peaks)?;
-            Ok(Open { device, slot, fields: backend.fields(device), peaks, line: None, samples, before: 0 })
+            match ledger::open(backend, device, &mut open.samples[0], peaks) {
+                Ok(slot) => {
+                    open.device = device;
+                    open.slot = slot;
+                    open.fields = backend.fields(device);
+                    open.peaks = peaks;
+                    open.line = None;
+                    open.before = 0;
+                    Ok(open)
+                }
+                Err(e) => {
+                    pool::give(open);
+                    Err(e)
+                }
+            }
         });
         match opened {
             Ok(open) => {
@@ -74,32 +107,70 @@ impl Frame {
                     let signature = site.line_index(site.meta.signature_line);
                     site.record_entry(state, signature, &open.samples[0], open.fields);
                 });
-                *frame.open.borrow_mut() = Some(open);
+                *frame.open.get_mut() = Some(open);
             }
             Err(e) => site.with_state(|state| state.error = Some(e.to_string())),
         }
         frame
     }
 
+    /// Runs `f` on the measuring state, unless another probe of this frame
+    /// is running (then it does nothing).
+    #[inline]
+    fn with_open(&self, f: impl FnOnce(&mut Option<Box<Open>>)) {
+        if self.busy.swap(true, Ordering::Acquire) {
+            return;
+        }
+        // SAFETY: the swap above made this the only code touching `open`
+        // until the store below (see the `Sync` impl).
+        f(unsafe { &mut *self.open.get() });
+        self.busy.store(false, Ordering::Release);
+    }
+
     /// Marks the start of the statement on source line `line`, ending the
     /// interval of the statement before it.
     #[inline]
     pub fn line(&self, line: u32) {
-        let Ok(mut slot) = self.open.try_borrow_mut() else { return };
-        let Some(open) = slot.as_mut() else { return };
-        context::set_statement(Some(StatementRef::new(self.site, line)));
-        // The entry sample already opened the first statement's interval.
-        let Some(running) = open.line.replace(self.site.line_index(line)) else { return };
-        let fields = open.fields;
-        match open.step(self.backend, true) {
-            Ok((before, after)) => {
-                self.site.with_state(|state| self.site.record_run(state, running, before, after, fields))
+        self.with_open(|slot| {
+            let Some(open) = slot.as_mut() else { return };
+            context::set_statement(Some(StatementRef::new(self.site, line)));
+            // The entry sample already opened the first statement's interval.
+            let Some(running) = open.line.replace(self.site.line_index(line)) else { return };
+            let fields = open.fields;
+            match open.step(self.backend, true) {
+                Ok((before, after)) => {
+                    self.site.with_state(|state| self.site.record_run(state, running, before, after, fields))
+                }
+                Err(e) => {
+                    self.site.with_state(|state| state.error = Some(e.to_string()));
+                    if let Some(open) = slot.take() {
+                        pool::give(open);
+                    }
+                }
             }
-            Err(e) => {
-                self.site.with_state(|state| state.error = Some(e.to_string()));
-                *slot = None;
-            }
-        }
+        });
+    }
+
+    /// A guard that generated code declares after a block's statements: when
+    /// the block ends it is dropped before the block's other locals, and
+    /// starts the interval of the closing brace on `line`, so that what the
+    /// locals free counts there rather than in the block's last statement.
+    #[inline]
+    pub fn block_end(&self, line: u32) -> BlockEnd<'_> {
+        BlockEnd { frame: self, line }
+    }
+}
+
+/// See [`Frame::block_end`].
+pub struct BlockEnd<'a> {
+    frame: &'a Frame,
+    line: u32,
+}
+
+impl Drop for BlockEnd<'_> {
+    #[inline]
+    fn drop(&mut self) {
+        self.frame.line(self.line);
     }
 }
 
@@ -122,9 +193,95 @@ impl Drop for Frame {
             state.window.calls += 1;
             every > 0 && state.window.calls >= every
         });
+        pool::give(open);
         if due {
             config::emit(&Report::window_of(self.site).to_text());
         }
+    }
+}
+
+/// Boxes of measuring state kept per thread for the next calls, so that a
+/// profiled call costs no trip to the heap.
+mod pool {
+    use std::cell::RefCell;
+
+    use super::Open;
+    use crate::stats::RawStats;
+    use crate::Device;
+
+    /// Enough for the profiled calls nested at once in ordinary code.
+    const KEEP: usize = 32;
+
+    thread_local! {
+        // Boxes, not values: frames hold their state boxed, and a box moves
+        // in and out of the pool without copying its 2 KB.
+        #[allow(clippy::vec_box)]
+        static SPARE: RefCell<Vec<Box<Open>>> = const { RefCell::new(Vec::new()) };
+    }
+
+    pub(super) fn take() -> Box<Open> {
+        SPARE.try_with(|s| s.try_borrow_mut().ok().and_then(|mut s| s.pop())).ok().flatten().unwrap_or_else(|| {
+            Box::new(Open {
+                device: Device::Cpu,
+                slot: 0,
+                fields: &[],
+                peaks: &[],
+                line: None,
+                samples: [RawStats::default(); 2],
+                before: 0,
+            })
+        })
+    }
+
+    pub(super) fn give(open: Box<Open>) {
+        let _ = SPARE.try_with(|s| {
+            if let Ok(mut s) = s.try_borrow_mut() {
+                if s.len() < KEEP {
+                    s.push(open);
+                }
+            }
+        });
+    }
+}
+
+/// The future of a profiled `async fn`'s body: each time it is polled, the
+/// body's running statement becomes the thread's, and when the poll returns
+/// (ready, pending or panicking) the statement that was running before comes
+/// back. However futures interleave on a thread, allocations are attributed
+/// to the statement that really runs, and code outside profiled functions
+/// sees none.
+pub struct InStatement<F> {
+    body: F,
+    own: Option<StatementRef>,
+}
+
+impl<F> InStatement<F> {
+    /// Wraps the body's future.
+    pub fn new(body: F) -> Self {
+        InStatement { body, own: None }
+    }
+}
+
+impl<F: Future> Future for InStatement<F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        struct Restore<'a> {
+            own: &'a mut Option<StatementRef>,
+            outer: Option<StatementRef>,
+        }
+        impl Drop for Restore<'_> {
+            fn drop(&mut self) {
+                *self.own = context::set_statement(self.outer);
+            }
+        }
+        // SAFETY: `body` is structurally pinned: it is never moved out of
+        // `self`, and `own` is a plain value that is not pinned.
+        let this = unsafe { self.get_unchecked_mut() };
+        let outer = context::set_statement(this.own);
+        let _restore = Restore { own: &mut this.own, outer };
+        // SAFETY: as above.
+        unsafe { Pin::new_unchecked(&mut this.body) }.poll(cx)
     }
 }
 

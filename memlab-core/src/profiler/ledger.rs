@@ -24,11 +24,33 @@ struct Ledger {
     slots: Vec<[i64; N_FIELDS]>,
     open: Vec<bool>,
     free: Vec<usize>,
+    /// Running totals taken away by resets since the oldest open interval
+    /// began, indexed like [`RawStats`]; `None` when there were none.
+    offsets: Option<Box<[i64; N_FIELDS]>>,
 }
 
 impl Ledger {
     const fn new() -> Self {
-        Ledger { slots: Vec::new(), open: Vec::new(), free: Vec::new() }
+        Ledger { slots: Vec::new(), open: Vec::new(), free: Vec::new(), offsets: None }
+    }
+
+    /// Adds back what resets took from the running totals.
+    #[inline]
+    fn restore_totals(&self, sample: &mut RawStats) {
+        if let Some(offsets) = &self.offsets {
+            for &i in CUMULATIVE_FIELDS.iter() {
+                sample.0[i] += offsets[i];
+            }
+        }
+    }
+
+    fn close(&mut self, slot: usize) {
+        self.open[slot] = false;
+        self.free.push(slot);
+        if self.free.len() == self.slots.len() {
+            // No interval spans a reset any more.
+            self.offsets = None;
+        }
     }
 
     fn fold(&mut self, sample: &RawStats, peaks: &[usize]) {
@@ -70,6 +92,7 @@ fn ledger(device: Device) -> MutexGuard<'static, Ledger> {
 pub(crate) fn open(backend: &dyn Backend, device: Device, sample: &mut RawStats, peaks: &[usize]) -> Result<usize> {
     let mut l = ledger(device);
     backend.sample(device, sample, true)?;
+    l.restore_totals(sample);
     l.fold(sample, peaks);
     let slot = match l.free.pop() {
         Some(slot) => slot,
@@ -97,6 +120,7 @@ pub(crate) fn probe(
     let mut l = ledger(device);
     let read = backend.sample(device, sample, true);
     if read.is_ok() {
+        l.restore_totals(sample);
         l.fold(sample, peaks);
         let ended = &l.slots[slot];
         for &i in peaks {
@@ -106,11 +130,64 @@ pub(crate) fn probe(
     if reopen && read.is_ok() {
         l.seed(slot, sample, peaks);
     } else {
-        l.open[slot] = false;
-        l.free.push(slot);
+        l.close(slot);
     }
     read
 }
+
+/// Sets every peak of `device` to its current level, first folding the peaks
+/// reached so far into the open intervals, so profiled lines running now keep
+/// them.
+pub fn reset_peaks(backend: &dyn Backend, device: Device) -> Result<()> {
+    let mut l = ledger(device);
+    let mut sample = RawStats::default();
+    backend.sample(device, &mut sample, true)?;
+    l.fold(&sample, backend.peak_fields(device));
+    Ok(())
+}
+
+/// Sets the running totals of `device` to zero; intervals open now keep
+/// counting from where they were.
+pub fn reset_totals(backend: &dyn Backend, device: Device) -> Result<()> {
+    let mut l = ledger(device);
+    let mut taken = RawStats::default();
+    backend.reset_totals(device, &mut taken)?;
+    if l.free.len() < l.slots.len() {
+        let offsets = l.offsets.get_or_insert_with(|| Box::new([0; N_FIELDS]));
+        for &i in CUMULATIVE_FIELDS.iter() {
+            offsets[i] += taken.0[i];
+        }
+    }
+    Ok(())
+}
+
+/// The indices of every running total of [`RawStats`].
+static CUMULATIVE_FIELDS: [usize; N_CUMULATIVE] = {
+    let mut out = [0usize; N_CUMULATIVE];
+    let mut n = 0;
+    let mut i = 0;
+    while i < N_FIELDS {
+        if matches!(FIELDS[i].kind, FieldKind::Cumulative) {
+            out[n] = i;
+            n += 1;
+        }
+        i += 1;
+    }
+    assert!(n == N_CUMULATIVE);
+    out
+};
+
+const N_CUMULATIVE: usize = {
+    let mut n = 0;
+    let mut i = 0;
+    while i < N_FIELDS {
+        if matches!(FIELDS[i].kind, FieldKind::Cumulative) {
+            n += 1;
+        }
+        i += 1;
+    }
+    n
+};
 
 /// The indices of every peak field (`*.peak`) of [`RawStats`].
 pub static PEAK_FIELDS: [usize; 29] = {

@@ -108,7 +108,7 @@ pub(crate) struct SiteState {
 #[derive(Debug)]
 pub struct Site {
     pub(crate) meta: SiteMeta,
-    name: OnceLock<String>,
+    name: OnceLock<(String, Option<String>)>,
     state: Mutex<Option<SiteState>>,
 }
 
@@ -118,9 +118,21 @@ impl Site {
         Site { meta, name: OnceLock::new(), state: Mutex::new(None) }
     }
 
-    /// The function's path, e.g. `my_crate::model::Net::forward`.
+    /// The function's path, e.g. `my_crate::model::Net::forward`, without
+    /// generic arguments (`Holder<T>::make` is `Holder::make`); for a method
+    /// of a trait impl, the implementing type's path (`Net::step`).
     pub fn name(&self) -> &str {
-        self.name.get_or_init(|| function_path((self.meta.name)()))
+        &self.names().0
+    }
+
+    /// The trait a method implements, by its last path segment (`Step` for
+    /// `<Net as Step>::step`); `None` for other functions.
+    pub fn trait_name(&self) -> Option<&str> {
+        self.names().1.as_deref()
+    }
+
+    fn names(&self) -> &(String, Option<String>) {
+        self.name.get_or_init(|| display_path(&function_path((self.meta.name)())))
     }
 
     /// What the macro captured.
@@ -206,9 +218,92 @@ fn function_path(marker: &str) -> String {
     trimmed.split("::").filter(|seg| *seg != "{{closure}}").collect::<Vec<_>>().join("::")
 }
 
+/// A path as people write it, and the trait of a trait method: generic
+/// arguments dropped (`a::Holder<_>::make` is `a::Holder::make`), and a
+/// qualified path `<a::Net as a::Step>::step` read as `a::Net::step` with
+/// trait `Step`.
+pub fn display_path(path: &str) -> (String, Option<String>) {
+    let path = path.trim();
+    if let Some(inner_start) = path.strip_prefix('<') {
+        if let Some(close) = matching_angle(inner_start) {
+            let inner = &inner_start[..close];
+            let rest = inner_start[close + 1..].trim_start_matches("::");
+            if let Some((ty, tr)) = split_top_level(inner, " as ") {
+                let ty = strip_generics(ty);
+                let tr = strip_generics(tr);
+                let trait_name = tr.rsplit("::").next().unwrap_or(&tr).to_string();
+                let joined = if rest.is_empty() { ty } else { format!("{ty}::{rest}") };
+                return (strip_generics(&joined), Some(trait_name));
+            }
+            let joined = if rest.is_empty() { inner.to_string() } else { format!("{inner}::{rest}") };
+            return (strip_generics(&joined), None);
+        }
+    }
+    (strip_generics(path), None)
+}
+
+/// The index in `text` of the `>` that closes an `<` just before it.
+fn matching_angle(text: &str) -> Option<usize> {
+    let mut depth = 1usize;
+    for (i, c) in text.char_indices() {
+        match c {
+            '<' => depth += 1,
+            '>' => {
+                depth -= 1;
+                if depth == 0 {
+                    return Some(i);
+                }
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+/// `text` split at the first `sep` outside angle brackets.
+fn split_top_level<'a>(text: &'a str, sep: &str) -> Option<(&'a str, &'a str)> {
+    let mut depth = 0i32;
+    for (i, c) in text.char_indices() {
+        match c {
+            '<' => depth += 1,
+            '>' => depth -= 1,
+            _ if depth == 0 && text[i..].starts_with(sep) => return Some((&text[..i], &text[i + sep.len()..])),
+            _ => {}
+        }
+    }
+    None
+}
+
+/// `text` without anything inside angle brackets (and the brackets).
+fn strip_generics(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut depth = 0i32;
+    for c in text.chars() {
+        match c {
+            '<' => depth += 1,
+            '>' => depth -= 1,
+            _ if depth == 0 => out.push(c),
+            _ => {}
+        }
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn display_paths_read_as_written() {
+        assert_eq!(display_path("t::Holder<_>::make"), ("t::Holder::make".into(), None));
+        assert_eq!(display_path("t::Holder<alloc::vec::Vec<u8>>::make"), ("t::Holder::make".into(), None));
+        assert_eq!(display_path("<t::Net as t::Step>::step"), ("t::Net::step".into(), Some("Step".into())));
+        assert_eq!(
+            display_path("<t::Pair<u8, i8> as t::Step<f32>>::step"),
+            ("t::Pair::step".into(), Some("Step".into()))
+        );
+        assert_eq!(display_path("t::plain"), ("t::plain".into(), None));
+    }
 
     #[test]
     fn function_path_drops_marker_and_closures() {

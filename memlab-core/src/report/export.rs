@@ -58,7 +58,7 @@ pub(super) fn json(report: &Report) -> String {
                 })
                 .collect();
             json!({
-                "name": f.name, "file": f.file, "device": f.device.map(|d| d.to_string()),
+                "name": f.name, "trait": f.trait_name, "file": f.file, "device": f.device.map(|d| d.to_string()),
                 "calls": f.calls, "error": f.error, "lines": lines,
             })
         })

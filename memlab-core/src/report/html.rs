@@ -28,7 +28,7 @@ pub(super) fn render(report: &Report) -> String {
     );
     for f in &report.functions {
         if let Some(e) = &f.error {
-            writeln!(out, "<h3>{}</h3><p>not measured: {}</p>", escape(&f.name), escape(e)).unwrap();
+            writeln!(out, "<h3>{}</h3><p>not measured: {}</p>", escape(&f.title()), escape(e)).unwrap();
             continue;
         }
         if !f.ran() {

@@ -100,8 +100,11 @@ pub struct LineReport {
 /// One profiled function.
 #[derive(Clone, Debug)]
 pub struct FunctionReport {
-    /// The function's path, e.g. `demo::Mlp::forward`.
+    /// The function's path, e.g. `demo::Mlp::forward`, without generic
+    /// arguments; for a trait method, the implementing type's path.
     pub name: String,
+    /// For a method of a trait impl: the trait (its last path segment).
+    pub trait_name: Option<String>,
     /// Its source file.
     pub file: &'static str,
     /// The device it was last measured on.
@@ -127,7 +130,15 @@ impl FunctionReport {
                 stats: table.lines.get(i).cloned().flatten(),
             })
             .collect();
-        FunctionReport { name: site.name().to_string(), file: meta.file, device, calls: table.calls, error, lines }
+        FunctionReport {
+            name: site.name().to_string(),
+            trait_name: site.trait_name().map(str::to_string),
+            file: meta.file,
+            device,
+            calls: table.calls,
+            error,
+            lines,
+        }
     }
 
     /// The record of source line `line`, if it ran.
@@ -138,6 +149,15 @@ impl FunctionReport {
     /// The first line whose source text contains `code`, e.g. `"let w ="`.
     pub fn find(&self, code: &str) -> Option<&LineReport> {
         self.lines.iter().find(|l| l.code.contains(code))
+    }
+
+    /// The name as tables print it: the path, then the trait in parentheses
+    /// for a trait method (`demo::Net::step (Step)`).
+    pub fn title(&self) -> String {
+        match &self.trait_name {
+            Some(t) => format!("{} ({t})", self.name),
+            None => self.name.clone(),
+        }
     }
 
     /// Whether the function ran at all (its entry was recorded).
@@ -200,16 +220,35 @@ impl Report {
         &self.columns
     }
 
-    /// The report of the function whose path ends with `name` (e.g. `forward`
-    /// or `Net::forward`; raw identifiers may keep their `r#`).
-    pub fn function(&self, name: &str) -> Option<&FunctionReport> {
-        self.functions.iter().find(|f| path_matches(&f.name, name))
+    /// The report of the function whose path is `name` or ends with
+    /// `::name`: `forward`, `Net::forward`, `Holder::make` or `Holder<T>::make`
+    /// for a method of a generic type, `Net::step` or `<Net as Step>::step`
+    /// for a trait method; raw identifiers may keep their `r#`. A name that
+    /// fits several functions is an error listing them (a full path wins).
+    pub fn function(&self, name: &str) -> Result<&FunctionReport> {
+        if let Some(exact) = self.functions.iter().find(|f| Query::new(name).is_exact(f)) {
+            return Ok(exact);
+        }
+        let query = Query::new(name);
+        let found: Vec<&FunctionReport> = self.functions.iter().filter(|f| query.matches(f)).collect();
+        match found.as_slice() {
+            [one] => Ok(one),
+            [] => Err(Error::UnknownFunction {
+                name: name.to_string(),
+                known: self.functions.iter().map(FunctionReport::title).collect::<Vec<_>>().join(", "),
+            }),
+            many => Err(Error::AmbiguousFunction {
+                name: name.to_string(),
+                candidates: many.iter().map(|f| f.title()).collect(),
+            }),
+        }
     }
 
     /// The same report with only the functions whose path is `name` or ends
-    /// with `::name`.
+    /// with `::name` (written as for [`function`](Self::function)).
     pub fn filter(mut self, name: &str) -> Report {
-        self.functions.retain(|f| path_matches(&f.name, name));
+        let query = Query::new(name);
+        self.functions.retain(|f| query.matches(f));
         self
     }
 
@@ -246,10 +285,31 @@ impl fmt::Display for Report {
     }
 }
 
-/// Whether function path `path` is `name` or ends with `::name`.
-fn path_matches(path: &str, name: &str) -> bool {
-    let name = name.replace("r#", "");
-    path == name || path.strip_suffix(name.as_str()).is_some_and(|head| head.ends_with("::"))
+/// A function name as a user writes it, read the way paths are displayed.
+struct Query {
+    path: String,
+    trait_name: Option<String>,
+}
+
+impl Query {
+    fn new(name: &str) -> Query {
+        let (path, trait_name) = crate::profiler::site::display_path(&name.replace("r#", ""));
+        Query { path, trait_name }
+    }
+
+    fn trait_fits(&self, f: &FunctionReport) -> bool {
+        self.trait_name.is_none() || self.trait_name == f.trait_name
+    }
+
+    fn is_exact(&self, f: &FunctionReport) -> bool {
+        f.name == self.path && self.trait_fits(f)
+    }
+
+    /// Whether `f`'s path is the query's or ends with `::` and it.
+    fn matches(&self, f: &FunctionReport) -> bool {
+        let ends = f.name.strip_suffix(self.path.as_str()).is_some_and(|head| head.is_empty() || head.ends_with("::"));
+        ends && self.trait_fits(f)
+    }
 }
 
 /// Clears the figures of every profiled function.

@@ -31,7 +31,7 @@ pub(super) fn cell(column: &Column, value: i64) -> String {
 
 /// The function's heading, shared by the renderings.
 pub(super) fn heading(f: &FunctionReport) -> String {
-    let mut out = f.name.clone();
+    let mut out = f.title();
     let calls = if f.calls == 1 { "1 call".to_string() } else { format!("{} calls", f.calls) };
     match f.device {
         Some(d) => write!(out, "  ({d}, {calls})").unwrap(),
@@ -56,13 +56,13 @@ pub(super) fn render(report: &Report) -> String {
     let mut out = String::new();
     for f in &report.functions {
         if let Some(e) = &f.error {
-            writeln!(out, "## {}\n\nnot measured: {e}\n", f.name).unwrap();
+            writeln!(out, "## {}\n\nnot measured: {e}\n", f.title()).unwrap();
         } else if f.ran() {
             render_function(&mut out, f, report.columns());
         }
     }
-    let idle: Vec<&str> =
-        report.functions.iter().filter(|f| !f.ran() && f.error.is_none()).map(|f| f.name.as_str()).collect();
+    let idle: Vec<String> =
+        report.functions.iter().filter(|f| !f.ran() && f.error.is_none()).map(FunctionReport::title).collect();
     if !idle.is_empty() {
         writeln!(out, "Profiled, never called: {}\n", idle.join(", ")).unwrap();
     }
