@@ -216,4 +216,11 @@ pub mod __private {
     pub fn enter(site: &'static Site) -> Frame {
         Frame::enter(site, &memlab_tch::BACKEND)
     }
+
+    /// Starts a profiled call of an `async fn`: its frame is `Sync`, so the
+    /// body's future stays `Send`.
+    #[inline]
+    pub fn enter_async(site: &'static Site) -> Frame<std::sync::atomic::AtomicBool> {
+        Frame::enter(site, &memlab_tch::BACKEND)
+    }
 }

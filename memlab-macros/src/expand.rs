@@ -68,6 +68,7 @@ pub fn profile(options: Options, item: TokenStream) -> TokenStream {
     let first_line_lit = first_line as u32;
     let signature_line_lit = signature_line as u32;
     let stmts = &function.block.stmts;
+    let enter = if function.sig.asyncness.is_some() { quote!(enter_async) } else { quote!(enter) };
     let setup = quote! {
         fn __memlab_here() {}
         static __MEMLAB_SITE: #krate::__private::Site = #krate::__private::Site::new(#krate::__private::SiteMeta {
@@ -80,7 +81,7 @@ pub fn profile(options: Options, item: TokenStream) -> TokenStream {
             every: #every,
         });
         #krate::__private::inventory::submit! { #krate::__private::Registered(&__MEMLAB_SITE) }
-        let #frame = #krate::__private::enter(&__MEMLAB_SITE);
+        let #frame = #krate::__private::#enter(&__MEMLAB_SITE);
     };
     // An `async fn` body runs in pieces, one per poll, interleaved with other
     // code on the same thread: its statement must be the thread's only while

@@ -6,6 +6,7 @@
 //! and nothing that holds the recorder's lock may either.
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
+use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Instant;
@@ -155,8 +156,46 @@ struct Recorder {
     history: VecDeque<Event>,
     recorded: u64,
     dropped: u64,
-    live: HashMap<(Device, u64), LiveAllocation>,
-    scopes: HashMap<u64, Account>,
+    live: HashMap<(Device, u64), LiveAllocation, BuildHasherDefault<AddressHasher>>,
+    scopes: HashMap<u64, Account, BuildHasherDefault<AddressHasher>>,
+}
+
+/// A hasher for the recorder's keys (allocator addresses, device indices,
+/// scope ids): a multiply-rotate mix per word. The keys come from the
+/// allocator, not from an adversary, so SipHash's protection buys nothing and
+/// costs a good part of an event.
+#[derive(Default, Clone, Copy)]
+struct AddressHasher(u64);
+
+impl Hasher for AddressHasher {
+    #[inline]
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            self.write_u64(u64::from_le_bytes(word));
+        }
+    }
+
+    #[inline]
+    fn write_u64(&mut self, word: u64) {
+        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(0x517c_c1b7_2722_0a95);
+    }
+
+    #[inline]
+    fn write_usize(&mut self, word: usize) {
+        self.write_u64(word as u64);
+    }
+
+    #[inline]
+    fn write_isize(&mut self, word: isize) {
+        self.write_u64(word as u64);
+    }
+
+    #[inline]
+    fn finish(&self) -> u64 {
+        self.0
+    }
 }
 
 static ACTIVE: AtomicBool = AtomicBool::new(false);
@@ -177,8 +216,8 @@ fn with<R>(f: impl FnOnce(&mut Recorder) -> R) -> R {
         history: VecDeque::new(),
         recorded: 0,
         dropped: 0,
-        live: HashMap::new(),
-        scopes: HashMap::new(),
+        live: HashMap::default(),
+        scopes: HashMap::default(),
     });
     f(r)
 }

@@ -3,7 +3,7 @@
 //! the interval of the statement that ran before it. `Drop` closes the last
 //! one, so `return`, `?` and panics record the statement that was running.
 
-use std::cell::UnsafeCell;
+use std::cell::{Cell, UnsafeCell};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -43,17 +43,57 @@ impl Open {
     }
 }
 
-/// The guard of one profiled call. Generated code holds it as `__memlab_frame`.
+/// Marks a frame's measuring state as in use. A plain `Cell` for the frames
+/// of ordinary functions, which never leave their thread; an atomic for the
+/// frames of `async fn`s, whose block-end guards live across awaits in
+/// futures that may move between threads (their frame must be `Sync`).
+pub trait Busy: Default + sealed::Sealed {
+    /// Marks the state in use; false if it already was.
+    fn take(&self) -> bool;
+    /// Marks it free again.
+    fn give(&self);
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for std::cell::Cell<bool> {}
+    impl Sealed for std::sync::atomic::AtomicBool {}
+}
+
+impl Busy for Cell<bool> {
+    #[inline]
+    fn take(&self) -> bool {
+        !self.replace(true)
+    }
+    #[inline]
+    fn give(&self) {
+        self.set(false);
+    }
+}
+
+impl Busy for AtomicBool {
+    #[inline]
+    fn take(&self) -> bool {
+        !self.swap(true, Ordering::Acquire)
+    }
+    #[inline]
+    fn give(&self) {
+        self.store(false, Ordering::Release);
+    }
+}
+
+/// The guard of one profiled call. Generated code holds it as `__memlab_frame`:
+/// a `Frame` for an ordinary function, a `Frame<AtomicBool>` for an `async fn`.
 ///
 /// It keeps its measuring state in a box (taken from a per-thread pool), so a
 /// profiled call adds little to the stack: deep recursion stays possible.
 #[must_use = "a profiled call ends when its Frame is dropped"]
-pub struct Frame {
+pub struct Frame<B: Busy = Cell<bool>> {
     site: &'static Site,
     backend: &'static dyn Backend,
     /// Set while a method works on `open`: a probe re-entered from inside a
     /// probe (an allocator hook, say) finds it set and does nothing.
-    busy: AtomicBool,
+    busy: B,
     /// `None` when profiling is off or the device could not be read.
     open: UnsafeCell<Option<Box<Open>>>,
     /// The statement that was running on this thread when the call began;
@@ -61,16 +101,17 @@ pub struct Frame {
     caller: Option<Option<StatementRef>>,
 }
 
-// SAFETY: `open` is only touched between a successful `busy` swap to true and
-// the store of false that follows (see `with_open`), so no two threads ever
-// reach it at once; everything else is immutable or already Sync.
-unsafe impl Sync for Frame {}
+// SAFETY: with an atomic flag, `open` is only touched between a successful
+// `take` (an acquiring swap to true) and the releasing `give` that follows (see
+// `with_open`), so no two threads ever reach it at once; everything else is
+// immutable or already Sync. (`UnsafeCell` and `Cell` keep every other
+// `Frame` from being Sync.)
+unsafe impl Sync for Frame<AtomicBool> {}
 
-impl Frame {
+impl<B: Busy> Frame<B> {
     /// Starts a profiled call of `site`, measuring through `backend`.
-    pub fn enter(site: &'static Site, backend: &'static dyn Backend) -> Frame {
-        let mut frame =
-            Frame { site, backend, busy: AtomicBool::new(false), open: UnsafeCell::new(None), caller: None };
+    pub fn enter(site: &'static Site, backend: &'static dyn Backend) -> Frame<B> {
+        let mut frame = Frame { site, backend, busy: B::default(), open: UnsafeCell::new(None), caller: None };
         if !config::is_enabled() {
             return frame;
         }
@@ -118,13 +159,13 @@ impl Frame {
     /// is running (then it does nothing).
     #[inline]
     fn with_open(&self, f: impl FnOnce(&mut Option<Box<Open>>)) {
-        if self.busy.swap(true, Ordering::Acquire) {
+        if !self.busy.take() {
             return;
         }
-        // SAFETY: the swap above made this the only code touching `open`
-        // until the store below (see the `Sync` impl).
+        // SAFETY: `take` made this the only code touching `open` until `give`
+        // (a `Cell` frame never leaves its thread; see the `Sync` impl).
         f(unsafe { &mut *self.open.get() });
-        self.busy.store(false, Ordering::Release);
+        self.busy.give();
     }
 
     /// Marks the start of the statement on source line `line`, ending the
@@ -156,25 +197,25 @@ impl Frame {
     /// starts the interval of the closing brace on `line`, so that what the
     /// locals free counts there rather than in the block's last statement.
     #[inline]
-    pub fn block_end(&self, line: u32) -> BlockEnd<'_> {
+    pub fn block_end(&self, line: u32) -> BlockEnd<'_, B> {
         BlockEnd { frame: self, line }
     }
 }
 
 /// See [`Frame::block_end`].
-pub struct BlockEnd<'a> {
-    frame: &'a Frame,
+pub struct BlockEnd<'a, B: Busy> {
+    frame: &'a Frame<B>,
     line: u32,
 }
 
-impl Drop for BlockEnd<'_> {
+impl<B: Busy> Drop for BlockEnd<'_, B> {
     #[inline]
     fn drop(&mut self) {
         self.frame.line(self.line);
     }
 }
 
-impl Drop for Frame {
+impl<B: Busy> Drop for Frame<B> {
     fn drop(&mut self) {
         if let Some(caller) = self.caller {
             context::set_statement(caller);

@@ -17,7 +17,7 @@ pub use config::{
     default_columns, emit, env_flag, is_enabled, set_default_columns, set_enabled, set_output, set_print_at_exit,
     set_target_device, set_target_gpu, target_device, Output,
 };
-pub use frame::{BlockEnd, Frame, InStatement};
+pub use frame::{BlockEnd, Busy, Frame, InStatement};
 pub use ledger::{reset_peaks, reset_totals, MAX_CUDA_DEVICES, PEAK_FIELDS};
 pub use site::{LineStats, Registered, Site, SiteMeta};
 pub use watch::PeakWatch;
