@@ -4,9 +4,17 @@
 //! costs microseconds per allocation through libtorch's deep C++ frames. This
 //! one reads the unwind tables (`.eh_frame`, indexed by `.eh_frame_hdr`) of
 //! the loaded modules straight from memory, once, and keeps the rules it has
-//! used in a per-thread cache (framehop), so a repeated call path unwinds in a
-//! few hundred nanoseconds. It only collects return addresses; symbols are
+//! used in per-thread caches (framehop's), so a repeated call path unwinds in
+//! a few hundred nanoseconds. It only collects return addresses; symbols are
 //! resolved when someone looks at the backtrace.
+//!
+//! A framehop cache is direct-mapped (509 slots by `address % 509`): two
+//! return addresses of one hot call path that share a slot evict each other on
+//! every capture, and whether any pair does depends on where the loader put
+//! each library. A path of 30 frames has such a pair more often than not, so
+//! capture costs came out bimodal between runs and builds. Each stack depth
+//! (modulo [`CACHES`]) gets a cache of its own: a pair then collides only if it
+//! also shares a depth class, a few percent of paths.
 //!
 //! Stack reads are bounded by the calling thread's stack, so a broken rule
 //! ends the walk instead of reading stray memory.
@@ -21,6 +29,9 @@ use framehop::{ExplicitModuleSectionInfo, FrameAddress, Module, Unwinder};
 
 /// The most frames one capture keeps.
 const MAX_FRAMES: usize = 64;
+
+/// Rule caches per thread, one per stack depth modulo this (about 12 KB each).
+const CACHES: usize = 16;
 
 type Sections = &'static [u8];
 
@@ -43,7 +54,7 @@ fn unwinder() -> &'static UnwinderX86_64<Sections> {
 }
 
 thread_local! {
-    static CACHE: RefCell<CacheX86_64> = RefCell::new(CacheX86_64::new());
+    static CACHE: RefCell<Vec<CacheX86_64>> = RefCell::new((0..CACHES).map(|_| CacheX86_64::new()).collect());
     static STACK: Option<Range<u64>> = thread_stack();
 }
 
@@ -74,16 +85,17 @@ pub(crate) fn capture() -> Vec<u64> {
         }
     };
     let mut frames = Vec::with_capacity(MAX_FRAMES);
-    let _ = CACHE.try_with(|cache| {
-        let Ok(mut cache) = cache.try_borrow_mut() else { return };
-        let mut iter = unwinder().iter_frames(pc, UnwindRegsX86_64::new(pc, sp, bp), &mut *cache, &mut read_stack);
-        while let Ok(Some(frame)) = iter.next() {
-            if let FrameAddress::ReturnAddress(address) = frame {
-                frames.push(address.get());
-                if frames.len() == MAX_FRAMES {
-                    break;
-                }
-            }
+    let _ = CACHE.try_with(|caches| {
+        let Ok(mut caches) = caches.try_borrow_mut() else { return };
+        let unwinder = unwinder();
+        let mut regs = UnwindRegsX86_64::new(pc, sp, bp);
+        let mut address = FrameAddress::InstructionPointer(pc);
+        for depth in 0..MAX_FRAMES {
+            let cache = &mut caches[depth % CACHES];
+            let Ok(Some(ret)) = unwinder.unwind_frame(address, &mut regs, cache, &mut read_stack) else { break };
+            let Some(next) = FrameAddress::from_return_address(ret) else { break };
+            frames.push(ret);
+            address = next;
         }
     });
     frames
