@@ -120,18 +120,29 @@ pub use memlab_tch::{
     reset_accumulated_stats, reset_peak_stats, storage_info, Layout, StorageInfo,
 };
 pub use memlab_tch::{
-    check_step, check_step_with, clear_registry, register_tensor, register_var_store, Courtesy, DeviceReport,
-    DisposeScope, IterationRecord, MemReport, MemReporter, OnEscape, OptimizerKind, Recording, Row, RowKind,
-    ScopeReport, StepCheck, TrainingMonitor, WeakTensor, YieldCounts, YieldReport,
+    clear_registry, driver_memory, process_gpu_memory, register_tensor, register_var_store, DriverMemory, Recording,
+    WeakTensor,
 };
-pub use memlab_tch::{
-    driver_memory, process_gpu_memory, rss, DriverMemory, GpuFigures, RamFigures, StepData, StepLogger,
-};
-pub use memlab_tch::{
-    find_batch_size, global_tracker, measure_model, BatchSearch, Budget, CallSite, ModelSize, StepOptimizer,
-    StorageKind, Tracker,
-};
-pub use memlab_tch::{where_gpu_memory_went, GpuAccount, Part};
+
+mod batch_size;
+mod courtesy;
+mod dispose;
+mod gpu_account;
+mod logger;
+mod model_size;
+mod monitor;
+mod reporter;
+mod tracker;
+
+pub use batch_size::{find_batch_size, BatchSearch, Budget};
+pub use courtesy::{Courtesy, YieldCounts, YieldReport};
+pub use dispose::{check_step, check_step_with, DisposeScope, OnEscape, ScopeReport, StepCheck};
+pub use gpu_account::{where_gpu_memory_went, GpuAccount, Part};
+pub use logger::{rss, GpuFigures, RamFigures, StepData, StepLogger};
+pub use model_size::{measure_model, ModelSize, StepOptimizer};
+pub use monitor::{IterationRecord, OptimizerKind, TrainingMonitor};
+pub use reporter::{DeviceReport, MemReport, MemReporter, Row, RowKind};
+pub use tracker::{global_tracker, CallSite, StorageKind, Tracker};
 
 /// Logs the memory at this call site and what changed since the previous
 /// call: storages that appeared (`+`) or disappeared (`-`), grouped by kind
@@ -199,11 +210,11 @@ pub fn reset() {
 /// change in any release.
 #[doc(hidden)]
 pub mod __private {
+    pub use crate::tracker::track_global;
     pub use inventory;
     pub use memlab_core::profiler::{Frame, InStatement, Registered, Site, SiteMeta};
     pub use memlab_core::{Device, DeviceSelector};
     pub use memlab_tch::events_testing;
-    pub use memlab_tch::track_global;
 
     /// The path of the function a marker item is nested in (see `track!`).
     pub fn function_path(marker: &'static str) -> &'static str {

@@ -40,8 +40,9 @@ impl Recording {
     }
 
     /// Joins the recording, or starts one with the settings in force, without
-    /// asking for any (for memlab's own tools).
-    pub(crate) fn join() -> Result<Recording> {
+    /// asking for any: for tools that need the events while they live (dispose
+    /// scopes, trackers) but leave the settings to the user's recordings.
+    pub fn join() -> Result<Recording> {
         Ok(Recording { user: Some(acquire(None)?) })
     }
 

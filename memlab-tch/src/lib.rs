@@ -1,6 +1,9 @@
-//! memlab's libtorch backend: exact allocator figures for CPU tensors (through
-//! a counting allocator installed when the program loads) and for CUDA devices
-//! (through libtorch's caching allocator), plus storage facts of `tch` tensors.
+//! memlab's libtorch backend, as torch-sys is tch's: exact allocator figures
+//! for CPU tensors (through a counting allocator installed when the program
+//! loads) and for CUDA devices (through libtorch's caching allocator), the
+//! allocator hooks that feed memlab's event recorder, storage facts of `tch`
+//! tensors, the weak registry of var stores and tensors, and the driver's and
+//! NVML's figures. The tools built on it live in the `memlab` crate.
 //!
 //! Every call into libtorch goes through a C++ shim that catches every
 //! exception and hands it back as [`memlab_core::Error`]; on a machine without
@@ -19,36 +22,20 @@
 //! ```
 #![deny(missing_docs)]
 
-mod account;
-mod courtesy;
-mod dispose;
 mod driver;
 mod events;
 mod ffi;
-mod logger;
-mod monitor;
-mod registry;
-mod reporter;
-mod size;
-mod storage;
-mod tracker;
+pub mod registry;
+pub mod storage;
 
 use std::sync::OnceLock;
 
 use memlab_core::{Backend, Device, DeviceStats, Error, RawStats, Result};
 
-pub use account::{where_gpu_memory_went, GpuAccount, Part};
-pub use courtesy::{Courtesy, YieldCounts, YieldReport};
-pub use dispose::{check_step, check_step_with, DisposeScope, OnEscape, ScopeReport, StepCheck};
 pub use driver::{driver_memory, process_gpu_memory, DriverMemory};
 pub use events::{testing as events_testing, Recording};
-pub use logger::{rss, GpuFigures, RamFigures, StepData, StepLogger};
-pub use monitor::{IterationRecord, OptimizerKind, TrainingMonitor};
 pub use registry::{clear_registry, register_tensor, register_var_store, WeakTensor};
-pub use reporter::{DeviceReport, MemReport, MemReporter, Row, RowKind};
-pub use size::{find_batch_size, measure_model, BatchSearch, Budget, ModelSize, StepOptimizer};
 pub use storage::{storage_info, Layout, StorageInfo};
-pub use tracker::{global_tracker, track_global, CallSite, StorageKind, Tracker};
 
 /// The libtorch backend of memlab's profiler.
 #[derive(Debug, Default, Clone, Copy)]
@@ -188,7 +175,7 @@ pub fn auto_device() -> Device {
 }
 
 /// memlab's name for a tch device (devices memlab does not measure map to the CPU).
-pub(crate) fn device_of(device: tch::Device) -> Device {
+pub fn device_of(device: tch::Device) -> Device {
     match device {
         tch::Device::Cuda(i) => Device::Cuda(i),
         _ => Device::Cpu,
@@ -198,7 +185,7 @@ pub(crate) fn device_of(device: tch::Device) -> Device {
 /// The gradient of `tensor`, if it has one. Only leaves (and tensors that
 /// retain theirs) have a gradient field: asking any other tensor makes
 /// libtorch print a warning every time.
-pub(crate) fn grad_of(tensor: &tch::Tensor) -> Option<tch::Tensor> {
+pub fn grad_of(tensor: &tch::Tensor) -> Option<tch::Tensor> {
     let has_field = tensor.f_is_leaf().unwrap_or(false) || tensor.f_retains_grad().unwrap_or(false);
     if !has_field {
         return None;

@@ -60,12 +60,14 @@ impl std::fmt::Debug for WeakTensor {
 
 /// A registered var store, held weakly.
 #[derive(Clone, Debug)]
-pub(crate) struct WeakVarStore {
-    pub(crate) name: String,
-    pub(crate) variables: Weak<Mutex<Variables>>,
+pub struct WeakVarStore {
+    /// The name it was registered under.
+    pub name: String,
+    /// Its variables, while the var store lives.
+    pub variables: Weak<Mutex<Variables>>,
 }
 
-pub(crate) enum Entry {
+enum Entry {
     VarStore(WeakVarStore),
     Tensor { name: String, tensor: WeakTensor },
 }
@@ -82,7 +84,7 @@ impl Entry {
 static REGISTRY: Mutex<Vec<Entry>> = Mutex::new(Vec::new());
 
 /// The registry, without the entries whose model or tensor is gone.
-pub(crate) fn entries() -> MutexGuard<'static, Vec<Entry>> {
+fn entries() -> MutexGuard<'static, Vec<Entry>> {
     let mut entries = REGISTRY.lock().unwrap_or_else(|e| e.into_inner());
     entries.retain(|e| !e.is_gone());
     entries
@@ -108,7 +110,7 @@ pub fn clear_registry() {
 }
 
 /// The registered var stores that are still alive.
-pub(crate) fn var_stores() -> Vec<WeakVarStore> {
+pub fn var_stores() -> Vec<WeakVarStore> {
     entries()
         .iter()
         .filter_map(|e| match e {
@@ -119,7 +121,7 @@ pub(crate) fn var_stores() -> Vec<WeakVarStore> {
 }
 
 /// The registered tensors that are still alive, with new handles.
-pub(crate) fn tensors() -> Vec<(String, Tensor)> {
+pub fn tensors() -> Vec<(String, Tensor)> {
     entries()
         .iter()
         .filter_map(|e| match e {
@@ -133,7 +135,7 @@ pub(crate) fn tensors() -> Vec<(String, Tensor)> {
 /// `extra` and of every registered var store, and their gradients. Dispose
 /// scopes treat a new allocation found here as replaced model state (a
 /// training step's fresh gradients), not as an escape.
-pub(crate) fn model_storages(extra: &[Arc<Mutex<Variables>>]) -> Result<HashSet<(Device, u64)>> {
+pub fn model_storages(extra: &[Arc<Mutex<Variables>>]) -> Result<HashSet<(Device, u64)>> {
     let mut stores: Vec<Arc<Mutex<Variables>>> = extra.to_vec();
     stores.extend(var_stores().into_iter().filter_map(|vs| vs.variables.upgrade()));
     let mut out = HashSet::new();

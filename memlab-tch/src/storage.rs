@@ -81,7 +81,7 @@ fn from_raw(raw: &ffi::StorageInfo) -> Result<StorageInfo> {
 
 /// The storages of `tensor` and of its gradient, if it has one, in one call
 /// into libtorch (what [`facts`] gives, without element types and shapes).
-pub(crate) fn storages(tensor: &tch::Tensor) -> Result<(StorageInfo, Option<StorageInfo>)> {
+pub fn storages(tensor: &tch::Tensor) -> Result<(StorageInfo, Option<StorageInfo>)> {
     let (mut main, mut grad) = (ffi::TensorFacts::default(), ffi::TensorFacts::default());
     // SAFETY: `as_ptr` is tch's live at::Tensor; the shim fills both records.
     ffi::check(unsafe { ffi::memlab_tensor_facts(tensor.as_ptr().cast(), &mut main, &mut grad) })?;
@@ -90,15 +90,19 @@ pub(crate) fn storages(tensor: &tch::Tensor) -> Result<(StorageInfo, Option<Stor
 }
 
 /// Storage, element type and shape of one tensor.
-pub(crate) struct Facts {
-    pub(crate) info: StorageInfo,
-    pub(crate) dtype: &'static str,
-    pub(crate) shape: Vec<i64>,
+#[derive(Clone, Debug)]
+pub struct Facts {
+    /// The storage.
+    pub info: StorageInfo,
+    /// The element type, as tch's `Kind` names it.
+    pub dtype: &'static str,
+    /// The shape.
+    pub shape: Vec<i64>,
 }
 
 /// The facts of `tensor` and, with `with_grad`, of its gradient if it has
 /// one, in one call into libtorch.
-pub(crate) fn facts(tensor: &tch::Tensor, with_grad: bool) -> Result<(Facts, Option<Facts>)> {
+pub fn facts(tensor: &tch::Tensor, with_grad: bool) -> Result<(Facts, Option<Facts>)> {
     let (mut main, mut grad) = (ffi::TensorFacts::default(), ffi::TensorFacts::default());
     let grad_out: *mut ffi::TensorFacts = if with_grad { &mut grad } else { std::ptr::null_mut() };
     // SAFETY: `as_ptr` is tch's live at::Tensor; the shim fills both records.

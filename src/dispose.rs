@@ -19,7 +19,7 @@ use memlab_core::{format_bytes, Device, Error, Result};
 
 use tch::nn::{VarStore, Variables};
 
-use crate::{events as hooks, registry, storage_info, BACKEND};
+use memlab_tch::{registry, storage_info, Recording, BACKEND};
 
 /// What a scope does when allocations escaped it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -42,7 +42,7 @@ pub enum OnEscape {
 /// use tch::{Kind, Tensor};
 ///
 /// let mut kept = Vec::new();
-/// let scope = memlab_tch::DisposeScope::new("step")?;
+/// let scope = memlab::DisposeScope::new("step")?;
 /// let temporary = Tensor::ones([1024], (Kind::Float, tch::Device::Cpu)) * 2;
 /// let result = temporary.sum(Kind::Float);
 /// scope.keep(&result)?;                // meant to escape
@@ -50,10 +50,10 @@ pub enum OnEscape {
 /// drop(temporary);
 /// let report = scope.finish();
 /// assert_eq!(report.escaped.len(), 1);
-/// assert_eq!(report.escaped_bytes(memlab_core::Device::Cpu), 256 * 4);
-/// assert_eq!(report.counts(memlab_core::Device::Cpu).kept_bytes, 4);
+/// assert_eq!(report.escaped_bytes(memlab::Device::Cpu), 256 * 4);
+/// assert_eq!(report.counts(memlab::Device::Cpu).kept_bytes, 4);
 /// # drop((kept, result));
-/// # Ok::<(), memlab_core::Error>(())
+/// # Ok::<(), memlab::Error>(())
 /// ```
 ///
 /// A scope belongs to the thread that opened it (it is not `Send`): it sees
@@ -70,7 +70,7 @@ pub struct DisposeScope {
     id: u64,
     name: String,
     on_escape: OnEscape,
-    user: Option<events::User>,
+    recording: Option<Recording>,
     model: Vec<Arc<Mutex<Variables>>>,
     /// Scopes are per thread: the thread's stack of open scopes knows them.
     _not_send: PhantomData<*const ()>,
@@ -83,20 +83,20 @@ impl DisposeScope {
     /// Fails when memlab's counting CPU allocator is off
     /// (`MEMLAB_CPU_ALLOCATOR=0`): the scope could not see CPU allocations.
     pub fn new(name: impl Into<String>) -> Result<DisposeScope> {
-        if !crate::cpu_allocator_installed() {
+        if !memlab_tch::cpu_allocator_installed() {
             return Err(Error::CpuAllocatorMissing(
                 "dispose scopes cannot see CPU allocations without it: unset MEMLAB_CPU_ALLOCATOR=0, or call \
                  memlab::install_cpu_allocator() first"
                     .to_string(),
             ));
         }
-        let user = hooks::acquire(None)?;
+        let recording = Recording::join()?;
         let id = events::scope_open();
         Ok(DisposeScope {
             id,
             name: name.into(),
             on_escape: OnEscape::Warn,
-            user: Some(user),
+            recording: Some(recording),
             model: Vec::new(),
             _not_send: PhantomData,
         })
@@ -172,16 +172,14 @@ impl DisposeScope {
             Err(e) => (HashSet::new(), Some(e.to_string())),
         };
         let ScopeOutcome { devices, escaped, model_state, handed_to, .. } = events::scope_close(self.id, &model);
-        if let Some(user) = self.user.take() {
-            hooks::release(user);
-        }
+        self.recording = None;
         ScopeReport { name: std::mem::take(&mut self.name), devices, escaped, model_state, handed_to, model_error }
     }
 }
 
 impl Drop for DisposeScope {
     fn drop(&mut self) {
-        if self.user.is_none() {
+        if self.recording.is_none() {
             return;
         }
         let on_escape = self.on_escape;
@@ -340,14 +338,14 @@ impl<R> StepCheck<R> {
 /// ```
 /// use tch::{Kind, Tensor};
 ///
-/// let check = memlab_tch::check_step(|| {
+/// let check = memlab::check_step(|| {
 ///     let x = Tensor::ones([1024], (Kind::Float, tch::Device::Cpu));
 ///     (&x * 2).sum(Kind::Float).double_value(&[])
 /// })?;
 /// // `x` and `&x * 2` (4 KiB each) and the sum were alive at once.
-/// check.assert_no_escapes().assert_peak_below(memlab_core::Device::Cpu, 9 * 1024);
+/// check.assert_no_escapes().assert_peak_below(memlab::Device::Cpu, 9 * 1024);
 /// assert_eq!(check.value, 2048.0);
-/// # Ok::<(), memlab_core::Error>(())
+/// # Ok::<(), memlab::Error>(())
 /// ```
 ///
 /// New gradients of registered var stores are replaced model state, not
@@ -371,11 +369,11 @@ pub fn check_step<R>(step: impl FnOnce() -> R) -> Result<StepCheck<R>> {
 /// let x = Tensor::ones([4, 8], (Kind::Float, tch::Device::Cpu));
 /// for _ in 0..3 {
 ///     // backward_step drops the old gradients and makes new ones.
-///     let check = memlab_tch::check_step_with(&vs, || opt.backward_step(&net.forward(&x).mean(Kind::Float)))?;
+///     let check = memlab::check_step_with(&vs, || opt.backward_step(&net.forward(&x).mean(Kind::Float)))?;
 ///     check.assert_no_escapes();
 ///     assert_eq!(check.scope.model_state.len(), 2); // weight and bias gradients
 /// }
-/// # Ok::<(), memlab_core::Error>(())
+/// # Ok::<(), memlab::Error>(())
 /// ```
 pub fn check_step_with<R>(vs: &VarStore, step: impl FnOnce() -> R) -> Result<StepCheck<R>> {
     check(Some(vs), step)
@@ -383,7 +381,7 @@ pub fn check_step_with<R>(vs: &VarStore, step: impl FnOnce() -> R) -> Result<Ste
 
 fn check<R>(model: Option<&VarStore>, step: impl FnOnce() -> R) -> Result<StepCheck<R>> {
     let mut devices = vec![Device::Cpu];
-    if crate::cuda_is_available() {
+    if memlab_tch::cuda_is_available() {
         use memlab_core::Backend;
         devices.push(Device::Cuda(BACKEND.current_cuda_device()?));
     }

@@ -17,7 +17,7 @@ use memlab_core::{events, format_bytes, Device, Error, Result};
 use tch::nn::{VarStore, Variables};
 use tch::Tensor;
 
-use crate::registry;
+use memlab_tch::registry;
 
 /// A tensor moved to the CPU, and where it came from.
 struct Moved {
@@ -35,11 +35,11 @@ struct Moved {
 ///
 /// let vs = nn::VarStore::new(tch::Device::Cuda(0));
 /// let _layer = nn::linear(vs.root() / "fc", 4096, 4096, Default::default());
-/// let mut courtesy = memlab_tch::Courtesy::new().var_store(&vs);
+/// let mut courtesy = memlab::Courtesy::new().var_store(&vs);
 /// let report = courtesy.yield_memory()?;   // the GPU is free for someone else
 /// println!("{report}");
 /// courtesy.restore()?;                      // and back, to go on training
-/// # Ok::<(), memlab_core::Error>(())
+/// # Ok::<(), memlab::Error>(())
 /// ```
 #[must_use = "a Courtesy moves everything back when it is dropped"]
 pub struct Courtesy {
@@ -99,7 +99,7 @@ impl Courtesy {
         }
         let mut out = Vec::new();
         for (name, tensor) in tensors {
-            if let Some(grad) = crate::grad_of(&tensor) {
+            if let Some(grad) = memlab_tch::grad_of(&tensor) {
                 out.push((format!("{name}.grad"), grad));
             }
             out.push((name, tensor));
@@ -107,7 +107,7 @@ impl Courtesy {
         out.retain(|(_, t)| t.device().is_cuda());
         // A storage shared by two names moves once.
         let mut seen = std::collections::HashSet::new();
-        out.retain(|(_, t)| crate::storage_info(t).map(|i| seen.insert(i.storage_id)).unwrap_or(false));
+        out.retain(|(_, t)| memlab_tch::storage_info(t).map(|i| seen.insert(i.storage_id)).unwrap_or(false));
         out
     }
 
@@ -118,21 +118,22 @@ impl Courtesy {
     /// it was, and the ones already moved are on the CPU, valid, and go back
     /// with [`restore`](Self::restore).
     pub fn yield_memory(&mut self) -> Result<YieldReport> {
-        let devices: Vec<Device> = (0..crate::cuda_device_count()).map(Device::Cuda).collect();
+        let devices: Vec<Device> = (0..memlab_tch::cuda_device_count()).map(Device::Cuda).collect();
         let before = snapshot(&devices)?;
         for (name, tensor) in self.cuda_tensors() {
             let home = tensor.device();
-            let bytes = crate::storage_info(&tensor)?.nbytes;
+            let bytes = memlab_tch::storage_info(&tensor)?.nbytes;
             let on_cpu = tensor.f_to_device(tch::Device::Cpu).map_err(torch)?;
             let mut handle = tensor.shallow_clone();
             handle.f_set_data(&on_cpu).map_err(torch)?;
             self.moved.push(Moved { name, tensor: handle, home, bytes });
         }
-        crate::empty_cache()?;
+        memlab_tch::empty_cache()?;
         let after = snapshot(&devices)?;
         let mut report = YieldReport { devices: BTreeMap::new(), moved: self.moved.len(), stayed: Vec::new() };
         for device in devices {
-            let moved_bytes = self.moved.iter().filter(|m| crate::device_of(m.home) == device).map(|m| m.bytes).sum();
+            let moved_bytes =
+                self.moved.iter().filter(|m| memlab_tch::device_of(m.home) == device).map(|m| m.bytes).sum();
             let (reserved_before, _) = before[&device];
             let (reserved_after, allocated_after) = after[&device];
             report.devices.insert(
@@ -198,7 +199,7 @@ fn snapshot(devices: &[Device]) -> Result<BTreeMap<Device, (i64, i64)>> {
     devices
         .iter()
         .map(|d| {
-            let s = crate::device_stats(*d)?;
+            let s = memlab_tch::device_stats(*d)?;
             Ok((*d, (s.reserved_bytes.all.current, s.allocated_bytes.all.current)))
         })
         .collect()

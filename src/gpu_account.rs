@@ -7,8 +7,8 @@ use std::fmt;
 
 use memlab_core::{format_bytes, Device, Result};
 
-use crate::driver::{driver_memory, process_gpu_memory};
 use crate::reporter::{MemReporter, RowKind};
+use memlab_tch::{driver_memory, process_gpu_memory};
 
 /// One part of the device's memory.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -52,7 +52,7 @@ pub fn where_gpu_memory_went(index: usize) -> Result<GpuAccount> {
     let device = Device::Cuda(index);
     let driver = driver_memory(index)?;
     let process = process_gpu_memory(index).ok().flatten();
-    let stats = crate::device_stats(device)?;
+    let stats = memlab_tch::device_stats(device)?;
     let report = MemReporter::registered().device(device).report()?;
     let section = report.device(device);
     let reserved = stats.reserved_bytes.all.current;

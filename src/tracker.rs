@@ -23,8 +23,8 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use memlab_core::events;
 use memlab_core::{format_bytes, Device, Error, Result};
 
-use crate::storage::facts;
-use crate::{registry, Recording};
+use memlab_tch::storage::facts;
+use memlab_tch::{registry, Recording};
 
 /// Where `track!()` was called.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -129,11 +129,11 @@ impl Tracker {
 
     /// Empties the CUDA caching allocator's cache (`torch.cuda.empty_cache()`).
     pub fn clear_cache(&self) -> Result<()> {
-        crate::empty_cache()
+        memlab_tch::empty_cache()
     }
 
     fn measured_device(&self) -> Device {
-        self.device.unwrap_or_else(crate::auto_device)
+        self.device.unwrap_or_else(memlab_tch::auto_device)
     }
 
     /// Logs one call site; returns the text logged. Never fails the caller:
@@ -217,7 +217,7 @@ impl Tracker {
     /// The log text, and the error if the allocator could not be read.
     fn render(&self, site: CallSite, device: Device, now: &HashMap<u64, Entry>) -> (String, Option<Error>) {
         let live: u64 = now.values().map(|e| e.bytes).sum();
-        let stats = crate::device_stats(device);
+        let stats = memlab_tch::device_stats(device);
         let unreadable = stats.as_ref().err().cloned();
         let allocated = stats.map(|s| format_bytes(s.allocated_bytes.all.current));
         let mut out = String::new();

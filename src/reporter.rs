@@ -18,8 +18,8 @@ use serde::Serialize;
 use tch::nn::{VarStore, Variables};
 use tch::Tensor;
 
-use crate::registry;
-use crate::storage::{facts, Facts, Layout};
+use memlab_tch::registry;
+use memlab_tch::storage::{facts, Facts, Layout};
 
 /// What a row of the report is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -109,12 +109,12 @@ pub struct MemReport {
 ///
 /// let vs = nn::VarStore::new(Device::Cpu);
 /// let _linear = nn::linear(vs.root() / "fc", 1024, 1024, Default::default());
-/// let report = memlab_tch::MemReporter::default().var_store("model", &vs).report()?;
-/// let cpu = report.device(memlab_core::Device::Cpu).unwrap();
+/// let report = memlab::MemReporter::default().var_store("model", &vs).report()?;
+/// let cpu = report.device(memlab::Device::Cpu).unwrap();
 /// assert_eq!(cpu.rows[0].name, "model.fc.bias");
 /// assert_eq!(cpu.named_bytes, (1024 * 1024 + 1024) * 4);
 /// println!("{report}");
-/// # Ok::<(), memlab_core::Error>(())
+/// # Ok::<(), memlab::Error>(())
 /// ```
 #[derive(Default)]
 pub struct MemReporter {
@@ -188,7 +188,7 @@ impl MemReporter {
         }
 
         let mut devices: Vec<Device> = vec![Device::Cpu];
-        devices.extend((0..crate::cuda_device_count()).map(Device::Cuda));
+        devices.extend((0..memlab_tch::cuda_device_count()).map(Device::Cuda));
         devices.retain(|d| self.device.is_none_or(|only| only == *d));
         let live = if events::is_active() { Some(events::live()) } else { None };
         let mut out = Vec::new();
@@ -255,7 +255,7 @@ impl Collector {
         let Some(device) = info.device else { return Ok(()) };
         let part = |this: &mut Self, suffix: &str, t: std::result::Result<Tensor, tch::TchError>| -> Result<()> {
             let t = t.map_err(|e| Error::Torch(e.to_string()))?;
-            let f = crate::storage::facts(&t, false)?.0;
+            let f = memlab_tch::storage::facts(&t, false)?.0;
             this.add(&format!("{name}.{suffix}"), Source::Tensor(&t), f, kind)
         };
         let tensor = || source.get();
@@ -300,7 +300,7 @@ impl Collector {
 
     /// The section of `device`, taking its storages out of the collector.
     fn take_section(&mut self, device: Device, live: Option<&[events::LiveAllocation]>) -> Result<DeviceReport> {
-        let stats = crate::device_stats(device)?;
+        let stats = memlab_tch::device_stats(device)?;
         let allocated = stats.allocated_bytes.all.current;
         let requested = stats.requested_bytes.all.current;
         let (mut rows, mut external) = (Vec::new(), Vec::new());

@@ -1,205 +1,13 @@
-//! How much memory a model needs, measured rather than estimated: parameters,
-//! activations kept for backward, the peaks of forward (with and without
-//! autograd), backward and a whole training step, and the state of common
-//! optimizers, each from running the model once on a sample batch. Plus
-//! "will it fit?": the largest batch size that stays within a budget, found by
-//! trying batch sizes, with out-of-memory failures caught.
+//! "Will it fit?": the largest batch size whose real training step stays
+//! within a memory budget, found by trying batch sizes, with out-of-memory
+//! failures caught so the process stays healthy.
 
 use std::fmt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use memlab_core::profiler::PeakWatch;
 use memlab_core::{format_bytes, Device, Error, Result};
-use tch::nn::{self, OptimizerConfig, VarStore};
-use tch::{Kind, Tensor};
-
-use crate::BACKEND;
-
-/// An optimizer whose state [`measure_model`] measures with a real step.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum StepOptimizer {
-    /// SGD without momentum.
-    Sgd,
-    /// SGD with momentum 0.9.
-    SgdMomentum,
-    /// Adam.
-    Adam,
-    /// AdamW.
-    AdamW,
-}
-
-impl StepOptimizer {
-    fn build(self, vs: &VarStore) -> Result<nn::Optimizer> {
-        let built = match self {
-            StepOptimizer::Sgd => nn::Sgd::default().build(vs, 1e-3),
-            StepOptimizer::SgdMomentum => nn::Sgd { momentum: 0.9, ..Default::default() }.build(vs, 1e-3),
-            StepOptimizer::Adam => nn::Adam::default().build(vs, 1e-3),
-            StepOptimizer::AdamW => nn::AdamW::default().build(vs, 1e-3),
-        };
-        built.map_err(torch)
-    }
-}
-
-/// What [`measure_model`] found. All byte counts are measured on the model's
-/// device, as its allocator counts them (on CUDA every block is rounded up to
-/// a multiple of 512 bytes); peaks are above what was allocated before each
-/// phase began. `parameter_bytes` is the storages' own size.
-#[derive(Clone, Debug)]
-#[non_exhaustive]
-pub struct ModelSize {
-    /// The device measured.
-    pub device: Device,
-    /// Number of parameters.
-    pub parameters: u64,
-    /// Bytes of the parameters.
-    pub parameter_bytes: u64,
-    /// Peak of a forward pass without autograd.
-    pub forward_peak_no_grad: i64,
-    /// Peak of a forward pass with autograd.
-    pub forward_peak: i64,
-    /// What a forward pass with autograd leaves allocated until backward:
-    /// the activations saved for it, and the output.
-    pub activations: i64,
-    /// Peak of the backward pass, above the memory held when it began.
-    pub backward_peak: i64,
-    /// Bytes of the gradients backward created.
-    pub gradient_bytes: i64,
-    /// Per optimizer: the bytes its state takes, from a real step.
-    pub optimizer_state: Vec<(StepOptimizer, i64)>,
-    /// Per optimizer: the memory a steady-state training step needs at its
-    /// peak: parameters, optimizer state, and the highest the step itself
-    /// (activations, gradients, temporaries) rose above them.
-    pub training_step_peak: Vec<(StepOptimizer, i64)>,
-}
-
-/// Measures `forward` on `input` with the variables of `vs`, for the given
-/// optimizers. The model is left as it was: its weights are restored after
-/// the optimizer steps and its gradients cleared.
-///
-/// The output of `forward` is reduced with `mean()` for backward.
-pub fn measure_model(
-    vs: &VarStore,
-    forward: impl Fn(&Tensor) -> Tensor,
-    input: &Tensor,
-    optimizers: &[StepOptimizer],
-) -> Result<ModelSize> {
-    let device = crate::device_of(vs.device());
-    let variables = vs.trainable_variables();
-    let parameters: u64 = variables.iter().map(|t| t.numel() as u64).sum();
-    let parameter_bytes: u64 =
-        variables.iter().map(|t| crate::storage_info(t).map(|i| i.nbytes)).sum::<Result<u64>>()?;
-    // Copies to restore the weights from after the optimizer steps (on the
-    // CPU, `to_device` would return the tensor itself, not a copy).
-    let saved: Vec<Tensor> = variables
-        .iter()
-        .map(|t| if t.device() == tch::Device::Cpu { t.copy() } else { t.to_device(tch::Device::Cpu) })
-        .collect();
-    clear_grads(vs)?;
-
-    let (forward_peak_no_grad, _, ()) = peak_of(device, || drop(tch::no_grad(|| forward(input))))?;
-    let (forward_peak, activations, output) = peak_of(device, || forward(input))?;
-    if !output.requires_grad() {
-        return Err(Error::Torch(
-            "the forward pass's output does not require grad, so there is no backward pass to measure: \
-             give measure_model a forward that uses the var store's trainable variables (not under no_grad, \
-             and without detach)"
-                .to_string(),
-        ));
-    }
-    let (backward_peak, _, ()) = peak_of(device, || output.mean(Kind::Float).backward())?;
-    drop(output);
-    let gradient_bytes: i64 = variables
-        .iter()
-        .filter_map(crate::grad_of)
-        .map(|g| crate::storage_info(&g).map(|i| i.nbytes as i64))
-        .sum::<Result<i64>>()?;
-    clear_grads(vs)?;
-
-    let mut optimizer_state = Vec::new();
-    let mut training_step_peak = Vec::new();
-    for &kind in optimizers {
-        let mut opt = kind.build(vs)?;
-        // The first step creates the optimizer's state...
-        let before = allocated(device)?;
-        opt.backward_step(&forward(input).mean(Kind::Float));
-        opt.zero_grad();
-        let state = allocated(device)? - before;
-        // ...the second is a steady-state step, state already there.
-        let (peak, _, ()) = peak_of(device, || opt.backward_step(&forward(input).mean(Kind::Float)))?;
-        opt.zero_grad();
-        optimizer_state.push((kind, state));
-        training_step_peak.push((kind, parameter_bytes as i64 + state + peak));
-    }
-    tch::no_grad(|| {
-        for (t, s) in variables.iter().zip(&saved) {
-            let mut t = t.shallow_clone();
-            t.copy_(s);
-        }
-    });
-    Ok(ModelSize {
-        device,
-        parameters,
-        parameter_bytes,
-        forward_peak_no_grad,
-        forward_peak,
-        activations,
-        backward_peak,
-        gradient_bytes,
-        optimizer_state,
-        training_step_peak,
-    })
-}
-
-fn torch(e: tch::TchError) -> Error {
-    Error::Torch(e.to_string())
-}
-
-fn allocated(device: Device) -> Result<i64> {
-    Ok(crate::device_stats(device)?.allocated_bytes.all.current)
-}
-
-/// Runs `f` and returns how far allocated memory peaked above where it began,
-/// where it ended relative to that, and what `f` returned.
-fn peak_of<R>(device: Device, f: impl FnOnce() -> R) -> Result<(i64, i64, R)> {
-    let watch = PeakWatch::start(&BACKEND, device)?;
-    let value = f();
-    let (start, end) = watch.finish()?;
-    let (start, end) = (start.to_device_stats(), end.to_device_stats());
-    Ok((
-        end.allocated_bytes.all.peak - start.allocated_bytes.all.current,
-        end.allocated_bytes.all.current - start.allocated_bytes.all.current,
-        value,
-    ))
-}
-
-/// Drops the gradients of the variables of `vs` (they read as undefined
-/// again): tch offers no way to do it but an optimizer's `zero_grad`, which
-/// sets them to none (libtorch's default).
-fn clear_grads(vs: &VarStore) -> Result<()> {
-    nn::Sgd::default().build(vs, 0.0).map_err(torch)?.zero_grad();
-    Ok(())
-}
-
-impl fmt::Display for ModelSize {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let row = |label: &str, v: i64| format!("{label:.<44}{:>10}\n", format_bytes(v));
-        writeln!(f, "Model size on {} (measured on the sample batch)", self.device)?;
-        writeln!(f, "{:.<44}{:>10}", "parameters", self.parameters)?;
-        f.write_str(&row("parameter bytes", self.parameter_bytes as i64))?;
-        f.write_str(&row("forward peak, no grad", self.forward_peak_no_grad))?;
-        f.write_str(&row("forward peak, with grad", self.forward_peak))?;
-        f.write_str(&row("activations kept for backward (+ output)", self.activations))?;
-        f.write_str(&row("backward peak", self.backward_peak))?;
-        f.write_str(&row("gradients", self.gradient_bytes))?;
-        for (kind, bytes) in &self.optimizer_state {
-            f.write_str(&row(&format!("optimizer state, {kind:?}"), *bytes))?;
-        }
-        for (kind, bytes) in &self.training_step_peak {
-            f.write_str(&row(&format!("training step peak, {kind:?}"), *bytes))?;
-        }
-        Ok(())
-    }
-}
+use memlab_tch::BACKEND;
 
 /// How much memory [`find_batch_size`] may use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -245,8 +53,8 @@ pub fn find_batch_size(
         Budget::Bytes(b) => b,
         Budget::FreeDeviceMemory => match device {
             Device::Cuda(i) => {
-                let (free, _) = crate::cuda_mem_info(i)?;
-                let s = crate::device_stats(device)?;
+                let (free, _) = memlab_tch::cuda_mem_info(i)?;
+                let s = memlab_tch::device_stats(device)?;
                 free as i64 + s.reserved_bytes.all.current - s.allocated_bytes.all.current
             }
             Device::Cpu => {
@@ -379,11 +187,11 @@ fn try_once(
     step: &mut impl FnMut(usize) -> std::result::Result<(), Box<dyn std::error::Error>>,
     n: usize,
 ) -> std::result::Result<i64, String> {
-    let _ = crate::empty_cache();
+    let _ = memlab_tch::empty_cache();
     let watch = PeakWatch::start(&BACKEND, device).map_err(|e| e.to_string())?;
     let ran = quiet_oom_panics::trying(|| catch_unwind(AssertUnwindSafe(|| step(n))));
     let measured = watch.finish().map_err(|e| e.to_string());
-    let _ = crate::empty_cache();
+    let _ = memlab_tch::empty_cache();
     match ran {
         Ok(Ok(())) => {
             let (start, end) = measured?;
