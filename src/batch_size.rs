@@ -58,7 +58,9 @@ pub fn find_batch_size(
                 free as i64 + s.reserved_bytes.all.current - s.allocated_bytes.all.current
             }
             Device::Cpu => {
-                return Err(Error::Torch("FreeDeviceMemory is a CUDA budget; give the CPU a Budget::Bytes".to_string()))
+                return Err(Error::InvalidArgument(
+                    "FreeDeviceMemory is a CUDA budget; give the CPU a Budget::Bytes".to_string(),
+                ))
             }
         },
     };

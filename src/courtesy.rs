@@ -163,7 +163,7 @@ impl Courtesy {
             let back = match m.tensor.f_to_device(m.home) {
                 Ok(back) => back,
                 Err(e) => {
-                    return Err(Error::Torch(format!(
+                    return Err(Error::Backend(format!(
                         "restored {restored} of {total} tensors; `{}` could not go back to {:?} ({e}). The {} \
                          not restored are valid on the CPU; call restore() again once the device has room",
                         m.name,
@@ -191,7 +191,7 @@ impl Drop for Courtesy {
 }
 
 fn torch(e: tch::TchError) -> Error {
-    Error::Torch(e.to_string())
+    memlab_tch::torch_error(e)
 }
 
 /// Reserved and allocated bytes per device.

@@ -136,14 +136,12 @@ impl DisposeScope {
 
     fn exempt(&self, tensor: &tch::Tensor, to_outer: bool) -> Result<u64> {
         let info = storage_info(tensor)?;
-        let device =
-            info.device.ok_or_else(|| Error::Torch("the tensor is on a device memlab does not track".into()))?;
-        events::scope_keep(self.id, device, info.data_ptr, to_outer).ok_or_else(|| {
-            Error::Torch(format!(
-                "scope `{}` did not allocate this tensor's storage (it was made before the scope, in another \
-                 scope or thread, or kept already)",
-                self.name
-            ))
+        let device = info.device.ok_or_else(|| {
+            Error::InvalidArgument("the tensor is on a device memlab does not track (cpu and cuda only)".into())
+        })?;
+        events::scope_keep(self.id, device, info.data_ptr, to_outer).ok_or_else(|| Error::NotInScope {
+            scope: self.name.clone(),
+            why: "it was made before the scope, in another scope or thread, or kept already".into(),
         })
     }
 

@@ -97,7 +97,7 @@ pub fn measure_model(
     let (forward_peak_no_grad, _, ()) = peak_of(device, || drop(tch::no_grad(|| forward(input))))?;
     let (forward_peak, activations, output) = peak_of(device, || forward(input))?;
     if !output.requires_grad() {
-        return Err(Error::Torch(
+        return Err(Error::InvalidArgument(
             "the forward pass's output does not require grad, so there is no backward pass to measure: \
              give measure_model a forward that uses the var store's trainable variables (not under no_grad, \
              and without detach)"
@@ -149,7 +149,7 @@ pub fn measure_model(
 }
 
 fn torch(e: tch::TchError) -> Error {
-    Error::Torch(e.to_string())
+    memlab_tch::torch_error(e)
 }
 
 fn allocated(device: Device) -> Result<i64> {

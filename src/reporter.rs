@@ -254,7 +254,7 @@ impl Collector {
         let Facts { info, dtype, shape } = facts;
         let Some(device) = info.device else { return Ok(()) };
         let part = |this: &mut Self, suffix: &str, t: std::result::Result<Tensor, tch::TchError>| -> Result<()> {
-            let t = t.map_err(|e| Error::Torch(e.to_string()))?;
+            let t = t.map_err(memlab_tch::torch_error)?;
             let f = memlab_tch::storage::facts(&t, false)?.0;
             this.add(&format!("{name}.{suffix}"), Source::Tensor(&t), f, kind)
         };
@@ -280,7 +280,9 @@ impl Collector {
             Layout::Strided | Layout::Other => {}
         }
         let Some(storage) = info.storage_id else {
-            return Err(Error::Torch(format!("`{name}` has no storage of its own, and a layout memlab cannot size")));
+            return Err(Error::InvalidArgument(format!(
+                "`{name}` has no storage of its own, and a layout memlab cannot size"
+            )));
         };
         let groups = self.storages.entry(device).or_default();
         let at = *self.index.entry((device, storage)).or_insert_with(|| {
@@ -515,12 +517,12 @@ impl MemReport {
 
     /// One CSV row per report row, bytes unrounded.
     pub fn to_csv(&self) -> Result<String> {
-        let io = |e: csv::Error| Error::Io(e.to_string());
+        let io = |e: csv::Error| Error::io("write the report as CSV", e);
         let mut w = csv::Writer::from_writer(Vec::new());
         w.write_record(["device", "kind", "name", "shape", "dtype", "count", "bytes", "counted"]).map_err(io)?;
         for d in &self.devices {
             for r in &d.rows {
-                let kind = serde_json::to_value(r.kind).map_err(|e| Error::Io(e.to_string()))?;
+                let kind = serde_json::to_value(r.kind).map_err(|e| Error::io("write the report as CSV", e))?;
                 let shape = r.shape.iter().map(i64::to_string).collect::<Vec<_>>().join("x");
                 w.write_record([
                     d.device.to_string(),
@@ -535,7 +537,9 @@ impl MemReport {
                 .map_err(io)?;
             }
         }
-        String::from_utf8(w.into_inner().map_err(|e| Error::Io(e.to_string()))?).map_err(|e| Error::Io(e.to_string()))
+        let bytes = w.into_inner().map_err(|e| Error::io("write the report as CSV", e.into_error()))?;
+        String::from_utf8(bytes)
+            .map_err(|e| Error::io("write the report as CSV", std::io::Error::new(std::io::ErrorKind::InvalidData, e)))
     }
 
     /// The report as JSON.

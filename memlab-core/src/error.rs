@@ -1,8 +1,10 @@
-//! memlab's error type. Every failure the allocators or the CUDA runtime report
-//! comes back as one of these, with a message that says what to do.
+//! memlab's error type. Every failure comes back as one of these, one variant
+//! per cause, with a message that says what went wrong and what to do.
+
+use std::sync::Arc;
 
 /// An error from memlab.
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// A device string did not parse.
@@ -19,9 +21,23 @@ pub enum Error {
     /// CPU figures were asked for but memlab's counting CPU allocator is not in place.
     #[error("memlab's counting CPU allocator is not installed ({0})")]
     CpuAllocatorMissing(String),
-    /// libtorch raised an exception; its message is kept.
+    /// libtorch raised an exception or returned an error; its message is kept.
     #[error("libtorch: {0}")]
-    Torch(String),
+    Backend(String),
+    /// An argument memlab cannot work with; the message says what it takes.
+    #[error("{0}")]
+    InvalidArgument(String),
+    /// A tensor that a dispose scope does not answer for.
+    #[error("scope `{scope}` did not allocate this tensor's storage ({why})")]
+    NotInScope {
+        /// The scope's name.
+        scope: String,
+        /// Why not, and what to do.
+        why: String,
+    },
+    /// The CUDA driver or NVML cannot be used here.
+    #[error("no GPU driver figures: {0}")]
+    DriverUnavailable(String),
     /// A statistic name is not one of `torch.cuda.memory_stats()`'s keys.
     #[error(
         "`{0}` is not a statistic: use a memory_stats() key such as `active_bytes.all.peak`, or `increment` / `hits`"
@@ -43,10 +59,55 @@ pub enum Error {
         /// The functions it matches.
         candidates: Vec<String>,
     },
-    /// Writing a report failed.
-    #[error("could not write the report: {0}")]
-    Io(String),
+    /// Reading or writing failed.
+    #[error("could not {what}: {source}")]
+    Io {
+        /// What memlab was doing, e.g. `write the report as CSV`.
+        what: String,
+        /// The I/O error.
+        #[source]
+        source: Arc<std::io::Error>,
+    },
 }
+
+impl Error {
+    /// An [`Error::Io`] for `what` memlab was doing.
+    pub fn io(what: impl Into<String>, source: impl Into<std::io::Error>) -> Error {
+        Error::Io { what: what.into(), source: Arc::new(source.into()) }
+    }
+}
+
+/// Errors compare by cause and message; I/O errors by what was being done and
+/// the error's kind and text.
+impl PartialEq for Error {
+    fn eq(&self, other: &Error) -> bool {
+        match (self, other) {
+            (Error::Io { what: a, source: x }, Error::Io { what: b, source: y }) => {
+                a == b && x.kind() == y.kind() && x.to_string() == y.to_string()
+            }
+            (Error::Io { .. }, _) | (_, Error::Io { .. }) => false,
+            _ => std::mem::discriminant(self) == std::mem::discriminant(other) && self.to_string() == other.to_string(),
+        }
+    }
+}
+
+impl Eq for Error {}
 
 /// memlab's result type.
 pub type Result<T> = std::result::Result<T, Error>;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn io_errors_keep_their_source_and_compare() {
+        let err = Error::io("write the report as CSV", std::io::Error::new(std::io::ErrorKind::WriteZero, "full"));
+        assert_eq!(err.to_string(), "could not write the report as CSV: full");
+        let source = std::error::Error::source(&err).expect("the I/O error is kept");
+        assert_eq!(source.to_string(), "full");
+        assert_eq!(err.clone(), err);
+        assert_ne!(err, Error::io("read", std::io::Error::new(std::io::ErrorKind::WriteZero, "full")));
+        assert_ne!(Error::Backend("x".into()), Error::InvalidArgument("x".into()), "the cause is part of the error");
+    }
+}

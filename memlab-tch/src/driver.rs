@@ -30,7 +30,7 @@ impl DriverMemory {
 }
 
 fn no_gpu(why: impl std::fmt::Display) -> Error {
-    Error::Torch(format!("no GPU: {why}"))
+    Error::DriverUnavailable(why.to_string())
 }
 
 /// The device asked for, if this process can use it: libtorch's count of CUDA

@@ -67,5 +67,5 @@ pub fn check(status: *mut c_char) -> memlab_core::Result<()> {
     // shim, read once here and then handed back to it to free.
     let message = unsafe { std::ffi::CStr::from_ptr(status) }.to_string_lossy().into_owned();
     unsafe { memlab_free_error(status) };
-    Err(memlab_core::Error::Torch(message))
+    Err(memlab_core::Error::Backend(message))
 }

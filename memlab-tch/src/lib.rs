@@ -139,7 +139,7 @@ static CPU_PEAKS: [usize; 7] = {
 
 fn message_of(e: Error) -> String {
     match e {
-        Error::Torch(m) => m,
+        Error::Backend(m) => m,
         other => other.to_string(),
     }
 }
@@ -191,6 +191,12 @@ pub fn grad_of(tensor: &tch::Tensor) -> Option<tch::Tensor> {
         return None;
     }
     tensor.f_grad().ok().filter(tch::Tensor::defined)
+}
+
+/// tch's error as memlab's: the one place a `TchError` is converted. Its
+/// message is libtorch's (or tch's), kept whole.
+pub fn torch_error(e: tch::TchError) -> Error {
+    Error::Backend(e.to_string())
 }
 
 /// Whether this process can use CUDA.

@@ -66,7 +66,7 @@ fn from_raw(raw: &ffi::StorageInfo) -> Result<StorageInfo> {
         2 => Layout::SparseCompressed,
         _ => Layout::Other,
     };
-    let count = |v: i64| u64::try_from(v).map_err(|_| Error::Torch(format!("negative size {v} reported")));
+    let count = |v: i64| u64::try_from(v).map_err(|_| Error::Backend(format!("negative size {v} reported")));
     Ok(StorageInfo {
         storage_id: (raw.has_storage > 0).then_some(raw.storage_id),
         data_ptr: raw.data_ptr,

@@ -8,7 +8,7 @@ use crate::stats::FIELDS;
 use crate::{Error, Result};
 
 pub(super) fn csv(report: &Report) -> Result<String> {
-    let io = |e: csv::Error| Error::Io(e.to_string());
+    let io = |e: csv::Error| Error::io("write the report as CSV", e);
     let mut w = csv::Writer::from_writer(Vec::new());
     let mut header =
         vec!["function", "file", "device", "calls", "line", "code", "hits", "increment", "increment_total"];
@@ -33,8 +33,9 @@ pub(super) fn csv(report: &Report) -> Result<String> {
             w.write_record(&row).map_err(io)?;
         }
     }
-    let bytes = w.into_inner().map_err(|e| Error::Io(e.to_string()))?;
-    String::from_utf8(bytes).map_err(|e| Error::Io(e.to_string()))
+    let bytes = w.into_inner().map_err(|e| Error::io("write the report as CSV", e.into_error()))?;
+    String::from_utf8(bytes)
+        .map_err(|e| Error::io("write the report as CSV", std::io::Error::new(std::io::ErrorKind::InvalidData, e)))
 }
 
 pub(super) fn json(report: &Report) -> String {
