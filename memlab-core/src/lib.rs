@@ -10,7 +10,7 @@ pub mod profiler;
 pub mod report;
 pub mod stats;
 
-pub use backend::Backend;
+pub use backend::{Backend, ScriptedBackend};
 pub use error::{Error, Result};
 pub use report::{format_bytes, reset, Column, FunctionReport, LineReport, Report};
 pub use stats::{Device, DeviceSelector, DeviceStats, RawStats, Stat, StatArray};
