@@ -159,7 +159,11 @@ const TAIL_FIELDS: [Field; 14] = [
 ];
 
 /// Every field of [`RawStats`], in storage order.
-pub static FIELDS: [Field; N_FIELDS] = {
+pub static FIELDS: [Field; N_FIELDS] = FIELD_TABLE;
+
+/// [`FIELDS`] as a constant, for compile-time checks of the layout (the C++
+/// shim's slots are asserted against it).
+pub const FIELD_TABLE: [Field; N_FIELDS] = {
     let mut out = [Field { name: "", kind: FieldKind::Current }; N_FIELDS];
     let mut i = 0;
     while i < 27 {

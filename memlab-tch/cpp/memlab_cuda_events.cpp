@@ -20,35 +20,34 @@
 
 namespace {
 
-using memlab::EventHook;
-std::atomic<EventHook> g_cuda_hook{nullptr};
+std::atomic<memlab_event_hook> g_cuda_hook{nullptr};
 std::atomic<bool> g_attached{false};
 
-// memlab's action codes (see memlab-tch/src/events.rs); -1 = not forwarded.
+// memlab's action (enum memlab_action); -1 = not forwarded.
 int32_t action_code(c10::CachingDeviceAllocator::TraceEntry::Action action) {
   using A = c10::CachingDeviceAllocator::TraceEntry::Action;
   switch (action) {
     case A::ALLOC:
-      return 0;
+      return MEMLAB_ACTION_ALLOC;
     case A::FREE_REQUESTED:
-      return 1;
+      return MEMLAB_ACTION_FREE_REQUESTED;
     case A::FREE_COMPLETED:
-      return 2;
+      return MEMLAB_ACTION_FREE_COMPLETED;
     case A::SEGMENT_ALLOC:
     case A::SEGMENT_MAP:
-      return 3;
+      return MEMLAB_ACTION_SEGMENT_ALLOC;
     case A::SEGMENT_FREE:
     case A::SEGMENT_UNMAP:
-      return 4;
+      return MEMLAB_ACTION_SEGMENT_FREE;
     case A::OOM:
-      return 5;
+      return MEMLAB_ACTION_OOM;
     default:
       return -1;
   }
 }
 
 void forward(const c10::CachingDeviceAllocator::TraceEntry& entry) {
-  EventHook hook = g_cuda_hook.load(std::memory_order_relaxed);
+  memlab_event_hook hook = g_cuda_hook.load(std::memory_order_relaxed);
   int32_t code = action_code(entry.action_);
   if (hook != nullptr && code >= 0) {
     hook(code, static_cast<int32_t>(entry.device_), static_cast<uint64_t>(entry.addr_),
@@ -58,24 +57,17 @@ void forward(const c10::CachingDeviceAllocator::TraceEntry& entry) {
 
 }  // namespace
 
-extern "C" char* memlab_cuda_set_event_hook(EventHook hook) {
-  try {
-    if (hook != nullptr && !g_attached.load()) {
-      auto* allocator = c10::getDeviceAllocator(c10::DeviceType::CUDA);
-      if (!allocator->initialized()) {
-        // The first CUDA allocation creates the per-device allocators.
-        at::empty({1}, at::TensorOptions().device(c10::DeviceType::CUDA));
-      }
-      c10::cuda::CUDACachingAllocator::attachAllocatorTraceTracker(&forward);
-      g_attached.store(true);
+extern "C" char* memlab_cuda_set_event_hook(memlab_event_hook hook) {
+  MEMLAB_TRY
+  if (hook != nullptr && !g_attached.load()) {
+    auto* allocator = c10::getDeviceAllocator(c10::DeviceType::CUDA);
+    if (!allocator->initialized()) {
+      // The first CUDA allocation creates the per-device allocators.
+      at::empty({1}, at::TensorOptions().device(c10::DeviceType::CUDA));
     }
-    g_cuda_hook.store(hook);
-  } catch (const c10::Error& e) {
-    return memlab::error_copy(e.what_without_backtrace());
-  } catch (const std::exception& e) {
-    return memlab::error_copy(e.what());
-  } catch (...) {
-    return memlab::error_copy("unknown C++ exception");
+    c10::cuda::CUDACachingAllocator::attachAllocatorTraceTracker(&forward);
+    g_attached.store(true);
   }
-  return nullptr;
+  g_cuda_hook.store(hook);
+  MEMLAB_CATCH
 }

@@ -1,9 +1,7 @@
 // memlab's C++ shim over libtorch: allocator statistics for CUDA (through the
 // caching allocator's DeviceAllocator interface) and for the CPU (through a
 // counting allocator that wraps libtorch's own), and storage facts of tensors.
-//
-// Every entry point returns NULL on success or a malloc'd error message that
-// the caller frees with memlab_free_error: no C++ exception crosses into Rust.
+// memlab_shim.h declares everything shared with Rust.
 
 #include <c10/core/CPUAllocator.h>
 #include <c10/core/CachingDeviceAllocator.h>
@@ -43,25 +41,11 @@ char* memlab::error_copy(const char* message) {
 namespace {
 
 using memlab::error_copy;
-using memlab::EventHook;
 
-#define MEMLAB_TRY try {
-#define MEMLAB_CATCH                                  \
-  }                                                   \
-  catch (const c10::Error& e) {                       \
-    return error_copy(e.what_without_backtrace());    \
-  }                                                   \
-  catch (const std::exception& e) {                   \
-    return error_copy(e.what());                      \
-  }                                                   \
-  catch (...) {                                       \
-    return error_copy("unknown C++ exception");       \
-  }                                                   \
-  return nullptr;
-
-// Field layout shared with memlab-core's RawStats: 9 stat arrays of 3 pools of
-// (current, peak, allocated, freed), then the scalars and the two oversize stats.
-constexpr int kFields = 122;
+// The first slot of pool `pool` of stat array `array` (see memlab_stat_slot).
+constexpr int slot(int array, int pool) {
+  return (array * MEMLAB_STAT_POOLS + pool) * MEMLAB_STAT_COUNTERS;
+}
 
 void put_stat(int64_t* out, int index, const c10::CachingAllocator::Stat& s) {
   out[index] = s.current;
@@ -71,29 +55,29 @@ void put_stat(int64_t* out, int index, const c10::CachingAllocator::Stat& s) {
 }
 
 void put_array(int64_t* out, int array, const c10::CachingAllocator::StatArray& a) {
-  for (int pool = 0; pool < 3; ++pool) {
-    put_stat(out, (array * 3 + pool) * 4, a[pool]);
+  for (int pool = 0; pool < MEMLAB_STAT_POOLS; ++pool) {
+    put_stat(out, slot(array, pool), a[pool]);
   }
 }
 
 void flatten(const c10::CachingDeviceAllocator::DeviceStats& s, int64_t* out) {
-  put_array(out, 0, s.allocation);
-  put_array(out, 1, s.segment);
-  put_array(out, 2, s.active);
-  put_array(out, 3, s.inactive_split);
-  put_array(out, 4, s.allocated_bytes);
-  put_array(out, 5, s.reserved_bytes);
-  put_array(out, 6, s.active_bytes);
-  put_array(out, 7, s.inactive_split_bytes);
-  put_array(out, 8, s.requested_bytes);
-  out[108] = s.num_alloc_retries;
-  out[109] = s.num_ooms;
-  put_stat(out, 110, s.oversize_allocations);
-  put_stat(out, 114, s.oversize_segments);
-  out[118] = s.num_sync_all_streams;
-  out[119] = s.num_device_alloc;
-  out[120] = s.num_device_free;
-  out[121] = s.max_split_size;
+  put_array(out, MEMLAB_STAT_ALLOCATION, s.allocation);
+  put_array(out, MEMLAB_STAT_SEGMENT, s.segment);
+  put_array(out, MEMLAB_STAT_ACTIVE, s.active);
+  put_array(out, MEMLAB_STAT_INACTIVE_SPLIT, s.inactive_split);
+  put_array(out, MEMLAB_STAT_ALLOCATED_BYTES, s.allocated_bytes);
+  put_array(out, MEMLAB_STAT_RESERVED_BYTES, s.reserved_bytes);
+  put_array(out, MEMLAB_STAT_ACTIVE_BYTES, s.active_bytes);
+  put_array(out, MEMLAB_STAT_INACTIVE_SPLIT_BYTES, s.inactive_split_bytes);
+  put_array(out, MEMLAB_STAT_REQUESTED_BYTES, s.requested_bytes);
+  out[MEMLAB_SLOT_NUM_ALLOC_RETRIES] = s.num_alloc_retries;
+  out[MEMLAB_SLOT_NUM_OOMS] = s.num_ooms;
+  put_stat(out, MEMLAB_SLOT_OVERSIZE_ALLOCATIONS, s.oversize_allocations);
+  put_stat(out, MEMLAB_SLOT_OVERSIZE_SEGMENTS, s.oversize_segments);
+  out[MEMLAB_SLOT_NUM_SYNC_ALL_STREAMS] = s.num_sync_all_streams;
+  out[MEMLAB_SLOT_NUM_DEVICE_ALLOC] = s.num_device_alloc;
+  out[MEMLAB_SLOT_NUM_DEVICE_FREE] = s.num_device_free;
+  out[MEMLAB_SLOT_MAX_SPLIT_SIZE] = s.max_split_size;
 }
 
 // ---------------------------------------------------------------------------
@@ -161,10 +145,7 @@ struct Counter {
 Counter g_bytes;
 Counter g_blocks;
 
-std::atomic<EventHook> g_cpu_hook{nullptr};
-constexpr int32_t kAlloc = 0;
-constexpr int32_t kFreeRequested = 1;
-constexpr int32_t kCpu = -1;
+std::atomic<memlab_event_hook> g_cpu_hook{nullptr};
 
 void counting_delete(void* data) {
   if (data == nullptr) {
@@ -174,8 +155,8 @@ void counting_delete(void* data) {
   Header h = *header;
   g_bytes.sub(static_cast<int64_t>(h.size));
   g_blocks.sub(1);
-  if (EventHook hook = g_cpu_hook.load(std::memory_order_relaxed)) {
-    hook(kFreeRequested, kCpu, reinterpret_cast<uint64_t>(data), h.size);
+  if (memlab_event_hook hook = g_cpu_hook.load(std::memory_order_relaxed)) {
+    hook(MEMLAB_ACTION_FREE_REQUESTED, MEMLAB_EVENT_DEVICE_CPU, reinterpret_cast<uint64_t>(data), h.size);
   }
   if (h.deleter != nullptr) {
     h.deleter(h.context);
@@ -198,8 +179,8 @@ struct CountingCpuAllocator final : c10::Allocator {
     g_bytes.add(static_cast<int64_t>(n));
     g_blocks.add(1);
     char* data = base + kHeader;
-    if (EventHook hook = g_cpu_hook.load(std::memory_order_relaxed)) {
-      hook(kAlloc, kCpu, reinterpret_cast<uint64_t>(data), n);
+    if (memlab_event_hook hook = g_cpu_hook.load(std::memory_order_relaxed)) {
+      hook(MEMLAB_ACTION_ALLOC, MEMLAB_EVENT_DEVICE_CPU, reinterpret_cast<uint64_t>(data), n);
     }
     return {data, data, &counting_delete, cpu};
   }
@@ -292,33 +273,6 @@ bool cuda_registered() {
 
 extern "C" {
 
-struct memlab_storage_info {
-  uint64_t storage_id;
-  uint64_t data_ptr;
-  int64_t nbytes;
-  int64_t numel;
-  int64_t element_size;
-  int32_t device_type;  // 0 = CPU, 1 = CUDA, other = libtorch's DeviceType value + 100
-  int32_t device_index;
-  int32_t layout;  // 0 = strided, 1 = sparse COO, 2 = other sparse, 3 = other
-  int32_t has_storage;
-  // 1 when the storage's memory came from the allocator whose figures memlab
-  // reads (the counting CPU allocator, the CUDA caching allocator); 0 for
-  // memory it never counted (Tensor::from_blob, tensors made before memlab's
-  // CPU allocator was installed).
-  int32_t from_allocator;
-  int32_t reserved;
-};
-
-constexpr int32_t kMaxDims = 16;
-
-struct memlab_tensor_facts {
-  memlab_storage_info storage;
-  int32_t dtype;  // c10::ScalarType
-  int32_t ndim;
-  int64_t dims[kMaxDims];  // the first kMaxDims sizes
-};
-
 void memlab_free_error(char* error) {
   std::free(error);
 }
@@ -350,7 +304,7 @@ char* memlab_cuda_current_device(int64_t* out) {
 
 char* memlab_cuda_stats(int64_t device, int32_t reset_peaks, int64_t* out) {
   MEMLAB_TRY
-  std::memset(out, 0, sizeof(int64_t) * kFields);
+  std::memset(out, 0, sizeof(int64_t) * MEMLAB_STAT_FIELDS);
   TORCH_CHECK(cuda_registered(), "libtorch has no CUDA backend in this process");
   auto* allocator = cuda_allocator();
   // Before the first CUDA allocation the caching allocator holds nothing.
@@ -371,7 +325,7 @@ char* memlab_cuda_stats(int64_t device, int32_t reset_peaks, int64_t* out) {
 // them is counted in neither.
 char* memlab_cuda_take_accumulated_stats(int64_t device, int64_t* out) {
   MEMLAB_TRY
-  std::memset(out, 0, sizeof(int64_t) * kFields);
+  std::memset(out, 0, sizeof(int64_t) * MEMLAB_STAT_FIELDS);
   TORCH_CHECK(cuda_registered(), "libtorch has no CUDA backend in this process");
   auto* allocator = cuda_allocator();
   if (allocator->initialized()) {
@@ -425,14 +379,15 @@ const char* cpu_missing() {
 // counts serve allocation, segment and active; the byte counts serve
 // allocated, reserved, active and requested bytes (the CPU has no cache).
 void put_cpu(int64_t* out, const int64_t* blocks, const int64_t* bytes) {
-  for (int array : {0, 1, 2}) {
-    std::memcpy(out + array * 12, blocks, sizeof(int64_t) * 4);
+  for (int array : {MEMLAB_STAT_ALLOCATION, MEMLAB_STAT_SEGMENT, MEMLAB_STAT_ACTIVE}) {
+    std::memcpy(out + slot(array, 0), blocks, sizeof(int64_t) * MEMLAB_STAT_COUNTERS);
   }
-  for (int array : {4, 5, 6, 8}) {
-    std::memcpy(out + array * 12, bytes, sizeof(int64_t) * 4);
+  for (int array : {MEMLAB_STAT_ALLOCATED_BYTES, MEMLAB_STAT_RESERVED_BYTES, MEMLAB_STAT_ACTIVE_BYTES,
+                    MEMLAB_STAT_REQUESTED_BYTES}) {
+    std::memcpy(out + slot(array, 0), bytes, sizeof(int64_t) * MEMLAB_STAT_COUNTERS);
   }
-  out[119] = blocks[2];
-  out[120] = blocks[3];
+  out[MEMLAB_SLOT_NUM_DEVICE_ALLOC] = blocks[2];
+  out[MEMLAB_SLOT_NUM_DEVICE_FREE] = blocks[3];
 }
 
 }  // namespace
@@ -467,12 +422,12 @@ char* memlab_cpu_take_accumulated_stats(int64_t* out) {
 
 // Reports every CPU allocation and free to `hook` (NULL: to nobody). The hook
 // must not throw.
-void memlab_set_cpu_event_hook(EventHook hook) {
+void memlab_set_cpu_event_hook(memlab_event_hook hook) {
   g_cpu_hook.store(hook);
 }
 
 #ifndef MEMLAB_CUDA_EVENTS
-char* memlab_cuda_set_event_hook(EventHook hook) {
+char* memlab_cuda_set_event_hook(memlab_event_hook hook) {
   if (hook == nullptr) {
     return nullptr;
   }
@@ -497,30 +452,30 @@ void fill_storage(const at::Tensor& t, memlab_storage_info* out) {
   const auto device = t.device();
   switch (device.type()) {
     case c10::DeviceType::CPU:
-      out->device_type = 0;
+      out->device_type = MEMLAB_DEVICE_CPU;
       break;
     case c10::DeviceType::CUDA:
-      out->device_type = 1;
+      out->device_type = MEMLAB_DEVICE_CUDA;
       break;
     default:
-      out->device_type = 100 + static_cast<int32_t>(device.type());
+      out->device_type = MEMLAB_DEVICE_OTHER_BASE + static_cast<int32_t>(device.type());
   }
   out->device_index = device.has_index() ? device.index() : 0;
   switch (t.layout()) {
     case c10::kStrided:
-      out->layout = 0;
+      out->layout = MEMLAB_LAYOUT_STRIDED;
       break;
     case c10::kSparse:
-      out->layout = 1;
+      out->layout = MEMLAB_LAYOUT_SPARSE_COO;
       break;
     case c10::kSparseCsr:
     case c10::kSparseCsc:
     case c10::kSparseBsr:
     case c10::kSparseBsc:
-      out->layout = 2;
+      out->layout = MEMLAB_LAYOUT_SPARSE_COMPRESSED;
       break;
     default:
-      out->layout = 3;
+      out->layout = MEMLAB_LAYOUT_OTHER;
   }
   if (t.has_storage()) {
     const auto& storage = t.storage();
@@ -540,11 +495,11 @@ void fill_storage(const at::Tensor& t, memlab_storage_info* out) {
   }
 }
 
-void fill_facts(const at::Tensor& t, memlab_tensor_facts* out) {
+void fill_facts(const at::Tensor& t, struct memlab_tensor_facts* out) {
   fill_storage(t, &out->storage);
   out->dtype = static_cast<int32_t>(t.scalar_type());
   out->ndim = static_cast<int32_t>(t.dim());
-  for (int32_t i = 0; i < out->ndim && i < kMaxDims; ++i) {
+  for (int32_t i = 0; i < out->ndim && i < MEMLAB_MAX_DIMS; ++i) {
     out->dims[i] = t.size(i);
   }
 }
@@ -563,7 +518,7 @@ char* memlab_tensor_storage(const void* tensor, memlab_storage_info* out) {
 // Storage, dtype and shape of a tensor and, with `grad` non-null, of its
 // gradient (grad->storage.has_storage = -1 when it has none), in one call:
 // the reporter's cost is dominated by crossings into libtorch.
-char* memlab_tensor_facts(const void* tensor, memlab_tensor_facts* out, memlab_tensor_facts* grad) {
+char* memlab_tensor_facts(const void* tensor, struct memlab_tensor_facts* out, struct memlab_tensor_facts* grad) {
   MEMLAB_TRY
   TORCH_CHECK(tensor != nullptr, "null tensor");
   const auto& t = *static_cast<const at::Tensor*>(tensor);

@@ -1,15 +1,175 @@
-// Declarations shared by memlab's C++ shim files.
+// The contract between memlab's C++ shim and its Rust side (memlab-tch's
+// ffi.rs mirrors every item here, with compile-time checks of sizes and
+// offsets on both sides). Every number that crosses the boundary is named
+// here, once.
+//
+// Every entry point that returns `char*` returns NULL on success or a
+// malloc'd error message, which the caller frees with memlab_free_error: no
+// C++ exception ever crosses into Rust.
 #pragma once
 
-#include <cstdint>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// What happened to a block of memory, as events report it.
+enum memlab_action {
+  MEMLAB_ACTION_ALLOC = 0,
+  MEMLAB_ACTION_FREE_REQUESTED = 1,
+  MEMLAB_ACTION_FREE_COMPLETED = 2,
+  MEMLAB_ACTION_SEGMENT_ALLOC = 3,
+  MEMLAB_ACTION_SEGMENT_FREE = 4,
+  MEMLAB_ACTION_OOM = 5,
+};
+
+// The device of an event: a CUDA device index, or this value for the CPU.
+#define MEMLAB_EVENT_DEVICE_CPU (-1)
+
+// memlab_storage_info.device_type.
+enum memlab_device_type {
+  MEMLAB_DEVICE_CPU = 0,
+  MEMLAB_DEVICE_CUDA = 1,
+  // Any other device: this plus libtorch's DeviceType value.
+  MEMLAB_DEVICE_OTHER_BASE = 100,
+};
+
+// memlab_storage_info.layout.
+enum memlab_layout {
+  MEMLAB_LAYOUT_STRIDED = 0,
+  MEMLAB_LAYOUT_SPARSE_COO = 1,
+  // CSR, CSC, BSR, BSC.
+  MEMLAB_LAYOUT_SPARSE_COMPRESSED = 2,
+  MEMLAB_LAYOUT_OTHER = 3,
+};
+
+// The flat record of allocator statistics (memlab-core's RawStats): nine
+// stat arrays (in DeviceStats order) of three pools (all, small, large) of
+// four counters (current, peak, allocated, freed), then the scalars.
+enum memlab_stat_array {
+  MEMLAB_STAT_ALLOCATION = 0,
+  MEMLAB_STAT_SEGMENT = 1,
+  MEMLAB_STAT_ACTIVE = 2,
+  MEMLAB_STAT_INACTIVE_SPLIT = 3,
+  MEMLAB_STAT_ALLOCATED_BYTES = 4,
+  MEMLAB_STAT_RESERVED_BYTES = 5,
+  MEMLAB_STAT_ACTIVE_BYTES = 6,
+  MEMLAB_STAT_INACTIVE_SPLIT_BYTES = 7,
+  MEMLAB_STAT_REQUESTED_BYTES = 8,
+};
+
+enum memlab_stat_slot {
+  MEMLAB_STAT_POOLS = 3,
+  MEMLAB_STAT_COUNTERS = 4,
+  // Slot of counter 0 (current) of pool 0 (all) of an array: array * 12.
+  MEMLAB_STAT_ARRAY_SLOTS = MEMLAB_STAT_POOLS * MEMLAB_STAT_COUNTERS,
+  MEMLAB_SLOT_NUM_ALLOC_RETRIES = 108,
+  MEMLAB_SLOT_NUM_OOMS = 109,
+  // A stat of four counters, like an array's pool.
+  MEMLAB_SLOT_OVERSIZE_ALLOCATIONS = 110,
+  MEMLAB_SLOT_OVERSIZE_SEGMENTS = 114,
+  MEMLAB_SLOT_NUM_SYNC_ALL_STREAMS = 118,
+  MEMLAB_SLOT_NUM_DEVICE_ALLOC = 119,
+  MEMLAB_SLOT_NUM_DEVICE_FREE = 120,
+  MEMLAB_SLOT_MAX_SPLIT_SIZE = 121,
+  MEMLAB_STAT_FIELDS = 122,
+};
+
+// The hook events are reported to: action (enum memlab_action), device (a
+// CUDA index or MEMLAB_EVENT_DEVICE_CPU), address, size. It must not throw;
+// for CUDA it runs under the caching allocator's lock.
+typedef void (*memlab_event_hook)(int32_t action, int32_t device, uint64_t address, uint64_t size);
+
+// What memlab knows about the storage behind a tensor.
+struct memlab_storage_info {
+  uint64_t storage_id;  // the StorageImpl's address
+  uint64_t data_ptr;
+  int64_t nbytes;
+  int64_t numel;  // of the tensor, not the storage
+  int64_t element_size;
+  int32_t device_type;  // enum memlab_device_type
+  int32_t device_index;
+  int32_t layout;  // enum memlab_layout
+  // 1 with a storage; 0 without (sparse); -1 in a gradient slot: no gradient.
+  int32_t has_storage;
+  // 1 when the memory came from the allocator whose figures memlab reads (the
+  // counting CPU allocator, the CUDA caching allocator); 0 for memory it never
+  // counted (Tensor::from_blob, CPU tensors made before memlab's allocator).
+  int32_t from_allocator;
+  int32_t reserved;
+};
+
+// The most dimensions memlab_tensor_facts carries.
+#define MEMLAB_MAX_DIMS 16
+
+struct memlab_tensor_facts {
+  struct memlab_storage_info storage;
+  int32_t dtype;  // c10::ScalarType
+  int32_t ndim;
+  int64_t dims[MEMLAB_MAX_DIMS];  // the first MEMLAB_MAX_DIMS sizes
+};
+
+void memlab_free_error(char* error);
+int32_t memlab_built_with_cuda(void);
+
+char* memlab_cuda_device_count(int64_t* out);
+char* memlab_cuda_current_device(int64_t* out);
+// Writes all MEMLAB_STAT_FIELDS slots.
+char* memlab_cuda_stats(int64_t device, int32_t reset_peaks, int64_t* out);
+char* memlab_cuda_take_accumulated_stats(int64_t device, int64_t* out);
+char* memlab_cuda_empty_cache(void);
+char* memlab_cuda_mem_info(int64_t device, uint64_t* free_bytes, uint64_t* total_bytes);
+char* memlab_cuda_set_event_hook(memlab_event_hook hook);
+
+char* memlab_cpu_install(void);
+int32_t memlab_cpu_installed(void);
+int32_t memlab_cpu_installed_at_load(void);
+// Write the CPU's slots only; the caller zero-initialises the record once.
+char* memlab_cpu_stats(int32_t reset_peaks, int64_t* out);
+char* memlab_cpu_take_accumulated_stats(int64_t* out);
+void memlab_set_cpu_event_hook(memlab_event_hook hook);
+
+char* memlab_tensor_storage(const void* tensor, struct memlab_storage_info* out);
+char* memlab_tensor_facts(const void* tensor, struct memlab_tensor_facts* out, struct memlab_tensor_facts* grad);
+
+char* memlab_weak_tensor_new(const void* tensor, void** out);
+void* memlab_weak_tensor_lock(void* weak);
+int32_t memlab_weak_tensor_expired(void* weak);
+void memlab_weak_tensor_free(void* weak);
+
+#ifdef __cplusplus
+}  // extern "C"
+
+// The layout ffi.rs assumes; it asserts the same numbers. (`struct` names the
+// type: the entry point memlab_tensor_facts hides it otherwise.)
+static_assert(sizeof(memlab_storage_info) == 64, "memlab_storage_info layout");
+static_assert(offsetof(memlab_storage_info, device_type) == 40, "memlab_storage_info layout");
+static_assert(offsetof(memlab_storage_info, from_allocator) == 56, "memlab_storage_info layout");
+static_assert(sizeof(struct memlab_tensor_facts) == 200, "memlab_tensor_facts layout");
+static_assert(offsetof(struct memlab_tensor_facts, dims) == 72, "memlab_tensor_facts layout");
 
 namespace memlab {
-
-// The hook events are reported to: action code (see memlab-tch/src/events.rs),
-// device (-1 = CPU), address, size. It must not throw.
-using EventHook = void (*)(int32_t action, int32_t device, uint64_t address, uint64_t size);
 
 // A malloc'd copy of `message`, for the Rust side to free with memlab_free_error.
 char* error_copy(const char* message);
 
 }  // namespace memlab
+
+// Wrap the body of every `char*` entry point: on success it returns NULL,
+// and every exception becomes a returned error message.
+#define MEMLAB_TRY try {
+#define MEMLAB_CATCH                                       \
+  }                                                        \
+  catch (const c10::Error& e) {                            \
+    return memlab::error_copy(e.what_without_backtrace()); \
+  }                                                        \
+  catch (const std::exception& e) {                        \
+    return memlab::error_copy(e.what());                   \
+  }                                                        \
+  catch (...) {                                            \
+    return memlab::error_copy("unknown C++ exception");    \
+  }                                                        \
+  return nullptr;
+#endif

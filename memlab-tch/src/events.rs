@@ -132,14 +132,14 @@ pub mod testing {
 /// (on CUDA under its lock): it only records, and never unwinds.
 extern "C" fn on_event(action: i32, device: i32, address: u64, size: u64) {
     let action = match action {
-        0 => Action::Alloc,
-        1 => Action::FreeRequested,
-        2 => Action::FreeCompleted,
-        3 => Action::SegmentAlloc,
-        4 => Action::SegmentFree,
-        5 => Action::Oom,
+        ffi::ACTION_ALLOC => Action::Alloc,
+        ffi::ACTION_FREE_REQUESTED => Action::FreeRequested,
+        ffi::ACTION_FREE_COMPLETED => Action::FreeCompleted,
+        ffi::ACTION_SEGMENT_ALLOC => Action::SegmentAlloc,
+        ffi::ACTION_SEGMENT_FREE => Action::SegmentFree,
+        ffi::ACTION_OOM => Action::Oom,
         _ => return,
     };
-    let device = if device < 0 { Device::Cpu } else { Device::Cuda(device as usize) };
+    let device = if device == ffi::EVENT_DEVICE_CPU { Device::Cpu } else { Device::Cuda(device as usize) };
     let _ = std::panic::catch_unwind(|| events::record(device, action, address, size));
 }

@@ -1,8 +1,56 @@
-//! The shim's C API. Functions returning `*mut c_char` return null on success
-//! or an error message to be freed with `memlab_free_error`.
+//! The Rust mirror of `cpp/memlab_shim.h`, the contract with the C++ shim:
+//! every constant, struct and entry point, by the header's names. The layouts
+//! are checked at compile time on both sides (sizes and offsets here, the
+//! same numbers in the header's `static_assert`s), and the stat slots against
+//! memlab-core's field table. Functions returning `*mut c_char` return null
+//! on success or an error message to be freed with `memlab_free_error`.
 
 use std::ffi::{c_char, c_void};
+use std::mem::{offset_of, size_of};
 
+use memlab_core::stats::{array_index, FIELD_TABLE, N_FIELDS};
+
+/// `enum memlab_action`.
+pub const ACTION_ALLOC: i32 = 0;
+pub const ACTION_FREE_REQUESTED: i32 = 1;
+pub const ACTION_FREE_COMPLETED: i32 = 2;
+pub const ACTION_SEGMENT_ALLOC: i32 = 3;
+pub const ACTION_SEGMENT_FREE: i32 = 4;
+pub const ACTION_OOM: i32 = 5;
+
+/// `MEMLAB_EVENT_DEVICE_CPU`: an event's device when it is the CPU.
+pub const EVENT_DEVICE_CPU: i32 = -1;
+
+/// `enum memlab_device_type`.
+pub const DEVICE_CPU: i32 = 0;
+pub const DEVICE_CUDA: i32 = 1;
+
+/// `enum memlab_layout`.
+pub const LAYOUT_STRIDED: i32 = 0;
+pub const LAYOUT_SPARSE_COO: i32 = 1;
+pub const LAYOUT_SPARSE_COMPRESSED: i32 = 2;
+
+/// `enum memlab_stat_array` (the ones Rust names).
+pub const STAT_ALLOCATION: usize = 0;
+pub const STAT_SEGMENT: usize = 1;
+pub const STAT_ACTIVE: usize = 2;
+pub const STAT_ALLOCATED_BYTES: usize = 4;
+pub const STAT_RESERVED_BYTES: usize = 5;
+pub const STAT_ACTIVE_BYTES: usize = 6;
+pub const STAT_REQUESTED_BYTES: usize = 8;
+
+/// `enum memlab_stat_slot` (the ones Rust names).
+pub const SLOT_NUM_ALLOC_RETRIES: usize = 108;
+pub const SLOT_NUM_OOMS: usize = 109;
+pub const SLOT_OVERSIZE_ALLOCATIONS: usize = 110;
+pub const SLOT_OVERSIZE_SEGMENTS: usize = 114;
+pub const SLOT_NUM_SYNC_ALL_STREAMS: usize = 118;
+pub const SLOT_NUM_DEVICE_ALLOC: usize = 119;
+pub const SLOT_NUM_DEVICE_FREE: usize = 120;
+pub const SLOT_MAX_SPLIT_SIZE: usize = 121;
+pub const STAT_FIELDS: usize = 122;
+
+/// `struct memlab_storage_info`.
 #[repr(C)]
 #[derive(Debug, Default, Clone, Copy)]
 pub struct StorageInfo {
@@ -19,12 +67,13 @@ pub struct StorageInfo {
     pub reserved: i32,
 }
 
-/// The shim's event hook: action code, device (-1 = CPU), address, size.
+/// `memlab_event_hook`: action, device, address, size.
 pub type EventHook = extern "C" fn(action: i32, device: i32, address: u64, size: u64);
 
-/// The most dimensions `TensorFacts` carries.
+/// `MEMLAB_MAX_DIMS`: the most dimensions `TensorFacts` carries.
 pub const MAX_DIMS: usize = 16;
 
+/// `struct memlab_tensor_facts`.
 #[repr(C)]
 #[derive(Debug, Default, Clone, Copy)]
 pub struct TensorFacts {
@@ -34,10 +83,48 @@ pub struct TensorFacts {
     pub dims: [i64; MAX_DIMS],
 }
 
+// The same numbers as the header's static_asserts.
+const _: () = assert!(size_of::<StorageInfo>() == 64);
+const _: () = assert!(offset_of!(StorageInfo, device_type) == 40);
+const _: () = assert!(offset_of!(StorageInfo, from_allocator) == 56);
+const _: () = assert!(size_of::<TensorFacts>() == 200);
+const _: () = assert!(offset_of!(TensorFacts, dims) == 72);
+
+/// Whether two strings are equal, at compile time.
+const fn same(a: &str, b: &str) -> bool {
+    let (a, b) = (a.as_bytes(), b.as_bytes());
+    if a.len() != b.len() {
+        return false;
+    }
+    let mut i = 0;
+    while i < a.len() {
+        if a[i] != b[i] {
+            return false;
+        }
+        i += 1;
+    }
+    true
+}
+
+// The shim's slots are memlab-core's fields of the same names.
+const _: () = assert!(STAT_FIELDS == N_FIELDS);
+const _: () = assert!(same(FIELD_TABLE[array_index(STAT_ALLOCATION, 0, 0)].name, "allocation.all.current"));
+const _: () = assert!(same(FIELD_TABLE[array_index(STAT_SEGMENT, 0, 0)].name, "segment.all.current"));
+const _: () = assert!(same(FIELD_TABLE[array_index(STAT_ACTIVE, 0, 0)].name, "active.all.current"));
+const _: () = assert!(same(FIELD_TABLE[array_index(STAT_ALLOCATED_BYTES, 0, 0)].name, "allocated_bytes.all.current"));
+const _: () = assert!(same(FIELD_TABLE[array_index(STAT_RESERVED_BYTES, 0, 0)].name, "reserved_bytes.all.current"));
+const _: () = assert!(same(FIELD_TABLE[array_index(STAT_ACTIVE_BYTES, 0, 0)].name, "active_bytes.all.current"));
+const _: () = assert!(same(FIELD_TABLE[array_index(STAT_REQUESTED_BYTES, 0, 0)].name, "requested_bytes.all.current"));
+const _: () = assert!(same(FIELD_TABLE[SLOT_NUM_ALLOC_RETRIES].name, "num_alloc_retries"));
+const _: () = assert!(same(FIELD_TABLE[SLOT_NUM_OOMS].name, "num_ooms"));
+const _: () = assert!(same(FIELD_TABLE[SLOT_OVERSIZE_ALLOCATIONS].name, "oversize_allocations.current"));
+const _: () = assert!(same(FIELD_TABLE[SLOT_OVERSIZE_SEGMENTS].name, "oversize_segments.current"));
+const _: () = assert!(same(FIELD_TABLE[SLOT_NUM_SYNC_ALL_STREAMS].name, "num_sync_all_streams"));
+const _: () = assert!(same(FIELD_TABLE[SLOT_NUM_DEVICE_ALLOC].name, "num_device_alloc"));
+const _: () = assert!(same(FIELD_TABLE[SLOT_NUM_DEVICE_FREE].name, "num_device_free"));
+const _: () = assert!(same(FIELD_TABLE[SLOT_MAX_SPLIT_SIZE].name, "max_split_size"));
+
 extern "C" {
-    pub fn memlab_tensor_facts(tensor: *const c_void, out: *mut TensorFacts, grad: *mut TensorFacts) -> *mut c_char;
-    pub fn memlab_set_cpu_event_hook(hook: Option<EventHook>);
-    pub fn memlab_cuda_set_event_hook(hook: Option<EventHook>) -> *mut c_char;
     pub fn memlab_free_error(error: *mut c_char);
     pub fn memlab_built_with_cuda() -> i32;
     pub fn memlab_cuda_device_count(out: *mut i64) -> *mut c_char;
@@ -46,16 +133,19 @@ extern "C" {
     pub fn memlab_cuda_take_accumulated_stats(device: i64, out: *mut i64) -> *mut c_char;
     pub fn memlab_cuda_empty_cache() -> *mut c_char;
     pub fn memlab_cuda_mem_info(device: i64, free: *mut u64, total: *mut u64) -> *mut c_char;
+    pub fn memlab_cuda_set_event_hook(hook: Option<EventHook>) -> *mut c_char;
     pub fn memlab_cpu_install() -> *mut c_char;
     pub fn memlab_cpu_installed() -> i32;
     pub fn memlab_cpu_installed_at_load() -> i32;
     pub fn memlab_cpu_stats(reset_peaks: i32, out: *mut i64) -> *mut c_char;
     pub fn memlab_cpu_take_accumulated_stats(out: *mut i64) -> *mut c_char;
+    pub fn memlab_set_cpu_event_hook(hook: Option<EventHook>);
+    pub fn memlab_tensor_storage(tensor: *const c_void, out: *mut StorageInfo) -> *mut c_char;
+    pub fn memlab_tensor_facts(tensor: *const c_void, out: *mut TensorFacts, grad: *mut TensorFacts) -> *mut c_char;
     pub fn memlab_weak_tensor_new(tensor: *const c_void, out: *mut *mut c_void) -> *mut c_char;
     pub fn memlab_weak_tensor_lock(weak: *mut c_void) -> *mut c_void;
     pub fn memlab_weak_tensor_expired(weak: *mut c_void) -> i32;
     pub fn memlab_weak_tensor_free(weak: *mut c_void);
-    pub fn memlab_tensor_storage(tensor: *const c_void, out: *mut StorageInfo) -> *mut c_char;
 }
 
 /// Turns a shim status into a `Result`, freeing the message.

@@ -111,7 +111,15 @@ impl Backend for TchBackend {
 /// reserved, active, requested bytes), and the device alloc/free totals.
 static CPU_FIELDS: [usize; 30] = {
     let mut out = [0; 30];
-    let arrays = [0, 1, 2, 4, 5, 6, 8];
+    let arrays = [
+        ffi::STAT_ALLOCATION,
+        ffi::STAT_SEGMENT,
+        ffi::STAT_ACTIVE,
+        ffi::STAT_ALLOCATED_BYTES,
+        ffi::STAT_RESERVED_BYTES,
+        ffi::STAT_ACTIVE_BYTES,
+        ffi::STAT_REQUESTED_BYTES,
+    ];
     let mut a = 0;
     while a < arrays.len() {
         let mut c = 0;
@@ -121,8 +129,8 @@ static CPU_FIELDS: [usize; 30] = {
         }
         a += 1;
     }
-    out[28] = 119;
-    out[29] = 120;
+    out[28] = ffi::SLOT_NUM_DEVICE_ALLOC;
+    out[29] = ffi::SLOT_NUM_DEVICE_FREE;
     out
 };
 

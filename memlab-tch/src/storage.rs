@@ -56,14 +56,14 @@ pub fn storage_info(tensor: &tch::Tensor) -> Result<StorageInfo> {
 
 fn from_raw(raw: &ffi::StorageInfo) -> Result<StorageInfo> {
     let device = match raw.device_type {
-        0 => Some(Device::Cpu),
-        1 => Some(Device::Cuda(raw.device_index.max(0) as usize)),
+        ffi::DEVICE_CPU => Some(Device::Cpu),
+        ffi::DEVICE_CUDA => Some(Device::Cuda(raw.device_index.max(0) as usize)),
         _ => None,
     };
     let layout = match raw.layout {
-        0 => Layout::Strided,
-        1 => Layout::SparseCoo,
-        2 => Layout::SparseCompressed,
+        ffi::LAYOUT_STRIDED => Layout::Strided,
+        ffi::LAYOUT_SPARSE_COO => Layout::SparseCoo,
+        ffi::LAYOUT_SPARSE_COMPRESSED => Layout::SparseCompressed,
         _ => Layout::Other,
     };
     let count = |v: i64| u64::try_from(v).map_err(|_| Error::Backend(format!("negative size {v} reported")));
