@@ -11,6 +11,13 @@ fn main() {
     println!("cargo:rerun-if-env-changed=DEP_TCH_LIBTORCH_LIB");
     println!("cargo:rerun-if-env-changed=LIBTORCH_CXX11_ABI");
     println!("cargo:rerun-if-env-changed=LIBTORCH_USE_PYTORCH");
+    println!("cargo:rerun-if-env-changed=DOCS_RS");
+
+    // Documentation builds (docs.rs, or `--features doc-only`) have no
+    // libtorch: there is nothing to compile or link, only Rust to document.
+    if env::var_os("DOCS_RS").is_some() || env::var_os("CARGO_FEATURE_DOC_ONLY").is_some() {
+        return;
+    }
 
     let Some(lib_dir) = env::var_os("DEP_TCH_LIBTORCH_LIB").map(PathBuf::from) else {
         panic!(

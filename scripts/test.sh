@@ -1,8 +1,16 @@
 #!/usr/bin/env bash
 # Sets everything up (see env.sh) and runs memlab's whole test suite: unit,
-# integration, UI (trybuild) and documentation tests. Tests that need a CUDA
-# GPU are ignored here; on a GPU machine pass `-- --include-ignored`.
+# integration, UI (trybuild) and documentation tests; then clippy, which with
+# the workspace's rust-version also rejects std APIs newer than that version,
+# and the documentation built as docs.rs builds it, without libtorch. Tests
+# that need a CUDA GPU are ignored here; on a GPU machine pass
+# `-- --include-ignored`.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 cd "$MEMLAB_ROOT"
 cargo test --release --workspace "$@"
+# The backend with its optional parts left out: their calls say which feature they need.
+cargo test --release -p memlab-tch --no-default-features --lib
+cargo clippy --release --workspace --all-targets -- -D warnings
+RUSTDOCFLAGS="-D warnings" CARGO_TARGET_DIR=target/doc-only \
+  cargo doc --workspace --no-deps --features doc-only

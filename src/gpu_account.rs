@@ -48,6 +48,9 @@ pub struct GpuAccount {
 /// the registered var stores and tensors (see
 /// [`register_var_store`](crate::register_var_store)); with a recording on,
 /// unnamed allocations are listed by the line that made them.
+///
+/// Needs the `cuda-driver` feature (on by default) for the driver's figures;
+/// without the `nvml` feature the context and other processes are one part.
 pub fn where_gpu_memory_went(index: usize) -> Result<GpuAccount> {
     let device = Device::Cuda(index);
     let driver = driver_memory(index)?;

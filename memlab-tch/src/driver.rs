@@ -4,13 +4,7 @@
 //! are loaded only when asked for, and on a machine without them every call
 //! answers "no GPU" instead of failing hard.
 
-use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::{Mutex, OnceLock};
-
-use cudarc::driver::{result, sys};
 use memlab_core::{Error, Result};
-use nvml_wrapper::enums::device::UsedGpuMemory;
-use nvml_wrapper::Nvml;
 
 /// Free and total memory of a device, as the driver counts it (every
 /// process's allocations and every context included).
@@ -29,12 +23,14 @@ impl DriverMemory {
     }
 }
 
+#[cfg(any(feature = "cuda-driver", feature = "nvml"))]
 fn no_gpu(why: impl std::fmt::Display) -> Error {
     Error::DriverUnavailable(why.to_string())
 }
 
 /// The device asked for, if this process can use it: libtorch's count of CUDA
 /// devices decides, as it does for every other memlab call.
+#[cfg(any(feature = "cuda-driver", feature = "nvml"))]
 fn usable(index: usize) -> Result<()> {
     let count = crate::cuda_device_count();
     if index < count {
@@ -44,63 +40,12 @@ fn usable(index: usize) -> Result<()> {
     }
 }
 
-/// Whether the CUDA driver library can be loaded. cudarc panics when it
-/// cannot load it, and a panic would reach the user's panic hook even when
-/// caught, so memlab looks for the library itself first.
-fn driver_library_present() -> bool {
-    ["libcuda.so.1", "libcuda.so"].iter().any(|name| {
-        let name = std::ffi::CString::new(*name).expect("no NUL in a library name");
-        // SAFETY: dlopen with a valid C string; the handle is closed at once.
-        unsafe {
-            let handle = libc::dlopen(name.as_ptr(), libc::RTLD_LAZY | libc::RTLD_LOCAL);
-            if handle.is_null() {
-                false
-            } else {
-                libc::dlclose(handle);
-                true
-            }
-        }
-    })
-}
-
-/// Loads libcuda and initialises the driver API once; the error says why
-/// there is no GPU.
-fn driver() -> Result<()> {
-    static READY: OnceLock<std::result::Result<(), String>> = OnceLock::new();
-    READY
-        .get_or_init(|| {
-            if !driver_library_present() {
-                return Err("the CUDA driver library (libcuda.so.1) is not installed".to_string());
-            }
-            match catch_unwind(result::init) {
-                Ok(Ok(())) => Ok(()),
-                Ok(Err(e)) => Err(format!("the CUDA driver did not initialise ({e})")),
-                Err(_) => Err("the CUDA driver library could not be loaded".to_string()),
-            }
-        })
-        .clone()
-        .map_err(no_gpu)
-}
-
-/// The primary context of each device memlab has asked about, retained once
-/// for the life of the process (libtorch uses the same contexts).
-fn primary_context(ordinal: i32) -> std::result::Result<sys::CUcontext, String> {
-    /// A context handle; the driver's handles may be used from any thread.
-    #[derive(Clone, Copy)]
-    struct Ctx(sys::CUcontext);
-    // SAFETY: a CUcontext is an opaque handle the driver accepts on every thread.
-    unsafe impl Send for Ctx {}
-    static CONTEXTS: Mutex<Vec<(i32, Ctx)>> = Mutex::new(Vec::new());
-    let mut known = CONTEXTS.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some((_, ctx)) = known.iter().find(|(o, _)| *o == ordinal) {
-        return Ok(ctx.0);
-    }
-    let device = result::device::get(ordinal).map_err(|e| e.to_string())?;
-    // SAFETY: `device` came from cuDeviceGet; retaining its primary context
-    // touches no memory of ours.
-    let ctx = unsafe { result::primary_ctx::retain(device) }.map_err(|e| e.to_string())?;
-    known.push((ordinal, Ctx(ctx)));
-    Ok(ctx)
+/// The error of a figure whose cargo feature this build left out.
+#[cfg(not(all(feature = "cuda-driver", feature = "nvml")))]
+fn feature_off(feature: &str, what: &str) -> Error {
+    Error::DriverUnavailable(format!(
+        "memlab was built without its `{feature}` feature, which reads {what}: enable the feature (it is on by default)"
+    ))
 }
 
 /// Free and total memory of CUDA device `index`, from the driver.
@@ -109,70 +54,176 @@ fn primary_context(ordinal: i32) -> std::result::Result<sys::CUcontext, String> 
 /// leaves the calling thread's current context (libtorch's current device)
 /// as it was. If libtorch has not touched the device yet, this creates the
 /// context (which costs some hundreds of MiB of device memory).
+///
+/// Needs the `cuda-driver` feature (on by default); a build without it
+/// returns [`Error::DriverUnavailable`] naming the feature.
 pub fn driver_memory(index: usize) -> Result<DriverMemory> {
-    usable(index)?;
-    driver()?;
-    let run = || -> std::result::Result<DriverMemory, String> {
-        let ordinal = i32::try_from(index).map_err(|e| e.to_string())?;
-        let ctx = primary_context(ordinal)?;
-        let current = result::ctx::get_current().map_err(|e| e.to_string())?;
-        let (free, total) = if current == Some(ctx) {
-            result::mem_get_info().map_err(|e| e.to_string())?
-        } else {
-            // SAFETY: `ctx` is a retained primary context; it is pushed for
-            // this one query and popped again, so the thread's own current
-            // context comes back whatever the query answers.
-            unsafe {
-                sys::cuCtxPushCurrent_v2(ctx).result().map_err(|e| e.to_string())?;
-                let info = result::mem_get_info();
-                let mut popped: sys::CUcontext = std::ptr::null_mut();
-                sys::cuCtxPopCurrent_v2(&mut popped).result().map_err(|e| e.to_string())?;
-                info.map_err(|e| e.to_string())?
-            }
-        };
-        Ok(DriverMemory { free: free as u64, total: total as u64 })
-    };
-    match catch_unwind(AssertUnwindSafe(run)) {
-        Ok(Ok(m)) => Ok(m),
-        Ok(Err(e)) => Err(no_gpu(format!("device {index}: {e}"))),
-        Err(_) => Err(no_gpu("the CUDA driver library is missing a function memlab needs")),
-    }
-}
-
-fn nvml() -> std::result::Result<&'static Nvml, String> {
-    static NVML: OnceLock<std::result::Result<Nvml, String>> = OnceLock::new();
-    NVML.get_or_init(|| match catch_unwind(Nvml::init) {
-        Ok(Ok(nvml)) => Ok(nvml),
-        Ok(Err(e)) => Err(format!("NVML is not available ({e})")),
-        Err(_) => Err("NVML could not be loaded".to_string()),
-    })
-    .as_ref()
-    .map_err(Clone::clone)
+    #[cfg(feature = "cuda-driver")]
+    return usable(index).and_then(|()| cuda::memory(index));
+    #[cfg(not(feature = "cuda-driver"))]
+    let _ = index;
+    #[cfg(not(feature = "cuda-driver"))]
+    Err(feature_off("cuda-driver", "the CUDA driver's free and total memory"))
 }
 
 /// GPU memory this process uses on device `index`, as NVML reports it (all of
 /// it: libtorch's cache, the CUDA context, libraries' workspaces). `Ok(None)`
 /// when NVML works but does not list this process (in a container whose
 /// process ids it cannot see, say).
+///
+/// Needs the `nvml` feature (on by default); a build without it returns
+/// [`Error::DriverUnavailable`] naming the feature.
 pub fn process_gpu_memory(index: usize) -> Result<Option<u64>> {
-    usable(index)?;
-    let nvml = nvml().map_err(no_gpu)?;
-    let run = || -> std::result::Result<Option<u64>, String> {
-        let device = nvml.device_by_index(index as u32).map_err(|e| e.to_string())?;
-        let pid = std::process::id();
-        let processes = device.running_compute_processes().map_err(|e| e.to_string())?;
-        Ok(processes.into_iter().find(|p| p.pid == pid).and_then(|p| match p.used_gpu_memory {
-            UsedGpuMemory::Used(bytes) => Some(bytes),
-            UsedGpuMemory::Unavailable => None,
-        }))
-    };
-    match catch_unwind(AssertUnwindSafe(run)) {
-        Ok(r) => r.map_err(|e| no_gpu(format!("NVML, device {index}: {e}"))),
-        Err(_) => Err(no_gpu("NVML failed")),
+    #[cfg(feature = "nvml")]
+    return usable(index).and_then(|()| nvml::process_memory(index));
+    #[cfg(not(feature = "nvml"))]
+    let _ = index;
+    #[cfg(not(feature = "nvml"))]
+    Err(feature_off("nvml", "this process's GPU memory from NVML"))
+}
+
+/// The CUDA driver through cudarc, loaded at run time (feature `cuda-driver`).
+#[cfg(feature = "cuda-driver")]
+mod cuda {
+    use std::panic::{catch_unwind, AssertUnwindSafe};
+    use std::sync::{Mutex, OnceLock};
+
+    use cudarc::driver::{result, sys};
+    use memlab_core::Result;
+
+    use super::{no_gpu, DriverMemory};
+
+    /// Whether the CUDA driver library can be loaded. cudarc panics when it
+    /// cannot load it, and a panic would reach the user's panic hook even when
+    /// caught, so memlab looks for the library itself first.
+    fn driver_library_present() -> bool {
+        ["libcuda.so.1", "libcuda.so"].iter().any(|name| {
+            let name = std::ffi::CString::new(*name).expect("no NUL in a library name");
+            // SAFETY: dlopen with a valid C string; the handle is closed at once.
+            unsafe {
+                let handle = libc::dlopen(name.as_ptr(), libc::RTLD_LAZY | libc::RTLD_LOCAL);
+                if handle.is_null() {
+                    false
+                } else {
+                    libc::dlclose(handle);
+                    true
+                }
+            }
+        })
+    }
+
+    /// Loads libcuda and initialises the driver API once; the error says why
+    /// there is no GPU.
+    fn driver() -> Result<()> {
+        static READY: OnceLock<std::result::Result<(), String>> = OnceLock::new();
+        READY
+            .get_or_init(|| {
+                if !driver_library_present() {
+                    return Err("the CUDA driver library (libcuda.so.1) is not installed".to_string());
+                }
+                match catch_unwind(result::init) {
+                    Ok(Ok(())) => Ok(()),
+                    Ok(Err(e)) => Err(format!("the CUDA driver did not initialise ({e})")),
+                    Err(_) => Err("the CUDA driver library could not be loaded".to_string()),
+                }
+            })
+            .clone()
+            .map_err(no_gpu)
+    }
+
+    /// The primary context of each device memlab has asked about, retained once
+    /// for the life of the process (libtorch uses the same contexts).
+    fn primary_context(ordinal: i32) -> std::result::Result<sys::CUcontext, String> {
+        /// A context handle; the driver's handles may be used from any thread.
+        #[derive(Clone, Copy)]
+        struct Ctx(sys::CUcontext);
+        // SAFETY: a CUcontext is an opaque handle the driver accepts on every thread.
+        unsafe impl Send for Ctx {}
+        static CONTEXTS: Mutex<Vec<(i32, Ctx)>> = Mutex::new(Vec::new());
+        let mut known = CONTEXTS.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((_, ctx)) = known.iter().find(|(o, _)| *o == ordinal) {
+            return Ok(ctx.0);
+        }
+        let device = result::device::get(ordinal).map_err(|e| e.to_string())?;
+        // SAFETY: `device` came from cuDeviceGet; retaining its primary context
+        // touches no memory of ours.
+        let ctx = unsafe { result::primary_ctx::retain(device) }.map_err(|e| e.to_string())?;
+        known.push((ordinal, Ctx(ctx)));
+        Ok(ctx)
+    }
+
+    pub(super) fn memory(index: usize) -> Result<DriverMemory> {
+        driver()?;
+        let run = || -> std::result::Result<DriverMemory, String> {
+            let ordinal = i32::try_from(index).map_err(|e| e.to_string())?;
+            let ctx = primary_context(ordinal)?;
+            let current = result::ctx::get_current().map_err(|e| e.to_string())?;
+            let (free, total) = if current == Some(ctx) {
+                result::mem_get_info().map_err(|e| e.to_string())?
+            } else {
+                // SAFETY: `ctx` is a retained primary context; it is pushed for
+                // this one query and popped again, so the thread's own current
+                // context comes back whatever the query answers.
+                unsafe {
+                    sys::cuCtxPushCurrent_v2(ctx).result().map_err(|e| e.to_string())?;
+                    let info = result::mem_get_info();
+                    let mut popped: sys::CUcontext = std::ptr::null_mut();
+                    sys::cuCtxPopCurrent_v2(&mut popped).result().map_err(|e| e.to_string())?;
+                    info.map_err(|e| e.to_string())?
+                }
+            };
+            Ok(DriverMemory { free: free as u64, total: total as u64 })
+        };
+        match catch_unwind(AssertUnwindSafe(run)) {
+            Ok(Ok(m)) => Ok(m),
+            Ok(Err(e)) => Err(no_gpu(format!("device {index}: {e}"))),
+            Err(_) => Err(no_gpu("the CUDA driver library is missing a function memlab needs")),
+        }
     }
 }
 
-#[cfg(test)]
+/// NVML through nvml-wrapper, loaded at run time (feature `nvml`).
+#[cfg(feature = "nvml")]
+mod nvml {
+    use std::panic::{catch_unwind, AssertUnwindSafe};
+    use std::sync::OnceLock;
+
+    use memlab_core::Result;
+    use nvml_wrapper::enums::device::UsedGpuMemory;
+    use nvml_wrapper::Nvml;
+
+    use super::no_gpu;
+
+    fn nvml() -> std::result::Result<&'static Nvml, String> {
+        static NVML: OnceLock<std::result::Result<Nvml, String>> = OnceLock::new();
+        NVML.get_or_init(|| match catch_unwind(Nvml::init) {
+            Ok(Ok(nvml)) => Ok(nvml),
+            Ok(Err(e)) => Err(format!("NVML is not available ({e})")),
+            Err(_) => Err("NVML could not be loaded".to_string()),
+        })
+        .as_ref()
+        .map_err(Clone::clone)
+    }
+
+    pub(super) fn process_memory(index: usize) -> Result<Option<u64>> {
+        let nvml = nvml().map_err(no_gpu)?;
+        let run = || -> std::result::Result<Option<u64>, String> {
+            let device = nvml.device_by_index(index as u32).map_err(|e| e.to_string())?;
+            let pid = std::process::id();
+            let processes = device.running_compute_processes().map_err(|e| e.to_string())?;
+            Ok(processes.into_iter().find(|p| p.pid == pid).and_then(|p| match p.used_gpu_memory {
+                UsedGpuMemory::Used(bytes) => Some(bytes),
+                UsedGpuMemory::Unavailable => None,
+            }))
+        };
+        match catch_unwind(AssertUnwindSafe(run)) {
+            Ok(r) => r.map_err(|e| no_gpu(format!("NVML, device {index}: {e}"))),
+            Err(_) => Err(no_gpu("NVML failed")),
+        }
+    }
+}
+
+#[cfg(all(test, feature = "cuda-driver"))]
 mod tests {
     use cudarc::driver::result;
 
@@ -185,5 +236,16 @@ mod tests {
             assert_eq!(result::ctx::get_current().unwrap(), None, "a thread without a context stays without one");
         });
         answered.join().unwrap();
+    }
+}
+
+#[cfg(all(test, not(feature = "cuda-driver"), not(feature = "nvml")))]
+mod without_features {
+    #[test]
+    fn figures_name_the_feature_they_need() {
+        let driver = super::driver_memory(0).unwrap_err().to_string();
+        assert!(driver.contains("without its `cuda-driver` feature"), "{driver}");
+        let nvml = super::process_gpu_memory(0).unwrap_err().to_string();
+        assert!(nvml.contains("without its `nvml` feature"), "{nvml}");
     }
 }

@@ -9,7 +9,7 @@
 
 pub(crate) mod context;
 mod recorder;
-#[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+#[cfg(all(feature = "unwinder", target_os = "linux", target_arch = "x86_64"))]
 mod unwind;
 
 use std::sync::Arc;
@@ -75,9 +75,9 @@ pub struct Backtrace {
 
 impl Backtrace {
     pub(crate) fn capture() -> Backtrace {
-        #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+        #[cfg(all(feature = "unwinder", target_os = "linux", target_arch = "x86_64"))]
         let addresses = unwind::capture();
-        #[cfg(not(all(target_os = "linux", target_arch = "x86_64")))]
+        #[cfg(not(all(feature = "unwinder", target_os = "linux", target_arch = "x86_64")))]
         let addresses = {
             let mut out = Vec::new();
             backtrace::trace(|frame| {

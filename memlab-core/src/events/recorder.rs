@@ -294,7 +294,7 @@ impl Recorder {
                 backtraces: asked.iter().any(|s| s.backtraces),
             }
         };
-        #[cfg(all(target_os = "linux", target_arch = "x86_64"))]
+        #[cfg(all(feature = "unwinder", target_os = "linux", target_arch = "x86_64"))]
         if settings.backtraces {
             super::unwind::prepare();
         }
