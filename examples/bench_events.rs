@@ -30,7 +30,7 @@ fn median(device: Device, rounds: usize) -> Duration {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut devices = vec![Device::Cpu];
-    if memlab::cuda_is_available() {
+    if memlab::gpu::cuda_is_available() {
         devices.push(Device::Cuda(0));
     }
     println!("| device | recording | per allocation+free | events per iteration | per event (above off) |");
@@ -41,13 +41,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         let per = |d: Duration| d.as_secs_f64() / ALLOCATIONS as f64 * 1e9;
         println!("| {device:?} | off | {:.0} ns | — | — |", per(off));
         for (label, settings) in [
-            ("on", memlab::EventSettings::default()),
-            ("on, backtraces", memlab::EventSettings::default().backtraces(true).capacity(10_000)),
+            ("on", memlab::events::Settings::default()),
+            ("on, backtraces", memlab::events::Settings::default().backtraces(true).capacity(10_000)),
         ] {
             let recording = memlab::Recording::start(settings)?;
-            let (_, before) = memlab::event_history();
+            let (_, before) = memlab::events::history();
             churn(device);
-            let (_, after) = memlab::event_history();
+            let (_, after) = memlab::events::history();
             // The CPU reports an allocation and a free; CUDA also the free's
             // completion (and, at first, segment events).
             let per_iteration = (after.recorded - before.recorded) as f64 / ALLOCATIONS as f64;

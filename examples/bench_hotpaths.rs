@@ -87,7 +87,7 @@ fn event(device: Device, backtraces: bool) -> f64 {
     let rounds = (0..ROUNDS)
         .map(|_| {
             let off = churn(device);
-            let settings = memlab::EventSettings::default().capacity(0).backtraces(backtraces);
+            let settings = memlab::events::Settings::default().capacity(0).backtraces(backtraces);
             let recording = memlab::Recording::start(settings).expect("recording starts");
             let on = churn(device);
             drop(recording);
@@ -138,11 +138,11 @@ fn check() -> f64 {
 }
 
 fn main() {
-    memlab::set_print_at_exit(false);
+    memlab::profiler::set_print_at_exit(false);
     // A recording that stays on keeps the recorder's hooks installed, so the
     // scope figures measure scopes, not installing hooks.
     let mut figures: Vec<(&str, f64)> = vec![("probe_cpu", probe(cpu_loop))];
-    let cuda = memlab::cuda_is_available();
+    let cuda = memlab::gpu::cuda_is_available();
     if cuda {
         // The first CUDA allocation creates the caching allocator.
         drop(Tensor::zeros([1], (Kind::Float, Device::Cuda(0))));

@@ -161,8 +161,8 @@ fn step_slowdown(device: Device, widths: &[i64], batch: i64, steps: usize, round
 }
 
 fn main() {
-    memlab::set_print_at_exit(false);
-    let cuda = memlab::cuda_is_available();
+    memlab::profiler::set_print_at_exit(false);
+    let cuda = memlab::gpu::cuda_is_available();
     println!("## Statement probe\n");
     println!("| device | probe cost, best round (ns) | probe cost, median round (ns) |");
     println!("|---|---:|---:|");
@@ -222,7 +222,7 @@ fn main() {
             Device::Cuda(i) => memlab::Device::Cuda(i),
             _ => memlab::Device::Cpu,
         };
-        memlab::set_target_device(memlab::DeviceSelector::Fixed(measured));
+        memlab::profiler::set_target_device(memlab::profiler::DeviceSelector::Fixed(measured));
         let r = step_slowdown(device, widths, batch, steps, rounds);
         println!(
             "| {} | {name} | {batch} | {:.1} µs | {:.1} µs | {:.3}× |",

@@ -22,7 +22,7 @@ fn median_time(runs: usize, mut f: impl FnMut()) -> Duration {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    memlab::set_print_at_exit(false);
+    memlab::profiler::set_print_at_exit(false);
     let device = Device::cuda_if_available();
     let vs = nn::VarStore::new(device);
     let layers: Vec<nn::Linear> =
@@ -42,7 +42,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let t = median_time(51, || drop(reporter.report().expect("report")));
     println!("| with gradients, {device:?} | {tensors} | {rows} | {:.3} ms |", t.as_secs_f64() * 1e3);
 
-    let _recording = memlab::Recording::start(memlab::EventSettings::default())?;
+    let _recording = memlab::Recording::start(memlab::events::Settings::default())?;
     let t = median_time(51, || drop(reporter.report().expect("report")));
     println!("| with gradients, recording on, {device:?} | {tensors} | {rows} | {:.3} ms |", t.as_secs_f64() * 1e3);
     Ok(())

@@ -53,7 +53,7 @@ fn per_call(n: usize, mut f: impl FnMut()) -> f64 {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let rounds: usize = std::env::args().nth(1).map(|a| a.parse()).transpose()?.unwrap_or(61);
-    memlab::set_output(memlab::Output::Sink(Box::new(|_| {})));
+    memlab::profiler::set_output(memlab::profiler::Output::Sink(Box::new(|_| {})));
     let device = Device::cuda_if_available();
     let vs = nn::VarStore::new(device);
     let net = nn::seq()
@@ -168,20 +168,20 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!();
     println!("| part of a logged step | median per call |");
     println!("|---|---:|");
-    let mdev = memlab::auto_device();
-    println!("| resident set (`rss()`) | {:.2} µs |", per_call(2000, || _ = black_box(memlab::rss())));
+    let mdev = memlab::gpu::auto_device();
+    println!("| resident set (`rss()`) | {:.2} µs |", per_call(2000, || _ = black_box(memlab::logger::rss())));
     println!(
         "| allocator statistics (`raw_stats({mdev})`) | {:.2} µs |",
-        per_call(2000, || _ = black_box(memlab::raw_stats(mdev)))
+        per_call(2000, || _ = black_box(memlab::stats::raw_stats(mdev)))
     );
     if let Device::Cuda(i) = device {
         println!(
             "| driver free/total (`driver_memory({i})`) | {:.2} µs |",
-            per_call(2000, || _ = black_box(memlab::driver_memory(i)))
+            per_call(2000, || _ = black_box(memlab::gpu::driver_memory(i)))
         );
         println!(
             "| NVML process memory (`process_gpu_memory({i})`, sampler thread, every 100 ms) | {:.2} µs |",
-            per_call(50, || _ = black_box(memlab::process_gpu_memory(i)))
+            per_call(50, || _ = black_box(memlab::gpu::process_gpu_memory(i)))
         );
     }
     println!(

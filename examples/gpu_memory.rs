@@ -8,11 +8,11 @@ use tch::nn::{self, Module, OptimizerConfig};
 use tch::{Device, Kind, Tensor};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    if !memlab::cuda_is_available() {
+    if !memlab::gpu::cuda_is_available() {
         println!("no CUDA device here: this example needs one");
         return Ok(());
     }
-    let _recording = memlab::Recording::start(memlab::EventSettings::default())?;
+    let _recording = memlab::Recording::start(memlab::events::Settings::default())?;
     let device = Device::Cuda(0);
     let vs = nn::VarStore::new(device);
     let net = nn::seq()

@@ -34,7 +34,7 @@ fn validate_fixed(model: &nn::Sequential, batches: &[(Tensor, Tensor)]) -> f64 {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    memlab::set_print_at_exit(false);
+    memlab::profiler::set_print_at_exit(false);
     let vs = nn::VarStore::new(Device::Cpu);
     let model = nn::seq()
         .add(nn::linear(vs.root() / "fc1", 128, 256, Default::default()))

@@ -15,11 +15,11 @@ fn forward(model: &nn::Sequential, x: &Tensor) -> Tensor {
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    memlab::set_print_at_exit(false);
+    memlab::profiler::set_print_at_exit(false);
     let device = Device::cuda_if_available();
     // Recording from the start lets the reporter name the site of every
     // allocation that no named tensor owns.
-    let _recording = memlab::Recording::start(memlab::EventSettings::default())?;
+    let _recording = memlab::Recording::start(memlab::events::Settings::default())?;
     let vs = nn::VarStore::new(device);
     let model = nn::seq()
         .add(nn::linear(vs.root() / "encoder", 1024, 1024, Default::default()))

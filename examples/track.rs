@@ -18,7 +18,7 @@ fn train_batch(model: &nn::Sequential, opt: &mut nn::Optimizer, losses: &mut Vec
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    memlab::set_print_at_exit(false);
+    memlab::profiler::set_print_at_exit(false);
     let vs = nn::VarStore::new(Device::Cpu);
     let model = nn::seq().add(nn::linear(vs.root() / "fc", 256, 512, Default::default())).add_fn(|x| x.relu());
     let mut opt = nn::Sgd::default().build(&vs, 1e-2)?;

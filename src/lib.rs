@@ -10,7 +10,7 @@
 ///     w
 /// }
 ///
-/// memlab::set_print_at_exit(false);
+/// memlab::profiler::set_print_at_exit(false);
 /// let _w = make_weights();
 /// let report = memlab::report();
 /// let f = report.function("make_weights").unwrap();
@@ -59,12 +59,12 @@
 /// - `#[profile(device = "cuda:1")]`: the device to measure: `"cpu"`,
 ///   `"cuda"` (the current CUDA device at each call), `"cuda:N"` or `"auto"`
 ///   (the current CUDA device when CUDA is available, else the CPU). Without
-///   it the function follows [`set_target_device`], whose default is `auto`.
+///   it the function follows [`profiler::set_target_device`], whose default is `auto`.
 /// - `#[profile(crate = my_reexport::memlab)]`: where to find memlab when the
 ///   crate re-exports it under another path.
 ///
 /// The tables of all `#[profile]` functions print when the process exits
-/// (turn it off with [`set_print_at_exit`] or `MEMLAB_PRINT_AT_EXIT=0`), and
+/// (turn it off with [`profiler::set_print_at_exit`] or `MEMLAB_PRINT_AT_EXIT=0`), and
 /// [`report()`] returns them at any time.
 ///
 /// # Threads and async
@@ -102,47 +102,72 @@ pub use memlab_macros::profile;
 #[doc(inline)]
 pub use memlab_macros::profile_every;
 
-pub use memlab_core::events::{
-    live as live_allocations, thread_number as events_thread_number, Action, Event, LiveAllocation, ScopeCounts,
-    Settings as EventSettings, StatementRef, Stats as EventStats,
-};
-pub use memlab_core::profiler::{
-    default_columns, is_enabled, set_default_columns, set_enabled, set_output, set_print_at_exit, set_target_device,
-    set_target_gpu, target_device, LineStats, Output,
-};
-pub use memlab_core::{
-    format_bytes, Column, Device, DeviceSelector, DeviceStats, Error, FunctionReport, LineReport, RawStats, Report,
-    Result, Stat, StatArray,
-};
-pub use memlab_tch::{
-    auto_device, built_with_cuda, cpu_allocator_installed, cpu_allocator_installed_at_load, cuda_device_count,
-    cuda_is_available, cuda_mem_info, device_stats, empty_cache, install_cpu_allocator, raw_stats,
-    reset_accumulated_stats, reset_peak_stats, storage_info, Layout, StorageInfo,
-};
-pub use memlab_tch::{
-    clear_registry, driver_memory, process_gpu_memory, register_tensor, register_var_store, DriverMemory, Recording,
-    WeakTensor,
-};
+pub use memlab_core::{Device, Error, Result};
+pub use memlab_tch::{clear_registry, register_tensor, register_var_store, Recording};
 
-mod batch_size;
-mod courtesy;
-mod dispose;
-mod gpu_account;
-mod logger;
-mod model_size;
-mod monitor;
-mod reporter;
-mod tracker;
+pub mod batch_size;
+pub mod courtesy;
+pub mod dispose;
+pub mod gpu_account;
+pub mod logger;
+pub mod model_size;
+pub mod monitor;
+pub mod reporter;
+pub mod tracker;
 
-pub use batch_size::{find_batch_size, BatchSearch, Budget};
-pub use courtesy::{Courtesy, YieldCounts, YieldReport};
-pub use dispose::{check_step, check_step_with, DisposeScope, OnEscape, ScopeReport, StepCheck};
-pub use gpu_account::{where_gpu_memory_went, GpuAccount, Part};
-pub use logger::{rss, GpuFigures, RamFigures, StepData, StepLogger};
-pub use model_size::{measure_model, ModelSize, StepOptimizer};
-pub use monitor::{IterationRecord, OptimizerKind, TrainingMonitor};
-pub use reporter::{DeviceReport, MemReport, MemReporter, Row, RowKind};
-pub use tracker::{global_tracker, CallSite, StorageKind, Tracker};
+pub use batch_size::{find_batch_size, Budget};
+pub use courtesy::Courtesy;
+pub use dispose::{check_step, check_step_with, DisposeScope, OnEscape};
+pub use gpu_account::where_gpu_memory_went;
+pub use logger::StepLogger;
+pub use model_size::{measure_model, StepOptimizer};
+pub use monitor::TrainingMonitor;
+pub use reporter::MemReporter;
+pub use tracker::Tracker;
+
+/// The line profiler's settings and its report: where tables go, which
+/// device functions measure, which columns tables show, and the report's model.
+pub mod profiler {
+    pub use memlab_core::profiler::{
+        default_columns, is_enabled, set_default_columns, set_enabled, set_output, set_print_at_exit,
+        set_target_device, set_target_gpu, target_device, LineStats, Output,
+    };
+    pub use memlab_core::{Column, DeviceSelector, FunctionReport, LineReport, Report};
+}
+
+/// Allocator statistics and storage facts: every `memory_stats()` figure of a
+/// device, its resets, and what memory a tensor keeps alive.
+pub mod stats {
+    pub use memlab_core::{format_bytes, DeviceStats, RawStats, Stat, StatArray};
+    pub use memlab_tch::{
+        cpu_allocator_installed, cpu_allocator_installed_at_load, device_stats, install_cpu_allocator, raw_stats,
+        reset_accumulated_stats, reset_peak_stats, storage_info, Layout, StorageInfo, WeakTensor,
+    };
+}
+
+/// Allocation events: what a [`Recording`] keeps, the live
+/// set, and the accounts of dispose scopes.
+pub mod events {
+    pub use memlab_core::events::{
+        live, thread_number, Action, Event, LiveAllocation, ScopeCounts, Settings, StatementRef, Stats,
+    };
+
+    /// The recorded allocation events, oldest first, and how many were dropped
+    /// to stay within [`Settings::capacity`] (see [`Recording`](crate::Recording)).
+    pub fn history() -> (Vec<Event>, Stats) {
+        memlab_core::events::history()
+    }
+}
+
+/// CUDA devices: which this process sees, the caching allocator's cache, the
+/// driver's and NVML's figures, and where a device's memory went.
+pub mod gpu {
+    pub use crate::gpu_account::{GpuAccount, Part};
+    pub use memlab_tch::{
+        auto_device, built_with_cuda, cuda_device_count, cuda_is_available, cuda_mem_info, driver_memory, empty_cache,
+        process_gpu_memory, DriverMemory,
+    };
+}
 
 /// Logs the memory at this call site and what changed since the previous
 /// call: storages that appeared (`+`) or disappeared (`-`), grouped by kind
@@ -155,7 +180,7 @@ pub use tracker::{global_tracker, CallSite, StorageKind, Tracker};
 /// batch 1 and batch 2:
 ///
 /// ```
-/// memlab::set_output(memlab::Output::Sink(Box::new(|_| {})));
+/// memlab::profiler::set_output(memlab::profiler::Output::Sink(Box::new(|_| {})));
 /// let mut tracker = memlab::Tracker::new().device(memlab::Device::Cpu);
 /// memlab::track!(tracker);
 /// let kept = tch::Tensor::zeros([1024], (tch::Kind::Float, tch::Device::Cpu));
@@ -177,7 +202,7 @@ macro_rules! track {
 #[macro_export]
 macro_rules! __call_site {
     () => {
-        $crate::CallSite {
+        $crate::tracker::CallSite {
             file: ::core::file!(),
             line: ::core::line!(),
             function: {
@@ -188,17 +213,11 @@ macro_rules! __call_site {
     };
 }
 
-/// The recorded allocation events, oldest first, and how many were dropped to
-/// stay within [`EventSettings::capacity`] (see [`Recording`]).
-pub fn event_history() -> (Vec<Event>, EventStats) {
-    memlab_core::events::history()
-}
-
 /// The figures of every profiled function linked into the program, called or
 /// not, at this moment. Render it with `to_text()` (or `{}`), `to_html()`,
 /// `to_csv()`, `to_json()` or `evcxr_display()`.
-pub fn report() -> Report {
-    Report::collect()
+pub fn report() -> profiler::Report {
+    profiler::Report::collect()
 }
 
 /// Clears the figures of every profiled function.

@@ -115,7 +115,7 @@ impl Tracker {
         self
     }
 
-    /// Whether the log also goes to the output chosen with `memlab::set_output`
+    /// Whether the log also goes to the output chosen with `memlab::profiler::set_output`
     /// (standard output by default).
     pub fn stdout(mut self, on: bool) -> Tracker {
         self.stdout = on;

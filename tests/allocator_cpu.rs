@@ -6,18 +6,18 @@ mod common;
 
 use common::serial;
 
-use memlab::{Device, Layout};
+use memlab::{stats::Layout, Device};
 use tch::{Kind, Tensor};
 
-fn cpu() -> memlab::DeviceStats {
-    memlab::device_stats(Device::Cpu).expect("CPU figures are available")
+fn cpu() -> memlab::stats::DeviceStats {
+    memlab::stats::device_stats(Device::Cpu).expect("CPU figures are available")
 }
 
 #[test]
 fn installed_before_the_first_tensor() {
-    assert!(memlab::cpu_allocator_installed());
-    assert!(memlab::cpu_allocator_installed_at_load());
-    assert!(memlab::install_cpu_allocator().is_ok(), "installing again is a no-op");
+    assert!(memlab::stats::cpu_allocator_installed());
+    assert!(memlab::stats::cpu_allocator_installed_at_load());
+    assert!(memlab::stats::install_cpu_allocator().is_ok(), "installing again is a no-op");
 }
 
 #[test]
@@ -46,13 +46,13 @@ fn counts_exact_bytes_and_blocks() {
 #[test]
 fn peaks_reset_to_the_current_level() {
     let _s = serial();
-    memlab::reset_peak_stats(Device::Cpu).unwrap();
+    memlab::stats::reset_peak_stats(Device::Cpu).unwrap();
     let base = cpu().allocated_bytes.all.current;
     drop(Tensor::zeros([1 << 20], (Kind::Uint8, tch::Device::Cpu)));
     assert_eq!(cpu().allocated_bytes.all.peak, base + (1 << 20));
-    memlab::reset_peak_stats(Device::Cpu).unwrap();
+    memlab::stats::reset_peak_stats(Device::Cpu).unwrap();
     assert_eq!(cpu().allocated_bytes.all.peak, base);
-    memlab::reset_accumulated_stats(Device::Cpu).unwrap();
+    memlab::stats::reset_accumulated_stats(Device::Cpu).unwrap();
     let s = cpu();
     assert_eq!((s.allocated_bytes.all.allocated, s.allocated_bytes.all.freed), (0, 0));
 }
@@ -62,8 +62,8 @@ fn views_share_their_storage() {
     let _s = serial();
     let base = Tensor::zeros([1024, 1024], (Kind::Float, tch::Device::Cpu));
     let view = base.narrow(0, 10, 2);
-    let b = memlab::storage_info(&base).unwrap();
-    let v = memlab::storage_info(&view).unwrap();
+    let b = memlab::stats::storage_info(&base).unwrap();
+    let v = memlab::stats::storage_info(&view).unwrap();
     assert_eq!(b.storage_id, v.storage_id);
     assert!(b.storage_id.is_some());
     assert_eq!(v.nbytes, 4 << 20, "a view keeps its whole storage alive");
@@ -71,7 +71,7 @@ fn views_share_their_storage() {
     assert_eq!(v.data_ptr, b.data_ptr);
     assert_eq!((v.device, v.layout), (Some(Device::Cpu), Layout::Strided));
     let copy = view.copy();
-    let c = memlab::storage_info(&copy).unwrap();
+    let c = memlab::stats::storage_info(&copy).unwrap();
     assert_ne!(c.storage_id, b.storage_id);
     assert_eq!(c.nbytes, 2 * 1024 * 4);
 }
@@ -81,32 +81,32 @@ fn sparse_tensors_have_no_storage_of_their_own() {
     let _s = serial();
     let dense = Tensor::eye(4, (Kind::Float, tch::Device::Cpu));
     let sparse = dense.to_sparse_sparse_dim(2);
-    let s = memlab::storage_info(&sparse).unwrap();
+    let s = memlab::stats::storage_info(&sparse).unwrap();
     assert_eq!(s.layout, Layout::SparseCoo);
     assert_eq!(s.storage_id, None);
-    let values = memlab::storage_info(&sparse.values()).unwrap();
+    let values = memlab::stats::storage_info(&sparse.values()).unwrap();
     assert_eq!(values.nbytes, 4 * 4);
 }
 
 #[test]
 fn undefined_tensors_are_an_error_not_a_crash() {
-    let err = memlab::storage_info(&Tensor::new()).unwrap_err();
+    let err = memlab::stats::storage_info(&Tensor::new()).unwrap_err();
     assert!(err.to_string().contains("undefined"), "{err}");
 }
 
 #[test]
 fn cuda_calls_answer_without_a_gpu() {
-    let count = memlab::cuda_device_count();
-    assert_eq!(memlab::cuda_is_available(), count > 0);
+    let count = memlab::gpu::cuda_device_count();
+    assert_eq!(memlab::gpu::cuda_is_available(), count > 0);
     let missing = Device::Cuda(count);
-    let err = memlab::device_stats(missing).unwrap_err();
+    let err = memlab::stats::device_stats(missing).unwrap_err();
     assert_eq!(err, memlab::Error::DeviceUnavailable { device: missing, count });
     assert!(err.to_string().contains("profile `cpu`"), "{err}");
-    assert!(memlab::cuda_mem_info(count).is_err());
-    assert!(memlab::reset_peak_stats(missing).is_err());
-    assert!(memlab::empty_cache().is_ok());
+    assert!(memlab::gpu::cuda_mem_info(count).is_err());
+    assert!(memlab::stats::reset_peak_stats(missing).is_err());
+    assert!(memlab::gpu::empty_cache().is_ok());
     if count == 0 {
-        assert_eq!(memlab::auto_device(), Device::Cpu);
+        assert_eq!(memlab::gpu::auto_device(), Device::Cpu);
     }
 }
 
@@ -120,7 +120,7 @@ fn libtorch_cuda_stays_linked_when_libtorch_has_it() {
         .find(|path| path.ends_with("/libtorch_cpu.so"))
         .expect("libtorch_cpu.so is loaded");
     let libtorch_has_cuda = std::path::Path::new(libtorch_cpu).with_file_name("libtorch_cuda.so").exists();
-    assert_eq!(memlab::built_with_cuda(), libtorch_has_cuda);
+    assert_eq!(memlab::gpu::built_with_cuda(), libtorch_has_cuda);
     if libtorch_has_cuda {
         assert!(maps.contains("libtorch_cuda.so"), "libtorch_cuda.so is loaded");
     }

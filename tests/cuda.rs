@@ -4,7 +4,10 @@
 
 use std::sync::{Mutex, MutexGuard};
 
-use memlab::{Device, FunctionReport, LineStats};
+use memlab::{
+    profiler::{FunctionReport, LineStats},
+    Device,
+};
 use tch::{Kind, Tensor};
 
 const MIB: i64 = 1 << 20;
@@ -12,9 +15,9 @@ const GPU: tch::Device = tch::Device::Cuda(0);
 
 fn serial() -> MutexGuard<'static, ()> {
     static LOCK: Mutex<()> = Mutex::new(());
-    memlab::set_print_at_exit(false);
+    memlab::profiler::set_print_at_exit(false);
     let guard = LOCK.lock().unwrap_or_else(|e| e.into_inner());
-    assert!(memlab::cuda_is_available(), "these tests need a CUDA GPU");
+    assert!(memlab::gpu::cuda_is_available(), "these tests need a CUDA GPU");
     guard
 }
 
@@ -23,7 +26,7 @@ fn floats(n: i64) -> Tensor {
 }
 
 fn allocated() -> i64 {
-    memlab::device_stats(Device::Cuda(0)).unwrap().allocated_bytes.all.current
+    memlab::stats::device_stats(Device::Cuda(0)).unwrap().allocated_bytes.all.current
 }
 
 fn line<'a>(f: &'a FunctionReport, code: &str) -> &'a LineStats {
@@ -31,8 +34,8 @@ fn line<'a>(f: &'a FunctionReport, code: &str) -> &'a LineStats {
 }
 
 fn stat(s: &LineStats, name: &str) -> i64 {
-    match name.parse::<memlab::Column>().unwrap() {
-        memlab::Column::Stat(i) => s.values[i],
+    match name.parse::<memlab::profiler::Column>().unwrap() {
+        memlab::profiler::Column::Stat(i) => s.values[i],
         other => panic!("{other:?}"),
     }
 }
@@ -42,10 +45,10 @@ fn stat(s: &LineStats, name: &str) -> i64 {
 fn cuda_is_visible_without_linker_flags() {
     let _s = serial();
     assert!(tch::Cuda::is_available(), "tch sees CUDA: libtorch_cuda stayed linked");
-    assert!(memlab::built_with_cuda());
-    assert!(memlab::cuda_device_count() >= 1);
-    assert_eq!(memlab::auto_device(), Device::Cuda(0));
-    println!("cuda devices: {}", memlab::cuda_device_count());
+    assert!(memlab::gpu::built_with_cuda());
+    assert!(memlab::gpu::cuda_device_count() >= 1);
+    assert_eq!(memlab::gpu::auto_device(), Device::Cuda(0));
+    println!("cuda devices: {}", memlab::gpu::cuda_device_count());
 }
 
 #[memlab::profile(device = "cuda:0")]
@@ -87,7 +90,7 @@ fn exact_line_figures_on_cuda() {
     assert_eq!(t.increment, 0);
     assert_eq!(stat(t, "allocated_bytes.all.peak"), base + 12 * MIB);
     assert!(stat(t, "reserved_bytes.all.peak") >= base + 12 * MIB);
-    assert_eq!(memlab::storage_info(&w).unwrap().device, Some(Device::Cuda(0)));
+    assert_eq!(memlab::stats::storage_info(&w).unwrap().device, Some(Device::Cuda(0)));
     println!("{}", memlab::report().filter("cuda_known_allocations"));
 }
 
@@ -96,7 +99,7 @@ fn exact_line_figures_on_cuda() {
 fn nested_calls_keep_the_callers_peak_on_cuda() {
     let _s = serial();
     memlab::reset();
-    memlab::set_target_device(memlab::DeviceSelector::Auto);
+    memlab::profiler::set_target_device(memlab::profiler::DeviceSelector::Auto);
     let base = allocated();
     assert_eq!(cuda_outer(), 5 * 1024 * 1024);
     let outer = memlab::report().function("cuda_outer").unwrap().clone();
@@ -111,29 +114,29 @@ fn nested_calls_keep_the_callers_peak_on_cuda() {
 #[ignore = "needs a CUDA GPU"]
 fn device_statistics_and_cache_control() {
     let _s = serial();
-    let before = memlab::device_stats(Device::Cuda(0)).unwrap();
+    let before = memlab::stats::device_stats(Device::Cuda(0)).unwrap();
     let t = floats(64 * 1024 * 1024); // 256 MiB: a large-pool block
-    let during = memlab::device_stats(Device::Cuda(0)).unwrap();
+    let during = memlab::stats::device_stats(Device::Cuda(0)).unwrap();
     assert_eq!(during.allocated_bytes.all.current - before.allocated_bytes.all.current, 256 * MIB);
     assert_eq!(during.allocated_bytes.large_pool.current - before.allocated_bytes.large_pool.current, 256 * MIB);
     assert_eq!(during.allocation.all.current - before.allocation.all.current, 1);
     assert!(during.reserved_bytes.all.current >= during.allocated_bytes.all.current);
     drop(t);
-    memlab::empty_cache().unwrap();
-    let after = memlab::device_stats(Device::Cuda(0)).unwrap();
+    memlab::gpu::empty_cache().unwrap();
+    let after = memlab::stats::device_stats(Device::Cuda(0)).unwrap();
     assert_eq!(after.allocated_bytes.all.current, before.allocated_bytes.all.current);
     assert!(after.reserved_bytes.all.current < during.reserved_bytes.all.current);
-    memlab::reset_peak_stats(Device::Cuda(0)).unwrap();
-    let reset = memlab::device_stats(Device::Cuda(0)).unwrap();
+    memlab::stats::reset_peak_stats(Device::Cuda(0)).unwrap();
+    let reset = memlab::stats::device_stats(Device::Cuda(0)).unwrap();
     assert_eq!(reset.allocated_bytes.all.peak, reset.allocated_bytes.all.current);
-    let (free, total) = memlab::cuda_mem_info(0).unwrap();
+    let (free, total) = memlab::gpu::cuda_mem_info(0).unwrap();
     assert!(total > 0 && free <= total);
     println!(
         "cuda:0 total {} free {} reserved {} allocated {}",
-        memlab::format_bytes(total as i64),
-        memlab::format_bytes(free as i64),
-        memlab::format_bytes(after.reserved_bytes.all.current),
-        memlab::format_bytes(after.allocated_bytes.all.current)
+        memlab::stats::format_bytes(total as i64),
+        memlab::stats::format_bytes(free as i64),
+        memlab::stats::format_bytes(after.reserved_bytes.all.current),
+        memlab::stats::format_bytes(after.allocated_bytes.all.current)
     );
 }
 
@@ -151,7 +154,7 @@ fn cuda_model(vs: &tch::nn::VarStore, width: i64) -> tch::nn::Sequential {
 #[ignore = "needs a CUDA GPU"]
 fn courtesy_gives_reserved_memory_back() {
     let _s = serial();
-    memlab::empty_cache().unwrap();
+    memlab::gpu::empty_cache().unwrap();
     let vs = tch::nn::VarStore::new(GPU);
     let _model = cuda_model(&vs, 2048);
     let weights: Vec<Tensor> = vs.trainable_variables().iter().map(|t| t.to_device(tch::Device::Cpu)).collect();
@@ -217,7 +220,7 @@ fn courtesy_restore_survives_a_full_gpu() {
     let mut courtesy = memlab::Courtesy::only().var_store(&vs);
     courtesy.yield_memory().unwrap();
     // Someone else takes (nearly) the whole GPU.
-    let (free, _) = memlab::cuda_mem_info(0).unwrap();
+    let (free, _) = memlab::gpu::cuda_mem_info(0).unwrap();
     let hog = Tensor::empty([free as i64 - 8 * MIB], (Kind::Uint8, GPU));
     let err = courtesy.restore().unwrap_err();
     println!("restore on a full GPU: {err}");
@@ -238,20 +241,23 @@ fn courtesy_restore_survives_a_full_gpu() {
 #[ignore = "needs a CUDA GPU"]
 fn cuda_events_and_the_live_set() {
     let _s = serial();
-    let _recording = memlab::Recording::start(memlab::EventSettings::default()).unwrap();
-    let (_, before) = memlab::event_history();
+    let _recording = memlab::Recording::start(memlab::events::Settings::default()).unwrap();
+    let (_, before) = memlab::events::history();
     let t = floats(1024 * 1024);
-    let address = memlab::storage_info(&t).unwrap().data_ptr;
-    let live = memlab::live_allocations();
+    let address = memlab::stats::storage_info(&t).unwrap().data_ptr;
+    let live = memlab::events::live();
     let a = live.iter().find(|a| a.device == Device::Cuda(0) && a.address == address).expect("the CUDA tensor is live");
     assert_eq!(a.size, 4 << 20);
     drop(t);
-    assert!(memlab::live_allocations().iter().all(|a| a.address != address || a.device != Device::Cuda(0)));
-    let (events, after) = memlab::event_history();
+    assert!(memlab::events::live().iter().all(|a| a.address != address || a.device != Device::Cuda(0)));
+    let (events, after) = memlab::events::history();
     assert!(after.recorded > before.recorded);
     let mine: Vec<_> =
         events.iter().filter(|e| e.device == Device::Cuda(0) && e.address == address).map(|e| e.action).collect();
-    assert!(mine.contains(&memlab::Action::Alloc) && mine.contains(&memlab::Action::FreeRequested), "{mine:?}");
+    assert!(
+        mine.contains(&memlab::events::Action::Alloc) && mine.contains(&memlab::events::Action::FreeRequested),
+        "{mine:?}"
+    );
     println!("CUDA events for the 4 MiB tensor: {mine:?}");
 }
 
@@ -259,7 +265,7 @@ fn cuda_events_and_the_live_set() {
 #[ignore = "needs a CUDA GPU"]
 fn reporter_rows_add_up_on_cuda() {
     let _s = serial();
-    let _recording = memlab::Recording::start(memlab::EventSettings::default()).unwrap();
+    let _recording = memlab::Recording::start(memlab::events::Settings::default()).unwrap();
     let vs = tch::nn::VarStore::new(GPU);
     let _layer = tch::nn::linear(vs.root() / "fc", 1024, 1024, Default::default());
     let odd = floats(1000); // 4000 bytes, a 4096-byte block
@@ -270,7 +276,7 @@ fn reporter_rows_add_up_on_cuda() {
     assert_eq!(cuda.rows.iter().find(|r| r.name == "odd").unwrap().bytes, 4000);
     let total: i64 = cuda.rows.iter().filter(|r| r.counted).map(|r| r.bytes).sum();
     assert_eq!(total, cuda.allocated_bytes);
-    let rounding = cuda.rows.iter().find(|r| r.kind == memlab::RowKind::Rounding).expect("a rounding row");
+    let rounding = cuda.rows.iter().find(|r| r.kind == memlab::reporter::RowKind::Rounding).expect("a rounding row");
     assert!(rounding.bytes >= 96, "{report}");
 }
 
@@ -293,13 +299,13 @@ fn dispose_scope_on_cuda() {
 #[ignore = "needs a CUDA GPU"]
 fn step_logger_and_driver_figures_on_cuda() {
     let _s = serial();
-    let driver = memlab::driver_memory(0).unwrap();
+    let driver = memlab::gpu::driver_memory(0).unwrap();
     assert!(driver.total > 70 << 30 && driver.free <= driver.total);
     println!(
         "driver: {} used of {}; NVML, this process: {:?}",
         driver.used(),
         driver.total,
-        memlab::process_gpu_memory(0)
+        memlab::gpu::process_gpu_memory(0)
     );
     let mut logger = memlab::StepLogger::new();
     let kept = logger.log("cuda step", || {
@@ -349,7 +355,7 @@ fn model_size_and_batch_search_on_cuda() {
 #[ignore = "needs a CUDA GPU"]
 fn where_the_gpu_memory_went() {
     let _s = serial();
-    let _recording = memlab::Recording::start(memlab::EventSettings::default()).unwrap();
+    let _recording = memlab::Recording::start(memlab::events::Settings::default()).unwrap();
     let vs = tch::nn::VarStore::new(GPU);
     let _model = cuda_model(&vs, 2048);
     memlab::register_var_store("model", &vs);
@@ -378,7 +384,7 @@ fn training_monitor_on_cuda() {
     let mut opt = nn::Adam::default().build(&vs, 1e-3).unwrap();
     let x = Tensor::randn([64, 256], (Kind::Float, GPU));
     let mut monitor =
-        memlab::TrainingMonitor::new(&vs).print_period(0).optimizer(memlab::OptimizerKind::Adam).csv_dir(&dir);
+        memlab::TrainingMonitor::new(&vs).print_period(0).optimizer(memlab::monitor::OptimizerKind::Adam).csv_dir(&dir);
     for i in 0..3 {
         let loss = model.forward(&x).relu().mean(Kind::Float);
         if i == 2 {
@@ -423,7 +429,7 @@ fn tracker_on_cuda() {
     use tch::nn::{self, Module};
     let _s = serial();
     memlab::clear_registry();
-    memlab::set_output(memlab::Output::Sink(Box::new(|_| {})));
+    memlab::profiler::set_output(memlab::profiler::Output::Sink(Box::new(|_| {})));
     let vs = nn::VarStore::new(GPU);
     let fc = nn::linear(vs.root() / "fc", 32, 16, Default::default());
     memlab::register_var_store("model", &vs);
@@ -433,7 +439,7 @@ fn tracker_on_cuda() {
     println!("{first}");
     let header = first.lines().next().unwrap();
     assert!(header.contains(" on cuda:0, allocator "), "the tracker follows the GPU by default: {header}");
-    assert!(header.ends_with(&memlab::format_bytes(allocated())), "{header}");
+    assert!(header.ends_with(&memlab::stats::format_bytes(allocated())), "{header}");
     assert!(first.contains("  + 1 × [16, 32] Float parameter 2.00K"), "{first}");
     assert!(first.contains("  + 1 × [16] Float parameter 64.00B"), "{first}");
 
@@ -458,18 +464,18 @@ fn tracker_on_cuda() {
     let fourth = memlab::track!(tracker);
     println!("{fourth}");
     assert!(fourth.contains("  - 2 × other 16.00K"), "{fourth}");
-    memlab::set_output(memlab::Output::Stdout);
+    memlab::profiler::set_output(memlab::profiler::Output::Stdout);
     memlab::clear_registry();
 }
 
 fn spike_then_reset_peaks_on_cuda() {
     drop(floats(MIB));
-    memlab::reset_peak_stats(Device::Cuda(0)).unwrap();
+    memlab::stats::reset_peak_stats(Device::Cuda(0)).unwrap();
 }
 
 fn allocate_then_reset_totals_on_cuda() -> Tensor {
     let kept = floats(MIB);
-    memlab::reset_accumulated_stats(Device::Cuda(0)).unwrap();
+    memlab::stats::reset_accumulated_stats(Device::Cuda(0)).unwrap();
     kept
 }
 
@@ -500,12 +506,12 @@ fn user_resets_keep_the_running_lines_figures_on_cuda() {
 #[ignore = "needs a CUDA GPU"]
 fn a_gpu_this_process_lacks_is_named_with_the_count() {
     let _s = serial();
-    let count = memlab::cuda_device_count();
+    let count = memlab::gpu::cuda_device_count();
     for missing in [count, count + 5] {
         for err in [
-            memlab::driver_memory(missing).unwrap_err(),
+            memlab::gpu::driver_memory(missing).unwrap_err(),
             memlab::where_gpu_memory_went(missing).unwrap_err(),
-            memlab::process_gpu_memory(missing).unwrap_err(),
+            memlab::gpu::process_gpu_memory(missing).unwrap_err(),
         ] {
             println!("{err}");
             assert_eq!(err, memlab::Error::DeviceUnavailable { device: Device::Cuda(missing), count });
@@ -524,7 +530,7 @@ fn a_flattened_lstm_storage_has_a_row_of_its_own() {
     let report = memlab::MemReporter::new(&vs).device(Device::Cuda(0)).report().unwrap();
     println!("{report}");
     let cuda = report.device(Device::Cuda(0)).unwrap();
-    let storage = cuda.rows.iter().find(|r| r.kind == memlab::RowKind::Storage).expect("a storage row");
+    let storage = cuda.rows.iter().find(|r| r.kind == memlab::reporter::RowKind::Storage).expect("a storage row");
     let views: Vec<_> = cuda.rows.iter().filter(|r| r.name.contains("(->storage #1)")).collect();
     assert_eq!(views.len(), 4, "weights and biases of one layer:\n{report}");
     for view in &views {
@@ -550,7 +556,7 @@ fn concurrent_checks_catch_every_cuda_leak() {
         let stop = stop.clone();
         std::thread::spawn(move || {
             while !stop.load(Ordering::Relaxed) {
-                drop(memlab::Recording::start(memlab::EventSettings::default()).unwrap());
+                drop(memlab::Recording::start(memlab::events::Settings::default()).unwrap());
             }
         })
     };

@@ -5,43 +5,46 @@ mod common;
 
 use common::{floats, serial};
 
-use memlab::{Action, Device, DisposeScope, EventSettings, OnEscape, Recording};
+use memlab::{
+    events::{Action, Settings},
+    Device, DisposeScope, OnEscape, Recording,
+};
 use tch::{Kind, Tensor};
 
 fn data_ptr(t: &Tensor) -> u64 {
-    memlab::storage_info(t).unwrap().data_ptr
+    memlab::stats::storage_info(t).unwrap().data_ptr
 }
 
 #[test]
 fn events_and_live_set_are_exact() {
     let _s = serial();
-    let recording = Recording::start(EventSettings::default()).unwrap();
-    let (_, before) = memlab::event_history();
+    let recording = Recording::start(Settings::default()).unwrap();
+    let (_, before) = memlab::events::history();
     let t = floats(1000);
     let address = data_ptr(&t);
-    let live = memlab::live_allocations();
+    let live = memlab::events::live();
     let mine = live.iter().find(|a| a.address == address).expect("the tensor is live");
     assert_eq!((mine.device, mine.size), (Device::Cpu, 4000));
     drop(t);
-    assert!(memlab::live_allocations().iter().all(|a| a.address != address));
-    let (events, after) = memlab::event_history();
+    assert!(memlab::events::live().iter().all(|a| a.address != address));
+    let (events, after) = memlab::events::history();
     assert_eq!(after.recorded - before.recorded, 2);
     let tail: Vec<_> = events.iter().rev().take(2).rev().map(|e| (e.action, e.address, e.size)).collect();
     assert_eq!(tail, [(Action::Alloc, address, 4000), (Action::FreeRequested, address, 4000)]);
-    assert_eq!(events.last().unwrap().thread, memlab::events_thread_number());
+    assert_eq!(events.last().unwrap().thread, memlab::events::thread_number());
     drop(recording);
-    assert!(memlab::live_allocations().is_empty(), "the live set is cleared when recording stops");
+    assert!(memlab::events::live().is_empty(), "the live set is cleared when recording stops");
 }
 
 #[test]
 fn dropped_events_are_counted() {
     let _s = serial();
-    let _recording = Recording::start(EventSettings::default().capacity(4)).unwrap();
-    let (_, before) = memlab::event_history();
+    let _recording = Recording::start(Settings::default().capacity(4)).unwrap();
+    let (_, before) = memlab::events::history();
     for _ in 0..5 {
         drop(floats(8));
     }
-    let (events, after) = memlab::event_history();
+    let (events, after) = memlab::events::history();
     assert_eq!(events.len(), 4);
     assert_eq!(after.recorded - before.recorded, 10);
     assert!(after.dropped >= before.dropped + 6);
@@ -49,7 +52,7 @@ fn dropped_events_are_counted() {
 }
 
 fn memlab_restore_capacity() {
-    let _r = Recording::start(EventSettings::default()).unwrap();
+    let _r = Recording::start(Settings::default()).unwrap();
 }
 
 #[memlab::profile(device = "cpu")]
@@ -61,9 +64,9 @@ fn allocates_on_a_known_line() -> Tensor {
 #[test]
 fn events_know_the_profiled_statement() {
     let _s = serial();
-    let _recording = Recording::start(EventSettings::default()).unwrap();
+    let _recording = Recording::start(Settings::default()).unwrap();
     let t = allocates_on_a_known_line();
-    let live = memlab::live_allocations();
+    let live = memlab::events::live();
     let a = live.iter().find(|a| a.address == data_ptr(&t)).unwrap();
     let statement = a.statement.expect("allocated inside a profiled statement");
     assert!(statement.function().ends_with("allocates_on_a_known_line"));
@@ -75,9 +78,9 @@ fn events_know_the_profiled_statement() {
 #[test]
 fn backtraces_name_the_user_frames() {
     let _s = serial();
-    let _recording = Recording::start(EventSettings::default().backtraces(true)).unwrap();
+    let _recording = Recording::start(Settings::default().backtraces(true)).unwrap();
     let t = floats(16);
-    let live = memlab::live_allocations();
+    let live = memlab::events::live();
     let a = live.iter().find(|a| a.address == data_ptr(&t)).unwrap();
     let backtrace = a.backtrace.as_ref().expect("captured");
     // The walk goes from the allocator through libtorch's C++ frames and tch
@@ -87,7 +90,7 @@ fn backtraces_name_the_user_frames() {
     assert!(frames[0].starts_with("floats") && frames[0].contains("tests/common/mod.rs:"), "{frames:#?}");
     assert!(frames.iter().any(|f| f.starts_with("backtraces_name_the_user_frames")), "{frames:#?}");
     assert!(frames.iter().all(|f| !f.contains("memlab-core") && !f.contains(".cargo")), "{frames:#?}");
-    drop(Recording::start(EventSettings::default()).unwrap());
+    drop(Recording::start(Settings::default()).unwrap());
 }
 
 // Written the way the classic leak is written: a new `total_loss` that keeps

@@ -30,7 +30,7 @@ fn ram_figures_of_a_step() {
     // a peak above what stays.
     assert!(data.ram.peaked >= 40 << 20, "peaked {} (exact: {})", data.ram.peaked, data.ram.peak_exact);
     assert!(data.ram.consumed >= 12 << 20, "consumed {}", data.ram.consumed);
-    assert_eq!(data.gpu.is_some(), memlab::cuda_is_available());
+    assert_eq!(data.gpu.is_some(), memlab::gpu::cuda_is_available());
     drop(kept);
 }
 
@@ -62,7 +62,9 @@ fn printed_forms_and_start_stop() {
     let _s = serial();
     let printed = Arc::new(Mutex::new(Vec::<String>::new()));
     let sink = printed.clone();
-    memlab::set_output(memlab::Output::Sink(Box::new(move |t| sink.lock().unwrap().push(t.to_string()))));
+    memlab::profiler::set_output(memlab::profiler::Output::Sink(Box::new(move |t| {
+        sink.lock().unwrap().push(t.to_string())
+    })));
     let mut logger = StepLogger::new();
     logger.log("table", || ());
     let mut compact = StepLogger::new().compact(true);
@@ -70,7 +72,7 @@ fn printed_forms_and_start_stop() {
     compact.stop();
     compact.log("quiet", || ());
     compact.start();
-    memlab::set_output(memlab::Output::Stdout);
+    memlab::profiler::set_output(memlab::profiler::Output::Stdout);
     let printed = printed.lock().unwrap();
     assert_eq!(printed.len(), 2);
     assert!(printed[0].starts_with("RAM:  Consumed    Peaked      Used     Total  in "), "{}", printed[0]);
@@ -85,14 +87,14 @@ fn printed_forms_and_start_stop() {
 fn no_gpu_is_an_answer_not_a_crash() {
     // Runs a logged step too: the resident set is the process's, so alone.
     let _s = serial();
-    if memlab::cuda_device_count() > 0 {
-        assert!(memlab::driver_memory(0).unwrap().total > 0);
+    if memlab::gpu::cuda_device_count() > 0 {
+        assert!(memlab::gpu::driver_memory(0).unwrap().total > 0);
         return;
     }
     // The cause first: this process sees no CUDA device.
     for err in [
-        memlab::driver_memory(0).unwrap_err(),
-        memlab::process_gpu_memory(0).unwrap_err(),
+        memlab::gpu::driver_memory(0).unwrap_err(),
+        memlab::gpu::process_gpu_memory(0).unwrap_err(),
         memlab::where_gpu_memory_went(0).unwrap_err(),
     ] {
         assert!(err.to_string().contains("cuda:0 is not available: this process sees 0 CUDA device(s)"), "{err}");
@@ -107,14 +109,14 @@ fn no_gpu_is_an_answer_not_a_crash() {
 
 #[test]
 fn printed_forms_snapshot() {
-    let mut data = memlab::StepData::default();
+    let mut data = memlab::logger::StepData::default();
     data.label = "step 3".into();
     data.time = std::time::Duration::from_micros(12_500);
-    let mut ram = memlab::RamFigures::default();
+    let mut ram = memlab::logger::RamFigures::default();
     (ram.consumed, ram.peaked, ram.used, ram.total) = (4 << 20, 1 << 20, 512 << 20, 16 << 30);
     (ram.peak_exact, ram.sampled) = (false, true);
     data.ram = ram;
-    let mut gpu = memlab::GpuFigures::default();
+    let mut gpu = memlab::logger::GpuFigures::default();
     (gpu.device, gpu.consumed, gpu.peaked, gpu.used, gpu.reserved, gpu.total) =
         (0, 64 << 20, 192 << 20, 129 << 20, 160 << 20, 80 << 30);
     (gpu.driver_used, gpu.driver_peaked, gpu.process_used) = (Some(1 << 30), Some(0), Some(900 << 20));

@@ -7,7 +7,7 @@ mod common;
 use std::sync::{Arc, Mutex};
 
 use common::serial;
-use memlab::{Device, OptimizerKind, TrainingMonitor};
+use memlab::{monitor::OptimizerKind, Device, TrainingMonitor};
 use tch::nn::{self, Module, OptimizerConfig};
 use tch::{Kind, Tensor};
 
@@ -65,13 +65,15 @@ fn prints_every_period() {
     let mut s = setup();
     let printed = Arc::new(Mutex::new(Vec::<String>::new()));
     let sink = printed.clone();
-    memlab::set_output(memlab::Output::Sink(Box::new(move |t| sink.lock().unwrap().push(t.to_string()))));
+    memlab::profiler::set_output(memlab::profiler::Output::Sink(Box::new(move |t| {
+        sink.lock().unwrap().push(t.to_string())
+    })));
     let mut monitor = TrainingMonitor::new(&s.vs).device(Device::Cpu).print_period(2);
     for _ in 0..5 {
         step(&mut s);
         monitor.record_stats();
     }
-    memlab::set_output(memlab::Output::Stdout);
+    memlab::profiler::set_output(memlab::profiler::Output::Stdout);
     let printed = printed.lock().unwrap();
     assert_eq!(printed.len(), 2);
     assert!(printed[0].contains("Memory of iteration 2 of epoch 1 on cpu"), "{}", printed[0]);
@@ -193,7 +195,7 @@ fn marking_backward_separates_feature_maps_from_intermediate_gradients() {
 
 #[test]
 fn report_snapshot() {
-    let mut r = memlab::IterationRecord::default();
+    let mut r = memlab::monitor::IterationRecord::default();
     (r.epoch, r.iteration, r.device) = (2, 7, Some(Device::Cuda(0)));
     (r.peak_reserved, r.current_reserved) = (96 << 20, 64 << 20);
     (r.peak_allocated, r.current_allocated) = (80 << 20, 40 << 20);

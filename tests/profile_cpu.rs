@@ -9,13 +9,16 @@ use common::{floats, serial};
 use std::panic;
 use std::sync::{Arc, Mutex};
 
-use memlab::{Device, FunctionReport, LineStats};
+use memlab::{
+    profiler::{FunctionReport, LineStats},
+    Device,
+};
 use tch::{Kind, Tensor};
 
 const MIB: i64 = 1 << 20;
 
 fn allocated() -> i64 {
-    memlab::device_stats(Device::Cpu).unwrap().allocated_bytes.all.current
+    memlab::stats::device_stats(Device::Cpu).unwrap().allocated_bytes.all.current
 }
 
 fn function(name: &str) -> FunctionReport {
@@ -44,8 +47,8 @@ fn stat(s: &LineStats, name: &str) -> i64 {
 }
 
 fn index_of(name: &str) -> usize {
-    match name.parse::<memlab::Column>().unwrap() {
-        memlab::Column::Stat(i) => i,
+    match name.parse::<memlab::profiler::Column>().unwrap() {
+        memlab::profiler::Column::Stat(i) => i,
         other => panic!("{other:?} is not a statistic"),
     }
 }
@@ -77,7 +80,7 @@ fn exact_figures_for_known_allocations() {
     let w = line(&f, "let weight");
     let expected = 1024 * 1024 * 4;
     assert_eq!(w.increment, expected);
-    assert_eq!(memlab::storage_info(&weight).unwrap().nbytes as i64, expected);
+    assert_eq!(memlab::stats::storage_info(&weight).unwrap().nbytes as i64, expected);
     assert_eq!(stat(w, "allocated_bytes.all.current"), base + 4 * MIB);
     assert_eq!(stat(w, "active_bytes.all.peak"), base + 4 * MIB);
     assert_eq!(stat(w, "allocation.all.allocated"), 1);
@@ -359,13 +362,15 @@ fn profile_every_prints_the_last_n_calls() {
     memlab::reset();
     let printed = Arc::new(Mutex::new(Vec::<String>::new()));
     let sink = printed.clone();
-    memlab::set_output(memlab::Output::Sink(Box::new(move |text| sink.lock().unwrap().push(text.to_string()))));
+    memlab::profiler::set_output(memlab::profiler::Output::Sink(Box::new(move |text| {
+        sink.lock().unwrap().push(text.to_string())
+    })));
     for _ in 0..3 {
         every_second_call();
     }
     assert_eq!(printed.lock().unwrap().len(), 1);
     every_second_call();
-    memlab::set_output(memlab::Output::Stdout);
+    memlab::profiler::set_output(memlab::profiler::Output::Stdout);
     let printed = printed.lock().unwrap();
     assert_eq!(printed.len(), 2);
     for table in printed.iter() {
@@ -482,9 +487,9 @@ fn uncalled_functions_are_listed() {
 fn disabled_profiling_records_nothing() {
     let _s = serial();
     memlab::reset();
-    memlab::set_enabled(false);
+    memlab::profiler::set_enabled(false);
     let kept = sized(8);
-    memlab::set_enabled(true);
+    memlab::profiler::set_enabled(true);
     assert_eq!(kept.numel(), 8);
     assert!(!function("sized").ran());
 }
@@ -493,7 +498,7 @@ fn disabled_profiling_records_nothing() {
 fn unknown_columns_are_rejected_with_a_hint() {
     let err = memlab::report().with_columns(&["active_bytes.peak"]).unwrap_err();
     assert!(err.to_string().contains("`active_bytes.peak` is not a statistic"), "{err}");
-    assert!(memlab::set_default_columns(&["nope"]).is_err());
+    assert!(memlab::profiler::set_default_columns(&["nope"]).is_err());
 }
 
 #[memlab::profile(device = "cpu")]

@@ -15,7 +15,10 @@ use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use common::{floats, serial};
-use memlab::{Device, DeviceSelector, DisposeScope, EventSettings, MemReporter, OnEscape, Recording, RowKind};
+use memlab::{
+    events::Settings, profiler::DeviceSelector, reporter::RowKind, Device, DisposeScope, MemReporter, OnEscape,
+    Recording,
+};
 use tch::nn::{self, Module, OptimizerConfig};
 use tch::{Kind, Tensor};
 
@@ -107,7 +110,7 @@ fn concurrent_checks_catch_every_leak() {
         let stop = stop.clone();
         std::thread::spawn(move || {
             while !stop.load(Ordering::Relaxed) {
-                drop(Recording::start(EventSettings::default()).unwrap());
+                drop(Recording::start(Settings::default()).unwrap());
             }
         })
     };
@@ -139,7 +142,7 @@ fn concurrent_checks_catch_every_leak() {
 #[test]
 fn cpu_allocator_off_tools_say_so() {
     if child("cpu_allocator_off_tools_say_so") {
-        assert!(!memlab::cpu_allocator_installed());
+        assert!(!memlab::stats::cpu_allocator_installed());
         let scope = DisposeScope::new("step").err().expect("a scope cannot see CPU allocations");
         assert!(scope.to_string().contains("MEMLAB_CPU_ALLOCATOR"), "{scope}");
         assert!(memlab::check_step(|| ()).is_err());
@@ -182,7 +185,7 @@ async fn async_work(n: i64) -> Tensor {
 #[test]
 fn interleaved_futures_leave_no_stale_statement() {
     let _s = serial();
-    let recording = Recording::start(EventSettings::default()).unwrap();
+    let recording = Recording::start(Settings::default()).unwrap();
     let mut a = Box::pin(async_work(16));
     let mut b = Box::pin(async_work(32));
     let mut cx = Context::from_waker(Waker::noop());
@@ -196,8 +199,8 @@ fn interleaved_futures_leave_no_stale_statement() {
         }
         // Plain code between polls runs in no profiled statement.
         let between = floats(8);
-        let live = memlab::live_allocations();
-        let entry = live.iter().find(|l| l.address == memlab::storage_info(&between).unwrap().data_ptr).unwrap();
+        let live = memlab::events::live();
+        let entry = live.iter().find(|l| l.address == memlab::stats::storage_info(&between).unwrap().data_ptr).unwrap();
         assert!(entry.statement.is_none(), "plain code attributed to {:?}", entry.statement);
         if done_b.is_none() {
             if let Poll::Ready(t) = b.as_mut().poll(&mut cx) {
@@ -206,14 +209,14 @@ fn interleaved_futures_leave_no_stale_statement() {
         }
     }
     let plain = floats(4);
-    let address = memlab::storage_info(&plain).unwrap().data_ptr;
-    let entry = memlab::live_allocations().into_iter().find(|l| l.address == address).unwrap();
+    let address = memlab::stats::storage_info(&plain).unwrap().data_ptr;
+    let entry = memlab::events::live().into_iter().find(|l| l.address == address).unwrap();
     assert!(entry.statement.is_none(), "after both finished: {:?}", entry.statement);
     // Each future's own allocations name its own statements.
     let made = done_b.unwrap();
-    let entry = memlab::live_allocations()
+    let entry = memlab::events::live()
         .into_iter()
-        .find(|l| l.address == memlab::storage_info(&made).unwrap().data_ptr)
+        .find(|l| l.address == memlab::stats::storage_info(&made).unwrap().data_ptr)
         .unwrap();
     assert!(entry.statement.unwrap().code().starts_with("first + second"), "{:?}", entry.statement);
     drop(recording);
@@ -230,7 +233,7 @@ fn from_blob_storages_are_listed_outside_the_allocators_sum() {
     // SAFETY: `data` outlives the tensor, which is dropped with `vs` below.
     let blob = unsafe { Tensor::from_blob(data.as_ptr().cast(), &[1024], &[1], Kind::Float, tch::Device::Cpu) };
     vs.variables_.lock().unwrap().named_variables.insert("blob".into(), blob);
-    let _recording = Recording::start(EventSettings::default()).unwrap();
+    let _recording = Recording::start(Settings::default()).unwrap();
     let report = MemReporter::new(&vs).report().unwrap();
     let cpu = report.device(Device::Cpu).unwrap();
     let blob = cpu.rows.iter().find(|r| r.name == "blob").expect("a row for the blob");
@@ -247,12 +250,12 @@ fn from_blob_storages_are_listed_outside_the_allocators_sum() {
 
 fn spike_then_reset_peaks() {
     drop(floats(MIB));
-    memlab::reset_peak_stats(Device::Cpu).unwrap();
+    memlab::stats::reset_peak_stats(Device::Cpu).unwrap();
 }
 
 fn allocate_then_reset_totals() -> Tensor {
     let kept = floats(MIB);
-    memlab::reset_accumulated_stats(Device::Cpu).unwrap();
+    memlab::stats::reset_accumulated_stats(Device::Cpu).unwrap();
     kept
 }
 
@@ -266,11 +269,11 @@ fn resets_inside_a_line() -> Tensor {
 fn user_resets_keep_the_running_lines_figures() {
     let _s = serial();
     memlab::reset();
-    let base = memlab::device_stats(Device::Cpu).unwrap().allocated_bytes.all.current;
+    let base = memlab::stats::device_stats(Device::Cpu).unwrap().allocated_bytes.all.current;
     let kept = resets_inside_a_line();
     let f = memlab::report().function("resets_inside_a_line").unwrap().clone();
     let stat = |code: &str, name: &str| {
-        let column: memlab::Column = name.parse().unwrap();
+        let column: memlab::profiler::Column = name.parse().unwrap();
         column.value(f.find(code).unwrap().stats.as_ref().unwrap())
     };
     assert_eq!(stat("spike_then_reset_peaks()", "allocated_bytes.all.peak"), base + 4 * MIB);
@@ -403,14 +406,14 @@ fn an_output_sink_may_call_memlab() {
         let seen = within(Duration::from_secs(20), || {
             let seen = Arc::new(AtomicUsize::new(0));
             let counter = seen.clone();
-            memlab::set_output(memlab::Output::Sink(Box::new(move |_| {
+            memlab::profiler::set_output(memlab::profiler::Output::Sink(Box::new(move |_| {
                 counter.fetch_add(1, Ordering::SeqCst);
                 // Re-entering memlab from a sink: replace the sink, log a call site.
-                memlab::set_output(memlab::Output::Sink(Box::new(|_| {})));
+                memlab::profiler::set_output(memlab::profiler::Output::Sink(Box::new(|_| {})));
                 memlab::track!();
             })));
             memlab::track!();
-            memlab::set_output(memlab::Output::Stdout);
+            memlab::profiler::set_output(memlab::profiler::Output::Stdout);
             seen.load(Ordering::SeqCst)
         });
         assert_eq!(seen, 1);
@@ -443,11 +446,11 @@ fn driver_figures_without_the_device_are_clear_errors() {
     std::panic::set_hook(Box::new(|_| {
         CALLS.fetch_add(1, Ordering::SeqCst);
     }));
-    let count = memlab::cuda_device_count();
+    let count = memlab::gpu::cuda_device_count();
     let missing = count + 7;
-    let driver = memlab::driver_memory(missing).unwrap_err();
+    let driver = memlab::gpu::driver_memory(missing).unwrap_err();
     let account = memlab::where_gpu_memory_went(missing).unwrap_err();
-    let nvml = memlab::process_gpu_memory(missing).unwrap_err();
+    let nvml = memlab::gpu::process_gpu_memory(missing).unwrap_err();
     std::panic::set_hook(previous);
     assert_eq!(CALLS.load(Ordering::SeqCst), 0, "no panic reached the hook");
     for err in [driver, account, nvml] {
@@ -469,8 +472,8 @@ fn scopes_closed_out_of_order_hand_nothing_to_a_closed_scope() {
     assert!(a_report.escaped.is_empty());
     let b_report = b.finish();
     assert_eq!(b_report.handed_to, Some(outer.id()), "handed to the nearest open scope, not the closed `a`");
-    let live = memlab::live_allocations();
-    let tag = live.iter().find(|l| l.address == memlab::storage_info(&leak).unwrap().data_ptr).unwrap().scope;
+    let live = memlab::events::live();
+    let tag = live.iter().find(|l| l.address == memlab::stats::storage_info(&leak).unwrap().data_ptr).unwrap().scope;
     assert_eq!(tag, Some(outer.id()));
     let outer_report = outer.finish();
     assert_eq!(outer_report.escaped_bytes(Device::Cpu), 512);
@@ -483,7 +486,7 @@ fn scopes_closed_out_of_order_hand_nothing_to_a_closed_scope() {
 fn env_disable_reads_every_spelling() {
     if child("env_disable_reads_every_spelling") {
         let expected = std::env::var("EXPECT_ENABLED").unwrap() == "1";
-        assert_eq!(memlab::is_enabled(), expected, "MEMLAB_DISABLE={:?}", std::env::var("MEMLAB_DISABLE"));
+        assert_eq!(memlab::profiler::is_enabled(), expected, "MEMLAB_DISABLE={:?}", std::env::var("MEMLAB_DISABLE"));
         return;
     }
     for (value, enabled) in
@@ -496,9 +499,9 @@ fn env_disable_reads_every_spelling() {
 #[test]
 fn env_garbage_is_warned_about_once_and_ignored() {
     if child("env_garbage_is_warned_about_once_and_ignored") {
-        assert!(memlab::is_enabled());
-        memlab::set_enabled(true);
-        assert!(memlab::cpu_allocator_installed());
+        assert!(memlab::profiler::is_enabled());
+        memlab::profiler::set_enabled(true);
+        assert!(memlab::stats::cpu_allocator_installed());
         return;
     }
     let (_, stderr) = check_child(
@@ -512,9 +515,9 @@ fn env_garbage_is_warned_about_once_and_ignored() {
 #[test]
 fn an_explicit_call_wins_over_the_environment() {
     if child("an_explicit_call_wins_over_the_environment") {
-        memlab::set_enabled(true);
-        assert!(memlab::is_enabled(), "set_enabled(true) before the first read wins over MEMLAB_DISABLE=1");
-        assert!(!memlab::cpu_allocator_installed(), "MEMLAB_CPU_ALLOCATOR=Off is read before main");
+        memlab::profiler::set_enabled(true);
+        assert!(memlab::profiler::is_enabled(), "set_enabled(true) before the first read wins over MEMLAB_DISABLE=1");
+        assert!(!memlab::stats::cpu_allocator_installed(), "MEMLAB_CPU_ALLOCATOR=Off is read before main");
         return;
     }
     check_child(
@@ -529,13 +532,13 @@ fn an_explicit_call_wins_over_the_environment() {
 fn every_cuda_index_stays_itself_as_a_target() {
     let _s = serial();
     for index in [usize::MAX, usize::MAX - 1, usize::MAX - 2, usize::MAX - 3, 0, 5] {
-        memlab::set_target_device(DeviceSelector::Fixed(Device::Cuda(index)));
-        assert_eq!(memlab::target_device(), DeviceSelector::Fixed(Device::Cuda(index)));
+        memlab::profiler::set_target_device(DeviceSelector::Fixed(Device::Cuda(index)));
+        assert_eq!(memlab::profiler::target_device(), DeviceSelector::Fixed(Device::Cuda(index)));
     }
-    memlab::set_target_device(DeviceSelector::Fixed(Device::Cpu));
-    assert_eq!(memlab::target_device(), DeviceSelector::Fixed(Device::Cpu));
-    memlab::set_target_device(DeviceSelector::Auto);
-    assert_eq!(memlab::target_device(), DeviceSelector::Auto);
+    memlab::profiler::set_target_device(DeviceSelector::Fixed(Device::Cpu));
+    assert_eq!(memlab::profiler::target_device(), DeviceSelector::Fixed(Device::Cpu));
+    memlab::profiler::set_target_device(DeviceSelector::Auto);
+    assert_eq!(memlab::profiler::target_device(), DeviceSelector::Auto);
 }
 
 // 18. Methods of generic types and trait impls are found as people write them.
@@ -597,7 +600,7 @@ fn generic_and_trait_methods_are_found_by_their_names() {
 #[test]
 fn a_tracker_on_an_unreadable_device_keeps_the_error() {
     let _s = serial();
-    let missing = memlab::cuda_device_count() + 3;
+    let missing = memlab::gpu::cuda_device_count() + 3;
     let mut tracker = memlab::Tracker::new().device(Device::Cuda(missing)).stdout(false);
     let log = memlab::track!(tracker);
     let error = tracker.last_error().expect("the error is kept");
@@ -653,17 +656,17 @@ fn reporter_rows_read_in_full() {
 #[test]
 fn concurrent_recordings_keep_what_each_asked_for() {
     let _s = serial();
-    let big = Recording::start(EventSettings::default().capacity(1_000_000).backtraces(true)).unwrap();
-    let small = Recording::start(EventSettings::default()).unwrap();
+    let big = Recording::start(Settings::default().capacity(1_000_000).backtraces(true)).unwrap();
+    let small = Recording::start(Settings::default()).unwrap();
     assert_eq!((small.settings().capacity, small.settings().backtraces), (1_000_000, true));
     for _ in 0..60_000 {
         drop(floats(1));
     }
-    let (events, stats) = memlab::event_history();
+    let (events, stats) = memlab::events::history();
     assert!(events.len() >= 120_000, "the first recording's capacity holds: {stats:?}");
     drop(small);
     assert_eq!(big.settings().capacity, 1_000_000);
     drop(big);
-    let next = Recording::start(EventSettings::default()).unwrap();
+    let next = Recording::start(Settings::default()).unwrap();
     assert_eq!((next.settings().capacity, next.settings().backtraces), (100_000, false));
 }

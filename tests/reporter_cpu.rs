@@ -6,15 +6,18 @@ mod common;
 
 use common::serial;
 
-use memlab::{Device, MemReport, MemReporter, Recording, RowKind};
+use memlab::{
+    reporter::{MemReport, RowKind},
+    Device, MemReporter, Recording,
+};
 use tch::nn::{self, Module};
 use tch::{Kind, Tensor};
 
-fn cpu(report: &MemReport) -> &memlab::DeviceReport {
+fn cpu(report: &MemReport) -> &memlab::reporter::DeviceReport {
     report.device(Device::Cpu).expect("a CPU section")
 }
 
-fn row<'a>(report: &'a MemReport, name: &str) -> &'a memlab::Row {
+fn row<'a>(report: &'a MemReport, name: &str) -> &'a memlab::reporter::Row {
     cpu(report).rows.iter().find(|r| r.name == name).unwrap_or_else(|| panic!("row {name}: {report}"))
 }
 
@@ -112,7 +115,7 @@ fn activation(x: &Tensor) -> Tensor {
 #[test]
 fn unnamed_allocations_are_listed_by_site() {
     let _s = serial();
-    let _recording = Recording::start(memlab::EventSettings::default()).unwrap();
+    let _recording = Recording::start(memlab::events::Settings::default()).unwrap();
     let vs = nn::VarStore::new(tch::Device::Cpu);
     let _layer = nn::linear(vs.root() / "layer", 64, 64, Default::default());
     let x = Tensor::randn([32, 64], (Kind::Float, tch::Device::Cpu));
@@ -157,7 +160,7 @@ fn courtesy_without_cuda_tensors_moves_nothing() {
     assert_eq!(courtesy.restore().unwrap(), 0);
     assert_eq!(layer.ws.device(), tch::Device::Cpu);
     assert!(layer.ws.equal(&before));
-    if memlab::cuda_device_count() == 0 {
+    if memlab::gpu::cuda_device_count() == 0 {
         assert_eq!(report.to_string(), "Courtesy: no CUDA device, nothing to yield\n");
     }
 }

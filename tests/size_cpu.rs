@@ -21,7 +21,7 @@ fn model(vs: &nn::VarStore) -> nn::Sequential {
 const PARAMS: u64 = 256 * 512 + 512 + 512 * 10 + 10;
 
 fn allocated() -> i64 {
-    memlab::device_stats(Device::Cpu).unwrap().allocated_bytes.all.current
+    memlab::stats::device_stats(Device::Cpu).unwrap().allocated_bytes.all.current
 }
 
 #[test]

@@ -17,7 +17,7 @@ fn grow(cache: &mut Vec<tch::Tensor>) {
 fn logs_what_appeared_and_disappeared() {
     let _s = serial();
     memlab::clear_registry();
-    memlab::set_output(memlab::Output::Sink(Box::new(|_| {})));
+    memlab::profiler::set_output(memlab::profiler::Output::Sink(Box::new(|_| {})));
     let vs = nn::VarStore::new(tch::Device::Cpu);
     let _fc = nn::linear(vs.root() / "fc", 32, 16, Default::default());
     memlab::register_var_store("model", &vs);
@@ -43,14 +43,14 @@ fn logs_what_appeared_and_disappeared() {
     cache.clear();
     let third = memlab::track!(tracker);
     assert!(third.contains("  - 2 × other 16.00K"), "{third}");
-    memlab::set_output(memlab::Output::Stdout);
+    memlab::profiler::set_output(memlab::profiler::Output::Stdout);
     memlab::clear_registry();
 }
 
 #[test]
 fn log_file_and_a_bad_path() {
     let _s = serial();
-    memlab::set_output(memlab::Output::Sink(Box::new(|_| {})));
+    memlab::profiler::set_output(memlab::profiler::Output::Sink(Box::new(|_| {})));
     let path = std::env::temp_dir().join(format!("memlab-track-{}.log", std::process::id()));
     let _ = std::fs::remove_file(&path);
     let mut tracker = Tracker::new().device(Device::Cpu).log_file(&path).stdout(false);
@@ -66,7 +66,7 @@ fn log_file_and_a_bad_path() {
     let text = memlab::track!(broken);
     assert!(text.contains("live tensors"), "tracking goes on");
     assert!(broken.last_error().unwrap().contains("cannot append to /nonexistent/dir/track.log"));
-    memlab::set_output(memlab::Output::Stdout);
+    memlab::profiler::set_output(memlab::profiler::Output::Stdout);
     drop(kept);
 }
 
@@ -79,9 +79,9 @@ fn allocate_unprofiled() -> tch::Tensor {
 fn with_backtraces_unnamed_storages_name_their_caller() {
     let _s = serial();
     memlab::clear_registry();
-    memlab::set_output(memlab::Output::Sink(Box::new(|_| {})));
+    memlab::profiler::set_output(memlab::profiler::Output::Sink(Box::new(|_| {})));
     // A recording started with backtraces on: the tracker joins it.
-    let recording = memlab::Recording::start(memlab::EventSettings::default().backtraces(true)).unwrap();
+    let recording = memlab::Recording::start(memlab::events::Settings::default().backtraces(true)).unwrap();
     let mut tracker = Tracker::new().device(Device::Cpu);
     memlab::track!(tracker);
     let kept = allocate_unprofiled();
@@ -92,6 +92,6 @@ fn with_backtraces_unnamed_storages_name_their_caller() {
     assert!(line.contains("allocated at floats at ") && line.contains("tests/common/mod.rs:"), "{line}");
     drop((kept, tracker, recording));
     // Back to the default settings (no backtraces) for the other tests.
-    drop(memlab::Recording::start(memlab::EventSettings::default()).unwrap());
-    memlab::set_output(memlab::Output::Stdout);
+    drop(memlab::Recording::start(memlab::events::Settings::default()).unwrap());
+    memlab::profiler::set_output(memlab::profiler::Output::Stdout);
 }

@@ -13,12 +13,16 @@ use crate::ffi;
 /// variable (`let _recording = …`), not to `_`, which drops it at once.
 ///
 /// ```
-/// let recording = memlab_tch::Recording::start(memlab_core::events::Settings::default())?;
+/// # mod memlab {
+/// #     pub use memlab_core::{events, Error};
+/// #     pub use memlab_tch::Recording;
+/// # }
+/// let recording = memlab::Recording::start(memlab::events::Settings::default())?;
 /// let t = tch::Tensor::zeros([256], (tch::Kind::Float, tch::Device::Cpu));
-/// let live = memlab_core::events::live();
+/// let live = memlab::events::live();
 /// assert!(live.iter().any(|a| a.size == 1024));
 /// drop((t, recording));
-/// # Ok::<(), memlab_core::Error>(())
+/// # Ok::<(), memlab::Error>(())
 /// ```
 #[must_use = "recording stops when the Recording is dropped"]
 #[derive(Debug)]

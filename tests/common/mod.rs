@@ -12,7 +12,7 @@ use tch::{Kind, Tensor};
 /// table quiet, so it does not follow the test harness's summary.
 pub fn serial() -> MutexGuard<'static, ()> {
     static LOCK: Mutex<()> = Mutex::new(());
-    memlab::set_print_at_exit(false);
+    memlab::profiler::set_print_at_exit(false);
     LOCK.lock().unwrap_or_else(|e| e.into_inner())
 }
 

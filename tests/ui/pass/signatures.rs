@@ -96,8 +96,8 @@ fn periodic() -> Tensor {
 fn assert_send<T: Send>(_: &T) {}
 
 fn main() {
-    memlab::set_print_at_exit(false);
-    memlab::set_output(memlab::Output::Sink(Box::new(|_| {})));
+    memlab::profiler::set_print_at_exit(false);
+    memlab::profiler::set_output(memlab::profiler::Output::Sink(Box::new(|_| {})));
     let x = Tensor::ones([2], (Kind::Float, tch::Device::Cpu));
     let mut m = Model::associated();
     m.by_mut(2.0);

@@ -51,7 +51,7 @@ fn labelled_blocks(n: u32) -> u32 {
 }
 
 fn main() {
-    memlab::set_print_at_exit(false);
+    memlab::profiler::set_print_at_exit(false);
     assert_eq!(r#match(4), 4);
     assert_eq!(with_nested_items(), 7);
     assert_eq!(through_reexport(), 7);
