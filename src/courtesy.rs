@@ -11,13 +11,12 @@
 
 use std::collections::BTreeMap;
 use std::fmt;
-use std::sync::{Arc, Mutex};
 
 use memlab_core::{events, format_bytes, Device, Error, Result};
-use tch::nn::{VarStore, Variables};
+use tch::nn::VarStore;
 use tch::Tensor;
 
-use memlab_tch::registry;
+use crate::named::Sources;
 
 /// A tensor moved to the CPU, and where it came from.
 struct Moved {
@@ -43,9 +42,7 @@ struct Moved {
 /// ```
 #[must_use = "a Courtesy moves everything back when it is dropped"]
 pub struct Courtesy {
-    var_stores: Vec<Arc<Mutex<Variables>>>,
-    tensors: Vec<(String, Tensor)>,
-    use_registry: bool,
+    sources: Sources,
     moved: Vec<Moved>,
 }
 
@@ -59,23 +56,23 @@ impl Courtesy {
     /// A Courtesy over every registered var store and tensor (see
     /// [`register_var_store`](crate::register_var_store)), plus what is added.
     pub fn new() -> Courtesy {
-        Courtesy { var_stores: Vec::new(), tensors: Vec::new(), use_registry: true, moved: Vec::new() }
+        Courtesy { sources: Sources::registered(), moved: Vec::new() }
     }
 
     /// A Courtesy over only what is added to it (not the registry).
     pub fn only() -> Courtesy {
-        Courtesy { var_stores: Vec::new(), tensors: Vec::new(), use_registry: false, moved: Vec::new() }
+        Courtesy { sources: Sources::default(), moved: Vec::new() }
     }
 
     /// Adds a var store: its variables and their gradients move.
     pub fn var_store(mut self, vs: &VarStore) -> Courtesy {
-        self.var_stores.push(vs.variables_.clone());
+        self.sources.add_store("", vs);
         self
     }
 
     /// Adds a tensor (and its gradient, if it has one).
     pub fn tensor(mut self, name: impl Into<String>, tensor: &Tensor) -> Courtesy {
-        self.tensors.push((name.into(), tensor.shallow_clone()));
+        self.sources.add_tensor(name, tensor);
         self
     }
 
@@ -85,30 +82,20 @@ impl Courtesy {
     }
 
     /// Every CUDA tensor (and gradient) this Courtesy knows, by name.
-    fn cuda_tensors(&self) -> Vec<(String, Tensor)> {
-        let mut stores = self.var_stores.clone();
-        let mut tensors: Vec<(String, Tensor)> =
-            self.tensors.iter().map(|(n, t)| (n.clone(), t.shallow_clone())).collect();
-        if self.use_registry {
-            stores.extend(registry::var_stores().into_iter().filter_map(|vs| vs.variables.upgrade()));
-            tensors.extend(registry::tensors());
-        }
-        for variables in &stores {
-            let variables = variables.lock().unwrap_or_else(|e| e.into_inner());
-            tensors.extend(variables.named_variables.iter().map(|(n, t)| (n.clone(), t.shallow_clone())));
-        }
+    fn cuda_tensors(&self) -> Result<Vec<(String, Tensor)>> {
         let mut out = Vec::new();
-        for (name, tensor) in tensors {
-            if let Some(grad) = memlab_tch::grad_of(&tensor) {
+        self.sources.for_each(|name, tensor, _| {
+            if let Some(grad) = memlab_tch::grad_of(tensor) {
                 out.push((format!("{name}.grad"), grad));
             }
-            out.push((name, tensor));
-        }
+            out.push((name.to_string(), tensor.shallow_clone()));
+            Ok(())
+        })?;
         out.retain(|(_, t)| t.device().is_cuda());
         // A storage shared by two names moves once.
         let mut seen = std::collections::HashSet::new();
         out.retain(|(_, t)| memlab_tch::storage_info(t).map(|i| seen.insert(i.storage_id)).unwrap_or(false));
-        out
+        Ok(out)
     }
 
     /// Moves every CUDA tensor this Courtesy knows (and their gradients) to
@@ -120,7 +107,7 @@ impl Courtesy {
     pub fn yield_memory(&mut self) -> Result<YieldReport> {
         let devices: Vec<Device> = (0..memlab_tch::cuda_device_count()).map(Device::Cuda).collect();
         let before = snapshot(&devices)?;
-        for (name, tensor) in self.cuda_tensors() {
+        for (name, tensor) in self.cuda_tensors()? {
             let home = tensor.device();
             let bytes = memlab_tch::storage_info(&tensor)?.nbytes;
             let on_cpu = tensor.f_to_device(tch::Device::Cpu).map_err(torch)?;

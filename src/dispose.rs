@@ -11,15 +11,16 @@
 use std::collections::{BTreeMap, HashSet};
 use std::fmt::{self, Write};
 use std::marker::PhantomData;
-use std::sync::{Arc, Mutex};
 
 use memlab_core::events::{self, LiveAllocation, ScopeCounts, ScopeOutcome};
 use memlab_core::profiler::PeakWatch;
 use memlab_core::{format_bytes, Device, Error, Result};
 
-use tch::nn::{VarStore, Variables};
+use tch::nn::VarStore;
 
-use memlab_tch::{registry, storage_info, Recording, BACKEND};
+use memlab_tch::{storage_info, Recording, BACKEND};
+
+use crate::named::Sources;
 
 /// What a scope does when allocations escaped it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -71,7 +72,7 @@ pub struct DisposeScope {
     name: String,
     on_escape: OnEscape,
     recording: Option<Recording>,
-    model: Vec<Arc<Mutex<Variables>>>,
+    model: Sources,
     /// Scopes are per thread: the thread's stack of open scopes knows them.
     _not_send: PhantomData<*const ()>,
 }
@@ -97,7 +98,7 @@ impl DisposeScope {
             name: name.into(),
             on_escape: OnEscape::Warn,
             recording: Some(recording),
-            model: Vec::new(),
+            model: Sources::registered(),
             _not_send: PhantomData,
         })
     }
@@ -106,7 +107,7 @@ impl DisposeScope {
     /// new ones alive when the scope closes are listed as replaced model
     /// state, not as escapes. (Registered var stores count without this.)
     pub fn model(mut self, vs: &VarStore) -> Self {
-        self.model.push(vs.variables_.clone());
+        self.model.add_store("", vs);
         self
     }
 
@@ -165,7 +166,7 @@ impl DisposeScope {
 
     fn close(&mut self) -> ScopeReport {
         // The walk reads libtorch; it runs before the recorder's lock is taken.
-        let (model, model_error) = match registry::model_storages(&self.model) {
+        let (model, model_error) = match self.model.model_addresses() {
             Ok(model) => (model, None),
             Err(e) => (HashSet::new(), Some(e.to_string())),
         };

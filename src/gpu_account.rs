@@ -7,7 +7,10 @@ use std::fmt;
 
 use memlab_core::{format_bytes, Device, Result};
 
-use crate::reporter::{MemReporter, RowKind};
+use memlab_core::events;
+
+use crate::attribution::attribute;
+use crate::named::Sources;
 use memlab_tch::{driver_memory, process_gpu_memory};
 
 /// One part of the device's memory.
@@ -56,12 +59,12 @@ pub fn where_gpu_memory_went(index: usize) -> Result<GpuAccount> {
     let driver = driver_memory(index)?;
     let process = process_gpu_memory(index).ok().flatten();
     let stats = memlab_tch::device_stats(device)?;
-    let report = MemReporter::registered().device(device).report()?;
-    let section = report.device(device);
+    let live = if events::is_active() { Some(events::live()) } else { None };
+    let attribution = attribute(device, &Sources::registered().collect()?, live.as_deref())?;
     let reserved = stats.reserved_bytes.all.current;
-    let allocated = stats.allocated_bytes.all.current;
+    let allocated = attribution.allocated;
     let inactive = stats.inactive_split_bytes.all.current;
-    let named = section.map_or(0, |s| s.named_bytes as i64);
+    let named = attribution.named as i64;
     let used = driver.used() as i64;
 
     let mut parts = Vec::new();
@@ -103,25 +106,29 @@ pub fn where_gpu_memory_went(index: usize) -> Result<GpuAccount> {
         reserved - allocated - inactive,
         "memory libtorch keeps cached for reuse; empty_cache() returns it to the device".into(),
     );
-    let rows = section.map(|s| s.rows.as_slice()).unwrap_or_default();
-    let mut unnamed_listed = 0;
-    for row in rows.iter().filter(|r| matches!(r.kind, RowKind::Unnamed | RowKind::Unattributed | RowKind::Rounding)) {
-        unnamed_listed += row.bytes;
+    const UNNAMED: &str = "tensors no registered model owns: activations, autograd buffers, temporaries, \
+                           cuBLAS workspaces (32 MiB per stream and handle)";
+    for site in attribution.unnamed.iter().flatten() {
+        part(&format!("allocated, not named: {}", site.site), site.bytes as i64, UNNAMED.into());
+    }
+    if attribution.unattributed != 0 {
+        let label = if attribution.unnamed.is_some() {
+            "allocated, not named, allocated before recording began"
+        } else {
+            "allocated, not named"
+        };
         part(
-            &format!("allocated, {}", row.name),
-            row.bytes,
-            match row.kind {
-                RowKind::Rounding => "the allocator rounds every block up to a multiple of 512 bytes".into(),
-                _ => "tensors no registered model owns: activations, autograd buffers, temporaries, \
-                      cuBLAS workspaces (32 MiB per stream and handle)"
-                    .into(),
-            },
+            label,
+            attribution.unattributed,
+            format!("{UNNAMED}; register the model with memlab::register_var_store to name it"),
         );
     }
-    // What the reporter's rows did not cover (none when every row is listed).
-    let rest = allocated - named - unnamed_listed;
-    if rest != 0 {
-        part("allocated, not named", rest, "register the model with memlab::register_var_store to name it".into());
+    if attribution.rounding != 0 {
+        part(
+            "allocated, the caching allocator's rounding",
+            attribution.rounding,
+            "the allocator rounds every block up to a multiple of 512 bytes".into(),
+        );
     }
     part("named tensors", named, "the registered models' weights, gradients and tensors".into());
     Ok(GpuAccount {

@@ -105,6 +105,7 @@ pub use memlab_macros::profile_every;
 pub use memlab_core::{Device, Error, Result};
 pub use memlab_tch::{clear_registry, register_tensor, register_var_store, Recording};
 
+mod attribution;
 pub mod batch_size;
 pub mod courtesy;
 pub mod dispose;
@@ -112,6 +113,7 @@ pub mod gpu_account;
 pub mod logger;
 pub mod model_size;
 pub mod monitor;
+mod named;
 pub mod reporter;
 pub mod tracker;
 

@@ -8,18 +8,16 @@
 //! [`Recording`](crate::Recording) or dispose scope is on), what could not be
 //! attributed, and on CUDA the rounding to the allocator's block sizes.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::{self, Write};
-use std::sync::{Arc, Mutex};
 
 use memlab_core::events;
 use memlab_core::{format_bytes, Device, Error, Result};
 use serde::Serialize;
-use tch::nn::{VarStore, Variables};
+use tch::nn::VarStore;
 use tch::Tensor;
 
-use memlab_tch::registry;
-use memlab_tch::storage::{facts, Facts, Layout};
+use crate::attribution::attribute;
+use crate::named::{Kind, Named, Sources};
 
 /// What a row of the report is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -118,9 +116,7 @@ pub struct MemReport {
 /// ```
 #[derive(Default)]
 pub struct MemReporter {
-    var_stores: Vec<(String, Arc<Mutex<Variables>>)>,
-    tensors: Vec<(String, Tensor)>,
-    use_registry: bool,
+    sources: Sources,
     device: Option<Device>,
 }
 
@@ -135,19 +131,19 @@ impl MemReporter {
     /// [`register_var_store`](crate::register_var_store) and
     /// [`register_tensor`](crate::register_tensor), plus what is added to it.
     pub fn registered() -> MemReporter {
-        MemReporter { use_registry: true, ..MemReporter::default() }
+        MemReporter { sources: Sources::registered(), device: None }
     }
 
     /// Adds a var store; its variables are named `prefix.variable` (no prefix
     /// when `prefix` is empty).
     pub fn var_store(mut self, prefix: impl Into<String>, vs: &VarStore) -> MemReporter {
-        self.var_stores.push((prefix.into(), vs.variables_.clone()));
+        self.sources.add_store(prefix, vs);
         self
     }
 
     /// Adds a tensor under `name`.
     pub fn tensor(mut self, name: impl Into<String>, tensor: &Tensor) -> MemReporter {
-        self.tensors.push((name.into(), tensor.shallow_clone()));
+        self.sources.add_tensor(name, tensor);
         self
     }
 
@@ -159,41 +155,14 @@ impl MemReporter {
 
     /// The report as it stands now.
     pub fn report(&self) -> Result<MemReport> {
-        let mut named = Collector::default();
-        let mut stores: Vec<(String, Arc<Mutex<Variables>>)> = self.var_stores.clone();
-        let mut tensors: Vec<(String, Tensor)> =
-            self.tensors.iter().map(|(n, t)| (n.clone(), t.shallow_clone())).collect();
-        if self.use_registry {
-            stores.extend(
-                registry::var_stores().into_iter().filter_map(|vs| vs.variables.upgrade().map(|v| (vs.name, v))),
-            );
-            tensors.extend(registry::tensors());
-        }
-        for (prefix, variables) in &stores {
-            let variables = variables.lock().unwrap_or_else(|e| e.into_inner());
-            let mut names: Vec<&String> = variables.named_variables.keys().collect();
-            names.sort();
-            for name in names {
-                let tensor = &variables.named_variables[name];
-                let full = if prefix.is_empty() { name.clone() } else { format!("{prefix}.{name}") };
-                let (facts, grad) = facts(tensor, true)?;
-                named.add(&full, Source::Tensor(tensor), facts, RowKind::Parameter)?;
-                if let Some(grad) = grad {
-                    named.add(&format!("{full}.grad"), Source::GradOf(tensor), grad, RowKind::Gradient)?;
-                }
-            }
-        }
-        for (name, tensor) in &tensors {
-            named.add(name, Source::Tensor(tensor), facts(tensor, false)?.0, RowKind::Tensor)?;
-        }
-
+        let named = self.sources.collect()?;
         let mut devices: Vec<Device> = vec![Device::Cpu];
         devices.extend((0..memlab_tch::cuda_device_count()).map(Device::Cuda));
         devices.retain(|d| self.device.is_none_or(|only| only == *d));
         let live = if events::is_active() { Some(events::live()) } else { None };
         let mut out = Vec::new();
         for device in devices {
-            let section = named.take_section(device, live.as_deref())?;
+            let section = section(device, &named, live.as_deref())?;
             if section.allocated_bytes != 0 || !section.rows.is_empty() {
                 out.push(section);
             }
@@ -202,208 +171,102 @@ impl MemReporter {
     }
 }
 
-/// Where a row's tensor comes from: the tensor, or the gradient of one (made
-/// into a tensor handle only when needed, for sparse gradients).
-#[derive(Clone, Copy)]
-enum Source<'a> {
-    Tensor(&'a Tensor),
-    GradOf(&'a Tensor),
-}
-
-impl Source<'_> {
-    fn get(self) -> Tensor {
-        match self {
-            Source::Tensor(t) => t.shallow_clone(),
-            Source::GradOf(t) => t.grad(),
+/// The rows of `device`: its named storages (a shared storage as a row of its
+/// own with its views under it), then what accounts for the rest of the
+/// allocator's figure, then storages outside the allocator.
+fn section(device: Device, named: &Named, live: Option<&[events::LiveAllocation]>) -> Result<DeviceReport> {
+    let attribution = attribute(device, named, live)?;
+    let (mut rows, mut external) = (Vec::new(), Vec::new());
+    let mut named_elements = 0u64;
+    let mut shared = 0;
+    let kind_of = |kind: Kind| match kind {
+        Kind::Parameter => RowKind::Parameter,
+        Kind::Gradient => RowKind::Gradient,
+        Kind::Tensor => RowKind::Tensor,
+    };
+    for storage in named.storages(device) {
+        let out = if storage.from_allocator { &mut rows } else { &mut external };
+        if storage.from_allocator {
+            named_elements += storage.nbytes / storage.element_size;
         }
-    }
-}
-
-/// One named tensor with a storage.
-struct Named {
-    kind: RowKind,
-    name: String,
-    shape: Vec<i64>,
-    dtype: &'static str,
-    numel: u64,
-    /// The tensor's own size: elements × element size.
-    own_bytes: u64,
-}
-
-/// The named tensors viewing one storage, in the order they were found.
-struct StorageGroup {
-    nbytes: u64,
-    element_size: u64,
-    from_allocator: bool,
-    views: Vec<Named>,
-}
-
-/// The named tensors found, grouped by device and storage.
-#[derive(Default)]
-struct Collector {
-    storages: BTreeMap<Device, Vec<StorageGroup>>,
-    /// Per storage: its index in its device's groups.
-    index: HashMap<(Device, u64), usize>,
-    addresses: HashSet<(Device, u64)>,
-}
-
-impl Collector {
-    /// Adds `tensor`, whose facts are `facts`. The tensor itself is only
-    /// touched for sparse layouts, whose parts are added one by one.
-    fn add(&mut self, name: &str, source: Source<'_>, facts: Facts, kind: RowKind) -> Result<()> {
-        let Facts { info, dtype, shape } = facts;
-        let Some(device) = info.device else { return Ok(()) };
-        let part = |this: &mut Self, suffix: &str, t: std::result::Result<Tensor, tch::TchError>| -> Result<()> {
-            let t = t.map_err(memlab_tch::torch_error)?;
-            let f = memlab_tch::storage::facts(&t, false)?.0;
-            this.add(&format!("{name}.{suffix}"), Source::Tensor(&t), f, kind)
-        };
-        let tensor = || source.get();
-        match info.layout {
-            Layout::SparseCoo => {
-                let tensor = tensor();
-                part(self, "indices", tensor.f_internal_indices())?;
-                return part(self, "values", tensor.f_internal_values());
-            }
-            Layout::SparseCompressed => {
-                // CSR and BSR keep compressed rows; CSC and BSC compressed columns.
-                let tensor = tensor();
-                if tensor.f_crow_indices().is_ok() {
-                    part(self, "crow_indices", tensor.f_crow_indices())?;
-                    part(self, "col_indices", tensor.f_col_indices())?;
-                } else {
-                    part(self, "ccol_indices", tensor.f_ccol_indices())?;
-                    part(self, "row_indices", tensor.f_row_indices())?;
-                }
-                return part(self, "values", tensor.f_values());
-            }
-            Layout::Strided | Layout::Other => {}
-        }
-        let Some(storage) = info.storage_id else {
-            return Err(Error::InvalidArgument(format!(
-                "`{name}` has no storage of its own, and a layout memlab cannot size"
-            )));
-        };
-        let groups = self.storages.entry(device).or_default();
-        let at = *self.index.entry((device, storage)).or_insert_with(|| {
-            groups.push(StorageGroup {
-                nbytes: info.nbytes,
-                element_size: info.element_size.max(1),
-                from_allocator: info.from_allocator,
-                views: Vec::new(),
-            });
-            groups.len() - 1
-        });
-        self.addresses.insert((device, info.data_ptr));
-        let own_bytes = info.numel * info.element_size;
-        groups[at].views.push(Named { kind, name: name.to_string(), shape, dtype, numel: info.numel, own_bytes });
-        Ok(())
-    }
-
-    /// The section of `device`, taking its storages out of the collector.
-    fn take_section(&mut self, device: Device, live: Option<&[events::LiveAllocation]>) -> Result<DeviceReport> {
-        let stats = memlab_tch::device_stats(device)?;
-        let allocated = stats.allocated_bytes.all.current;
-        let requested = stats.requested_bytes.all.current;
-        let (mut rows, mut external) = (Vec::new(), Vec::new());
-        let (mut named_bytes, mut named_elements, mut external_bytes) = (0u64, 0u64, 0u64);
-        let mut shared = 0;
-        for group in self.storages.remove(&device).into_iter().flatten() {
-            let out = if group.from_allocator { &mut rows } else { &mut external };
-            let single = group.views.len() == 1 && group.views[0].own_bytes == group.nbytes;
-            if group.from_allocator {
-                named_bytes += group.nbytes;
-                named_elements += group.nbytes / group.element_size;
-            } else {
-                external_bytes += group.nbytes;
-            }
-            if single {
-                let view = group.views.into_iter().next().expect("one view");
-                let kind = if group.from_allocator { view.kind } else { RowKind::External };
-                out.push(Row {
-                    kind,
-                    name: view.name,
-                    shape: view.shape,
-                    dtype: view.dtype,
-                    count: view.numel,
-                    bytes: group.nbytes as i64,
-                    counted: group.from_allocator,
-                });
-                continue;
-            }
-            shared += 1;
-            let storage = format!("storage #{shared}");
-            let views = group.views.len();
+        if storage.is_single() {
+            let view = &storage.views[0];
             out.push(Row {
-                kind: if group.from_allocator { RowKind::Storage } else { RowKind::External },
-                name: format!("{storage}: {views} view{}", if views == 1 { "" } else { "s" }),
-                // A storage is a flat buffer of elements.
-                shape: vec![(group.nbytes / group.element_size) as i64],
-                dtype: group.views[0].dtype,
-                count: group.nbytes / group.element_size,
-                bytes: group.nbytes as i64,
-                counted: group.from_allocator,
+                kind: if storage.from_allocator { kind_of(view.kind) } else { RowKind::External },
+                name: view.name.clone(),
+                shape: view.shape.clone(),
+                dtype: view.dtype,
+                count: view.numel,
+                bytes: storage.nbytes as i64,
+                counted: storage.from_allocator,
             });
-            for view in group.views {
-                out.push(Row {
-                    kind: view.kind,
-                    name: format!("{}(->{storage})", view.name),
-                    shape: view.shape,
-                    dtype: view.dtype,
-                    count: view.numel,
-                    bytes: view.own_bytes as i64,
-                    counted: false,
-                });
-            }
+            continue;
         }
-        let other = |kind: RowKind, name: String, count: u64, bytes: i64| Row {
-            kind,
-            name,
-            shape: Vec::new(),
-            dtype: "",
-            count,
-            bytes,
-            counted: true,
-        };
-
-        let mut listed: u64 = 0;
-        if let Some(live) = live {
-            let mut sites: BTreeMap<String, (u64, u64)> = BTreeMap::new();
-            for a in live.iter().filter(|a| a.device == device && !self.addresses.contains(&(device, a.address))) {
-                let site = a.site().unwrap_or_else(|| "allocated outside profiled code".to_string());
-                let entry = sites.entry(site).or_default();
-                entry.0 += a.size;
-                entry.1 += 1;
-            }
-            let mut sites: Vec<_> = sites.into_iter().collect();
-            sites.sort_by_key(|(_, (bytes, _))| std::cmp::Reverse(*bytes));
-            for (site, (bytes, blocks)) in sites {
-                listed += bytes;
-                rows.push(other(RowKind::Unnamed, format!("not named: {site}"), blocks, bytes as i64));
-            }
+        shared += 1;
+        let label = format!("storage #{shared}");
+        let views = storage.views.len();
+        out.push(Row {
+            kind: if storage.from_allocator { RowKind::Storage } else { RowKind::External },
+            name: format!("{label}: {views} view{}", if views == 1 { "" } else { "s" }),
+            // A storage is a flat buffer of elements.
+            shape: vec![(storage.nbytes / storage.element_size) as i64],
+            dtype: storage.views[0].dtype,
+            count: storage.nbytes / storage.element_size,
+            bytes: storage.nbytes as i64,
+            counted: storage.from_allocator,
+        });
+        for view in &storage.views {
+            out.push(Row {
+                kind: kind_of(view.kind),
+                name: format!("{}(->{label})", view.name),
+                shape: view.shape.clone(),
+                dtype: view.dtype,
+                count: view.numel,
+                bytes: view.own_bytes as i64,
+                counted: false,
+            });
         }
-        let rest = requested - named_bytes as i64 - listed as i64;
-        if rest != 0 {
-            let why = if rest < 0 {
-                "named storages the allocator no longer counts (its totals were reset or it was replaced)"
-            } else if live.is_some() {
-                "not named, allocated before recording began"
-            } else {
-                "not named (activations, temporaries, workspaces): a memlab::Recording lists them by site"
-            };
-            rows.push(other(RowKind::Unattributed, why.to_string(), 0, rest));
-        }
-        if allocated != requested {
-            rows.push(other(
-                RowKind::Rounding,
-                "the caching allocator's rounding to its block sizes".to_string(),
-                0,
-                allocated - requested,
-            ));
-        }
-        rows.extend(external);
-        Ok(DeviceReport { device, rows, named_bytes, named_elements, external_bytes, allocated_bytes: allocated })
     }
+    let other = |kind: RowKind, name: String, count: u64, bytes: i64| Row {
+        kind,
+        name,
+        shape: Vec::new(),
+        dtype: "",
+        count,
+        bytes,
+        counted: true,
+    };
+    for site in attribution.unnamed.iter().flatten() {
+        rows.push(other(RowKind::Unnamed, format!("not named: {}", site.site), site.blocks, site.bytes as i64));
+    }
+    let rest = attribution.unattributed;
+    if rest != 0 {
+        let why = if rest < 0 {
+            "named storages the allocator no longer counts (its totals were reset or it was replaced)"
+        } else if attribution.unnamed.is_some() {
+            "not named, allocated before recording began"
+        } else {
+            "not named (activations, temporaries, workspaces): a memlab::Recording lists them by site"
+        };
+        rows.push(other(RowKind::Unattributed, why.to_string(), 0, rest));
+    }
+    if attribution.rounding != 0 {
+        rows.push(other(
+            RowKind::Rounding,
+            "the caching allocator's rounding to its block sizes".to_string(),
+            0,
+            attribution.rounding,
+        ));
+    }
+    rows.extend(external);
+    Ok(DeviceReport {
+        device,
+        rows,
+        named_bytes: attribution.named,
+        named_elements,
+        external_bytes: attribution.external,
+        allocated_bytes: attribution.allocated,
+    })
 }
 
 impl MemReport {

@@ -23,8 +23,9 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use memlab_core::events;
 use memlab_core::{format_bytes, Device, Error, Result};
 
-use memlab_tch::storage::facts;
-use memlab_tch::{registry, Recording};
+use memlab_tch::Recording;
+
+use crate::named::{Kind, Sources};
 
 /// Where `track!()` was called.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -183,24 +184,18 @@ impl Tracker {
         let mut add = |address: u64, entry: Entry| {
             out.entry(address).or_insert(entry);
         };
-        for vs in registry::var_stores() {
-            let Some(variables) = vs.variables.upgrade() else { continue };
-            let variables = variables.lock().unwrap_or_else(|e| e.into_inner());
-            for tensor in variables.named_variables.values() {
-                let (param, grad) = facts(tensor, true)?;
-                for (facts, kind) in [(Some(param), StorageKind::Parameter), (grad, StorageKind::Gradient)] {
-                    let Some(f) = facts.filter(|f| f.info.device == Some(device)) else { continue };
-                    let group = Group { kind, shape: Some(f.shape), dtype: f.dtype, site: None };
-                    add(f.info.data_ptr, Entry { group, bytes: f.info.nbytes });
-                }
-            }
-        }
-        for (_, tensor) in registry::tensors() {
-            let f = facts(&tensor, false)?.0;
-            if f.info.device == Some(device) {
-                let group = Group { kind: StorageKind::Other, shape: Some(f.shape), dtype: f.dtype, site: None };
-                add(f.info.data_ptr, Entry { group, bytes: f.info.nbytes });
-            }
+        let named = Sources::registered().collect()?;
+        for storage in named.storages(device) {
+            // A storage is grouped as its first view (the tensor that made it
+            // known); it counts once, whatever views it has.
+            let first = &storage.views[0];
+            let kind = match first.kind {
+                Kind::Parameter => StorageKind::Parameter,
+                Kind::Gradient => StorageKind::Gradient,
+                Kind::Tensor => StorageKind::Other,
+            };
+            let group = Group { kind, shape: Some(first.shape.clone()), dtype: first.dtype, site: None };
+            add(storage.data_ptr, Entry { group, bytes: storage.nbytes });
         }
         for a in events::live().into_iter().filter(|a| a.device == device) {
             let group = Group { kind: StorageKind::Other, shape: None, dtype: "", site: a.site() };

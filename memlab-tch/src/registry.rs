@@ -2,11 +2,10 @@
 //! found by the reporter, Courtesy and the monitors without being passed around.
 //! A dropped model simply disappears from the registry.
 
-use std::collections::HashSet;
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
-use memlab_core::{Device, Result};
+use memlab_core::Result;
 use tch::nn::{VarStore, Variables};
 use tch::Tensor;
 
@@ -129,26 +128,4 @@ pub fn tensors() -> Vec<(String, Tensor)> {
             Entry::VarStore(_) => None,
         })
         .collect()
-}
-
-/// The data addresses of the model's state, per device: the variables of
-/// `extra` and of every registered var store, and their gradients. Dispose
-/// scopes treat a new allocation found here as replaced model state (a
-/// training step's fresh gradients), not as an escape.
-pub fn model_storages(extra: &[Arc<Mutex<Variables>>]) -> Result<HashSet<(Device, u64)>> {
-    let mut stores: Vec<Arc<Mutex<Variables>>> = extra.to_vec();
-    stores.extend(var_stores().into_iter().filter_map(|vs| vs.variables.upgrade()));
-    let mut out = HashSet::new();
-    for variables in stores {
-        let variables = variables.lock().unwrap_or_else(|e| e.into_inner());
-        for tensor in variables.named_variables.values() {
-            let (main, grad) = crate::storage::storages(tensor)?;
-            for info in std::iter::once(main).chain(grad) {
-                if let Some(device) = info.device {
-                    out.insert((device, info.data_ptr));
-                }
-            }
-        }
-    }
-    Ok(out)
 }

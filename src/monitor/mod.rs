@@ -25,7 +25,9 @@ use memlab_tch::storage::storages;
 
 mod csv_files;
 use csv_files::CsvFiles;
-use memlab_tch::{registry, BACKEND};
+use memlab_tch::BACKEND;
+
+use crate::named::Sources;
 
 /// The optimizers whose state size memlab can estimate from the parameters.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -147,7 +149,7 @@ impl TrainingMonitor {
     /// A monitor of every registered var store (see
     /// [`register_var_store`](crate::register_var_store)).
     pub fn registered() -> TrainingMonitor {
-        let stores = registry::var_stores().into_iter().filter_map(|vs| vs.variables.upgrade()).collect();
+        let stores = Sources::registered().stores().into_iter().map(|(_, variables)| variables).collect();
         TrainingMonitor::with_stores(stores)
     }
 

@@ -1,0 +1,255 @@
+//! The one walk over the tensors memlab knows by name: the variables of var
+//! stores (given to a tool, or registered), their gradients, and tensors added
+//! or registered by name. Every tool that names memory goes through here, so
+//! a storage is named, grouped with its views and told apart from memory the
+//! allocator never allocated the same way everywhere.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::{Arc, Mutex};
+
+use memlab_core::{Device, Error, Result};
+use memlab_tch::registry;
+use memlab_tch::storage::{facts, Facts, Layout};
+use tch::nn::{VarStore, Variables};
+use tch::Tensor;
+
+/// What a named tensor is to the model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) enum Kind {
+    /// A variable of a var store.
+    Parameter,
+    /// The gradient of one.
+    Gradient,
+    /// A tensor added or registered by name.
+    Tensor,
+}
+
+/// Where named tensors come from.
+#[derive(Default)]
+pub(crate) struct Sources {
+    stores: Vec<(String, Arc<Mutex<Variables>>)>,
+    tensors: Vec<(String, Tensor)>,
+    registry: bool,
+}
+
+impl Sources {
+    /// Sources that include everything registered.
+    pub(crate) fn registered() -> Sources {
+        Sources { registry: true, ..Sources::default() }
+    }
+
+    /// Adds a var store whose variables are named `prefix.variable` (no
+    /// prefix when `prefix` is empty).
+    pub(crate) fn add_store(&mut self, prefix: impl Into<String>, vs: &VarStore) {
+        self.stores.push((prefix.into(), vs.variables_.clone()));
+    }
+
+    /// Adds a tensor under `name`.
+    pub(crate) fn add_tensor(&mut self, name: impl Into<String>, tensor: &Tensor) {
+        self.tensors.push((name.into(), tensor.shallow_clone()));
+    }
+
+    /// The var stores: the ones added, then the registered ones still alive.
+    pub(crate) fn stores(&self) -> Vec<(String, Arc<Mutex<Variables>>)> {
+        let mut out = self.stores.clone();
+        if self.registry {
+            out.extend(
+                registry::var_stores().into_iter().filter_map(|vs| vs.variables.upgrade().map(|v| (vs.name, v))),
+            );
+        }
+        out
+    }
+
+    /// The named tensors: the ones added, then the registered ones still alive.
+    pub(crate) fn tensors(&self) -> Vec<(String, Tensor)> {
+        let mut out: Vec<(String, Tensor)> = self.tensors.iter().map(|(n, t)| (n.clone(), t.shallow_clone())).collect();
+        if self.registry {
+            out.extend(registry::tensors());
+        }
+        out
+    }
+
+    /// Calls `visit` with the full name and the tensor of every variable,
+    /// store by store, names sorted, and then of every named tensor
+    /// (`Kind::Tensor`). Gradients are the visitor's to read: one call into
+    /// libtorch gives a tensor's facts and its gradient's.
+    pub(crate) fn for_each(&self, mut visit: impl FnMut(&str, &Tensor, Kind) -> Result<()>) -> Result<()> {
+        for (prefix, variables) in self.stores() {
+            let variables = variables.lock().unwrap_or_else(|e| e.into_inner());
+            let mut names: Vec<&String> = variables.named_variables.keys().collect();
+            names.sort();
+            for name in names {
+                let full = if prefix.is_empty() { name.clone() } else { format!("{prefix}.{name}") };
+                visit(&full, &variables.named_variables[name], Kind::Parameter)?;
+            }
+        }
+        for (name, tensor) in self.tensors() {
+            visit(&name, &tensor, Kind::Tensor)?;
+        }
+        Ok(())
+    }
+
+    /// The data addresses of the model's state, per device: every variable
+    /// and its gradient (not the named tensors). Dispose scopes treat a new
+    /// allocation found here as replaced model state (a training step's fresh
+    /// gradients), not as an escape.
+    pub(crate) fn model_addresses(&self) -> Result<HashSet<(Device, u64)>> {
+        let mut out = HashSet::new();
+        self.for_each(|_, tensor, kind| {
+            if kind == Kind::Parameter {
+                let (main, grad) = memlab_tch::storage::storages(tensor)?;
+                out.extend(std::iter::once(main).chain(grad).filter_map(|i| i.device.map(|d| (d, i.data_ptr))));
+            }
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    /// Every named storage and gradient, grouped by device and storage.
+    pub(crate) fn collect(&self) -> Result<Named> {
+        let mut named = Named::default();
+        self.for_each(|name, tensor, kind| {
+            let with_grad = kind == Kind::Parameter;
+            let (main, grad) = facts(tensor, with_grad)?;
+            named.add(name, Source::Tensor(tensor), main, kind)?;
+            if let Some(grad) = grad {
+                named.add(&format!("{name}.grad"), Source::GradOf(tensor), grad, Kind::Gradient)?;
+            }
+            Ok(())
+        })?;
+        Ok(named)
+    }
+}
+
+/// Where a named tensor comes from: the tensor, or the gradient of one (made
+/// into a tensor handle only when needed, for sparse gradients).
+#[derive(Clone, Copy)]
+enum Source<'a> {
+    Tensor(&'a Tensor),
+    GradOf(&'a Tensor),
+}
+
+impl Source<'_> {
+    fn get(self) -> Tensor {
+        match self {
+            Source::Tensor(t) => t.shallow_clone(),
+            Source::GradOf(t) => t.grad(),
+        }
+    }
+}
+
+/// One named tensor with a storage.
+#[derive(Clone, Debug)]
+pub(crate) struct View {
+    pub(crate) kind: Kind,
+    pub(crate) name: String,
+    pub(crate) shape: Vec<i64>,
+    pub(crate) dtype: &'static str,
+    pub(crate) numel: u64,
+    /// The tensor's own size: elements × element size.
+    pub(crate) own_bytes: u64,
+}
+
+/// The named tensors viewing one storage, in the order they were found.
+#[derive(Clone, Debug)]
+pub(crate) struct Storage {
+    pub(crate) data_ptr: u64,
+    pub(crate) nbytes: u64,
+    pub(crate) element_size: u64,
+    /// Whether the allocator whose figures memlab reads allocated it.
+    pub(crate) from_allocator: bool,
+    pub(crate) views: Vec<View>,
+}
+
+impl Storage {
+    /// Whether one tensor is the whole storage (the usual case): it needs no
+    /// row of its own.
+    pub(crate) fn is_single(&self) -> bool {
+        self.views.len() == 1 && self.views[0].own_bytes == self.nbytes
+    }
+}
+
+/// The named storages found, per device, each storage once.
+#[derive(Default)]
+pub(crate) struct Named {
+    storages: BTreeMap<Device, Vec<Storage>>,
+    /// Per storage: its index in its device's list.
+    index: HashMap<(Device, u64), usize>,
+    addresses: HashSet<(Device, u64)>,
+}
+
+impl Named {
+    /// Adds `tensor`, whose facts are `facts`. The tensor itself is only
+    /// touched for sparse layouts, whose parts are added one by one.
+    fn add(&mut self, name: &str, source: Source<'_>, facts: Facts, kind: Kind) -> Result<()> {
+        let Facts { info, dtype, shape } = facts;
+        let Some(device) = info.device else { return Ok(()) };
+        let part = |this: &mut Self, suffix: &str, t: std::result::Result<Tensor, tch::TchError>| -> Result<()> {
+            let t = t.map_err(memlab_tch::torch_error)?;
+            let f = memlab_tch::storage::facts(&t, false)?.0;
+            this.add(&format!("{name}.{suffix}"), Source::Tensor(&t), f, kind)
+        };
+        let tensor = || source.get();
+        match info.layout {
+            Layout::SparseCoo => {
+                let tensor = tensor();
+                part(self, "indices", tensor.f_internal_indices())?;
+                return part(self, "values", tensor.f_internal_values());
+            }
+            Layout::SparseCompressed => {
+                // CSR and BSR keep compressed rows; CSC and BSC compressed columns.
+                let tensor = tensor();
+                if tensor.f_crow_indices().is_ok() {
+                    part(self, "crow_indices", tensor.f_crow_indices())?;
+                    part(self, "col_indices", tensor.f_col_indices())?;
+                } else {
+                    part(self, "ccol_indices", tensor.f_ccol_indices())?;
+                    part(self, "row_indices", tensor.f_row_indices())?;
+                }
+                return part(self, "values", tensor.f_values());
+            }
+            Layout::Strided | Layout::Other => {}
+        }
+        let Some(storage) = info.storage_id else {
+            return Err(Error::InvalidArgument(format!(
+                "`{name}` has no storage of its own, and a layout memlab cannot size"
+            )));
+        };
+        let list = self.storages.entry(device).or_default();
+        let at = *self.index.entry((device, storage)).or_insert_with(|| {
+            list.push(Storage {
+                data_ptr: info.data_ptr,
+                nbytes: info.nbytes,
+                element_size: info.element_size.max(1),
+                from_allocator: info.from_allocator,
+                views: Vec::new(),
+            });
+            list.len() - 1
+        });
+        self.addresses.insert((device, info.data_ptr));
+        let own_bytes = info.numel * info.element_size;
+        list[at].views.push(View { kind, name: name.to_string(), shape, dtype, numel: info.numel, own_bytes });
+        Ok(())
+    }
+
+    /// The named storages of `device`, in the order they were found.
+    pub(crate) fn storages(&self, device: Device) -> &[Storage] {
+        self.storages.get(&device).map_or(&[], Vec::as_slice)
+    }
+
+    /// Whether a named storage's data starts at `address` on `device`.
+    pub(crate) fn owns(&self, device: Device, address: u64) -> bool {
+        self.addresses.contains(&(device, address))
+    }
+
+    /// Bytes of the named storages on `device`: (allocated by the allocator, not).
+    pub(crate) fn bytes(&self, device: Device) -> (u64, u64) {
+        self.storages(device).iter().fold((0, 0), |(inside, outside), s| {
+            if s.from_allocator {
+                (inside + s.nbytes, outside)
+            } else {
+                (inside, outside + s.nbytes)
+            }
+        })
+    }
+}
