@@ -1,7 +1,8 @@
 //! Benchmark of memlab's hot paths, one figure each, for comparing two builds
 //! of memlab on the same machine: a statement probe (CPU, CUDA), an
 //! allocation event while recording (CPU without and with backtraces, CUDA),
-//! and a dispose scope or `check_step` around a one-tensor step (CPU).
+//! a dispose scope or `check_step` around a one-tensor step (CPU), and a
+//! `MemReporter` report of a var store of 2,000 tensors (CPU).
 //!
 //!     cargo run --release --example bench_hotpaths
 //!
@@ -137,6 +138,19 @@ fn check() -> f64 {
     median(rounds)
 }
 
+/// Nanoseconds per report of a var store holding 2,000 small tensors.
+fn reporter() -> f64 {
+    let vs = tch::nn::VarStore::new(Device::Cpu);
+    for i in 0..2_000 {
+        let _ = vs.root().zeros(&format!("w{i}"), &[16]);
+    }
+    let reporter = memlab::MemReporter::new(&vs);
+    let rounds = (0..ROUNDS)
+        .map(|_| timed(|| drop(black_box(reporter.report().expect("a report")))).as_secs_f64() * 1e9)
+        .collect();
+    median(rounds)
+}
+
 fn main() {
     memlab::profiler::set_print_at_exit(false);
     // A recording that stays on keeps the recorder's hooks installed, so the
@@ -156,6 +170,7 @@ fn main() {
     }
     figures.push(("scope_cpu", scope()));
     figures.push(("check_step_cpu", check()));
+    figures.push(("report_2000_tensors_cpu", reporter()));
 
     println!("| hot path | ns per operation (median of {ROUNDS} rounds) |");
     println!("|---|---:|");

@@ -74,17 +74,23 @@ impl Sources {
     /// (`Kind::Tensor`). Gradients are the visitor's to read: one call into
     /// libtorch gives a tensor's facts and its gradient's.
     pub(crate) fn for_each(&self, mut visit: impl FnMut(&str, &Tensor, Kind) -> Result<()>) -> Result<()> {
+        self.for_each_variable(|name, tensor| visit(name, tensor, Kind::Parameter))?;
+        for (name, tensor) in self.tensors() {
+            visit(&name, &tensor, Kind::Tensor)?;
+        }
+        Ok(())
+    }
+
+    /// Like [`for_each`](Self::for_each), the variables only.
+    pub(crate) fn for_each_variable(&self, mut visit: impl FnMut(&str, &Tensor) -> Result<()>) -> Result<()> {
         for (prefix, variables) in self.stores() {
             let variables = variables.lock().unwrap_or_else(|e| e.into_inner());
             let mut names: Vec<&String> = variables.named_variables.keys().collect();
             names.sort();
             for name in names {
                 let full = if prefix.is_empty() { name.clone() } else { format!("{prefix}.{name}") };
-                visit(&full, &variables.named_variables[name], Kind::Parameter)?;
+                visit(&full, &variables.named_variables[name])?;
             }
-        }
-        for (name, tensor) in self.tensors() {
-            visit(&name, &tensor, Kind::Tensor)?;
         }
         Ok(())
     }
@@ -95,11 +101,9 @@ impl Sources {
     /// gradients), not as an escape.
     pub(crate) fn model_addresses(&self) -> Result<HashSet<(Device, u64)>> {
         let mut out = HashSet::new();
-        self.for_each(|_, tensor, kind| {
-            if kind == Kind::Parameter {
-                let (main, grad) = memlab_tch::storage::storages(tensor)?;
-                out.extend(std::iter::once(main).chain(grad).filter_map(|i| i.device.map(|d| (d, i.data_ptr))));
-            }
+        self.for_each_variable(|_, tensor| {
+            let (main, grad) = memlab_tch::storage::storages(tensor)?;
+            out.extend(std::iter::once(main).chain(grad).filter_map(|i| i.device.map(|d| (d, i.data_ptr))));
             Ok(())
         })?;
         Ok(out)
@@ -235,6 +239,12 @@ impl Named {
     /// The named storages of `device`, in the order they were found.
     pub(crate) fn storages(&self, device: Device) -> &[Storage] {
         self.storages.get(&device).map_or(&[], Vec::as_slice)
+    }
+
+    /// Takes the named storages of `device` out, for a renderer to move their
+    /// names and shapes into its rows.
+    pub(crate) fn take_storages(&mut self, device: Device) -> Vec<Storage> {
+        self.storages.remove(&device).unwrap_or_default()
     }
 
     /// Whether a named storage's data starts at `address` on `device`.

@@ -155,14 +155,14 @@ impl MemReporter {
 
     /// The report as it stands now.
     pub fn report(&self) -> Result<MemReport> {
-        let named = self.sources.collect()?;
+        let mut named = self.sources.collect()?;
         let mut devices: Vec<Device> = vec![Device::Cpu];
         devices.extend((0..memlab_tch::cuda_device_count()).map(Device::Cuda));
         devices.retain(|d| self.device.is_none_or(|only| only == *d));
         let live = if events::is_active() { Some(events::live()) } else { None };
         let mut out = Vec::new();
         for device in devices {
-            let section = section(device, &named, live.as_deref())?;
+            let section = section(device, &mut named, live.as_deref())?;
             if section.allocated_bytes != 0 || !section.rows.is_empty() {
                 out.push(section);
             }
@@ -174,7 +174,7 @@ impl MemReporter {
 /// The rows of `device`: its named storages (a shared storage as a row of its
 /// own with its views under it), then what accounts for the rest of the
 /// allocator's figure, then storages outside the allocator.
-fn section(device: Device, named: &Named, live: Option<&[events::LiveAllocation]>) -> Result<DeviceReport> {
+fn section(device: Device, named: &mut Named, live: Option<&[events::LiveAllocation]>) -> Result<DeviceReport> {
     let attribution = attribute(device, named, live)?;
     let (mut rows, mut external) = (Vec::new(), Vec::new());
     let mut named_elements = 0u64;
@@ -184,17 +184,17 @@ fn section(device: Device, named: &Named, live: Option<&[events::LiveAllocation]
         Kind::Gradient => RowKind::Gradient,
         Kind::Tensor => RowKind::Tensor,
     };
-    for storage in named.storages(device) {
+    for storage in named.take_storages(device) {
         let out = if storage.from_allocator { &mut rows } else { &mut external };
         if storage.from_allocator {
             named_elements += storage.nbytes / storage.element_size;
         }
         if storage.is_single() {
-            let view = &storage.views[0];
+            let view = storage.views.into_iter().next().expect("a single view");
             out.push(Row {
                 kind: if storage.from_allocator { kind_of(view.kind) } else { RowKind::External },
-                name: view.name.clone(),
-                shape: view.shape.clone(),
+                name: view.name,
+                shape: view.shape,
                 dtype: view.dtype,
                 count: view.numel,
                 bytes: storage.nbytes as i64,
@@ -215,11 +215,11 @@ fn section(device: Device, named: &Named, live: Option<&[events::LiveAllocation]
             bytes: storage.nbytes as i64,
             counted: storage.from_allocator,
         });
-        for view in &storage.views {
+        for view in storage.views {
             out.push(Row {
                 kind: kind_of(view.kind),
                 name: format!("{}(->{label})", view.name),
-                shape: view.shape.clone(),
+                shape: view.shape,
                 dtype: view.dtype,
                 count: view.numel,
                 bytes: view.own_bytes as i64,
