@@ -171,7 +171,7 @@ impl Drop for Courtesy {
     fn drop(&mut self) {
         if self.is_yielded() {
             if let Err(e) = self.restore() {
-                eprintln!("memlab Courtesy: {e}");
+                memlab_core::output::warn(&format!("memlab Courtesy: {e}\n"));
             }
         }
     }

@@ -27,7 +27,8 @@ use crate::named::Sources;
 pub enum OnEscape {
     /// Print the report whether or not anything escaped.
     Report,
-    /// Print the report to standard error only when something escaped (the default).
+    /// Print the report as a warning (standard error unless redirected with
+    /// `memlab::profiler::set_warnings`) only when something escaped (the default).
     Warn,
     /// Panic with the report when something escaped (for tests). A scope
     /// dropped while its thread is already panicking only prints.
@@ -186,11 +187,11 @@ impl Drop for DisposeScope {
         let escaped = !report.escaped.is_empty();
         match on_escape {
             OnEscape::Silent => {}
-            OnEscape::Report => memlab_core::profiler::emit(&report.to_string()),
-            OnEscape::Warn if escaped => eprint!("{report}"),
+            OnEscape::Report => memlab_core::output::emit(&report.to_string()),
+            OnEscape::Warn if escaped => memlab_core::output::warn(&report.to_string()),
             OnEscape::Warn => {}
             OnEscape::Fail if escaped && !std::thread::panicking() => panic!("{report}"),
-            OnEscape::Fail if escaped => eprint!("{report}"),
+            OnEscape::Fail if escaped => memlab_core::output::warn(&report.to_string()),
             OnEscape::Fail => {}
         }
     }

@@ -127,12 +127,13 @@ pub use monitor::TrainingMonitor;
 pub use reporter::MemReporter;
 pub use tracker::Tracker;
 
-/// The line profiler's settings and its report: where tables go, which
-/// device functions measure, which columns tables show, and the report's model.
+/// The line profiler's settings and its report, and where memlab's output
+/// goes: reports (`set_output`, standard output by default) and warnings
+/// (`set_warnings`, standard error by default); no tool prints by itself.
 pub mod profiler {
     pub use memlab_core::profiler::{
         default_columns, is_enabled, set_default_columns, set_enabled, set_output, set_print_at_exit,
-        set_target_device, set_target_gpu, target_device, LineStats, Output,
+        set_target_device, set_target_gpu, set_warnings, target_device, LineStats, Output,
     };
     pub use memlab_core::{Column, DeviceSelector, FunctionReport, LineReport, Report};
 }

@@ -412,7 +412,7 @@ impl MemReport {
 
     /// Shows the report as HTML in an evcxr (Rust Jupyter) notebook cell.
     pub fn evcxr_display(&self) {
-        println!("EVCXR_BEGIN_CONTENT text/html\n{}\nEVCXR_END_CONTENT", self.to_html());
+        memlab_core::output::evcxr_html(&self.to_html());
     }
 }
 

@@ -142,7 +142,7 @@ impl Tracker {
     pub fn track(&mut self, site: CallSite) -> String {
         let text = self.record(site);
         if self.stdout {
-            memlab_core::profiler::emit(&text);
+            memlab_core::output::emit(&text);
         }
         text
     }
@@ -170,7 +170,10 @@ impl Tracker {
                 OpenOptions::new().create(true).append(true).open(path).and_then(|mut f| f.write_all(text.as_bytes()));
             if let Err(e) = written {
                 if self.last_error.is_none() {
-                    eprintln!("memlab tracker: cannot append to {}: {e}; tracking goes on", path.display());
+                    memlab_core::output::warn(&format!(
+                        "memlab tracker: cannot append to {}: {e}; tracking goes on\n",
+                        path.display()
+                    ));
                 }
                 self.last_error = Some(format!("cannot append to {}: {e}", path.display()));
             }
@@ -276,7 +279,7 @@ pub fn track_global(site: CallSite) -> String {
         (tracker.record(site), tracker.stdout)
     };
     if print {
-        memlab_core::profiler::emit(&text);
+        memlab_core::output::emit(&text);
     }
     text
 }

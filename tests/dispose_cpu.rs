@@ -219,3 +219,28 @@ fn check_step_measures_peak_and_escapes() {
     let message = *result.unwrap_err().downcast::<String>().unwrap();
     assert_eq!(message, "the step's peak on cpu rose 1.00M above its start, more than the 1000.00B allowed");
 }
+
+#[test]
+fn warnings_and_reports_go_where_they_are_sent() {
+    use memlab::profiler::{set_output, set_warnings, Output};
+    use std::sync::{Arc, Mutex};
+    let _s = serial();
+    let (reports, warnings) = (Arc::new(Mutex::new(String::new())), Arc::new(Mutex::new(String::new())));
+    let (r, w) = (reports.clone(), warnings.clone());
+    set_output(Output::Sink(Box::new(move |t| r.lock().unwrap().push_str(t))));
+    set_warnings(Output::Sink(Box::new(move |t| w.lock().unwrap().push_str(t))));
+    let mut kept = Vec::new();
+    {
+        let _warned = DisposeScope::new("warned").unwrap();
+        kept.push(floats(16));
+    }
+    {
+        let _reported = DisposeScope::new("reported").unwrap().on_escape(OnEscape::Report);
+        kept.push(floats(16));
+    }
+    set_output(Output::Stdout);
+    set_warnings(Output::Stderr);
+    let (reports, warnings) = (reports.lock().unwrap().clone(), warnings.lock().unwrap().clone());
+    assert!(warnings.contains("DisposeScope `warned`") && !warnings.contains("`reported`"), "{warnings}");
+    assert!(reports.contains("DisposeScope `reported`") && !reports.contains("`warned`"), "{reports}");
+}

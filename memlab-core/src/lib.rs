@@ -6,6 +6,7 @@
 mod backend;
 mod error;
 pub mod events;
+pub mod output;
 pub mod profiler;
 pub mod report;
 pub mod stats;

@@ -206,7 +206,7 @@ impl StepLogger {
         let cost = driver_memory(index)?.used().saturating_sub(before);
         if !self.context_reported {
             self.context_reported = true;
-            memlab_core::profiler::emit(&format!(
+            memlab_core::output::emit(&format!(
                 "memlab StepLogger: CUDA initialised on cuda:{index}; the context and libtorch's start-up took {} of device memory\n",
                 format_bytes(cost as i64)
             ));
@@ -265,7 +265,7 @@ impl StepLogger {
         let data = StepData { label: label.to_string(), ram, gpu, time };
         if self.running {
             let text = if self.compact { data.compact_line() } else { data.to_string() };
-            memlab_core::profiler::emit(&text);
+            memlab_core::output::emit(&text);
         }
         self.last = Some(data);
         value

@@ -239,7 +239,7 @@ impl TrainingMonitor {
         match self.measure() {
             Ok(record) => {
                 if self.print_period > 0 && self.iteration.is_multiple_of(self.print_period) {
-                    memlab_core::profiler::emit(&record.to_string());
+                    memlab_core::output::emit(&record.to_string());
                 }
                 self.write_csv(&record);
                 if let Some(old) = self.last.replace(record) {
@@ -382,7 +382,7 @@ impl TrainingMonitor {
             "memlab TrainingMonitor: cannot write CSV files in {}: {e}; monitoring goes on without them",
             dir.display()
         );
-        eprintln!("{message}");
+        memlab_core::output::warn(&format!("{message}\n"));
         self.last_error = Some(message);
         self.csv_failed = true;
         self.csv_files = None;

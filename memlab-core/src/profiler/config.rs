@@ -7,7 +7,7 @@
 //! decides, parsed by [`env_flag`].
 
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Mutex;
 
 use crate::report::Column;
 use crate::{Device, DeviceSelector, Result};
@@ -24,40 +24,6 @@ static TARGET_INDEX: AtomicUsize = AtomicUsize::new(0);
 static ENABLED: Switch = Switch::new("MEMLAB_DISABLE", true);
 static PRINT_AT_EXIT: Switch = Switch::new("MEMLAB_PRINT_AT_EXIT", false);
 static COLUMNS: Mutex<Option<Vec<Column>>> = Mutex::new(None);
-static OUTPUT: Mutex<Option<Arc<Output>>> = Mutex::new(None);
-
-/// Where memlab prints the tables it prints by itself (`profile_every` and at exit).
-pub enum Output {
-    /// Standard output (the default).
-    Stdout,
-    /// Standard error.
-    Stderr,
-    /// A function that receives each rendered table, e.g. to log it. memlab
-    /// holds none of its locks while calling it, so it may call memlab
-    /// (even `set_output`); it may be called from several threads at once.
-    Sink(Box<dyn Fn(&str) + Send + Sync>),
-}
-
-/// Sets where memlab prints the tables it prints by itself.
-pub fn set_output(output: Output) {
-    *OUTPUT.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(output));
-}
-
-/// Prints `text` to the output chosen with [`set_output`]. Best effort: a
-/// closed stream must not turn a profiled call into a panic, least of all
-/// while unwinding. No lock is held while a sink runs.
-pub fn emit(text: &str) {
-    use std::io::Write;
-    if text.is_empty() {
-        return;
-    }
-    let output = OUTPUT.lock().unwrap_or_else(|e| e.into_inner()).clone();
-    match output.as_deref() {
-        None | Some(Output::Stdout) => drop(std::io::stdout().lock().write_all(text.as_bytes())),
-        Some(Output::Stderr) => drop(std::io::stderr().lock().write_all(text.as_bytes())),
-        Some(Output::Sink(f)) => f(text),
-    }
-}
 
 /// Reads a boolean environment variable the one way memlab reads them all:
 /// `1`, `true`, `yes`, `on` and `0`, `false`, `no`, `off`, in any case and
@@ -70,13 +36,19 @@ pub fn env_flag(name: &str) -> Option<bool> {
         Ok(flag) => flag,
         Err(()) => {
             static WARNED: Mutex<Vec<String>> = Mutex::new(Vec::new());
-            let mut warned = WARNED.lock().unwrap_or_else(|e| e.into_inner());
-            if !warned.iter().any(|w| w == name) {
-                warned.push(name.to_string());
-                eprintln!(
+            let first = {
+                let mut warned = WARNED.lock().unwrap_or_else(|e| e.into_inner());
+                let first = !warned.iter().any(|w| w == name);
+                if first {
+                    warned.push(name.to_string());
+                }
+                first
+            };
+            if first {
+                crate::output::warn(&format!(
                     "memlab: ignoring {name}={text:?}: write 1, true, yes or on to turn it on, \
-                     0, false, no or off to turn it off"
-                );
+                     0, false, no or off to turn it off\n"
+                ));
             }
             None
         }

@@ -236,7 +236,7 @@ impl<B: Busy> Drop for Frame<B> {
         });
         pool::give(open);
         if due {
-            config::emit(&Report::window_of(self.site).to_text());
+            crate::output::emit(&Report::window_of(self.site).to_text());
         }
     }
 }
@@ -355,7 +355,7 @@ fn register_exit_report() {
             // Nothing may unwind out of an atexit handler.
             let _ = std::panic::catch_unwind(|| {
                 if config::print_at_exit() {
-                    config::emit(&Report::at_exit().to_text());
+                    crate::output::emit(&Report::at_exit().to_text());
                 }
             });
         }

@@ -13,9 +13,10 @@ mod ledger;
 pub mod site;
 mod watch;
 
+pub use crate::output::{emit, set_output, set_warnings, Output};
 pub use config::{
-    default_columns, emit, env_flag, is_enabled, set_default_columns, set_enabled, set_output, set_print_at_exit,
-    set_target_device, set_target_gpu, target_device, Output,
+    default_columns, env_flag, is_enabled, set_default_columns, set_enabled, set_print_at_exit, set_target_device,
+    set_target_gpu, target_device,
 };
 pub use frame::{BlockEnd, Busy, Frame, InStatement};
 pub use ledger::{reset_peaks, reset_totals, MAX_CUDA_DEVICES, PEAK_FIELDS};

@@ -275,7 +275,7 @@ impl Report {
 
     /// Shows the report as HTML in an evcxr (Rust Jupyter) notebook cell.
     pub fn evcxr_display(&self) {
-        println!("EVCXR_BEGIN_CONTENT text/html\n{}\nEVCXR_END_CONTENT", self.to_html());
+        crate::output::evcxr_html(&self.to_html());
     }
 }
 

@@ -1,0 +1,67 @@
+//! The one output layer. memlab writes two kinds of text by itself: reports
+//! (tables printed at exit or every N calls, a dispose scope's report when
+//! asked for, the monitor's and the logger's lines, `track!()`) go to the
+//! output set with [`set_output`], standard output by default; warnings (an
+//! escape a scope caught, a CSV directory that cannot be written, an ignored
+//! environment variable) go to the one set with [`set_warnings`], standard
+//! error by default. No tool prints by itself. No memlab lock is held while a
+//! sink runs, so a sink may call memlab.
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+
+/// Where a kind of memlab's text goes.
+pub enum Output {
+    /// Standard output.
+    Stdout,
+    /// Standard error.
+    Stderr,
+    /// A function that receives each piece of text, e.g. to log it. memlab
+    /// holds none of its locks while calling it, so it may call memlab
+    /// (even `set_output`); it may be called from several threads at once.
+    Sink(Box<dyn Fn(&str) + Send + Sync>),
+}
+
+static REPORTS: Mutex<Option<Arc<Output>>> = Mutex::new(None);
+static WARNINGS: Mutex<Option<Arc<Output>>> = Mutex::new(None);
+
+/// Sets where memlab's reports go (standard output by default).
+pub fn set_output(output: Output) {
+    *REPORTS.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(output));
+}
+
+/// Sets where memlab's warnings go (standard error by default).
+pub fn set_warnings(output: Output) {
+    *WARNINGS.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(output));
+}
+
+/// Writes a report to the output chosen with [`set_output`]. Best effort: a
+/// closed stream must not turn a profiled call into a panic, least of all
+/// while unwinding.
+pub fn emit(text: &str) {
+    write(&REPORTS, text, Output::Stdout);
+}
+
+/// Writes a warning to the output chosen with [`set_warnings`].
+pub fn warn(text: &str) {
+    write(&WARNINGS, text, Output::Stderr);
+}
+
+fn write(target: &Mutex<Option<Arc<Output>>>, text: &str, default: Output) {
+    if text.is_empty() {
+        return;
+    }
+    let chosen = target.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    match chosen.as_deref().unwrap_or(&default) {
+        Output::Stdout => drop(std::io::stdout().lock().write_all(text.as_bytes())),
+        Output::Stderr => drop(std::io::stderr().lock().write_all(text.as_bytes())),
+        Output::Sink(f) => f(text),
+    }
+}
+
+/// Shows `html` in an evcxr (Rust Jupyter) notebook cell: evcxr reads rich
+/// output from standard output, between its markers, whatever `set_output` says.
+pub fn evcxr_html(html: &str) {
+    let text = format!("EVCXR_BEGIN_CONTENT text/html\n{html}\nEVCXR_END_CONTENT\n");
+    drop(std::io::stdout().lock().write_all(text.as_bytes()));
+}
