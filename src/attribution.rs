@@ -4,9 +4,8 @@
 //! and on CUDA the caching allocator's rounding. The reporter and the GPU
 //! account render from this one model, so their figures cannot disagree.
 
-use std::collections::BTreeMap;
-
 use memlab_core::events::LiveAllocation;
+use memlab_core::render::by_site;
 use memlab_core::{Device, Result};
 
 use crate::named::Named;
@@ -45,18 +44,15 @@ pub(crate) fn attribute(device: Device, named: &Named, live: Option<&[LiveAlloca
     let allocated = stats.allocated_bytes.all.current;
     let requested = stats.requested_bytes.all.current;
     let (named_bytes, external) = named.bytes(device);
-    let unnamed = live.map(|live| {
-        let mut sites: BTreeMap<String, (u64, u64)> = BTreeMap::new();
-        for a in live.iter().filter(|a| a.device == device && !named.owns(device, a.address)) {
-            let site = a.site().unwrap_or_else(|| "allocated outside profiled code".to_string());
-            let entry = sites.entry(site).or_default();
-            entry.0 += a.size;
-            entry.1 += 1;
-        }
-        let mut sites: Vec<Site> =
-            sites.into_iter().map(|(site, (bytes, blocks))| Site { site, bytes, blocks }).collect();
-        sites.sort_by_key(|s| std::cmp::Reverse(s.bytes));
-        sites
+    let unnamed: Option<Vec<Site>> = live.map(|live| {
+        by_site(live.iter().filter(|a| a.device == device && !named.owns(device, a.address)))
+            .into_iter()
+            .map(|g| Site {
+                site: g.site.unwrap_or_else(|| "allocated outside profiled code".to_string()),
+                bytes: g.bytes,
+                blocks: g.blocks,
+            })
+            .collect()
     });
     let listed: u64 = unnamed.iter().flatten().map(|s| s.bytes).sum();
     Ok(Attribution {

@@ -12,6 +12,7 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
+use memlab_core::render::by_site;
 use memlab_core::{events, format_bytes, Device, Error, Result};
 use tch::nn::VarStore;
 use tch::Tensor;
@@ -129,12 +130,11 @@ impl Courtesy {
             );
         }
         if events::is_active() {
-            let mut sites: BTreeMap<(Device, String), u64> = BTreeMap::new();
-            for a in events::live().into_iter().filter(|a| a.device != Device::Cpu) {
-                let site = a.site().unwrap_or_else(|| "allocated outside profiled code".into());
-                *sites.entry((a.device, site)).or_default() += a.size;
-            }
-            report.stayed = sites.into_iter().map(|((d, s), b)| (d, s, b)).collect();
+            let live = events::live();
+            report.stayed = by_site(live.iter().filter(|a| a.device != Device::Cpu))
+                .into_iter()
+                .map(|g| (g.device, g.site.unwrap_or_else(|| "allocated outside profiled code".into()), g.bytes))
+                .collect();
         }
         Ok(report)
     }

@@ -14,6 +14,7 @@ use std::marker::PhantomData;
 
 use memlab_core::events::{self, LiveAllocation, ScopeCounts, ScopeOutcome};
 use memlab_core::profiler::PeakWatch;
+use memlab_core::render::{by_site, SiteGroup};
 use memlab_core::{format_bytes, Device, Error, Result};
 
 use tch::nn::VarStore;
@@ -270,15 +271,7 @@ impl fmt::Display for ScopeReport {
             writeln!(f, "  the model's state could not be read ({e}); its new tensors count as escapes")?;
         }
         // One line per device and allocation site, largest first.
-        let mut sites: BTreeMap<(Device, Option<String>), (u64, u64)> = BTreeMap::new();
-        for a in &self.escaped {
-            let entry = sites.entry((a.device, a.site())).or_default();
-            entry.0 += a.size;
-            entry.1 += 1;
-        }
-        let mut sites: Vec<_> = sites.into_iter().collect();
-        sites.sort_by(|a, b| b.1 .0.cmp(&a.1 .0).then_with(|| a.0.cmp(&b.0)));
-        for ((device, site), (bytes, blocks)) in sites {
+        for SiteGroup { device, site, bytes, blocks } in by_site(&self.escaped) {
             let mut line = format!("  escaped {:>9} on {device} in {blocks} block(s)", format_bytes(bytes as i64));
             match site {
                 Some(site) => write!(line, ", allocated at {site}")?,

@@ -7,6 +7,7 @@
 use std::fmt;
 
 use memlab_core::profiler::PeakWatch;
+use memlab_core::render::label_row;
 use memlab_core::{format_bytes, Device, Error, Result};
 use tch::nn::{self, OptimizerConfig, VarStore};
 use tch::{Kind, Tensor};
@@ -180,9 +181,9 @@ fn clear_grads(vs: &VarStore) -> Result<()> {
 
 impl fmt::Display for ModelSize {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let row = |label: &str, v: i64| format!("{label:.<44}{:>10}\n", format_bytes(v));
+        let row = |label: &str, v: i64| label_row(label, &format_bytes(v), 44);
         writeln!(f, "Model size on {} (measured on the sample batch)", self.device)?;
-        writeln!(f, "{:.<44}{:>10}", "parameters", self.parameters)?;
+        f.write_str(&label_row("parameters", &self.parameters.to_string(), 44))?;
         f.write_str(&row("parameter bytes", self.parameter_bytes as i64))?;
         f.write_str(&row("forward peak, no grad", self.forward_peak_no_grad))?;
         f.write_str(&row("forward peak, with grad", self.forward_peak))?;

@@ -11,6 +11,7 @@
 use std::fmt::{self, Write};
 
 use memlab_core::events;
+use memlab_core::render::{csv_string, escape_html, html_block};
 use memlab_core::{format_bytes, Device, Error, Result};
 use serde::Serialize;
 use tch::nn::VarStore;
@@ -345,8 +346,7 @@ impl MemReport {
 
     /// An HTML rendering: a table per device.
     pub fn to_html(&self) -> String {
-        let esc = |s: &str| s.replace('&', "&amp;").replace('<', "&lt;").replace('>', "&gt;");
-        let mut out = String::from("<div class=\"memlab-report\">\n");
+        let mut out = String::new();
         for d in &self.devices {
             writeln!(
                 out,
@@ -357,8 +357,8 @@ impl MemReport {
             for r in &d.rows {
                 writeln!(
                     out,
-                    "<tr><td>{}</td><td>{}</td><td>{}</td><td style=\"text-align:right\">{}</td></tr>",
-                    esc(&r.name),
+                    "<tr><td class=\"text\">{}</td><td>{}</td><td class=\"text\">{}</td><td>{}</td></tr>",
+                    escape_html(&r.name),
                     if r.shape.is_empty() { String::new() } else { format!("{:?}", r.shape) },
                     r.dtype,
                     if r.counted { format_bytes(r.bytes) } else { format!("({})", format_bytes(r.bytes)) }
@@ -374,35 +374,29 @@ impl MemReport {
             )
             .unwrap();
         }
-        out.push_str("</div>");
-        out
+        html_block(&out)
     }
 
     /// One CSV row per report row, bytes unrounded.
     pub fn to_csv(&self) -> Result<String> {
-        let io = |e: csv::Error| Error::io("write the report as CSV", e);
-        let mut w = csv::Writer::from_writer(Vec::new());
-        w.write_record(["device", "kind", "name", "shape", "dtype", "count", "bytes", "counted"]).map_err(io)?;
+        let mut rows = Vec::new();
         for d in &self.devices {
             for r in &d.rows {
-                let kind = serde_json::to_value(r.kind).map_err(|e| Error::io("write the report as CSV", e))?;
-                let shape = r.shape.iter().map(i64::to_string).collect::<Vec<_>>().join("x");
-                w.write_record([
+                let kind = serde_json::to_value(r.kind).map_err(|e| Error::io("write the memory report as CSV", e))?;
+                rows.push(vec![
                     d.device.to_string(),
                     kind.as_str().unwrap_or_default().to_string(),
                     r.name.clone(),
-                    shape,
+                    r.shape.iter().map(i64::to_string).collect::<Vec<_>>().join("x"),
                     r.dtype.to_string(),
                     r.count.to_string(),
                     r.bytes.to_string(),
                     r.counted.to_string(),
-                ])
-                .map_err(io)?;
+                ]);
             }
         }
-        let bytes = w.into_inner().map_err(|e| Error::io("write the report as CSV", e.into_error()))?;
-        String::from_utf8(bytes)
-            .map_err(|e| Error::io("write the report as CSV", std::io::Error::new(std::io::ErrorKind::InvalidData, e)))
+        let header = ["device", "kind", "name", "shape", "dtype", "count", "bytes", "counted"];
+        csv_string("the memory report", &header, rows)
     }
 
     /// The report as JSON.

@@ -144,7 +144,8 @@ fn device_filter_and_exports() {
     let json: serde_json::Value = serde_json::from_str(&report.to_json()).unwrap();
     assert_eq!(json["devices"][0]["device"], "cpu");
     assert_eq!(json["devices"][0]["rows"][1]["bytes"], 48);
-    assert!(report.to_html().contains("<td>l.weight</td>"));
+    let html = report.to_html();
+    assert!(html.contains("<td class=\"text\">l.weight</td>") && html.contains("<style>.memlab table"), "{html}");
 }
 
 #[test]

@@ -8,6 +8,7 @@ mod error;
 pub mod events;
 pub mod output;
 pub mod profiler;
+pub mod render;
 pub mod report;
 pub mod stats;
 

@@ -19,6 +19,7 @@ use std::fmt;
 use std::time::{Duration, Instant};
 
 use memlab_core::profiler::PeakWatch;
+use memlab_core::render::signed_bytes as signed;
 use memlab_core::{format_bytes, Backend, Device, Result};
 
 use memlab_tch::driver_memory;
@@ -347,15 +348,6 @@ impl fmt::Display for StepData {
             writeln!(f, "GPU: no CUDA device")?;
         }
         Ok(())
-    }
-}
-
-/// A change with its sign: `+4.00M`, `-2.00K`, `0.00B`.
-fn signed(bytes: i64) -> String {
-    if bytes > 0 {
-        format!("+{}", format_bytes(bytes))
-    } else {
-        format_bytes(bytes)
     }
 }
 

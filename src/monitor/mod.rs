@@ -17,6 +17,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use memlab_core::profiler::PeakWatch;
+use memlab_core::render::label_row;
 use memlab_core::{format_bytes, Device, Result};
 
 use tch::nn::{VarStore, Variables};
@@ -436,7 +437,7 @@ impl Hasher for IdHasher {
 
 impl fmt::Display for IterationRecord {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let line = |label: &str, value: String| format!("{label:.<48}{value:>10}\n");
+        let line = |label: &str, value: String| label_row(label, &value, 48);
         let mut out = String::new();
         let title = format!(
             "Memory of iteration {} of epoch {} on {}",

@@ -5,15 +5,13 @@ use serde_json::{json, Map, Value};
 
 use super::Report;
 use crate::stats::FIELDS;
-use crate::{Error, Result};
+use crate::Result;
 
 pub(super) fn csv(report: &Report) -> Result<String> {
-    let io = |e: csv::Error| Error::io("write the report as CSV", e);
-    let mut w = csv::Writer::from_writer(Vec::new());
     let mut header =
         vec!["function", "file", "device", "calls", "line", "code", "hits", "increment", "increment_total"];
     header.extend(FIELDS.iter().map(|f| f.name));
-    w.write_record(&header).map_err(io)?;
+    let mut rows = Vec::new();
     for f in &report.functions {
         let device = f.device.map(|d| d.to_string()).unwrap_or_default();
         for l in &f.lines {
@@ -30,12 +28,10 @@ pub(super) fn csv(report: &Report) -> Result<String> {
                 s.increment_total.to_string(),
             ];
             row.extend(s.values.iter().map(i64::to_string));
-            w.write_record(&row).map_err(io)?;
+            rows.push(row);
         }
     }
-    let bytes = w.into_inner().map_err(|e| Error::io("write the report as CSV", e.into_error()))?;
-    String::from_utf8(bytes)
-        .map_err(|e| Error::io("write the report as CSV", std::io::Error::new(std::io::ErrorKind::InvalidData, e)))
+    crate::render::csv_string("the line profile", &header, rows)
 }
 
 pub(super) fn json(report: &Report) -> String {

@@ -5,27 +5,10 @@ use std::fmt::Write;
 
 use super::text::{cell, dedented, heading};
 use super::Report;
-
-fn escape(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for ch in s.chars() {
-        match ch {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            c => out.push(c),
-        }
-    }
-    out
-}
+use crate::render::{escape_html as escape, html_block};
 
 pub(super) fn render(report: &Report) -> String {
-    let mut out = String::from(
-        "<div class=\"memlab\"><style>.memlab table{border-collapse:collapse;font-family:monospace}\
-.memlab td,.memlab th{padding:0 .6em;text-align:right}.memlab td.code{text-align:left;white-space:pre}\
-.memlab tr.idle td{color:#999}</style>\n",
-    );
+    let mut out = String::new();
     for f in &report.functions {
         if let Some(e) = &f.error {
             writeln!(out, "<h3>{}</h3><p>not measured: {}</p>", escape(&f.title()), escape(e)).unwrap();
@@ -49,6 +32,5 @@ pub(super) fn render(report: &Report) -> String {
         }
         out.push_str("</table>\n");
     }
-    out.push_str("</div>");
-    out
+    html_block(&out)
 }

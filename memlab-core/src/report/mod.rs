@@ -13,7 +13,7 @@ use crate::profiler::site::{sites, LineStats, Site, Table};
 use crate::stats::{field_index, FIELDS};
 use crate::{Device, Error, Result};
 
-pub use text::format_bytes;
+pub use crate::render::format_bytes;
 
 /// One column of a report.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -5,26 +5,14 @@
 use std::fmt::Write;
 
 use super::{Column, FunctionReport, Report};
-
-/// Formats a byte count with base-1024 units and two decimals: `512.00B`,
-/// `40.00K`, `4.00M`, `-2.00G`.
-pub fn format_bytes(bytes: i64) -> String {
-    const UNITS: [&str; 6] = ["B", "K", "M", "G", "T", "P"];
-    let mut value = bytes.unsigned_abs() as f64;
-    let mut unit = 0;
-    while value >= 1024.0 && unit < UNITS.len() - 1 {
-        value /= 1024.0;
-        unit += 1;
-    }
-    format!("{}{value:.2}{}", if bytes < 0 { "-" } else { "" }, UNITS[unit])
-}
+use crate::render::{format_bytes, signed_bytes};
 
 /// A cell's text: sizes for byte columns (signed for increments), plain
 /// numbers for counts.
 pub(super) fn cell(column: &Column, value: i64) -> String {
     match (column.is_bytes(), column.signed()) {
-        (true, true) if value > 0 => format!("+{}", format_bytes(value)),
-        (true, _) => format_bytes(value),
+        (true, true) => signed_bytes(value),
+        (true, false) => format_bytes(value),
         (false, _) => value.to_string(),
     }
 }

@@ -1,0 +1,124 @@
+//! The one render layer: how every report writes bytes, label rows, HTML
+//! (one escape, one stylesheet), CSV, and allocations grouped by where they
+//! were made. Reports are data; these turn them into text.
+
+use std::collections::BTreeMap;
+
+use crate::events::LiveAllocation;
+use crate::{Device, Error, Result};
+
+/// A byte count as people read it: base 1024, two decimals, `B K M G T P`
+/// (`4.00M`, `-2.50K`, `0.00B`).
+pub fn format_bytes(bytes: i64) -> String {
+    const UNITS: [&str; 6] = ["B", "K", "M", "G", "T", "P"];
+    let mut value = bytes.unsigned_abs() as f64;
+    let mut unit = 0;
+    while value >= 1024.0 && unit < UNITS.len() - 1 {
+        value /= 1024.0;
+        unit += 1;
+    }
+    format!("{}{value:.2}{}", if bytes < 0 { "-" } else { "" }, UNITS[unit])
+}
+
+/// A change of bytes with its sign: `+4.00M`, `-2.00K`, `0.00B`.
+pub fn signed_bytes(bytes: i64) -> String {
+    if bytes > 0 {
+        format!("+{}", format_bytes(bytes))
+    } else {
+        format_bytes(bytes)
+    }
+}
+
+/// `label` followed by dots up to `width`, then `value` right-aligned in ten
+/// columns: the rows of the summaries (`parameters............  1.00M`).
+pub fn label_row(label: &str, value: &str, width: usize) -> String {
+    format!("{label:.<width$}{value:>10}\n")
+}
+
+/// `text` safe inside HTML elements and attribute values.
+pub fn escape_html(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for ch in text.chars() {
+        match ch {
+            '&' => out.push_str("&amp;"),
+            '<' => out.push_str("&lt;"),
+            '>' => out.push_str("&gt;"),
+            '"' => out.push_str("&quot;"),
+            '\'' => out.push_str("&#39;"),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
+/// The stylesheet every HTML rendering carries, scoped to `.memlab`.
+pub const STYLESHEET: &str = ".memlab table{border-collapse:collapse;font-family:monospace}\
+.memlab td,.memlab th{padding:0 .6em;text-align:right}.memlab td.text,.memlab td.code{text-align:left}\
+.memlab td.code{white-space:pre}.memlab tr.idle td{color:#999}";
+
+/// `body` wrapped as a self-styled block: it reads the same in a notebook, a
+/// browser or a saved file.
+pub fn html_block(body: &str) -> String {
+    format!("<div class=\"memlab\"><style>{STYLESHEET}</style>\n{body}</div>")
+}
+
+/// A CSV document of `header` and `rows`; `what` names the report in errors.
+pub fn csv_string<R, F>(what: &str, header: &[&str], rows: R) -> Result<String>
+where
+    R: IntoIterator<Item = Vec<F>>,
+    F: AsRef<[u8]>,
+{
+    let io = |e: csv::Error| Error::io(format!("write {what} as CSV"), e);
+    let mut w = csv::Writer::from_writer(Vec::new());
+    w.write_record(header).map_err(io)?;
+    for row in rows {
+        w.write_record(&row).map_err(io)?;
+    }
+    let bytes = w.into_inner().map_err(|e| Error::io(format!("write {what} as CSV"), e.into_error()))?;
+    String::from_utf8(bytes)
+        .map_err(|e| Error::io(format!("write {what} as CSV"), std::io::Error::new(std::io::ErrorKind::InvalidData, e)))
+}
+
+/// Live allocations of one device and site, added up.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SiteGroup {
+    /// Where they are.
+    pub device: Device,
+    /// The user's frame or profiled statement that made them, if known.
+    pub site: Option<String>,
+    /// Their bytes.
+    pub bytes: u64,
+    /// How many.
+    pub blocks: u64,
+}
+
+/// `allocations` grouped by device and site, largest first (then by device
+/// and site, so equal groups keep one order).
+pub fn by_site<'a>(allocations: impl IntoIterator<Item = &'a LiveAllocation>) -> Vec<SiteGroup> {
+    let mut groups: BTreeMap<(Device, Option<String>), (u64, u64)> = BTreeMap::new();
+    for a in allocations {
+        let entry = groups.entry((a.device, a.site())).or_default();
+        entry.0 += a.size;
+        entry.1 += 1;
+    }
+    let mut out: Vec<SiteGroup> =
+        groups.into_iter().map(|((device, site), (bytes, blocks))| SiteGroup { device, site, bytes, blocks }).collect();
+    out.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| (a.device, &a.site).cmp(&(b.device, &b.site))));
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bytes_rows_and_escapes() {
+        assert_eq!(signed_bytes(4 << 20), "+4.00M");
+        assert_eq!(signed_bytes(-2048), "-2.00K");
+        assert_eq!(signed_bytes(0), "0.00B");
+        assert_eq!(label_row("parameters", "42", 14), "parameters....        42\n");
+        assert_eq!(escape_html("<a href=\"x\">'&'</a>"), "&lt;a href=&quot;x&quot;&gt;&#39;&amp;&#39;&lt;/a&gt;");
+        let csv = csv_string("t", &["a", "b"], [vec!["1", "x,y"]]).unwrap();
+        assert_eq!(csv, "a,b\n1,\"x,y\"\n");
+    }
+}
