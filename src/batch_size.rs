@@ -2,6 +2,7 @@
 //! within a memory budget, found by trying batch sizes, with out-of-memory
 //! failures caught so the process stays healthy.
 
+use serde::Serialize;
 use std::fmt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
@@ -10,7 +11,7 @@ use memlab_core::{format_bytes, Device, Error, Result};
 use memlab_tch::BACKEND;
 
 /// How much memory [`find_batch_size`] may use.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub enum Budget {
     /// At most this many bytes allocated above what was allocated before each try.
     Bytes(i64),
@@ -20,7 +21,7 @@ pub enum Budget {
 }
 
 /// What [`find_batch_size`] tried and found.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, Serialize)]
 #[non_exhaustive]
 pub struct BatchSearch {
     /// The largest batch size that ran within the budget (`None`: not even 1).

@@ -9,6 +9,7 @@
 //! go back (out of memory) stays valid on the CPU, and `restore` can be
 //! called again.
 
+use serde::Serialize;
 use std::collections::BTreeMap;
 use std::fmt;
 
@@ -193,7 +194,7 @@ fn snapshot(devices: &[Device]) -> Result<BTreeMap<Device, (i64, i64)>> {
 }
 
 /// What one device got back.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 #[non_exhaustive]
 pub struct YieldCounts {
     /// Bytes of the storages moved to the CPU.
@@ -214,7 +215,7 @@ impl YieldCounts {
 }
 
 /// What [`Courtesy::yield_memory`] did.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Serialize)]
 #[non_exhaustive]
 pub struct YieldReport {
     /// Per CUDA device.

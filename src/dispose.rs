@@ -8,6 +8,7 @@
 //! reports those still alive (with where they were allocated), except the
 //! ones it was told to [`keep`](DisposeScope::keep).
 
+use serde::Serialize;
 use std::collections::{BTreeMap, HashSet};
 use std::fmt::{self, Write};
 use std::marker::PhantomData;
@@ -199,7 +200,7 @@ impl Drop for DisposeScope {
 }
 
 /// What a dispose scope found when it closed.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Serialize)]
 #[non_exhaustive]
 pub struct ScopeReport {
     /// The scope's name.
@@ -289,7 +290,7 @@ impl fmt::Display for ScopeReport {
 }
 
 /// What [`check_step`] measured.
-#[derive(Debug)]
+#[derive(Debug, Serialize)]
 #[non_exhaustive]
 pub struct StepCheck<R> {
     /// What the step returned.

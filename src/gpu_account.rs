@@ -3,6 +3,7 @@
 //! process uses, libtorch's reserved cache, allocated bytes, named tensors)
 //! and explains every gap between them in bytes and words.
 
+use serde::Serialize;
 use std::fmt;
 
 use memlab_core::{format_bytes, Device, Result};
@@ -14,7 +15,7 @@ use crate::named::Sources;
 use memlab_tch::{driver_memory, process_gpu_memory};
 
 /// One part of the device's memory.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[non_exhaustive]
 pub struct Part {
     /// What it is.
@@ -26,7 +27,7 @@ pub struct Part {
 }
 
 /// The device's memory, split into parts that add up to its total.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Serialize)]
 #[non_exhaustive]
 pub struct GpuAccount {
     /// The CUDA device.

@@ -4,6 +4,7 @@
 //! optimizers, each from running the model once on a sample batch. (Whether
 //! a batch fits is `batch_size`'s question.)
 
+use serde::Serialize;
 use std::fmt;
 
 use memlab_core::profiler::PeakWatch;
@@ -15,7 +16,7 @@ use tch::{Kind, Tensor};
 use memlab_tch::BACKEND;
 
 /// An optimizer whose state [`measure_model`] measures with a real step.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub enum StepOptimizer {
     /// SGD without momentum.
     Sgd,
@@ -43,7 +44,7 @@ impl StepOptimizer {
 /// device, as its allocator counts them (on CUDA every block is rounded up to
 /// a multiple of 512 bytes); peaks are above what was allocated before each
 /// phase began. `parameter_bytes` is the storages' own size.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Serialize)]
 #[non_exhaustive]
 pub struct ModelSize {
     /// The device measured.

@@ -244,3 +244,17 @@ fn warnings_and_reports_go_where_they_are_sent() {
     assert!(warnings.contains("DisposeScope `warned`") && !warnings.contains("`reported`"), "{warnings}");
     assert!(reports.contains("DisposeScope `reported`") && !reports.contains("`warned`"), "{reports}");
 }
+
+#[test]
+fn scope_reports_are_data() {
+    let _s = serial();
+    let scope = DisposeScope::new("as json").unwrap().on_escape(OnEscape::Silent);
+    let kept = floats(16);
+    let report = scope.finish();
+    let json = serde_json::to_value(&report).unwrap();
+    assert_eq!(json["name"], "as json");
+    assert_eq!(json["devices"]["cpu"]["escaped_bytes"], 64, "{json}");
+    let escaped = &json["escaped"][0];
+    assert_eq!((escaped["device"].as_str(), escaped["size"].as_u64()), (Some("cpu"), Some(64)), "{json}");
+    drop(kept);
+}

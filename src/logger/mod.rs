@@ -15,6 +15,7 @@
 //! allocator and the clock, and logging every step of a training loop costs
 //! it a few microseconds.
 
+use serde::Serialize;
 use std::fmt;
 use std::time::{Duration, Instant};
 
@@ -29,7 +30,7 @@ mod sampler;
 use sampler::{latest_driver_memory, sampled_process_memory, sampled_rss, Sampler};
 
 /// General RAM figures of one step, in bytes.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 #[non_exhaustive]
 pub struct RamFigures {
     /// Resident set after minus before.
@@ -60,7 +61,7 @@ impl RamFigures {
 }
 
 /// GPU figures of one step, in bytes.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 #[non_exhaustive]
 pub struct GpuFigures {
     /// The CUDA device.
@@ -88,7 +89,7 @@ pub struct GpuFigures {
 }
 
 /// What one logged step measured.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, Serialize)]
 #[non_exhaustive]
 pub struct StepData {
     /// The step's label.

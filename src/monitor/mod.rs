@@ -10,6 +10,7 @@
 //! named with [`optimizer`](TrainingMonitor::optimizer) is shown beside it,
 //! labelled as one.
 
+use serde::Serialize;
 use std::collections::HashSet;
 use std::fmt::{self, Write as _};
 use std::hash::{BuildHasherDefault, Hasher};
@@ -31,7 +32,7 @@ use memlab_tch::BACKEND;
 use crate::named::Sources;
 
 /// The optimizers whose state size memlab can estimate from the parameters.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub enum OptimizerKind {
     /// Plain SGD: no state.
     Sgd,
@@ -55,7 +56,7 @@ impl OptimizerKind {
 
 /// The memory of one recorded iteration. Byte counts are exact unless the
 /// field's name says `estimate`.
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug, Default, Serialize)]
 #[non_exhaustive]
 pub struct IterationRecord {
     /// Epoch, from 1.

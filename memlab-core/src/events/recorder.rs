@@ -71,6 +71,26 @@ pub struct LiveAllocation {
     pub backtrace: Option<Arc<Backtrace>>,
 }
 
+/// As data: the statement and the site as text, the backtrace as the user's
+/// frames (resolved now, once per allocation).
+impl serde::Serialize for LiveAllocation {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> std::result::Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        let mut s = serializer.serialize_struct("LiveAllocation", 10)?;
+        s.serialize_field("device", &self.device)?;
+        s.serialize_field("address", &self.address)?;
+        s.serialize_field("size", &self.size)?;
+        s.serialize_field("seq", &self.seq)?;
+        s.serialize_field("time_ns", &self.time_ns)?;
+        s.serialize_field("thread", &self.thread)?;
+        s.serialize_field("scope", &self.scope)?;
+        s.serialize_field("statement", &self.statement.map(|st| st.to_string()))?;
+        s.serialize_field("site", &self.site())?;
+        s.serialize_field("backtrace", &self.backtrace.as_ref().map(|b| b.user_frames()))?;
+        s.end()
+    }
+}
+
 impl LiveAllocation {
     /// Where it was allocated, as precisely as memlab knows: the user frames of
     /// its backtrace, else the profiled statement, else `None`.
