@@ -14,7 +14,7 @@ pub enum Error {
     #[error("{device} is not available: this process sees {count} CUDA device(s); profile `cpu`, or use `auto` to pick CUDA only where it exists")]
     DeviceUnavailable {
         /// The device asked for.
-        device: crate::Device,
+        device: crate::stats::Device,
         /// How many CUDA devices the process sees.
         count: usize,
     },

@@ -10,6 +10,7 @@ pub mod output;
 pub mod profiler;
 pub mod render;
 pub mod report;
+pub mod sites;
 pub mod stats;
 
 pub use backend::{Backend, ScriptedBackend};

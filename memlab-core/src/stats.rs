@@ -5,7 +5,7 @@
 use std::fmt;
 use std::str::FromStr;
 
-use crate::{Error, Result};
+use crate::error::{Error, Result};
 
 /// A memory device that memlab can read figures for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -362,9 +362,34 @@ impl From<&RawStats> for DeviceStats {
     }
 }
 
+/// The indices of every peak field (`*.peak`) of [`RawStats`].
+pub static PEAK_FIELDS: [usize; 29] = {
+    let mut out = [0usize; 29];
+    let mut n = 0;
+    let mut i = 0;
+    while i < N_FIELDS {
+        if matches!(FIELDS[i].kind, FieldKind::Peak) {
+            out[n] = i;
+            n += 1;
+        }
+        i += 1;
+    }
+    assert!(n == 29);
+    out
+};
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn peak_fields_follow_their_level() {
+        for &i in PEAK_FIELDS.iter() {
+            assert!(FIELDS[i].name.ends_with(".peak"));
+            assert_eq!(FIELDS[i - 1].name.replace(".current", ".peak"), FIELDS[i].name);
+        }
+        assert!(PEAK_FIELDS.contains(&field_index("active_bytes.all.peak").unwrap()));
+    }
 
     #[test]
     fn field_table_matches_memory_stats_names() {

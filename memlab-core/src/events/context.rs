@@ -5,7 +5,7 @@
 use std::cell::{Cell, RefCell};
 use std::fmt;
 
-use crate::profiler::Site;
+use crate::sites::Site;
 
 /// A statement of a profiled function: the function and the source line.
 #[derive(Clone, Copy)]

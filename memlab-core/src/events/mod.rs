@@ -20,7 +20,7 @@ pub use recorder::{
     scope_open, stats, LiveAllocation, ScopeCounts, ScopeOutcome, Settings, Stats, User,
 };
 
-use crate::Device;
+use crate::stats::Device;
 
 /// What happened to a block of memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]

@@ -9,8 +9,7 @@
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-use crate::report::Column;
-use crate::{Device, DeviceSelector, Result};
+use crate::stats::{Device, DeviceSelector};
 
 /// The kind of target stored in `TARGET_KIND`; a CUDA target keeps its index in
 /// `TARGET_INDEX`, so every `usize` index stays itself.
@@ -23,7 +22,6 @@ static TARGET_KIND: AtomicUsize = AtomicUsize::new(AUTO);
 static TARGET_INDEX: AtomicUsize = AtomicUsize::new(0);
 static ENABLED: Switch = Switch::new("MEMLAB_DISABLE", true);
 static PRINT_AT_EXIT: Switch = Switch::new("MEMLAB_PRINT_AT_EXIT", false);
-static COLUMNS: Mutex<Option<Vec<Column>>> = Mutex::new(None);
 
 /// Reads a boolean environment variable the one way memlab reads them all:
 /// `1`, `true`, `yes`, `on` and `0`, `false`, `no`, `off`, in any case and
@@ -156,20 +154,6 @@ pub fn set_print_at_exit(print: bool) {
 
 pub(crate) fn print_at_exit() -> bool {
     PRINT_AT_EXIT.get(true)
-}
-
-/// Sets the columns of every report that does not choose its own: names of
-/// `torch.cuda.memory_stats()` keys (`reserved_bytes.large_pool.peak`, …) or
-/// `increment`, `increment_total`, `hits`.
-pub fn set_default_columns<S: AsRef<str>>(names: &[S]) -> Result<()> {
-    let columns = names.iter().map(|n| n.as_ref().parse()).collect::<Result<Vec<Column>>>()?;
-    *COLUMNS.lock().unwrap_or_else(|e| e.into_inner()) = Some(columns);
-    Ok(())
-}
-
-/// The columns reports use by default.
-pub fn default_columns() -> Vec<Column> {
-    COLUMNS.lock().unwrap_or_else(|e| e.into_inner()).clone().unwrap_or_else(Column::defaults)
 }
 
 #[cfg(test)]

@@ -10,12 +10,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Once;
 use std::task::{Context, Poll};
 
-use super::{config, ledger, site::Site};
+use super::{config, ledger};
 use crate::backend::Backend;
+use crate::error::{Error, Result};
 use crate::events::context::{self, StatementRef};
 use crate::report::Report;
+use crate::sites::Site;
 use crate::stats::RawStats;
-use crate::{Device, DeviceSelector, Error, Result};
+use crate::stats::{Device, DeviceSelector};
 
 struct Open {
     device: Device,
@@ -247,8 +249,8 @@ mod pool {
     use std::cell::RefCell;
 
     use super::Open;
+    use crate::stats::Device;
     use crate::stats::RawStats;
-    use crate::Device;
 
     /// Enough for the profiled calls nested at once in ordinary code.
     const KEEP: usize = 32;

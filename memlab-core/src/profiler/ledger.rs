@@ -12,8 +12,9 @@
 use std::sync::{Mutex, MutexGuard};
 
 use crate::backend::Backend;
+use crate::error::Result;
+use crate::stats::Device;
 use crate::stats::{FieldKind, RawStats, FIELDS, N_FIELDS};
-use crate::{Device, Result};
 
 /// The most CUDA devices memlab tracks in one process.
 pub const MAX_CUDA_DEVICES: usize = 64;
@@ -188,34 +189,3 @@ const N_CUMULATIVE: usize = {
     }
     n
 };
-
-/// The indices of every peak field (`*.peak`) of [`RawStats`].
-pub static PEAK_FIELDS: [usize; 29] = {
-    let mut out = [0usize; 29];
-    let mut n = 0;
-    let mut i = 0;
-    while i < N_FIELDS {
-        if matches!(FIELDS[i].kind, FieldKind::Peak) {
-            out[n] = i;
-            n += 1;
-        }
-        i += 1;
-    }
-    assert!(n == 29);
-    out
-};
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::stats::field_index;
-
-    #[test]
-    fn peak_fields_follow_their_level() {
-        for &i in PEAK_FIELDS.iter() {
-            assert!(FIELDS[i].name.ends_with(".peak"));
-            assert_eq!(FIELDS[i - 1].name.replace(".current", ".peak"), FIELDS[i].name);
-        }
-        assert!(PEAK_FIELDS.contains(&field_index("active_bytes.all.peak").unwrap()));
-    }
-}

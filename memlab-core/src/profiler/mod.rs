@@ -10,15 +10,17 @@
 mod config;
 mod frame;
 mod ledger;
-pub mod site;
+#[cfg(test)]
+mod tests;
 mod watch;
 
 pub use crate::output::{emit, set_output, set_warnings, Output};
+pub use crate::report::{default_columns, set_default_columns};
+pub use crate::sites::{LineStats, Registered, Site, SiteMeta};
+pub use crate::stats::PEAK_FIELDS;
 pub use config::{
-    default_columns, env_flag, is_enabled, set_default_columns, set_enabled, set_print_at_exit, set_target_device,
-    set_target_gpu, target_device,
+    env_flag, is_enabled, set_enabled, set_print_at_exit, set_target_device, set_target_gpu, target_device,
 };
 pub use frame::{BlockEnd, Busy, Frame, InStatement};
-pub use ledger::{reset_peaks, reset_totals, MAX_CUDA_DEVICES, PEAK_FIELDS};
-pub use site::{LineStats, Registered, Site, SiteMeta};
+pub use ledger::{reset_peaks, reset_totals, MAX_CUDA_DEVICES};
 pub use watch::PeakWatch;

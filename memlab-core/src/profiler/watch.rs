@@ -4,8 +4,9 @@
 
 use super::ledger;
 use crate::backend::Backend;
+use crate::error::Result;
+use crate::stats::Device;
 use crate::stats::RawStats;
-use crate::{Device, Result};
 
 /// Watches the peaks of one device from `start` to `finish`.
 #[must_use = "a PeakWatch measures until finish() is called"]

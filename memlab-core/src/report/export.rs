@@ -4,8 +4,8 @@
 use serde_json::{json, Map, Value};
 
 use super::Report;
+use crate::error::Result;
 use crate::stats::FIELDS;
-use crate::Result;
 
 pub(super) fn csv(report: &Report) -> Result<String> {
     let mut header =

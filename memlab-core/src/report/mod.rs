@@ -9,9 +9,10 @@ mod text;
 use std::fmt;
 use std::str::FromStr;
 
-use crate::profiler::site::{sites, LineStats, Site, Table};
+use crate::error::{Error, Result};
+use crate::sites::{display_path, sites, LineStats, Site, Table};
+use crate::stats::Device;
 use crate::stats::{field_index, FIELDS};
-use crate::{Device, Error, Result};
 
 pub use crate::render::format_bytes;
 
@@ -192,7 +193,7 @@ impl Report {
             })
             .collect();
         functions.sort_by(|a, b| a.name.cmp(&b.name).then(a.file.cmp(b.file)));
-        Report { functions, columns: crate::profiler::default_columns() }
+        Report { functions, columns: default_columns() }
     }
 
     /// The `#[profile]` functions (not `profile_every` ones), for printing at exit.
@@ -205,7 +206,7 @@ impl Report {
         let (table, device, error) =
             site.with_state(|st| (std::mem::take(&mut st.window), st.device, st.error.clone()));
         let function = FunctionReport::new(site, table, device, error);
-        Report { functions: vec![function], columns: crate::profiler::default_columns() }
+        Report { functions: vec![function], columns: default_columns() }
     }
 
     /// The same report showing `columns`: `memory_stats()` keys, `increment`,
@@ -293,7 +294,7 @@ struct Query {
 
 impl Query {
     fn new(name: &str) -> Query {
-        let (path, trait_name) = crate::profiler::site::display_path(&name.replace("r#", ""));
+        let (path, trait_name) = display_path(&name.replace("r#", ""));
         Query { path, trait_name }
     }
 
@@ -317,4 +318,20 @@ pub fn reset() {
     for site in sites() {
         *site.state() = None;
     }
+}
+
+static COLUMNS: std::sync::Mutex<Option<Vec<Column>>> = std::sync::Mutex::new(None);
+
+/// Sets the columns of every report that does not choose its own: names of
+/// `torch.cuda.memory_stats()` keys (`reserved_bytes.large_pool.peak`, …) or
+/// `increment`, `increment_total`, `hits`.
+pub fn set_default_columns<S: AsRef<str>>(names: &[S]) -> Result<()> {
+    let columns = names.iter().map(|n| n.as_ref().parse()).collect::<Result<Vec<Column>>>()?;
+    *COLUMNS.lock().unwrap_or_else(|e| e.into_inner()) = Some(columns);
+    Ok(())
+}
+
+/// The columns reports use by default.
+pub fn default_columns() -> Vec<Column> {
+    COLUMNS.lock().unwrap_or_else(|e| e.into_inner()).clone().unwrap_or_else(Column::defaults)
 }

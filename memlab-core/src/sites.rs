@@ -5,8 +5,8 @@
 
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
+use crate::stats::{Device, DeviceSelector};
 use crate::stats::{FieldKind, RawStats, ALLOCATED_BYTES_CURRENT, FIELDS, N_FIELDS};
-use crate::{Device, DeviceSelector};
 
 /// What `#[memlab::profile]` knows about a function when it compiles it.
 #[derive(Debug)]

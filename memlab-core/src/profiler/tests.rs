@@ -1,0 +1,94 @@
+//! The engine (frames, the peak ledger, user resets) driven through the
+//! scripted backend, without libtorch.
+
+use crate::backend::{Backend, ScriptedBackend};
+use crate::profiler::{reset_peaks, reset_totals, Frame, LineStats, Site, SiteMeta};
+use crate::stats::DeviceSelector;
+use crate::stats::{field_index, ALLOCATED_BYTES_CURRENT};
+use crate::stats::{Device, RawStats};
+
+// Each test scripts a device of its own: the peak ledger is per device
+// and process-wide, and tests run in parallel.
+static SCRIPT: ScriptedBackend = ScriptedBackend::new(8);
+
+const SOURCE: &[&str] = &["fn f() {", "  a", "  b", "  c", "  d", "}"];
+
+fn meta(device: usize, name: fn() -> &'static str) -> SiteMeta {
+    SiteMeta {
+        name,
+        file: "scripted.rs",
+        first_line: 10,
+        signature_line: 10,
+        source: SOURCE,
+        device: Some(DeviceSelector::Fixed(Device::Cuda(device))),
+        every: 0,
+    }
+}
+
+fn line(site: &Site, line: u32) -> LineStats {
+    let state = site.state();
+    state.as_ref().unwrap().total.lines[(line - 10) as usize].clone().expect("the line ran")
+}
+
+fn stat(stats: &LineStats, name: &str) -> i64 {
+    stats.values[field_index(name).unwrap()]
+}
+
+#[test]
+fn a_callers_line_keeps_the_peak_its_callee_reset() {
+    static OUTER: std::sync::OnceLock<Site> = std::sync::OnceLock::new();
+    static INNER: std::sync::OnceLock<Site> = std::sync::OnceLock::new();
+    let outer = OUTER.get_or_init(|| Site::new(meta(1, || "t::outer::__memlab_here")));
+    let inner = INNER.get_or_init(|| Site::new(meta(1, || "t::inner::__memlab_here")));
+    let gpu = Device::Cuda(1);
+    {
+        let frame: Frame = Frame::enter(outer, &SCRIPT);
+        frame.line(11);
+        SCRIPT.alloc(gpu, 100);
+        frame.line(12);
+        {
+            // The callee's probes reset the allocator's peak at each line.
+            let callee: Frame = Frame::enter(inner, &SCRIPT);
+            callee.line(11);
+            SCRIPT.alloc(gpu, 1000);
+            callee.line(12);
+            SCRIPT.free(gpu, 1000);
+        }
+        frame.line(13);
+        SCRIPT.free(gpu, 100);
+    }
+    let call = line(outer, 12);
+    assert_eq!(stat(&call, "allocated_bytes.all.peak"), 1100, "the callee's spike on top of the caller's 100");
+    assert_eq!(call.increment, 0);
+    assert_eq!(line(outer, 11).increment, 100);
+    assert_eq!(line(outer, 13).increment, -100);
+    let spike = line(inner, 11);
+    assert_eq!((spike.increment, stat(&spike, "allocated_bytes.all.peak")), (1000, 1100));
+    assert_eq!(stat(&spike, "allocated_bytes.all.allocated"), 1000);
+    assert_eq!(stat(&line(inner, 12), "allocation.all.freed"), 1);
+}
+
+#[test]
+fn user_resets_inside_a_line_keep_its_figures() {
+    static SITE: std::sync::OnceLock<Site> = std::sync::OnceLock::new();
+    let site = SITE.get_or_init(|| Site::new(meta(2, || "t::resets::__memlab_here")));
+    let gpu = Device::Cuda(2);
+    {
+        let frame: Frame = Frame::enter(site, &SCRIPT);
+        frame.line(11);
+        SCRIPT.alloc(gpu, 500);
+        SCRIPT.free(gpu, 500);
+        reset_peaks(&SCRIPT, gpu).unwrap();
+        SCRIPT.alloc(gpu, 64);
+        reset_totals(&SCRIPT, gpu).unwrap();
+        SCRIPT.alloc(gpu, 32);
+    }
+    let l = line(site, 11);
+    assert_eq!(stat(&l, "allocated_bytes.all.peak"), 500, "the peak before the reset is kept");
+    assert_eq!(stat(&l, "allocated_bytes.all.allocated"), 500 + 64 + 32, "totals before the reset are kept");
+    assert_eq!(stat(&l, "allocated_bytes.all.freed"), 500);
+    assert_eq!(l.increment, 96);
+    let mut now = RawStats::default();
+    SCRIPT.sample(gpu, &mut now, false).unwrap();
+    assert_eq!(now.0[ALLOCATED_BYTES_CURRENT], 96, "the script's own level");
+}
