@@ -362,21 +362,40 @@ impl From<&RawStats> for DeviceStats {
     }
 }
 
-/// The indices of every peak field (`*.peak`) of [`RawStats`].
-pub static PEAK_FIELDS: [usize; 29] = {
-    let mut out = [0usize; 29];
+/// How many fields of [`FIELDS`] are of `kind`.
+const fn count_of(kind: FieldKind) -> usize {
     let mut n = 0;
     let mut i = 0;
     while i < N_FIELDS {
-        if matches!(FIELDS[i].kind, FieldKind::Peak) {
+        if FIELD_TABLE[i].kind as u8 == kind as u8 {
+            n += 1;
+        }
+        i += 1;
+    }
+    n
+}
+
+/// The indices in [`FIELDS`] of the fields of `kind`, in order (`N` is their count).
+const fn indices_of<const N: usize>(kind: FieldKind) -> [usize; N] {
+    let mut out = [0usize; N];
+    let mut n = 0;
+    let mut i = 0;
+    while i < N_FIELDS {
+        if FIELD_TABLE[i].kind as u8 == kind as u8 {
             out[n] = i;
             n += 1;
         }
         i += 1;
     }
-    assert!(n == 29);
+    assert!(n == N);
     out
-};
+}
+
+/// The indices of every peak field (`*.peak`) of [`RawStats`].
+pub static PEAK_FIELDS: [usize; count_of(FieldKind::Peak)] = indices_of(FieldKind::Peak);
+
+/// The indices of every running total (`*.allocated`, `*.freed`, `num_*`) of [`RawStats`].
+pub static CUMULATIVE_FIELDS: [usize; count_of(FieldKind::Cumulative)] = indices_of(FieldKind::Cumulative);
 
 #[cfg(test)]
 mod tests {

@@ -14,7 +14,7 @@ use std::sync::{Mutex, MutexGuard};
 use crate::backend::Backend;
 use crate::error::Result;
 use crate::stats::Device;
-use crate::stats::{FieldKind, RawStats, FIELDS, N_FIELDS};
+use crate::stats::{RawStats, CUMULATIVE_FIELDS, N_FIELDS};
 
 /// The most CUDA devices memlab tracks in one process.
 pub const MAX_CUDA_DEVICES: usize = 64;
@@ -161,31 +161,3 @@ pub fn reset_totals(backend: &dyn Backend, device: Device) -> Result<()> {
     }
     Ok(())
 }
-
-/// The indices of every running total of [`RawStats`].
-static CUMULATIVE_FIELDS: [usize; N_CUMULATIVE] = {
-    let mut out = [0usize; N_CUMULATIVE];
-    let mut n = 0;
-    let mut i = 0;
-    while i < N_FIELDS {
-        if matches!(FIELDS[i].kind, FieldKind::Cumulative) {
-            out[n] = i;
-            n += 1;
-        }
-        i += 1;
-    }
-    assert!(n == N_CUMULATIVE);
-    out
-};
-
-const N_CUMULATIVE: usize = {
-    let mut n = 0;
-    let mut i = 0;
-    while i < N_FIELDS {
-        if matches!(FIELDS[i].kind, FieldKind::Cumulative) {
-            n += 1;
-        }
-        i += 1;
-    }
-    n
-};
