@@ -18,6 +18,7 @@ use memlab_core::{events, format_bytes, Device, Error, Result};
 use tch::nn::VarStore;
 use tch::Tensor;
 
+use crate::attribution::site_label;
 use crate::named::Sources;
 
 /// A tensor moved to the CPU, and where it came from.
@@ -134,7 +135,7 @@ impl Courtesy {
             let live = events::live();
             report.stayed = by_site(live.iter().filter(|a| a.device != Device::Cpu))
                 .into_iter()
-                .map(|g| (g.device, g.site.unwrap_or_else(|| "allocated outside profiled code".into()), g.bytes))
+                .map(|g| (g.device, site_label(&g).to_string(), g.bytes))
                 .collect();
         }
         Ok(report)

@@ -10,7 +10,7 @@ use memlab_core::{format_bytes, Device, Result};
 
 use memlab_core::events;
 
-use crate::attribution::attribute;
+use crate::attribution::{attribute, site_label};
 use crate::named::Sources;
 use memlab_tch::{driver_memory, process_gpu_memory};
 
@@ -61,7 +61,7 @@ pub fn where_gpu_memory_went(index: usize) -> Result<GpuAccount> {
     let process = process_gpu_memory(index).ok().flatten();
     let stats = memlab_tch::device_stats(device)?;
     let live = if events::is_active() { Some(events::live()) } else { None };
-    let attribution = attribute(device, &Sources::registered().collect()?, live.as_deref())?;
+    let attribution = attribute(device, &stats, &Sources::registered().collect()?, live.as_deref());
     let reserved = stats.reserved_bytes.all.current;
     let allocated = attribution.allocated;
     let inactive = stats.inactive_split_bytes.all.current;
@@ -110,7 +110,7 @@ pub fn where_gpu_memory_went(index: usize) -> Result<GpuAccount> {
     const UNNAMED: &str = "tensors no registered model owns: activations, autograd buffers, temporaries, \
                            cuBLAS workspaces (32 MiB per stream and handle)";
     for site in attribution.unnamed.iter().flatten() {
-        part(&format!("allocated, not named: {}", site.site), site.bytes as i64, UNNAMED.into());
+        part(&format!("allocated, not named: {}", site_label(site)), site.bytes as i64, UNNAMED.into());
     }
     if attribution.unattributed != 0 {
         let label = if attribution.unnamed.is_some() {

@@ -17,7 +17,7 @@ use serde::Serialize;
 use tch::nn::VarStore;
 use tch::Tensor;
 
-use crate::attribution::attribute;
+use crate::attribution::{attribute, site_label};
 use crate::named::{Kind, Named, Sources};
 
 /// What a row of the report is.
@@ -176,7 +176,7 @@ impl MemReporter {
 /// own with its views under it), then what accounts for the rest of the
 /// allocator's figure, then storages outside the allocator.
 fn section(device: Device, named: &mut Named, live: Option<&[events::LiveAllocation]>) -> Result<DeviceReport> {
-    let attribution = attribute(device, named, live)?;
+    let attribution = attribute(device, &memlab_tch::device_stats(device)?, named, live);
     let (mut rows, mut external) = (Vec::new(), Vec::new());
     let mut named_elements = 0u64;
     let mut shared = 0;
@@ -238,7 +238,7 @@ fn section(device: Device, named: &mut Named, live: Option<&[events::LiveAllocat
         counted: true,
     };
     for site in attribution.unnamed.iter().flatten() {
-        rows.push(other(RowKind::Unnamed, format!("not named: {}", site.site), site.blocks, site.bytes as i64));
+        rows.push(other(RowKind::Unnamed, format!("not named: {}", site_label(site)), site.blocks, site.bytes as i64));
     }
     let rest = attribution.unattributed;
     if rest != 0 {
