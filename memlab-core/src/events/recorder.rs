@@ -304,16 +304,13 @@ impl Recorder {
     /// Puts the union of the users' settings in force; a smaller capacity
     /// drops the oldest events now.
     fn apply_settings(&mut self) {
-        let asked: Vec<Settings> = self.users.iter().filter_map(|(_, s)| *s).collect();
-        let settings = if asked.is_empty() {
-            // Only joiners, or nobody: the defaults.
-            Settings::default()
-        } else {
-            Settings {
-                capacity: asked.iter().map(|s| s.capacity).max().unwrap_or(0),
-                backtraces: asked.iter().any(|s| s.backtraces),
-            }
-        };
+        // The union of what users asked for; only joiners, or nobody: the defaults.
+        let settings = self
+            .users
+            .iter()
+            .filter_map(|(_, asked)| *asked)
+            .reduce(|a, b| Settings { capacity: a.capacity.max(b.capacity), backtraces: a.backtraces || b.backtraces })
+            .unwrap_or_default();
         #[cfg(all(feature = "unwinder", target_os = "linux", target_arch = "x86_64"))]
         if settings.backtraces {
             super::unwind::prepare();
