@@ -2,6 +2,8 @@
 //! --include-ignored`. Each test asserts that CUDA is there, so it cannot pass
 //! without one. Runs one test at a time: the allocator is process-wide.
 
+mod common;
+
 use std::sync::{Mutex, MutexGuard};
 
 use memlab::{
@@ -547,40 +549,9 @@ fn a_flattened_lstm_storage_has_a_row_of_its_own() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn concurrent_checks_catch_every_cuda_leak() {
-    use std::sync::atomic::{AtomicBool, Ordering};
-    use std::sync::Arc;
-    use std::time::{Duration, Instant};
     let _s = serial();
-    let stop = Arc::new(AtomicBool::new(false));
-    let churn = {
-        let stop = stop.clone();
-        std::thread::spawn(move || {
-            while !stop.load(Ordering::Relaxed) {
-                drop(memlab::Recording::start(memlab::events::Settings::default()).unwrap());
-            }
-        })
-    };
-    let deadline = Instant::now() + Duration::from_secs(3);
-    let checkers: Vec<_> = (0..2)
-        .map(|_| {
-            std::thread::spawn(move || {
-                let (mut kept, mut checks) = (Vec::new(), 0usize);
-                while Instant::now() < deadline {
-                    // 128 floats: 512 bytes, exactly one block of the caching allocator.
-                    let check = memlab::check_step(|| kept.push(floats(128))).unwrap();
-                    assert_eq!(check.scope.escaped_bytes(Device::Cuda(0)), 512, "check {checks} missed the leak");
-                    checks += 1;
-                    if kept.len() > 64 {
-                        kept.clear();
-                    }
-                }
-                checks
-            })
-        })
-        .collect();
-    let checks: usize = checkers.into_iter().map(|c| c.join().unwrap()).sum();
-    stop.store(true, Ordering::Relaxed);
-    churn.join().unwrap();
+    // 128 floats: 512 bytes, exactly one block of the caching allocator.
+    let checks = common::concurrent_checks_catch_every_leak(3, Device::Cuda(0), 512, || floats(128));
     println!("{checks} concurrent checks on cuda:0, every leak caught");
     assert!(checks > 100);
 }

@@ -8,7 +8,7 @@ mod common;
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex};
 use std::task::{Context, Poll, Waker};
@@ -104,36 +104,7 @@ fn a_last_release_cannot_clear_hooks_that_a_new_user_set() {
 #[test]
 fn concurrent_checks_catch_every_leak() {
     let _s = serial();
-    let stop = Arc::new(AtomicBool::new(false));
-    // A thread that starts and stops recordings all the time.
-    let churn = {
-        let stop = stop.clone();
-        std::thread::spawn(move || {
-            while !stop.load(Ordering::Relaxed) {
-                drop(Recording::start(Settings::default()).unwrap());
-            }
-        })
-    };
-    let deadline = Instant::now() + Duration::from_secs(2);
-    let checkers: Vec<_> = (0..2)
-        .map(|_| {
-            std::thread::spawn(move || {
-                let (mut kept, mut checks) = (Vec::new(), 0);
-                while Instant::now() < deadline {
-                    let check = memlab::check_step(|| kept.push(floats(64))).unwrap();
-                    assert_eq!(check.scope.escaped_bytes(Device::Cpu), 256, "check {checks} missed the leak");
-                    checks += 1;
-                    if kept.len() > 64 {
-                        kept.clear();
-                    }
-                }
-                checks
-            })
-        })
-        .collect();
-    let checks: usize = checkers.into_iter().map(|c| c.join().unwrap()).sum();
-    stop.store(true, Ordering::Relaxed);
-    churn.join().unwrap();
+    let checks = common::concurrent_checks_catch_every_leak(2, Device::Cpu, 256, || floats(64));
     assert!(checks > 100, "the stress ran ({checks} checks)");
 }
 
