@@ -350,7 +350,7 @@ impl MemReport {
         for d in &self.devices {
             writeln!(
                 out,
-                "<h3>Storage on {}</h3>\n<table>\n<tr><th>name</th><th>shape</th><th>dtype</th><th>bytes</th></tr>",
+                "<h3>Storage on {}</h3>\n<table>\n<tr><th class=\"text\">name</th><th>shape</th><th class=\"text\">dtype</th><th>bytes</th></tr>",
                 d.device
             )
             .unwrap();

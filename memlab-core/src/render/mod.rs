@@ -53,8 +53,12 @@ pub fn escape_html(text: &str) -> String {
 }
 
 /// The stylesheet every HTML rendering carries, scoped to `.memlab`.
+/// Figures are right-aligned and never wrap; text and code columns (cells
+/// and their headers alike) are left-aligned, text may wrap, code keeps its
+/// indentation.
 pub const STYLESHEET: &str = ".memlab table{border-collapse:collapse;font-family:monospace}\
-.memlab td,.memlab th{padding:0 .6em;text-align:right}.memlab td.text,.memlab td.code{text-align:left}\
+.memlab td,.memlab th{padding:0 .6em;text-align:right;white-space:nowrap}\
+.memlab .text,.memlab .code{text-align:left}.memlab td.text{white-space:normal}\
 .memlab td.code{white-space:pre}.memlab tr.idle td{color:#999}";
 
 /// `body` wrapped as a self-styled block: it reads the same in a notebook, a
