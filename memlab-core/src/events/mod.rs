@@ -124,12 +124,18 @@ impl std::fmt::Debug for Backtrace {
     }
 }
 
+/// A folder of memlab's own Rust sources. Frames in files under it belong to
+/// memlab, not to the user, and backtraces leave them out. Each memlab crate
+/// submits its own, so no crate names another's folders.
+#[doc(hidden)]
+pub struct SourceRoot(pub &'static str);
+
+inventory::collect!(SourceRoot);
+inventory::submit! { SourceRoot(concat!(env!("CARGO_MANIFEST_DIR"), "/src")) }
+
 /// Whether a source file belongs to the user's code rather than to the
 /// standard library, a dependency (registry or git checkout) or memlab itself.
 fn is_user_file(file: &std::path::Path) -> bool {
-    let memlab_core = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    let workspace = memlab_core.parent().unwrap_or(memlab_core);
-    let memlab_dirs = [memlab_core.to_path_buf(), workspace.join("memlab-tch"), workspace.join("src")];
     let text = file.to_string_lossy();
     // libtorch's inline headers and the C library's sources (which its debug
     // information names relative to its build directory) are not the user's.
@@ -138,7 +144,7 @@ fn is_user_file(file: &std::path::Path) -> bool {
         || text.contains("/torch/include/")
         || text.contains("/.cargo/registry/")
         || text.contains("/.cargo/git/")
-        || memlab_dirs.iter().any(|dir| file.starts_with(dir)))
+        || inventory::iter::<SourceRoot>.into_iter().any(|root| file.starts_with(root.0)))
 }
 
 /// A small number for the calling thread, stable for its lifetime: 1 for the
@@ -150,4 +156,23 @@ pub fn thread_number() -> u64 {
         static NUMBER: u64 = NEXT.fetch_add(1, Ordering::Relaxed);
     }
     NUMBER.with(|n| *n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::is_user_file;
+    use std::path::Path;
+
+    #[test]
+    fn memlab_registry_and_std_frames_are_not_the_users() {
+        let own = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/events/recorder.rs");
+        assert!(!is_user_file(&own), "memlab-core's own sources");
+        assert!(!is_user_file(Path::new("/rustc/abc/library/core/src/ops/function.rs")));
+        assert!(!is_user_file(Path::new("/home/u/.cargo/registry/src/index/tch-0.24.0/src/tensor/mod.rs")));
+        assert!(!is_user_file(Path::new("/v/lib/python3.12/site-packages/torch/include/c10/core/Allocator.h")));
+        assert!(is_user_file(Path::new("/home/u/train/src/main.rs")));
+        // A crate beside memlab-core in the same folder is not memlab's unless it says so.
+        let sibling = Path::new(env!("CARGO_MANIFEST_DIR")).parent().unwrap().join("tests/common/mod.rs");
+        assert!(is_user_file(&sibling));
+    }
 }
