@@ -3,10 +3,10 @@
 //! failures caught so the process stays healthy.
 
 use serde::Serialize;
-use std::fmt;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use memlab_core::profiler::PeakWatch;
+use memlab_core::render::{Cell, Column, Document, Render, Table};
 use memlab_core::{format_bytes, Device, Error, Result};
 use memlab_tch::BACKEND;
 
@@ -209,23 +209,35 @@ fn try_once(
     }
 }
 
-impl fmt::Display for BatchSearch {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+rendered!(BatchSearch);
+
+impl Render for BatchSearch {
+    fn document(&self) -> Document {
+        let mut doc = Document::new();
         match self.largest {
-            Some(n) => writeln!(f, "largest batch size within {}: {n}", format_bytes(self.budget))?,
-            None => writeln!(f, "no batch size fits within {}", format_bytes(self.budget))?,
-        }
+            Some(n) => doc.heading(format!("largest batch size within {}: {n}", format_bytes(self.budget))),
+            None => doc.heading(format!("no batch size fits within {}", format_bytes(self.budget))),
+        };
+        let mut table = Table::new(vec![
+            Column::new("batch", Cell::Figure).min_width(7),
+            Column::new("peak", Cell::Figure).min_width(9),
+            Column::new("outcome", Cell::Text).max_width(100),
+        ]);
         for (n, outcome) in &self.tried {
             match outcome {
-                Ok(peak) => writeln!(f, "  batch {n:>6}: peak {}", format_bytes(*peak))?,
+                Ok(peak) => {
+                    let outcome = if *peak <= self.budget { "within the budget" } else { "over the budget" };
+                    table.row([n.to_string(), format_bytes(*peak), outcome.to_string()])
+                }
                 Err(e) => {
                     // libtorch's messages run on with a C++ stack trace; the first sentence says it.
                     let first = e.split(['\n']).next().unwrap_or("").split("\\n").next().unwrap_or("");
                     let short: String = first.chars().take(160).collect();
-                    writeln!(f, "  batch {n:>6}: failed: {short}")?
+                    table.row([n.to_string(), String::new(), format!("failed: {short}")])
                 }
-            }
+            };
         }
-        Ok(())
+        doc.table(table);
+        doc
     }
 }

@@ -11,9 +11,8 @@
 
 use serde::Serialize;
 use std::collections::BTreeMap;
-use std::fmt;
 
-use memlab_core::render::by_site;
+use memlab_core::render::{by_site, Cell, Column, Document, Render, Table};
 use memlab_core::{events, format_bytes, Device, Error, Result};
 use tch::nn::VarStore;
 use tch::Tensor;
@@ -227,34 +226,56 @@ pub struct YieldReport {
     pub stayed: Vec<(Device, String, u64)>,
 }
 
-impl fmt::Display for YieldReport {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+rendered!(YieldReport);
+
+impl Render for YieldReport {
+    fn document(&self) -> Document {
+        let mut doc = Document::new();
         if self.devices.is_empty() {
-            return writeln!(f, "Courtesy: no CUDA device, nothing to yield");
+            doc.heading("Courtesy: no CUDA device, nothing to yield");
+            return doc;
         }
-        writeln!(f, "Courtesy: moved {} tensor(s) to the CPU", self.moved)?;
+        doc.heading(format!("Courtesy: moved {} tensor(s) to the CPU", self.moved));
+        let figure = |header: &str| Column::new(header, Cell::Figure).min_width(9);
+        let mut table = Table::new(vec![
+            Column::new("device", Cell::Text),
+            figure("moved"),
+            figure("reserved before"),
+            figure("reserved after"),
+            figure("returned"),
+            figure("still allocated"),
+        ]);
         for (device, c) in &self.devices {
-            writeln!(
-                f,
-                "  {device}: moved {}, reserved {} -> {} (returned {}), still allocated {}",
+            table.row([
+                device.to_string(),
                 format_bytes(c.moved_bytes as i64),
                 format_bytes(c.reserved_before),
                 format_bytes(c.reserved_after),
                 format_bytes(c.returned()),
-                format_bytes(c.still_allocated)
-            )?;
-            if c.still_allocated > 0 {
-                writeln!(
-                    f,
-                    "    what stays belongs to tensors memlab was not given, such as an optimizer's state \
+                format_bytes(c.still_allocated),
+            ]);
+        }
+        doc.table(table);
+        for (device, _) in self.devices.iter().filter(|(_, c)| c.still_allocated > 0) {
+            doc.indented(
+                2,
+                format!(
+                    "what stays on {device} belongs to tensors memlab was not given, such as an optimizer's state \
                      (tch keeps it inside its C++ optimizer, out of memlab's reach){}",
                     if self.stayed.is_empty() { "; record events to see where it was allocated" } else { ":" }
-                )?;
-            }
+                ),
+            );
+            let mut sites = Table::new(vec![
+                Column::new("bytes", Cell::Figure).min_width(9),
+                Column::new("allocated at", Cell::Code),
+            ]);
             for (_, site, bytes) in self.stayed.iter().filter(|(d, _, _)| d == device) {
-                writeln!(f, "      {:>9}  {site}", format_bytes(*bytes as i64))?;
+                sites.row([format_bytes(*bytes as i64), site.clone()]);
+            }
+            if !sites.is_empty() {
+                doc.table(sites);
             }
         }
-        Ok(())
+        doc
     }
 }

@@ -10,12 +10,11 @@
 
 use serde::Serialize;
 use std::collections::{BTreeMap, HashSet};
-use std::fmt::{self, Write};
 use std::marker::PhantomData;
 
 use memlab_core::events::{self, LiveAllocation, ScopeCounts, ScopeOutcome};
 use memlab_core::profiler::PeakWatch;
-use memlab_core::render::{by_site, SiteGroup};
+use memlab_core::render::{by_site, Cell, Column, Document, Render, SiteGroup, Table};
 use memlab_core::{format_bytes, Device, Error, Result};
 
 use tch::nn::VarStore;
@@ -231,61 +230,81 @@ impl ScopeReport {
     }
 }
 
-impl fmt::Display for ScopeReport {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+rendered!(ScopeReport);
+
+impl Render for ScopeReport {
+    fn document(&self) -> Document {
+        let mut doc = Document::new();
         let total: u64 = self.escaped.iter().map(|a| a.size).sum();
-        writeln!(
-            f,
+        doc.heading(format!(
             "DisposeScope `{}`: {} allocation(s) escaped, {}",
             self.name,
             self.escaped.len(),
             format_bytes(total as i64)
-        )?;
+        ));
+        let counted = |bytes: u64, count: u64| format!("{} ({count})", format_bytes(bytes as i64));
+        let with_model = self.devices.values().any(|c| c.model_state > 0);
+        let mut columns = vec![
+            Column::new("device", Cell::Text),
+            Column::new("created", Cell::Figure),
+            Column::new("freed", Cell::Figure),
+            Column::new("escaped", Cell::Figure),
+            Column::new("kept", Cell::Figure),
+        ];
+        if with_model {
+            columns.push(Column::new("model state", Cell::Figure));
+        }
+        let mut devices = Table::new(columns);
         for (device, c) in &self.devices {
-            write!(
-                f,
-                "  {device}: created {} ({}), freed {} ({}), escaped {} ({}), kept {} ({})",
-                format_bytes(c.created_bytes as i64),
-                c.created,
-                format_bytes(c.freed_bytes as i64),
-                c.freed,
-                format_bytes(c.escaped_bytes as i64),
-                c.escaped,
-                format_bytes(c.kept_bytes as i64),
-                c.kept
-            )?;
-            if c.model_state > 0 {
-                write!(f, ", model state {} ({})", format_bytes(c.model_state_bytes as i64), c.model_state)?;
+            let mut cells = vec![
+                device.to_string(),
+                counted(c.created_bytes, c.created),
+                counted(c.freed_bytes, c.freed),
+                counted(c.escaped_bytes, c.escaped),
+                counted(c.kept_bytes, c.kept),
+            ];
+            if with_model {
+                cells.push(counted(c.model_state_bytes, c.model_state));
             }
-            writeln!(f)?;
+            devices.row(cells);
+        }
+        if !devices.is_empty() {
+            doc.table(devices);
         }
         if !self.model_state.is_empty() {
             let bytes: u64 = self.model_state.iter().map(|a| a.size).sum();
-            writeln!(
-                f,
-                "  replaced model state (new gradients of the model's var stores): {} allocation(s), {}",
-                self.model_state.len(),
-                format_bytes(bytes as i64)
-            )?;
+            doc.indented(
+                2,
+                format!(
+                    "replaced model state (new gradients of the model's var stores): {} allocation(s), {}",
+                    self.model_state.len(),
+                    format_bytes(bytes as i64)
+                ),
+            );
         }
         if let Some(e) = &self.model_error {
-            writeln!(f, "  the model's state could not be read ({e}); its new tensors count as escapes")?;
+            doc.indented(2, format!("the model's state could not be read ({e}); its new tensors count as escapes"));
         }
-        // One line per device and allocation site, largest first.
+        // One row per device and allocation site, largest first.
+        let mut sites = Table::new(vec![
+            Column::new("escaped", Cell::Figure).min_width(9),
+            Column::new("device", Cell::Text),
+            Column::new("blocks", Cell::Figure),
+            Column::new("allocated at", Cell::Code),
+        ]);
         for SiteGroup { device, site, bytes, blocks } in by_site(&self.escaped) {
-            let mut line = format!("  escaped {:>9} on {device} in {blocks} block(s)", format_bytes(bytes as i64));
-            match site {
-                Some(site) => write!(line, ", allocated at {site}")?,
-                None => line.push_str(
-                    ", allocated outside profiled code (profile the function, or record backtraces to see where)",
-                ),
-            }
-            writeln!(f, "{line}")?;
+            let site = site.unwrap_or_else(|| {
+                "outside profiled code (profile the function, or record backtraces to see where)".to_string()
+            });
+            sites.row([format_bytes(bytes as i64), device.to_string(), blocks.to_string(), site]);
+        }
+        if !sites.is_empty() {
+            doc.table(sites);
         }
         if let Some(outer) = self.handed_to.filter(|_| !self.escaped.is_empty()) {
-            writeln!(f, "  (handed to the enclosing scope #{outer})")?;
+            doc.indented(2, format!("(handed to the enclosing scope #{outer})"));
         }
-        Ok(())
+        doc
     }
 }
 

@@ -4,8 +4,8 @@
 //! and explains every gap between them in bytes and words.
 
 use serde::Serialize;
-use std::fmt;
 
+use memlab_core::render::{Cell, Column, Document, Render, Table};
 use memlab_core::{format_bytes, Device, Result};
 
 use memlab_core::events;
@@ -144,25 +144,36 @@ pub fn where_gpu_memory_went(index: usize) -> Result<GpuAccount> {
     })
 }
 
-impl fmt::Display for GpuAccount {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(f, "Where the memory of cuda:{} went", self.device)?;
-        writeln!(
-            f,
-            "  total {}; used {} (driver, all processes){}; reserved {} and allocated {} (libtorch); named {}",
-            format_bytes(self.total as i64),
-            format_bytes(self.driver_used as i64),
-            self.process_used
-                .map(|p| format!(", {} by this process (NVML)", format_bytes(p as i64)))
-                .unwrap_or_default(),
-            format_bytes(self.reserved),
-            format_bytes(self.allocated),
-            format_bytes(self.named)
-        )?;
+rendered!(GpuAccount);
+
+impl Render for GpuAccount {
+    fn document(&self) -> Document {
+        let mut doc = Document::new();
+        doc.heading(format!("Where the memory of cuda:{} went", self.device)).indented(
+            2,
+            format!(
+                "total {}; used {} (driver, all processes){}; reserved {} and allocated {} (libtorch); named {}",
+                format_bytes(self.total as i64),
+                format_bytes(self.driver_used as i64),
+                self.process_used
+                    .map(|p| format!(", {} by this process (NVML)", format_bytes(p as i64)))
+                    .unwrap_or_default(),
+                format_bytes(self.reserved),
+                format_bytes(self.allocated),
+                format_bytes(self.named)
+            ),
+        );
+        let mut table = Table::new(vec![
+            Column::new("bytes", Cell::Figure).min_width(10),
+            Column::new("part", Cell::Text),
+            Column::new("why", Cell::Text).max_width(80),
+        ]);
         for p in &self.parts {
-            writeln!(f, "  {:>10}  {}: {}", format_bytes(p.bytes), p.label, p.why)?;
+            table.row([format_bytes(p.bytes), p.label.clone(), p.why.clone()]);
         }
         let sum: i64 = self.parts.iter().map(|p| p.bytes).sum();
-        writeln!(f, "  {:>10}  in all (the device's total)", format_bytes(sum))
+        table.rule().row([format_bytes(sum), "in all".to_string(), "the device's total".to_string()]);
+        doc.table(table);
+        doc
     }
 }

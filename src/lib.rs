@@ -105,6 +105,41 @@ pub use memlab_macros::profile_every;
 pub use memlab_core::{Device, Error, Result};
 pub use memlab_tch::{clear_registry, register_tensor, register_var_store, Recording};
 
+/// Gives each report type (which describes itself as a `Document`) the
+/// renderings every memlab report has: `to_text` (also what `{}` prints),
+/// `to_html` and `evcxr_display`.
+macro_rules! rendered {
+    ($($report:ty),* $(,)?) => {$(
+        impl $report {
+            /// The text rendering (also what `{}` prints).
+            pub fn to_text(&self) -> String {
+                memlab_core::render::Render::document(self).to_text()
+            }
+
+            /// The HTML rendering: one self-styled block that reads the same
+            /// in a browser, a notebook or a saved file.
+            pub fn to_html(&self) -> String {
+                memlab_core::render::Render::document(self).to_html()
+            }
+
+            /// Shows the report as HTML in an evcxr (Rust Jupyter) notebook cell.
+            pub fn evcxr_display(&self) {
+                memlab_core::render::Render::document(self).evcxr_display()
+            }
+        }
+
+        impl std::fmt::Display for $report {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(&self.to_text())
+            }
+        }
+    )*};
+}
+
+// The tools' frames are memlab's, not the user's; the tests and examples
+// beside `src/` stay the user's.
+inventory::submit! { memlab_core::events::SourceRoot(concat!(env!("CARGO_MANIFEST_DIR"), "/src")) }
+
 mod attribution;
 pub mod batch_size;
 pub mod courtesy;

@@ -5,10 +5,9 @@
 //! a batch fits is `batch_size`'s question.)
 
 use serde::Serialize;
-use std::fmt;
 
 use memlab_core::profiler::PeakWatch;
-use memlab_core::render::label_row;
+use memlab_core::render::{Document, Render};
 use memlab_core::{format_bytes, Device, Error, Result};
 use tch::nn::{self, OptimizerConfig, VarStore};
 use tch::{Kind, Tensor};
@@ -180,23 +179,31 @@ fn clear_grads(vs: &VarStore) -> Result<()> {
     Ok(())
 }
 
-impl fmt::Display for ModelSize {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let row = |label: &str, v: i64| label_row(label, &format_bytes(v), 44);
-        writeln!(f, "Model size on {} (measured on the sample batch)", self.device)?;
-        f.write_str(&label_row("parameters", &self.parameters.to_string(), 44))?;
-        f.write_str(&row("parameter bytes", self.parameter_bytes as i64))?;
-        f.write_str(&row("forward peak, no grad", self.forward_peak_no_grad))?;
-        f.write_str(&row("forward peak, with grad", self.forward_peak))?;
-        f.write_str(&row("activations kept for backward (+ output)", self.activations))?;
-        f.write_str(&row("backward peak", self.backward_peak))?;
-        f.write_str(&row("gradients", self.gradient_bytes))?;
+rendered!(ModelSize);
+
+impl Render for ModelSize {
+    fn document(&self) -> Document {
+        const WIDTH: usize = 44;
+        let mut doc = Document::new();
+        doc.heading(format!("Model size on {} (measured on the sample batch)", self.device));
+        doc.label(WIDTH, "parameters", self.parameters.to_string());
+        let rows = [
+            ("parameter bytes", self.parameter_bytes as i64),
+            ("forward peak, no grad", self.forward_peak_no_grad),
+            ("forward peak, with grad", self.forward_peak),
+            ("activations kept for backward (+ output)", self.activations),
+            ("backward peak", self.backward_peak),
+            ("gradients", self.gradient_bytes),
+        ];
+        for (label, bytes) in rows {
+            doc.label(WIDTH, label, format_bytes(bytes));
+        }
         for (kind, bytes) in &self.optimizer_state {
-            f.write_str(&row(&format!("optimizer state, {kind:?}"), *bytes))?;
+            doc.label(WIDTH, format!("optimizer state, {kind:?}"), format_bytes(*bytes));
         }
         for (kind, bytes) in &self.training_step_peak {
-            f.write_str(&row(&format!("training step peak, {kind:?}"), *bytes))?;
+            doc.label(WIDTH, format!("training step peak, {kind:?}"), format_bytes(*bytes));
         }
-        Ok(())
+        doc
     }
 }

@@ -8,10 +8,8 @@
 //! [`Recording`](crate::Recording) or dispose scope is on), what could not be
 //! attributed, and on CUDA the rounding to the allocator's block sizes.
 
-use std::fmt::{self, Write};
-
 use memlab_core::events;
-use memlab_core::render::{csv_string, escape_html, html_block};
+use memlab_core::render::{csv_string, Cell, Column, Document, Render, Table};
 use memlab_core::{format_bytes, Device, Error, Result};
 use serde::Serialize;
 use tch::nn::VarStore;
@@ -276,107 +274,6 @@ impl MemReport {
         self.devices.iter().find(|d| d.device == device)
     }
 
-    /// The text rendering (also what `{}` prints).
-    pub fn to_text(&self) -> String {
-        let mut out = String::new();
-        for d in &self.devices {
-            let label = |r: &Row| if is_view(r) { format!("  {}", r.name) } else { r.name.clone() };
-            let name_width = d.rows.iter().map(|r| label(r).chars().count()).max().unwrap_or(0).clamp(12, 72);
-            let shape = |r: &Row| {
-                if r.shape.is_empty() && r.dtype.is_empty() {
-                    String::new()
-                } else {
-                    format!("{:?}", r.shape)
-                }
-            };
-            let bytes = |r: &Row| {
-                // A view's own size is shown, not added: its storage row counts the bytes.
-                if is_view(r) {
-                    format!("({})", format_bytes(r.bytes))
-                } else {
-                    format_bytes(r.bytes)
-                }
-            };
-            let shape_width = d.rows.iter().map(|r| shape(r).len()).max().unwrap_or(0).max(5);
-            let rule = "-".repeat(name_width + shape_width + 30);
-            let row = |out: &mut String, r: &Row| {
-                let indent = if is_view(r) { "  " } else { "" };
-                let mut lines = wrap(&r.name, name_width - indent.len()).into_iter();
-                let first = format!("{indent}{}", lines.next().unwrap_or_default());
-                writeln!(out, "{first:<name_width$}  {:>shape_width$}  {:<8}  {:>10}", shape(r), r.dtype, bytes(r))
-                    .unwrap();
-                for more in lines {
-                    writeln!(out, "    {more}").unwrap();
-                }
-            };
-            writeln!(out, "Storage on {}", d.device).unwrap();
-            writeln!(out, "{:<name_width$}  {:>shape_width$}  {:<8}  {:>10}", "name", "shape", "dtype", "bytes")
-                .unwrap();
-            writeln!(out, "{rule}").unwrap();
-            let (inside, outside): (Vec<&Row>, Vec<&Row>) = d.rows.iter().partition(|r| r.kind != RowKind::External);
-            for r in &inside {
-                row(&mut out, r);
-            }
-            writeln!(out, "{rule}").unwrap();
-            writeln!(
-                out,
-                "named: {} in {} elements; allocated on {}: {} (every byte above)",
-                format_bytes(d.named_bytes as i64),
-                d.named_elements,
-                d.device,
-                format_bytes(d.allocated_bytes)
-            )
-            .unwrap();
-            if !outside.is_empty() {
-                writeln!(
-                    out,
-                    "not from the allocator, outside its figures (from_blob memory, or made before memlab's CPU \
-                     allocator): {}",
-                    format_bytes(d.external_bytes as i64)
-                )
-                .unwrap();
-                for r in &outside {
-                    row(&mut out, r);
-                }
-            }
-            out.push('\n');
-        }
-        out
-    }
-
-    /// An HTML rendering: a table per device.
-    pub fn to_html(&self) -> String {
-        let mut out = String::new();
-        for d in &self.devices {
-            writeln!(
-                out,
-                "<h3>Storage on {}</h3>\n<table>\n<tr><th class=\"text\">name</th><th>shape</th><th class=\"text\">dtype</th><th>bytes</th></tr>",
-                d.device
-            )
-            .unwrap();
-            for r in &d.rows {
-                writeln!(
-                    out,
-                    "<tr><td class=\"text\">{}</td><td>{}</td><td class=\"text\">{}</td><td>{}</td></tr>",
-                    escape_html(&r.name),
-                    if r.shape.is_empty() { String::new() } else { format!("{:?}", r.shape) },
-                    r.dtype,
-                    if r.counted { format_bytes(r.bytes) } else { format!("({})", format_bytes(r.bytes)) }
-                )
-                .unwrap();
-            }
-            writeln!(
-                out,
-                "</table>\n<p>named: {}; allocated on {}: {}</p>",
-                format_bytes(d.named_bytes as i64),
-                d.device,
-                format_bytes(d.allocated_bytes)
-            )
-            .unwrap();
-        }
-        html_block(&out)
-    }
-
     /// One CSV row per report row, bytes unrounded.
     pub fn to_csv(&self) -> Result<String> {
         let mut rows = Vec::new();
@@ -403,11 +300,6 @@ impl MemReport {
     pub fn to_json(&self) -> String {
         serde_json::to_string_pretty(self).expect("the report serialises")
     }
-
-    /// Shows the report as HTML in an evcxr (Rust Jupyter) notebook cell.
-    pub fn evcxr_display(&self) {
-        memlab_core::output::evcxr_html(&self.to_html());
-    }
 }
 
 /// Whether `row` is a view listed under its storage's row.
@@ -415,28 +307,55 @@ fn is_view(row: &Row) -> bool {
     !row.counted && row.kind != RowKind::External
 }
 
-/// `text` cut at spaces into lines of at most `width` characters (a word
-/// longer than that gets a line of its own): every row reads in full.
-fn wrap(text: &str, width: usize) -> Vec<String> {
-    let mut lines: Vec<String> = Vec::new();
-    let mut line = String::new();
-    for word in text.split(' ') {
-        let needed =
-            if line.is_empty() { word.chars().count() } else { line.chars().count() + 1 + word.chars().count() };
-        if needed > width && !line.is_empty() {
-            lines.push(std::mem::take(&mut line));
-        }
-        if !line.is_empty() {
-            line.push(' ');
-        }
-        line.push_str(word);
-    }
-    lines.push(line);
-    lines
-}
+rendered!(MemReport);
 
-impl fmt::Display for MemReport {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.to_text())
+impl Render for MemReport {
+    fn document(&self) -> Document {
+        let mut doc = Document::new();
+        for d in &self.devices {
+            let bytes = |r: &Row| {
+                // A view's own size is shown, not added: its storage row counts the bytes.
+                if is_view(r) {
+                    format!("({})", format_bytes(r.bytes))
+                } else {
+                    format_bytes(r.bytes)
+                }
+            };
+            let shape = |r: &Row| if r.shape.is_empty() { String::new() } else { format!("{:?}", r.shape) };
+            let mut table = Table::new(vec![
+                Column::new("name", Cell::Text).min_width(12).max_width(72),
+                Column::new("shape", Cell::Figure).min_width(5),
+                Column::new("dtype", Cell::Text).min_width(8),
+                Column::new("bytes", Cell::Figure).min_width(10),
+            ])
+            .with_header_rule();
+            let add = |table: &mut Table, r: &Row| {
+                let cells = [r.name.clone(), shape(r), r.dtype.to_string(), bytes(r)];
+                table.indented_row(if is_view(r) { 2 } else { 0 }, cells);
+            };
+            let (inside, outside): (Vec<&Row>, Vec<&Row>) = d.rows.iter().partition(|r| r.kind != RowKind::External);
+            for r in &inside {
+                add(&mut table, r);
+            }
+            table.rule().note(format!(
+                "named: {} in {} elements; allocated on {}: {} (every byte above)",
+                format_bytes(d.named_bytes as i64),
+                d.named_elements,
+                d.device,
+                format_bytes(d.allocated_bytes)
+            ));
+            if !outside.is_empty() {
+                table.note(format!(
+                    "not from the allocator, outside its figures (from_blob memory, or made before memlab's CPU \
+                     allocator): {}",
+                    format_bytes(d.external_bytes as i64)
+                ));
+                for r in &outside {
+                    add(&mut table, r);
+                }
+            }
+            doc.heading(format!("Storage on {}", d.device)).table(table).blank();
+        }
+        doc
     }
 }

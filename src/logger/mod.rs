@@ -16,11 +16,10 @@
 //! it a few microseconds.
 
 use serde::Serialize;
-use std::fmt;
 use std::time::{Duration, Instant};
 
 use memlab_core::profiler::PeakWatch;
-use memlab_core::render::signed_bytes as signed;
+use memlab_core::render::{signed_bytes as signed, Cell, Column, Document, Render, Table};
 use memlab_core::{format_bytes, Backend, Device, Result};
 
 use memlab_tch::driver_memory;
@@ -301,54 +300,65 @@ impl StepData {
     }
 }
 
-impl fmt::Display for StepData {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(
-            f,
-            "RAM: {:>9} {:>9} {:>9} {:>9}  in {:.3}s ({})",
-            "Consumed",
-            "Peaked",
-            "Used",
-            "Total",
-            self.time.as_secs_f64(),
-            self.label
-        )?;
-        writeln!(
-            f,
-            "Gen: {:>9} {:>9} {:>9} {:>9}{}",
+rendered!(StepData);
+
+impl Render for StepData {
+    /// ipygpulogger's layout: a row of labels, then one row of figures for
+    /// the RAM and one for the GPU.
+    fn document(&self) -> Document {
+        let figure = || Column::new("", Cell::Figure).min_width(8);
+        let mut table = Table::new(vec![
+            Column::new("", Cell::Text),
+            figure(),
+            figure(),
+            figure(),
+            figure(),
+            Column::new("", Cell::Text),
+        ]);
+        table.row([
+            "RAM:".to_string(),
+            "Consumed".into(),
+            "Peaked".into(),
+            "Used".into(),
+            "Total".into(),
+            format!("in {:.3}s ({})", self.time.as_secs_f64(), self.label),
+        ]);
+        table.row([
+            "Gen:".to_string(),
             format_bytes(self.ram.consumed),
             format_bytes(self.ram.peaked),
             format_bytes(self.ram.used as i64),
             format_bytes(self.ram.total as i64),
-            self.ram.label()
-        )?;
-        if let Some(g) = &self.gpu {
-            writeln!(
-                f,
-                "GPU: {:>9} {:>9} {:>9} {:>9}  (cuda:{}, libtorch's allocator; reserved {})",
-                format_bytes(g.consumed),
-                format_bytes(g.peaked),
-                format_bytes(g.used),
-                format_bytes(g.total as i64),
-                g.device,
-                format_bytes(g.reserved)
-            )?;
-            if let (Some(used), Some(peaked)) = (g.driver_used, g.driver_peaked) {
-                write!(
-                    f,
-                    "     driver (sampled): device-wide {} used, peaked {} above",
-                    format_bytes(used as i64),
-                    format_bytes(peaked as i64)
-                )?;
-                match g.process_used {
-                    Some(p) => writeln!(f, "; this process {} (NVML)", format_bytes(p as i64))?,
-                    None => writeln!(f)?,
+            self.ram.label().trim_start().to_string(),
+        ]);
+        match &self.gpu {
+            Some(g) => {
+                table.row([
+                    "GPU:".to_string(),
+                    format_bytes(g.consumed),
+                    format_bytes(g.peaked),
+                    format_bytes(g.used),
+                    format_bytes(g.total as i64),
+                    format!("(cuda:{}, libtorch's allocator; reserved {})", g.device, format_bytes(g.reserved)),
+                ]);
+                if let (Some(used), Some(peaked)) = (g.driver_used, g.driver_peaked) {
+                    table.note(format!(
+                        "     driver (sampled): device-wide {} used, peaked {} above{}",
+                        format_bytes(used as i64),
+                        format_bytes(peaked as i64),
+                        g.process_used
+                            .map(|p| format!("; this process {} (NVML)", format_bytes(p as i64)))
+                            .unwrap_or_default()
+                    ));
                 }
             }
-        } else {
-            writeln!(f, "GPU: no CUDA device")?;
+            None => {
+                table.note("GPU: no CUDA device");
+            }
         }
-        Ok(())
+        let mut doc = Document::new();
+        doc.table(table);
+        doc
     }
 }
 

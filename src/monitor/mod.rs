@@ -12,13 +12,12 @@
 
 use serde::Serialize;
 use std::collections::HashSet;
-use std::fmt::{self, Write as _};
 use std::hash::{BuildHasherDefault, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use memlab_core::profiler::PeakWatch;
-use memlab_core::render::label_row;
+use memlab_core::render::{Document, Render};
 use memlab_core::{format_bytes, Device, Result};
 
 use tch::nn::{VarStore, Variables};
@@ -436,44 +435,43 @@ impl Hasher for IdHasher {
     }
 }
 
-impl fmt::Display for IterationRecord {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let line = |label: &str, value: String| label_row(label, &value, 48);
-        let mut out = String::new();
-        let title = format!(
+rendered!(IterationRecord);
+
+impl Render for IterationRecord {
+    fn document(&self) -> Document {
+        const WIDTH: usize = 48;
+        let mut doc = Document::new();
+        doc.banner(format!(
             "Memory of iteration {} of epoch {} on {}",
             self.iteration,
             self.epoch,
             self.device.map(|d| d.to_string()).unwrap_or_default()
-        );
-        let stars = "*".repeat(title.len());
-        writeln!(out, "{stars}\n{title}\n{stars}").unwrap();
-        out += &line("Peak reserved (cached)", format_bytes(self.peak_reserved));
-        out += &line("Current reserved (cached)", format_bytes(self.current_reserved));
-        out += &line("Peak allocated", format_bytes(self.peak_allocated));
-        out += &line("Current allocated", format_bytes(self.current_allocated));
+        ));
+        doc.label(WIDTH, "Peak reserved (cached)", format_bytes(self.peak_reserved))
+            .label(WIDTH, "Current reserved (cached)", format_bytes(self.current_reserved))
+            .label(WIDTH, "Peak allocated", format_bytes(self.peak_allocated))
+            .label(WIDTH, "Current allocated", format_bytes(self.current_allocated));
         match self.intermediate_gradients {
             Some(ig) => {
-                out += &line("Feature maps (held when backward began)", format_bytes(self.feature_maps));
-                out += &line("Intermediate gradients (backward's transient)", format_bytes(ig));
+                doc.label(WIDTH, "Feature maps (held when backward began)", format_bytes(self.feature_maps));
+                doc.label(WIDTH, "Intermediate gradients (backward's transient)", format_bytes(ig));
             }
-            None => out += &line("Feature maps (peak above start)", format_bytes(self.feature_maps)),
+            None => {
+                doc.label(WIDTH, "Feature maps (peak above start)", format_bytes(self.feature_maps));
+            }
         }
-        out.push('\n');
-        out += &line("Weights", format_bytes(self.weights));
+        doc.blank().label(WIDTH, "Weights", format_bytes(self.weights));
         for (name, bytes) in &self.weight_rows {
-            out += &line(&format!("  {name}"), format_bytes(*bytes));
+            doc.label(WIDTH, format!("  {name}"), format_bytes(*bytes));
         }
-        out.push('\n');
-        out += &line("Weight gradients", format_bytes(self.gradients));
+        doc.blank().label(WIDTH, "Weight gradients", format_bytes(self.gradients));
         for (name, bytes) in &self.gradient_rows {
-            out += &line(&format!("  {name} grad"), format_bytes(*bytes));
+            doc.label(WIDTH, format!("  {name} grad"), format_bytes(*bytes));
         }
-        out.push('\n');
-        out += &line("Optimizer state and kept tensors", format_bytes(self.optimizer_state_measured));
+        doc.blank().label(WIDTH, "Optimizer state and kept tensors", format_bytes(self.optimizer_state_measured));
         if let Some(estimate) = self.optimizer_state_estimate {
-            out += &line("  optimizer state (estimate)", format_bytes(estimate));
+            doc.label(WIDTH, "  optimizer state (estimate)", format_bytes(estimate));
         }
-        f.write_str(&out)
+        doc
     }
 }

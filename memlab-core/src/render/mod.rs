@@ -1,6 +1,14 @@
-//! The one render layer: how every report writes bytes, label rows, HTML
-//! (one escape, one stylesheet), CSV, and allocations grouped by where they
-//! were made. Reports are data; these turn them into text.
+//! The one render layer: how every report writes bytes, label rows, column
+//! tables, HTML (one escape, one stylesheet), CSV, evcxr cells, and
+//! allocations grouped by where they were made. Reports are data; each
+//! describes itself as a [`Document`] of headings, lines and [`Table`]s, and
+//! these turn it into text and HTML.
+
+mod document;
+mod table;
+
+pub use document::{Document, Render};
+pub use table::{Cell, Column, Table};
 
 use std::collections::BTreeMap;
 
@@ -56,10 +64,11 @@ pub fn escape_html(text: &str) -> String {
 /// Figures are right-aligned and never wrap; text and code columns (cells
 /// and their headers alike) are left-aligned, text may wrap, code keeps its
 /// indentation.
-pub const STYLESHEET: &str = ".memlab table{border-collapse:collapse;font-family:monospace}\
+pub const STYLESHEET: &str = ".memlab table{border-collapse:collapse;font-family:monospace;margin:.2em 0 .6em}\
 .memlab td,.memlab th{padding:0 .6em;text-align:right;white-space:nowrap}\
 .memlab .text,.memlab .code{text-align:left}.memlab td.text{white-space:normal}\
-.memlab td.code{white-space:pre}.memlab tr.idle td{color:#999}";
+.memlab td.code{white-space:pre}.memlab tr.idle td{color:#999}\
+.memlab h3{font-family:sans-serif;margin:.8em 0 .3em}.memlab p{margin:.2em 0}";
 
 /// `body` wrapped as a self-styled block: it reads the same in a notebook, a
 /// browser or a saved file.

@@ -5,7 +5,7 @@
 use std::fmt::Write;
 
 use super::{Column, FunctionReport, Report};
-use crate::render::{format_bytes, signed_bytes};
+use crate::render::{format_bytes, signed_bytes, Cell, Column as TableColumn, Table};
 
 /// A cell's text: sizes for byte columns (signed for increments), plain
 /// numbers for counts.
@@ -59,43 +59,30 @@ pub(super) fn render(report: &Report) -> String {
 
 fn render_function(out: &mut String, f: &FunctionReport, columns: &[Column]) {
     writeln!(out, "## {}\n", heading(f)).unwrap();
-    let headers: Vec<Vec<&str>> = columns.iter().map(|c| c.name().splitn(3, '.').collect()).collect();
-    let cells: Vec<Vec<String>> = f
-        .lines
-        .iter()
-        .map(|l| match &l.stats {
-            Some(s) => columns.iter().map(|c| cell(c, c.value(s))).collect(),
-            None => vec![String::new(); columns.len()],
-        })
-        .collect();
-    let widths: Vec<usize> = (0..columns.len())
-        .map(|i| {
-            let head = headers[i].iter().map(|p| p.len()).max().unwrap_or(0);
-            cells.iter().map(|row| row[i].len()).max().unwrap_or(0).max(head)
-        })
-        .collect();
-    let line_width = f.lines.iter().map(|l| l.line.to_string().len()).max().unwrap_or(0).max(4);
-
-    let header_rows = headers.iter().map(Vec::len).max().unwrap_or(1);
-    for row in 0..header_rows {
-        let mut text = String::new();
-        for (i, parts) in headers.iter().enumerate() {
-            write!(text, "{:>w$}  ", parts.get(row).copied().unwrap_or(""), w = widths[i]).unwrap();
-        }
-        if row == 0 {
-            write!(text, "{:>line_width$}  code", "line").unwrap();
-        }
-        writeln!(out, "{}", text.trim_end()).unwrap();
-    }
-    for ((l, row), code) in f.lines.iter().zip(&cells).zip(dedented(f)) {
-        let mut text = String::new();
-        for (i, value) in row.iter().enumerate() {
-            write!(text, "{value:>w$}  ", w = widths[i]).unwrap();
-        }
-        write!(text, "{:>line_width$}  {code}", l.line).unwrap();
-        writeln!(out, "{}", text.trim_end()).unwrap();
-    }
+    out.push_str(&table(f, columns).to_text());
     out.push('\n');
+}
+
+/// A function's lines as a table: the chosen statistics (their names split
+/// at the dots over up to three header rows), the line number and the code.
+pub(super) fn table(f: &FunctionReport, columns: &[Column]) -> Table {
+    let mut header: Vec<TableColumn> = columns
+        .iter()
+        .map(|c| TableColumn::stacked(&c.name().splitn(3, '.').collect::<Vec<_>>(), Cell::Figure))
+        .collect();
+    header.push(TableColumn::new("line", Cell::Figure).min_width(4));
+    header.push(TableColumn::new("code", Cell::Code));
+    let mut table = Table::new(header);
+    for (l, code) in f.lines.iter().zip(dedented(f)) {
+        let figures = columns.iter().map(|c| l.stats.as_ref().map(|s| cell(c, c.value(s))).unwrap_or_default());
+        let cells = figures.chain([l.line.to_string(), code.to_string()]);
+        if l.stats.is_some() {
+            table.row(cells);
+        } else {
+            table.idle_row(cells);
+        }
+    }
+    table
 }
 
 #[cfg(test)]

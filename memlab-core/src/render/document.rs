@@ -1,0 +1,178 @@
+//! A report as a sequence of blocks (headings, lines, label rows, tables)
+//! that renders as text, as self-styled HTML, and into an evcxr notebook
+//! cell. Reports describe themselves as a [`Document`]; none lays out text or
+//! writes HTML itself.
+
+use std::fmt::Write;
+
+use unicode_width::UnicodeWidthStr;
+
+use super::{escape_html, html_block, label_row, Table};
+
+#[derive(Clone, Debug)]
+enum Block {
+    Heading(String),
+    Banner(String),
+    Line { text: String, indent: usize },
+    Labels { width: usize, rows: Vec<(String, String)> },
+    Table(Table),
+    Blank,
+}
+
+/// A rendered report in the making.
+#[derive(Clone, Debug, Default)]
+pub struct Document {
+    blocks: Vec<Block>,
+}
+
+impl Document {
+    /// An empty document.
+    pub fn new() -> Document {
+        Document::default()
+    }
+
+    /// A title line (an `<h3>` in HTML).
+    pub fn heading(&mut self, text: impl Into<String>) -> &mut Document {
+        self.blocks.push(Block::Heading(text.into()));
+        self
+    }
+
+    /// A title between two rows of stars, as Pytorch-Memory-Utils prints
+    /// it (an `<h3>` in HTML).
+    pub fn banner(&mut self, text: impl Into<String>) -> &mut Document {
+        self.blocks.push(Block::Banner(text.into()));
+        self
+    }
+
+    /// A line of prose.
+    pub fn line(&mut self, text: impl Into<String>) -> &mut Document {
+        self.indented(0, text)
+    }
+
+    /// A line of prose indented by `indent` spaces: a detail of the line above.
+    pub fn indented(&mut self, indent: usize, text: impl Into<String>) -> &mut Document {
+        self.blocks.push(Block::Line { text: text.into(), indent });
+        self
+    }
+
+    /// A label and its value: `label` dotted out to `width` columns, the
+    /// value right-aligned after it (consecutive rows form one block).
+    pub fn label(&mut self, width: usize, label: impl Into<String>, value: impl Into<String>) -> &mut Document {
+        let row = (label.into(), value.into());
+        match self.blocks.last_mut() {
+            Some(Block::Labels { width: w, rows }) if *w == width => rows.push(row),
+            _ => self.blocks.push(Block::Labels { width, rows: vec![row] }),
+        }
+        self
+    }
+
+    /// A table.
+    pub fn table(&mut self, table: Table) -> &mut Document {
+        self.blocks.push(Block::Table(table));
+        self
+    }
+
+    /// An empty line between sections (text only).
+    pub fn blank(&mut self) -> &mut Document {
+        self.blocks.push(Block::Blank);
+        self
+    }
+
+    /// The text rendering.
+    pub fn to_text(&self) -> String {
+        let mut out = String::new();
+        for b in &self.blocks {
+            match b {
+                Block::Heading(text) => writeln!(out, "{text}").unwrap(),
+                Block::Banner(text) => {
+                    let stars = "*".repeat(text.width());
+                    writeln!(out, "{stars}\n{text}\n{stars}").unwrap()
+                }
+                Block::Line { text, indent } => writeln!(out, "{}{text}", " ".repeat(*indent)).unwrap(),
+                Block::Labels { width, rows } => {
+                    for (label, value) in rows {
+                        out.push_str(&label_row(label, value, *width));
+                    }
+                }
+                Block::Table(t) => out.push_str(&t.to_text()),
+                Block::Blank => out.push('\n'),
+            }
+        }
+        out
+    }
+
+    /// The HTML rendering: one self-styled block that reads the same in a
+    /// notebook, a browser or a saved file.
+    pub fn to_html(&self) -> String {
+        let mut out = String::new();
+        for b in &self.blocks {
+            match b {
+                Block::Heading(text) | Block::Banner(text) => writeln!(out, "<h3>{}</h3>", escape_html(text)).unwrap(),
+                Block::Line { text, indent: 0 } => writeln!(out, "<p>{}</p>", escape_html(text)).unwrap(),
+                Block::Line { text, indent } => {
+                    writeln!(out, "<p style=\"margin-left:{}em\">{}</p>", *indent as f64 * 0.5, escape_html(text))
+                        .unwrap()
+                }
+                Block::Labels { rows, .. } => {
+                    out.push_str("<table>\n");
+                    for (label, value) in rows {
+                        let indent = label.len() - label.trim_start().len();
+                        let style = if indent > 0 {
+                            format!(" style=\"padding-left:{}em\"", 0.6 + indent as f64 * 0.5)
+                        } else {
+                            String::new()
+                        };
+                        writeln!(
+                            out,
+                            "<tr><td class=\"text\"{style}>{}</td><td>{}</td></tr>",
+                            escape_html(label.trim_start()),
+                            escape_html(value)
+                        )
+                        .unwrap();
+                    }
+                    out.push_str("</table>\n");
+                }
+                Block::Table(t) => out.push_str(&t.to_html()),
+                Block::Blank => {}
+            }
+        }
+        html_block(&out)
+    }
+
+    /// Shows the HTML rendering in an evcxr (Rust Jupyter) notebook cell.
+    pub fn evcxr_display(&self) {
+        crate::output::evcxr_html(&self.to_html());
+    }
+}
+
+/// A report that describes itself as a [`Document`]: what every memlab
+/// report implements, so each renders as text, HTML and in a notebook the
+/// same way.
+pub trait Render {
+    /// The report's document.
+    fn document(&self) -> Document;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::render::{Cell, Column};
+
+    #[test]
+    fn blocks_render_as_text_and_html() {
+        let mut table = Table::new(vec![Column::new("bytes", Cell::Figure)]);
+        table.row(["1.00K"]);
+        let mut doc = Document::new();
+        doc.heading("Title <1>").indented(2, "detail").label(12, "weights", "4.00M").label(12, "  fc", "4.00M");
+        doc.blank().table(table);
+        assert_eq!(
+            doc.to_text(),
+            "Title <1>\n  detail\nweights.....     4.00M\n  fc........     4.00M\n\nbytes\n1.00K\n"
+        );
+        let html = doc.to_html();
+        assert!(html.starts_with("<div class=\"memlab\"><style>"), "{html}");
+        assert!(html.contains("<h3>Title &lt;1&gt;</h3>\n<p style=\"margin-left:1em\">detail</p>"), "{html}");
+        assert!(html.contains("<td class=\"text\" style=\"padding-left:1.6em\">fc</td><td>4.00M</td>"), "{html}");
+        assert!(html.contains("<th>bytes</th></tr>\n<tr><td>1.00K</td></tr>"), "{html}");
+    }
+}
