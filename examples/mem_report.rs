@@ -1,10 +1,11 @@
 //! MemReporter on a small model: what occupies memory, by name, before and
 //! after a backward pass, with the activations the autograd graph keeps listed
-//! by the statement that allocated them.
+//! by the statement that allocated them, and after an Adam step, with the
+//! optimizer's moments named after their parameters.
 //!
 //!     cargo run --release --example mem_report [-- --verbose]
 
-use tch::nn::{self, Module};
+use tch::nn::{self, Module, OptimizerConfig};
 use tch::{Device, Kind, Tensor};
 
 #[memlab::profile]
@@ -26,6 +27,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .add_fn(|x| x.relu())
         .add(nn::linear(vs.root() / "head", 1024, 16, Default::default()));
     memlab::register_var_store("model", &vs);
+    let mut adam = nn::Adam::default().build(&vs, 1e-3)?;
     let input = Tensor::randn([512, 1024], (Kind::Float, device));
     memlab::register_tensor("input", &input)?;
 
@@ -35,5 +37,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     loss.backward();
     println!("========= after backward =========");
     print!("{}", memlab::MemReporter::registered().report()?);
+    adam.step();
+    drop(loss);
+    println!("========= after an Adam step =========");
+    // The optimizer is borrowed for this call only: its state is read now.
+    print!("{}", memlab::MemReporter::registered().optimizer(&adam).report()?);
     Ok(())
 }

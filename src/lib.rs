@@ -173,6 +173,12 @@ pub mod profiler {
     pub use memlab_core::{Column, DeviceSelector, FunctionReport, LineReport, Report};
 }
 
+/// What memlab reads of tch's optimizers: their classes and the tensors of
+/// their state, named by libtorch (see [`MemReporter::optimizer`]).
+pub mod optimizer {
+    pub use memlab_tch::optimizer::{OptimizerKind, StateSlot};
+}
+
 /// Allocator statistics and storage facts: every `memory_stats()` figure of a
 /// device, its resets, and what memory a tensor keeps alive.
 pub mod stats {

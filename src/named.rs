@@ -8,9 +8,10 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
 use memlab_core::{Device, Error, Result};
+use memlab_tch::optimizer::{tensor_impl, OptimizerKind};
 use memlab_tch::registry;
 use memlab_tch::storage::{facts, Facts, Layout};
-use tch::nn::{VarStore, Variables};
+use tch::nn::{Optimizer, VarStore, Variables};
 use tch::Tensor;
 
 /// What a named tensor is to the model.
@@ -22,6 +23,62 @@ pub(crate) enum Kind {
     Gradient,
     /// A tensor added or registered by name.
     Tensor,
+    /// A tensor of an optimizer's state (`fc.weight.exp_avg`).
+    OptimizerState,
+}
+
+/// An optimizer's state as read when it was given: its tensors by name, and
+/// the variables it holds no state for, with why.
+pub(crate) struct OptimizerStates {
+    /// Its class.
+    pub(crate) kind: OptimizerKind,
+    /// `parameter.slot` and the state tensor (shared with the optimizer).
+    pub(crate) tensors: Vec<(String, Tensor)>,
+    /// Parameters the optimizer has taken in but keeps no state for yet: no
+    /// step since they joined, no gradient (frozen), or plain SGD.
+    pub(crate) stateless: Vec<String>,
+    /// Trainable variables the optimizer has not taken in: created after it
+    /// was built (tch adds them at the next step).
+    pub(crate) absent: Vec<String>,
+}
+
+impl OptimizerStates {
+    /// Reads `optimizer`, which was built on one of `stores`, naming its
+    /// state after the store's variables.
+    fn read(optimizer: &Optimizer, stores: &[(String, Arc<Mutex<Variables>>)]) -> Result<OptimizerStates> {
+        let arcs: Vec<Arc<Mutex<Variables>>> = stores.iter().map(|(_, v)| v.clone()).collect();
+        let state = memlab_tch::optimizer::read(optimizer, &arcs)?;
+        let (prefix, variables) = &stores[state.store];
+        let variables = variables.lock().unwrap_or_else(|e| e.into_inner());
+        let full = |name: &str| if prefix.is_empty() { name.to_string() } else { format!("{prefix}.{name}") };
+        let mut names: HashMap<u64, String> = HashMap::new();
+        for (name, tensor) in &variables.named_variables {
+            names.insert(tensor_impl(tensor)?, full(name));
+        }
+        let name_of = |param: u64| names.get(&param).cloned().unwrap_or_else(|| format!("parameter@{param:#x}"));
+        let mut out =
+            OptimizerStates { kind: state.kind, tensors: Vec::new(), stateless: Vec::new(), absent: Vec::new() };
+        let mut taken = HashSet::new();
+        for p in state.params {
+            taken.insert(p.param);
+            match (p.slot, p.tensor) {
+                (Some(slot), Some(tensor)) => {
+                    out.tensors.push((format!("{}.{}", name_of(p.param), slot.name()), tensor))
+                }
+                _ => out.stateless.push(name_of(p.param)),
+            }
+        }
+        for var in &variables.trainable_variables {
+            let param = tensor_impl(&var.tensor)?;
+            if !taken.contains(&param) {
+                out.absent.push(name_of(param));
+            }
+        }
+        out.tensors.sort_by(|a, b| a.0.cmp(&b.0));
+        out.stateless.sort();
+        out.absent.sort();
+        Ok(out)
+    }
 }
 
 /// Where named tensors come from.
@@ -29,6 +86,9 @@ pub(crate) enum Kind {
 pub(crate) struct Sources {
     stores: Vec<(String, Arc<Mutex<Variables>>)>,
     tensors: Vec<(String, Tensor)>,
+    optimizers: Vec<OptimizerStates>,
+    /// Why an optimizer given could not be read: returned by the first walk.
+    error: Option<Error>,
     registry: bool,
 }
 
@@ -47,6 +107,23 @@ impl Sources {
     /// Adds a tensor under `name`.
     pub(crate) fn add_tensor(&mut self, name: impl Into<String>, tensor: &Tensor) {
         self.tensors.push((name.into(), tensor.shallow_clone()));
+    }
+
+    /// Reads the state of `optimizer` now, under the caller's borrow (memlab
+    /// never keeps the optimizer): its var store must be one of the stores
+    /// added or registered. An error is kept for the next walk to return.
+    pub(crate) fn add_optimizer(&mut self, optimizer: &Optimizer) {
+        match OptimizerStates::read(optimizer, &self.stores()) {
+            Ok(states) => self.optimizers.push(states),
+            Err(e) => {
+                self.error.get_or_insert(e);
+            }
+        }
+    }
+
+    /// The optimizers' states read so far.
+    pub(crate) fn optimizers(&self) -> &[OptimizerStates] {
+        &self.optimizers
     }
 
     /// The var stores: the ones added, then the registered ones still alive.
@@ -75,14 +152,29 @@ impl Sources {
     /// libtorch gives a tensor's facts and its gradient's.
     pub(crate) fn for_each(&self, mut visit: impl FnMut(&str, &Tensor, Kind) -> Result<()>) -> Result<()> {
         self.for_each_variable(|name, tensor| visit(name, tensor, Kind::Parameter))?;
+        self.for_each_state(|name, tensor| visit(name, tensor, Kind::OptimizerState))?;
         for (name, tensor) in self.tensors() {
             visit(&name, &tensor, Kind::Tensor)?;
         }
         Ok(())
     }
 
+    /// Calls `visit` with the name and tensor of every optimizer state tensor.
+    pub(crate) fn for_each_state(&self, mut visit: impl FnMut(&str, &Tensor) -> Result<()>) -> Result<()> {
+        if let Some(e) = &self.error {
+            return Err(e.clone());
+        }
+        for (name, tensor) in self.optimizers.iter().flat_map(|o| &o.tensors) {
+            visit(name, tensor)?;
+        }
+        Ok(())
+    }
+
     /// Like [`for_each`](Self::for_each), the variables only.
     pub(crate) fn for_each_variable(&self, mut visit: impl FnMut(&str, &Tensor) -> Result<()>) -> Result<()> {
+        if let Some(e) = &self.error {
+            return Err(e.clone());
+        }
         for (prefix, variables) in self.stores() {
             let variables = variables.lock().unwrap_or_else(|e| e.into_inner());
             let mut names: Vec<&String> = variables.named_variables.keys().collect();
@@ -104,6 +196,11 @@ impl Sources {
         self.for_each_variable(|_, tensor| {
             let (main, grad) = memlab_tch::storage::storages(tensor)?;
             out.extend(std::iter::once(main).chain(grad).filter_map(|i| i.device.map(|d| (d, i.data_ptr))));
+            Ok(())
+        })?;
+        self.for_each_state(|_, tensor| {
+            let (main, _) = memlab_tch::storage::storages(tensor)?;
+            out.extend(main.device.map(|d| (d, main.data_ptr)));
             Ok(())
         })?;
         Ok(out)

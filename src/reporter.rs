@@ -28,6 +28,10 @@ pub enum RowKind {
     Gradient,
     /// A tensor added or registered by name.
     Tensor,
+    /// A tensor of an optimizer's state, named after its parameter and
+    /// libtorch's name for it: `fc.weight.exp_avg`, `fc.weight.exp_avg_sq`,
+    /// `fc.weight.momentum_buffer`, …
+    OptimizerState,
     /// A storage that several named tensors view, or that one named tensor
     /// views only part of: its bytes, once. The views follow it as rows of
     /// their own kind, named `name(->storage #N)`, with their own size, not
@@ -97,6 +101,26 @@ pub struct DeviceReport {
 pub struct MemReport {
     /// One section per device, CPU first.
     pub devices: Vec<DeviceReport>,
+    /// The optimizers given, with the variables they keep no state for.
+    pub optimizers: Vec<OptimizerReport>,
+}
+
+/// An optimizer given to the reporter: its state tensors are rows of the
+/// device sections; here is what it holds no state for, and why.
+#[derive(Clone, Debug, Serialize)]
+#[non_exhaustive]
+pub struct OptimizerReport {
+    /// Its class.
+    pub kind: memlab_tch::optimizer::OptimizerKind,
+    /// How many state tensors it holds.
+    pub state_tensors: usize,
+    /// Parameters it has taken in but holds no state for: no step since
+    /// they joined, no gradient (frozen), or an optimizer without state
+    /// (SGD without momentum).
+    pub stateless: Vec<String>,
+    /// Trainable variables it has not taken in yet: created after it was
+    /// built (tch adds them at its next step or `zero_grad`).
+    pub absent: Vec<String>,
 }
 
 /// Builds [`MemReport`]s from var stores and named tensors.
@@ -146,6 +170,32 @@ impl MemReporter {
         self
     }
 
+    /// Adds the state of `optimizer` (built on one of the var stores given or
+    /// registered, which names it): `fc.weight.exp_avg` and the like, a row
+    /// each, with exact bytes. The state is read now, under this borrow: the
+    /// report shows it as of this call (memlab never keeps the optimizer).
+    /// When it cannot be read (its var store was not given, or a tch with
+    /// another layout), [`report`](Self::report) returns the error.
+    ///
+    /// ```
+    /// use tch::nn::{self, Module, OptimizerConfig};
+    /// use tch::{Device, Kind, Tensor};
+    ///
+    /// let vs = nn::VarStore::new(Device::Cpu);
+    /// let fc = nn::linear(vs.root() / "fc", 64, 64, Default::default());
+    /// let mut opt = nn::Adam::default().build(&vs, 1e-3).unwrap();
+    /// opt.backward_step(&fc.forward(&Tensor::ones([8, 64], (Kind::Float, Device::Cpu))).sum(Kind::Float));
+    /// let report = memlab::MemReporter::new(&vs).optimizer(&opt).report()?;
+    /// let rows = &report.device(memlab::Device::Cpu).unwrap().rows;
+    /// let moment = rows.iter().find(|r| r.name == "fc.weight.exp_avg_sq").unwrap();
+    /// assert_eq!(moment.bytes, 64 * 64 * 4);
+    /// # Ok::<(), memlab::Error>(())
+    /// ```
+    pub fn optimizer(mut self, optimizer: &tch::nn::Optimizer) -> MemReporter {
+        self.sources.add_optimizer(optimizer);
+        self
+    }
+
     /// Reports only `device`.
     pub fn device(mut self, device: Device) -> MemReporter {
         self.device = Some(device);
@@ -166,7 +216,18 @@ impl MemReporter {
                 out.push(section);
             }
         }
-        Ok(MemReport { devices: out })
+        let optimizers = self
+            .sources
+            .optimizers()
+            .iter()
+            .map(|o| OptimizerReport {
+                kind: o.kind,
+                state_tensors: o.tensors.len(),
+                stateless: o.stateless.clone(),
+                absent: o.absent.clone(),
+            })
+            .collect();
+        Ok(MemReport { devices: out, optimizers })
     }
 }
 
@@ -182,6 +243,7 @@ fn section(device: Device, named: &mut Named, live: Option<&[events::LiveAllocat
         Kind::Parameter => RowKind::Parameter,
         Kind::Gradient => RowKind::Gradient,
         Kind::Tensor => RowKind::Tensor,
+        Kind::OptimizerState => RowKind::OptimizerState,
     };
     for storage in named.take_storages(device) {
         let out = if storage.from_allocator { &mut rows } else { &mut external };
@@ -355,6 +417,33 @@ impl Render for MemReport {
                 }
             }
             doc.heading(format!("Storage on {}", d.device)).table(table).blank();
+        }
+        for o in &self.optimizers {
+            let kind = format!("{:?}", o.kind);
+            doc.line(format!("Optimizer {kind}: {} state tensor(s), listed above by name", o.state_tensors));
+            if !o.stateless.is_empty() {
+                doc.indented(
+                    2,
+                    format!(
+                        "no state for {} (no step since they joined, no gradient or frozen, or an optimizer \
+                         that keeps none)",
+                        o.stateless.join(", ")
+                    ),
+                );
+            }
+            if !o.absent.is_empty() {
+                doc.indented(
+                    2,
+                    format!(
+                        "not in the optimizer yet: {} (created after it was built; tch adds them at its next \
+                         step)",
+                        o.absent.join(", ")
+                    ),
+                );
+            }
+        }
+        if !self.optimizers.is_empty() {
+            doc.blank();
         }
         doc
     }

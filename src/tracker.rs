@@ -45,6 +45,8 @@ pub enum StorageKind {
     Parameter,
     /// A gradient of one.
     Gradient,
+    /// A tensor of an optimizer's state.
+    OptimizerState,
     /// Anything else: registered tensors and unnamed allocations.
     Other,
 }
@@ -54,6 +56,7 @@ impl StorageKind {
         match self {
             StorageKind::Parameter => "parameter",
             StorageKind::Gradient => "gradient",
+            StorageKind::OptimizerState => "optimizer state",
             StorageKind::Other => "other",
         }
     }
@@ -196,6 +199,7 @@ impl Tracker {
                 Kind::Parameter => StorageKind::Parameter,
                 Kind::Gradient => StorageKind::Gradient,
                 Kind::Tensor => StorageKind::Other,
+                Kind::OptimizerState => StorageKind::OptimizerState,
             };
             let group = Group { kind, shape: Some(first.shape.clone()), dtype: first.dtype, site: None };
             add(storage.data_ptr, Entry { group, bytes: storage.nbytes });

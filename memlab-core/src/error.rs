@@ -59,6 +59,10 @@ pub enum Error {
         /// The functions it matches.
         candidates: Vec<String>,
     },
+    /// An optimizer's state cannot be read: its var store was not given, or
+    /// it is not an optimizer memlab knows how to read.
+    #[error("memlab cannot read this optimizer's state: {0}")]
+    Optimizer(String),
     /// Reading or writing failed.
     #[error("could not {what}: {source}")]
     Io {

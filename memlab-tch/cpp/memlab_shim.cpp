@@ -7,6 +7,10 @@
 #include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <ATen/core/Tensor.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/rmsprop.h>
+#include <torch/optim/sgd.h>
 
 #include "memlab_shim.h"
 
@@ -18,6 +22,7 @@
 #include <cstdio>
 #include <exception>
 #include <string>
+#include <vector>
 
 #ifdef MEMLAB_WITH_CUDA
 // Declared here rather than through ATen/cuda headers, which need the CUDA
@@ -534,6 +539,95 @@ char* memlab_tensor_facts(const void* tensor, struct memlab_tensor_facts* out, s
     } else {
       std::memset(grad, 0, sizeof *grad);
       grad->storage.has_storage = -1;
+    }
+  }
+  MEMLAB_CATCH
+}
+
+char* memlab_tensor_impl(const void* tensor, uint64_t* out) {
+  MEMLAB_TRY
+  TORCH_CHECK(tensor != nullptr, "null tensor");
+  *out = reinterpret_cast<uint64_t>(static_cast<const at::Tensor*>(tensor)->unsafeGetTensorImpl());
+  MEMLAB_CATCH
+}
+
+namespace {
+
+int32_t optimizer_kind(const torch::optim::Optimizer* o) {
+  if (dynamic_cast<const torch::optim::AdamW*>(o) != nullptr) return MEMLAB_OPTIMIZER_ADAMW;
+  if (dynamic_cast<const torch::optim::Adam*>(o) != nullptr) return MEMLAB_OPTIMIZER_ADAM;
+  if (dynamic_cast<const torch::optim::SGD*>(o) != nullptr) return MEMLAB_OPTIMIZER_SGD;
+  if (dynamic_cast<const torch::optim::RMSprop*>(o) != nullptr) return MEMLAB_OPTIMIZER_RMSPROP;
+  return MEMLAB_OPTIMIZER_NONE;
+}
+
+// The defined tensors of one parameter's state, with their slots.
+std::vector<std::pair<int32_t, at::Tensor>> state_tensors(const torch::optim::OptimizerParamState* s) {
+  std::vector<std::pair<int32_t, at::Tensor>> out;
+  auto add = [&](int32_t slot, const at::Tensor& t) {
+    if (t.defined()) out.emplace_back(slot, t);
+  };
+  if (auto a = dynamic_cast<const torch::optim::AdamWParamState*>(s)) {
+    add(MEMLAB_STATE_EXP_AVG, a->exp_avg());
+    add(MEMLAB_STATE_EXP_AVG_SQ, a->exp_avg_sq());
+    add(MEMLAB_STATE_MAX_EXP_AVG_SQ, a->max_exp_avg_sq());
+  } else if (auto a = dynamic_cast<const torch::optim::AdamParamState*>(s)) {
+    add(MEMLAB_STATE_EXP_AVG, a->exp_avg());
+    add(MEMLAB_STATE_EXP_AVG_SQ, a->exp_avg_sq());
+    add(MEMLAB_STATE_MAX_EXP_AVG_SQ, a->max_exp_avg_sq());
+  } else if (auto m = dynamic_cast<const torch::optim::SGDParamState*>(s)) {
+    add(MEMLAB_STATE_MOMENTUM_BUFFER, m->momentum_buffer());
+  } else if (auto r = dynamic_cast<const torch::optim::RMSpropParamState*>(s)) {
+    add(MEMLAB_STATE_SQUARE_AVG, r->square_avg());
+    add(MEMLAB_STATE_MOMENTUM_BUFFER, r->momentum_buffer());
+    add(MEMLAB_STATE_GRAD_AVG, r->grad_avg());
+  } else {
+    TORCH_CHECK(false, "an optimizer state of a kind memlab does not know");
+  }
+  return out;
+}
+
+}  // namespace
+
+char* memlab_optimizer_kind(const void* optimizer, int32_t* kind) {
+  MEMLAB_TRY
+  TORCH_CHECK(optimizer != nullptr, "null optimizer");
+  *kind = optimizer_kind(static_cast<const torch::optim::Optimizer*>(optimizer));
+  MEMLAB_CATCH
+}
+
+char* memlab_optimizer_states(const void* optimizer, struct memlab_optimizer_state* out, int64_t capacity,
+                              int64_t* count) {
+  MEMLAB_TRY
+  TORCH_CHECK(optimizer != nullptr, "null optimizer");
+  auto* o = static_cast<const torch::optim::Optimizer*>(optimizer);
+  TORCH_CHECK(optimizer_kind(o) != MEMLAB_OPTIMIZER_NONE, "not an optimizer tch builds (Adam, AdamW, SGD, RMSprop)");
+  const auto& state = o->state();
+  // Collected first, so nothing is handed out when an exception leaves halfway.
+  std::vector<memlab_optimizer_state> entries;
+  std::vector<at::Tensor> tensors;
+  const auto& groups = o->param_groups();
+  for (size_t g = 0; g < groups.size(); ++g) {
+    for (const auto& p : groups[g].params()) {
+      void* key = p.unsafeGetTensorImpl();
+      const uint64_t param = reinterpret_cast<uint64_t>(key);
+      auto found = state.find(key);
+      auto parts = found == state.end() ? std::vector<std::pair<int32_t, at::Tensor>>{} : state_tensors(found->second.get());
+      if (parts.empty()) {
+        entries.push_back({param, nullptr, static_cast<int32_t>(g), MEMLAB_STATE_NONE});
+        tensors.emplace_back();
+      }
+      for (auto& [slot, t] : parts) {
+        entries.push_back({param, nullptr, static_cast<int32_t>(g), slot});
+        tensors.push_back(t);
+      }
+    }
+  }
+  *count = static_cast<int64_t>(entries.size());
+  for (size_t i = 0; i < entries.size() && static_cast<int64_t>(i) < capacity; ++i) {
+    out[i] = entries[i];
+    if (tensors[i].defined()) {
+      out[i].tensor = new at::Tensor(tensors[i]);
     }
   }
   MEMLAB_CATCH

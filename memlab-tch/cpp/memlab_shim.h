@@ -111,6 +111,35 @@ struct memlab_tensor_facts {
   int64_t dims[MEMLAB_MAX_DIMS];  // the first MEMLAB_MAX_DIMS sizes
 };
 
+// The optimizer classes tch builds (torch::optim), found by dynamic_cast.
+enum memlab_optimizer_kind {
+  MEMLAB_OPTIMIZER_NONE = 0,
+  MEMLAB_OPTIMIZER_ADAM = 1,
+  MEMLAB_OPTIMIZER_ADAMW = 2,
+  MEMLAB_OPTIMIZER_SGD = 3,
+  MEMLAB_OPTIMIZER_RMSPROP = 4,
+};
+
+// The tensors of a parameter's optimizer state, by their libtorch names.
+enum memlab_optimizer_slot {
+  MEMLAB_STATE_NONE = -1,  // a parameter with no state yet
+  MEMLAB_STATE_EXP_AVG = 0,
+  MEMLAB_STATE_EXP_AVG_SQ = 1,
+  MEMLAB_STATE_MAX_EXP_AVG_SQ = 2,
+  MEMLAB_STATE_MOMENTUM_BUFFER = 3,
+  MEMLAB_STATE_SQUARE_AVG = 4,
+  MEMLAB_STATE_GRAD_AVG = 5,
+};
+
+// One parameter of an optimizer and one tensor of its state (slot
+// MEMLAB_STATE_NONE and a null tensor: the parameter has no state yet).
+struct memlab_optimizer_state {
+  uint64_t param;  // the parameter's TensorImpl address: the state map's key
+  void* tensor;    // a new at::Tensor sharing the state tensor, for tch to own
+  int32_t group;   // the index of the parameter's group
+  int32_t slot;    // enum memlab_optimizer_slot
+};
+
 void memlab_free_error(char* error);
 int32_t memlab_built_with_cuda(void);
 
@@ -134,6 +163,19 @@ void memlab_set_cpu_event_hook(memlab_event_hook hook);
 char* memlab_tensor_storage(const void* tensor, struct memlab_storage_info* out);
 char* memlab_tensor_facts(const void* tensor, struct memlab_tensor_facts* out, struct memlab_tensor_facts* grad);
 
+// The TensorImpl address of a tensor (what optimizer states are keyed by).
+char* memlab_tensor_impl(const void* tensor, uint64_t* out);
+
+// The class of `optimizer`, a torch::optim::Optimizer* that tch built
+// (MEMLAB_OPTIMIZER_NONE when it is none of the four).
+char* memlab_optimizer_kind(const void* optimizer, int32_t* kind);
+// Every parameter of `optimizer` with each defined tensor of its state, group
+// by group: the first `capacity` entries go to `out`, and `count` says how
+// many there are (call again with more room when it exceeds `capacity`; the
+// handles of the entries written are the caller's either way).
+char* memlab_optimizer_states(const void* optimizer, struct memlab_optimizer_state* out, int64_t capacity,
+                              int64_t* count);
+
 char* memlab_weak_tensor_new(const void* tensor, void** out);
 void* memlab_weak_tensor_lock(void* weak);
 int32_t memlab_weak_tensor_expired(void* weak);
@@ -149,6 +191,8 @@ static_assert(offsetof(memlab_storage_info, device_type) == 40, "memlab_storage_
 static_assert(offsetof(memlab_storage_info, from_allocator) == 56, "memlab_storage_info layout");
 static_assert(sizeof(struct memlab_tensor_facts) == 200, "memlab_tensor_facts layout");
 static_assert(offsetof(struct memlab_tensor_facts, dims) == 72, "memlab_tensor_facts layout");
+static_assert(sizeof(struct memlab_optimizer_state) == 24, "memlab_optimizer_state layout");
+static_assert(offsetof(struct memlab_optimizer_state, group) == 16, "memlab_optimizer_state layout");
 
 namespace memlab {
 

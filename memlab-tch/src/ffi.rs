@@ -83,12 +83,40 @@ pub struct TensorFacts {
     pub dims: [i64; MAX_DIMS],
 }
 
+// enum memlab_optimizer_kind
+pub const OPTIMIZER_NONE: i32 = 0;
+pub const OPTIMIZER_ADAM: i32 = 1;
+pub const OPTIMIZER_ADAMW: i32 = 2;
+pub const OPTIMIZER_SGD: i32 = 3;
+pub const OPTIMIZER_RMSPROP: i32 = 4;
+
+// enum memlab_optimizer_slot
+pub const STATE_NONE: i32 = -1;
+pub const STATE_EXP_AVG: i32 = 0;
+pub const STATE_EXP_AVG_SQ: i32 = 1;
+pub const STATE_MAX_EXP_AVG_SQ: i32 = 2;
+pub const STATE_MOMENTUM_BUFFER: i32 = 3;
+pub const STATE_SQUARE_AVG: i32 = 4;
+pub const STATE_GRAD_AVG: i32 = 5;
+
+/// struct memlab_optimizer_state
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct OptimizerState {
+    pub param: u64,
+    pub tensor: *mut c_void,
+    pub group: i32,
+    pub slot: i32,
+}
+
 // The same numbers as the header's static_asserts.
 const _: () = assert!(size_of::<StorageInfo>() == 64);
 const _: () = assert!(offset_of!(StorageInfo, device_type) == 40);
 const _: () = assert!(offset_of!(StorageInfo, from_allocator) == 56);
 const _: () = assert!(size_of::<TensorFacts>() == 200);
 const _: () = assert!(offset_of!(TensorFacts, dims) == 72);
+const _: () = assert!(size_of::<OptimizerState>() == 24);
+const _: () = assert!(offset_of!(OptimizerState, group) == 16);
 
 /// Whether two strings are equal, at compile time.
 const fn same(a: &str, b: &str) -> bool {
@@ -142,6 +170,14 @@ extern "C" {
     pub fn memlab_set_cpu_event_hook(hook: Option<EventHook>);
     pub fn memlab_tensor_storage(tensor: *const c_void, out: *mut StorageInfo) -> *mut c_char;
     pub fn memlab_tensor_facts(tensor: *const c_void, out: *mut TensorFacts, grad: *mut TensorFacts) -> *mut c_char;
+    pub fn memlab_tensor_impl(tensor: *const c_void, out: *mut u64) -> *mut c_char;
+    pub fn memlab_optimizer_kind(optimizer: *const c_void, kind: *mut i32) -> *mut c_char;
+    pub fn memlab_optimizer_states(
+        optimizer: *const c_void,
+        out: *mut OptimizerState,
+        capacity: i64,
+        count: *mut i64,
+    ) -> *mut c_char;
     pub fn memlab_weak_tensor_new(tensor: *const c_void, out: *mut *mut c_void) -> *mut c_char;
     pub fn memlab_weak_tensor_lock(weak: *mut c_void) -> *mut c_void;
     pub fn memlab_weak_tensor_expired(weak: *mut c_void) -> i32;

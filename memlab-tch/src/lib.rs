@@ -25,6 +25,7 @@
 mod driver;
 mod events;
 mod ffi;
+pub mod optimizer;
 pub mod registry;
 pub mod storage;
 

@@ -1,0 +1,201 @@
+//! The state of tch's optimizers. `tch::nn::Optimizer` keeps libtorch's
+//! `torch::optim::Optimizer` in a private field, with no accessor; its moment
+//! buffers are often the largest block of a training run after the
+//! parameters. memlab finds the object without assuming the order of the
+//! fields, confirms its class in C++, and reads the state map under the
+//! caller's borrow of the optimizer: memlab never keeps the pointer, since tch
+//! frees the object when the optimizer drops and every step changes the map.
+
+use std::ffi::c_void;
+use std::mem::{align_of, size_of, transmute_copy};
+use std::sync::{Arc, Mutex};
+
+use memlab_core::{Error, Result};
+use serde::Serialize;
+use tch::nn::{Optimizer, Variables};
+use tch::Tensor;
+
+use crate::ffi;
+
+/// The optimizer classes tch builds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum OptimizerKind {
+    /// `nn::Adam`.
+    Adam,
+    /// `nn::AdamW`.
+    AdamW,
+    /// `nn::Sgd`.
+    Sgd,
+    /// `nn::RmsProp`.
+    RmsProp,
+}
+
+/// A tensor of a parameter's optimizer state, by libtorch's name for it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StateSlot {
+    /// Adam's first moment.
+    ExpAvg,
+    /// Adam's second moment.
+    ExpAvgSq,
+    /// Adam's running maximum of the second moment (amsgrad only).
+    MaxExpAvgSq,
+    /// SGD's and RMSprop's momentum.
+    MomentumBuffer,
+    /// RMSprop's running average of squared gradients.
+    SquareAvg,
+    /// Centred RMSprop's running average of gradients.
+    GradAvg,
+}
+
+impl StateSlot {
+    /// libtorch's name: `exp_avg`, `exp_avg_sq`, `max_exp_avg_sq`,
+    /// `momentum_buffer`, `square_avg`, `grad_avg`.
+    pub fn name(self) -> &'static str {
+        match self {
+            StateSlot::ExpAvg => "exp_avg",
+            StateSlot::ExpAvgSq => "exp_avg_sq",
+            StateSlot::MaxExpAvgSq => "max_exp_avg_sq",
+            StateSlot::MomentumBuffer => "momentum_buffer",
+            StateSlot::SquareAvg => "square_avg",
+            StateSlot::GradAvg => "grad_avg",
+        }
+    }
+
+    fn from_ffi(slot: i32) -> Result<Option<StateSlot>> {
+        Ok(Some(match slot {
+            ffi::STATE_NONE => return Ok(None),
+            ffi::STATE_EXP_AVG => StateSlot::ExpAvg,
+            ffi::STATE_EXP_AVG_SQ => StateSlot::ExpAvgSq,
+            ffi::STATE_MAX_EXP_AVG_SQ => StateSlot::MaxExpAvgSq,
+            ffi::STATE_MOMENTUM_BUFFER => StateSlot::MomentumBuffer,
+            ffi::STATE_SQUARE_AVG => StateSlot::SquareAvg,
+            ffi::STATE_GRAD_AVG => StateSlot::GradAvg,
+            other => return Err(Error::Backend(format!("unknown optimizer state slot {other}"))),
+        }))
+    }
+}
+
+/// One parameter of an optimizer and one tensor of its state.
+#[derive(Debug)]
+pub struct ParamState {
+    /// The parameter's `TensorImpl` address (see [`tensor_impl`]).
+    pub param: u64,
+    /// The index of the parameter's group.
+    pub group: usize,
+    /// Which tensor of the state this is; `None`: the parameter has no state
+    /// yet (no step since it joined, or it never had a gradient).
+    pub slot: Option<StateSlot>,
+    /// The state tensor itself (shared with the optimizer, not a copy).
+    pub tensor: Option<Tensor>,
+}
+
+/// What an optimizer holds, read under a borrow of it.
+#[derive(Debug)]
+pub struct OptimizerState {
+    /// Its class.
+    pub kind: OptimizerKind,
+    /// Which of the var stores given to [`read`] it was built on.
+    pub store: usize,
+    /// Every parameter it updates, group by group, once per state tensor.
+    pub params: Vec<ParamState>,
+}
+
+/// The `TensorImpl` address of `tensor`: what optimizer states are keyed by,
+/// and the same for every shallow clone of a variable.
+pub fn tensor_impl(tensor: &Tensor) -> Result<u64> {
+    let mut out = 0u64;
+    // SAFETY: `as_ptr` is tch's live at::Tensor; the shim writes one word.
+    ffi::check(unsafe { ffi::memlab_tensor_impl(tensor.as_ptr().cast(), &mut out) })?;
+    Ok(out)
+}
+
+/// The state of `optimizer`, which was built on one of `stores` (the
+/// `variables_` of var stores). The borrow keeps the optimizer alive and
+/// unchanged while memlab reads it; the tensors returned share the state's
+/// storage and stay valid on their own.
+pub fn read(optimizer: &Optimizer, stores: &[Arc<Mutex<Variables>>]) -> Result<OptimizerState> {
+    let (object, store) = locate(optimizer, stores)?;
+    let mut kind = ffi::OPTIMIZER_NONE;
+    // SAFETY: `object` is the optimizer's torch::optim::Optimizer*, identified
+    // by `locate`, alive for the borrow; the shim writes one int.
+    ffi::check(unsafe { ffi::memlab_optimizer_kind(object, &mut kind) })?;
+    let kind = match kind {
+        ffi::OPTIMIZER_ADAM => OptimizerKind::Adam,
+        ffi::OPTIMIZER_ADAMW => OptimizerKind::AdamW,
+        ffi::OPTIMIZER_SGD => OptimizerKind::Sgd,
+        ffi::OPTIMIZER_RMSPROP => OptimizerKind::RmsProp,
+        _ => {
+            return Err(Error::Optimizer(
+                "it is none of the classes tch builds (Adam, AdamW, SGD, RMSprop); this memlab reads tch 0.24's".into(),
+            ))
+        }
+    };
+    let mut entries: Vec<ffi::OptimizerState> = Vec::new();
+    loop {
+        let mut count = 0i64;
+        // SAFETY: `entries` has room for `capacity` records; every tensor
+        // handle written is taken over below.
+        ffi::check(unsafe {
+            ffi::memlab_optimizer_states(object, entries.as_mut_ptr(), entries.capacity() as i64, &mut count)
+        })?;
+        let count = usize::try_from(count).unwrap_or(0);
+        if count <= entries.capacity() {
+            // SAFETY: the shim initialised the first `count` records.
+            unsafe { entries.set_len(count) };
+            break;
+        }
+        // Too little room: the shim handed out no handles; ask again with enough.
+        entries.reserve_exact(count);
+    }
+    let mut params = Vec::with_capacity(entries.len());
+    // Every handle is owned from here on, even if a slot turns out unknown.
+    let tensors: Vec<Option<Tensor>> =
+        entries.iter().map(|e| (!e.tensor.is_null()).then(|| unsafe { Tensor::from_ptr(e.tensor.cast()) })).collect();
+    for (e, tensor) in entries.iter().zip(tensors) {
+        let slot = StateSlot::from_ffi(e.slot)?;
+        params.push(ParamState { param: e.param, group: usize::try_from(e.group).unwrap_or(0), slot, tensor });
+    }
+    Ok(OptimizerState { kind, store, params })
+}
+
+/// The address of the `torch::optim::Optimizer` inside `optimizer`, and which
+/// of `stores` it was built on. tch's `Optimizer` is three words: the C++
+/// object, an `Arc` of its var store's variables, and how many of them it
+/// has taken in. The `Arc` is recognised by its address, the count by being
+/// no more than the store's trainable variables; the word left is the object,
+/// and nothing is dereferenced until then (its class is confirmed in C++).
+fn locate(optimizer: &Optimizer, stores: &[Arc<Mutex<Variables>>]) -> Result<(*const c_void, usize)> {
+    const WORD: usize = size_of::<usize>();
+    let unexpected = || {
+        Error::Optimizer(format!(
+            "tch's Optimizer is not laid out as in tch 0.24 ({} bytes); update memlab with tch",
+            size_of::<Optimizer>()
+        ))
+    };
+    if size_of::<Optimizer>() != 3 * WORD || size_of::<Arc<Mutex<Variables>>>() != WORD {
+        return Err(unexpected());
+    }
+    // SAFETY: three initialised words (checked above): a pointer, an Arc and
+    // a usize, read as plain integers.
+    let words: [usize; 3] = unsafe { transmute_copy(optimizer) };
+    // SAFETY: an Arc is one non-null pointer (checked above), read as an integer.
+    let arcs: Vec<usize> = stores.iter().map(|a| unsafe { transmute_copy::<_, usize>(a) }).collect();
+    let found = words.iter().enumerate().find_map(|(i, w)| arcs.iter().position(|a| a == w).map(|s| (i, s)));
+    let Some((arc_word, store)) = found else {
+        return Err(Error::Optimizer(
+            "it was built on a var store memlab was not given: pass that var store too (or register it)".into(),
+        ));
+    };
+    let trainable = stores[store].lock().unwrap_or_else(|e| e.into_inner()).trainable_variables.len();
+    let others: Vec<usize> = (0..3).filter(|&i| i != arc_word).map(|i| words[i]).collect();
+    let is_count = |w: usize| w <= trainable;
+    let is_object = |w: usize| w > 0xffff && w.is_multiple_of(align_of::<usize>()) && !arcs.contains(&w);
+    let object = match (is_count(others[0]) && is_object(others[1]), is_count(others[1]) && is_object(others[0])) {
+        (true, false) => others[1],
+        (false, true) => others[0],
+        _ => return Err(unexpected()),
+    };
+    Ok((object as *const c_void, store))
+}
