@@ -4,7 +4,9 @@
 //! tensors it knows (and their gradients) to the CPU in place, with
 //! `set_data`, so every handle to them (layers, an `nn::Optimizer`) stays
 //! valid; then it empties the CUDA cache and says how many bytes the devices
-//! got back and what stayed. [`Courtesy::restore`], or dropping the guard,
+//! got back and what stayed. [`Courtesy::yield_memory_with`] moves an
+//! optimizer's state (Adam's moments, momentum buffers) too, in place, so
+//! training goes on bit-identically. [`Courtesy::restore`], or dropping the guard,
 //! moves everything back. Nothing is lost on failure: a tensor that cannot
 //! go back (out of memory) stays valid on the CPU, and `restore` can be
 //! called again.
@@ -18,7 +20,7 @@ use tch::nn::VarStore;
 use tch::Tensor;
 
 use crate::attribution::site_label;
-use crate::named::Sources;
+use crate::named::{Kind, Sources};
 
 /// A tensor moved to the CPU, and where it came from.
 struct Moved {
@@ -26,6 +28,16 @@ struct Moved {
     tensor: Tensor,
     home: tch::Device,
     bytes: u64,
+    part: Part,
+}
+
+/// What a moved tensor is to the model.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Part {
+    Parameter,
+    Gradient,
+    OptimizerState,
+    Tensor,
 }
 
 /// Moves models off the GPU and back. Bind it to a named variable
@@ -84,20 +96,53 @@ impl Courtesy {
     }
 
     /// Every CUDA tensor (and gradient) this Courtesy knows, by name.
-    fn cuda_tensors(&self) -> Result<Vec<(String, Tensor)>> {
+    fn cuda_tensors(&self) -> Result<Vec<(String, Tensor, Part)>> {
         let mut out = Vec::new();
-        self.sources.for_each(|name, tensor, _| {
-            if let Some(grad) = memlab_tch::grad_of(tensor) {
-                out.push((format!("{name}.grad"), grad));
+        self.sources.for_each(|name, tensor, kind| {
+            let part = match kind {
+                Kind::Parameter => Part::Parameter,
+                Kind::OptimizerState => Part::OptimizerState,
+                Kind::Gradient | Kind::Tensor => Part::Tensor,
+            };
+            if part != Part::OptimizerState {
+                if let Some(grad) = memlab_tch::grad_of(tensor) {
+                    out.push((format!("{name}.grad"), grad, Part::Gradient));
+                }
             }
-            out.push((name.to_string(), tensor.shallow_clone()));
+            out.push((name.to_string(), tensor.shallow_clone(), part));
             Ok(())
         })?;
-        out.retain(|(_, t)| t.device().is_cuda());
+        out.retain(|(_, t, _)| t.device().is_cuda());
         // A storage shared by two names moves once.
         let mut seen = std::collections::HashSet::new();
-        out.retain(|(_, t)| memlab_tch::storage_info(t).map(|i| seen.insert(i.storage_id)).unwrap_or(false));
+        out.retain(|(_, t, _)| memlab_tch::storage_info(t).map(|i| seen.insert(i.storage_id)).unwrap_or(false));
         Ok(out)
+    }
+
+    /// Like [`yield_memory`](Self::yield_memory), and moves the state of
+    /// `optimizer` too (built on a var store this Courtesy knows): Adam's
+    /// moments, momentum buffers and the like, in place, so the optimizer
+    /// goes on where it was after [`restore`](Self::restore) (which needs no
+    /// optimizer: memlab keeps handles to what it moved, never the
+    /// optimizer). The report says how much each part gave back. An
+    /// optimizer memlab cannot read is an error, and nothing moves.
+    ///
+    /// ```no_run
+    /// use tch::nn::{self, OptimizerConfig};
+    ///
+    /// let vs = nn::VarStore::new(tch::Device::Cuda(0));
+    /// let _layer = nn::linear(vs.root() / "fc", 4096, 4096, Default::default());
+    /// let mut adam = nn::Adam::default().build(&vs, 1e-3).unwrap();
+    /// let mut courtesy = memlab::Courtesy::only().var_store(&vs);
+    /// println!("{}", courtesy.yield_memory_with(&mut adam)?);
+    /// courtesy.restore()?;
+    /// # Ok::<(), memlab::Error>(())
+    /// ```
+    pub fn yield_memory_with(&mut self, optimizer: &mut tch::nn::Optimizer) -> Result<YieldReport> {
+        self.sources.add_optimizer(optimizer);
+        let report = self.yield_memory();
+        self.sources.clear_optimizers();
+        report
     }
 
     /// Moves every CUDA tensor this Courtesy knows (and their gradients) to
@@ -109,26 +154,39 @@ impl Courtesy {
     pub fn yield_memory(&mut self) -> Result<YieldReport> {
         let devices: Vec<Device> = (0..memlab_tch::cuda_device_count()).map(Device::Cuda).collect();
         let before = snapshot(&devices)?;
-        for (name, tensor) in self.cuda_tensors()? {
+        for (name, tensor, part) in self.cuda_tensors()? {
             let home = tensor.device();
             let bytes = memlab_tch::storage_info(&tensor)?.nbytes;
             let on_cpu = tensor.f_to_device(tch::Device::Cpu).map_err(torch)?;
             let mut handle = tensor.shallow_clone();
             handle.f_set_data(&on_cpu).map_err(torch)?;
-            self.moved.push(Moved { name, tensor: handle, home, bytes });
+            self.moved.push(Moved { name, tensor: handle, home, bytes, part });
         }
         memlab_tch::empty_cache()?;
         let after = snapshot(&devices)?;
         let mut report = YieldReport { devices: BTreeMap::new(), moved: self.moved.len(), stayed: Vec::new() };
         for device in devices {
-            let moved_bytes =
-                self.moved.iter().filter(|m| memlab_tch::device_of(m.home) == device).map(|m| m.bytes).sum();
+            let of = |part: Part| -> u64 {
+                self.moved
+                    .iter()
+                    .filter(|m| memlab_tch::device_of(m.home) == device && m.part == part)
+                    .map(|m| m.bytes)
+                    .sum()
+            };
             let (reserved_before, _) = before[&device];
             let (reserved_after, allocated_after) = after[&device];
-            report.devices.insert(
-                device,
-                YieldCounts { moved_bytes, reserved_before, reserved_after, still_allocated: allocated_after },
-            );
+            let counts = YieldCounts {
+                parameters: of(Part::Parameter),
+                gradients: of(Part::Gradient),
+                optimizer_state: of(Part::OptimizerState),
+                tensors: of(Part::Tensor),
+                moved_bytes: 0,
+                reserved_before,
+                reserved_after,
+                still_allocated: allocated_after,
+            };
+            let moved_bytes = counts.parameters + counts.gradients + counts.optimizer_state + counts.tensors;
+            report.devices.insert(device, YieldCounts { moved_bytes, ..counts });
         }
         if events::is_active() {
             let live = events::live();
@@ -197,8 +255,16 @@ fn snapshot(devices: &[Device]) -> Result<BTreeMap<Device, (i64, i64)>> {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 #[non_exhaustive]
 pub struct YieldCounts {
-    /// Bytes of the storages moved to the CPU.
+    /// Bytes of the storages moved to the CPU: the four parts below.
     pub moved_bytes: u64,
+    /// Of those, the var stores' variables.
+    pub parameters: u64,
+    /// Their gradients.
+    pub gradients: u64,
+    /// The optimizer's state (with [`Courtesy::yield_memory_with`]).
+    pub optimizer_state: u64,
+    /// Tensors added or registered by name (and their gradients).
+    pub tensors: u64,
     /// Bytes the caching allocator held before.
     pub reserved_before: i64,
     /// Bytes it holds after the move and `empty_cache`.
@@ -239,6 +305,10 @@ impl Render for YieldReport {
         let figure = |header: &str| Column::new(header, Cell::Figure).min_width(9);
         let mut table = Table::new(vec![
             Column::new("device", Cell::Text),
+            figure("parameters"),
+            figure("gradients"),
+            figure("optimizer state"),
+            figure("tensors"),
             figure("moved"),
             figure("reserved before"),
             figure("reserved after"),
@@ -248,6 +318,10 @@ impl Render for YieldReport {
         for (device, c) in &self.devices {
             table.row([
                 device.to_string(),
+                format_bytes(c.parameters as i64),
+                format_bytes(c.gradients as i64),
+                format_bytes(c.optimizer_state as i64),
+                format_bytes(c.tensors as i64),
                 format_bytes(c.moved_bytes as i64),
                 format_bytes(c.reserved_before),
                 format_bytes(c.reserved_after),
@@ -256,12 +330,13 @@ impl Render for YieldReport {
             ]);
         }
         doc.table(table);
-        for (device, _) in self.devices.iter().filter(|(_, c)| c.still_allocated > 0) {
+        for (device, c) in self.devices.iter().filter(|(_, c)| c.still_allocated > 0) {
             doc.indented(
                 2,
                 format!(
-                    "what stays on {device} belongs to tensors memlab was not given, such as an optimizer's state \
-                     (tch keeps it inside its C++ optimizer, out of memlab's reach){}",
+                    "what stays on {device} belongs to tensors memlab was not given (inputs, activations, \
+                     cuBLAS workspaces{}){}",
+                    if c.optimizer_state == 0 { ", an optimizer not passed to yield_memory_with" } else { "" },
                     if self.stayed.is_empty() { "; record events to see where it was allocated" } else { ":" }
                 ),
             );

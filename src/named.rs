@@ -121,6 +121,13 @@ impl Sources {
         }
     }
 
+    /// Forgets the optimizers read (and an error reading one): their state
+    /// handles are let go.
+    pub(crate) fn clear_optimizers(&mut self) {
+        self.optimizers.clear();
+        self.error = None;
+    }
+
     /// The optimizers' states read so far.
     pub(crate) fn optimizers(&self) -> &[OptimizerStates] {
         &self.optimizers

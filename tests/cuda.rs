@@ -555,3 +555,74 @@ fn concurrent_checks_catch_every_cuda_leak() {
     println!("{checks} concurrent checks on cuda:0, every leak caught");
     assert!(checks > 100);
 }
+
+/// A model of 16 bias-free 4096×4096 layers: 1 GiB of parameters.
+fn gib_model(vs: &tch::nn::VarStore) -> Vec<tch::nn::Linear> {
+    let config = tch::nn::LinearConfig { bias: false, ..Default::default() };
+    (0..16).map(|i| tch::nn::linear(vs.root() / format!("l{i}"), 4096, 4096, config)).collect()
+}
+
+fn gib_step(layers: &[tch::nn::Linear], opt: &mut tch::nn::Optimizer, x: &Tensor) -> f64 {
+    use tch::nn::Module;
+    let out = layers.iter().fold(x.shallow_clone(), |h, l| l.forward(&h).tanh());
+    let loss = out.square().mean(Kind::Float);
+    opt.backward_step(&loss);
+    loss.double_value(&[])
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn courtesy_moves_adam_state_and_training_goes_on_bit_identically() {
+    use tch::nn::OptimizerConfig;
+    const GIB: u64 = 1 << 30;
+    let _s = serial();
+    memlab::gpu::empty_cache().unwrap();
+    let build = || {
+        tch::manual_seed(11);
+        let vs = tch::nn::VarStore::new(GPU);
+        let layers = gib_model(&vs);
+        let opt = tch::nn::Adam::default().build(&vs, 1e-4).unwrap();
+        (vs, layers, opt)
+    };
+    let (vs_a, layers_a, mut opt_a) = build();
+    let (vs_b, layers_b, mut opt_b) = build();
+    tch::manual_seed(12);
+    let x = Tensor::randn([64, 4096], (Kind::Float, GPU));
+    gib_step(&layers_a, &mut opt_a, &x);
+    gib_step(&layers_b, &mut opt_b, &x);
+
+    // The state is named and exact on the GPU too.
+    let report = memlab::MemReporter::new(&vs_a).optimizer(&opt_a).device(Device::Cuda(0)).report().unwrap();
+    let rows = &report.device(Device::Cuda(0)).unwrap().rows;
+    let state: Vec<_> = rows.iter().filter(|r| r.kind == memlab::reporter::RowKind::OptimizerState).collect();
+    assert_eq!(state.len(), 32);
+    assert!(state.iter().all(|r| r.bytes == 4096 * 4096 * 4), "{report}");
+    assert!(rows.iter().any(|r| r.name == "l0.weight.exp_avg_sq"), "{report}");
+
+    let mut courtesy = memlab::Courtesy::only().var_store(&vs_a);
+    let report = courtesy.yield_memory_with(&mut opt_a).unwrap();
+    println!("{report}");
+    let c = report.devices[&Device::Cuda(0)];
+    assert_eq!((c.parameters, c.gradients, c.optimizer_state), (GIB, GIB, 2 * GIB), "{report}");
+    assert!(c.returned() >= 4 * GIB as i64, "{report}");
+    assert!(vs_a.trainable_variables().iter().all(|t| t.device() == tch::Device::Cpu));
+    assert_eq!(courtesy.restore().unwrap(), 64);
+
+    let (mut losses_a, mut losses_b) = (Vec::new(), Vec::new());
+    for _ in 0..20 {
+        losses_a.push(gib_step(&layers_a, &mut opt_a, &x).to_bits());
+        losses_b.push(gib_step(&layers_b, &mut opt_b, &x).to_bits());
+    }
+    assert_eq!(losses_a, losses_b, "20 steps after the yield match a run without it");
+    for (a, b) in vs_a.trainable_variables().iter().zip(vs_b.trainable_variables()) {
+        assert!(a.equal(&b), "weights bit-identical after 20 steps");
+    }
+    let after = memlab::MemReporter::new(&vs_a).optimizer(&opt_a).device(Device::Cuda(0)).report().unwrap();
+    let state_a: i64 = after.devices[0]
+        .rows
+        .iter()
+        .filter(|r| r.kind == memlab::reporter::RowKind::OptimizerState)
+        .map(|r| r.bytes)
+        .sum();
+    assert_eq!(state_a, 2 * GIB as i64, "the state came back to the GPU");
+}

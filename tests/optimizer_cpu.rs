@@ -205,3 +205,28 @@ fn the_supported_tch_is_pinned() {
         .collect();
     assert_eq!(names, ["Adam", "AdamW", "Sgd", "RmsProp"]);
 }
+
+#[test]
+fn courtesy_with_an_optimizer_on_a_cpu_only_machine() {
+    let _s = serial();
+    if tch::Cuda::is_available() {
+        return; // the CUDA round trip is tests/cuda.rs's
+    }
+    let vs = nn::VarStore::new(tch::Device::Cpu);
+    let net = model(&vs);
+    let mut opt = nn::Adam::default().build(&vs, 1e-3).unwrap();
+    step(&net, &mut opt);
+    let mut courtesy = memlab::Courtesy::only().var_store(&vs);
+    let report = courtesy.yield_memory_with(&mut opt).unwrap();
+    assert_eq!(report.to_string(), "Courtesy: no CUDA device, nothing to yield\n");
+    assert!(!courtesy.is_yielded());
+    // An optimizer of a var store the Courtesy does not know: an error, nothing moves.
+    let other = nn::VarStore::new(tch::Device::Cpu);
+    let mut lonely = memlab::Courtesy::only().var_store(&other);
+    let err = lonely.yield_memory_with(&mut opt).unwrap_err();
+    assert!(err.to_string().contains("pass that var store too"), "{err}");
+    assert!(!lonely.is_yielded());
+    // The error is not kept: the same Courtesy works without the optimizer.
+    assert!(lonely.yield_memory().is_ok());
+    step(&net, &mut opt);
+}
