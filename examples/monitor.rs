@@ -16,10 +16,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .add(nn::linear(vs.root() / "fc2", 1024, 10, Default::default()));
     let mut opt = nn::Adam::default().build(&vs, 1e-3)?;
     std::fs::create_dir_all("memlab_csv")?;
-    let mut monitor = memlab::TrainingMonitor::new(&vs)
-        .print_period(4)
-        .optimizer(memlab::monitor::OptimizerKind::Adam)
-        .csv_dir("memlab_csv");
+    let mut monitor = memlab::TrainingMonitor::new(&vs).print_period(4).csv_dir("memlab_csv");
     for _epoch in 0..2 {
         for _batch in 0..8 {
             let x = Tensor::randn([128, 512], (Kind::Float, device));
@@ -27,7 +24,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let loss = model.forward(&x).cross_entropy_for_logits(&y);
             monitor.mark_backward(); // separates feature maps from intermediate gradients
             opt.backward_step(&loss);
-            monitor.record_stats();
+            monitor.record_stats_with(&opt); // Adam's moments, exact, tensor by tensor
         }
         monitor.epoch_end();
     }

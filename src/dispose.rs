@@ -153,6 +153,17 @@ impl DisposeScope {
         self.close()
     }
 
+    /// Like [`finish`](Self::finish), with the state of `optimizer` (built on
+    /// a var store of the model: given with [`model`](Self::model) or
+    /// registered) counted as model state: the moments a first step creates,
+    /// a momentum buffer, are listed as replaced model state, not escapes.
+    /// The optimizer is read now, under this borrow; when it cannot be read,
+    /// the report says so in `model_error` and its state counts as escapes.
+    pub fn finish_with(mut self, optimizer: &tch::nn::Optimizer) -> ScopeReport {
+        self.model.add_optimizer(optimizer);
+        self.close()
+    }
+
     /// Closes the scope; `Err` with the report when anything escaped.
     // Both sides carry the same report, once per scope: boxing one would only
     // make the two cases read differently.
@@ -276,7 +287,7 @@ impl Render for ScopeReport {
             doc.indented(
                 2,
                 format!(
-                    "replaced model state (new gradients of the model's var stores): {} allocation(s), {}",
+                    "replaced model state (new gradients and optimizer state of the model): {} allocation(s), {}",
                     self.model_state.len(),
                     format_bytes(bytes as i64)
                 ),
@@ -365,12 +376,13 @@ impl<R> StepCheck<R> {
 /// escapes (see [`DisposeScope`]); [`check_step_with`] names the model's var
 /// store for the check.
 pub fn check_step<R>(step: impl FnOnce() -> R) -> Result<StepCheck<R>> {
-    check(None, step)
+    check(None, None, |_| step())
 }
 
 /// [`check_step`] of a training step of the model in `vs`: the variables of
 /// `vs` and their new gradients are the model's state, listed in
-/// [`ScopeReport::model_state`], not escapes.
+/// [`ScopeReport::model_state`], not escapes. With an optimizer that keeps
+/// state, see [`check_step_with_optimizer`].
 ///
 /// ```
 /// use tch::nn::{self, Module, OptimizerConfig};
@@ -389,10 +401,47 @@ pub fn check_step<R>(step: impl FnOnce() -> R) -> Result<StepCheck<R>> {
 /// # Ok::<(), memlab::Error>(())
 /// ```
 pub fn check_step_with<R>(vs: &VarStore, step: impl FnOnce() -> R) -> Result<StepCheck<R>> {
-    check(Some(vs), step)
+    check(Some(vs), None, |_| step())
 }
 
-fn check<R>(model: Option<&VarStore>, step: impl FnOnce() -> R) -> Result<StepCheck<R>> {
+/// [`check_step_with`] for a step that uses `optimizer` (built on `vs`): the
+/// step gets the optimizer, and afterwards its state (Adam's moments, created
+/// by the first step, or a momentum buffer) counts as model state too.
+///
+/// ```
+/// use tch::nn::{self, Module, OptimizerConfig};
+/// use tch::{Kind, Tensor};
+///
+/// let vs = nn::VarStore::new(tch::Device::Cpu);
+/// let net = nn::linear(vs.root(), 8, 1, Default::default());
+/// let mut adam = nn::Adam::default().build(&vs, 1e-2).unwrap();
+/// let x = Tensor::ones([4, 8], (Kind::Float, tch::Device::Cpu));
+/// // The first step creates Adam's state: model state, not a leak.
+/// let check = memlab::check_step_with_optimizer(&vs, &mut adam, |adam| {
+///     adam.backward_step(&net.forward(&x).mean(Kind::Float))
+/// })?;
+/// check.assert_no_escapes();
+/// assert_eq!(check.scope.model_state.len(), 2 + 4); // gradients, then 2 moments per variable
+/// # Ok::<(), memlab::Error>(())
+/// ```
+pub fn check_step_with_optimizer<R>(
+    vs: &VarStore,
+    optimizer: &mut tch::nn::Optimizer,
+    step: impl FnOnce(&mut tch::nn::Optimizer) -> R,
+) -> Result<StepCheck<R>> {
+    let mut value = None;
+    let check = check(Some(vs), Some(&mut *optimizer), |opt: Option<&mut tch::nn::Optimizer>| {
+        value = opt.map(step);
+    })?;
+    let value = value.expect("the step ran with the optimizer");
+    Ok(StepCheck { value, scope: check.scope, peak_above_start: check.peak_above_start })
+}
+
+fn check<R>(
+    model: Option<&VarStore>,
+    mut optimizer: Option<&mut tch::nn::Optimizer>,
+    step: impl FnOnce(Option<&mut tch::nn::Optimizer>) -> R,
+) -> Result<StepCheck<R>> {
     let mut devices = vec![Device::Cpu];
     if memlab_tch::cuda_is_available() {
         use memlab_core::Backend;
@@ -403,8 +452,11 @@ fn check<R>(model: Option<&VarStore>, step: impl FnOnce() -> R) -> Result<StepCh
     if let Some(vs) = model {
         scope = scope.model(vs);
     }
-    let value = step();
-    let scope = scope.finish();
+    let value = step(optimizer.as_deref_mut());
+    let scope = match optimizer {
+        Some(opt) => scope.finish_with(opt),
+        None => scope.finish(),
+    };
     let mut peak_above_start = BTreeMap::new();
     for (device, watch) in devices.into_iter().zip(watches) {
         let (start, end) = watch.finish()?;

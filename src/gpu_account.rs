@@ -42,7 +42,7 @@ pub struct GpuAccount {
     pub reserved: i64,
     /// Allocated to tensors by it.
     pub allocated: i64,
-    /// Bytes of the named storages (registered var stores and tensors).
+    /// Bytes of the named storages (registered var stores, optimizer state and tensors).
     pub named: i64,
     /// The parts, largest gaps explained; they add up to `total`.
     pub parts: Vec<Part>,
@@ -121,7 +121,7 @@ pub fn where_gpu_memory_went(index: usize) -> Result<GpuAccount> {
         part(
             label,
             attribution.unattributed,
-            format!("{UNNAMED}; register the model with memlab::register_var_store to name it"),
+            format!("{UNNAMED}; register the model with memlab::register_var_store (and its optimizer with register_optimizer) to name it"),
         );
     }
     if attribution.rounding != 0 {
@@ -131,7 +131,7 @@ pub fn where_gpu_memory_went(index: usize) -> Result<GpuAccount> {
             "the allocator rounds every block up to a multiple of 512 bytes".into(),
         );
     }
-    part("named tensors", named, "the registered models' weights, gradients and tensors".into());
+    part("named tensors", named, "the registered models' weights, gradients, optimizer state and tensors".into());
     Ok(GpuAccount {
         device: index,
         total: driver.total,

@@ -104,6 +104,7 @@ pub use memlab_macros::profile_every;
 
 pub use memlab_core::{Device, Error, Result};
 pub use memlab_tch::{clear_registry, register_tensor, register_var_store, Recording};
+pub use named::register_optimizer;
 
 /// Gives each report type (which describes itself as a `Document`) the
 /// renderings every memlab report has: `to_text` (also what `{}` prints),
@@ -154,7 +155,7 @@ pub mod tracker;
 
 pub use batch_size::{find_batch_size, Budget};
 pub use courtesy::Courtesy;
-pub use dispose::{check_step, check_step_with, DisposeScope, OnEscape};
+pub use dispose::{check_step, check_step_with, check_step_with_optimizer, DisposeScope, OnEscape};
 pub use gpu_account::where_gpu_memory_went;
 pub use logger::StepLogger;
 pub use model_size::{measure_model, StepOptimizer};

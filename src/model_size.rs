@@ -14,6 +14,8 @@ use tch::{Kind, Tensor};
 
 use memlab_tch::BACKEND;
 
+use crate::named::OptimizerStates;
+
 /// An optimizer whose state [`measure_model`] measures with a real step.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub enum StepOptimizer {
@@ -23,8 +25,16 @@ pub enum StepOptimizer {
     SgdMomentum,
     /// Adam.
     Adam,
+    /// Adam with amsgrad (a third buffer: the running maximum).
+    AdamAmsgrad,
     /// AdamW.
     AdamW,
+    /// AdamW with amsgrad.
+    AdamWAmsgrad,
+    /// RMSprop (tch's defaults: no momentum, not centred).
+    RmsProp,
+    /// Centred RMSprop with momentum 0.9 (three buffers).
+    RmsPropCenteredMomentum,
 }
 
 impl StepOptimizer {
@@ -33,7 +43,13 @@ impl StepOptimizer {
             StepOptimizer::Sgd => nn::Sgd::default().build(vs, 1e-3),
             StepOptimizer::SgdMomentum => nn::Sgd { momentum: 0.9, ..Default::default() }.build(vs, 1e-3),
             StepOptimizer::Adam => nn::Adam::default().build(vs, 1e-3),
+            StepOptimizer::AdamAmsgrad => nn::Adam::default().amsgrad(true).build(vs, 1e-3),
             StepOptimizer::AdamW => nn::AdamW::default().build(vs, 1e-3),
+            StepOptimizer::AdamWAmsgrad => nn::AdamW::default().amsgrad(true).build(vs, 1e-3),
+            StepOptimizer::RmsProp => nn::RmsProp::default().build(vs, 1e-3),
+            StepOptimizer::RmsPropCenteredMomentum => {
+                nn::RmsProp { momentum: 0.9, centered: true, ..Default::default() }.build(vs, 1e-3)
+            }
         };
         built.map_err(torch)
     }
@@ -63,7 +79,9 @@ pub struct ModelSize {
     pub backward_peak: i64,
     /// Bytes of the gradients backward created.
     pub gradient_bytes: i64,
-    /// Per optimizer: the bytes its state takes, from a real step.
+    /// Per optimizer: the bytes of its state after a real step, read from
+    /// the optimizer itself (the state tensors' own size, like
+    /// `parameter_bytes`).
     pub optimizer_state: Vec<(StepOptimizer, i64)>,
     /// Per optimizer: the memory a steady-state training step needs at its
     /// peak: parameters, optimizer state, and the highest the step itself
@@ -118,16 +136,28 @@ pub fn measure_model(
     let mut training_step_peak = Vec::new();
     for &kind in optimizers {
         let mut opt = kind.build(vs)?;
-        // The first step creates the optimizer's state...
+        // The first step creates the optimizer's state: what it holds is read
+        // from the optimizer; what it costs the allocator (block rounding
+        // included) counts towards the step's peak...
         let before = allocated(device)?;
         opt.backward_step(&forward(input).mean(Kind::Float));
         opt.zero_grad();
-        let state = allocated(device)? - before;
+        let state_allocated = allocated(device)? - before;
+        let states = OptimizerStates::read(&opt, &[(String::new(), vs.variables_.clone())])?;
+        let mut seen = std::collections::HashSet::new();
+        let mut state = 0i64;
+        for (_, tensor) in &states.tensors {
+            let info = memlab_tch::storage_info(tensor)?;
+            if info.device == Some(device) && seen.insert(info.storage_id) {
+                state += info.nbytes as i64;
+            }
+        }
+        drop(states);
         // ...the second is a steady-state step, state already there.
         let (peak, _, ()) = peak_of(device, || opt.backward_step(&forward(input).mean(Kind::Float)))?;
         opt.zero_grad();
         optimizer_state.push((kind, state));
-        training_step_peak.push((kind, parameter_bytes as i64 + state + peak));
+        training_step_peak.push((kind, parameter_bytes as i64 + state_allocated + peak));
     }
     tch::no_grad(|| {
         for (t, s) in variables.iter().zip(&saved) {

@@ -45,7 +45,7 @@ pub(crate) struct OptimizerStates {
 impl OptimizerStates {
     /// Reads `optimizer`, which was built on one of `stores`, naming its
     /// state after the store's variables.
-    fn read(optimizer: &Optimizer, stores: &[(String, Arc<Mutex<Variables>>)]) -> Result<OptimizerStates> {
+    pub(crate) fn read(optimizer: &Optimizer, stores: &[(String, Arc<Mutex<Variables>>)]) -> Result<OptimizerStates> {
         let arcs: Vec<Arc<Mutex<Variables>>> = stores.iter().map(|(_, v)| v.clone()).collect();
         let state = memlab_tch::optimizer::read(optimizer, &arcs)?;
         let (prefix, variables) = &stores[state.store];
@@ -79,6 +79,47 @@ impl OptimizerStates {
         out.absent.sort();
         Ok(out)
     }
+}
+
+/// Registers the state of `optimizer` by name, held weakly, for every tool
+/// that works from the registry: [`MemReporter::registered`], `track!()`,
+/// [`where_gpu_memory_went`], [`Courtesy::new`] (which then moves the state
+/// with the model), and dispose scopes and [`check_step`] (which then count
+/// it as model state). Its var store must be registered first (see
+/// [`register_var_store`]): the state is named after its variables
+/// (`model.fc.weight.exp_avg`).
+///
+/// The state is read now, under this borrow; memlab never keeps the
+/// optimizer. libtorch creates it at the first step and then updates it in
+/// place, so register after the first step (and again after variables
+/// joined); calling it again replaces the earlier registration. Returns how
+/// many state tensors were registered: 0 before the first step.
+///
+/// ```
+/// use tch::nn::{self, Module, OptimizerConfig};
+/// use tch::{Device, Kind, Tensor};
+///
+/// let vs = nn::VarStore::new(Device::Cpu);
+/// let fc = nn::linear(vs.root() / "fc", 32, 32, Default::default());
+/// memlab::register_var_store("model", &vs);
+/// let mut adam = nn::Adam::default().build(&vs, 1e-3).unwrap();
+/// assert_eq!(memlab::register_optimizer(&adam)?, 0); // no state before the first step
+/// adam.backward_step(&fc.forward(&Tensor::ones([4, 32], (Kind::Float, Device::Cpu))).sum(Kind::Float));
+/// assert_eq!(memlab::register_optimizer(&adam)?, 4); // exp_avg and exp_avg_sq of weight and bias
+/// let report = memlab::MemReporter::registered().report()?;
+/// assert!(report.to_text().contains("model.fc.weight.exp_avg_sq"));
+/// # Ok::<(), memlab::Error>(())
+/// ```
+///
+/// [`MemReporter::registered`]: crate::MemReporter::registered
+/// [`where_gpu_memory_went`]: crate::where_gpu_memory_went
+/// [`Courtesy::new`]: crate::Courtesy::new
+/// [`check_step`]: crate::check_step
+/// [`register_var_store`]: crate::register_var_store
+pub fn register_optimizer(optimizer: &Optimizer) -> Result<usize> {
+    let states = OptimizerStates::read(optimizer, &Sources::registered().stores())?;
+    registry::register_states(&states.tensors)?;
+    Ok(states.tensors.len())
 }
 
 /// Where named tensors come from.
@@ -173,6 +214,16 @@ impl Sources {
         }
         for (name, tensor) in self.optimizers.iter().flat_map(|o| &o.tensors) {
             visit(name, tensor)?;
+        }
+        if self.registry {
+            // An optimizer both registered and given is visited once.
+            let given: HashSet<&str> =
+                self.optimizers.iter().flat_map(|o| &o.tensors).map(|(n, _)| n.as_str()).collect();
+            for (name, tensor) in registry::states() {
+                if !given.contains(name.as_str()) {
+                    visit(&name, &tensor)?;
+                }
+            }
         }
         Ok(())
     }

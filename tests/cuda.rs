@@ -335,10 +335,8 @@ fn model_size_and_batch_search_on_cuda() {
     println!("{size}");
     let params = (2 * (1024 * 1024 + 1024) + 1024 * 10 + 10) * 4;
     assert_eq!(size.parameter_bytes, params as u64);
-    // Allocator bytes: each of Adam's buffers is rounded up to 512 bytes, so
-    // the 40-byte bias of the last layer takes 512.
-    let rounded = params + (512 - 40);
-    assert_eq!(size.optimizer_state, vec![(memlab::StepOptimizer::Adam, 2 * rounded)]);
+    // Read from the optimizer: the state tensors' own bytes, two moments.
+    assert_eq!(size.optimizer_state, vec![(memlab::StepOptimizer::Adam, 2 * params)]);
     // The search meets real CUDA out-of-memory errors and the process stays healthy.
     let mut opt = tch::nn::Adam::default().build(&vs, 1e-4).unwrap();
     let search = memlab::find_batch_size(Device::Cuda(0), memlab::Budget::FreeDeviceMemory, 1 << 24, |batch| {
@@ -625,4 +623,33 @@ fn courtesy_moves_adam_state_and_training_goes_on_bit_identically() {
         .map(|r| r.bytes)
         .sum();
     assert_eq!(state_a, 2 * GIB as i64, "the state came back to the GPU");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_registered_optimizer_is_named_on_cuda() {
+    use tch::nn::{Module, OptimizerConfig};
+    let _s = serial();
+    memlab::clear_registry();
+    let vs = tch::nn::VarStore::new(GPU);
+    let net = cuda_model(&vs, 1024);
+    memlab::register_var_store("model", &vs);
+    let mut opt = tch::nn::Adam::default().build(&vs, 1e-4).unwrap();
+    let x = Tensor::randn([64, 1024], (Kind::Float, GPU));
+    opt.backward_step(&net.forward(&x).mean(Kind::Float));
+    let params = (2 * (1024 * 1024 + 1024) + 1024 * 10 + 10) * 4;
+    assert_eq!(memlab::register_optimizer(&opt).unwrap(), 12);
+    // where_gpu_memory_went counts the state as named: weights, gradients, moments.
+    let account = memlab::where_gpu_memory_went(0).unwrap();
+    println!("{account}");
+    assert_eq!(account.named, 4 * params, "{account}");
+    // Courtesy::new moves the registered state with the model.
+    let mut courtesy = memlab::Courtesy::new();
+    let report = courtesy.yield_memory().unwrap();
+    println!("{report}");
+    let c = report.devices[&Device::Cuda(0)];
+    assert_eq!((c.parameters, c.gradients, c.optimizer_state), (params as u64, params as u64, 2 * params as u64));
+    courtesy.restore().unwrap();
+    opt.backward_step(&net.forward(&x).mean(Kind::Float));
+    memlab::clear_registry();
 }

@@ -230,3 +230,157 @@ fn courtesy_with_an_optimizer_on_a_cpu_only_machine() {
     assert!(lonely.yield_memory().is_ok());
     step(&net, &mut opt);
 }
+
+#[test]
+fn the_monitor_measures_the_state_exactly_and_writes_it_to_csv() {
+    let _s = serial();
+    memlab::clear_registry();
+    let dir = std::env::temp_dir().join(format!("memlab-optimizer-csv-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let vs = nn::VarStore::new(tch::Device::Cpu);
+    let net = model(&vs);
+    let mut opt = nn::Adam::default().build(&vs, 1e-3).unwrap();
+    let mut monitor = memlab::TrainingMonitor::new(&vs)
+        .device(Device::Cpu)
+        .print_period(0)
+        .optimizer(memlab::monitor::OptimizerKind::Adam)
+        .csv_dir(&dir);
+    for _ in 0..3 {
+        step(&net, &mut opt);
+        monitor.record_stats_with(&opt);
+    }
+    let r = monitor.last().unwrap().clone();
+    let params: i64 = parameters().iter().map(|(_, n)| n * 4).sum();
+    assert_eq!(r.optimizer_state, Some(2 * params), "{r}");
+    assert_eq!(r.optimizer_state_estimate, None, "the estimate only stands in for a missing optimizer");
+    assert_eq!(r.optimizer_state_rows.len(), 8);
+    assert!(r.optimizer_state_rows.contains(&("body.weight.exp_avg_sq".to_string(), HIDDEN * IN * 4)), "{r}");
+    assert!(r.to_string().contains("Optimizer state............"), "{r}");
+    assert!(r.to_string().contains("Other kept tensors"), "{r}");
+    // Without the optimizer, the estimate is back, labelled as one.
+    step(&net, &mut opt);
+    let r = monitor.record_stats().unwrap().clone();
+    assert_eq!((r.optimizer_state, r.optimizer_state_estimate), (None, Some(2 * params)));
+    assert!(r.to_string().contains("optimizer state (estimate)"), "{r}");
+    assert!(monitor.last_error().is_none(), "{:?}", monitor.last_error());
+    monitor.flush();
+
+    let text = std::fs::read_to_string(dir.join("memlab_iterations.csv")).unwrap();
+    let mut rows = csv::Reader::from_reader(text.as_bytes());
+    let header: Vec<String> = rows.headers().unwrap().iter().map(str::to_string).collect();
+    let column = header.iter().position(|h| h == "optimizer_state").expect("an optimizer_state column");
+    let records: Vec<csv::StringRecord> = rows.records().map(Result::unwrap).collect();
+    assert_eq!(&records[2][column], (2 * params).to_string());
+    assert_eq!(&records[3][column], "", "empty when no optimizer was given");
+    let variables = std::fs::read_to_string(dir.join("memlab_variables.csv")).unwrap();
+    assert!(variables.contains(&format!(",body.weight.exp_avg,optimizer_state,{}\n", HIDDEN * IN * 4)), "{variables}");
+    // The last record had no optimizer: its state rows went away (0 bytes).
+    assert!(variables.contains(",body.weight.exp_avg,optimizer_state,0\n"), "{variables}");
+    drop(monitor);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn check_step_counts_a_first_step_state_as_model_state() {
+    let _s = serial();
+    memlab::clear_registry();
+    let vs = nn::VarStore::new(tch::Device::Cpu);
+    let net = model(&vs);
+    let x = Tensor::ones([4, IN], (Kind::Float, tch::Device::Cpu));
+    let params: u64 = parameters().iter().map(|(_, n)| (n * 4) as u64).sum();
+    // Without the optimizer, Adam's new moments look like a leak.
+    let mut opt = nn::Adam::default().build(&vs, 1e-3).unwrap();
+    let check =
+        memlab::check_step_with(&vs, || opt.backward_step(&net.forward(&x).square().mean(Kind::Float))).unwrap();
+    assert_eq!(check.scope.escaped_bytes(Device::Cpu), 2 * params, "{}", check.scope);
+    // With it, they are model state, and nothing escapes.
+    let mut opt = nn::Adam::default().build(&vs, 1e-3).unwrap();
+    let check = memlab::check_step_with_optimizer(&vs, &mut opt, |opt| {
+        opt.backward_step(&net.forward(&x).square().mean(Kind::Float))
+    })
+    .unwrap();
+    check.assert_no_escapes();
+    let state: u64 = check.scope.model_state.iter().map(|a| a.size).sum();
+    assert_eq!(state, 2 * params + params, "new gradients and both moments: {}", check.scope);
+    assert!(check.scope.to_string().contains("new gradients and optimizer state"), "{}", check.scope);
+    // A dispose scope closed with the optimizer says the same.
+    let mut sgd = nn::Sgd { momentum: 0.9, ..Default::default() }.build(&vs, 1e-3).unwrap();
+    let scope = memlab::DisposeScope::new("sgd").unwrap().model(&vs).on_escape(memlab::OnEscape::Silent);
+    sgd.backward_step(&net.forward(&x).square().mean(Kind::Float));
+    let report = scope.finish_with(&sgd);
+    assert!(report.escaped.is_empty(), "{report}");
+    assert_eq!(report.model_state.iter().map(|a| a.size).sum::<u64>(), 2 * params, "gradients and buffers: {report}");
+}
+
+#[test]
+fn a_registered_optimizer_is_named_by_every_tool() {
+    let _s = serial();
+    memlab::clear_registry();
+    memlab::profiler::set_output(memlab::profiler::Output::Sink(Box::new(|_| {})));
+    let vs = nn::VarStore::new(tch::Device::Cpu);
+    let net = model(&vs);
+    memlab::register_var_store("model", &vs);
+    let mut opt = nn::Adam::default().build(&vs, 1e-3).unwrap();
+    assert_eq!(memlab::register_optimizer(&opt).unwrap(), 0, "no state before the first step");
+    let mut tracker = memlab::Tracker::new().device(Device::Cpu);
+    memlab::track!(tracker);
+    step(&net, &mut opt);
+    assert_eq!(memlab::register_optimizer(&opt).unwrap(), 8);
+    assert_eq!(memlab::register_optimizer(&opt).unwrap(), 8, "registering again replaces");
+    let grown = memlab::track!(tracker);
+    assert!(grown.contains(&format!("  + 2 × [{HIDDEN}, {IN}] Float optimizer state 48.00K")), "{grown}");
+    // The registry's reporter names it once, even when the optimizer is also given.
+    for reporter in [MemReporter::registered(), MemReporter::registered().optimizer(&opt)] {
+        let report = reporter.report().unwrap();
+        let rows = state_rows(&report);
+        assert_eq!(rows.len(), 8, "{report}");
+        assert!(rows.iter().any(|r| r.name == "model.head.weight.exp_avg"), "{report}");
+        assert_rows_add_up(&report);
+    }
+    // A later step keeps the same tensors: the registration stays right.
+    step(&net, &mut opt);
+    assert_eq!(state_rows(&MemReporter::registered().report().unwrap()).len(), 8);
+    // The registry holds them weakly: a dropped optimizer drops out.
+    drop(opt);
+    assert!(state_rows(&MemReporter::registered().report().unwrap()).is_empty());
+    memlab::clear_registry();
+    memlab::profiler::set_output(memlab::profiler::Output::Stdout);
+}
+
+#[test]
+fn measure_model_reads_every_optimizer_it_steps() {
+    use memlab::StepOptimizer as S;
+    let _s = serial();
+    memlab::clear_registry();
+    let vs = nn::VarStore::new(tch::Device::Cpu);
+    let net = model(&vs);
+    let input = Tensor::ones([4, IN], (Kind::Float, tch::Device::Cpu));
+    let kinds = [
+        S::Sgd,
+        S::SgdMomentum,
+        S::Adam,
+        S::AdamAmsgrad,
+        S::AdamW,
+        S::AdamWAmsgrad,
+        S::RmsProp,
+        S::RmsPropCenteredMomentum,
+    ];
+    let size = memlab::measure_model(&vs, |x| net.forward(x), &input, &kinds).unwrap();
+    let params: i64 = parameters().iter().map(|(_, n)| n * 4).sum();
+    let multiples: Vec<(S, i64)> = size.optimizer_state.iter().map(|(k, b)| (*k, b / params)).collect();
+    assert_eq!(
+        multiples,
+        vec![
+            (S::Sgd, 0),
+            (S::SgdMomentum, 1),
+            (S::Adam, 2),
+            (S::AdamAmsgrad, 3),
+            (S::AdamW, 2),
+            (S::AdamWAmsgrad, 3),
+            (S::RmsProp, 1),
+            (S::RmsPropCenteredMomentum, 3)
+        ]
+    );
+    assert!(size.optimizer_state.iter().all(|(_, b)| b % params == 0), "{size}");
+}

@@ -68,14 +68,22 @@ pub struct WeakVarStore {
 
 enum Entry {
     VarStore(WeakVarStore),
-    Tensor { name: String, tensor: WeakTensor },
+    Tensor {
+        name: String,
+        tensor: WeakTensor,
+    },
+    /// A tensor of a registered optimizer's state (`fc.weight.exp_avg`).
+    State {
+        name: String,
+        tensor: WeakTensor,
+    },
 }
 
 impl Entry {
     fn is_gone(&self) -> bool {
         match self {
             Entry::VarStore(vs) => vs.variables.strong_count() == 0,
-            Entry::Tensor { tensor, .. } => tensor.is_gone(),
+            Entry::Tensor { tensor, .. } | Entry::State { tensor, .. } => tensor.is_gone(),
         }
     }
 }
@@ -103,6 +111,31 @@ pub fn register_tensor(name: impl Into<String>, tensor: &Tensor) -> Result<()> {
     Ok(())
 }
 
+/// Registers the tensors of an optimizer's state, each under its name and held
+/// weakly, in place of the state tensors registered before under the same
+/// names (libtorch updates a state in place, so one registration after the
+/// first step stays right; a tensor that is gone drops out).
+pub fn register_states(states: &[(String, Tensor)]) -> Result<()> {
+    let weak: Vec<(String, WeakTensor)> =
+        states.iter().map(|(n, t)| WeakTensor::new(t).map(|w| (n.clone(), w))).collect::<Result<_>>()?;
+    let mut entries = entries();
+    let names: std::collections::HashSet<&str> = weak.iter().map(|(n, _)| n.as_str()).collect();
+    entries.retain(|e| !matches!(e, Entry::State { name, .. } if names.contains(name.as_str())));
+    entries.extend(weak.into_iter().map(|(name, tensor)| Entry::State { name, tensor }));
+    Ok(())
+}
+
+/// The registered optimizer state tensors still alive, with new handles.
+pub fn states() -> Vec<(String, Tensor)> {
+    entries()
+        .iter()
+        .filter_map(|e| match e {
+            Entry::State { name, tensor } => tensor.upgrade().map(|t| (name.clone(), t)),
+            _ => None,
+        })
+        .collect()
+}
+
 /// Forgets every registered var store and tensor.
 pub fn clear_registry() {
     entries().clear();
@@ -114,7 +147,7 @@ pub fn var_stores() -> Vec<WeakVarStore> {
         .iter()
         .filter_map(|e| match e {
             Entry::VarStore(vs) => Some(vs.clone()),
-            Entry::Tensor { .. } => None,
+            _ => None,
         })
         .collect()
 }
@@ -125,7 +158,7 @@ pub fn tensors() -> Vec<(String, Tensor)> {
         .iter()
         .filter_map(|e| match e {
             Entry::Tensor { name, tensor } => tensor.upgrade().map(|t| (name.clone(), t)),
-            Entry::VarStore(_) => None,
+            _ => None,
         })
         .collect()
 }

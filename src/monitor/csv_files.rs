@@ -1,6 +1,6 @@
 //! The monitor's CSV files: `memlab_iterations.csv` (one row per recorded
-//! iteration) and `memlab_variables.csv` (a row when a variable's bytes
-//! change), opened once, appended to with a header only for new files, and
+//! iteration) and `memlab_variables.csv` (a row when the bytes of a
+//! variable's weight, gradient or optimizer state tensor change), opened once, appended to with a header only for new files, and
 //! flushed at least once a second, at `epoch_end`, on `flush()` and on drop.
 
 use std::collections::{HashMap, HashSet};
@@ -13,7 +13,7 @@ use memlab_core::Device;
 
 use super::{IterationRecord, Row};
 
-const ITERATION_HEADER: [&str; 13] = [
+const ITERATION_HEADER: [&str; 14] = [
     "epoch",
     "iteration",
     "device",
@@ -23,6 +23,7 @@ const ITERATION_HEADER: [&str; 13] = [
     "current_allocated",
     "weights",
     "gradients",
+    "optimizer_state",
     "optimizer_state_measured",
     "optimizer_state_estimate",
     "feature_maps",
@@ -68,6 +69,7 @@ pub(super) struct CsvFiles {
     /// The rows of the last record: the variables' bytes as last written.
     last_weights: Vec<Row>,
     last_gradients: Vec<Row>,
+    last_states: Vec<Row>,
     /// The device of the records and its name.
     device: (Option<Device>, String),
 }
@@ -117,6 +119,7 @@ impl CsvFiles {
             flushed: Instant::now(),
             last_weights: Vec::new(),
             last_gradients: Vec::new(),
+            last_states: Vec::new(),
             device: (None, String::new()),
         })
     }
@@ -140,6 +143,7 @@ impl CsvFiles {
             Some(r.current_allocated),
             Some(r.weights),
             Some(r.gradients),
+            r.optimizer_state,
             Some(r.optimizer_state_measured),
             r.optimizer_state_estimate,
             Some(r.feature_maps),
@@ -156,6 +160,7 @@ impl CsvFiles {
         for (rows, kind, last) in [
             (&r.weight_rows, "weight", &mut self.last_weights),
             (&r.gradient_rows, "gradient", &mut self.last_gradients),
+            (&r.optimizer_state_rows, "optimizer_state", &mut self.last_states),
         ] {
             // Most records repeat the rows of the one before.
             if rows == last {

@@ -28,7 +28,7 @@ mod csv_files;
 use csv_files::CsvFiles;
 use memlab_tch::BACKEND;
 
-use crate::named::Sources;
+use crate::named::{OptimizerStates, Sources};
 
 /// The optimizers whose state size memlab can estimate from the parameters.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -80,10 +80,16 @@ pub struct IterationRecord {
     pub gradients: i64,
     /// Per variable: name and bytes of its gradient.
     pub gradient_rows: Vec<(String, i64)>,
+    /// With [`TrainingMonitor::record_stats_with`]: the bytes of the
+    /// optimizer's state on the device, read from the optimizer (exact).
+    pub optimizer_state: Option<i64>,
+    /// Per state tensor (`fc.weight.exp_avg`): name and bytes.
+    pub optimizer_state_rows: Vec<(String, i64)>,
     /// Allocated bytes besides weights and gradients that stay between
     /// iterations: the optimizer's state and anything else the loop keeps.
     pub optimizer_state_measured: i64,
-    /// What the named optimizer's state should take (an estimate).
+    /// What the named optimizer's state should take (an estimate), when the
+    /// optimizer itself was not given.
     pub optimizer_state_estimate: Option<i64>,
     /// Feature maps: how far the iteration's peak rose above the memory held
     /// when it began (activations kept for backward, temporaries); with
@@ -129,7 +135,7 @@ pub struct TrainingMonitor {
     /// Storages counted in the record being made (reused from record to record).
     seen: HashSet<u64, BuildHasherDefault<IdHasher>>,
     /// The rows of a record no longer kept, to be filled again.
-    spare_rows: (Vec<Row>, Vec<Row>),
+    spare_rows: (Vec<Row>, Vec<Row>, Vec<Row>),
     epoch: u64,
     iteration: u64,
     watch: Option<PeakWatch>,
@@ -191,7 +197,9 @@ impl TrainingMonitor {
         self
     }
 
-    /// Names the optimizer, so that reports show an estimate of its state.
+    /// Names the optimizer, so that reports show an estimate of its state
+    /// (for exact figures, give the optimizer itself to
+    /// [`record_stats_with`](Self::record_stats_with)).
     pub fn optimizer(mut self, kind: OptimizerKind) -> TrainingMonitor {
         self.optimizer = Some(kind);
         self
@@ -236,15 +244,42 @@ impl TrainingMonitor {
     /// period says so, appends to the CSV files. Never interrupts training:
     /// problems are kept in [`last_error`](Self::last_error).
     pub fn record_stats(&mut self) -> Option<&IterationRecord> {
+        self.record(None)
+    }
+
+    /// Like [`record_stats`](Self::record_stats), with the state of
+    /// `optimizer` (built on a var store of this monitor) measured exactly,
+    /// tensor by tensor, in place of the estimate. The optimizer is read now,
+    /// under this borrow; memlab never keeps it.
+    ///
+    /// ```
+    /// use tch::nn::{self, Module, OptimizerConfig};
+    /// use tch::{Device, Kind, Tensor};
+    ///
+    /// let vs = nn::VarStore::new(Device::Cpu);
+    /// let model = nn::linear(vs.root() / "fc", 64, 10, Default::default());
+    /// let mut adam = nn::Adam::default().build(&vs, 1e-3).unwrap();
+    /// let mut monitor = memlab::TrainingMonitor::new(&vs).print_period(0);
+    /// let x = Tensor::randn([32, 64], (Kind::Float, Device::Cpu));
+    /// adam.backward_step(&model.forward(&x).mean(Kind::Float));
+    /// let record = monitor.record_stats_with(&adam).unwrap();
+    /// assert_eq!(record.optimizer_state, Some(2 * (64 * 10 + 10) * 4)); // two moments
+    /// assert_eq!(record.optimizer_state_rows[0], ("fc.bias.exp_avg".to_string(), 10 * 4));
+    /// ```
+    pub fn record_stats_with(&mut self, optimizer: &tch::nn::Optimizer) -> Option<&IterationRecord> {
+        self.record(Some(optimizer))
+    }
+
+    fn record(&mut self, optimizer: Option<&tch::nn::Optimizer>) -> Option<&IterationRecord> {
         self.iteration += 1;
-        match self.measure() {
+        match self.measure(optimizer) {
             Ok(record) => {
                 if self.print_period > 0 && self.iteration.is_multiple_of(self.print_period) {
                     memlab_core::output::emit(&record.to_string());
                 }
                 self.write_csv(&record);
                 if let Some(old) = self.last.replace(record) {
-                    self.spare_rows = (old.weight_rows, old.gradient_rows);
+                    self.spare_rows = (old.weight_rows, old.gradient_rows, old.optimizer_state_rows);
                 }
             }
             Err(e) => self.last_error = Some(e.to_string()),
@@ -274,7 +309,7 @@ impl TrainingMonitor {
         self.iteration = 0;
     }
 
-    fn measure(&mut self) -> Result<IterationRecord> {
+    fn measure(&mut self, optimizer: Option<&tch::nn::Optimizer>) -> Result<IterationRecord> {
         let backward = match self.backward.take() {
             Some((at_mark, watch)) => Some((at_mark, watch.finish()?.1.allocated_bytes())),
             None => None,
@@ -305,7 +340,7 @@ impl TrainingMonitor {
             ..IterationRecord::default()
         };
         // The rows of the record before last, their names' buffers reused.
-        let (mut weight_rows, mut gradient_rows) = std::mem::take(&mut self.spare_rows);
+        let (mut weight_rows, mut gradient_rows, mut state_rows) = std::mem::take(&mut self.spare_rows);
         let (mut n_weights, mut n_gradients) = (0, 0);
         self.names.resize_with(self.var_stores.len(), Vec::new);
         self.seen.clear();
@@ -340,7 +375,26 @@ impl TrainingMonitor {
         record.gradients = gradient_rows.iter().map(|r| r.1).sum();
         (record.weight_rows, record.gradient_rows) = (weight_rows, gradient_rows);
         record.optimizer_state_measured = record.current_allocated - record.weights - record.gradients;
-        record.optimizer_state_estimate = self.optimizer.map(|k| k.buffers() as i64 * record.weights);
+        match optimizer {
+            Some(optimizer) => {
+                let stores: Vec<(String, Arc<Mutex<Variables>>)> =
+                    self.var_stores.iter().map(|v| (String::new(), v.clone())).collect();
+                let states = OptimizerStates::read(optimizer, &stores)?;
+                let mut n_states = 0;
+                for (name, tensor) in &states.tensors {
+                    let (info, _) = storages(tensor)?;
+                    if info.device == Some(self.device) && info.storage_id.is_none_or(|id| self.seen.insert(id)) {
+                        put_row(&mut state_rows, &mut n_states, name, info.nbytes as i64);
+                    }
+                }
+                state_rows.truncate(n_states);
+                record.optimizer_state = Some(state_rows.iter().map(|r| r.1).sum());
+                record.optimizer_state_rows = state_rows;
+            }
+            None => {
+                record.optimizer_state_estimate = self.optimizer.map(|k| k.buffers() as i64 * record.weights);
+            }
+        }
         match backward {
             Some((at_mark, during)) => {
                 record.feature_maps = at_mark - start_allocated;
@@ -468,9 +522,21 @@ impl Render for IterationRecord {
         for (name, bytes) in &self.gradient_rows {
             doc.label(WIDTH, format!("  {name} grad"), format_bytes(*bytes));
         }
-        doc.blank().label(WIDTH, "Optimizer state and kept tensors", format_bytes(self.optimizer_state_measured));
-        if let Some(estimate) = self.optimizer_state_estimate {
-            doc.label(WIDTH, "  optimizer state (estimate)", format_bytes(estimate));
+        doc.blank();
+        match self.optimizer_state {
+            Some(state) => {
+                doc.label(WIDTH, "Optimizer state", format_bytes(state));
+                for (name, bytes) in &self.optimizer_state_rows {
+                    doc.label(WIDTH, format!("  {name}"), format_bytes(*bytes));
+                }
+                doc.label(WIDTH, "Other kept tensors", format_bytes(self.optimizer_state_measured - state));
+            }
+            None => {
+                doc.label(WIDTH, "Optimizer state and kept tensors", format_bytes(self.optimizer_state_measured));
+                if let Some(estimate) = self.optimizer_state_estimate {
+                    doc.label(WIDTH, "  optimizer state (estimate)", format_bytes(estimate));
+                }
+            }
         }
         doc
     }
