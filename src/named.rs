@@ -215,11 +215,12 @@ impl Sources {
         for (name, tensor) in self.optimizers.iter().flat_map(|o| &o.tensors) {
             visit(name, tensor)?;
         }
-        if self.registry {
+        let registered = if self.registry { registry::states() } else { Vec::new() };
+        if !registered.is_empty() {
             // An optimizer both registered and given is visited once.
             let given: HashSet<&str> =
                 self.optimizers.iter().flat_map(|o| &o.tensors).map(|(n, _)| n.as_str()).collect();
-            for (name, tensor) in registry::states() {
+            for (name, tensor) in registered {
                 if !given.contains(name.as_str()) {
                     visit(&name, &tensor)?;
                 }

@@ -3,6 +3,7 @@
 //! A dropped model simply disappears from the registry.
 
 use std::ffi::c_void;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 
 use memlab_core::Result;
@@ -90,6 +91,11 @@ impl Entry {
 
 static REGISTRY: Mutex<Vec<Entry>> = Mutex::new(Vec::new());
 
+/// Whether any optimizer state was registered since the registry was last
+/// cleared: lets the walks that run on every dispose scope skip a second
+/// lock of the registry in the usual case of none.
+static HAS_STATES: AtomicBool = AtomicBool::new(false);
+
 /// The registry, without the entries whose model or tensor is gone.
 fn entries() -> MutexGuard<'static, Vec<Entry>> {
     let mut entries = REGISTRY.lock().unwrap_or_else(|e| e.into_inner());
@@ -122,11 +128,15 @@ pub fn register_states(states: &[(String, Tensor)]) -> Result<()> {
     let names: std::collections::HashSet<&str> = weak.iter().map(|(n, _)| n.as_str()).collect();
     entries.retain(|e| !matches!(e, Entry::State { name, .. } if names.contains(name.as_str())));
     entries.extend(weak.into_iter().map(|(name, tensor)| Entry::State { name, tensor }));
+    HAS_STATES.store(true, Ordering::Relaxed);
     Ok(())
 }
 
 /// The registered optimizer state tensors still alive, with new handles.
 pub fn states() -> Vec<(String, Tensor)> {
+    if !HAS_STATES.load(Ordering::Relaxed) {
+        return Vec::new();
+    }
     entries()
         .iter()
         .filter_map(|e| match e {
@@ -138,7 +148,9 @@ pub fn states() -> Vec<(String, Tensor)> {
 
 /// Forgets every registered var store and tensor.
 pub fn clear_registry() {
-    entries().clear();
+    let mut entries = entries();
+    entries.clear();
+    HAS_STATES.store(false, Ordering::Relaxed);
 }
 
 /// The registered var stores that are still alive.
