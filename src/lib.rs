@@ -145,6 +145,7 @@ mod attribution;
 pub mod batch_size;
 pub mod courtesy;
 pub mod dispose;
+pub mod export;
 pub mod gpu_account;
 pub mod logger;
 pub mod model_size;
@@ -194,7 +195,7 @@ pub mod stats {
 /// set, and the accounts of dispose scopes.
 pub mod events {
     pub use memlab_core::events::{
-        live, thread_number, Action, Event, LiveAllocation, ScopeCounts, Settings, StatementRef, Stats,
+        live, thread_number, Action, Event, Frame, LiveAllocation, ScopeCounts, Settings, StatementRef, Stats,
     };
 
     /// The recorded allocation events, oldest first, and how many were dropped

@@ -657,3 +657,36 @@ fn a_registered_optimizer_is_named_on_cuda() {
     opt.backward_step(&net.forward(&x).mean(Kind::Float));
     memlab::clear_registry();
 }
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_cuda_snapshot_opens_in_pytorchs_reader() {
+    let _s = serial();
+    let recording = memlab::Recording::start(memlab::events::Settings::default().backtraces(true)).unwrap();
+    let kept: Vec<Tensor> = (0..4).map(|i| floats(1 << (10 + 2 * i))).collect();
+    drop(floats(1 << 20));
+    let snapshot = memlab::export::Exporter::registered().snapshot().unwrap();
+    let stats = memlab::stats::device_stats(Device::Cuda(0)).unwrap();
+    let cuda: Vec<_> = snapshot.segments.iter().filter(|s| s.device == 0).collect();
+    let reserved: u64 = cuda.iter().map(|s| s.total_size).sum();
+    assert_eq!(reserved as i64, stats.reserved_bytes.all.current, "segments add up to the reserved bytes");
+    let allocated: u64 =
+        cuda.iter().flat_map(|s| &s.blocks).filter(|b| b.state == "active_allocated").map(|b| b.size).sum();
+    assert_eq!(allocated as i64, stats.allocated_bytes.all.current);
+    let trace = &snapshot.device_traces[0];
+    assert!(trace.iter().any(|e| e.action == "alloc" && e.size == 4 << 20), "the 4 MiB tensor's allocation");
+    assert!(trace.iter().any(|e| e.action == "free_completed"), "CUDA frees complete in the trace");
+    let path = std::env::temp_dir().join(format!("memlab-cuda-{}.pickle", std::process::id()));
+    snapshot.write_pickle(&path).unwrap();
+    for view in ["stats", "trace"] {
+        let out = std::process::Command::new("python3")
+            .args(["-m", "torch.cuda._memory_viz", view, path.to_str().unwrap()])
+            .output()
+            .expect("python3 with torch");
+        assert!(out.status.success(), "{view}: {}", String::from_utf8_lossy(&out.stderr));
+        let text = String::from_utf8_lossy(&out.stdout);
+        println!("{}", text.lines().take(8).collect::<Vec<_>>().join("\n"));
+    }
+    std::fs::remove_file(&path).ok();
+    drop((kept, recording));
+}

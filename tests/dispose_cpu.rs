@@ -51,6 +51,28 @@ fn dropped_events_are_counted() {
     memlab_restore_capacity();
 }
 
+#[test]
+fn a_new_recording_starts_with_an_empty_history() {
+    let _s = serial();
+    let first = Recording::start(Settings::default().capacity(4)).unwrap();
+    for _ in 0..5 {
+        drop(floats(8));
+    }
+    drop(first);
+    let (old, stats) = memlab::events::history();
+    assert_eq!(old.len(), 4, "the history stays readable after the recording ends");
+    assert!(stats.dropped >= 6);
+    let last_old = old.last().unwrap().seq;
+    let second = Recording::start(Settings::default()).unwrap();
+    let t = floats(8);
+    let (events, stats) = memlab::events::history();
+    assert_eq!(stats.dropped, 0, "drops of an earlier recording are not this one's");
+    assert!(events.iter().all(|e| e.seq > last_old), "no event of the earlier recording");
+    assert!(events.iter().any(|e| e.size == 32), "this recording's own events");
+    assert_eq!(stats.recorded, events.len() as u64);
+    drop((t, second));
+}
+
 fn memlab_restore_capacity() {
     let _r = Recording::start(Settings::default()).unwrap();
 }

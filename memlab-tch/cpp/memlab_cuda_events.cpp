@@ -51,11 +51,55 @@ void forward(const c10::CachingDeviceAllocator::TraceEntry& entry) {
   int32_t code = action_code(entry.action_);
   if (hook != nullptr && code >= 0) {
     hook(code, static_cast<int32_t>(entry.device_), static_cast<uint64_t>(entry.addr_),
-         static_cast<uint64_t>(entry.size_));
+         static_cast<uint64_t>(entry.size_), reinterpret_cast<uint64_t>(entry.stream_));
   }
 }
 
 }  // namespace
+
+extern "C" char* memlab_cuda_snapshot(struct memlab_segment* segments, int64_t segment_capacity,
+                                      int64_t* segment_count, struct memlab_block* blocks, int64_t block_capacity,
+                                      int64_t* block_count) {
+  MEMLAB_TRY
+  auto* allocator = c10::getDeviceAllocator(c10::DeviceType::CUDA);
+  if (!allocator->initialized()) {
+    *segment_count = 0;
+    *block_count = 0;
+    return nullptr;
+  }
+  // Segments only: memlab's own history stands in for libtorch's traces.
+  const auto info = c10::cuda::CUDACachingAllocator::snapshot({0, 0}, false);
+  int64_t n_segments = 0;
+  int64_t n_blocks = 0;
+  for (const auto& seg : info.segments) {
+    if (n_segments < segment_capacity) {
+      segments[n_segments] = {static_cast<uint64_t>(seg.address),
+                              static_cast<uint64_t>(seg.total_size),
+                              static_cast<uint64_t>(seg.requested_size),
+                              static_cast<uint64_t>(seg.allocated_size),
+                              static_cast<uint64_t>(seg.active_size),
+                              reinterpret_cast<uint64_t>(seg.stream),
+                              static_cast<int32_t>(seg.device),
+                              seg.is_large ? 1 : 0,
+                              seg.is_expandable ? 1 : 0,
+                              static_cast<int32_t>(seg.blocks.size())};
+    }
+    ++n_segments;
+    uint64_t address = static_cast<uint64_t>(seg.address);
+    for (const auto& b : seg.blocks) {
+      if (n_blocks < block_capacity) {
+        int32_t state = b.allocated ? MEMLAB_BLOCK_ACTIVE_ALLOCATED
+                                    : (b.active ? MEMLAB_BLOCK_ACTIVE_PENDING_FREE : MEMLAB_BLOCK_INACTIVE);
+        blocks[n_blocks] = {address, static_cast<uint64_t>(b.size), static_cast<uint64_t>(b.requested_size), state, 0};
+      }
+      ++n_blocks;
+      address += static_cast<uint64_t>(b.size);
+    }
+  }
+  *segment_count = n_segments;
+  *block_count = n_blocks;
+  MEMLAB_CATCH
+}
 
 extern "C" char* memlab_cuda_set_event_hook(memlab_event_hook hook) {
   MEMLAB_TRY

@@ -161,7 +161,7 @@ void counting_delete(void* data) {
   g_bytes.sub(static_cast<int64_t>(h.size));
   g_blocks.sub(1);
   if (memlab_event_hook hook = g_cpu_hook.load(std::memory_order_relaxed)) {
-    hook(MEMLAB_ACTION_FREE_REQUESTED, MEMLAB_EVENT_DEVICE_CPU, reinterpret_cast<uint64_t>(data), h.size);
+    hook(MEMLAB_ACTION_FREE_REQUESTED, MEMLAB_EVENT_DEVICE_CPU, reinterpret_cast<uint64_t>(data), h.size, 0);
   }
   if (h.deleter != nullptr) {
     h.deleter(h.context);
@@ -185,7 +185,7 @@ struct CountingCpuAllocator final : c10::Allocator {
     g_blocks.add(1);
     char* data = base + kHeader;
     if (memlab_event_hook hook = g_cpu_hook.load(std::memory_order_relaxed)) {
-      hook(MEMLAB_ACTION_ALLOC, MEMLAB_EVENT_DEVICE_CPU, reinterpret_cast<uint64_t>(data), n);
+      hook(MEMLAB_ACTION_ALLOC, MEMLAB_EVENT_DEVICE_CPU, reinterpret_cast<uint64_t>(data), n, 0);
     }
     return {data, data, &counting_delete, cpu};
   }
@@ -444,6 +444,19 @@ char* memlab_cuda_set_event_hook(memlab_event_hook hook) {
       "this libtorch has no CUDA"
 #endif
   );
+}
+
+char* memlab_cuda_snapshot(struct memlab_segment*, int64_t, int64_t* segment_count, struct memlab_block*, int64_t,
+                           int64_t* block_count) {
+  *segment_count = 0;
+  *block_count = 0;
+#ifdef MEMLAB_WITH_CUDA
+  return error_copy(
+      "memlab was built without the CUDA runtime headers, so it cannot read the caching allocator's segments: "
+      "`pip install nvidia-cuda-crt==13.0.88` into torch's environment (scripts/env.sh does) and rebuild");
+#else
+  return nullptr;
+#endif
 }
 #endif
 

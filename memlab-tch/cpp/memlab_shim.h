@@ -78,9 +78,12 @@ enum memlab_stat_slot {
 };
 
 // The hook events are reported to: action (enum memlab_action), device (a
-// CUDA index or MEMLAB_EVENT_DEVICE_CPU), address, size. It must not throw;
-// for CUDA it runs under the caching allocator's lock.
-typedef void (*memlab_event_hook)(int32_t action, int32_t device, uint64_t address, uint64_t size);
+// CUDA index or MEMLAB_EVENT_DEVICE_CPU), address, size, stream (the CUDA
+// stream's handle, 0 on the CPU). For MEMLAB_ACTION_OOM, `address` is what
+// the device still had free, as in libtorch's trace. It must not throw; for
+// CUDA it runs under the caching allocator's lock.
+typedef void (*memlab_event_hook)(int32_t action, int32_t device, uint64_t address, uint64_t size,
+                                  uint64_t stream);
 
 // What memlab knows about the storage behind a tensor.
 struct memlab_storage_info {
@@ -140,6 +143,37 @@ struct memlab_optimizer_state {
   int32_t slot;    // enum memlab_optimizer_slot
 };
 
+// The state of a caching-allocator block, as libtorch's snapshot names it.
+enum memlab_block_state {
+  MEMLAB_BLOCK_ACTIVE_ALLOCATED = 0,     // used by a tensor
+  MEMLAB_BLOCK_ACTIVE_PENDING_FREE = 1,  // freed, waiting for a stream to finish with it
+  MEMLAB_BLOCK_INACTIVE = 2,             // free for reuse
+};
+
+// A segment of the CUDA caching allocator (one cudaMalloc), from its own
+// snapshot; its `blocks` blocks follow the previous segments' in the block array.
+struct memlab_segment {
+  uint64_t address;
+  uint64_t total_size;
+  uint64_t requested_size;
+  uint64_t allocated_size;
+  uint64_t active_size;
+  uint64_t stream;
+  int32_t device;
+  int32_t is_large;
+  int32_t is_expandable;
+  int32_t blocks;
+};
+
+// A block of a segment: its address is the segment's plus the sizes before it.
+struct memlab_block {
+  uint64_t address;
+  uint64_t size;
+  uint64_t requested_size;
+  int32_t state;  // enum memlab_block_state
+  int32_t reserved;
+};
+
 void memlab_free_error(char* error);
 int32_t memlab_built_with_cuda(void);
 
@@ -151,6 +185,12 @@ char* memlab_cuda_take_accumulated_stats(int64_t device, int64_t* out);
 char* memlab_cuda_empty_cache(void);
 char* memlab_cuda_mem_info(int64_t device, uint64_t* free_bytes, uint64_t* total_bytes);
 char* memlab_cuda_set_event_hook(memlab_event_hook hook);
+// The caching allocator's segments and blocks, all devices: the first
+// `segment_capacity` segments and `block_capacity` blocks are written, and the
+// counts say how many there are (call again with more room when they exceed
+// the capacities).
+char* memlab_cuda_snapshot(struct memlab_segment* segments, int64_t segment_capacity, int64_t* segment_count,
+                           struct memlab_block* blocks, int64_t block_capacity, int64_t* block_count);
 
 char* memlab_cpu_install(void);
 int32_t memlab_cpu_installed(void);
@@ -192,6 +232,10 @@ static_assert(offsetof(memlab_storage_info, from_allocator) == 56, "memlab_stora
 static_assert(sizeof(struct memlab_tensor_facts) == 200, "memlab_tensor_facts layout");
 static_assert(offsetof(struct memlab_tensor_facts, dims) == 72, "memlab_tensor_facts layout");
 static_assert(sizeof(struct memlab_optimizer_state) == 24, "memlab_optimizer_state layout");
+static_assert(sizeof(struct memlab_segment) == 64, "memlab_segment layout");
+static_assert(offsetof(struct memlab_segment, device) == 48, "memlab_segment layout");
+static_assert(sizeof(struct memlab_block) == 32, "memlab_block layout");
+static_assert(offsetof(struct memlab_block, state) == 24, "memlab_block layout");
 static_assert(offsetof(struct memlab_optimizer_state, group) == 16, "memlab_optimizer_state layout");
 
 namespace memlab {

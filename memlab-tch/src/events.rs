@@ -134,7 +134,7 @@ pub mod testing {
 
 /// The hook the shim calls for every event. Runs inside libtorch's allocator
 /// (on CUDA under its lock): it only records, and never unwinds.
-extern "C" fn on_event(action: i32, device: i32, address: u64, size: u64) {
+extern "C" fn on_event(action: i32, device: i32, address: u64, size: u64, stream: u64) {
     let action = match action {
         ffi::ACTION_ALLOC => Action::Alloc,
         ffi::ACTION_FREE_REQUESTED => Action::FreeRequested,
@@ -145,5 +145,5 @@ extern "C" fn on_event(action: i32, device: i32, address: u64, size: u64) {
         _ => return,
     };
     let device = if device == ffi::EVENT_DEVICE_CPU { Device::Cpu } else { Device::Cuda(device as usize) };
-    let _ = std::panic::catch_unwind(|| events::record(device, action, address, size));
+    let _ = std::panic::catch_unwind(|| events::record(device, action, address, size, stream));
 }

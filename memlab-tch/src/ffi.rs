@@ -68,7 +68,7 @@ pub struct StorageInfo {
 }
 
 /// `memlab_event_hook`: action, device, address, size.
-pub type EventHook = extern "C" fn(action: i32, device: i32, address: u64, size: u64);
+pub type EventHook = extern "C" fn(action: i32, device: i32, address: u64, size: u64, stream: u64);
 
 /// `MEMLAB_MAX_DIMS`: the most dimensions `TensorFacts` carries.
 pub const MAX_DIMS: usize = 16;
@@ -109,6 +109,38 @@ pub struct OptimizerState {
     pub slot: i32,
 }
 
+// enum memlab_block_state
+pub const BLOCK_ACTIVE_ALLOCATED: i32 = 0;
+pub const BLOCK_ACTIVE_PENDING_FREE: i32 = 1;
+pub const BLOCK_INACTIVE: i32 = 2;
+
+/// struct memlab_segment
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Segment {
+    pub address: u64,
+    pub total_size: u64,
+    pub requested_size: u64,
+    pub allocated_size: u64,
+    pub active_size: u64,
+    pub stream: u64,
+    pub device: i32,
+    pub is_large: i32,
+    pub is_expandable: i32,
+    pub blocks: i32,
+}
+
+/// struct memlab_block
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Block {
+    pub address: u64,
+    pub size: u64,
+    pub requested_size: u64,
+    pub state: i32,
+    pub reserved: i32,
+}
+
 // The same numbers as the header's static_asserts.
 const _: () = assert!(size_of::<StorageInfo>() == 64);
 const _: () = assert!(offset_of!(StorageInfo, device_type) == 40);
@@ -116,6 +148,10 @@ const _: () = assert!(offset_of!(StorageInfo, from_allocator) == 56);
 const _: () = assert!(size_of::<TensorFacts>() == 200);
 const _: () = assert!(offset_of!(TensorFacts, dims) == 72);
 const _: () = assert!(size_of::<OptimizerState>() == 24);
+const _: () = assert!(size_of::<Segment>() == 64);
+const _: () = assert!(offset_of!(Segment, device) == 48);
+const _: () = assert!(size_of::<Block>() == 32);
+const _: () = assert!(offset_of!(Block, state) == 24);
 const _: () = assert!(offset_of!(OptimizerState, group) == 16);
 
 /// Whether two strings are equal, at compile time.
@@ -162,6 +198,14 @@ extern "C" {
     pub fn memlab_cuda_empty_cache() -> *mut c_char;
     pub fn memlab_cuda_mem_info(device: i64, free: *mut u64, total: *mut u64) -> *mut c_char;
     pub fn memlab_cuda_set_event_hook(hook: Option<EventHook>) -> *mut c_char;
+    pub fn memlab_cuda_snapshot(
+        segments: *mut Segment,
+        segment_capacity: i64,
+        segment_count: *mut i64,
+        blocks: *mut Block,
+        block_capacity: i64,
+        block_count: *mut i64,
+    ) -> *mut c_char;
     pub fn memlab_cpu_install() -> *mut c_char;
     pub fn memlab_cpu_installed() -> i32;
     pub fn memlab_cpu_installed_at_load() -> i32;

@@ -27,6 +27,7 @@ mod events;
 mod ffi;
 pub mod optimizer;
 pub mod registry;
+pub mod segments;
 pub mod storage;
 
 use std::sync::OnceLock;

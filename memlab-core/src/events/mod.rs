@@ -56,6 +56,8 @@ pub struct Event {
     pub address: u64,
     /// Bytes: asked for on the CPU, the rounded block on CUDA.
     pub size: u64,
+    /// CUDA: the stream's handle (0 for the default stream); 0 on the CPU.
+    pub stream: u64,
     /// memlab's number for the thread that caused it (see [`thread_number`]).
     pub thread: u64,
     /// The innermost dispose scope open on that thread, if any.
@@ -70,7 +72,48 @@ pub struct Event {
 /// lines only when someone looks (and then once).
 pub struct Backtrace {
     addresses: Vec<u64>,
-    resolved: std::sync::OnceLock<Vec<String>>,
+    resolved: std::sync::OnceLock<Vec<Frame>>,
+}
+
+/// A frame of the user's code: function, source file and line.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+pub struct Frame {
+    /// The function, as the debug information names it (`train::step`).
+    pub function: String,
+    /// The source file, as the debug information names it.
+    pub file: String,
+    /// The line.
+    pub line: u32,
+}
+
+impl Frame {
+    /// The frame of a profiled statement.
+    pub fn of_statement(statement: &StatementRef) -> Frame {
+        Frame { function: statement.function().to_string(), file: statement.file().to_string(), line: statement.line }
+    }
+
+    /// The user's frames of one return address, innermost first (inlined
+    /// functions give several): frames without source information, and
+    /// frames of memlab, dependencies and the standard library, are left out.
+    pub fn resolve(address: u64) -> Vec<Frame> {
+        let mut out = Vec::new();
+        // A return address points after the call; look up the call.
+        let lookup = address.saturating_sub(1) as *mut std::ffi::c_void;
+        backtrace::resolve(lookup, |symbol| {
+            let (Some(file), Some(line)) = (symbol.filename(), symbol.lineno()) else { return };
+            if is_user_file(file) {
+                let function = symbol.name().map_or_else(|| "?".to_string(), |n| format!("{n:#}"));
+                out.push(Frame { function, file: file.display().to_string(), line });
+            }
+        });
+        out
+    }
+}
+
+impl std::fmt::Display for Frame {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} at {}:{}", self.function, self.file, self.line)
+    }
 }
 
 impl Backtrace {
@@ -98,23 +141,13 @@ impl Backtrace {
     /// file:line`: frames without source information (libtorch, libc) and
     /// frames of memlab, of dependencies and of the standard library are left out.
     pub fn user_frames(&self) -> Vec<String> {
-        self.resolved
-            .get_or_init(|| {
-                let mut out = Vec::new();
-                for &address in &self.addresses {
-                    // A return address points after the call; look up the call.
-                    let lookup = address.saturating_sub(1) as *mut std::ffi::c_void;
-                    backtrace::resolve(lookup, |symbol| {
-                        let (Some(file), Some(line)) = (symbol.filename(), symbol.lineno()) else { return };
-                        if is_user_file(file) {
-                            let name = symbol.name().map_or_else(|| "?".to_string(), |n| format!("{n:#}"));
-                            out.push(format!("{name} at {}:{line}", file.display()));
-                        }
-                    });
-                }
-                out
-            })
-            .clone()
+        self.frames().iter().map(Frame::to_string).collect()
+    }
+
+    /// The frames of the user's code, innermost first (see
+    /// [`user_frames`](Self::user_frames)), resolved once.
+    pub fn frames(&self) -> &[Frame] {
+        self.resolved.get_or_init(|| self.addresses.iter().flat_map(|&a| Frame::resolve(a)).collect())
     }
 }
 

@@ -174,7 +174,11 @@ struct Recorder {
     /// Users, each with the settings it asked for (`None`: joined as it is).
     users: Vec<(u64, Option<Settings>)>,
     history: VecDeque<Event>,
+    /// Events seen since the recorder first ran: the next event's `seq`
+    /// (unique for the process's life).
     recorded: u64,
+    /// `recorded` when the current recording began.
+    recorded_before: u64,
     dropped: u64,
     live: HashMap<(Device, u64), LiveAllocation, BuildHasherDefault<AddressHasher>>,
     scopes: HashMap<u64, Account, BuildHasherDefault<AddressHasher>>,
@@ -235,6 +239,7 @@ fn with<R>(f: impl FnOnce(&mut Recorder) -> R) -> R {
         users: Vec::new(),
         history: VecDeque::new(),
         recorded: 0,
+        recorded_before: 0,
         dropped: 0,
         live: HashMap::default(),
         scopes: HashMap::default(),
@@ -276,6 +281,11 @@ pub fn retain(settings: Option<Settings>) -> User {
         r.users.push((ticket, settings));
         let first = r.users.len() == 1;
         if first {
+            // A new recording: what an earlier one kept is not part of it
+            // (the frees between the two were never seen).
+            r.history.clear();
+            r.dropped = 0;
+            r.recorded_before = r.recorded;
             ACTIVE.store(true, Ordering::Relaxed);
         }
         r.apply_settings();
@@ -285,7 +295,8 @@ pub fn retain(settings: Option<Settings>) -> User {
 
 /// Removes a user; the last one turns recording off and returns true (the
 /// caller then turns its backend's hooks off). The live set is cleared then:
-/// frees that are not observed would leave it wrong. The history stays.
+/// frees that are not observed would leave it wrong. The history stays,
+/// readable, until the next recording starts.
 pub fn release(user: User) -> bool {
     with(|r| {
         let Some(at) = r.users.iter().position(|(t, _)| *t == user.ticket) else { return false };
@@ -331,7 +342,7 @@ pub fn current_settings() -> Settings {
 
 /// Records one event. Called by backends from their allocator hooks; returns
 /// at once when recording is off.
-pub fn record(device: Device, action: Action, address: u64, size: u64) {
+pub fn record(device: Device, action: Action, address: u64, size: u64, stream: u64) {
     if !is_active() {
         return;
     }
@@ -387,6 +398,7 @@ pub fn record(device: Device, action: Action, address: u64, size: u64) {
                 action,
                 address,
                 size,
+                stream,
                 thread,
                 scope,
                 statement,
@@ -404,7 +416,7 @@ pub fn history() -> (Vec<Event>, Stats) {
 }
 
 fn stats_of(r: &Recorder) -> Stats {
-    Stats { recorded: r.recorded, dropped: r.dropped, kept: r.history.len(), live: r.live.len() }
+    Stats { recorded: r.recorded - r.recorded_before, dropped: r.dropped, kept: r.history.len(), live: r.live.len() }
 }
 
 /// Everything allocated now, oldest first (empty while recording is off).

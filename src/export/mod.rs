@@ -1,0 +1,79 @@
+//! Recordings as files other tools open: PyTorch's memory snapshot (a pickle
+//! that pytorch.org/memory_viz and `python -m torch.cuda._memory_viz` read).
+//!
+//! An [`Exporter`] knows the model the way [`MemReporter`](crate::MemReporter)
+//! does (registered var stores, tensors and optimizers, or ones given to it),
+//! so every allocation still alive is named by the walk over the named
+//! tensors at export time (parameter, gradient, optimizer state); others are
+//! `other`, with where they were allocated. The recording is memlab's
+//! ([`Recording`](crate::Recording)): start one with backtraces to get the
+//! Rust call stacks.
+
+mod snapshot;
+
+use memlab_core::Result;
+use tch::nn::VarStore;
+use tch::Tensor;
+
+use crate::named::Sources;
+
+pub use snapshot::{Block, Segment, Snapshot, SnapshotFrame, SnapshotInfo, TraceEntry};
+
+/// Builds exports of the current recording.
+///
+/// ```
+/// use tch::{Device, Kind, Tensor};
+///
+/// let recording = memlab::Recording::start(memlab::events::Settings::default())?;
+/// let kept = Tensor::ones([256], (Kind::Float, Device::Cpu));
+/// let snapshot = memlab::export::Exporter::registered().snapshot()?;
+/// let cpu = snapshot.memlab.devices.iter().position(|d| d == "cpu").unwrap();
+/// assert!(snapshot.device_traces[cpu].iter().any(|e| e.action == "alloc" && e.size == 1024));
+/// let path = std::env::temp_dir().join(format!("memlab-doc-{}.pickle", std::process::id()));
+/// snapshot.write_pickle(&path)?; // opens in pytorch.org/memory_viz
+/// # std::fs::remove_file(&path).ok();
+/// # drop((kept, recording));
+/// # Ok::<(), memlab::Error>(())
+/// ```
+#[derive(Default)]
+pub struct Exporter {
+    sources: Sources,
+}
+
+impl Exporter {
+    /// An exporter that names memory after everything registered (see
+    /// [`register_var_store`](crate::register_var_store) and
+    /// [`register_optimizer`](crate::register_optimizer)), plus what is added.
+    pub fn registered() -> Exporter {
+        Exporter { sources: Sources::registered() }
+    }
+
+    /// An exporter that names memory after `vs` (no prefix), plus what is added.
+    pub fn new(vs: &VarStore) -> Exporter {
+        Exporter::default().var_store("", vs)
+    }
+
+    /// Adds a var store; its variables are named `prefix.variable`.
+    pub fn var_store(mut self, prefix: impl Into<String>, vs: &VarStore) -> Exporter {
+        self.sources.add_store(prefix, vs);
+        self
+    }
+
+    /// Adds a tensor under `name`.
+    pub fn tensor(mut self, name: impl Into<String>, tensor: &Tensor) -> Exporter {
+        self.sources.add_tensor(name, tensor);
+        self
+    }
+
+    /// Adds the state of `optimizer`, read now (see
+    /// [`MemReporter::optimizer`](crate::MemReporter::optimizer)).
+    pub fn optimizer(mut self, optimizer: &tch::nn::Optimizer) -> Exporter {
+        self.sources.add_optimizer(optimizer);
+        self
+    }
+
+    /// PyTorch's memory snapshot of the recording so far.
+    pub fn snapshot(&self) -> Result<Snapshot> {
+        snapshot::capture(&self.sources)
+    }
+}

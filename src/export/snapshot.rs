@@ -1,0 +1,324 @@
+//! PyTorch's memory snapshot, from memlab's recording: the format
+//! `torch.cuda.memory._snapshot()` returns and `_dump_snapshot` pickles
+//! (`segments` with their `blocks`, and `device_traces`), documented in
+//! `torch/cuda/memory.py`. CUDA segments come from the caching allocator's
+//! own snapshot; the traces are memlab's events, with the user's Rust frames.
+//!
+//! Devices are numbered as PyTorch's own converters number them: the CUDA
+//! devices by index, then the CPU (so with one GPU, `device_traces[1]` is the
+//! CPU). The CPU has no segments of its own: each live allocation is listed
+//! as a segment holding one block, so the segments add up to what is live.
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use memlab_core::events::{self, Action, Backtrace, Event, Frame, StatementRef};
+use memlab_core::{Device, Error, Result};
+use serde::Serialize;
+
+use crate::named::{Kind, Sources};
+
+/// A frame of a stack, as PyTorch writes it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct SnapshotFrame {
+    /// The source file.
+    pub filename: String,
+    /// The line.
+    pub line: u32,
+    /// The function.
+    pub name: String,
+}
+
+/// A block of a segment.
+#[derive(Clone, Debug, Serialize)]
+#[non_exhaustive]
+pub struct Block {
+    /// Its address.
+    pub address: u64,
+    /// Its size.
+    pub size: u64,
+    /// What the tensor asked for (0 when free).
+    pub requested_size: u64,
+    /// `active_allocated`, `active_pending_free` or `inactive`.
+    pub state: &'static str,
+    /// Where it was allocated, innermost first (empty when unknown).
+    pub frames: Vec<SnapshotFrame>,
+}
+
+/// A segment: memory the allocator obtained at once.
+#[derive(Clone, Debug, Serialize)]
+#[non_exhaustive]
+pub struct Segment {
+    /// The index of its device in `device_traces`.
+    pub device: usize,
+    /// Its address.
+    pub address: u64,
+    /// Its size.
+    pub total_size: u64,
+    /// The stream it serves (0 on the CPU).
+    pub stream: u64,
+    /// `small` or `large` (blocks over 1 MiB).
+    pub segment_type: &'static str,
+    /// Bytes of its allocated blocks.
+    pub allocated_size: u64,
+    /// Bytes of its allocated blocks and those waiting for a stream.
+    pub active_size: u64,
+    /// Bytes its tensors asked for.
+    pub requested_size: u64,
+    /// Whether it is an expandable segment.
+    pub is_expandable: bool,
+    /// Its blocks, by address.
+    pub blocks: Vec<Block>,
+}
+
+/// One event of a device's trace.
+#[derive(Clone, Debug, Serialize)]
+#[non_exhaustive]
+pub struct TraceEntry {
+    /// `alloc`, `free_requested`, `free_completed`, `segment_alloc`,
+    /// `segment_free` or `oom`.
+    pub action: &'static str,
+    /// The block's address (absent for `oom`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub addr: Option<u64>,
+    /// Its size; for `oom`, what was asked for.
+    pub size: u64,
+    /// The stream (0 on the CPU).
+    pub stream: u64,
+    /// Microseconds since the recording began.
+    pub time_us: u64,
+    /// Where the allocation was made, innermost first; frees repeat their
+    /// allocation's frames, as PyTorch's converters do.
+    pub frames: Vec<SnapshotFrame>,
+    /// For `alloc`: `parameter`, `gradient`, `optimizer_state` (named by the
+    /// walk at export time, for allocations still alive then) or `other`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub category: Option<&'static str>,
+    /// For `oom`: what the device still had free.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device_free: Option<u64>,
+}
+
+/// What memlab adds to the snapshot (PyTorch's readers ignore it).
+#[derive(Clone, Debug, Serialize)]
+#[non_exhaustive]
+pub struct SnapshotInfo {
+    /// The device of each index of `device_traces`: `cuda:0`, …, `cpu`.
+    pub devices: Vec<String>,
+    /// Whether the recording's bounded history dropped events: the traces
+    /// then start later than the recording, and the data is partial.
+    pub partial: bool,
+    /// How many events were dropped.
+    pub dropped: u64,
+    /// How many events the recording saw.
+    pub recorded: u64,
+}
+
+/// A PyTorch memory snapshot of memlab's recording.
+#[derive(Clone, Debug, Serialize)]
+#[non_exhaustive]
+pub struct Snapshot {
+    /// The allocators' segments now.
+    pub segments: Vec<Segment>,
+    /// Per device (see [`SnapshotInfo::devices`]): its events, oldest first.
+    pub device_traces: Vec<Vec<TraceEntry>>,
+    /// memlab's notes on the data.
+    pub memlab: SnapshotInfo,
+}
+
+impl Snapshot {
+    /// The snapshot as a pickle, as `torch.cuda.memory._dump_snapshot`
+    /// writes it.
+    pub fn to_pickle(&self) -> Result<Vec<u8>> {
+        serde_pickle::to_vec(self, serde_pickle::SerOptions::new())
+            .map_err(|e| Error::io("write the snapshot as a pickle", std::io::Error::other(e.to_string())))
+    }
+
+    /// Writes the pickle to `path`: open it at pytorch.org/memory_viz, or
+    /// read it with `python -m torch.cuda._memory_viz stats|trace FILE`.
+    pub fn write_pickle(&self, path: impl AsRef<Path>) -> Result<()> {
+        let path = path.as_ref();
+        std::fs::write(path, self.to_pickle()?).map_err(|e| Error::io(format!("write {}", path.display()), e))
+    }
+}
+
+/// Resolves return addresses to the user's frames once per address.
+#[derive(Default)]
+struct Frames {
+    resolved: HashMap<u64, Vec<Frame>>,
+}
+
+impl Frames {
+    /// The frames of an allocation: its backtrace's user frames, with the
+    /// profiled statement's line in the innermost frame of its function; or
+    /// the statement alone without a backtrace.
+    fn of(&mut self, backtrace: Option<&Backtrace>, statement: Option<&StatementRef>) -> Vec<SnapshotFrame> {
+        let mut frames: Vec<Frame> = Vec::new();
+        if let Some(bt) = backtrace {
+            for &address in bt.addresses() {
+                frames.extend(self.resolved.entry(address).or_insert_with(|| Frame::resolve(address)).iter().cloned());
+            }
+        }
+        if let Some(st) = statement {
+            match frames.iter_mut().find(|f| f.file.ends_with(st.file()) || st.file().ends_with(&f.file)) {
+                Some(frame) => frame.line = st.line,
+                None => frames.insert(0, Frame::of_statement(st)),
+            }
+        }
+        frames.into_iter().map(|f| SnapshotFrame { filename: f.file, line: f.line, name: f.function }).collect()
+    }
+}
+
+fn action_name(action: Action) -> &'static str {
+    match action {
+        Action::Alloc => "alloc",
+        Action::FreeRequested => "free_requested",
+        Action::FreeCompleted => "free_completed",
+        Action::SegmentAlloc => "segment_alloc",
+        Action::SegmentFree => "segment_free",
+        Action::Oom => "oom",
+    }
+}
+
+fn category(kind: Kind) -> &'static str {
+    match kind {
+        Kind::Parameter => "parameter",
+        Kind::Gradient => "gradient",
+        Kind::OptimizerState => "optimizer_state",
+        Kind::Tensor => "other",
+    }
+}
+
+pub(super) fn capture(sources: &Sources) -> Result<Snapshot> {
+    let (history, stats) = events::history();
+    let live = events::live();
+    let cuda_devices = memlab_tch::cuda_device_count();
+    let cpu_index = cuda_devices;
+    let index_of = |device: Device| match device {
+        Device::Cpu => Some(cpu_index),
+        Device::Cuda(i) if i < cuda_devices => Some(i),
+        Device::Cuda(_) => None,
+    };
+    // Names of what is alive now, by where its storage starts.
+    let named = sources.collect()?;
+    let mut names: HashMap<(Device, u64), Kind> = HashMap::new();
+    for device in std::iter::once(Device::Cpu).chain((0..cuda_devices).map(Device::Cuda)) {
+        for storage in named.storages(device) {
+            if let Some(view) = storage.views.first() {
+                names.insert((device, storage.data_ptr), view.kind);
+            }
+        }
+    }
+    let live_seq: HashMap<(Device, u64), u64> = live.iter().map(|a| ((a.device, a.address), a.seq)).collect();
+
+    let mut frames = Frames::default();
+    let mut traces: Vec<Vec<TraceEntry>> = vec![Vec::new(); cuda_devices + 1];
+    // The frames of each allocation, for its frees.
+    let mut allocated: HashMap<(Device, u64), Vec<SnapshotFrame>> = HashMap::new();
+    for e in &history {
+        let Some(index) = index_of(e.device) else { continue };
+        let key = (e.device, e.address);
+        let entry = |e: &Event, frames: Vec<SnapshotFrame>| TraceEntry {
+            action: action_name(e.action),
+            addr: Some(e.address),
+            size: e.size,
+            stream: e.stream,
+            time_us: e.time_ns / 1000,
+            frames,
+            category: None,
+            device_free: None,
+        };
+        match e.action {
+            Action::Alloc => {
+                let f = frames.of(e.backtrace.as_deref(), e.statement.as_ref());
+                allocated.insert(key, f.clone());
+                let alive = live_seq.get(&key) == Some(&e.seq);
+                let kind = names.get(&key).filter(|_| alive).copied();
+                traces[index].push(TraceEntry { category: Some(kind.map_or("other", category)), ..entry(e, f) });
+            }
+            Action::FreeRequested => {
+                let f = allocated.get(&key).cloned().unwrap_or_default();
+                traces[index].push(entry(e, f.clone()));
+                if e.device == Device::Cpu {
+                    // The CPU frees at once: its free completes with the request.
+                    allocated.remove(&key);
+                    traces[index].push(TraceEntry { action: "free_completed", ..entry(e, f) });
+                }
+            }
+            Action::FreeCompleted => {
+                let f = allocated.remove(&key).unwrap_or_default();
+                traces[index].push(entry(e, f));
+            }
+            Action::SegmentAlloc | Action::SegmentFree => traces[index].push(entry(e, Vec::new())),
+            Action::Oom => traces[index].push(TraceEntry {
+                addr: None,
+                device_free: Some(e.address),
+                ..entry(e, frames.of(e.backtrace.as_deref(), e.statement.as_ref()))
+            }),
+        }
+    }
+
+    // Segments: the caching allocator's own, blocks named by the live set.
+    let live_frames: HashMap<(Device, u64), &events::LiveAllocation> =
+        live.iter().map(|a| ((a.device, a.address), a)).collect();
+    let mut segments = Vec::new();
+    if cuda_devices > 0 {
+        for s in memlab_tch::segments::cuda_segments()? {
+            let device = Device::Cuda(s.device);
+            let blocks = s
+                .blocks
+                .iter()
+                .map(|b| Block {
+                    address: b.address,
+                    size: b.size,
+                    requested_size: b.requested_size,
+                    state: b.state.name(),
+                    frames: live_frames
+                        .get(&(device, b.address))
+                        .map(|a| frames.of(a.backtrace.as_deref(), a.statement.as_ref()))
+                        .unwrap_or_default(),
+                })
+                .collect();
+            segments.push(Segment {
+                device: s.device,
+                address: s.address,
+                total_size: s.total_size,
+                stream: s.stream,
+                segment_type: if s.is_large { "large" } else { "small" },
+                allocated_size: s.allocated_size,
+                active_size: s.active_size,
+                requested_size: s.requested_size,
+                is_expandable: s.is_expandable,
+                blocks,
+            });
+        }
+    }
+    for a in live.iter().filter(|a| a.device == Device::Cpu) {
+        let block = Block {
+            address: a.address,
+            size: a.size,
+            requested_size: a.size,
+            state: "active_allocated",
+            frames: frames.of(a.backtrace.as_deref(), a.statement.as_ref()),
+        };
+        segments.push(Segment {
+            device: cpu_index,
+            address: a.address,
+            total_size: a.size,
+            stream: 0,
+            segment_type: if a.size > 1 << 20 { "large" } else { "small" },
+            allocated_size: a.size,
+            active_size: a.size,
+            requested_size: a.size,
+            is_expandable: false,
+            blocks: vec![block],
+        });
+    }
+    let mut devices: Vec<String> = (0..cuda_devices).map(|i| Device::Cuda(i).to_string()).collect();
+    devices.push(Device::Cpu.to_string());
+    Ok(Snapshot {
+        segments,
+        device_traces: traces,
+        memlab: SnapshotInfo { devices, partial: stats.dropped > 0, dropped: stats.dropped, recorded: stats.recorded },
+    })
+}

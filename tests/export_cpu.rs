@@ -1,0 +1,180 @@
+//! PyTorch memory snapshots of CPU recordings, checked by PyTorch's own
+//! reader (`python -m torch.cuda._memory_viz`, from the project's venv) and
+//! key by key against the `Snapshot`, `Segment`, `Block`, `TraceEntry` and
+//! `Frame` types `torch/cuda/memory.py` documents.
+
+mod common;
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use common::{floats, serial};
+use memlab::export::Exporter;
+use memlab::Device;
+use tch::nn::{self, Module, OptimizerConfig};
+use tch::{Kind, Tensor};
+
+#[memlab::profile(device = "cpu")]
+fn leaky_step(net: &nn::Sequential, opt: &mut nn::Optimizer, kept: &mut Vec<Tensor>) {
+    let x = Tensor::ones([16, 32], (Kind::Float, tch::Device::Cpu));
+    let logits = net.forward(&x);
+    let loss = logits.square().mean(Kind::Float);
+    opt.backward_step(&loss);
+    kept.push(logits);
+}
+
+fn python(args: &[&str]) -> String {
+    let out = Command::new("python3")
+        .args(args)
+        .output()
+        .expect("python3 with torch on PATH (source scripts/env.sh: the project's venv has PyPI's torch==2.11.0)");
+    assert!(
+        out.status.success(),
+        "python3 {args:?} failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8(out.stdout).unwrap()
+}
+
+fn temp(name: &str) -> PathBuf {
+    std::env::temp_dir().join(format!("memlab-export-{}-{name}", std::process::id()))
+}
+
+/// Every key and type of the documented snapshot, checked in Python on what
+/// `pickle.load` returns; prints a summary as JSON.
+const VALIDATE: &str = r#"
+import json, pickle, sys
+data = pickle.load(open(sys.argv[1], "rb"))
+def check(obj, fields, what):
+    assert isinstance(obj, dict), f"{what} is a {type(obj)}"
+    for key, types in fields.items():
+        assert key in obj, f"{what} lacks {key!r}: {sorted(obj)}"
+        assert isinstance(obj[key], types), f"{what}[{key!r}] is {type(obj[key])}, not {types}"
+frame = {"filename": str, "line": int, "name": str}
+block = {"size": int, "requested_size": int, "address": int, "state": str, "frames": list}
+segment = {"address": int, "total_size": int, "stream": int, "segment_type": str,
+           "allocated_size": int, "active_size": int, "blocks": list, "device": int}
+entry = {"action": str, "frames": list, "size": int, "stream": int, "time_us": int}
+check(data, {"segments": list, "device_traces": list}, "snapshot")
+for s in data["segments"]:
+    check(s, segment, "segment")
+    assert s["segment_type"] in ("small", "large")
+    assert sum(b["size"] for b in s["blocks"]) == s["total_size"]
+    for b in s["blocks"]:
+        check(b, block, "block")
+        assert b["state"] in ("active_allocated", "active_pending_free", "inactive")
+        for f in b["frames"]:
+            check(f, frame, "block frame")
+files = set()
+for trace in data["device_traces"]:
+    assert isinstance(trace, list)
+    for e in trace:
+        check(e, entry, "trace entry")
+        assert e["action"] in ("alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "oom")
+        if e["action"] == "oom":
+            check(e, {"device_free": int}, "oom entry")
+        else:
+            check(e, {"addr": int}, "trace entry")
+        for f in e["frames"]:
+            check(f, frame, "trace frame")
+            files.add(f["filename"].rsplit("/", 1)[-1])
+cpu = data["memlab"]["devices"].index("cpu")
+print(json.dumps({
+    "cpu": cpu,
+    "files": sorted(files),
+    "categories": sorted({e.get("category") for e in data["device_traces"][cpu] if e["action"] == "alloc"}),
+    "allocated": sum(b["requested_size"] for s in data["segments"] if s["device"] == cpu
+                     for b in s["blocks"] if b["state"] == "active_allocated"),
+    "partial": data["memlab"]["partial"],
+}))
+"#;
+
+#[test]
+fn a_cpu_recording_opens_in_pytorchs_reader() {
+    let _s = serial();
+    memlab::clear_registry();
+    let settings = memlab::events::Settings::default().backtraces(true);
+    let recording = memlab::Recording::start(settings).unwrap();
+    let vs = nn::VarStore::new(tch::Device::Cpu);
+    let net = nn::seq().add(nn::linear(vs.root() / "fc", 32, 32, Default::default()));
+    memlab::register_var_store("model", &vs);
+    let mut opt = nn::Adam::default().build(&vs, 1e-3).unwrap();
+    let mut kept = Vec::new();
+    for _ in 0..3 {
+        leaky_step(&net, &mut opt, &mut kept);
+    }
+    memlab::register_optimizer(&opt).unwrap();
+    let extra = floats(1000);
+
+    let snapshot = Exporter::registered().snapshot().unwrap();
+    let path = temp("snapshot.pickle");
+    snapshot.write_pickle(&path).unwrap();
+    let file = path.to_str().unwrap();
+
+    // PyTorch's own reader: both text views succeed.
+    let stats = python(&["-m", "torch.cuda._memory_viz", "stats", file]);
+    let trace = python(&["-m", "torch.cuda._memory_viz", "trace", file]);
+    assert!(trace.contains("entries") && trace.contains("TOTAL MEM"), "{trace}");
+    println!("{stats}\n{}", trace.lines().take(12).collect::<Vec<_>>().join("\n"));
+
+    // Every key and type PyTorch documents, and the figures.
+    let summary: serde_json::Value = serde_json::from_str(&python(&["-c", VALIDATE, file])).unwrap();
+    let live_cpu: u64 = memlab::events::live().iter().filter(|a| a.device == Device::Cpu).map(|a| a.size).sum();
+    assert_eq!(summary["allocated"], live_cpu, "the CPU's segments hold what is live");
+    // `stats` prints the same total, in its own units.
+    let total = stats.lines().find(|l| l.starts_with("total_allocated:")).unwrap_or_default().to_string();
+    assert!(total.contains(&bytes_as_pytorch_prints(live_cpu)), "{total} vs {live_cpu}\n{stats}");
+    let files = summary["files"].as_array().unwrap();
+    assert!(files.iter().any(|f| f == "export_cpu.rs"), "the user's .rs file in the frames: {files:?}");
+    let categories = summary["categories"].as_array().unwrap();
+    for c in ["parameter", "gradient", "optimizer_state", "other"] {
+        assert!(categories.iter().any(|x| x == c), "category {c}: {categories:?}");
+    }
+    assert_eq!(summary["partial"], false);
+
+    // The profiled statement names its line in the innermost user frame.
+    let cpu = snapshot.memlab.devices.iter().position(|d| d == "cpu").unwrap();
+    let line = line_of("let logits = net.forward(&x);");
+    let logits = snapshot.device_traces[cpu]
+        .iter()
+        .find(|e| e.action == "alloc" && e.frames.first().is_some_and(|f| f.line == line))
+        .unwrap_or_else(|| panic!("an allocation at line {line}"));
+    assert!(logits.frames[0].name.contains("leaky_step"), "{:?}", logits.frames[0]);
+    drop((extra, kept, recording));
+    std::fs::remove_file(&path).ok();
+    memlab::clear_registry();
+}
+
+#[test]
+fn a_bounded_history_says_the_data_is_partial() {
+    let _s = serial();
+    let recording = memlab::Recording::start(memlab::events::Settings::default().capacity(4)).unwrap();
+    let tensors: Vec<Tensor> = (0..10).map(|_| floats(64)).collect();
+    let snapshot = Exporter::registered().snapshot().unwrap();
+    assert!(snapshot.memlab.partial && snapshot.memlab.dropped >= 6, "{:?}", snapshot.memlab);
+    let path = temp("partial.pickle");
+    snapshot.write_pickle(&path).unwrap();
+    let summary: serde_json::Value = serde_json::from_str(&python(&["-c", VALIDATE, path.to_str().unwrap()])).unwrap();
+    assert_eq!(summary["partial"], true);
+    drop((tensors, recording));
+    std::fs::remove_file(&path).ok();
+}
+
+/// The line of this file where `code` is.
+fn line_of(code: &str) -> u32 {
+    let source = include_str!("export_cpu.rs");
+    source.lines().position(|l| l.contains(code)).expect("the code is in this file") as u32 + 1
+}
+
+/// Bytes as `_memory_viz.py`'s `_format_size` prints them (`3.5KiB`).
+fn bytes_as_pytorch_prints(n: u64) -> String {
+    let mut value = n as f64;
+    for unit in ["", "Ki", "Mi", "Gi", "Ti", "Pi"] {
+        if value.abs() < 1024.0 {
+            return format!("{value:.1}{unit}B");
+        }
+        value /= 1024.0;
+    }
+    format!("{value:.1}EiB")
+}
