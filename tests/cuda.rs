@@ -690,3 +690,32 @@ fn a_cuda_snapshot_opens_in_pytorchs_reader() {
     std::fs::remove_file(&path).ok();
     drop((kept, recording));
 }
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn cuda_trace_counters_equal_the_allocators_figures() {
+    let _s = serial();
+    let recording = memlab::Recording::start(memlab::events::Settings::default()).unwrap();
+    let mut marks = Vec::new();
+    let mut kept = Vec::new();
+    for i in 0..6 {
+        kept.push(floats((1 << 18) * (i + 1)));
+        if i % 2 == 1 {
+            drop(kept.remove(0));
+        }
+        if i == 3 {
+            memlab::gpu::empty_cache().unwrap(); // segments go back: reserved falls
+        }
+        let n = memlab::events::history().0.iter().filter(|e| e.device == Device::Cuda(0)).count();
+        let s = memlab::stats::device_stats(Device::Cuda(0)).unwrap();
+        marks.push((n, s.allocated_bytes.all.current, s.active_bytes.all.current, s.reserved_bytes.all.current));
+    }
+    let trace = memlab::export::Exporter::registered().trace().unwrap();
+    let samples = &trace.counters[&Device::Cuda(0)];
+    for (n, allocated, active, reserved) in &marks {
+        let l = samples[n - 1].level;
+        assert_eq!((l.allocated, l.active, l.reserved), (*allocated, *active, *reserved), "after CUDA event {n}");
+    }
+    println!("{} CUDA samples; last {:?}", samples.len(), samples.last().unwrap().level);
+    drop((kept, recording));
+}

@@ -178,3 +178,42 @@ fn bytes_as_pytorch_prints(n: u64) -> String {
     }
     format!("{value:.1}EiB")
 }
+
+#[test]
+fn trace_counters_equal_the_allocators_figures() {
+    let _s = serial();
+    let before = floats(5000); // allocated before the recording: in the counters' levels
+    let recording = memlab::Recording::start(memlab::events::Settings::default()).unwrap();
+    let mut marks = Vec::new();
+    let mut kept = Vec::new();
+    for i in 0..6 {
+        kept.push(floats(1000 * (i + 1)));
+        if i % 2 == 1 {
+            drop(kept.remove(0));
+        }
+        let cpu_events = memlab::events::history().0.iter().filter(|e| e.device == Device::Cpu).count();
+        let stats = memlab::stats::device_stats(Device::Cpu).unwrap();
+        marks.push((cpu_events, stats.allocated_bytes.all.current, stats.active_bytes.all.current));
+    }
+    let trace = Exporter::registered().trace().unwrap();
+    let samples = &trace.counters[&Device::Cpu];
+    for (n, allocated, active) in &marks {
+        let level = samples[n - 1].level;
+        assert_eq!((level.allocated, level.active), (*allocated, *active), "after CPU event {n}");
+    }
+    assert!(samples.windows(2).all(|w| w[0].time_us <= w[1].time_us));
+
+    // The JSON: a counter track per device, one sample per event.
+    let path = temp("trace.json");
+    trace.write_json(&path).unwrap();
+    let doc: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let events = doc["traceEvents"].as_array().unwrap();
+    let cpu: Vec<&serde_json::Value> = events.iter().filter(|e| e["name"] == "cpu memory").collect();
+    assert_eq!(cpu.len(), samples.len());
+    assert!(cpu.iter().all(|e| e["ph"] == "C" && e["args"]["allocated"].is_i64() && e["ts"].is_number()));
+    let last = marks.last().unwrap();
+    assert_eq!(cpu[last.0 - 1]["args"]["allocated"], last.1);
+    assert_eq!(doc["otherData"]["partial"], false);
+    drop((kept, before, recording));
+    std::fs::remove_file(&path).ok();
+}

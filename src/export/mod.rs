@@ -1,5 +1,6 @@
 //! Recordings as files other tools open: PyTorch's memory snapshot (a pickle
-//! that pytorch.org/memory_viz and `python -m torch.cuda._memory_viz` read).
+//! that pytorch.org/memory_viz and `python -m torch.cuda._memory_viz` read)
+//! and a trace-event JSON (ui.perfetto.dev, chrome://tracing).
 //!
 //! An [`Exporter`] knows the model the way [`MemReporter`](crate::MemReporter)
 //! does (registered var stores, tensors and optimizers, or ones given to it),
@@ -10,6 +11,7 @@
 //! Rust call stacks.
 
 mod snapshot;
+mod trace;
 
 use memlab_core::Result;
 use tch::nn::VarStore;
@@ -18,6 +20,7 @@ use tch::Tensor;
 use crate::named::Sources;
 
 pub use snapshot::{Block, Segment, Snapshot, SnapshotFrame, SnapshotInfo, TraceEntry};
+pub use trace::{Level, Oom, Sample, Trace};
 
 /// Builds exports of the current recording.
 ///
@@ -75,5 +78,11 @@ impl Exporter {
     /// PyTorch's memory snapshot of the recording so far.
     pub fn snapshot(&self) -> Result<Snapshot> {
         snapshot::capture(&self.sources)
+    }
+
+    /// The recording so far as trace events: each device's allocated,
+    /// active and reserved bytes over time, and its out-of-memory failures.
+    pub fn trace(&self) -> Result<Trace> {
+        trace::capture()
     }
 }
