@@ -217,3 +217,77 @@ fn trace_counters_equal_the_allocators_figures() {
     drop((kept, before, recording));
     std::fs::remove_file(&path).ok();
 }
+
+/// Headless Chromium (Debian's `chromium`), or `None` with a note where it is
+/// missing outside CI (CI installs it: `.ci/run`).
+fn chromium() -> Option<&'static str> {
+    for name in ["chromium", "chromium-browser", "google-chrome"] {
+        if Command::new(name).arg("--version").output().is_ok_and(|o| o.status.success()) {
+            return Some(name);
+        }
+    }
+    assert!(std::env::var_os("CI").is_none(), "CI must have chromium: .ci/run installs Debian's package");
+    eprintln!("skipped: no chromium on PATH (apt-get install chromium) to open the HTML report");
+    None
+}
+
+#[test]
+fn the_html_report_opens_offline_in_chromium() {
+    let _s = serial();
+    memlab::clear_registry();
+    let recording = memlab::Recording::start(memlab::events::Settings::default().backtraces(true)).unwrap();
+    let vs = nn::VarStore::new(tch::Device::Cpu);
+    let net = nn::seq().add(nn::linear(vs.root() / "fc", 32, 32, Default::default()));
+    memlab::register_var_store("model", &vs);
+    let mut opt = nn::Adam::default().build(&vs, 1e-3).unwrap();
+    let mut kept = Vec::new();
+    for _ in 0..4 {
+        leaky_step(&net, &mut opt, &mut kept);
+    }
+    let report = Exporter::registered().html_report().unwrap();
+    let cpu = report.devices.iter().find(|d| d.device == Device::Cpu).expect("a CPU section");
+    // The peak is the allocator's highest level over the recording.
+    assert!(cpu.points.iter().all(|p| p.allocated <= cpu.peak_bytes));
+    assert_eq!(cpu.points.iter().map(|p| p.allocated).max(), Some(cpu.peak_bytes));
+    assert!(cpu.points.len() <= 400);
+    let rows: u64 = cpu.live_at_peak.iter().map(|r| r.bytes).sum();
+    assert_eq!(rows as i64, cpu.peak_bytes, "what was live at the peak adds up to it");
+    assert!(cpu.live_at_peak.iter().any(|r| r.label == "model.fc.weight (named at export)"), "{:?}", cpu.live_at_peak);
+    let html = report.to_html();
+    assert!(html.contains("default-src 'none'") && !html.contains("<script"), "no script, nothing fetched");
+    let path = temp("report.html");
+    report.write(&path).unwrap();
+    drop((kept, recording));
+    memlab::clear_registry();
+
+    let Some(browser) = chromium() else { return };
+    let url = format!("file://{}", path.display());
+    let out = Command::new(browser)
+        .args(["--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr", "--v=0", "--dump-dom", &url])
+        .output()
+        .unwrap();
+    let dom = String::from_utf8_lossy(&out.stdout);
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(!log.contains("Content Security Policy") && !log.contains("Uncaught"), "console errors:\n{log}");
+    // The timeline has points, each hover target a tooltip with the figures.
+    assert!(dom.contains("<svg class=\"timeline\"") && dom.contains("<polygon class=\"layer\""), "{dom}");
+    let tips = dom.matches("<rect class=\"hover\"").count();
+    assert_eq!(tips, cpu.points.len());
+    assert!(
+        dom.contains(" allocated\n") || dom.contains(" allocated&#10;") || dom.contains(" allocated\r"),
+        "hover text"
+    );
+    // The icicle graph names the user's function; the line profile is there with its bars.
+    assert!(dom.contains("<svg class=\"flame\"") && dom.contains("leaky_step (tests/export_cpu.rs:"), "{dom}");
+    assert!(dom.contains("export_cpu::leaky_step") && dom.contains("linear-gradient"), "line profile with bars");
+    let shot = temp("report.png");
+    let status = Command::new(browser)
+        .args(["--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--window-size=1100,1400"])
+        .arg(format!("--screenshot={}", shot.display()))
+        .arg(&url)
+        .output()
+        .unwrap();
+    assert!(status.status.success() && std::fs::metadata(&shot).is_ok_and(|m| m.len() > 10_000), "a screenshot");
+    std::fs::remove_file(&path).ok();
+    std::fs::remove_file(&shot).ok();
+}

@@ -10,6 +10,7 @@
 //! ([`Recording`](crate::Recording)): start one with backtraces to get the
 //! Rust call stacks.
 
+mod html;
 mod snapshot;
 mod trace;
 
@@ -19,6 +20,7 @@ use tch::Tensor;
 
 use crate::named::Sources;
 
+pub use html::{DeviceTimeline, FlameNode, HtmlReport, PeakRow, Point};
 pub use snapshot::{Block, Segment, Snapshot, SnapshotFrame, SnapshotInfo, TraceEntry};
 pub use trace::{Level, Oom, Sample, Trace};
 
@@ -78,6 +80,13 @@ impl Exporter {
     /// PyTorch's memory snapshot of the recording so far.
     pub fn snapshot(&self) -> Result<Snapshot> {
         snapshot::capture(&self.sources)
+    }
+
+    /// One self-contained HTML page of the recording so far: memory over
+    /// time per device, what was live at the peak by call stack and by name,
+    /// and the line profiler's tables.
+    pub fn html_report(&self) -> Result<HtmlReport> {
+        html::capture(&self.sources)
     }
 
     /// The recording so far as trace events: each device's allocated,

@@ -144,7 +144,7 @@ impl Snapshot {
 
 /// Resolves return addresses to the user's frames once per address.
 #[derive(Default)]
-struct Frames {
+pub(super) struct Frames {
     resolved: HashMap<u64, Vec<Frame>>,
 }
 
@@ -152,7 +152,7 @@ impl Frames {
     /// The frames of an allocation: its backtrace's user frames, with the
     /// profiled statement's line in the innermost frame of its function; or
     /// the statement alone without a backtrace.
-    fn of(&mut self, backtrace: Option<&Backtrace>, statement: Option<&StatementRef>) -> Vec<SnapshotFrame> {
+    pub(super) fn of(&mut self, backtrace: Option<&Backtrace>, statement: Option<&StatementRef>) -> Vec<SnapshotFrame> {
         let mut frames: Vec<Frame> = Vec::new();
         if let Some(bt) = backtrace {
             for &address in bt.addresses() {

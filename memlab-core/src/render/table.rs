@@ -29,23 +29,38 @@ pub struct Column {
     cell: Cell,
     min_width: usize,
     max_width: Option<usize>,
+    bars: bool,
 }
 
 impl Column {
     /// A column headed by `header` (a table whose headers are all empty has
     /// no header row).
     pub fn new(header: &str, cell: Cell) -> Column {
-        Column { header: vec![header.to_string()], cell, min_width: 0, max_width: None }
+        Column { header: vec![header.to_string()], cell, min_width: 0, max_width: None, bars: false }
     }
 
     /// A column whose header is split over several lines.
     pub fn stacked<S: AsRef<str>>(parts: &[S], cell: Cell) -> Column {
-        Column { header: parts.iter().map(|p| p.as_ref().to_string()).collect(), cell, min_width: 0, max_width: None }
+        Column {
+            header: parts.iter().map(|p| p.as_ref().to_string()).collect(),
+            cell,
+            min_width: 0,
+            max_width: None,
+            bars: false,
+        }
     }
 
     /// The column is at least `width` characters wide.
     pub fn min_width(mut self, width: usize) -> Column {
         self.min_width = width;
+        self
+    }
+
+    /// In HTML, each cell with a value (see [`Table::row_values`]) draws a
+    /// bar behind its figure, as long as the value against the column's
+    /// largest (pytorch_memlab's notebook view draws its byte columns so).
+    pub fn bars(mut self) -> Column {
+        self.bars = true;
         self
     }
 
@@ -59,7 +74,7 @@ impl Column {
 
 #[derive(Clone, Debug)]
 enum Line {
-    Cells { cells: Vec<String>, indent: usize, idle: bool },
+    Cells { cells: Vec<String>, values: Vec<Option<i64>>, indent: usize, idle: bool },
     Rule,
     Note(String),
 }
@@ -104,6 +119,21 @@ impl Table {
         self.push(cells, 0, true)
     }
 
+    /// A row whose cells also carry the values they show (`None`: none),
+    /// for the bars of columns that draw them.
+    pub fn row_values<S: Into<String>>(
+        &mut self,
+        cells: impl IntoIterator<Item = S>,
+        values: Vec<Option<i64>>,
+        idle: bool,
+    ) -> &mut Table {
+        self.push(cells, 0, idle);
+        if let Some(Line::Cells { values: v, .. }) = self.lines.last_mut() {
+            *v = values;
+        }
+        self
+    }
+
     /// A dashed rule across the table.
     pub fn rule(&mut self) -> &mut Table {
         self.lines.push(Line::Rule);
@@ -129,7 +159,7 @@ impl Table {
     fn push<S: Into<String>>(&mut self, cells: impl IntoIterator<Item = S>, indent: usize, idle: bool) -> &mut Table {
         let mut cells: Vec<String> = cells.into_iter().map(Into::into).collect();
         cells.resize(self.columns.len(), String::new());
-        self.lines.push(Line::Cells { cells, indent, idle });
+        self.lines.push(Line::Cells { cells, values: Vec::new(), indent, idle });
         self
     }
 
@@ -241,6 +271,20 @@ impl Table {
             Cell::Text => " class=\"text\"",
             Cell::Code => " class=\"code\"",
         };
+        // The largest magnitude of each column with bars.
+        let scale: Vec<i64> = (0..self.columns.len())
+            .map(|i| {
+                self.lines
+                    .iter()
+                    .filter_map(|l| match l {
+                        Line::Cells { values, .. } => values.get(i).copied().flatten(),
+                        _ => None,
+                    })
+                    .map(i64::unsigned_abs)
+                    .max()
+                    .map_or(0, |m| m.min(i64::MAX as u64) as i64)
+            })
+            .collect();
         let mut out = String::from("<table>\n");
         if self.headed() {
             out.push_str("<tr>");
@@ -252,11 +296,21 @@ impl Table {
         }
         for l in &self.lines {
             match l {
-                Line::Cells { cells, indent, idle } => {
+                Line::Cells { cells, values, indent, idle } => {
                     out.push_str(if *idle { "<tr class=\"idle\">" } else { "<tr>" });
                     for (i, (cell, c)) in cells.iter().zip(&self.columns).enumerate() {
                         let text = escape_html(cell);
-                        if i == 0 && *indent > 0 {
+                        let value = values.get(i).copied().flatten().filter(|_| c.bars && scale[i] > 0);
+                        if let Some(v) = value {
+                            // Growth in blue, shrinkage in red, as long as the value.
+                            let share = v.unsigned_abs() as f64 * 100.0 / scale[i] as f64;
+                            let colour = if v < 0 { "#f3c4c4" } else { "#c9dcf2" };
+                            write!(
+                                out,
+                                "<td style=\"background:linear-gradient(to left,{colour} {share:.1}%,transparent {share:.1}%)\">{text}</td>"
+                            )
+                            .unwrap();
+                        } else if i == 0 && *indent > 0 {
                             write!(
                                 out,
                                 "<td{} style=\"padding-left:{}em\">{text}</td>",

@@ -68,7 +68,14 @@ fn render_function(out: &mut String, f: &FunctionReport, columns: &[Column]) {
 pub(super) fn table(f: &FunctionReport, columns: &[Column]) -> Table {
     let mut header: Vec<TableColumn> = columns
         .iter()
-        .map(|c| TableColumn::stacked(&c.name().splitn(3, '.').collect::<Vec<_>>(), Cell::Figure))
+        .map(|c| {
+            let column = TableColumn::stacked(&c.name().splitn(3, '.').collect::<Vec<_>>(), Cell::Figure);
+            if c.is_bytes() {
+                column.bars()
+            } else {
+                column
+            }
+        })
         .collect();
     header.push(TableColumn::new("line", Cell::Figure).min_width(4));
     header.push(TableColumn::new("code", Cell::Code));
@@ -76,11 +83,8 @@ pub(super) fn table(f: &FunctionReport, columns: &[Column]) -> Table {
     for (l, code) in f.lines.iter().zip(dedented(f)) {
         let figures = columns.iter().map(|c| l.stats.as_ref().map(|s| cell(c, c.value(s))).unwrap_or_default());
         let cells = figures.chain([l.line.to_string(), code.to_string()]);
-        if l.stats.is_some() {
-            table.row(cells);
-        } else {
-            table.idle_row(cells);
-        }
+        let values = columns.iter().map(|c| l.stats.as_ref().map(|s| c.value(s))).collect();
+        table.row_values(cells, values, l.stats.is_none());
     }
     table
 }

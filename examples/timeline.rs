@@ -1,0 +1,106 @@
+//! Memory over time as pictures: trains a small MLP for a few steps with a
+//! deliberate leak (a list that keeps every step's logits, and with them the
+//! autograd graph) under a Recording with backtraces, then writes exactly
+//! three files:
+//!
+//! - `DIR/memlab_report.html`: one self-contained page (timeline stacked by
+//!   site, icicle graph of the peak, what was live then, the line profile);
+//! - `DIR/memlab_snapshot.pickle`: PyTorch's memory snapshot, for
+//!   pytorch.org/memory_viz or `python -m torch.cuda._memory_viz`;
+//! - `DIR/memlab_trace.json`: trace events for ui.perfetto.dev.
+//!
+//! On the CPU by default, on the current CUDA device when there is one.
+//!
+//!     cargo run --release --example timeline -- --out DIR
+
+use std::error::Error;
+use std::path::PathBuf;
+
+use tch::nn::{self, Module, OptimizerConfig};
+use tch::{Device, Kind, Tensor};
+
+struct Mlp {
+    layers: Vec<nn::Linear>,
+}
+
+impl Mlp {
+    fn new(vs: &nn::Path) -> Mlp {
+        let widths = [256, 512, 512, 256, 10];
+        let layers = widths
+            .windows(2)
+            .enumerate()
+            .map(|(i, w)| nn::linear(vs / format!("fc{i}"), w[0], w[1], Default::default()))
+            .collect();
+        Mlp { layers }
+    }
+
+    #[memlab::profile]
+    fn forward(&self, x: &Tensor) -> Tensor {
+        let mut h = x.shallow_clone();
+        for (i, layer) in self.layers.iter().enumerate() {
+            let out = layer.forward(&h);
+            h = if i + 1 < self.layers.len() { out.relu() } else { out };
+        }
+        h
+    }
+}
+
+#[memlab::profile]
+fn train_step(model: &Mlp, opt: &mut nn::Optimizer, x: &Tensor, y: &Tensor, history: &mut Vec<Tensor>) -> f64 {
+    let logits = model.forward(x);
+    let loss = logits.cross_entropy_for_logits(y);
+    opt.backward_step(&loss);
+    history.push(logits); // the leak: each step's logits keep their graph alive
+    loss.double_value(&[])
+}
+
+fn main() -> Result<(), Box<dyn Error>> {
+    let mut args = std::env::args().skip(1);
+    let mut out = PathBuf::from("memlab_timeline");
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--out" => out = args.next().ok_or("--out needs a directory")?.into(),
+            other => return Err(format!("unknown argument {other:?}; use --out DIR").into()),
+        }
+    }
+    std::fs::create_dir_all(&out)?;
+    memlab::profiler::set_print_at_exit(false);
+    let device = Device::cuda_if_available();
+    let settings = memlab::events::Settings::default().backtraces(true);
+    let recording = memlab::Recording::start(settings)?;
+
+    tch::manual_seed(0);
+    let vs = nn::VarStore::new(device);
+    let model = Mlp::new(&vs.root());
+    memlab::register_var_store("model", &vs);
+    let mut adam = nn::Adam::default().build(&vs, 1e-3)?;
+    let x = Tensor::randn([512, 256], (Kind::Float, device));
+    let y = Tensor::randint(10, [512], (Kind::Int64, device));
+    let mut history = Vec::new();
+    for step in 0..8 {
+        let loss = train_step(&model, &mut adam, &x, &y, &mut history);
+        if step == 0 {
+            memlab::register_optimizer(&adam)?; // its state exists after the first step
+        }
+        println!("step {step}: loss {loss:.4}");
+    }
+
+    let exporter = memlab::export::Exporter::registered();
+    let report = exporter.html_report()?;
+    report.write(out.join("memlab_report.html"))?;
+    exporter.snapshot()?.write_pickle(out.join("memlab_snapshot.pickle"))?;
+    exporter.trace()?.write_json(out.join("memlab_trace.json"))?;
+    for d in &report.devices {
+        println!(
+            "{}: peak {} allocated; the largest at the peak:",
+            d.device,
+            memlab::stats::format_bytes(d.peak_bytes)
+        );
+        for row in d.live_at_peak.iter().take(4) {
+            println!("  {:>10}  {}", memlab::stats::format_bytes(row.bytes as i64), row.label);
+        }
+    }
+    println!("wrote memlab_report.html, memlab_snapshot.pickle and memlab_trace.json to {}", out.display());
+    drop((history, recording));
+    Ok(())
+}
