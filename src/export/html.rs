@@ -27,6 +27,8 @@ const BUCKETS: usize = 400;
 const TOP_SITES: usize = 8;
 /// An allocation whose call stack memlab does not know.
 const UNKNOWN: &str = "unknown site (no backtrace: start the Recording with backtraces)";
+/// An allocation with a backtrace but no frame of the user's code.
+const OUTSIDE: &str = "outside the user's code (libtorch's own threads and workspaces, such as backward's)";
 /// Memory allocated before the history begins (no event says by whom).
 const BEFORE: &str = "allocated before the recorded history";
 
@@ -93,7 +95,7 @@ pub struct DeviceTimeline {
 #[derive(Clone, Debug, Serialize)]
 #[non_exhaustive]
 pub struct HtmlReport {
-    /// One section per device with events.
+    /// One section per device with events: the CUDA devices, then the CPU.
     pub devices: Vec<DeviceTimeline>,
     /// Whether the recording's bounded history dropped events.
     pub partial: bool,
@@ -103,7 +105,16 @@ pub struct HtmlReport {
 }
 
 fn label_of(frames: &[SnapshotFrame]) -> String {
-    frames.first().map_or_else(|| UNKNOWN.to_string(), |f| format!("{} ({}:{})", f.name, short(&f.filename), f.line))
+    frames.first().map_or_else(|| UNKNOWN.to_string(), frame_label)
+}
+
+/// `function (file:line)`, or the placeholder of a frame without a place.
+fn frame_label(f: &SnapshotFrame) -> String {
+    if f.filename.is_empty() {
+        f.name.clone()
+    } else {
+        format!("{} ({}:{})", f.name, short(&f.filename), f.line)
+    }
 }
 
 /// A source path from its crate's folder on (`src/train.rs`, `tests/x.rs`).
@@ -135,7 +146,10 @@ pub(super) fn capture(sources: &Sources) -> Result<HtmlReport> {
     // Per alloc event (by seq): its site and stack.
     let mut alloc_info: HashMap<u64, (usize, usize)> = HashMap::new();
     for e in history.iter().filter(|e| e.action == Action::Alloc) {
-        let f = frames.of(e.backtrace.as_deref(), e.statement.as_ref());
+        let mut f = frames.of(e.backtrace.as_deref(), e.statement.as_ref());
+        if f.is_empty() && e.backtrace.is_some() {
+            f.push(SnapshotFrame { filename: String::new(), line: 0, name: OUTSIDE.to_string() });
+        }
         let label = label_of(&f);
         let next = sites.len();
         let site = *site_ids.entry(label.clone()).or_insert(next);
@@ -251,7 +265,7 @@ pub(super) fn capture(sources: &Sources) -> Result<HtmlReport> {
             let path: Vec<String> = if stack.is_empty() {
                 vec![UNKNOWN.to_string()]
             } else {
-                stack.iter().rev().map(|f| format!("{} ({}:{})", f.name, short(&f.filename), f.line)).collect()
+                stack.iter().rev().map(frame_label).collect()
             };
             for name in path {
                 let at = match node.children.iter().position(|c| c.name == name) {
@@ -276,6 +290,8 @@ pub(super) fn capture(sources: &Sources) -> Result<HtmlReport> {
             flame,
         });
     }
+    // CUDA devices first, then the CPU, as PyTorch's snapshot numbers them.
+    devices.sort_by_key(|d| d.device == Device::Cpu);
     let profile = crate::report();
     let profile_html = if profile.functions.iter().any(|f| f.calls > 0) { profile.to_html() } else { String::new() };
     Ok(HtmlReport { devices, partial: stats.dropped > 0, profile_html })
