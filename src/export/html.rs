@@ -11,13 +11,14 @@
 use std::collections::HashMap;
 use std::fmt::Write;
 use std::path::Path;
+use std::sync::Arc;
 
 use memlab_core::events::{self, Action, Event};
 use memlab_core::render::{escape_html, format_bytes, STYLESHEET};
 use memlab_core::{Device, Error, Result};
 use serde::Serialize;
 
-use super::snapshot::{Frames, SnapshotFrame};
+use super::snapshot::{Frames, SnapshotFrame, Stack};
 use super::trace;
 use crate::named::Sources;
 
@@ -140,24 +141,30 @@ pub(super) fn capture(sources: &Sources) -> Result<HtmlReport> {
     let live_now: HashMap<(Device, u64), u64> = events::live().iter().map(|a| ((a.device, a.address), a.seq)).collect();
     let named = sources.collect()?;
     let mut frames = Frames::default();
-    let mut stacks: Vec<Vec<SnapshotFrame>> = Vec::new();
+    let mut stacks: Vec<Stack> = Vec::new();
     let mut sites: Vec<String> = Vec::new();
     let mut site_ids: HashMap<String, usize> = HashMap::new();
+    // Each distinct stack once: its site and index, keyed by the shared stack.
+    let mut seen: HashMap<*const SnapshotFrame, (usize, usize)> = HashMap::new();
+    let outside: Stack = Arc::from(vec![SnapshotFrame { filename: String::new(), line: 0, name: OUTSIDE.to_string() }]);
     // Per alloc event (by seq): its site and stack.
     let mut alloc_info: HashMap<u64, (usize, usize)> = HashMap::new();
     for e in history.iter().filter(|e| e.action == Action::Alloc) {
         let mut f = frames.of(e.backtrace.as_deref(), e.statement.as_ref());
         if f.is_empty() && e.backtrace.is_some() {
-            f.push(SnapshotFrame { filename: String::new(), line: 0, name: OUTSIDE.to_string() });
+            f = outside.clone();
         }
-        let label = label_of(&f);
-        let next = sites.len();
-        let site = *site_ids.entry(label.clone()).or_insert(next);
-        if site == next {
-            sites.push(label);
-        }
-        stacks.push(f);
-        alloc_info.insert(e.seq, (site, stacks.len() - 1));
+        let info = *seen.entry(f.as_ptr()).or_insert_with(|| {
+            let label = label_of(&f);
+            let next = sites.len();
+            let site = *site_ids.entry(label.clone()).or_insert(next);
+            if site == next {
+                sites.push(label);
+            }
+            stacks.push(f.clone());
+            (site, stacks.len() - 1)
+        });
+        alloc_info.insert(e.seq, info);
     }
     let mut devices = Vec::new();
     for (device, samples) in &trace.counters {

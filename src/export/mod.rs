@@ -11,6 +11,7 @@
 //! Rust call stacks.
 
 mod html;
+mod pickle;
 mod snapshot;
 mod trace;
 
@@ -21,7 +22,7 @@ use tch::Tensor;
 use crate::named::Sources;
 
 pub use html::{DeviceTimeline, FlameNode, HtmlReport, PeakRow, Point};
-pub use snapshot::{Block, Segment, Snapshot, SnapshotFrame, SnapshotInfo, TraceEntry};
+pub use snapshot::{Block, Segment, Snapshot, SnapshotFrame, SnapshotInfo, Stack, TraceEntry};
 pub use trace::{Level, Oom, Sample, Trace};
 
 /// Builds exports of the current recording.

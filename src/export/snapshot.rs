@@ -11,12 +11,17 @@
 
 use std::collections::HashMap;
 use std::path::Path;
+use std::sync::Arc;
 
 use memlab_core::events::{self, Action, Backtrace, Event, Frame, StatementRef};
 use memlab_core::{Device, Error, Result};
 use serde::Serialize;
 
+use super::pickle::Pickler;
 use crate::named::{Kind, Sources};
+
+/// A call stack, innermost frame first, shared by every event that has it.
+pub type Stack = Arc<[SnapshotFrame]>;
 
 /// A frame of a stack, as PyTorch writes it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -42,7 +47,7 @@ pub struct Block {
     /// `active_allocated`, `active_pending_free` or `inactive`.
     pub state: &'static str,
     /// Where it was allocated, innermost first (empty when unknown).
-    pub frames: Vec<SnapshotFrame>,
+    pub frames: Stack,
 }
 
 /// A segment: memory the allocator obtained at once.
@@ -89,7 +94,7 @@ pub struct TraceEntry {
     pub time_us: u64,
     /// Where the allocation was made, innermost first; frees repeat their
     /// allocation's frames, as PyTorch's converters do.
-    pub frames: Vec<SnapshotFrame>,
+    pub frames: Stack,
     /// For `alloc`: `parameter`, `gradient`, `optimizer_state` (named by the
     /// walk at export time, for allocations still alive then) or `other`.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -130,8 +135,29 @@ impl Snapshot {
     /// The snapshot as a pickle, as `torch.cuda.memory._dump_snapshot`
     /// writes it.
     pub fn to_pickle(&self) -> Result<Vec<u8>> {
-        serde_pickle::to_vec(self, serde_pickle::SerOptions::new())
-            .map_err(|e| Error::io("write the snapshot as a pickle", std::io::Error::other(e.to_string())))
+        let mut p = Pickler::new();
+        p.dict(|p| {
+            p.str("segments");
+            p.list(|p| self.segments.iter().for_each(|s| segment(p, s)));
+            p.str("device_traces");
+            p.list(|p| {
+                for trace in &self.device_traces {
+                    p.list(|p| trace.iter().for_each(|e| entry(p, e)));
+                }
+            });
+            p.str("memlab");
+            p.dict(|p| {
+                p.str("devices");
+                p.list(|p| self.memlab.devices.iter().for_each(|d| p.str(d)));
+                p.str("partial");
+                p.bool(self.memlab.partial);
+                p.str("dropped");
+                p.int(self.memlab.dropped.into());
+                p.str("recorded");
+                p.int(self.memlab.recorded.into());
+            });
+        });
+        Ok(p.finish())
     }
 
     /// Writes the pickle to `path`: open it at pytorch.org/memory_viz, or
@@ -142,17 +168,108 @@ impl Snapshot {
     }
 }
 
-/// Resolves return addresses to the user's frames once per address.
+fn stack(p: &mut Pickler, frames: &Stack) {
+    p.shared(frames.as_ptr() as usize, |p| {
+        p.list(|p| {
+            for f in frames.iter() {
+                p.dict(|p| {
+                    p.str("filename");
+                    p.str(&f.filename);
+                    p.str("line");
+                    p.int(f.line.into());
+                    p.str("name");
+                    p.str(&f.name);
+                });
+            }
+        })
+    });
+}
+
+fn segment(p: &mut Pickler, s: &Segment) {
+    p.dict(|p| {
+        for (key, value) in [
+            ("device", s.device as u64),
+            ("address", s.address),
+            ("total_size", s.total_size),
+            ("stream", s.stream),
+            ("allocated_size", s.allocated_size),
+            ("active_size", s.active_size),
+            ("requested_size", s.requested_size),
+        ] {
+            p.str(key);
+            p.int(value.into());
+        }
+        p.str("segment_type");
+        p.str(s.segment_type);
+        p.str("is_expandable");
+        p.bool(s.is_expandable);
+        p.str("blocks");
+        p.list(|p| {
+            for b in &s.blocks {
+                p.dict(|p| {
+                    for (key, value) in [("address", b.address), ("size", b.size), ("requested_size", b.requested_size)]
+                    {
+                        p.str(key);
+                        p.int(value.into());
+                    }
+                    p.str("state");
+                    p.str(b.state);
+                    p.str("frames");
+                    stack(p, &b.frames);
+                });
+            }
+        });
+    });
+}
+
+fn entry(p: &mut Pickler, e: &TraceEntry) {
+    p.dict(|p| {
+        p.str("action");
+        p.str(e.action);
+        if let Some(addr) = e.addr {
+            p.str("addr");
+            p.int(addr.into());
+        }
+        for (key, value) in [("size", e.size), ("stream", e.stream), ("time_us", e.time_us)] {
+            p.str(key);
+            p.int(value.into());
+        }
+        p.str("frames");
+        stack(p, &e.frames);
+        if let Some(category) = e.category {
+            p.str("category");
+            p.str(category);
+        }
+        if let Some(free) = e.device_free {
+            p.str("device_free");
+            p.int(free.into());
+        }
+    });
+}
+
+/// Resolves return addresses to the user's frames once per address, and
+/// builds each distinct stack once.
 #[derive(Default)]
 pub(super) struct Frames {
     resolved: HashMap<u64, Vec<Frame>>,
+    stacks: HashMap<(Vec<u64>, Option<StatementRef>), Stack>,
 }
 
 impl Frames {
     /// The frames of an allocation: its backtrace's user frames, with the
     /// profiled statement's line in the innermost frame of its function; or
     /// the statement alone without a backtrace.
-    pub(super) fn of(&mut self, backtrace: Option<&Backtrace>, statement: Option<&StatementRef>) -> Vec<SnapshotFrame> {
+    pub(super) fn of(&mut self, backtrace: Option<&Backtrace>, statement: Option<&StatementRef>) -> Stack {
+        let key = (backtrace.map_or_else(Vec::new, |b| b.addresses().to_vec()), statement.copied());
+        if let Some(stack) = self.stacks.get(&key) {
+            return stack.clone();
+        }
+        let stack: Stack = self.build(backtrace, statement).into();
+        self.stacks.insert(key, stack.clone());
+        stack
+    }
+
+    fn build(&mut self, backtrace: Option<&Backtrace>, statement: Option<&StatementRef>) -> Vec<SnapshotFrame> {
         let mut frames: Vec<Frame> = Vec::new();
         if let Some(bt) = backtrace {
             for &address in bt.addresses() {
@@ -214,11 +331,11 @@ pub(super) fn capture(sources: &Sources) -> Result<Snapshot> {
     let mut frames = Frames::default();
     let mut traces: Vec<Vec<TraceEntry>> = vec![Vec::new(); cuda_devices + 1];
     // The frames of each allocation, for its frees.
-    let mut allocated: HashMap<(Device, u64), Vec<SnapshotFrame>> = HashMap::new();
+    let mut allocated: HashMap<(Device, u64), Stack> = HashMap::new();
     for e in &history {
         let Some(index) = index_of(e.device) else { continue };
         let key = (e.device, e.address);
-        let entry = |e: &Event, frames: Vec<SnapshotFrame>| TraceEntry {
+        let entry = |e: &Event, frames: Stack| TraceEntry {
             action: action_name(e.action),
             addr: Some(e.address),
             size: e.size,
@@ -249,7 +366,7 @@ pub(super) fn capture(sources: &Sources) -> Result<Snapshot> {
                 let f = allocated.remove(&key).unwrap_or_default();
                 traces[index].push(entry(e, f));
             }
-            Action::SegmentAlloc | Action::SegmentFree => traces[index].push(entry(e, Vec::new())),
+            Action::SegmentAlloc | Action::SegmentFree => traces[index].push(entry(e, Stack::default())),
             Action::Oom => traces[index].push(TraceEntry {
                 addr: None,
                 device_free: Some(e.address),
