@@ -195,8 +195,18 @@ pub mod stats {
 /// set, and the accounts of dispose scopes.
 pub mod events {
     pub use memlab_core::events::{
-        live, thread_number, Action, Event, Frame, LiveAllocation, ScopeCounts, Settings, StatementRef, Stats,
+        live, thread_number, Action, Event, Frame, LiveAllocation, Reading, ScopeCounts, Settings, Span, SpanKind,
+        StatementRef, Stats,
     };
+
+    /// What the recording kept beside the allocations, oldest first: spans
+    /// (profiled calls, `StepLogger` steps, `TrainingMonitor` iterations),
+    /// readings of the resident set and the driver's device use (while a
+    /// `StepLogger` samples, or with [`Settings::sampling`]), and how many of
+    /// either were dropped to stay within 100,000.
+    pub fn timeline() -> (Vec<Span>, Vec<Reading>, u64) {
+        memlab_core::events::spans_and_readings()
+    }
 
     /// The recorded allocation events, oldest first, and how many were dropped
     /// to stay within [`Settings::capacity`] (see [`Recording`](crate::Recording)).

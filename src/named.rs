@@ -145,6 +145,11 @@ impl Sources {
         self.stores.push((prefix.into(), vs.variables_.clone()));
     }
 
+    /// Adds a var store's variables, shared, with no prefix.
+    pub(crate) fn add_variables(&mut self, variables: Arc<Mutex<Variables>>) {
+        self.stores.push((String::new(), variables));
+    }
+
     /// Adds a tensor under `name`.
     pub(crate) fn add_tensor(&mut self, name: impl Into<String>, tensor: &Tensor) {
         self.tensors.push((name.into(), tensor.shallow_clone()));
@@ -260,6 +265,22 @@ impl Sources {
         self.for_each_state(|_, tensor| {
             let (main, _) = memlab_tch::storage::storages(tensor)?;
             out.extend(main.device.map(|d| (d, main.data_ptr)));
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    /// Where each named storage starts and what it is (variables, their
+    /// gradients, optimizer state, named tensors): the light walk, without
+    /// names or shapes.
+    pub(crate) fn kinds(&self) -> Result<Vec<(Device, u64, Kind)>> {
+        let mut out = Vec::new();
+        self.for_each(|_, tensor, kind| {
+            let (main, grad) = memlab_tch::storage::storages(tensor)?;
+            out.extend(main.device.map(|d| (d, main.data_ptr, kind)));
+            if kind == Kind::Parameter {
+                out.extend(grad.and_then(|g| g.device.map(|d| (d, g.data_ptr, Kind::Gradient))));
+            }
             Ok(())
         })?;
         Ok(out)

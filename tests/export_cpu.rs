@@ -291,3 +291,79 @@ fn the_html_report_opens_offline_in_chromium() {
     std::fs::remove_file(&path).ok();
     std::fs::remove_file(&shot).ok();
 }
+
+#[test]
+fn the_trace_has_calls_steps_iterations_and_readings() {
+    let _s = serial();
+    memlab::clear_registry();
+    let settings = memlab::events::Settings::default().sampling(std::time::Duration::from_millis(1));
+    let recording = memlab::Recording::start(settings).unwrap();
+    let vs = nn::VarStore::new(tch::Device::Cpu);
+    let net = nn::seq().add(nn::linear(vs.root() / "fc", 32, 32, Default::default()));
+    memlab::register_var_store("model", &vs);
+    let mut opt = nn::Adam::default().build(&vs, 1e-3).unwrap();
+    let mut logger = memlab::StepLogger::new();
+    logger.stop();
+    let mut monitor = memlab::TrainingMonitor::new(&vs).print_period(0);
+    let mut kept = Vec::new();
+    for i in 0..3 {
+        logger.log(&format!("step {i}"), || leaky_step(&net, &mut opt, &mut kept));
+        monitor.record_stats_with(&opt);
+        std::thread::sleep(std::time::Duration::from_millis(3));
+    }
+    let trace = Exporter::registered().trace().unwrap();
+    let snapshot = Exporter::registered().snapshot().unwrap();
+    drop(recording);
+
+    let spans = |kind| trace.spans.iter().filter(move |s| s.kind == kind);
+    let calls: Vec<_> = spans(memlab::events::SpanKind::Call).collect();
+    let steps: Vec<_> = spans(memlab::events::SpanKind::Step).collect();
+    let iterations: Vec<_> = spans(memlab::events::SpanKind::Iteration).collect();
+    assert_eq!((calls.len(), steps.len(), iterations.len()), (3, 3, 3), "{:?}", trace.spans);
+    assert!(calls.iter().all(|c| c.name.ends_with("leaky_step")), "{calls:?}");
+    assert_eq!(steps.iter().map(|s| s.name.as_ref()).collect::<Vec<_>>(), ["step 0", "step 1", "step 2"]);
+    assert_eq!(iterations[2].name, "epoch 1 iteration 3");
+    for (call, step) in calls.iter().zip(&steps) {
+        assert!(step.start_ns <= call.start_ns && call.end_ns <= step.end_ns, "the call lies inside its step");
+        assert_eq!(call.thread, memlab::events::thread_number());
+    }
+    // The steps' allocations fall inside the steps.
+    let history = memlab::events::history().0;
+    let in_steps = history.iter().filter(|e| steps.iter().any(|s| (s.start_ns..=s.end_ns).contains(&e.time_ns)));
+    assert!(in_steps.count() >= 3 * 4);
+
+    // The readings: the resident set as the kernel counts it, read by the recording's thread.
+    assert!(trace.readings.len() >= 5, "{} readings", trace.readings.len());
+    let rss = memlab::logger::rss();
+    let last = trace.readings.last().unwrap();
+    assert!(last.rss > 0 && last.rss.abs_diff(rss) < 64 << 20, "{} vs {rss}", last.rss);
+    assert!(trace.readings.windows(2).all(|w| w[0].time_ns <= w[1].time_ns));
+
+    // The JSON: slices on the thread's track, a resident-set counter.
+    let doc: serde_json::Value = serde_json::from_str(&trace.to_json()).unwrap();
+    let events = doc["traceEvents"].as_array().unwrap();
+    let slices: Vec<_> = events.iter().filter(|e| e["ph"] == "X").collect();
+    assert_eq!(slices.len(), 9);
+    let step0 = slices.iter().find(|e| e["name"] == "step 0").unwrap();
+    assert_eq!(step0["cat"], "step");
+    assert_eq!(step0["tid"], memlab::events::thread_number());
+    let ts = step0["ts"].as_f64().unwrap();
+    assert!((ts - steps[0].start_ns as f64 / 1000.0).abs() < 0.01, "{ts}");
+    assert!(step0["dur"].as_f64().unwrap() > 0.0);
+    let rss_counters = events.iter().filter(|e| e["name"] == "process resident set" && e["ph"] == "C").count();
+    assert_eq!(rss_counters, trace.readings.len());
+    assert!(events.iter().any(|e| e["ph"] == "M" && e["name"] == "thread_name"));
+
+    // Gradients of earlier steps died before the export (Adam's zero_grad
+    // frees them): the walks at the logged steps named them.
+    let cpu = snapshot.memlab.devices.iter().position(|d| d == "cpu").unwrap();
+    let entries = &snapshot.device_traces[cpu];
+    let dead_gradient = entries.iter().enumerate().any(|(i, e)| {
+        e.action == "alloc"
+            && e.category == Some("gradient")
+            && entries[i + 1..].iter().any(|f| f.action == "free_completed" && f.addr == e.addr)
+    });
+    assert!(dead_gradient, "a gradient freed before the export keeps its name");
+    drop((kept, logger, monitor));
+    memlab::clear_registry();
+}

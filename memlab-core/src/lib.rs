@@ -6,6 +6,7 @@
 mod backend;
 mod error;
 pub mod events;
+pub mod hash;
 pub mod output;
 pub mod profiler;
 pub mod render;

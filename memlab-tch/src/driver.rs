@@ -249,3 +249,22 @@ mod without_features {
         assert!(nvml.contains("without its `nvml` feature"), "{nvml}");
     }
 }
+
+/// The process's resident set in bytes, from `/proc/self/statm` (0 where
+/// there is no such file).
+pub fn resident_set() -> u64 {
+    use std::sync::OnceLock;
+    static PAGE: OnceLock<u64> = OnceLock::new();
+    // SAFETY: sysconf only reads a configuration value.
+    let page = *PAGE.get_or_init(|| u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096));
+    // One descriptor kept open and read from offset 0 (procfs regenerates
+    // the text) spares an open and a close per reading.
+    static STATM: OnceLock<Option<std::fs::File>> = OnceLock::new();
+    let Some(file) = STATM.get_or_init(|| std::fs::File::open("/proc/self/statm").ok()) else { return 0 };
+    let mut buf = [0u8; 128];
+    let n = std::os::unix::fs::FileExt::read_at(file, &mut buf, 0).unwrap_or(0);
+    std::str::from_utf8(&buf[..n])
+        .ok()
+        .and_then(|s| s.split_whitespace().nth(1).and_then(|v| v.parse::<u64>().ok()))
+        .map_or(0, |pages| pages * page)
+}

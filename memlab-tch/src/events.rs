@@ -1,7 +1,9 @@
 //! Connects memlab's event recorder to libtorch: the counting CPU allocator's
 //! hook and, on CUDA machines, a trace tracker on the caching allocator.
 
-use std::sync::{Mutex, MutexGuard};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use memlab_core::events::{self, Action, Settings};
 use memlab_core::{Device, Result};
@@ -28,6 +30,7 @@ use crate::ffi;
 #[derive(Debug)]
 pub struct Recording {
     user: Option<events::User>,
+    sampler: Option<ReadingThread>,
 }
 
 impl Recording {
@@ -39,15 +42,22 @@ impl Recording {
     /// On a CUDA machine this attaches memlab's tracker to the caching
     /// allocator, creating it with a first (1-element) CUDA allocation if no
     /// CUDA memory was allocated yet.
+    ///
+    /// With [`Settings::sampling`], a thread reads the process's resident
+    /// set and the driver's use of the current CUDA device (when CUDA is in
+    /// use) at that interval while this `Recording` lives; traces draw the
+    /// readings as counters beside the allocator's.
     pub fn start(settings: Settings) -> Result<Recording> {
-        Ok(Recording { user: Some(acquire(Some(settings))?) })
+        let user = acquire(Some(settings))?;
+        let sampler = settings.sample_every.map(ReadingThread::start);
+        Ok(Recording { user: Some(user), sampler })
     }
 
     /// Joins the recording, or starts one with the settings in force, without
     /// asking for any: for tools that need the events while they live (dispose
     /// scopes, trackers) but leave the settings to the user's recordings.
     pub fn join() -> Result<Recording> {
-        Ok(Recording { user: Some(acquire(None)?) })
+        Ok(Recording { user: Some(acquire(None)?), sampler: None })
     }
 
     /// The settings in force now (the union of what live recordings asked for).
@@ -58,8 +68,50 @@ impl Recording {
 
 impl Drop for Recording {
     fn drop(&mut self) {
+        if let Some(sampler) = self.sampler.take() {
+            sampler.stop();
+        }
         if let Some(user) = self.user.take() {
             release(user);
+        }
+    }
+}
+
+/// The thread of a sampling recording: reads the resident set and the
+/// driver's device use at its interval until stopped.
+#[derive(Debug)]
+struct ReadingThread {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl ReadingThread {
+    fn start(every: Duration) -> ReadingThread {
+        let stop = Arc::new(AtomicBool::new(false));
+        // The device whose context libtorch uses: reading another would create one.
+        let gpu = match crate::auto_device() {
+            Device::Cuda(i) => Some(i),
+            Device::Cpu => None,
+        };
+        let flag = stop.clone();
+        let thread = std::thread::Builder::new()
+            .name("memlab-recording-sampler".into())
+            .spawn(move || {
+                while !flag.load(Ordering::Relaxed) {
+                    let driver = gpu.and_then(|i| crate::driver_memory(i).ok().map(|m| (i, m.used())));
+                    events::reading(crate::resident_set(), driver.into_iter().collect());
+                    std::thread::park_timeout(every);
+                }
+            })
+            .ok();
+        ReadingThread { stop, thread }
+    }
+
+    fn stop(mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+        if let Some(thread) = self.thread.take() {
+            thread.thread().unpark();
+            let _ = thread.join();
         }
     }
 }

@@ -8,7 +8,7 @@
 //! browser's own tooltips. Long recordings are aggregated here, not in the
 //! browser: a timeline has at most `BUCKETS` points per device.
 
-use std::collections::HashMap;
+use memlab_core::hash::FastMap;
 use std::fmt::Write;
 use std::path::Path;
 use std::sync::Arc;
@@ -136,19 +136,19 @@ struct Live {
 }
 
 pub(super) fn capture(sources: &Sources) -> Result<HtmlReport> {
-    let trace = trace::capture()?;
     let (history, stats) = events::history();
-    let live_now: HashMap<(Device, u64), u64> = events::live().iter().map(|a| ((a.device, a.address), a.seq)).collect();
+    let trace = trace::capture_from(&history, &stats)?;
+    let live_now: FastMap<(Device, u64), u64> = events::live().iter().map(|a| ((a.device, a.address), a.seq)).collect();
     let named = sources.collect()?;
     let mut frames = Frames::default();
     let mut stacks: Vec<Stack> = Vec::new();
     let mut sites: Vec<String> = Vec::new();
-    let mut site_ids: HashMap<String, usize> = HashMap::new();
+    let mut site_ids: FastMap<String, usize> = FastMap::default();
     // Each distinct stack once: its site and index, keyed by the shared stack.
-    let mut seen: HashMap<*const SnapshotFrame, (usize, usize)> = HashMap::new();
+    let mut seen: FastMap<*const SnapshotFrame, (usize, usize)> = FastMap::default();
     let outside: Stack = Arc::from(vec![SnapshotFrame { filename: String::new(), line: 0, name: OUTSIDE.to_string() }]);
     // Per alloc event (by seq): its site and stack.
-    let mut alloc_info: HashMap<u64, (usize, usize)> = HashMap::new();
+    let mut alloc_info: FastMap<u64, (usize, usize)> = FastMap::default();
     for e in history.iter().filter(|e| e.action == Action::Alloc) {
         let mut f = frames.of(e.backtrace.as_deref(), e.statement.as_ref());
         if f.is_empty() && e.backtrace.is_some() {
@@ -178,8 +178,8 @@ pub(super) fn capture(sources: &Sources) -> Result<HtmlReport> {
             .max_by_key(|(i, s)| (s.level.allocated, std::cmp::Reverse(*i)))
             .map_or(0, |(i, _)| i);
         // Replay to the peak: what was live then.
-        let mut live: HashMap<u64, Live> = HashMap::new();
-        let replay = |live: &mut HashMap<u64, Live>, e: &Event| match e.action {
+        let mut live: FastMap<u64, Live> = FastMap::default();
+        let replay = |live: &mut FastMap<u64, Live>, e: &Event| match e.action {
             Action::Alloc => {
                 if let Some(&(site, stack)) = alloc_info.get(&e.seq) {
                     live.insert(e.address, Live { site, size: e.size, seq: e.seq, frames: stack });
@@ -193,14 +193,14 @@ pub(super) fn capture(sources: &Sources) -> Result<HtmlReport> {
         for e in &events[..=peak_index] {
             replay(&mut live, e);
         }
-        let mut by_site: HashMap<usize, u64> = HashMap::new();
+        let mut by_site: FastMap<usize, u64> = FastMap::default();
         for l in live.values() {
             *by_site.entry(l.site).or_default() += l.size;
         }
         let mut ranked: Vec<(usize, u64)> = by_site.into_iter().collect();
         ranked.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
         let top: Vec<usize> = ranked.iter().take(TOP_SITES).map(|(s, _)| *s).collect();
-        let layer_of: HashMap<usize, usize> = top.iter().enumerate().map(|(i, s)| (*s, i + 1)).collect();
+        let layer_of: FastMap<usize, usize> = top.iter().enumerate().map(|(i, s)| (*s, i + 1)).collect();
         let mut layers = vec![BEFORE.to_string()];
         layers.extend(top.iter().map(|s| sites[*s].clone()));
         layers.push("every other site".to_string());
@@ -210,7 +210,7 @@ pub(super) fn capture(sources: &Sources) -> Result<HtmlReport> {
         let per_bucket = events.len().div_ceil(BUCKETS).max(1);
         let mut points: Vec<Point> = Vec::new();
         let mut running = vec![0i64; layers.len()];
-        let mut sizes: HashMap<u64, (usize, i64)> = HashMap::new();
+        let mut sizes: FastMap<u64, (usize, i64)> = FastMap::default();
         for (i, (e, s)) in events.iter().zip(samples).enumerate() {
             match e.action {
                 Action::Alloc => {
@@ -226,25 +226,28 @@ pub(super) fn capture(sources: &Sources) -> Result<HtmlReport> {
                 }
                 _ => {}
             }
-            let known: i64 = running[1..].iter().sum();
-            let mut layers_now = running.clone();
-            layers_now[0] = s.level.allocated - known;
             let bucket = i / per_bucket;
-            match points.get_mut(bucket) {
-                Some(p) if p.allocated >= s.level.allocated => {}
-                Some(p) => *p = Point { time_us: s.time_us, allocated: s.level.allocated, layers: layers_now },
-                None => points.push(Point { time_us: s.time_us, allocated: s.level.allocated, layers: layers_now }),
+            if points.len() == bucket {
+                points.push(Point { time_us: s.time_us, allocated: i64::MIN, layers: vec![0; layers.len()] });
+            }
+            let p = &mut points[bucket];
+            if p.allocated < s.level.allocated {
+                // The bucket's highest level so far: copied in place, no allocation per event.
+                p.time_us = s.time_us;
+                p.allocated = s.level.allocated;
+                p.layers.copy_from_slice(&running);
+                p.layers[0] = s.level.allocated - running[1..].iter().sum::<i64>();
             }
         }
 
         // Live at the peak: named (still the same allocation now) or by site.
-        let mut names: HashMap<u64, String> = HashMap::new();
+        let mut names: FastMap<u64, String> = FastMap::default();
         for storage in named.storages(*device) {
             if let Some(v) = storage.views.first() {
                 names.insert(storage.data_ptr, v.name.clone());
             }
         }
-        let mut rows: HashMap<String, (u64, u64)> = HashMap::new();
+        let mut rows: FastMap<String, (u64, u64)> = FastMap::default();
         for (address, l) in &live {
             let same_now = live_now.get(&(*device, *address)) == Some(&l.seq);
             let label = match names.get(address).filter(|_| same_now) {

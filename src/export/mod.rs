@@ -11,6 +11,7 @@
 //! Rust call stacks.
 
 mod html;
+mod names;
 mod pickle;
 mod snapshot;
 mod trace;
@@ -20,6 +21,8 @@ use tch::nn::VarStore;
 use tch::Tensor;
 
 use crate::named::Sources;
+
+pub(crate) use names::note as note_names;
 
 pub use html::{DeviceTimeline, FlameNode, HtmlReport, PeakRow, Point};
 pub use snapshot::{Block, Segment, Snapshot, SnapshotFrame, SnapshotInfo, Stack, TraceEntry};

@@ -4,7 +4,7 @@
 //! call sites repeat the same keys and stacks, and without the memo the file
 //! would hold every copy.
 
-use std::collections::HashMap;
+use memlab_core::hash::FastMap;
 
 const PROTO: u8 = 0x80;
 const STOP: u8 = b'.';
@@ -28,13 +28,22 @@ const LONG_BINGET: u8 = b'j';
 pub(super) struct Pickler {
     out: Vec<u8>,
     memo: u32,
-    strings: HashMap<String, u32>,
-    shared: HashMap<usize, u32>,
+    strings: FastMap<String, u32>,
+    /// Static strings (dict keys, action names) by where they live: found
+    /// without hashing or comparing their text.
+    statics: FastMap<(usize, usize), u32>,
+    shared: FastMap<usize, u32>,
 }
 
 impl Pickler {
     pub(super) fn new() -> Pickler {
-        Pickler { out: vec![PROTO, 4], memo: 0, strings: HashMap::new(), shared: HashMap::new() }
+        Pickler {
+            out: vec![PROTO, 4],
+            memo: 0,
+            strings: FastMap::default(),
+            statics: FastMap::default(),
+            shared: FastMap::default(),
+        }
     }
 
     pub(super) fn finish(mut self) -> Vec<u8> {
@@ -103,6 +112,19 @@ impl Pickler {
         self.out.extend_from_slice(s.as_bytes());
         let i = self.memoize();
         self.strings.insert(s.to_string(), i);
+    }
+
+    /// A static string (a key, a name from a fixed set): like
+    /// [`str`](Self::str), looked up by address. A static's address never
+    /// holds other text, which is not true of a `String`'s.
+    pub(super) fn key(&mut self, s: &'static str) {
+        let at = (s.as_ptr() as usize, s.len());
+        if let Some(&i) = self.statics.get(&at) {
+            return self.get(i);
+        }
+        self.str(s);
+        let i = self.strings[s];
+        self.statics.insert(at, i);
     }
 
     /// A dict whose items `items` writes as key, value, key, value, ….

@@ -9,7 +9,8 @@
 //! CPU). The CPU has no segments of its own: each live allocation is listed
 //! as a segment holding one block, so the segments add up to what is live.
 
-use std::collections::HashMap;
+use memlab_core::hash::{FastHasher, FastMap};
+use std::hash::{Hash, Hasher};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -96,7 +97,9 @@ pub struct TraceEntry {
     /// allocation's frames, as PyTorch's converters do.
     pub frames: Stack,
     /// For `alloc`: `parameter`, `gradient`, `optimizer_state` (named by the
-    /// walk at export time, for allocations still alive then) or `other`.
+    /// walk at export time for allocations still alive then, else by the
+    /// walks at each `StepLogger` step or `TrainingMonitor` record that saw
+    /// it alive) or `other`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub category: Option<&'static str>,
     /// For `oom`: what the device still had free.
@@ -173,11 +176,11 @@ fn stack(p: &mut Pickler, frames: &Stack) {
         p.list(|p| {
             for f in frames.iter() {
                 p.dict(|p| {
-                    p.str("filename");
+                    p.key("filename");
                     p.str(&f.filename);
-                    p.str("line");
+                    p.key("line");
                     p.int(f.line.into());
-                    p.str("name");
+                    p.key("name");
                     p.str(&f.name);
                 });
             }
@@ -196,25 +199,25 @@ fn segment(p: &mut Pickler, s: &Segment) {
             ("active_size", s.active_size),
             ("requested_size", s.requested_size),
         ] {
-            p.str(key);
+            p.key(key);
             p.int(value.into());
         }
-        p.str("segment_type");
-        p.str(s.segment_type);
-        p.str("is_expandable");
+        p.key("segment_type");
+        p.key(s.segment_type);
+        p.key("is_expandable");
         p.bool(s.is_expandable);
-        p.str("blocks");
+        p.key("blocks");
         p.list(|p| {
             for b in &s.blocks {
                 p.dict(|p| {
                     for (key, value) in [("address", b.address), ("size", b.size), ("requested_size", b.requested_size)]
                     {
-                        p.str(key);
+                        p.key(key);
                         p.int(value.into());
                     }
-                    p.str("state");
-                    p.str(b.state);
-                    p.str("frames");
+                    p.key("state");
+                    p.key(b.state);
+                    p.key("frames");
                     stack(p, &b.frames);
                 });
             }
@@ -224,35 +227,39 @@ fn segment(p: &mut Pickler, s: &Segment) {
 
 fn entry(p: &mut Pickler, e: &TraceEntry) {
     p.dict(|p| {
-        p.str("action");
-        p.str(e.action);
+        p.key("action");
+        p.key(e.action);
         if let Some(addr) = e.addr {
-            p.str("addr");
+            p.key("addr");
             p.int(addr.into());
         }
         for (key, value) in [("size", e.size), ("stream", e.stream), ("time_us", e.time_us)] {
-            p.str(key);
+            p.key(key);
             p.int(value.into());
         }
-        p.str("frames");
+        p.key("frames");
         stack(p, &e.frames);
         if let Some(category) = e.category {
-            p.str("category");
-            p.str(category);
+            p.key("category");
+            p.key(category);
         }
         if let Some(free) = e.device_free {
-            p.str("device_free");
+            p.key("device_free");
             p.int(free.into());
         }
     });
 }
 
+/// A stack built: its return addresses, its statement and its frames.
+type KnownStack = (Box<[u64]>, Option<StatementRef>, Stack);
+
 /// Resolves return addresses to the user's frames once per address, and
 /// builds each distinct stack once.
 #[derive(Default)]
 pub(super) struct Frames {
-    resolved: HashMap<u64, Vec<Frame>>,
-    stacks: HashMap<(Vec<u64>, Option<StatementRef>), Stack>,
+    resolved: FastMap<u64, Vec<Frame>>,
+    /// By the hash of (addresses, statement): the stacks with that hash.
+    stacks: FastMap<u64, Vec<KnownStack>>,
 }
 
 impl Frames {
@@ -260,12 +267,21 @@ impl Frames {
     /// profiled statement's line in the innermost frame of its function; or
     /// the statement alone without a backtrace.
     pub(super) fn of(&mut self, backtrace: Option<&Backtrace>, statement: Option<&StatementRef>) -> Stack {
-        let key = (backtrace.map_or_else(Vec::new, |b| b.addresses().to_vec()), statement.copied());
-        if let Some(stack) = self.stacks.get(&key) {
-            return stack.clone();
+        let addresses = backtrace.map_or(&[][..], |b| b.addresses());
+        let mut hasher = FastHasher::default();
+        addresses.hash(&mut hasher);
+        statement.hash(&mut hasher);
+        let hash = hasher.finish();
+        let found = self.stacks.get(&hash).and_then(|same| {
+            same.iter()
+                .find(|(a, st, _)| **a == *addresses && st.as_ref() == statement)
+                .map(|(_, _, stack)| stack.clone())
+        });
+        if let Some(stack) = found {
+            return stack;
         }
         let stack: Stack = self.build(backtrace, statement).into();
-        self.stacks.insert(key, stack.clone());
+        self.stacks.entry(hash).or_default().push((addresses.into(), statement.copied(), stack.clone()));
         stack
     }
 
@@ -318,7 +334,7 @@ pub(super) fn capture(sources: &Sources) -> Result<Snapshot> {
     };
     // Names of what is alive now, by where its storage starts.
     let named = sources.collect()?;
-    let mut names: HashMap<(Device, u64), Kind> = HashMap::new();
+    let mut names: FastMap<(Device, u64), Kind> = FastMap::default();
     for device in std::iter::once(Device::Cpu).chain((0..cuda_devices).map(Device::Cuda)) {
         for storage in named.storages(device) {
             if let Some(view) = storage.views.first() {
@@ -326,12 +342,14 @@ pub(super) fn capture(sources: &Sources) -> Result<Snapshot> {
             }
         }
     }
-    let live_seq: HashMap<(Device, u64), u64> = live.iter().map(|a| ((a.device, a.address), a.seq)).collect();
+    let live_seq: FastMap<(Device, u64), u64> = live.iter().map(|a| ((a.device, a.address), a.seq)).collect();
+    // What the walks at logged steps and monitor records saw, for what has died since.
+    let seen = super::names::seen();
 
     let mut frames = Frames::default();
     let mut traces: Vec<Vec<TraceEntry>> = vec![Vec::new(); cuda_devices + 1];
     // The frames of each allocation, for its frees.
-    let mut allocated: HashMap<(Device, u64), Stack> = HashMap::new();
+    let mut allocated: FastMap<(Device, u64), Stack> = FastMap::default();
     for e in &history {
         let Some(index) = index_of(e.device) else { continue };
         let key = (e.device, e.address);
@@ -350,7 +368,7 @@ pub(super) fn capture(sources: &Sources) -> Result<Snapshot> {
                 let f = frames.of(e.backtrace.as_deref(), e.statement.as_ref());
                 allocated.insert(key, f.clone());
                 let alive = live_seq.get(&key) == Some(&e.seq);
-                let kind = names.get(&key).filter(|_| alive).copied();
+                let kind = names.get(&key).filter(|_| alive).or_else(|| seen.get(&e.seq)).copied();
                 traces[index].push(TraceEntry { category: Some(kind.map_or("other", category)), ..entry(e, f) });
             }
             Action::FreeRequested => {
@@ -376,7 +394,7 @@ pub(super) fn capture(sources: &Sources) -> Result<Snapshot> {
     }
 
     // Segments: the caching allocator's own, blocks named by the live set.
-    let live_frames: HashMap<(Device, u64), &events::LiveAllocation> =
+    let live_frames: FastMap<(Device, u64), &events::LiveAllocation> =
         live.iter().map(|a| ((a.device, a.address), a)).collect();
     let mut segments = Vec::new();
     if cuda_devices > 0 {

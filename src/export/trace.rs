@@ -1,7 +1,9 @@
 //! A Chrome trace-event file (the JSON that ui.perfetto.dev and
 //! chrome://tracing open): per device, counter tracks of the allocator's
-//! allocated, active and (CUDA) reserved bytes at every event, and an instant
-//! event for every out-of-memory failure.
+//! allocated, active and (CUDA) reserved bytes at every event; the resident
+//! set and the driver's device use where they were read; a slice for every
+//! profiled function call, logged step and monitor iteration (on the thread
+//! that ran it); and an instant event for every out-of-memory failure.
 //!
 //! The counters are the allocator's own figures: memlab reads each device's
 //! figures at export time and walks the history back, so every sample is the
@@ -10,10 +12,9 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use memlab_core::events::{self, Action, Event};
+use memlab_core::events::{self, Action, Event, Reading, Span, SpanKind};
 use memlab_core::{format_bytes, Device, Error, Result};
 use serde::Serialize;
-use serde_json::{json, Value};
 
 /// The allocator's figures of one device at one moment, in bytes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
@@ -84,15 +85,26 @@ pub struct Trace {
     pub counters: BTreeMap<Device, Vec<Sample>>,
     /// The out-of-memory failures.
     pub ooms: Vec<Oom>,
+    /// Profiled function calls, logged steps and monitor iterations.
+    pub spans: Vec<Span>,
+    /// The resident set and the driver's device use, where something read
+    /// them (a `StepLogger`'s sampler, or a recording started with sampling).
+    pub readings: Vec<Reading>,
     /// Whether the bounded history dropped events (the counters then start
-    /// later than the recording).
+    /// later than the recording) or spans and readings.
     pub partial: bool,
 }
 
 pub(super) fn capture() -> Result<Trace> {
     let (history, stats) = events::history();
+    capture_from(&history, &stats)
+}
+
+/// The trace of `history` (the recorder's, with its `stats`).
+pub(super) fn capture_from(history: &[Event], stats: &events::Stats) -> Result<Trace> {
+    let (spans, readings, timeline_dropped) = events::spans_and_readings();
     let mut by_device: BTreeMap<Device, Vec<&Event>> = BTreeMap::new();
-    for e in &history {
+    for e in history {
         by_device.entry(e.device).or_default().push(e);
     }
     let mut counters = BTreeMap::new();
@@ -126,45 +138,126 @@ pub(super) fn capture() -> Result<Trace> {
             device_free: matches!(e.device, Device::Cuda(_)).then_some(e.address),
         })
         .collect();
-    Ok(Trace { counters, ooms, partial: stats.dropped > 0 })
+    Ok(Trace { counters, ooms, spans, readings, partial: stats.dropped > 0 || timeline_dropped > 0 })
+}
+
+/// A time in microseconds, as trace events write it.
+struct Micros(f64);
+
+impl std::fmt::Display for Micros {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Nanosecond precision, no exponent.
+        write!(f, "{:.3}", self.0)
+    }
+}
+
+/// A string as a JSON literal.
+struct JsonStr<'a>(&'a str);
+
+impl std::fmt::Display for JsonStr<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&serde_json::to_string(self.0).map_err(|_| std::fmt::Error)?)
+    }
+}
+
+fn span_category(kind: SpanKind) -> &'static str {
+    match kind {
+        SpanKind::Call => "profiled call",
+        SpanKind::Step => "step",
+        SpanKind::Iteration => "iteration",
+    }
 }
 
 impl Trace {
-    /// The trace-event JSON document.
-    pub fn to_json(&self) -> String {
-        let mut events: Vec<Value> = vec![json!({
-            "name": "process_name", "ph": "M", "pid": 1, "tid": 0,
-            "args": {"name": if self.partial { "memlab (partial: the history dropped events)" } else { "memlab" }},
-        })];
+    /// Writes the trace-event JSON document to `out`, one event per line.
+    pub fn write_to(&self, out: &mut impl std::io::Write) -> std::io::Result<()> {
+        let name = if self.partial { "memlab (partial: the history dropped events)" } else { "memlab" };
+        write!(out, "{{\"displayTimeUnit\":\"ms\",")?;
+        write!(out, "\"otherData\":{{\"producer\":\"memlab\",\"partial\":{}}},", self.partial)?;
+        writeln!(out, "\"traceEvents\":[")?;
+        write!(
+            out,
+            "{{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":1,\"tid\":0,\"args\":{{\"name\":{}}}}}",
+            JsonStr(name)
+        )?;
+        writeln!(
+            out,
+            ",\n{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":0,\"args\":{{\"name\":\"memory\"}}}}"
+        )?;
+        let mut threads: Vec<u64> = self.spans.iter().map(|s| s.thread).collect();
+        threads.sort_unstable();
+        threads.dedup();
+        for t in threads {
+            writeln!(
+                out,
+                ",{{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":1,\"tid\":{t},\"args\":{{\"name\":\"thread {t}\"}}}}"
+            )?;
+        }
         for (device, samples) in &self.counters {
-            let name = format!("{device} memory");
+            let name = JsonStr(&format!("{device} memory")).to_string();
+            let cuda = matches!(device, Device::Cuda(_));
             for s in samples {
-                let mut args = json!({"allocated": s.level.allocated, "active": s.level.active});
-                if matches!(device, Device::Cuda(_)) {
-                    args["reserved"] = json!(s.level.reserved);
+                let Level { allocated, active, reserved } = s.level;
+                write!(out, ",{{\"name\":{name},\"ph\":\"C\",\"ts\":{},\"pid\":1,\"tid\":0,", Micros(s.time_us))?;
+                write!(out, "\"args\":{{\"allocated\":{allocated},\"active\":{active}")?;
+                if cuda {
+                    write!(out, ",\"reserved\":{reserved}")?;
                 }
-                events.push(json!({"name": name, "ph": "C", "ts": s.time_us, "pid": 1, "tid": 0, "args": args}));
+                writeln!(out, "}}}}")?;
             }
+        }
+        for r in &self.readings {
+            let ts = Micros(r.time_ns as f64 / 1000.0);
+            writeln!(
+                out,
+                ",{{\"name\":\"process resident set\",\"ph\":\"C\",\"ts\":{ts},\"pid\":1,\"tid\":0,\"args\":{{\"rss\":{}}}}}",
+                r.rss
+            )?;
+            for (gpu, used) in &r.driver_used {
+                writeln!(out, ",{{\"name\":\"cuda:{gpu} driver used (all processes)\",\"ph\":\"C\",\"ts\":{ts},\"pid\":1,\"tid\":0,\"args\":{{\"used\":{used}}}}}")?;
+            }
+        }
+        for s in &self.spans {
+            let dur = s.end_ns.saturating_sub(s.start_ns);
+            writeln!(
+                out,
+                ",{{\"name\":{},\"cat\":\"{}\",\"ph\":\"X\",\"ts\":{},\"dur\":{},\"pid\":1,\"tid\":{}}}",
+                JsonStr(&s.name),
+                span_category(s.kind),
+                Micros(s.start_ns as f64 / 1000.0),
+                Micros(dur as f64 / 1000.0),
+                s.thread
+            )?;
         }
         for o in &self.ooms {
             let free = o.device_free.map(|f| format!(", {} free", format_bytes(f as i64))).unwrap_or_default();
-            events.push(json!({
-                "name": format!("out of memory on {}: {} asked{free}", o.device, format_bytes(o.requested as i64)),
-                "ph": "i", "s": "g", "ts": o.time_us, "pid": 1, "tid": 0,
-                "args": {"requested": o.requested, "device_free": o.device_free},
-            }));
+            let name = format!("out of memory on {}: {} asked{free}", o.device, format_bytes(o.requested as i64));
+            let device_free = o.device_free.map_or_else(|| "null".to_string(), |f| f.to_string());
+            writeln!(
+                out,
+                ",{{\"name\":{},\"ph\":\"i\",\"s\":\"g\",\"ts\":{},\"pid\":1,\"tid\":0,\"args\":{{\"requested\":{},\"device_free\":{device_free}}}}}",
+                JsonStr(&name),
+                Micros(o.time_us),
+                o.requested
+            )?;
         }
-        let doc = json!({
-            "traceEvents": events,
-            "displayTimeUnit": "ms",
-            "otherData": {"producer": "memlab", "partial": self.partial},
-        });
-        doc.to_string()
+        writeln!(out, "]}}")
+    }
+
+    /// The trace-event JSON document.
+    pub fn to_json(&self) -> String {
+        let mut out = Vec::new();
+        self.write_to(&mut out).expect("writing to memory cannot fail");
+        String::from_utf8(out).expect("the writer writes UTF-8")
     }
 
     /// Writes the JSON to `path`: open it in ui.perfetto.dev or chrome://tracing.
     pub fn write_json(&self, path: impl AsRef<Path>) -> Result<()> {
         let path = path.as_ref();
-        std::fs::write(path, self.to_json()).map_err(|e| Error::io(format!("write {}", path.display()), e))
+        let io = |e| Error::io(format!("write {}", path.display()), e);
+        let file = std::fs::File::create(path).map_err(io)?;
+        let mut out = std::io::BufWriter::new(file);
+        self.write_to(&mut out).map_err(io)?;
+        std::io::Write::flush(&mut out).map_err(io)
     }
 }

@@ -18,6 +18,7 @@
 use serde::Serialize;
 use std::time::{Duration, Instant};
 
+use memlab_core::events::SpanKind;
 use memlab_core::profiler::PeakWatch;
 use memlab_core::render::{signed_bytes as signed, Cell, Column, Document, Render, Table};
 use memlab_core::{format_bytes, Backend, Device, Result};
@@ -230,9 +231,15 @@ impl StepLogger {
         let ram_before = read_rss();
         let watch = gpu.and_then(|i| PeakWatch::start(&BACKEND, Device::Cuda(i)).ok());
         let sampler = Sampler::start(gpu, ram_before, self.sample_every);
+        let span_start = memlab_core::events::span_start();
         let started = Instant::now();
         let value = step();
         let time = started.elapsed();
+        if memlab_core::events::is_active() {
+            // The step on the recording's timeline, and what the model's tensors are now.
+            memlab_core::events::span(SpanKind::Step, label.to_string(), span_start);
+            crate::export::note_names(&crate::named::Sources::registered());
+        }
         let (sampled_rss_peak, sampled_driver_peak) = sampler.stop();
 
         let ram_after = read_rss();
@@ -364,19 +371,7 @@ impl Render for StepData {
 
 /// The process's resident set in bytes (0 where /proc is not there).
 pub fn rss() -> u64 {
-    static PAGE: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-    // SAFETY: sysconf only reads a configuration value.
-    let page = *PAGE.get_or_init(|| u64::try_from(unsafe { libc::sysconf(libc::_SC_PAGESIZE) }).unwrap_or(4096));
-    // One descriptor kept open and read from offset 0 (procfs regenerates
-    // the text) spares an open and a close per reading.
-    static STATM: std::sync::OnceLock<Option<std::fs::File>> = std::sync::OnceLock::new();
-    let Some(file) = STATM.get_or_init(|| std::fs::File::open("/proc/self/statm").ok()) else { return 0 };
-    let mut buf = [0u8; 128];
-    let n = std::os::unix::fs::FileExt::read_at(file, &mut buf, 0).unwrap_or(0);
-    std::str::from_utf8(&buf[..n])
-        .ok()
-        .and_then(|s| s.split_whitespace().nth(1).and_then(|v| v.parse::<u64>().ok()))
-        .map_or(0, |pages| pages * page)
+    memlab_tch::resident_set()
 }
 
 /// The resident set's high-water mark (VmHWM) in bytes.

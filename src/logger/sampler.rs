@@ -132,12 +132,18 @@ fn sample_forever(state: &'static SamplerState) {
         for w in &windows {
             w.rss_peak.fetch_max(rss, Ordering::Relaxed);
         }
+        let mut driver_used = Vec::new();
         for &gpu in &gpus {
             let Ok(read) = driver_memory(gpu) else { continue };
             remember_driver(state, gpu, read);
             for w in windows.iter().filter(|w| w.gpu == Some(gpu)) {
                 w.driver_peak.fetch_max(read.used(), Ordering::Relaxed);
             }
+            driver_used.push((gpu, read.used()));
+        }
+        // A recording's timeline gets the readings too (nothing is kept without one).
+        if !windows.is_empty() && memlab_core::events::is_active() {
+            memlab_core::events::reading(rss, driver_used);
         }
         // NVML's process query is slow: at most every 100 ms.
         if let Some(&index) = gpus.first() {

@@ -12,10 +12,11 @@
 
 use serde::Serialize;
 use std::collections::HashSet;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
+use memlab_core::events::SpanKind;
+use memlab_core::hash::FastSet;
 use memlab_core::profiler::PeakWatch;
 use memlab_core::render::{Document, Render};
 use memlab_core::{format_bytes, Device, Result};
@@ -133,7 +134,7 @@ pub struct TrainingMonitor {
     /// Each var store's variable names, sorted; sorted again when they change.
     names: Vec<Vec<String>>,
     /// Storages counted in the record being made (reused from record to record).
-    seen: HashSet<u64, BuildHasherDefault<IdHasher>>,
+    seen: FastSet<u64>,
     /// The rows of a record no longer kept, to be filled again.
     spare_rows: (Vec<Row>, Vec<Row>, Vec<Row>),
     epoch: u64,
@@ -143,6 +144,8 @@ pub struct TrainingMonitor {
     backward: Option<(i64, PeakWatch)>,
     last: Option<IterationRecord>,
     last_error: Option<String>,
+    /// When the iteration being run began, on the recorder's clock.
+    iteration_start_ns: u64,
 }
 
 impl TrainingMonitor {
@@ -179,6 +182,7 @@ impl TrainingMonitor {
             backward: None,
             last: None,
             last_error: None,
+            iteration_start_ns: memlab_core::events::span_start(),
         };
         monitor.start_interval();
         monitor
@@ -272,6 +276,20 @@ impl TrainingMonitor {
 
     fn record(&mut self, optimizer: Option<&tch::nn::Optimizer>) -> Option<&IterationRecord> {
         self.iteration += 1;
+        if memlab_core::events::is_active() {
+            // The iteration on the recording's timeline, and what the model's tensors are now.
+            let name = format!("epoch {} iteration {}", self.epoch, self.iteration);
+            memlab_core::events::span(SpanKind::Iteration, name, self.iteration_start_ns);
+            let mut sources = Sources::default();
+            for variables in &self.var_stores {
+                sources.add_variables(variables.clone());
+            }
+            if let Some(optimizer) = optimizer {
+                sources.add_optimizer(optimizer);
+            }
+            crate::export::note_names(&sources);
+        }
+        self.iteration_start_ns = memlab_core::events::span_start();
         match self.measure(optimizer) {
             Ok(record) => {
                 if self.print_period > 0 && self.iteration.is_multiple_of(self.print_period) {
@@ -465,28 +483,6 @@ fn put_row(rows: &mut Vec<Row>, n: &mut usize, name: &str, bytes: i64) {
         None => rows.push((name.to_string(), bytes)),
     }
     *n += 1;
-}
-
-/// Speeds up the set of storage ids: they are addresses, already spread out,
-/// so a multiply mixes them well enough (SipHash would cost more than the
-/// rest of a small model's record).
-#[derive(Default)]
-struct IdHasher(u64);
-
-impl Hasher for IdHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-
-    fn write_u64(&mut self, id: u64) {
-        self.0 = (id ^ (id >> 29)).wrapping_mul(0x9e37_79b9_7f4a_7c15);
-    }
 }
 
 rendered!(IterationRecord);

@@ -9,6 +9,7 @@
 
 pub(crate) mod context;
 mod recorder;
+mod timeline;
 #[cfg(all(feature = "unwinder", target_os = "linux", target_arch = "x86_64"))]
 mod unwind;
 
@@ -16,9 +17,10 @@ use std::sync::Arc;
 
 pub use context::{current_statement, StatementRef};
 pub use recorder::{
-    attribute, current_settings, history, is_active, live, record, release, retain, scope_close, scope_keep,
+    attribute, current_settings, history, is_active, live, live_seqs, record, release, retain, scope_close, scope_keep,
     scope_open, stats, LiveAllocation, ScopeCounts, ScopeOutcome, Settings, Stats, User,
 };
+pub use timeline::{reading, span, span_start, spans_and_readings, Reading, Span, SpanKind, TIMELINE_CAPACITY};
 
 use crate::stats::Device;
 

@@ -5,8 +5,8 @@
 //! under the caching allocator's lock, so nothing here may call into libtorch,
 //! and nothing that holds the recorder's lock may either.
 
+use crate::hash::FastMap;
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
-use std::hash::{BuildHasherDefault, Hasher};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::Instant;
@@ -25,11 +25,15 @@ pub struct Settings {
     /// Capture the call stack of every allocation (a few hundred nanoseconds
     /// each on Linux x86-64; see BENCHMARKS.md), shown as the user's frames.
     pub backtraces: bool,
+    /// Read the process's resident set and the driver's device use this
+    /// often while the recording runs (see [`reading`](super::reading));
+    /// `None` reads them only while a `StepLogger` samples its steps.
+    pub sample_every: Option<std::time::Duration>,
 }
 
 impl Default for Settings {
     fn default() -> Self {
-        Settings { capacity: 100_000, backtraces: false }
+        Settings { capacity: 100_000, backtraces: false, sample_every: None }
     }
 }
 
@@ -43,6 +47,13 @@ impl Settings {
     /// Settings with backtraces on or off.
     pub fn backtraces(mut self, on: bool) -> Self {
         self.backtraces = on;
+        self
+    }
+
+    /// Settings that read the resident set and the driver's device use every
+    /// `every` while the recording runs (traces draw them as counters).
+    pub fn sampling(mut self, every: std::time::Duration) -> Self {
+        self.sample_every = Some(every);
         self
     }
 }
@@ -180,46 +191,8 @@ struct Recorder {
     /// `recorded` when the current recording began.
     recorded_before: u64,
     dropped: u64,
-    live: HashMap<(Device, u64), LiveAllocation, BuildHasherDefault<AddressHasher>>,
-    scopes: HashMap<u64, Account, BuildHasherDefault<AddressHasher>>,
-}
-
-/// A hasher for the recorder's keys (allocator addresses, device indices,
-/// scope ids): a multiply-rotate mix per word. The keys come from the
-/// allocator, not from an adversary, so SipHash's protection buys nothing and
-/// costs a good part of an event.
-#[derive(Default, Clone, Copy)]
-struct AddressHasher(u64);
-
-impl Hasher for AddressHasher {
-    #[inline]
-    fn write(&mut self, bytes: &[u8]) {
-        for chunk in bytes.chunks(8) {
-            let mut word = [0u8; 8];
-            word[..chunk.len()].copy_from_slice(chunk);
-            self.write_u64(u64::from_le_bytes(word));
-        }
-    }
-
-    #[inline]
-    fn write_u64(&mut self, word: u64) {
-        self.0 = (self.0.rotate_left(5) ^ word).wrapping_mul(0x517c_c1b7_2722_0a95);
-    }
-
-    #[inline]
-    fn write_usize(&mut self, word: usize) {
-        self.write_u64(word as u64);
-    }
-
-    #[inline]
-    fn write_isize(&mut self, word: isize) {
-        self.write_u64(word as u64);
-    }
-
-    #[inline]
-    fn finish(&self) -> u64 {
-        self.0
-    }
+    live: FastMap<(Device, u64), LiveAllocation>,
+    scopes: FastMap<u64, Account>,
 }
 
 static ACTIVE: AtomicBool = AtomicBool::new(false);
@@ -252,6 +225,11 @@ fn start() -> Instant {
     *START.get_or_init(Instant::now)
 }
 
+/// The recorder's clock: nanoseconds since it was first turned on.
+pub(super) fn now_ns() -> u64 {
+    start().elapsed().as_nanos() as u64
+}
+
 /// Whether events are being recorded (someone holds [`retain`]).
 #[inline]
 pub fn is_active() -> bool {
@@ -277,7 +255,7 @@ pub fn retain(settings: Option<Settings>) -> User {
     static NEXT: AtomicU64 = AtomicU64::new(1);
     start();
     let ticket = NEXT.fetch_add(1, Ordering::Relaxed);
-    with(|r| {
+    let user = with(|r| {
         r.users.push((ticket, settings));
         let first = r.users.len() == 1;
         if first {
@@ -290,7 +268,12 @@ pub fn retain(settings: Option<Settings>) -> User {
         }
         r.apply_settings();
         User { ticket, first }
-    })
+    });
+    if user.first {
+        // Outside the recorder's lock: nothing takes the two locks nested.
+        super::timeline::clear();
+    }
+    user
 }
 
 /// Removes a user; the last one turns recording off and returns true (the
@@ -320,7 +303,14 @@ impl Recorder {
             .users
             .iter()
             .filter_map(|(_, asked)| *asked)
-            .reduce(|a, b| Settings { capacity: a.capacity.max(b.capacity), backtraces: a.backtraces || b.backtraces })
+            .reduce(|a, b| Settings {
+                capacity: a.capacity.max(b.capacity),
+                backtraces: a.backtraces || b.backtraces,
+                sample_every: match (a.sample_every, b.sample_every) {
+                    (Some(x), Some(y)) => Some(x.min(y)),
+                    (x, y) => x.or(y),
+                },
+            })
             .unwrap_or_default();
         #[cfg(all(feature = "unwinder", target_os = "linux", target_arch = "x86_64"))]
         if settings.backtraces {
@@ -346,7 +336,7 @@ pub fn record(device: Device, action: Action, address: u64, size: u64, stream: u
     if !is_active() {
         return;
     }
-    let time_ns = start().elapsed().as_nanos() as u64;
+    let time_ns = now_ns();
     let thread = thread_number();
     let scope = context::innermost_scope();
     let statement = context::current_statement();
@@ -424,6 +414,12 @@ pub fn live() -> Vec<LiveAllocation> {
     let mut all: Vec<LiveAllocation> = with(|r| r.live.values().cloned().collect());
     all.sort_by_key(|l| l.seq);
     all
+}
+
+/// The event numbers (`seq`) of the live allocations at `keys` (device,
+/// address), read under one lock; `None` where recording did not see one made.
+pub fn live_seqs(keys: &[(Device, u64)]) -> Vec<Option<u64>> {
+    with(|r| keys.iter().map(|key| r.live.get(key).map(|a| a.seq)).collect())
 }
 
 /// The live allocation at `address` on `device`, if recording saw it made.

@@ -14,6 +14,7 @@ use super::{config, ledger};
 use crate::backend::Backend;
 use crate::error::{Error, Result};
 use crate::events::context::{self, StatementRef};
+use crate::events::{self, SpanKind};
 use crate::report::Report;
 use crate::sites::Site;
 use crate::stats::RawStats;
@@ -32,6 +33,9 @@ struct Open {
     /// running statement started, the other receives the next sample.
     samples: [RawStats; 2],
     before: usize,
+    /// When the call began, on the recorder's clock, while a recording runs:
+    /// the call then becomes a span of the recording's timeline.
+    started_ns: Option<u64>,
 }
 
 impl Open {
@@ -134,6 +138,7 @@ impl<B: Busy> Frame<B> {
                     open.peaks = peaks;
                     open.line = None;
                     open.before = 0;
+                    open.started_ns = events::is_active().then(events::span_start);
                     Ok(open)
                 }
                 Err(e) => {
@@ -224,8 +229,11 @@ impl<B: Busy> Drop for Frame<B> {
         }
         let Some(mut open) = self.open.get_mut().take() else { return };
         let every = self.site.meta.every as u64;
-        let (running, fields) = (open.line, open.fields);
+        let (running, fields, started) = (open.line, open.fields, open.started_ns);
         let read = open.step(self.backend, false);
+        if let Some(start) = started {
+            events::span(SpanKind::Call, self.site.name(), start);
+        }
         let due = self.site.with_state(|state| {
             match (read, running) {
                 (Ok((before, after)), Some(running)) => self.site.record_run(state, running, before, after, fields),
@@ -272,6 +280,7 @@ mod pool {
                 line: None,
                 samples: [RawStats::default(); 2],
                 before: 0,
+                started_ns: None,
             })
         })
     }

@@ -1,0 +1,102 @@
+//! How the exports scale: records N allocation events (default 1,000,000:
+//! alloc/free pairs of small CPU tensors from a few call sites, with
+//! backtraces), then times building and writing each format, and the HTML
+//! report's rendering in headless Chromium when it is installed. Prints a
+//! table.
+//!
+//!     cargo run --release --example bench_export [-- EVENTS]
+
+use std::process::Command;
+use std::time::Instant;
+
+use tch::{Kind, Tensor};
+
+#[memlab::profile(device = "cpu")]
+fn churn(pairs: usize, kept: &mut Vec<Tensor>) {
+    for i in 0..pairs {
+        let t = Tensor::zeros([16 + (i % 64) as i64], (Kind::Float, tch::Device::Cpu));
+        if i % 1000 == 0 {
+            kept.push(t); // a slow leak, so the timeline climbs
+        }
+    }
+}
+
+fn secs(start: Instant) -> f64 {
+    start.elapsed().as_secs_f64()
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    memlab::profiler::set_print_at_exit(false);
+    let events: usize = std::env::args().nth(1).map(|a| a.parse()).transpose()?.unwrap_or(1_000_000);
+    let settings = memlab::events::Settings::default().capacity(events + 1000).backtraces(true);
+    let recording = memlab::Recording::start(settings)?;
+    let mut kept = Vec::new();
+    let start = Instant::now();
+    churn(events / 2, &mut kept);
+    let record = secs(start);
+    let (history, stats) = memlab::events::history();
+    let recorded = history.len();
+    drop(history);
+
+    let dir = std::env::temp_dir().join(format!("memlab-bench-export-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let exporter = memlab::export::Exporter::registered();
+    let mut rows = Vec::new();
+    let t = Instant::now();
+    let snapshot = exporter.snapshot()?;
+    let build = secs(t);
+    let t = Instant::now();
+    snapshot.write_pickle(dir.join("memlab_snapshot.pickle"))?;
+    rows.push(("snapshot (pickle)", build, secs(t), std::fs::metadata(dir.join("memlab_snapshot.pickle"))?.len()));
+    drop(snapshot);
+    let t = Instant::now();
+    let trace = exporter.trace()?;
+    let build = secs(t);
+    let t = Instant::now();
+    trace.write_json(dir.join("memlab_trace.json"))?;
+    rows.push(("trace (JSON)", build, secs(t), std::fs::metadata(dir.join("memlab_trace.json"))?.len()));
+    drop(trace);
+    let t = Instant::now();
+    let report = exporter.html_report()?;
+    let build = secs(t);
+    let t = Instant::now();
+    let html = dir.join("memlab_report.html");
+    report.write(&html)?;
+    rows.push(("HTML report", build, secs(t), std::fs::metadata(&html)?.len()));
+
+    println!("{recorded} events recorded in {record:.2} s ({} dropped)\n", stats.dropped);
+    println!("| format | build, s | write, s | file |");
+    println!("|---|---:|---:|---:|");
+    for (name, build, write, bytes) in &rows {
+        println!("| {name} | {build:.2} | {write:.2} | {:.1} MB |", *bytes as f64 / 1e6);
+    }
+    // Rendering: headless Chromium loading the page and laying it out, less
+    // the same browser on an empty page.
+    let chromium = ["chromium", "chromium-browser", "google-chrome"]
+        .into_iter()
+        .find(|c| Command::new(c).arg("--version").output().is_ok_and(|o| o.status.success()));
+    match chromium {
+        Some(browser) => {
+            let empty = dir.join("empty.html");
+            std::fs::write(&empty, "<!DOCTYPE html><html><body></body></html>")?;
+            let load = |page: &std::path::Path| -> std::io::Result<f64> {
+                let t = Instant::now();
+                Command::new(browser)
+                    .args(["--headless", "--no-sandbox", "--disable-gpu", "--dump-dom"])
+                    .arg(format!("file://{}", page.display()))
+                    .output()?;
+                Ok(secs(t))
+            };
+            let (mut base, mut page) = (f64::MAX, f64::MAX);
+            for _ in 0..3 {
+                base = base.min(load(&empty)?);
+                page = page.min(load(&html)?);
+            }
+            println!("\nHTML report in headless Chromium: {page:.2} s to load and lay out, {base:.2} s for an empty page (best of 3): {:.2} s for the report", page - base);
+        }
+        None => println!("\nno chromium on PATH: the rendering time is not measured"),
+    }
+    std::fs::remove_dir_all(&dir)?;
+    drop((kept, recording));
+    Ok(())
+}

@@ -1,0 +1,50 @@
+//! What memlab's walks over the named tensors found while a recording ran.
+//!
+//! An export names what is alive at export time; an allocation that died
+//! before then is named only if a walk saw it alive. `StepLogger::log` and
+//! `TrainingMonitor`'s records walk the model at every step while a
+//! recording runs, and note here which allocation (by its event's sequence
+//! number) held a parameter, a gradient or optimizer state.
+
+use std::collections::BTreeMap;
+
+use memlab_core::hash::FastMap;
+use std::sync::Mutex;
+
+use memlab_core::events;
+
+use crate::named::{Kind, Sources};
+
+/// The most allocations remembered; the oldest are forgotten past it.
+const CAPACITY: usize = 1 << 20;
+
+static SEEN: Mutex<BTreeMap<u64, Kind>> = Mutex::new(BTreeMap::new());
+
+/// Walks `sources` and notes what each live allocation they own is, while a
+/// recording runs (else does nothing). A walk that fails (a var store freed
+/// meanwhile, an optimizer memlab cannot read) notes nothing: names are a help
+/// to the reader, never a reason to disturb training.
+pub(crate) fn note(sources: &Sources) {
+    if !events::is_active() {
+        return;
+    }
+    let Ok(kinds) = sources.kinds() else { return };
+    let keys: Vec<_> = kinds.iter().map(|&(device, address, _)| (device, address)).collect();
+    let seqs = events::live_seqs(&keys);
+    let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
+    for ((_, _, kind), seq) in kinds.into_iter().zip(seqs) {
+        if let Some(seq) = seq {
+            // A storage both a variable and a named tensor keeps the model's name.
+            let slot = seen.entry(seq).or_insert(kind);
+            *slot = (*slot).min(kind);
+        }
+    }
+    while seen.len() > CAPACITY {
+        seen.pop_first();
+    }
+}
+
+/// What the walks during the recording found, by allocation event.
+pub(super) fn seen() -> FastMap<u64, Kind> {
+    SEEN.lock().unwrap_or_else(|e| e.into_inner()).iter().map(|(&s, &k)| (s, k)).collect()
+}
