@@ -7,7 +7,10 @@
 //!   site, icicle graph of the peak, what was live then, the line profile);
 //! - `DIR/memlab_snapshot.pickle`: PyTorch's memory snapshot, for
 //!   pytorch.org/memory_viz or `python -m torch.cuda._memory_viz`;
-//! - `DIR/memlab_trace.json`: trace events for ui.perfetto.dev.
+//! - `DIR/memlab_trace.json`: trace events for ui.perfetto.dev: the
+//!   allocator's counters, the resident set and (CUDA) the driver's figure
+//!   read every millisecond, and slices for each logged step and each
+//!   profiled call.
 //!
 //! On the CPU by default, on the current CUDA device when there is one.
 //!
@@ -66,7 +69,8 @@ fn main() -> Result<(), Box<dyn Error>> {
     std::fs::create_dir_all(&out)?;
     memlab::profiler::set_print_at_exit(false);
     let device = Device::cuda_if_available();
-    let settings = memlab::events::Settings::default().backtraces(true);
+    let settings =
+        memlab::events::Settings::default().backtraces(true).sampling(std::time::Duration::from_millis(1));
     let recording = memlab::Recording::start(settings)?;
 
     tch::manual_seed(0);
@@ -77,8 +81,11 @@ fn main() -> Result<(), Box<dyn Error>> {
     let x = Tensor::randn([512, 256], (Kind::Float, device));
     let y = Tensor::randint(10, [512], (Kind::Int64, device));
     let mut history = Vec::new();
+    // Each step becomes a slice of the trace (the logger prints nothing here).
+    let mut logger = memlab::StepLogger::new();
+    logger.stop();
     for step in 0..8 {
-        let loss = train_step(&model, &mut adam, &x, &y, &mut history);
+        let loss = logger.log(&format!("step {step}"), || train_step(&model, &mut adam, &x, &y, &mut history));
         if step == 0 {
             memlab::register_optimizer(&adam)?; // its state exists after the first step
         }

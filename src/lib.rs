@@ -213,6 +213,9 @@ pub mod events {
     pub fn history() -> (Vec<Event>, Stats) {
         memlab_core::events::history()
     }
+
+    #[doc(hidden)]
+    pub use memlab_core::events::unwind_cache_stats;
 }
 
 /// CUDA devices: which this process sees, the caching allocator's cache, the

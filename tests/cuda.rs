@@ -719,3 +719,30 @@ fn cuda_trace_counters_equal_the_allocators_figures() {
     println!("{} CUDA samples; last {:?}", samples.len(), samples.last().unwrap().level);
     drop((kept, recording));
 }
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_sampling_recording_reads_the_driver_into_the_trace() {
+    let _s = serial();
+    assert!(memlab::gpu::cuda_is_available(), "this test needs CUDA");
+    let settings = memlab::events::Settings::default().sampling(std::time::Duration::from_millis(1));
+    let recording = memlab::Recording::start(settings).unwrap();
+    let big = floats(16 << 20); // 64 MiB: a segment of its own, so the driver's figure moves
+    std::thread::sleep(std::time::Duration::from_millis(30));
+    let now = memlab::gpu::driver_memory(0).unwrap().used();
+    let trace = memlab::export::Exporter::registered().trace().unwrap();
+    drop(recording);
+    let last = trace.readings.iter().rev().find(|r| !r.driver_used.is_empty()).expect("readings of cuda:0");
+    assert_eq!(last.driver_used, vec![(0, now)], "the last reading is the driver's figure now");
+    let first = trace.readings.iter().find(|r| !r.driver_used.is_empty()).unwrap();
+    println!("driver used: first reading {} B, last {} B, now {now} B", first.driver_used[0].1, last.driver_used[0].1);
+    let doc: serde_json::Value = serde_json::from_str(&trace.to_json()).unwrap();
+    let counters = doc["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["name"] == "cuda:0 driver used (all processes)")
+        .count();
+    assert!(counters >= 10, "{counters} driver counters");
+    drop(big);
+}

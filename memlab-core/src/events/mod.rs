@@ -182,6 +182,18 @@ fn is_user_file(file: &std::path::Path) -> bool {
         || inventory::iter::<SourceRoot>.into_iter().any(|root| file.starts_with(root.0)))
 }
 
+/// The calling thread's unwinder rule caches so far, for benchmarks:
+/// lookups that hit, that missed because another return address held the
+/// slot, and that missed on a slot's first use. Zeros where memlab's own
+/// unwinder is not built (other platforms).
+#[doc(hidden)]
+pub fn unwind_cache_stats() -> (u64, u64, u64) {
+    #[cfg(all(feature = "unwinder", target_os = "linux", target_arch = "x86_64"))]
+    return unwind::cache_stats();
+    #[cfg(not(all(feature = "unwinder", target_os = "linux", target_arch = "x86_64")))]
+    (0, 0, 0)
+}
+
 /// A small number for the calling thread, stable for its lifetime: 1 for the
 /// first thread that asks, 2 for the next, and so on.
 pub fn thread_number() -> u64 {

@@ -101,6 +101,22 @@ pub(crate) fn capture() -> Vec<u64> {
     frames
 }
 
+/// The calling thread's rule caches so far: lookups that hit, that missed
+/// because another address held the slot, and that missed otherwise (first
+/// use of a slot).
+pub(crate) fn cache_stats() -> (u64, u64, u64) {
+    CACHE
+        .try_with(|caches| {
+            let caches = caches.try_borrow().ok()?;
+            Some(caches.iter().map(|c| c.stats()).fold((0, 0, 0), |(h, c, o), s| {
+                (h + s.hit_count, c + s.miss_wrong_address_count, o + s.miss_empty_slot_count + s.miss_wrong_modules_count)
+            }))
+        })
+        .ok()
+        .flatten()
+        .unwrap_or_default()
+}
+
 /// The calling thread's stack, from pthread.
 fn thread_stack() -> Option<Range<u64>> {
     // SAFETY: pthread_getattr_np fills `attr` for the calling thread; it is
