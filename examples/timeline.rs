@@ -69,8 +69,7 @@ fn main() -> Result<(), Box<dyn Error>> {
     std::fs::create_dir_all(&out)?;
     memlab::profiler::set_print_at_exit(false);
     let device = Device::cuda_if_available();
-    let settings =
-        memlab::events::Settings::default().backtraces(true).sampling(std::time::Duration::from_millis(1));
+    let settings = memlab::events::Settings::default().backtraces(true).sampling(std::time::Duration::from_millis(1));
     let recording = memlab::Recording::start(settings)?;
 
     tch::manual_seed(0);

@@ -367,3 +367,45 @@ fn the_trace_has_calls_steps_iterations_and_readings() {
     drop((kept, logger, monitor));
     memlab::clear_registry();
 }
+
+/// A request of 2^48 bytes (256 TiB) fails under any overcommit setting.
+const TOO_BIG: i64 = 1 << 46; // floats: 2^48 bytes
+
+#[memlab::profile(device = "cpu")]
+fn asks_too_much() -> Result<Tensor, tch::TchError> {
+    let t = Tensor::f_empty([TOO_BIG], (Kind::Float, tch::Device::Cpu))?;
+    Ok(t)
+}
+
+#[test]
+fn a_failed_cpu_request_is_an_oom_event_and_the_error_still_arrives() {
+    let _s = serial();
+    let before = memlab::stats::device_stats(Device::Cpu).unwrap();
+    let settings = memlab::events::Settings::default().backtraces(true);
+    let recording = memlab::Recording::start(settings).unwrap();
+    let err = asks_too_much().expect_err("2^48 bytes cannot be allocated");
+    assert!(err.to_string().contains("allocate memory"), "libtorch's own error reaches the caller: {err}");
+    // The program goes on: the allocator still serves and counts.
+    let after_oom = floats(1000);
+    let (history, _) = memlab::events::history();
+    let oom = history.iter().find(|e| e.action == memlab::events::Action::Oom).expect("an oom event");
+    assert_eq!((oom.device, oom.size, oom.address), (Device::Cpu, 1u64 << 48, 0));
+    let line = line_of("let t = Tensor::f_empty([TOO_BIG], (Kind::Float, tch::Device::Cpu))?;");
+    assert_eq!(oom.statement.map(|s| s.line), Some(line), "the profiled statement that failed");
+    let frames = oom.backtrace.as_ref().expect("the failing call's frames").frames();
+    assert!(frames.iter().any(|f| f.function.contains("asks_too_much")), "{frames:?}");
+    // Nothing was counted for the failed request.
+    let now = memlab::stats::device_stats(Device::Cpu).unwrap();
+    assert_eq!(now.allocated_bytes.all.current - before.allocated_bytes.all.current, 4000);
+
+    // The exports show it: the trace's instant event, the snapshot's `oom` entry.
+    let trace = Exporter::registered().trace().unwrap();
+    assert_eq!(trace.ooms.len(), 1);
+    assert_eq!((trace.ooms[0].requested, trace.ooms[0].device_free), (1 << 48, None));
+    let snapshot = Exporter::registered().snapshot().unwrap();
+    let cpu = snapshot.memlab.devices.iter().position(|d| d == "cpu").unwrap();
+    let entry = snapshot.device_traces[cpu].iter().find(|e| e.action == "oom").expect("an oom entry");
+    assert_eq!((entry.size, entry.device_free), (1 << 48, None));
+    assert_eq!(entry.frames.first().map(|f| f.line), Some(line));
+    drop((after_oom, recording));
+}

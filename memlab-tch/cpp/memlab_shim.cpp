@@ -176,7 +176,22 @@ struct CountingCpuAllocator final : c10::Allocator {
     if (n == 0) {
       return {nullptr, nullptr, &counting_delete, cpu};
     }
-    c10::DataPtr block = inner->allocate(n + kHeader);
+    c10::DataPtr block;
+    try {
+      // A request so large that the header would wrap the size around fails
+      // as the inner allocator fails: it can never be served.
+      TORCH_CHECK(n <= SIZE_MAX - kHeader, "DefaultCPUAllocator: can't allocate memory: you tried to allocate ", n,
+                  " bytes.");
+      block = inner->allocate(n + kHeader);
+    } catch (...) {
+      // The request failed for lack of memory: say so, then let libtorch's
+      // error go on to the caller unchanged. (The CPU has no figure of free
+      // memory to report; `address` is 0.)
+      if (memlab_event_hook hook = g_cpu_hook.load(std::memory_order_relaxed)) {
+        hook(MEMLAB_ACTION_OOM, MEMLAB_EVENT_DEVICE_CPU, 0, n, 0);
+      }
+      throw;
+    }
     char* base = static_cast<char*>(block.get());
     c10::DeleterFnPtr deleter = block.get_deleter();
     void* context = block.release_context();

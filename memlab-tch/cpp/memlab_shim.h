@@ -79,8 +79,10 @@ enum memlab_stat_slot {
 
 // The hook events are reported to: action (enum memlab_action), device (a
 // CUDA index or MEMLAB_EVENT_DEVICE_CPU), address, size, stream (the CUDA
-// stream's handle, 0 on the CPU). For MEMLAB_ACTION_OOM, `address` is what
-// the device still had free, as in libtorch's trace. It must not throw; for
+// stream's handle, 0 on the CPU). For MEMLAB_ACTION_OOM, `size` is the
+// request and `address` what the device still had free, as in libtorch's
+// trace (CUDA), or 0 (the CPU: the counting allocator saw its inner
+// allocator fail; libtorch's error then goes on to the caller). It must not throw; for
 // CUDA it runs under the caching allocator's lock.
 typedef void (*memlab_event_hook)(int32_t action, int32_t device, uint64_t address, uint64_t size,
                                   uint64_t stream);

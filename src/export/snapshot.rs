@@ -387,7 +387,7 @@ pub(super) fn capture(sources: &Sources) -> Result<Snapshot> {
             Action::SegmentAlloc | Action::SegmentFree => traces[index].push(entry(e, Stack::default())),
             Action::Oom => traces[index].push(TraceEntry {
                 addr: None,
-                device_free: Some(e.address),
+                device_free: matches!(e.device, Device::Cuda(_)).then_some(e.address),
                 ..entry(e, frames.of(e.backtrace.as_deref(), e.statement.as_ref()))
             }),
         }

@@ -38,7 +38,9 @@ pub enum Action {
     SegmentAlloc,
     /// CUDA only: the caching allocator returned a segment to the device.
     SegmentFree,
-    /// An allocation failed for lack of memory; `size` is what was asked for.
+    /// An allocation failed for lack of memory; `size` is what was asked for,
+    /// `address` what the device still had free (CUDA) or 0 (the CPU). The
+    /// caller still gets libtorch's error.
     Oom,
 }
 

@@ -340,8 +340,9 @@ pub fn record(device: Device, action: Action, address: u64, size: u64, stream: u
     let thread = thread_number();
     let scope = context::innermost_scope();
     let statement = context::current_statement();
-    let backtrace =
-        (action == Action::Alloc && BACKTRACES.load(Ordering::Relaxed)).then(|| Arc::new(Backtrace::capture()));
+    // Allocations, and failed requests: the frames of the failing call.
+    let backtrace = (matches!(action, Action::Alloc | Action::Oom) && BACKTRACES.load(Ordering::Relaxed))
+        .then(|| Arc::new(Backtrace::capture()));
     with(|r| {
         let seq = r.recorded;
         r.recorded += 1;

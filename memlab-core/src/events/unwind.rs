@@ -109,7 +109,11 @@ pub(crate) fn cache_stats() -> (u64, u64, u64) {
         .try_with(|caches| {
             let caches = caches.try_borrow().ok()?;
             Some(caches.iter().map(|c| c.stats()).fold((0, 0, 0), |(h, c, o), s| {
-                (h + s.hit_count, c + s.miss_wrong_address_count, o + s.miss_empty_slot_count + s.miss_wrong_modules_count)
+                (
+                    h + s.hit_count,
+                    c + s.miss_wrong_address_count,
+                    o + s.miss_empty_slot_count + s.miss_wrong_modules_count,
+                )
             }))
         })
         .ok()
