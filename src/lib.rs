@@ -34,7 +34,12 @@
 /// - `increment`: the change of `allocated_bytes.all.current` over one run,
 ///   the figure that tells which line keeps memory; `increment_total` sums it
 ///   over all runs (a line in a loop that keeps 1 MiB per iteration shows
-///   `+1.00M` and a total of `+N.00M`).
+///   `+1.00M` and a total of `+N.00M`);
+/// - `ooms`: requests the allocator could not serve while the statement ran,
+///   all runs together (the change of `num_ooms`, which the counting CPU
+///   allocator keeps as well). A function's table shows this column as soon
+///   as one of its statements ran out of memory; the statement's own `Err`
+///   still reaches the caller.
 ///
 /// The signature line shows the state at entry. What a block's locals free
 /// when it ends (the function body, a loop body, an `if` arm, …) counts on the

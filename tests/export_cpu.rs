@@ -408,4 +408,24 @@ fn a_failed_cpu_request_is_an_oom_event_and_the_error_still_arrives() {
     assert_eq!((entry.size, entry.device_free), (1 << 48, None));
     assert_eq!(entry.frames.first().map(|f| f.line), Some(line));
     drop((after_oom, recording));
+
+    // The line profile counts it on the failing line and shows the column.
+    assert_eq!(memlab::stats::device_stats(Device::Cpu).unwrap().num_ooms - before.num_ooms, 1);
+    let report = memlab::report();
+    let f = report.function("asks_too_much").unwrap();
+    let ooms: Vec<(u32, u64)> =
+        f.lines.iter().filter_map(|l| l.stats.as_ref().filter(|s| s.ooms > 0).map(|s| (l.line, s.ooms))).collect();
+    assert_eq!(ooms, [(line, 1)]);
+    let text = report.to_text();
+    let table = text.split("## ").find(|t| t.contains("asks_too_much")).unwrap();
+    assert!(table.lines().any(|l| l.contains("ooms")), "the ooms column appears:\n{table}");
+    // Columns: the figures, hits, ooms, then the line number and the code.
+    let failing: Vec<&str> =
+        table.lines().find(|l| l.contains("Tensor::f_empty")).unwrap().split_whitespace().collect();
+    let at = failing.iter().position(|w| *w == line.to_string()).unwrap();
+    assert_eq!((failing[at - 2], failing[at - 1]), ("1", "1"), "hits and ooms: {failing:?}");
+    // Other tables (other tests' profiled functions, when they ran) keep their columns.
+    for other in text.split("## ").filter(|t| t.contains("hits") && !t.starts_with("export_cpu::asks_too_much")) {
+        assert!(!other.contains("ooms"), "a function without an OOM keeps its columns:\n{other}");
+    }
 }

@@ -6,7 +6,7 @@
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use crate::stats::{Device, DeviceSelector};
-use crate::stats::{FieldKind, RawStats, ALLOCATED_BYTES_CURRENT, FIELDS, N_FIELDS};
+use crate::stats::{FieldKind, RawStats, ALLOCATED_BYTES_CURRENT, FIELDS, NUM_OOMS, N_FIELDS};
 
 /// What `#[memlab::profile]` knows about a function when it compiles it.
 #[derive(Debug)]
@@ -41,16 +41,19 @@ pub struct LineStats {
     pub increment: i64,
     /// Sum of that change over all runs: what the line has kept, all runs together.
     pub increment_total: i64,
+    /// Requests the allocator could not serve while the line ran, all runs
+    /// together (the change of `num_ooms`).
+    pub ooms: u64,
 }
 
 impl LineStats {
     fn empty() -> Self {
-        LineStats { hits: 0, values: [0; N_FIELDS], increment: 0, increment_total: 0 }
+        LineStats { hits: 0, values: [0; N_FIELDS], increment: 0, increment_total: 0, ooms: 0 }
     }
 
     /// Adds one run: `values` gives each field of `fields` its value for the run.
     #[inline]
-    fn add_run(&mut self, fields: &[usize], value: impl Fn(usize) -> i64, increment: i64) {
+    fn add_run(&mut self, fields: &[usize], value: impl Fn(usize) -> i64, increment: i64, ooms: u64) {
         if self.hits == 0 {
             for &i in fields {
                 self.values[i] = value(i);
@@ -64,6 +67,7 @@ impl LineStats {
         }
         self.hits += 1;
         self.increment_total += increment;
+        self.ooms += ooms;
     }
 
     /// Folds another record of the same line into this one.
@@ -74,6 +78,7 @@ impl LineStats {
         }
         self.increment = self.increment.max(other.increment);
         self.increment_total += other.increment_total;
+        self.ooms += other.ooms;
     }
 }
 
@@ -168,9 +173,11 @@ impl Site {
     ) {
         let value = |i: usize| after.0[i] - before.0[i] * CUMULATIVE[i];
         let increment = after.0[ALLOCATED_BYTES_CURRENT] - before.0[ALLOCATED_BYTES_CURRENT];
-        state.total.line(line).add_run(fields, value, increment);
+        // A backend that does not count OOMs leaves both at zero.
+        let ooms = (after.0[NUM_OOMS] - before.0[NUM_OOMS]).max(0) as u64;
+        state.total.line(line).add_run(fields, value, increment, ooms);
         if self.meta.every > 0 {
-            state.window.line(line).add_run(fields, value, increment);
+            state.window.line(line).add_run(fields, value, increment, ooms);
         }
     }
 
@@ -181,9 +188,9 @@ impl Site {
             FieldKind::Peak => entry.0[i - 1],
             FieldKind::Cumulative => 0,
         };
-        state.total.line(line).add_run(fields, value, 0);
+        state.total.line(line).add_run(fields, value, 0, 0);
         if self.meta.every > 0 {
-            state.window.line(line).add_run(fields, value, 0);
+            state.window.line(line).add_run(fields, value, 0, 0);
         }
     }
 }
@@ -313,12 +320,16 @@ mod tests {
     }
 
     #[test]
-    fn merge_takes_maxima_and_sums_increments() {
+    fn merge_takes_maxima_and_sums_increments_and_ooms() {
         let mut t = Table::default();
-        t.line(2).add_run(&[0, 1], |i| [5, -7][i], 10);
-        t.line(2).add_run(&[0, 1], |i| [3, -9][i], -4);
+        t.line(2).add_run(&[0, 1], |i| [5, -7][i], 10, 1);
+        t.line(2).add_run(&[0, 1], |i| [3, -9][i], -4, 2);
         let s = t.lines[2].as_ref().unwrap();
         assert_eq!((s.hits, s.values[0], s.values[1], s.increment, s.increment_total), (2, 5, -7, 10, 6));
+        assert_eq!(s.ooms, 3, "OOMs add up over runs");
+        let mut merged = s.clone();
+        merged.merge(s);
+        assert_eq!((merged.hits, merged.ooms), (4, 6));
         assert!(t.lines[0].is_none());
     }
 
@@ -340,11 +351,12 @@ mod tests {
         after.0[cur + 1] = 500; // the interval's peak
         before.0[cur + 2] = 1000; // allocated so far
         after.0[cur + 2] = 1300;
+        (before.0[NUM_OOMS], after.0[NUM_OOMS]) = (2, 3); // one request failed
         let mut state = SiteState::default();
         site.record_run(&mut state, 0, &before, &after, &crate::stats::ALL_FIELDS);
         let s = state.total.lines[0].as_ref().unwrap();
         assert_eq!((s.values[cur], s.values[cur + 1], s.values[cur + 2]), (40, 500, 300));
-        assert_eq!((s.increment, s.hits), (-60, 1));
+        assert_eq!((s.increment, s.hits, s.ooms), (-60, 1, 1));
         assert!(state.window.lines.is_empty(), "no window without profile_every");
     }
 }

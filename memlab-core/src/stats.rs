@@ -209,6 +209,27 @@ pub const fn array_index(array: usize, pool: usize, counter: usize) -> usize {
 /// Index of `allocated_bytes.all.current`, whose change is a statement's increment.
 pub const ALLOCATED_BYTES_CURRENT: usize = array_index(4, 0, 0);
 
+/// Index in [`FIELDS`] of `num_ooms`: the allocator's count of requests it
+/// could not serve (the counting CPU allocator counts its own too).
+pub const NUM_OOMS: usize = 109;
+const _: () = assert!(field_is(NUM_OOMS, "num_ooms"));
+
+/// Whether field `index` is called `name` (for compile-time checks).
+const fn field_is(index: usize, name: &str) -> bool {
+    let (a, b) = (FIELDS[index].name.as_bytes(), name.as_bytes());
+    if a.len() != b.len() {
+        return false;
+    }
+    let mut k = 0;
+    while k < a.len() {
+        if a[k] != b[k] {
+            return false;
+        }
+        k += 1;
+    }
+    true
+}
+
 /// All allocator figures of one device as one flat record of `i64`s, in
 /// [`FIELDS`] order. This is what the backends fill and the profiler stores.
 #[derive(Clone, Copy, PartialEq, Eq)]

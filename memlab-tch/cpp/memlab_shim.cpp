@@ -149,6 +149,8 @@ struct Counter {
 
 Counter g_bytes;
 Counter g_blocks;
+// Requests the inner allocator could not serve (the CPU's `num_ooms`).
+std::atomic<int64_t> g_ooms{0};
 
 std::atomic<memlab_event_hook> g_cpu_hook{nullptr};
 
@@ -184,6 +186,7 @@ struct CountingCpuAllocator final : c10::Allocator {
                   " bytes.");
       block = inner->allocate(n + kHeader);
     } catch (...) {
+      g_ooms.fetch_add(1, std::memory_order_relaxed);
       // The request failed for lack of memory: say so, then let libtorch's
       // error go on to the caller unchanged. (The CPU has no figure of free
       // memory to report; `address` is 0.)
@@ -423,6 +426,7 @@ char* memlab_cpu_stats(int32_t reset_peaks, int64_t* out) {
   g_blocks.read(blocks, reset);
   g_bytes.read(bytes, reset);
   put_cpu(out, blocks, bytes);
+  out[MEMLAB_SLOT_NUM_OOMS] = g_ooms.load(std::memory_order_relaxed);
   return nullptr;
 }
 
@@ -437,6 +441,7 @@ char* memlab_cpu_take_accumulated_stats(int64_t* out) {
   g_blocks.take_accumulated(blocks);
   g_bytes.take_accumulated(bytes);
   put_cpu(out, blocks, bytes);
+  out[MEMLAB_SLOT_NUM_OOMS] = g_ooms.exchange(0, std::memory_order_relaxed);
   return nullptr;
 }
 

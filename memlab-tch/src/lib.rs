@@ -113,9 +113,10 @@ impl Backend for TchBackend {
 
 /// The fields the counting CPU allocator fills: the `all` pool of the block
 /// counts (allocation, segment, active) and of the byte counts (allocated,
-/// reserved, active, requested bytes), and the device alloc/free totals.
-static CPU_FIELDS: [usize; 30] = {
-    let mut out = [0; 30];
+/// reserved, active, requested bytes), the device alloc/free totals, and the
+/// requests that failed.
+static CPU_FIELDS: [usize; 31] = {
+    let mut out = [0; 31];
     let arrays = [
         ffi::STAT_ALLOCATION,
         ffi::STAT_SEGMENT,
@@ -136,6 +137,7 @@ static CPU_FIELDS: [usize; 30] = {
     }
     out[28] = ffi::SLOT_NUM_DEVICE_ALLOC;
     out[29] = ffi::SLOT_NUM_DEVICE_FREE;
+    out[30] = ffi::SLOT_NUM_OOMS;
     out
 };
 

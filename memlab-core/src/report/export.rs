@@ -9,7 +9,7 @@ use crate::stats::FIELDS;
 
 pub(super) fn csv(report: &Report) -> Result<String> {
     let mut header =
-        vec!["function", "file", "device", "calls", "line", "code", "hits", "increment", "increment_total"];
+        vec!["function", "file", "device", "calls", "line", "code", "hits", "increment", "increment_total", "ooms"];
     header.extend(FIELDS.iter().map(|f| f.name));
     let mut rows = Vec::new();
     for f in &report.functions {
@@ -26,6 +26,7 @@ pub(super) fn csv(report: &Report) -> Result<String> {
                 s.hits.to_string(),
                 s.increment.to_string(),
                 s.increment_total.to_string(),
+                s.ooms.to_string(),
             ];
             row.extend(s.values.iter().map(i64::to_string));
             rows.push(row);
@@ -48,7 +49,7 @@ pub(super) fn json(report: &Report) -> String {
                             FIELDS.iter().zip(s.values.iter()).map(|(k, v)| (k.name.to_string(), json!(v))).collect();
                         json!({
                             "line": l.line, "code": l.code, "hits": s.hits,
-                            "increment": s.increment, "increment_total": s.increment_total, "stats": stats,
+                            "increment": s.increment, "increment_total": s.increment_total, "ooms": s.ooms, "stats": stats,
                         })
                     }
                     None => json!({ "line": l.line, "code": l.code, "hits": 0, "stats": null }),

@@ -27,6 +27,10 @@ pub enum Column {
     IncrementTotal,
     /// How many times the line ran.
     Hits,
+    /// Requests the allocator could not serve while the line ran, all runs
+    /// together. A function's table shows it, also when not chosen, as soon
+    /// as the function had one.
+    Ooms,
 }
 
 impl Column {
@@ -47,6 +51,7 @@ impl Column {
             Column::Increment => "increment",
             Column::IncrementTotal => "increment_total",
             Column::Hits => "hits",
+            Column::Ooms => "ooms",
         }
     }
 
@@ -55,7 +60,7 @@ impl Column {
         match self {
             Column::Stat(i) => FIELDS[*i].name.contains("_bytes") || FIELDS[*i].name == "max_split_size",
             Column::Increment | Column::IncrementTotal => true,
-            Column::Hits => false,
+            Column::Hits | Column::Ooms => false,
         }
     }
 
@@ -66,6 +71,7 @@ impl Column {
             Column::Increment => stats.increment,
             Column::IncrementTotal => stats.increment_total,
             Column::Hits => stats.hits as i64,
+            Column::Ooms => stats.ooms as i64,
         }
     }
 
@@ -82,6 +88,7 @@ impl FromStr for Column {
             "increment" => Ok(Column::Increment),
             "increment_total" => Ok(Column::IncrementTotal),
             "hits" => Ok(Column::Hits),
+            "ooms" => Ok(Column::Ooms),
             name => field_index(name).map(Column::Stat).ok_or_else(|| Error::UnknownStat(name.to_string())),
         }
     }

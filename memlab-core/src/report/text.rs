@@ -66,6 +66,15 @@ fn render_function(out: &mut String, f: &FunctionReport, columns: &[Column]) {
 /// A function's lines as a table: the chosen statistics (their names split
 /// at the dots over up to three header rows), the line number and the code.
 pub(super) fn table(f: &FunctionReport, columns: &[Column]) -> Table {
+    // A function that ran out of memory says where, whatever the columns.
+    let had_oom = f.lines.iter().any(|l| l.stats.as_ref().is_some_and(|s| s.ooms > 0));
+    let with_ooms: Vec<Column>;
+    let columns = if had_oom && !columns.contains(&Column::Ooms) {
+        with_ooms = columns.iter().copied().chain([Column::Ooms]).collect();
+        &with_ooms[..]
+    } else {
+        columns
+    };
     let mut header: Vec<TableColumn> = columns
         .iter()
         .map(|c| {
