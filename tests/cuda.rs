@@ -746,3 +746,35 @@ fn a_sampling_recording_reads_the_driver_into_the_trace() {
     assert!(counters >= 10, "{counters} driver counters");
     drop(big);
 }
+
+#[memlab::profile(device = "cuda:0")]
+fn asks_the_gpu_too_much() -> Result<Tensor, tch::TchError> {
+    let t = Tensor::f_empty([1i64 << 40], (Kind::Float, GPU))?; // 4 TiB
+    Ok(t)
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_cuda_oom_is_counted_on_its_line_and_training_goes_on() {
+    let _s = serial();
+    assert!(memlab::gpu::cuda_is_available(), "this test needs CUDA");
+    let before = memlab::stats::device_stats(Device::Cuda(0)).unwrap().num_ooms;
+    let err = asks_the_gpu_too_much().expect_err("4 TiB cannot be allocated");
+    assert!(err.to_string().contains("out of memory"), "{err}");
+    assert_eq!(memlab::stats::device_stats(Device::Cuda(0)).unwrap().num_ooms - before, 1);
+    let report = memlab::report();
+    let f = report.function("asks_the_gpu_too_much").unwrap();
+    let ooms: Vec<(String, u64)> = f
+        .lines
+        .iter()
+        .filter_map(|l| l.stats.as_ref().filter(|s| s.ooms > 0).map(|s| (l.code.trim().to_string(), s.ooms)))
+        .collect();
+    assert_eq!(ooms.len(), 1, "{ooms:?}");
+    assert!(ooms[0].0.contains("f_empty") && ooms[0].1 == 1, "{ooms:?}");
+    let text = report.to_text();
+    let table = text.split("## ").find(|t| t.contains("asks_the_gpu_too_much")).unwrap();
+    println!("{table}");
+    assert!(table.contains("ooms"));
+    // The device still serves.
+    assert_eq!(floats(1024).size(), [1024]);
+}
