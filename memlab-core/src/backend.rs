@@ -1,9 +1,10 @@
 //! The seam between the backend-free engine and an allocator: a backend reads a
-//! device's figures and resets its peaks. `memlab-tch` provides the libtorch
-//! one; tests provide scripted ones.
+//! device's figures and resets its peaks. The libtorch backend implements it
+//! outside this crate; tests use the scripted one below.
 
+use crate::device::Device;
 use crate::error::Result;
-use crate::stats::{Device, RawStats};
+use crate::stats::RawStats;
 
 /// A source of allocator statistics.
 pub trait Backend: Send + Sync {
@@ -96,15 +97,15 @@ impl ScriptedBackend {
 
 impl Backend for ScriptedBackend {
     fn sample(&self, device: Device, out: &mut RawStats, reset_peaks: bool) -> Result<()> {
-        use crate::stats::array_index;
+        // The four counters (current, peak, allocated, freed) of a stat's
+        // `all` pool follow each other, from its `current` field on.
+        let all = |stat: &str| crate::stats::field_index(&format!("{stat}.all.current")).expect("a memory_stats() key");
         self.with(device, |bytes, blocks| {
-            // allocation, segment, active (blocks); allocated, reserved,
-            // active, requested bytes: the `all` pool of each.
-            for array in [0, 1, 2] {
-                out.0[array_index(array, 0, 0)..array_index(array, 0, 4)].copy_from_slice(blocks);
+            for stat in ["allocation", "segment", "active"] {
+                out.0[all(stat)..all(stat) + 4].copy_from_slice(blocks);
             }
-            for array in [4, 5, 6, 8] {
-                out.0[array_index(array, 0, 0)..array_index(array, 0, 4)].copy_from_slice(bytes);
+            for stat in ["allocated_bytes", "reserved_bytes", "active_bytes", "requested_bytes"] {
+                out.0[all(stat)..all(stat) + 4].copy_from_slice(bytes);
             }
             if reset_peaks {
                 bytes[1] = bytes[0];

@@ -3,6 +3,8 @@
 
 use std::sync::Arc;
 
+use crate::device::{Device, ParseDeviceError};
+
 /// An error from memlab.
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
@@ -14,7 +16,7 @@ pub enum Error {
     #[error("{device} is not available: this process sees {count} CUDA device(s); profile `cpu`, or use `auto` to pick CUDA only where it exists")]
     DeviceUnavailable {
         /// The device asked for.
-        device: crate::stats::Device,
+        device: Device,
         /// How many CUDA devices the process sees.
         count: usize,
     },
@@ -78,6 +80,12 @@ impl Error {
     /// An [`Error::Io`] for `what` memlab was doing.
     pub fn io(what: impl Into<String>, source: impl Into<std::io::Error>) -> Error {
         Error::Io { what: what.into(), source: Arc::new(source.into()) }
+    }
+}
+
+impl From<ParseDeviceError> for Error {
+    fn from(e: ParseDeviceError) -> Error {
+        Error::InvalidDevice(e.0)
     }
 }
 

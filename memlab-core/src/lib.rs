@@ -1,9 +1,11 @@
 //! The backend-free core of memlab: the allocator statistics model, the
 //! line-profiler engine and its reports. Users reach all of it through the
-//! `memlab` crate; backends (such as `memlab-tch`) implement [`Backend`].
+//! `memlab` crate; a backend (the libtorch one, or a scripted one in tests)
+//! implements [`Backend`].
 #![deny(missing_docs)]
 
 mod backend;
+pub mod device;
 mod error;
 pub mod events;
 pub mod hash;
@@ -15,9 +17,10 @@ pub mod sites;
 pub mod stats;
 
 pub use backend::{Backend, ScriptedBackend};
+pub use device::{Device, DeviceSelector, ParseDeviceError};
 pub use error::{Error, Result};
 pub use report::{format_bytes, reset, Column, FunctionReport, LineReport, Report};
-pub use stats::{Device, DeviceSelector, DeviceStats, RawStats, Stat, StatArray};
+pub use stats::{DeviceStats, RawStats, Stat, StatArray};
 
 #[doc(hidden)]
 pub use inventory;

@@ -5,7 +5,7 @@
 
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
-use crate::stats::{Device, DeviceSelector};
+use crate::device::{Device, DeviceSelector};
 use crate::stats::{FieldKind, RawStats, ALLOCATED_BYTES_CURRENT, FIELDS, NUM_OOMS, N_FIELDS};
 
 /// What `#[memlab::profile]` knows about a function when it compiles it.
@@ -28,8 +28,10 @@ pub struct SiteMeta {
     pub every: u32,
 }
 
-/// Figures of one source line, merged over every time it ran.
+/// Figures of one source line, merged over every time it ran. As data, its
+/// `values` are a map from each `memory_stats()` key to its figure.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct LineStats {
     /// How many times the line's statements ran (for the signature line: calls).
     pub hits: u64,
@@ -44,6 +46,26 @@ pub struct LineStats {
     /// Requests the allocator could not serve while the line ran, all runs
     /// together (the change of `num_ooms`).
     pub ooms: u64,
+}
+
+impl serde::Serialize for LineStats {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> std::result::Result<S::Ok, S::Error> {
+        use serde::ser::SerializeStruct;
+        /// The figures by their `memory_stats()` names.
+        struct ByName<'a>(&'a [i64; N_FIELDS]);
+        impl serde::Serialize for ByName<'_> {
+            fn serialize<S: serde::Serializer>(&self, serializer: S) -> std::result::Result<S::Ok, S::Error> {
+                serializer.collect_map(FIELDS.iter().map(|f| f.name).zip(self.0.iter()))
+            }
+        }
+        let mut s = serializer.serialize_struct("LineStats", 5)?;
+        s.serialize_field("hits", &self.hits)?;
+        s.serialize_field("increment", &self.increment)?;
+        s.serialize_field("increment_total", &self.increment_total)?;
+        s.serialize_field("ooms", &self.ooms)?;
+        s.serialize_field("stats", &ByName(&self.values))?;
+        s.end()
+    }
 }
 
 impl LineStats {

@@ -3,88 +3,8 @@
 //! the way `torch.cuda.memory_stats()` names its keys.
 
 use std::fmt;
-use std::str::FromStr;
 
-use crate::error::{Error, Result};
-
-/// A memory device that memlab can read figures for.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum Device {
-    /// Host memory held by CPU tensors (read from memlab's counting CPU allocator).
-    Cpu,
-    /// The CUDA device of this ordinal (read from libtorch's caching allocator).
-    Cuda(usize),
-}
-
-impl fmt::Display for Device {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Device::Cpu => f.write_str("cpu"),
-            Device::Cuda(i) => write!(f, "cuda:{i}"),
-        }
-    }
-}
-
-impl serde::Serialize for Device {
-    fn serialize<S: serde::Serializer>(&self, serializer: S) -> std::result::Result<S::Ok, S::Error> {
-        serializer.collect_str(self)
-    }
-}
-
-impl FromStr for Device {
-    type Err = Error;
-
-    /// Parses `cpu`, `cuda` (device 0) or `cuda:N`.
-    fn from_str(s: &str) -> Result<Self> {
-        let s = s.trim();
-        if s.eq_ignore_ascii_case("cpu") {
-            return Ok(Device::Cpu);
-        }
-        if s.eq_ignore_ascii_case("cuda") {
-            return Ok(Device::Cuda(0));
-        }
-        if let Some(idx) = s.strip_prefix("cuda:") {
-            if let Ok(i) = idx.parse::<usize>() {
-                return Ok(Device::Cuda(i));
-            }
-        }
-        Err(Error::InvalidDevice(s.to_string()))
-    }
-}
-
-/// Which device a profiled function measures.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum DeviceSelector {
-    /// The current CUDA device when CUDA is available, otherwise the CPU.
-    Auto,
-    /// The CUDA device that is current when the function is entered.
-    CurrentCuda,
-    /// This exact device.
-    Fixed(Device),
-}
-
-impl fmt::Display for DeviceSelector {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            DeviceSelector::Auto => f.write_str("auto"),
-            DeviceSelector::CurrentCuda => f.write_str("cuda"),
-            DeviceSelector::Fixed(d) => d.fmt(f),
-        }
-    }
-}
-
-impl FromStr for DeviceSelector {
-    type Err = Error;
-
-    /// Parses `auto`, `cuda` (the current CUDA device), `cuda:N` or `cpu`.
-    fn from_str(s: &str) -> Result<Self> {
-        match s.trim() {
-            t if t.eq_ignore_ascii_case("auto") => Ok(DeviceSelector::Auto),
-            t if t.eq_ignore_ascii_case("cuda") => Ok(DeviceSelector::CurrentCuda),
-            t => t.parse().map(DeviceSelector::Fixed),
-        }
-    }
-}
+pub use crate::device::{Device, DeviceSelector};
 
 /// How one field of [`RawStats`] behaves over time, which decides what a
 /// profiled statement reports for it.
@@ -462,15 +382,5 @@ mod tests {
         assert_eq!(s.oversize_segments.freed, 3);
         assert_eq!(raw.get("active_bytes.all.peak"), Some(7));
         assert_eq!(raw.get("no_such_stat"), None);
-    }
-
-    #[test]
-    fn devices_parse_and_print() {
-        assert_eq!("cpu".parse::<Device>().unwrap(), Device::Cpu);
-        assert_eq!("cuda:3".parse::<Device>().unwrap(), Device::Cuda(3));
-        assert_eq!(Device::Cuda(1).to_string(), "cuda:1");
-        assert!("gpu".parse::<Device>().is_err());
-        assert_eq!("auto".parse::<DeviceSelector>().unwrap(), DeviceSelector::Auto);
-        assert_eq!("cuda".parse::<DeviceSelector>().unwrap(), DeviceSelector::CurrentCuda);
     }
 }

@@ -22,7 +22,7 @@ pub use recorder::{
 };
 pub use timeline::{reading, span, span_start, spans_and_readings, Reading, Span, SpanKind, TIMELINE_CAPACITY};
 
-use crate::stats::Device;
+use crate::device::Device;
 
 /// What happened to a block of memory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
@@ -39,8 +39,9 @@ pub enum Action {
     /// CUDA only: the caching allocator returned a segment to the device.
     SegmentFree,
     /// An allocation failed for lack of memory; `size` is what was asked for,
-    /// `address` what the device still had free (CUDA) or 0 (the CPU). The
-    /// caller still gets libtorch's error.
+    /// `address` what the device still had free: the driver's figure (CUDA),
+    /// the kernel's `MemAvailable` (the CPU; 0 where unknown). The caller
+    /// still gets libtorch's error.
     Oom,
 }
 

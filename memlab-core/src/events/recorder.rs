@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use super::context::{self, StatementRef};
 use super::{thread_number, Action, Backtrace, Event};
-use crate::stats::Device;
+use crate::device::Device;
 
 /// How the recorder works.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -9,7 +9,7 @@
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
-use crate::stats::{Device, DeviceSelector};
+use crate::device::{Device, DeviceSelector};
 
 /// The kind of target stored in `TARGET_KIND`; a CUDA target keeps its index in
 /// `TARGET_INDEX`, so every `usize` index stays itself.

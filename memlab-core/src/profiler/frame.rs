@@ -12,13 +12,13 @@ use std::task::{Context, Poll};
 
 use super::{config, ledger};
 use crate::backend::Backend;
+use crate::device::{Device, DeviceSelector};
 use crate::error::{Error, Result};
 use crate::events::context::{self, StatementRef};
 use crate::events::{self, SpanKind};
 use crate::report::Report;
 use crate::sites::Site;
 use crate::stats::RawStats;
-use crate::stats::{Device, DeviceSelector};
 
 struct Open {
     device: Device,
@@ -257,7 +257,7 @@ mod pool {
     use std::cell::RefCell;
 
     use super::Open;
-    use crate::stats::Device;
+    use crate::device::Device;
     use crate::stats::RawStats;
 
     /// Enough for the profiled calls nested at once in ordinary code.

@@ -12,8 +12,8 @@
 use std::sync::{Mutex, MutexGuard};
 
 use crate::backend::Backend;
+use crate::device::Device;
 use crate::error::Result;
-use crate::stats::Device;
 use crate::stats::{RawStats, CUMULATIVE_FIELDS, N_FIELDS};
 
 /// The most CUDA devices memlab tracks in one process.

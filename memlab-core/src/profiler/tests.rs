@@ -2,10 +2,11 @@
 //! scripted backend, without libtorch.
 
 use crate::backend::{Backend, ScriptedBackend};
+use crate::device::Device;
 use crate::profiler::{reset_peaks, reset_totals, Frame, LineStats, Site, SiteMeta};
 use crate::stats::DeviceSelector;
+use crate::stats::RawStats;
 use crate::stats::{field_index, ALLOCATED_BYTES_CURRENT};
-use crate::stats::{Device, RawStats};
 
 // Each test scripts a device of its own: the peak ledger is per device
 // and process-wide, and tests run in parallel.

@@ -4,8 +4,8 @@
 
 use super::ledger;
 use crate::backend::Backend;
+use crate::device::Device;
 use crate::error::Result;
-use crate::stats::Device;
 use crate::stats::RawStats;
 
 /// Watches the peaks of one device from `start` to `finish`.

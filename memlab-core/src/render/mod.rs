@@ -12,9 +12,9 @@ pub use table::{Cell, Column, Table};
 
 use std::collections::BTreeMap;
 
+use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::events::LiveAllocation;
-use crate::stats::Device;
 
 /// A byte count as people read it: base 1024, two decimals, `B K M G T P`
 /// (`4.00M`, `-2.50K`, `0.00B`).

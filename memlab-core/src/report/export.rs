@@ -1,7 +1,5 @@
-//! Machine-readable exports: CSV with one row per line that ran, and JSON of
-//! the whole model. Both carry every statistic, in bytes or counts, unrounded.
-
-use serde_json::{json, Map, Value};
+//! The CSV export: one row per line that ran, every statistic in bytes or
+//! counts, unrounded. (JSON is the report's own `Serialize`.)
 
 use super::Report;
 use crate::error::Result;
@@ -33,35 +31,4 @@ pub(super) fn csv(report: &Report) -> Result<String> {
         }
     }
     crate::render::csv_string("the line profile", &header, rows)
-}
-
-pub(super) fn json(report: &Report) -> String {
-    let functions: Vec<Value> = report
-        .functions
-        .iter()
-        .map(|f| {
-            let lines: Vec<Value> = f
-                .lines
-                .iter()
-                .map(|l| match &l.stats {
-                    Some(s) => {
-                        let stats: Map<String, Value> =
-                            FIELDS.iter().zip(s.values.iter()).map(|(k, v)| (k.name.to_string(), json!(v))).collect();
-                        json!({
-                            "line": l.line, "code": l.code, "hits": s.hits,
-                            "increment": s.increment, "increment_total": s.increment_total, "ooms": s.ooms, "stats": stats,
-                        })
-                    }
-                    None => json!({ "line": l.line, "code": l.code, "hits": 0, "stats": null }),
-                })
-                .collect();
-            json!({
-                "name": f.name, "trait": f.trait_name, "file": f.file, "device": f.device.map(|d| d.to_string()),
-                "calls": f.calls, "error": f.error, "lines": lines,
-            })
-        })
-        .collect();
-    let columns: Vec<&str> = report.columns().iter().map(|c| c.name()).collect();
-    serde_json::to_string_pretty(&json!({ "columns": columns, "functions": functions }))
-        .expect("a JSON value always serialises")
 }

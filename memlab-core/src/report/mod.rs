@@ -9,9 +9,9 @@ mod text;
 use std::fmt;
 use std::str::FromStr;
 
+use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::sites::{display_path, sites, LineStats, Site, Table};
-use crate::stats::Device;
 use crate::stats::{field_index, FIELDS};
 
 pub use crate::render::format_bytes;
@@ -94,8 +94,11 @@ impl FromStr for Column {
     }
 }
 
-/// One source line of a profiled function.
+/// One source line of a profiled function. As data, the figures of a line
+/// that ran sit beside its number and code; a line that never ran has
+/// `"hits": 0` and `"stats": null`.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub struct LineReport {
     /// The line number in the source file.
     pub line: u32,
@@ -105,13 +108,38 @@ pub struct LineReport {
     pub stats: Option<LineStats>,
 }
 
+impl serde::Serialize for LineReport {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> std::result::Result<S::Ok, S::Error> {
+        #[derive(serde::Serialize)]
+        struct Line<'a> {
+            line: u32,
+            code: &'a str,
+            #[serde(flatten)]
+            stats: &'a LineStats,
+        }
+        #[derive(serde::Serialize)]
+        struct Silent<'a> {
+            line: u32,
+            code: &'a str,
+            hits: u64,
+            stats: Option<()>,
+        }
+        match &self.stats {
+            Some(stats) => Line { line: self.line, code: self.code, stats }.serialize(serializer),
+            None => Silent { line: self.line, code: self.code, hits: 0, stats: None }.serialize(serializer),
+        }
+    }
+}
+
 /// One profiled function.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize)]
+#[non_exhaustive]
 pub struct FunctionReport {
     /// The function's path, e.g. `demo::Mlp::forward`, without generic
     /// arguments; for a trait method, the implementing type's path.
     pub name: String,
     /// For a method of a trait impl: the trait (its last path segment).
+    #[serde(rename = "trait")]
     pub trait_name: Option<String>,
     /// Its source file.
     pub file: &'static str,
@@ -174,12 +202,20 @@ impl FunctionReport {
     }
 }
 
-/// The figures of profiled functions, ready to render.
-#[derive(Clone, Debug)]
+/// The figures of profiled functions, ready to render. As data: the names
+/// of the columns tables show, and the functions.
+#[derive(Clone, Debug, serde::Serialize)]
+#[non_exhaustive]
 pub struct Report {
+    /// The columns tables show.
+    #[serde(serialize_with = "column_names")]
+    columns: Vec<Column>,
     /// The functions, sorted by name.
     pub functions: Vec<FunctionReport>,
-    columns: Vec<Column>,
+}
+
+fn column_names<S: serde::Serializer>(columns: &[Column], serializer: S) -> std::result::Result<S::Ok, S::Error> {
+    serializer.collect_seq(columns.iter().map(|c| c.name()))
 }
 
 impl Report {
@@ -278,7 +314,7 @@ impl Report {
 
     /// The whole model as JSON, all statistics included.
     pub fn to_json(&self) -> String {
-        export::json(self)
+        serde_json::to_string_pretty(self).expect("a report always serialises")
     }
 
     /// Shows the report as HTML in an evcxr (Rust Jupyter) notebook cell.
