@@ -189,7 +189,7 @@ pub mod optimizer {
 /// Allocator statistics and storage facts: every `memory_stats()` figure of a
 /// device, its resets, and what memory a tensor keeps alive.
 pub mod stats {
-    pub use memlab_core::{format_bytes, DeviceStats, RawStats, Stat, StatArray};
+    pub use memlab_core::{format_bytes, DeviceStats, ParseDeviceError, RawStats, Stat, StatArray};
     pub use memlab_tch::{
         cpu_allocator_installed, cpu_allocator_installed_at_load, device_stats, install_cpu_allocator, raw_stats,
         reset_accumulated_stats, reset_peak_stats, storage_info, Layout, StorageInfo, WeakTensor,
@@ -237,8 +237,9 @@ pub mod gpu {
 /// call: storages that appeared (`+`) or disappeared (`-`), grouped by kind
 /// (parameter, gradient, other), shape and dtype, with where unnamed ones were
 /// allocated. `track!()` uses a global [`Tracker`] (standard output, the
-/// current CUDA device or the CPU); `track!(tracker)` uses yours. Returns the
-/// text logged.
+/// current CUDA device or the CPU); `track!(tracker)` uses yours. Returns
+/// what was logged as a [`tracker::TrackEntry`]: data (`Serialize`), whose
+/// `{}` / `to_text()` is the log's text.
 ///
 /// Put calls around a step, or one per batch, to see what grew between
 /// batch 1 and batch 2:
@@ -249,7 +250,8 @@ pub mod gpu {
 /// memlab::track!(tracker);
 /// let kept = tch::Tensor::zeros([1024], (tch::Kind::Float, tch::Device::Cpu));
 /// let log = memlab::track!(tracker);
-/// assert!(log.contains("+ 1 × other 4.00K"), "{log}");
+/// assert_eq!(log.changes[0].bytes, 4096);
+/// assert!(log.to_text().contains("+ 1 × other 4.00K"), "{log}");
 /// # drop(kept);
 /// ```
 #[macro_export]

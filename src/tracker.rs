@@ -13,7 +13,6 @@
 //! innermost of the user's frames.
 
 use std::collections::{BTreeMap, HashMap};
-use std::fmt::Write as _;
 use std::fs::OpenOptions;
 use std::io::Write as _;
 use std::path::PathBuf;
@@ -21,14 +20,16 @@ use std::sync::Mutex;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use memlab_core::events;
-use memlab_core::{format_bytes, Device, Error, Result};
+use memlab_core::render::{Document, Render};
+use memlab_core::{format_bytes, Device, Result};
+use serde::Serialize;
 
 use memlab_tch::Recording;
 
 use crate::named::{Kind, Sources};
 
 /// Where `track!()` was called.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct CallSite {
     /// Source file.
     pub file: &'static str,
@@ -39,7 +40,8 @@ pub struct CallSite {
 }
 
 /// What a storage is, for grouping.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
 pub enum StorageKind {
     /// A variable of a registered var store.
     Parameter,
@@ -74,6 +76,52 @@ struct Group {
 struct Entry {
     group: Group,
     bytes: u64,
+}
+
+/// What one `track!()` call logged: when and where, the totals, and the
+/// storages that appeared or went away since the call before, grouped.
+/// Prints (`{}`, `to_text()`) as the log's text.
+#[derive(Clone, Debug, Serialize)]
+#[non_exhaustive]
+pub struct TrackEntry {
+    /// When, in UTC (`YYYY-MM-DD HH:MM:SS.mmm`).
+    pub time: String,
+    /// Seconds since the tracker was made.
+    pub elapsed_s: f64,
+    /// Where `track!()` was called.
+    pub site: CallSite,
+    /// The device measured.
+    pub device: Device,
+    /// Bytes of the live storages memlab knows (named, and recorded), or
+    /// `None` when they could not be walked (see `error`).
+    pub live_bytes: Option<u64>,
+    /// The allocator's allocated bytes, when it could be read.
+    pub allocated_bytes: Option<i64>,
+    /// What kept this call from measuring everything, if anything.
+    pub error: Option<String>,
+    /// The groups of storages that appeared, then those that went away.
+    pub changes: Vec<StorageChange>,
+}
+
+/// Storages of one kind, shape, dtype and site that appeared or went away
+/// between two `track!()` calls.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct StorageChange {
+    /// True for storages that appeared (`+`), false for those that went away (`-`).
+    pub appeared: bool,
+    /// How many.
+    pub count: u64,
+    /// What they are.
+    pub kind: StorageKind,
+    /// Their shape and dtype, for named storages.
+    pub shape: Option<Vec<i64>>,
+    /// Their dtype (`Float`), for named storages; empty otherwise.
+    pub dtype: &'static str,
+    /// Their bytes together.
+    pub bytes: u64,
+    /// Where unnamed ones were allocated, when memlab saw it.
+    pub site: Option<String>,
 }
 
 /// Logs the memory at call sites, and what changed between them.
@@ -140,34 +188,52 @@ impl Tracker {
         self.device.unwrap_or_else(memlab_tch::auto_device)
     }
 
-    /// Logs one call site; returns the text logged. Never fails the caller:
-    /// problems are kept in [`last_error`](Self::last_error).
-    pub fn track(&mut self, site: CallSite) -> String {
-        let text = self.record(site);
+    /// Logs one call site; returns what it logged (as data; `{}` prints the
+    /// log's text). Never fails the caller: problems are in the entry and
+    /// kept in [`last_error`](Self::last_error).
+    pub fn track(&mut self, site: CallSite) -> TrackEntry {
+        let entry = self.record(site);
         if self.stdout {
-            memlab_core::output::emit(&text);
+            memlab_core::output::emit(&entry.to_text());
         }
-        text
+        entry
     }
 
-    /// Measures and renders one call site and appends it to the log file;
-    /// leaves printing to the caller, which may first let go of its locks.
-    fn record(&mut self, site: CallSite) -> String {
+    /// Measures one call site and appends it to the log file; leaves printing
+    /// to the caller, which may first let go of its locks.
+    fn record(&mut self, site: CallSite) -> TrackEntry {
         let device = self.measured_device();
-        let text = match self.snapshot(device) {
+        let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
+        let mut entry = TrackEntry {
+            time: utc(now.as_secs(), now.subsec_millis()),
+            elapsed_s: self.started.elapsed().as_secs_f64(),
+            site,
+            device,
+            live_bytes: None,
+            allocated_bytes: None,
+            error: None,
+            changes: Vec::new(),
+        };
+        match self.snapshot(device) {
             Ok(now) => {
-                let (text, unreadable) = self.render(site, device, &now);
-                if let Some(e) = unreadable {
-                    self.last_error = Some(format!("the allocator of {device} could not be read: {e}"));
+                entry.live_bytes = Some(now.values().map(|e| e.bytes).sum());
+                match memlab_tch::device_stats(device) {
+                    Ok(stats) => entry.allocated_bytes = Some(stats.allocated_bytes.all.current),
+                    Err(e) => {
+                        let why = format!("the allocator of {device} could not be read: {e}");
+                        entry.error = Some(why.clone());
+                        self.last_error = Some(why);
+                    }
                 }
+                entry.changes = self.changes(&now);
                 self.previous = Some(now);
-                text
             }
             Err(e) => {
+                entry.error = Some(format!("not measured: {e}"));
                 self.last_error = Some(e.to_string());
-                format!("{} {}:{} {} — not measured: {e}\n", self.stamp(), site.file, site.line, site.function)
             }
-        };
+        }
+        let text = entry.to_text();
         if let Some(path) = &self.file {
             let written =
                 OpenOptions::new().create(true).append(true).open(path).and_then(|mut f| f.write_all(text.as_bytes()));
@@ -181,7 +247,7 @@ impl Tracker {
                 self.last_error = Some(format!("cannot append to {}: {e}", path.display()));
             }
         }
-        text
+        entry
     }
 
     /// The storages on `device` now, by data address.
@@ -211,32 +277,13 @@ impl Tracker {
         Ok(out)
     }
 
-    fn stamp(&self) -> String {
-        let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
-        format!("[{} +{:.3}s]", utc(now.as_secs(), now.subsec_millis()), self.started.elapsed().as_secs_f64())
-    }
-
-    /// The log text, and the error if the allocator could not be read.
-    fn render(&self, site: CallSite, device: Device, now: &HashMap<u64, Entry>) -> (String, Option<Error>) {
-        let live: u64 = now.values().map(|e| e.bytes).sum();
-        let stats = memlab_tch::device_stats(device);
-        let unreadable = stats.as_ref().err().cloned();
-        let allocated = stats.map(|s| format_bytes(s.allocated_bytes.all.current));
-        let mut out = String::new();
-        writeln!(
-            out,
-            "{} {}:{} {} — live tensors {} on {device}, allocator {}",
-            self.stamp(),
-            site.file,
-            site.line,
-            site.function,
-            format_bytes(live as i64),
-            allocated.unwrap_or_else(|e| format!("unknown ({e})"))
-        )
-        .unwrap();
+    /// The groups of storages that appeared since the last call, then of
+    /// those that went away.
+    fn changes(&self, now: &HashMap<u64, Entry>) -> Vec<StorageChange> {
         let empty = HashMap::new();
         let before = self.previous.as_ref().unwrap_or(&empty);
-        for (sign, from, to) in [("+", now, before), ("-", before, now)] {
+        let mut out = Vec::new();
+        for (appeared, from, to) in [(true, now, before), (false, before, now)] {
             let mut groups: BTreeMap<&Group, (u64, u64)> = BTreeMap::new();
             for (address, entry) in from {
                 if !to.contains_key(address) {
@@ -245,19 +292,53 @@ impl Tracker {
                     g.1 += entry.bytes;
                 }
             }
-            for (group, (count, bytes)) in groups {
-                let mut line = format!("  {sign} {count} × ");
-                if let Some(shape) = &group.shape {
-                    write!(line, "{shape:?} {} ", group.dtype).unwrap();
-                }
-                write!(line, "{} {}", group.kind.label(), format_bytes(bytes as i64)).unwrap();
-                if let Some(s) = &group.site {
-                    write!(line, ", allocated at {s}").unwrap();
-                }
-                writeln!(out, "{line}").unwrap();
-            }
+            out.extend(groups.into_iter().map(|(group, (count, bytes))| StorageChange {
+                appeared,
+                count,
+                kind: group.kind,
+                shape: group.shape.clone(),
+                dtype: group.dtype,
+                bytes,
+                site: group.site.clone(),
+            }));
         }
-        (out, unreadable)
+        out
+    }
+}
+
+rendered!(TrackEntry);
+
+impl Render for TrackEntry {
+    fn document(&self) -> Document {
+        let mut doc = Document::new();
+        let CallSite { file, line, function } = self.site;
+        let stamp = format!("[{} +{:.3}s] {file}:{line} {function}", self.time, self.elapsed_s);
+        let Some(live) = self.live_bytes else {
+            doc.line(format!("{stamp} — {}", self.error.as_deref().unwrap_or("not measured")));
+            return doc;
+        };
+        let allocator = match (self.allocated_bytes, &self.error) {
+            (Some(bytes), _) => format_bytes(bytes),
+            (None, Some(e)) => format!("unknown ({e})"),
+            (None, None) => "unknown".to_string(),
+        };
+        doc.line(format!(
+            "{stamp} — live tensors {} on {}, allocator {allocator}",
+            format_bytes(live as i64),
+            self.device
+        ));
+        for change in &self.changes {
+            let mut line = format!("{} {} × ", if change.appeared { "+" } else { "-" }, change.count);
+            if let Some(shape) = &change.shape {
+                line.push_str(&format!("{shape:?} {} ", change.dtype));
+            }
+            line.push_str(&format!("{} {}", change.kind.label(), format_bytes(change.bytes as i64)));
+            if let Some(site) = &change.site {
+                line.push_str(&format!(", allocated at {site}"));
+            }
+            doc.indented(2, line);
+        }
+        doc
     }
 }
 
@@ -276,16 +357,16 @@ pub fn global_tracker() -> std::sync::MutexGuard<'static, Option<Tracker>> {
 /// Logs `site` with the global tracker (creating it on first use). The
 /// tracker's lock is let go before the text is printed, so an output sink may
 /// call `track!()` itself.
-pub fn track_global(site: CallSite) -> String {
-    let (text, print) = {
+pub fn track_global(site: CallSite) -> TrackEntry {
+    let (entry, print) = {
         let mut global = global_tracker();
         let tracker = global.get_or_insert_with(Tracker::new);
         (tracker.record(site), tracker.stdout)
     };
     if print {
-        memlab_core::output::emit(&text);
+        memlab_core::output::emit(&entry.to_text());
     }
-    text
+    entry
 }
 
 /// `YYYY-MM-DD HH:MM:SS.mmm` in UTC.

@@ -439,7 +439,7 @@ fn tracker_on_cuda() {
     memlab::register_var_store("model", &vs);
     let mut tracker = memlab::Tracker::new();
 
-    let first = memlab::track!(tracker);
+    let first = memlab::track!(tracker).to_text();
     println!("{first}");
     let header = first.lines().next().unwrap();
     assert!(header.contains(" on cuda:0, allocator "), "the tracker follows the GPU by default: {header}");
@@ -450,7 +450,7 @@ fn tracker_on_cuda() {
     let mut cache = Vec::new();
     cuda_grow(&mut cache);
     cuda_grow(&mut cache);
-    let second = memlab::track!(tracker);
+    let second = memlab::track!(tracker).to_text();
     println!("{second}");
     let growth: Vec<&str> = second.lines().filter(|l| l.starts_with("  +")).collect();
     assert_eq!(growth.len(), 1, "{second}");
@@ -459,13 +459,13 @@ fn tracker_on_cuda() {
 
     let x = Tensor::randn([8, 32], (Kind::Float, GPU));
     fc.forward(&x).sum(Kind::Float).backward();
-    let third = memlab::track!(tracker);
+    let third = memlab::track!(tracker).to_text();
     println!("{third}");
     assert!(third.contains("  + 1 × [16, 32] Float gradient 2.00K"), "{third}");
     assert!(third.contains("  + 1 × [16] Float gradient 64.00B"), "{third}");
 
     cache.clear();
-    let fourth = memlab::track!(tracker);
+    let fourth = memlab::track!(tracker).to_text();
     println!("{fourth}");
     assert!(fourth.contains("  - 2 × other 16.00K"), "{fourth}");
     memlab::profiler::set_output(memlab::profiler::Output::Stdout);

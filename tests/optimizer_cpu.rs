@@ -328,7 +328,7 @@ fn a_registered_optimizer_is_named_by_every_tool() {
     step(&net, &mut opt);
     assert_eq!(memlab::register_optimizer(&opt).unwrap(), 8);
     assert_eq!(memlab::register_optimizer(&opt).unwrap(), 8, "registering again replaces");
-    let grown = memlab::track!(tracker);
+    let grown = memlab::track!(tracker).to_text();
     assert!(grown.contains(&format!("  + 2 × [{HIDDEN}, {IN}] Float optimizer state 48.00K")), "{grown}");
     // The registry's reporter names it once, even when the optimizer is also given.
     for reporter in [MemReporter::registered(), MemReporter::registered().optimizer(&opt)] {

@@ -576,6 +576,7 @@ fn a_tracker_on_an_unreadable_device_keeps_the_error() {
     let log = memlab::track!(tracker);
     let error = tracker.last_error().expect("the error is kept");
     assert!(error.contains(&format!("cuda:{missing}")), "{error}\n{log}");
+    assert_eq!(log.error.as_deref(), Some(error), "the entry says it too");
 }
 
 // 22. A var store holding a non-leaf tensor: no libtorch warning per read.

@@ -23,7 +23,7 @@ fn logs_what_appeared_and_disappeared() {
     memlab::register_var_store("model", &vs);
     let mut tracker = Tracker::new().device(Device::Cpu);
 
-    let first = memlab::track!(tracker);
+    let first = memlab::track!(tracker).to_text();
     let header = first.lines().next().unwrap();
     assert!(header.contains("tests/tracker_cpu.rs:"), "{header}");
     assert!(header.contains("tracker_cpu::logs_what_appeared_and_disappeared — live tensors"), "{header}");
@@ -33,7 +33,7 @@ fn logs_what_appeared_and_disappeared() {
     let mut cache = Vec::new();
     grow(&mut cache);
     grow(&mut cache);
-    let second = memlab::track!(tracker);
+    let second = memlab::track!(tracker).to_text();
     let growth = second.lines().filter(|l| l.starts_with("  +")).collect::<Vec<_>>();
     assert_eq!(growth.len(), 1, "{second}");
     assert!(growth[0].starts_with("  + 2 × other 16.00K, allocated at tracker_cpu::grow"), "{second}");
@@ -41,7 +41,7 @@ fn logs_what_appeared_and_disappeared() {
     assert!(!second.contains("  -"), "nothing went away: {second}");
 
     cache.clear();
-    let third = memlab::track!(tracker);
+    let third = memlab::track!(tracker).to_text();
     assert!(third.contains("  - 2 × other 16.00K"), "{third}");
     memlab::profiler::set_output(memlab::profiler::Output::Stdout);
     memlab::clear_registry();
@@ -63,7 +63,7 @@ fn log_file_and_a_bad_path() {
     std::fs::remove_file(&path).unwrap();
 
     let mut broken = Tracker::new().device(Device::Cpu).log_file("/nonexistent/dir/track.log");
-    let text = memlab::track!(broken);
+    let text = memlab::track!(broken).to_text();
     assert!(text.contains("live tensors"), "tracking goes on");
     assert!(broken.last_error().unwrap().contains("cannot append to /nonexistent/dir/track.log"));
     memlab::profiler::set_output(memlab::profiler::Output::Stdout);
@@ -85,7 +85,7 @@ fn with_backtraces_unnamed_storages_name_their_caller() {
     let mut tracker = Tracker::new().device(Device::Cpu);
     memlab::track!(tracker);
     let kept = allocate_unprofiled();
-    let text = memlab::track!(tracker);
+    let text = memlab::track!(tracker).to_text();
     println!("{text}");
     let line = text.lines().find(|l| l.starts_with("  + 1 × other 16.00K")).unwrap_or_else(|| panic!("{text}"));
     // The innermost of the user's frames: the helper that made the tensor.
