@@ -104,6 +104,10 @@ impl Courtesy {
                 Kind::OptimizerState => Part::OptimizerState,
                 Kind::Gradient | Kind::Tensor => Part::Tensor,
             };
+            // Every tensor moves with its gradient (a registered tensor's
+            // too, unlike the reporter's rows, which name gradients of
+            // variables only): a gradient left on the GPU behind its tensor
+            // would fail the next backward pass with a device mismatch.
             if part != Part::OptimizerState {
                 if let Some(grad) = memlab_tch::grad_of(tensor) {
                     out.push((format!("{name}.grad"), grad, Part::Gradient));
@@ -157,9 +161,9 @@ impl Courtesy {
         for (name, tensor, part) in self.cuda_tensors()? {
             let home = tensor.device();
             let bytes = memlab_tch::storage_info(&tensor)?.nbytes;
-            let on_cpu = tensor.f_to_device(tch::Device::Cpu).map_err(torch)?;
+            let on_cpu = tensor.f_to_device(tch::Device::Cpu).map_err(memlab_tch::torch_error)?;
             let mut handle = tensor.shallow_clone();
-            handle.f_set_data(&on_cpu).map_err(torch)?;
+            handle.f_set_data(&on_cpu).map_err(memlab_tch::torch_error)?;
             self.moved.push(Moved { name, tensor: handle, home, bytes, part });
         }
         memlab_tch::empty_cache()?;
@@ -218,7 +222,7 @@ impl Courtesy {
                     )))
                 }
             };
-            m.tensor.f_set_data(&back).map_err(torch)?;
+            m.tensor.f_set_data(&back).map_err(memlab_tch::torch_error)?;
             self.moved.pop();
             restored += 1;
         }
@@ -234,10 +238,6 @@ impl Drop for Courtesy {
             }
         }
     }
-}
-
-fn torch(e: tch::TchError) -> Error {
-    memlab_tch::torch_error(e)
 }
 
 /// Reserved and allocated bytes per device.

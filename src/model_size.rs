@@ -51,7 +51,7 @@ impl StepOptimizer {
                 nn::RmsProp { momentum: 0.9, centered: true, ..Default::default() }.build(vs, 1e-3)
             }
         };
-        built.map_err(torch)
+        built.map_err(memlab_tch::torch_error)
     }
 }
 
@@ -179,10 +179,6 @@ pub fn measure_model(
     })
 }
 
-fn torch(e: tch::TchError) -> Error {
-    memlab_tch::torch_error(e)
-}
-
 fn allocated(device: Device) -> Result<i64> {
     Ok(memlab_tch::device_stats(device)?.allocated_bytes.all.current)
 }
@@ -205,7 +201,7 @@ fn peak_of<R>(device: Device, f: impl FnOnce() -> R) -> Result<(i64, i64, R)> {
 /// again): tch offers no way to do it but an optimizer's `zero_grad`, which
 /// sets them to none (libtorch's default).
 fn clear_grads(vs: &VarStore) -> Result<()> {
-    nn::Sgd::default().build(vs, 0.0).map_err(torch)?.zero_grad();
+    nn::Sgd::default().build(vs, 0.0).map_err(memlab_tch::torch_error)?.zero_grad();
     Ok(())
 }
 

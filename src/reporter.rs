@@ -10,7 +10,7 @@
 
 use memlab_core::events;
 use memlab_core::render::{csv_string, Cell, Column, Document, Render, Table};
-use memlab_core::{format_bytes, Device, Error, Result};
+use memlab_core::{format_bytes, Device, Result};
 use serde::Serialize;
 use tch::nn::VarStore;
 use tch::Tensor;
@@ -48,6 +48,23 @@ pub enum RowKind {
     Unattributed,
     /// CUDA: what the caching allocator added by rounding blocks up.
     Rounding,
+}
+
+impl RowKind {
+    /// The kind as CSV and JSON name it (`optimizer_state`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RowKind::Parameter => "parameter",
+            RowKind::Gradient => "gradient",
+            RowKind::Tensor => "tensor",
+            RowKind::OptimizerState => "optimizer_state",
+            RowKind::Storage => "storage",
+            RowKind::External => "external",
+            RowKind::Unnamed => "unnamed",
+            RowKind::Unattributed => "unattributed",
+            RowKind::Rounding => "rounding",
+        }
+    }
 }
 
 /// One row of a device's section.
@@ -341,10 +358,9 @@ impl MemReport {
         let mut rows = Vec::new();
         for d in &self.devices {
             for r in &d.rows {
-                let kind = serde_json::to_value(r.kind).map_err(|e| Error::io("write the memory report as CSV", e))?;
                 rows.push(vec![
                     d.device.to_string(),
-                    kind.as_str().unwrap_or_default().to_string(),
+                    r.kind.as_str().to_string(),
                     r.name.clone(),
                     r.shape.iter().map(i64::to_string).collect::<Vec<_>>().join("x"),
                     r.dtype.to_string(),
@@ -446,5 +462,18 @@ impl Render for MemReport {
             doc.blank();
         }
         doc
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::RowKind;
+
+    #[test]
+    fn csv_names_kinds_as_json_does() {
+        use RowKind::*;
+        for kind in [Parameter, Gradient, Tensor, OptimizerState, Storage, External, Unnamed, Unattributed, Rounding] {
+            assert_eq!(serde_json::to_value(kind).unwrap(), kind.as_str(), "{kind:?}");
+        }
     }
 }

@@ -53,10 +53,10 @@ constexpr int slot(int array, int pool) {
 }
 
 void put_stat(int64_t* out, int index, const c10::CachingAllocator::Stat& s) {
-  out[index] = s.current;
-  out[index + 1] = s.peak;
-  out[index + 2] = s.allocated;
-  out[index + 3] = s.freed;
+  out[index + MEMLAB_COUNTER_CURRENT] = s.current;
+  out[index + MEMLAB_COUNTER_PEAK] = s.peak;
+  out[index + MEMLAB_COUNTER_ALLOCATED] = s.allocated;
+  out[index + MEMLAB_COUNTER_FREED] = s.freed;
 }
 
 void put_array(int64_t* out, int array, const c10::CachingAllocator::StatArray& a) {
@@ -125,25 +125,25 @@ struct Counter {
   // Reads the four counters; with `reset`, the peak restarts from the level.
   void read(int64_t* out, bool reset) {
     int64_t level = current.load(std::memory_order_relaxed);
-    out[0] = level;
-    out[1] = peak.load(std::memory_order_relaxed);
+    out[MEMLAB_COUNTER_CURRENT] = level;
+    out[MEMLAB_COUNTER_PEAK] = peak.load(std::memory_order_relaxed);
     if (reset) {
       // A plain store, not an exchange: a block allocated and freed again
       // between the load and the store would be missed, which is the same
       // window libtorch's CUDA allocator has between reading and resetting.
       peak.store(level, std::memory_order_relaxed);
     }
-    out[2] = allocated.load(std::memory_order_relaxed);
-    out[3] = freed.load(std::memory_order_relaxed);
+    out[MEMLAB_COUNTER_ALLOCATED] = allocated.load(std::memory_order_relaxed);
+    out[MEMLAB_COUNTER_FREED] = freed.load(std::memory_order_relaxed);
   }
   void reset_peak() { peak.store(current.load(std::memory_order_relaxed), std::memory_order_relaxed); }
-  // Sets the running totals to zero and returns, in out[2] and out[3], what
-  // they held: nothing counted in between is lost.
+  // Sets the running totals to zero and returns, in their slots of `out`,
+  // what they held: nothing counted in between is lost.
   void take_accumulated(int64_t* out) {
-    out[0] = 0;
-    out[1] = 0;
-    out[2] = allocated.exchange(0, std::memory_order_relaxed);
-    out[3] = freed.exchange(0, std::memory_order_relaxed);
+    out[MEMLAB_COUNTER_CURRENT] = 0;
+    out[MEMLAB_COUNTER_PEAK] = 0;
+    out[MEMLAB_COUNTER_ALLOCATED] = allocated.exchange(0, std::memory_order_relaxed);
+    out[MEMLAB_COUNTER_FREED] = freed.exchange(0, std::memory_order_relaxed);
   }
 };
 
@@ -261,6 +261,8 @@ int env_flag(const char* name) {
   if (text.empty()) return -1;
   if (text == "1" || text == "true" || text == "yes" || text == "on") return 1;
   if (text == "0" || text == "false" || text == "no" || text == "off") return 0;
+  // Read while the program loads, before any Rust code could have chosen
+  // where memlab's warnings go: standard error is the only place there is.
   std::fprintf(stderr,
                "memlab: ignoring %s=\"%s\": write 1, true, yes or on to turn it on, "
                "0, false, no or off to turn it off\n",
@@ -409,8 +411,8 @@ void put_cpu(int64_t* out, const int64_t* blocks, const int64_t* bytes) {
                     MEMLAB_STAT_REQUESTED_BYTES}) {
     std::memcpy(out + slot(array, 0), bytes, sizeof(int64_t) * MEMLAB_STAT_COUNTERS);
   }
-  out[MEMLAB_SLOT_NUM_DEVICE_ALLOC] = blocks[2];
-  out[MEMLAB_SLOT_NUM_DEVICE_FREE] = blocks[3];
+  out[MEMLAB_SLOT_NUM_DEVICE_ALLOC] = blocks[MEMLAB_COUNTER_ALLOCATED];
+  out[MEMLAB_SLOT_NUM_DEVICE_FREE] = blocks[MEMLAB_COUNTER_FREED];
 }
 
 }  // namespace
@@ -517,7 +519,7 @@ void fill_storage(const at::Tensor& t, memlab_storage_info* out) {
   }
   if (t.has_storage()) {
     const auto& storage = t.storage();
-    out->has_storage = 1;
+    out->has_storage = MEMLAB_HAS_STORAGE;
     out->storage_id = reinterpret_cast<uint64_t>(storage.unsafeGetStorageImpl());
     out->nbytes = static_cast<int64_t>(storage.nbytes());
     out->data_ptr = reinterpret_cast<uint64_t>(storage.data());
@@ -554,7 +556,7 @@ char* memlab_tensor_storage(const void* tensor, memlab_storage_info* out) {
 }
 
 // Storage, dtype and shape of a tensor and, with `grad` non-null, of its
-// gradient (grad->storage.has_storage = -1 when it has none), in one call:
+// gradient (grad->storage.has_storage = MEMLAB_NO_GRADIENT when it has none), in one call:
 // the reporter's cost is dominated by crossings into libtorch.
 char* memlab_tensor_facts(const void* tensor, struct memlab_tensor_facts* out, struct memlab_tensor_facts* grad) {
   MEMLAB_TRY
@@ -571,7 +573,7 @@ char* memlab_tensor_facts(const void* tensor, struct memlab_tensor_facts* out, s
       fill_facts(g, grad);
     } else {
       std::memset(grad, 0, sizeof *grad);
-      grad->storage.has_storage = -1;
+      grad->storage.has_storage = MEMLAB_NO_GRADIENT;
     }
   }
   MEMLAB_CATCH

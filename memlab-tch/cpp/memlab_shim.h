@@ -60,6 +60,14 @@ enum memlab_stat_array {
   MEMLAB_STAT_REQUESTED_BYTES = 8,
 };
 
+// The four counters of a stat, in this order in each pool's slots.
+enum memlab_stat_counter {
+  MEMLAB_COUNTER_CURRENT = 0,
+  MEMLAB_COUNTER_PEAK = 1,
+  MEMLAB_COUNTER_ALLOCATED = 2,
+  MEMLAB_COUNTER_FREED = 3,
+};
+
 enum memlab_stat_slot {
   MEMLAB_STAT_POOLS = 3,
   MEMLAB_STAT_COUNTERS = 4,
@@ -82,10 +90,18 @@ enum memlab_stat_slot {
 // stream's handle, 0 on the CPU). For MEMLAB_ACTION_OOM, `size` is the
 // request and `address` what the device still had free, as in libtorch's
 // trace (CUDA), or 0 (the CPU: the counting allocator saw its inner
-// allocator fail; libtorch's error then goes on to the caller). It must not throw; for
+// allocator fail, and the Rust side reads the host's free memory; libtorch's
+// error then goes on to the caller). It must not throw; for
 // CUDA it runs under the caching allocator's lock.
 typedef void (*memlab_event_hook)(int32_t action, int32_t device, uint64_t address, uint64_t size,
                                   uint64_t stream);
+
+// memlab_storage_info.has_storage.
+enum memlab_storage_presence {
+  MEMLAB_NO_GRADIENT = -1,  // asked for a gradient slot: the tensor has no gradient
+  MEMLAB_NO_STORAGE = 0,    // a tensor without a storage of its own (sparse)
+  MEMLAB_HAS_STORAGE = 1,
+};
 
 // What memlab knows about the storage behind a tensor.
 struct memlab_storage_info {
@@ -97,8 +113,7 @@ struct memlab_storage_info {
   int32_t device_type;  // enum memlab_device_type
   int32_t device_index;
   int32_t layout;  // enum memlab_layout
-  // 1 with a storage; 0 without (sparse); -1 in a gradient slot: no gradient.
-  int32_t has_storage;
+  int32_t has_storage;  // enum memlab_storage_presence
   // 1 when the memory came from the allocator whose figures memlab reads (the
   // counting CPU allocator, the CUDA caching allocator); 0 for memory it never
   // counted (Tensor::from_blob, CPU tensors made before memlab's allocator).

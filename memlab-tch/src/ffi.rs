@@ -39,6 +39,16 @@ pub const STAT_RESERVED_BYTES: usize = 5;
 pub const STAT_ACTIVE_BYTES: usize = 6;
 pub const STAT_REQUESTED_BYTES: usize = 8;
 
+/// `enum memlab_stat_counter`.
+pub const COUNTER_CURRENT: usize = 0;
+pub const COUNTER_PEAK: usize = 1;
+pub const COUNTER_ALLOCATED: usize = 2;
+pub const COUNTER_FREED: usize = 3;
+
+/// `enum memlab_storage_presence` (Rust tells "no gradient" and "has a storage" apart from the rest).
+pub const NO_GRADIENT: i32 = -1;
+pub const HAS_STORAGE: i32 = 1;
+
 /// `enum memlab_stat_slot` (the ones Rust names).
 pub const SLOT_NUM_ALLOC_RETRIES: usize = 108;
 pub const SLOT_NUM_OOMS: usize = 109;
@@ -179,6 +189,10 @@ const _: () = assert!(same(FIELD_TABLE[array_index(STAT_ALLOCATED_BYTES, 0, 0)].
 const _: () = assert!(same(FIELD_TABLE[array_index(STAT_RESERVED_BYTES, 0, 0)].name, "reserved_bytes.all.current"));
 const _: () = assert!(same(FIELD_TABLE[array_index(STAT_ACTIVE_BYTES, 0, 0)].name, "active_bytes.all.current"));
 const _: () = assert!(same(FIELD_TABLE[array_index(STAT_REQUESTED_BYTES, 0, 0)].name, "requested_bytes.all.current"));
+const _: () = assert!(same(FIELD_TABLE[array_index(STAT_ACTIVE, 0, COUNTER_PEAK)].name, "active.all.peak"));
+const _: () = assert!(same(FIELD_TABLE[array_index(STAT_ACTIVE, 0, COUNTER_ALLOCATED)].name, "active.all.allocated"));
+const _: () = assert!(same(FIELD_TABLE[array_index(STAT_ACTIVE, 0, COUNTER_FREED)].name, "active.all.freed"));
+const _: () = assert!(same(FIELD_TABLE[array_index(STAT_ACTIVE, 0, COUNTER_CURRENT)].name, "active.all.current"));
 const _: () = assert!(same(FIELD_TABLE[SLOT_NUM_ALLOC_RETRIES].name, "num_alloc_retries"));
 const _: () = assert!(same(FIELD_TABLE[SLOT_NUM_OOMS].name, "num_ooms"));
 const _: () = assert!(same(FIELD_TABLE[SLOT_OVERSIZE_ALLOCATIONS].name, "oversize_allocations.current"));

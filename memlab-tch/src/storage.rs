@@ -68,14 +68,14 @@ fn from_raw(raw: &ffi::StorageInfo) -> Result<StorageInfo> {
     };
     let count = |v: i64| u64::try_from(v).map_err(|_| Error::Backend(format!("negative size {v} reported")));
     Ok(StorageInfo {
-        storage_id: (raw.has_storage > 0).then_some(raw.storage_id),
+        storage_id: (raw.has_storage == ffi::HAS_STORAGE).then_some(raw.storage_id),
         data_ptr: raw.data_ptr,
         nbytes: count(raw.nbytes)?,
         numel: count(raw.numel)?,
         element_size: count(raw.element_size)?,
         device,
         layout,
-        from_allocator: raw.from_allocator != 0 || raw.has_storage <= 0,
+        from_allocator: raw.from_allocator != 0 || raw.has_storage != ffi::HAS_STORAGE,
     })
 }
 
@@ -85,7 +85,7 @@ pub fn storages(tensor: &tch::Tensor) -> Result<(StorageInfo, Option<StorageInfo
     let (mut main, mut grad) = (ffi::TensorFacts::default(), ffi::TensorFacts::default());
     // SAFETY: `as_ptr` is tch's live at::Tensor; the shim fills both records.
     ffi::check(unsafe { ffi::memlab_tensor_facts(tensor.as_ptr().cast(), &mut main, &mut grad) })?;
-    let grad = if grad.storage.has_storage >= 0 { Some(from_raw(&grad.storage)?) } else { None };
+    let grad = if grad.storage.has_storage != ffi::NO_GRADIENT { Some(from_raw(&grad.storage)?) } else { None };
     Ok((from_raw(&main.storage)?, grad))
 }
 
@@ -113,8 +113,11 @@ pub fn facts(tensor: &tch::Tensor, with_grad: bool) -> Result<(Facts, Option<Fac
         Ok(Facts { info: from_raw(&raw.storage)?, dtype: dtype_name(raw.dtype), shape })
     };
     let main = convert(&main, &|| tensor.size())?;
-    let grad =
-        if with_grad && grad.storage.has_storage >= 0 { Some(convert(&grad, &|| tensor.grad().size())?) } else { None };
+    let grad = if with_grad && grad.storage.has_storage != ffi::NO_GRADIENT {
+        Some(convert(&grad, &|| tensor.grad().size())?)
+    } else {
+        None
+    };
     Ok((main, grad))
 }
 

@@ -31,7 +31,10 @@ use memlab_tch::BACKEND;
 
 use crate::named::{OptimizerStates, Sources};
 
-/// The optimizers whose state size memlab can estimate from the parameters.
+/// The optimizers whose state size memlab can estimate from the parameters,
+/// for a monitor given no optimizer to read (one given with
+/// [`TrainingMonitor::record_stats_with`] is measured instead, and its class
+/// is a [`crate::optimizer::OptimizerKind`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub enum OptimizerKind {
     /// Plain SGD: no state.
@@ -357,6 +360,11 @@ impl TrainingMonitor {
             current_allocated: allocated.current,
             ..IterationRecord::default()
         };
+        // The monitor walks its var stores itself rather than through
+        // `named::Sources`: it runs every iteration within 1% of a small GPU
+        // step, so it keeps the sorted names and the rows of earlier records
+        // and reads storage facts only, where the shared walk builds every
+        // name, shape and dtype anew for reports read by a person.
         // The rows of the record before last, their names' buffers reused.
         let (mut weight_rows, mut gradient_rows, mut state_rows) = std::mem::take(&mut self.spare_rows);
         let (mut n_weights, mut n_gradients) = (0, 0);
