@@ -21,7 +21,7 @@ use tch::nn::VarStore;
 
 use memlab_tch::{storage_info, Recording, BACKEND};
 
-use crate::named::Sources;
+use crate::named::{OptimizerStates, Sources};
 
 /// What a scope does when allocations escaped it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -406,7 +406,9 @@ pub fn check_step_with<R>(vs: &VarStore, step: impl FnOnce() -> R) -> Result<Ste
 
 /// [`check_step_with`] for a step that uses `optimizer` (built on `vs`): the
 /// step gets the optimizer, and afterwards its state (Adam's moments, created
-/// by the first step, or a momentum buffer) counts as model state too.
+/// by the first step, or a momentum buffer) counts as model state too. An
+/// optimizer memlab cannot read (built on another var store) is an
+/// [`Error::Optimizer`] before the step runs.
 ///
 /// ```
 /// use tch::nn::{self, Module, OptimizerConfig};
@@ -451,6 +453,11 @@ fn check<R>(
     let mut scope = DisposeScope::new("check_step")?.on_escape(OnEscape::Silent);
     if let Some(vs) = model {
         scope = scope.model(vs);
+    }
+    if let Some(opt) = optimizer.as_deref() {
+        // An optimizer memlab cannot read is an error before the step runs,
+        // not escapes after it.
+        OptimizerStates::read(opt, &scope.model.stores())?;
     }
     let value = step(optimizer.as_deref_mut());
     let scope = match optimizer {

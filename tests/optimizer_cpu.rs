@@ -314,6 +314,27 @@ fn check_step_counts_a_first_step_state_as_model_state() {
 }
 
 #[test]
+fn check_step_refuses_an_optimizer_it_cannot_read_before_the_step() {
+    let _s = serial();
+    memlab::clear_registry();
+    let vs = nn::VarStore::new(tch::Device::Cpu);
+    let other = nn::VarStore::new(tch::Device::Cpu);
+    let net = model(&other);
+    let mut opt = nn::Adam::default().build(&other, 1e-3).unwrap();
+    let mut ran = false;
+    let result = memlab::check_step_with_optimizer(&vs, &mut opt, |opt| {
+        ran = true;
+        step(&net, opt)
+    });
+    match result {
+        Err(Error::Optimizer(why)) => assert!(why.contains("var store memlab was not given"), "{why}"),
+        Err(e) => panic!("expected an optimizer error, got {e}"),
+        Ok(check) => panic!("an unreadable optimizer was accepted: {}", check.scope),
+    }
+    assert!(!ran, "the step must not run when its check cannot be made");
+}
+
+#[test]
 fn a_registered_optimizer_is_named_by_every_tool() {
     let _s = serial();
     memlab::clear_registry();

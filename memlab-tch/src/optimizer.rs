@@ -182,20 +182,77 @@ fn locate(optimizer: &Optimizer, stores: &[Arc<Mutex<Variables>>]) -> Result<(*c
     let words: [usize; 3] = unsafe { transmute_copy(optimizer) };
     // SAFETY: an Arc is one non-null pointer (checked above), read as an integer.
     let arcs: Vec<usize> = stores.iter().map(|a| unsafe { transmute_copy::<_, usize>(a) }).collect();
-    let found = words.iter().enumerate().find_map(|(i, w)| arcs.iter().position(|a| a == w).map(|s| (i, s)));
-    let Some((arc_word, store)) = found else {
-        return Err(Error::Optimizer(
+    let trainable = |store: usize| stores[store].lock().unwrap_or_else(|e| e.into_inner()).trainable_variables.len();
+    let (object, store) = classify(words, &arcs, trainable).map_err(|why| match why {
+        Layout::NoStore => Error::Optimizer(
             "it was built on a var store memlab was not given: pass that var store too (or register it)".into(),
-        ));
-    };
-    let trainable = stores[store].lock().unwrap_or_else(|e| e.into_inner()).trainable_variables.len();
+        ),
+        Layout::Unexpected => unexpected(),
+    })?;
+    Ok((object as *const c_void, store))
+}
+
+/// Why three words are not a tch 0.24 `Optimizer` memlab was given the store of.
+#[derive(Debug, PartialEq, Eq)]
+enum Layout {
+    /// No word is the `Arc` of a store given.
+    NoStore,
+    /// The two other words are not one count and one object.
+    Unexpected,
+}
+
+/// Which of an `Optimizer`'s three `words` is the C++ object, and which of
+/// the stores (whose `Arc`s are `arcs`) it was built on: one word is a
+/// store's `Arc`, one is a count no larger than that store's trainable
+/// variables, and the last, a plausible aligned address, is the object.
+/// Decides from the numbers alone; nothing is dereferenced.
+fn classify(
+    words: [usize; 3],
+    arcs: &[usize],
+    trainable: impl Fn(usize) -> usize,
+) -> std::result::Result<(usize, usize), Layout> {
+    let found = words.iter().enumerate().find_map(|(i, w)| arcs.iter().position(|a| a == w).map(|s| (i, s)));
+    let (arc_word, store) = found.ok_or(Layout::NoStore)?;
+    let trainable = trainable(store);
     let others: Vec<usize> = (0..3).filter(|&i| i != arc_word).map(|i| words[i]).collect();
     let is_count = |w: usize| w <= trainable;
     let is_object = |w: usize| w > 0xffff && w.is_multiple_of(align_of::<usize>()) && !arcs.contains(&w);
-    let object = match (is_count(others[0]) && is_object(others[1]), is_count(others[1]) && is_object(others[0])) {
-        (true, false) => others[1],
-        (false, true) => others[0],
-        _ => return Err(unexpected()),
-    };
-    Ok((object as *const c_void, store))
+    match (is_count(others[0]) && is_object(others[1]), is_count(others[1]) && is_object(others[0])) {
+        (true, false) => Ok((others[1], store)),
+        (false, true) => Ok((others[0], store)),
+        _ => Err(Layout::Unexpected),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{classify, Layout};
+
+    const ARC: usize = 0x5555_0000_1000;
+    const OTHER_ARC: usize = 0x5555_0000_2000;
+    const OBJECT: usize = 0x5555_0000_8000;
+
+    #[test]
+    fn the_object_is_found_in_any_field_order() {
+        let trainable = |_| 4;
+        for words in [[OBJECT, ARC, 3], [ARC, OBJECT, 3], [3, ARC, OBJECT], [ARC, 0, OBJECT], [OBJECT, 4, ARC]] {
+            assert_eq!(classify(words, &[ARC], trainable), Ok((OBJECT, 0)), "{words:x?}");
+        }
+        assert_eq!(classify([OBJECT, OTHER_ARC, 2], &[ARC, OTHER_ARC], trainable), Ok((OBJECT, 1)));
+    }
+
+    #[test]
+    fn anything_else_is_refused_before_a_dereference() {
+        let trainable = |_| 4;
+        // Built on a store memlab was not given.
+        assert_eq!(classify([OBJECT, OTHER_ARC, 3], &[ARC], trainable), Err(Layout::NoStore));
+        // A count larger than the store's variables: no word reads as one.
+        assert_eq!(classify([OBJECT, ARC, 5], &[ARC], trainable), Err(Layout::Unexpected));
+        // No plausible object: null, small, misaligned, or another store's Arc.
+        for object in [0, 0x40, OBJECT + 1, OTHER_ARC] {
+            assert_eq!(classify([object, ARC, 3], &[ARC, OTHER_ARC], trainable), Err(Layout::Unexpected), "{object:x}");
+        }
+        // Two words that could each be the object: ambiguous, so refused.
+        assert_eq!(classify([OBJECT, ARC, OBJECT + 8], &[ARC], trainable), Err(Layout::Unexpected));
+    }
 }
