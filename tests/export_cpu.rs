@@ -8,8 +8,10 @@ mod common;
 use std::path::PathBuf;
 use std::process::Command;
 
+use common::chromium::{self, Browser};
 use common::{floats, serial};
 use memlab::export::Exporter;
+use memlab::stats::format_bytes;
 use memlab::Device;
 use tch::nn::{self, Module, OptimizerConfig};
 use tch::{Kind, Tensor};
@@ -146,6 +148,40 @@ fn a_cpu_recording_opens_in_pytorchs_reader() {
     memlab::clear_registry();
 }
 
+#[inline(never)]
+fn make_buffer() -> Tensor {
+    Tensor::zeros([777], (Kind::Float, tch::Device::Cpu))
+}
+
+#[memlab::profile(device = "cpu")]
+fn calls_a_helper() -> Tensor {
+    let buffer = make_buffer();
+    buffer
+}
+
+#[test]
+fn a_helper_called_from_a_profiled_statement_keeps_its_own_line() {
+    let _s = serial();
+    let recording = memlab::Recording::start(memlab::events::Settings::default().backtraces(true)).unwrap();
+    let buffer = calls_a_helper();
+    let snapshot = Exporter::registered().snapshot().unwrap();
+    let cpu = snapshot.memlab.devices.iter().position(|d| d == "cpu").unwrap();
+    let alloc = snapshot.device_traces[cpu]
+        .iter()
+        .find(|e| e.action == "alloc" && e.size == 777 * 4)
+        .expect("the helper's allocation");
+    let helper = line_of("Tensor::zeros([777], (Kind::Float, tch::Device::Cpu))");
+    let statement = line_of("let buffer = make_buffer();");
+    let lines: Vec<(&str, u32)> = alloc.frames.iter().map(|f| (f.name.as_str(), f.line)).collect();
+    assert!(
+        lines[0].0.ends_with("make_buffer") && lines[0].1 == helper,
+        "innermost: the helper at its line: {lines:?}"
+    );
+    let caller = lines.iter().find(|(name, _)| name.ends_with("calls_a_helper")).expect("the profiled caller");
+    assert_eq!(caller.1, statement, "the profiled function at its statement: {lines:?}");
+    drop((buffer, recording));
+}
+
 #[test]
 fn a_bounded_history_says_the_data_is_partial() {
     let _s = serial();
@@ -157,6 +193,18 @@ fn a_bounded_history_says_the_data_is_partial() {
     snapshot.write_pickle(&path).unwrap();
     let summary: serde_json::Value = serde_json::from_str(&python(&["-c", VALIDATE, path.to_str().unwrap()])).unwrap();
     assert_eq!(summary["partial"], true);
+    // Every picture says so: the trace, and each drawing of the HTML report.
+    let trace: serde_json::Value = serde_json::from_str(&Exporter::registered().trace().unwrap().to_json()).unwrap();
+    assert_eq!(trace["otherData"]["partial"], true);
+    let process = trace["traceEvents"].as_array().unwrap().iter().find(|e| e["name"] == "process_name").unwrap();
+    assert!(process["args"]["name"].as_str().unwrap().contains("partial"), "{process}");
+    let report = Exporter::registered().html_report().unwrap();
+    assert!(report.partial);
+    let html = report.to_html();
+    let svgs: Vec<&str> = html.split("<svg").skip(1).map(|s| s.split("</svg>").next().unwrap()).collect();
+    assert_eq!(svgs.len(), 2, "a timeline and an icicle graph for the CPU");
+    assert!(svgs.iter().all(|svg| svg.contains("class=\"partial\"")), "each drawing marks it");
+    assert!(html.matches("<p class=\"partial\">").count() >= 2, "the page and the peak table say it");
     drop((tensors, recording));
     std::fs::remove_file(&path).ok();
 }
@@ -218,19 +266,6 @@ fn trace_counters_equal_the_allocators_figures() {
     std::fs::remove_file(&path).ok();
 }
 
-/// Headless Chromium (Debian's `chromium`), or `None` with a note where it is
-/// missing outside CI (CI installs it: `.ci/run`).
-fn chromium() -> Option<&'static str> {
-    for name in ["chromium", "chromium-browser", "google-chrome"] {
-        if Command::new(name).arg("--version").output().is_ok_and(|o| o.status.success()) {
-            return Some(name);
-        }
-    }
-    assert!(std::env::var_os("CI").is_none(), "CI must have chromium: .ci/run installs Debian's package");
-    eprintln!("skipped: no chromium on PATH (apt-get install chromium) to open the HTML report");
-    None
-}
-
 #[test]
 fn the_html_report_opens_offline_in_chromium() {
     let _s = serial();
@@ -260,28 +295,53 @@ fn the_html_report_opens_offline_in_chromium() {
     drop((kept, recording));
     memlab::clear_registry();
 
-    let Some(browser) = chromium() else { return };
+    let Some(mut browser) = Browser::launch(1100, 1400) else { return };
     let url = format!("file://{}", path.display());
-    let out = Command::new(browser)
-        .args(["--headless", "--no-sandbox", "--disable-gpu", "--enable-logging=stderr", "--v=0", "--dump-dom", &url])
-        .output()
-        .unwrap();
-    let dom = String::from_utf8_lossy(&out.stdout);
-    let log = String::from_utf8_lossy(&out.stderr);
-    assert!(!log.contains("Content Security Policy") && !log.contains("Uncaught"), "console errors:\n{log}");
-    // The timeline has points, each hover target a tooltip with the figures.
-    assert!(dom.contains("<svg class=\"timeline\"") && dom.contains("<polygon class=\"layer\""), "{dom}");
-    let tips = dom.matches("<rect class=\"hover\"").count();
-    assert_eq!(tips, cpu.points.len());
-    assert!(
-        dom.contains(" allocated\n") || dom.contains(" allocated&#10;") || dom.contains(" allocated\r"),
-        "hover text"
+    let mut page = browser.open(&url);
+    assert_eq!(page.console_errors(), Vec::<String>::new(), "the page loads without console errors or CSP violations");
+    // The timeline has its layers and one hover target per point.
+    assert!(page.eval("document.querySelectorAll('svg.timeline polygon.layer').length").as_u64().unwrap() >= 2);
+    let targets = page.eval("document.querySelectorAll('svg.timeline rect.hover').length").as_u64().unwrap();
+    assert_eq!(targets as usize, cpu.points.len());
+    // Hovering the peak's column shows its figures, as the data says.
+    let peak = cpu.points.iter().position(|p| p.allocated == cpu.peak_bytes).unwrap();
+    let tip = page
+        .hover(&format!("svg.timeline rect.hover:nth-of-type({})", peak + 1), "svg.timeline rect.hover")
+        .expect("the peak's column is hovered");
+    let expected = format!("{:.3} s: {} allocated", cpu.points[peak].time_us / 1e6, format_bytes(cpu.peak_bytes));
+    assert!(tip.starts_with(&expected), "{tip:?} starts with {expected:?}");
+    // The icicle graph names the user's function; hovering it gives its bytes.
+    let flame = page.eval("document.querySelector('svg.flame').textContent").as_str().unwrap().to_string();
+    assert!(flame.contains("leaky_step (tests/export_cpu.rs:"), "{flame}");
+    page.eval(
+        "[...document.querySelectorAll('svg.flame g.frame')].find(g => \
+         g.querySelector('text') && g.querySelector('text').textContent.includes('leaky_step')).id = 'probe'",
     );
-    // The icicle graph names the user's function; the line profile is there with its bars.
-    assert!(dom.contains("<svg class=\"flame\"") && dom.contains("leaky_step (tests/export_cpu.rs:"), "{dom}");
-    assert!(dom.contains("export_cpu::leaky_step") && dom.contains("linear-gradient"), "line profile with bars");
+    let tip = page.hover("#probe rect", "svg.flame g.frame").expect("the frame is hovered");
+    let node = find_node(&cpu.flame, "leaky_step").expect("leaky_step in the data");
+    assert!(tip.starts_with(&node.name) && tip.contains(&format_bytes(node.bytes as i64)), "{tip:?} for {node:?}");
+    // The line profile is there with its bars.
+    let profile = page.eval("document.body.innerHTML").as_str().unwrap().to_string();
+    assert!(profile.contains("export_cpu::leaky_step") && profile.contains("linear-gradient"), "line profile");
+    drop(page);
+
+    // The console check catches a page that breaks the policy.
+    let broken = temp("broken.html");
+    std::fs::write(
+        &broken,
+        "<!DOCTYPE html><html><head><meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'\">\
+         </head><body><script>document.title = 'ran'</script></body></html>",
+    )
+    .unwrap();
+    let mut page = browser.open(&format!("file://{}", broken.display()));
+    let errors = page.console_errors();
+    assert!(errors.iter().any(|e| e.contains("Content Security Policy")), "{errors:?}");
+    assert_ne!(page.eval("document.title"), "ran", "the policy blocks the script");
+    drop(page);
+    drop(browser);
+
     let shot = temp("report.png");
-    let status = Command::new(browser)
+    let status = Command::new(chromium::command().unwrap())
         .args(["--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--window-size=1100,1400"])
         .arg(format!("--screenshot={}", shot.display()))
         .arg(&url)
@@ -289,7 +349,16 @@ fn the_html_report_opens_offline_in_chromium() {
         .unwrap();
     assert!(status.status.success() && std::fs::metadata(&shot).is_ok_and(|m| m.len() > 10_000), "a screenshot");
     std::fs::remove_file(&path).ok();
+    std::fs::remove_file(&broken).ok();
     std::fs::remove_file(&shot).ok();
+}
+
+/// The first node of the icicle graph whose name contains `name`.
+fn find_node<'a>(node: &'a memlab::export::FlameNode, name: &str) -> Option<&'a memlab::export::FlameNode> {
+    if node.name.contains(name) {
+        return Some(node);
+    }
+    node.children.iter().find_map(|c| find_node(c, name))
 }
 
 #[test]
@@ -389,7 +458,9 @@ fn a_failed_cpu_request_is_an_oom_event_and_the_error_still_arrives() {
     let after_oom = floats(1000);
     let (history, _) = memlab::events::history();
     let oom = history.iter().find(|e| e.action == memlab::events::Action::Oom).expect("an oom event");
-    assert_eq!((oom.device, oom.size, oom.address), (Device::Cpu, 1u64 << 48, 0));
+    assert_eq!((oom.device, oom.size), (Device::Cpu, 1u64 << 48));
+    let (_, host_total) = memlab::logger::host_memory().unwrap();
+    assert!(oom.address > 0 && oom.address <= host_total, "the host's available memory: {}", oom.address);
     let line = line_of("let t = Tensor::f_empty([TOO_BIG], (Kind::Float, tch::Device::Cpu))?;");
     assert_eq!(oom.statement.map(|s| s.line), Some(line), "the profiled statement that failed");
     let frames = oom.backtrace.as_ref().expect("the failing call's frames").frames();
@@ -401,12 +472,20 @@ fn a_failed_cpu_request_is_an_oom_event_and_the_error_still_arrives() {
     // The exports show it: the trace's instant event, the snapshot's `oom` entry.
     let trace = Exporter::registered().trace().unwrap();
     assert_eq!(trace.ooms.len(), 1);
-    assert_eq!((trace.ooms[0].requested, trace.ooms[0].device_free), (1 << 48, None));
+    assert_eq!((trace.ooms[0].requested, trace.ooms[0].device_free), (1 << 48, Some(oom.address)));
     let snapshot = Exporter::registered().snapshot().unwrap();
     let cpu = snapshot.memlab.devices.iter().position(|d| d == "cpu").unwrap();
     let entry = snapshot.device_traces[cpu].iter().find(|e| e.action == "oom").expect("an oom entry");
-    assert_eq!((entry.size, entry.device_free), (1 << 48, None));
+    assert_eq!((entry.size, entry.device_free), (1 << 48, Some(oom.address)));
     assert_eq!(entry.frames.first().map(|f| f.line), Some(line));
+    // PyTorch's reader takes the snapshot with its `oom` entry.
+    let path = temp("oom.pickle");
+    snapshot.write_pickle(&path).unwrap();
+    let file = path.to_str().unwrap();
+    python(&["-c", VALIDATE, file]);
+    let trace = python(&["-m", "torch.cuda._memory_viz", "trace", file]);
+    assert!(trace.contains("raise OutOfMemoryError # 256.0TiB requested"), "{trace}");
+    std::fs::remove_file(&path).ok();
     drop((after_oom, recording));
 
     // The line profile counts it on the failing line and shows the column.

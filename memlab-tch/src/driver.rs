@@ -268,3 +268,25 @@ pub fn resident_set() -> u64 {
         .and_then(|s| s.split_whitespace().nth(1).and_then(|v| v.parse::<u64>().ok()))
         .map_or(0, |pages| pages * page)
 }
+
+/// The host's memory as the kernel counts it: what it could still give
+/// (`MemAvailable`) and its total (`MemTotal`), in bytes, from
+/// `/proc/meminfo`; `None` where there is no such file.
+pub fn host_memory() -> Option<(u64, u64)> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let field = |name: &str| {
+        let line = text.lines().find(|l| l.starts_with(name))?;
+        let kib: u64 = line[name.len()..].trim().trim_end_matches("kB").trim().parse().ok()?;
+        Some(kib * 1024)
+    };
+    Some((field("MemAvailable:")?, field("MemTotal:")?))
+}
+
+#[cfg(test)]
+mod host_tests {
+    #[test]
+    fn host_memory_is_read_from_the_kernel() {
+        let (available, total) = super::host_memory().expect("Linux has /proc/meminfo");
+        assert!(total > 0 && available <= total, "{available} of {total}");
+    }
+}

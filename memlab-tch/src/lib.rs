@@ -37,7 +37,7 @@ use memlab_core::{Backend, Device, DeviceStats, Error, RawStats, Result};
 // This crate's frames (Rust and the C++ shim) are memlab's, not the user's.
 memlab_core::inventory::submit! { memlab_core::events::SourceRoot(env!("CARGO_MANIFEST_DIR")) }
 
-pub use driver::{driver_memory, process_gpu_memory, resident_set, DriverMemory};
+pub use driver::{driver_memory, host_memory, process_gpu_memory, resident_set, DriverMemory};
 pub use events::{testing as events_testing, Recording};
 pub use registry::{clear_registry, register_tensor, register_var_store, WeakTensor};
 pub use storage::{storage_info, Layout, StorageInfo};

@@ -26,6 +26,8 @@ use crate::named::Sources;
 const BUCKETS: usize = 400;
 /// Sites drawn as their own layer; the rest are added up.
 const TOP_SITES: usize = 8;
+/// Rows of a "live at the peak" table; the rest are added up in one row.
+const PEAK_ROWS: usize = 50;
 /// An allocation whose call stack memlab does not know.
 const UNKNOWN: &str = "unknown site (no backtrace: start the Recording with backtraces)";
 /// An allocation with a backtrace but no frame of the user's code.
@@ -331,7 +333,7 @@ const WIDTH: f64 = 960.0;
 const HEIGHT: f64 = 280.0;
 const LEFT: f64 = 70.0;
 
-fn timeline_svg(d: &DeviceTimeline) -> String {
+fn timeline_svg(d: &DeviceTimeline, partial: bool) -> String {
     let mut out = String::new();
     let (t0, t1) = (d.points.first().map_or(0.0, |p| p.time_us), d.points.last().map_or(1.0, |p| p.time_us));
     let span = (t1 - t0).max(1.0);
@@ -363,6 +365,14 @@ fn timeline_svg(d: &DeviceTimeline) -> String {
         t1 / 1e6
     )
     .unwrap();
+    if partial {
+        write!(
+            out,
+            "<text class=\"partial\" x=\"{:.1}\" y=\"22\">partial: older events were dropped</text>",
+            LEFT + 6.0
+        )
+        .unwrap();
+    }
     // Stacked areas, bottom first.
     let mut below = vec![0i64; d.points.len()];
     for (layer, name) in d.layers.iter().enumerate() {
@@ -436,7 +446,7 @@ fn timeline_svg(d: &DeviceTimeline) -> String {
     out
 }
 
-fn flame_svg(root: &FlameNode) -> String {
+fn flame_svg(root: &FlameNode, partial: bool) -> String {
     const ROW: f64 = 18.0;
     fn depth(n: &FlameNode) -> usize {
         1 + n.children.iter().map(depth).max().unwrap_or(0)
@@ -486,6 +496,16 @@ fn flame_svg(root: &FlameNode) -> String {
         }
     }
     draw(&mut out, root, 0.0, WIDTH, 0, root.bytes);
+    if partial {
+        // Over the root row, whose text says only `all`.
+        write!(
+            out,
+            "<text class=\"partial\" x=\"{:.1}\" y=\"13\" text-anchor=\"end\">partial: \
+                     allocations made before the history's first event are not here</text>",
+            WIDTH - 6.0
+        )
+        .unwrap();
+    }
     out.push_str("</svg>\n");
     out
 }
@@ -496,7 +516,8 @@ h1{font-size:1.4em}h2{font-size:1.15em;margin-top:1.6em}svg{display:block;font:1
 svg.flame text{pointer-events:none}.hover:hover{fill:rgba(0,0,0,.06)}.frame:hover rect{stroke:#000}\
 ul.legend{list-style:none;padding:0;display:flex;flex-wrap:wrap;gap:.4em 1.2em;font:12px monospace}\
 ul.legend span{display:inline-block;width:.9em;height:.9em;margin-right:.4em;vertical-align:-.1em}\
-p.partial{background:#fff3cd;border:1px solid #e0c36a;padding:.5em .8em}p.note{color:#555}";
+p.partial{background:#fff3cd;border:1px solid #e0c36a;padding:.5em .8em}p.note{color:#555}\
+svg text.partial{fill:#8a6d00;font-weight:bold}";
 
 impl HtmlReport {
     /// The page: one file, styles inline, no script, nothing fetched.
@@ -521,7 +542,7 @@ impl HtmlReport {
                  stacked by the sites that held the most at the peak ({1}); hover for the figures.</p>\n{2}",
                 d.device,
                 format_bytes(d.peak_bytes),
-                timeline_svg(d)
+                timeline_svg(d, self.partial)
             )
             .unwrap();
             write!(
@@ -529,7 +550,7 @@ impl HtmlReport {
                 "<h2>{}: live at the peak, by call stack</h2>\n<p class=\"note\">The allocations live at the peak that \
                  the recording saw made, outermost frame on top; hover a frame for its bytes.</p>\n{}",
                 d.device,
-                flame_svg(&d.flame)
+                flame_svg(&d.flame, self.partial)
             )
             .unwrap();
             write!(
@@ -540,17 +561,30 @@ impl HtmlReport {
                 d.device
             )
             .unwrap();
-            for r in &d.live_at_peak {
+            let row = |body: &mut String, bytes: u64, blocks: u64, label: &str| {
                 writeln!(
                     body,
-                    "<tr><td>{}</td><td>{}</td><td class=\"text\">{}</td></tr>",
-                    format_bytes(r.bytes as i64),
-                    r.blocks,
-                    escape_html(&r.label)
+                    "<tr><td>{}</td><td>{blocks}</td><td class=\"text\">{}</td></tr>",
+                    format_bytes(bytes as i64),
+                    escape_html(label)
                 )
-                .unwrap();
+                .unwrap()
+            };
+            for r in d.live_at_peak.iter().take(PEAK_ROWS) {
+                row(&mut body, r.bytes, r.blocks, &r.label);
+            }
+            let rest = d.live_at_peak.get(PEAK_ROWS..).unwrap_or_default();
+            if !rest.is_empty() {
+                let (bytes, blocks) = rest.iter().fold((0, 0), |(b, n), r| (b + r.bytes, n + r.blocks));
+                row(&mut body, bytes, blocks, &format!("{} more sites and names, each smaller", rest.len()));
             }
             body.push_str("</table>\n");
+            if self.partial {
+                body.push_str(
+                    "<p class=\"partial\">Partial: what was allocated before the history's first event counts as \
+                     \"allocated before the recorded history\".</p>\n",
+                );
+            }
         }
         if !self.profile_html.is_empty() {
             body.push_str("<h2>Line profile</h2>\n");
@@ -562,6 +596,11 @@ impl HtmlReport {
              <title>memlab report</title><style>{STYLESHEET}{PAGE_STYLE}</style></head>\n\
              <body><div class=\"memlab\">\n{body}</div></body></html>\n"
         )
+    }
+
+    /// Shows the page in an evcxr (Rust Jupyter) notebook cell.
+    pub fn evcxr_display(&self) {
+        memlab_core::output::evcxr_html(&self.to_html());
     }
 
     /// Writes the page to `path`.

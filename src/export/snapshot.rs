@@ -102,7 +102,8 @@ pub struct TraceEntry {
     /// it alive) or `other`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub category: Option<&'static str>,
-    /// For `oom`: what the device still had free.
+    /// For `oom`: what the device still had free (the CPU: the host's
+    /// available memory, 0 where unknown).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub device_free: Option<u64>,
 }
@@ -293,13 +294,40 @@ impl Frames {
             }
         }
         if let Some(st) = statement {
-            match frames.iter_mut().find(|f| f.file.ends_with(st.file()) || st.file().ends_with(&f.file)) {
+            // The profiled function's own frame gets the statement's line;
+            // a helper it called, in the same file or not, keeps its own.
+            let same_file = |f: &Frame| f.file.ends_with(st.file()) || st.file().ends_with(&f.file);
+            match frames.iter_mut().find(|f| same_file(f) && same_function(&f.function, st.function())) {
                 Some(frame) => frame.line = st.line,
                 None => frames.insert(0, Frame::of_statement(st)),
             }
         }
         frames.into_iter().map(|f| SnapshotFrame { filename: f.file, line: f.line, name: f.function }).collect()
     }
+}
+
+/// Whether a frame's function (as the debug information names it:
+/// `crate::module::f`, or `…::f::{{closure}}` for a closure inside it) is the
+/// profiled function `profiled` (the macro's path: `module::f`, or
+/// `Type::method` without generic arguments).
+fn same_function(frame: &str, profiled: &str) -> bool {
+    let frame = frame.split("::{{closure}}").next().unwrap_or(frame);
+    // Generic arguments in the frame's path (`Holder<T>::make`) are not in the profiled name.
+    let mut plain = String::with_capacity(frame.len());
+    let mut depth = 0usize;
+    for c in frame.chars() {
+        match c {
+            '<' => depth += 1,
+            '>' => depth = depth.saturating_sub(1),
+            c if depth == 0 => plain.push(c),
+            _ => {}
+        }
+    }
+    // `<T as Trait>::m` leaves `::m`: the method of a trait impl.
+    plain == profiled
+        || plain.ends_with(&format!("::{profiled}"))
+        || profiled.ends_with(&format!("::{plain}"))
+        || (plain.starts_with("::") && profiled.ends_with(&plain))
 }
 
 fn action_name(action: Action) -> &'static str {
@@ -387,7 +415,9 @@ pub(super) fn capture(sources: &Sources) -> Result<Snapshot> {
             Action::SegmentAlloc | Action::SegmentFree => traces[index].push(entry(e, Stack::default())),
             Action::Oom => traces[index].push(TraceEntry {
                 addr: None,
-                device_free: matches!(e.device, Device::Cuda(_)).then_some(e.address),
+                // PyTorch's reader needs the key: on the CPU, the host's
+                // available memory when the request failed (0 where unknown).
+                device_free: Some(e.address),
                 ..entry(e, frames.of(e.backtrace.as_deref(), e.statement.as_ref()))
             }),
         }
@@ -456,4 +486,20 @@ pub(super) fn capture(sources: &Sources) -> Result<Snapshot> {
         device_traces: traces,
         memlab: SnapshotInfo { devices, partial: stats.dropped > 0, dropped: stats.dropped, recorded: stats.recorded },
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::same_function;
+
+    #[test]
+    fn a_frame_is_the_profiled_function_by_its_path() {
+        assert!(same_function("train::step", "train::step"));
+        assert!(same_function("mycrate::train::step", "train::step"));
+        assert!(same_function("train::step::{{closure}}", "train::step"));
+        assert!(same_function("demo::Holder<f32>::make", "demo::Holder::make"));
+        assert!(same_function("<demo::Net as demo::Step>::step", "demo::Net::step"));
+        assert!(!same_function("train::helper", "train::step"));
+        assert!(!same_function("train::step_twice", "train::step"));
+    }
 }

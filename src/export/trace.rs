@@ -73,7 +73,8 @@ pub struct Oom {
     pub device: Device,
     /// What was asked for.
     pub requested: u64,
-    /// CUDA: what the device still had free.
+    /// What the device still had free (the CPU: the host's available
+    /// memory), when known.
     pub device_free: Option<u64>,
 }
 
@@ -135,7 +136,7 @@ pub(super) fn capture_from(history: &[Event], stats: &events::Stats) -> Result<T
             time_us: e.time_ns as f64 / 1000.0,
             device: e.device,
             requested: e.size,
-            device_free: matches!(e.device, Device::Cuda(_)).then_some(e.address),
+            device_free: (matches!(e.device, Device::Cuda(_)) || e.address > 0).then_some(e.address),
         })
         .collect();
     Ok(Trace { counters, ooms, spans, readings, partial: stats.dropped > 0 || timeline_dropped > 0 })

@@ -7,8 +7,10 @@
 //! where a driver is present, from the driver: device-wide use and its peak,
 //! sampled by a background thread during the step (they catch memory outside
 //! libtorch, such as other libraries' workspaces or other processes), and this
-//! process's own use from NVML. The same thread samples the resident set every
-//! millisecond; the RAM figures come from its readings unless
+//! process's own use from NVML (the `cuda-driver` and `nvml` features, on by
+//! default: a build without one leaves those figures `None`). The same
+//! thread samples the resident set every millisecond; the RAM figures come
+//! from its readings unless
 //! [`StepLogger::exact_ram`] reads the resident set at the step's ends and
 //! [`StepLogger::exact_ram_peak`] takes the peak from the kernel's
 //! high-water mark. By default, then, the step's own thread reads only the
@@ -200,6 +202,12 @@ impl StepLogger {
 
     /// Initialises CUDA (its context) now rather than inside the first step,
     /// and reports once what the context took on the device. Returns those bytes.
+    ///
+    /// The context's cost is the driver's figure: it needs the `cuda-driver`
+    /// feature (on by default), and returns [`Error::DriverUnavailable`]
+    /// naming it in a build without.
+    ///
+    /// [`Error::DriverUnavailable`]: crate::Error::DriverUnavailable
     pub fn preinit_cuda(&mut self) -> Result<u64> {
         let index = BACKEND.current_cuda_device()?;
         let before = driver_memory(index)?.used();
@@ -374,6 +382,12 @@ pub fn rss() -> u64 {
     memlab_tch::resident_set()
 }
 
+/// The host's memory: what the kernel could still give (`MemAvailable`) and
+/// its total, in bytes (`None` where /proc is not there).
+pub fn host_memory() -> Option<(u64, u64)> {
+    memlab_tch::host_memory()
+}
+
 /// The resident set's high-water mark (VmHWM) in bytes.
 fn rss_peak() -> u64 {
     status_kib("VmHWM:") * 1024
@@ -386,18 +400,7 @@ fn reset_rss_peak() -> bool {
 
 fn total_ram() -> u64 {
     static TOTAL: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
-    *TOTAL.get_or_init(read_total_ram)
-}
-
-fn read_total_ram() -> u64 {
-    std::fs::read_to_string("/proc/meminfo")
-        .ok()
-        .and_then(|s| {
-            s.lines()
-                .find(|l| l.starts_with("MemTotal:"))
-                .and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
-        })
-        .map_or(0, |kib| kib * 1024)
+    *TOTAL.get_or_init(|| host_memory().map_or(0, |(_, total)| total))
 }
 
 fn status_kib(key: &str) -> u64 {

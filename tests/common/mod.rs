@@ -3,6 +3,8 @@
 // Each test binary compiles this module and uses only part of it.
 #![allow(dead_code)]
 
+pub mod chromium;
+
 use std::sync::{Mutex, MutexGuard};
 
 use tch::{Kind, Tensor};
