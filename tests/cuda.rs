@@ -4,6 +4,8 @@
 
 mod common;
 
+use common::pytorch::{bytes_as_pytorch_prints, python, VALIDATE};
+
 use std::sync::{Mutex, MutexGuard};
 
 use memlab::{
@@ -678,15 +680,20 @@ fn a_cuda_snapshot_opens_in_pytorchs_reader() {
     assert!(trace.iter().any(|e| e.action == "free_completed"), "CUDA frees complete in the trace");
     let path = std::env::temp_dir().join(format!("memlab-cuda-{}.pickle", std::process::id()));
     snapshot.write_pickle(&path).unwrap();
-    for view in ["stats", "trace"] {
-        let out = std::process::Command::new("python3")
-            .args(["-m", "torch.cuda._memory_viz", view, path.to_str().unwrap()])
-            .output()
-            .expect("python3 with torch");
-        assert!(out.status.success(), "{view}: {}", String::from_utf8_lossy(&out.stderr));
-        let text = String::from_utf8_lossy(&out.stdout);
-        println!("{}", text.lines().take(8).collect::<Vec<_>>().join("\n"));
-    }
+    let file = path.to_str().unwrap();
+    let stats_view = python(&["-m", "torch.cuda._memory_viz", "stats", file]);
+    let trace_view = python(&["-m", "torch.cuda._memory_viz", "trace", file]);
+    println!("{}", stats_view.lines().take(8).collect::<Vec<_>>().join("\n"));
+    println!("{}", trace_view.lines().take(8).collect::<Vec<_>>().join("\n"));
+    // Every documented key and type; the user's .rs file in the frames.
+    let summary: serde_json::Value = serde_json::from_str(&python(&["-c", VALIDATE, file])).unwrap();
+    let files = summary["files"].as_array().unwrap();
+    assert!(files.iter().any(|f| f == "cuda.rs"), "the user's .rs file in the frames: {files:?}");
+    // `stats` adds up every segment the file holds (the CPU's live
+    // allocations too): the same total, in PyTorch's units.
+    let all_segments: u64 = snapshot.segments.iter().map(|s| s.total_size).sum();
+    let total = stats_view.lines().find(|l| l.starts_with("total_reserved:")).unwrap_or_default();
+    assert!(total.contains(&bytes_as_pytorch_prints(all_segments)), "{total} vs {all_segments}\n{stats_view}");
     std::fs::remove_file(&path).ok();
     drop((kept, recording));
 }
@@ -777,4 +784,37 @@ fn a_cuda_oom_is_counted_on_its_line_and_training_goes_on() {
     assert!(table.contains("ooms"));
     // The device still serves.
     assert_eq!(floats(1024).size(), [1024]);
+}
+
+#[memlab::profile(device = "cuda:0")]
+fn cuda_leaky_step(kept: &mut Vec<Tensor>) {
+    let x = floats(1 << 18);
+    let y = &x * 2.0;
+    kept.push(y);
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn the_html_report_of_a_cuda_recording() {
+    let _s = serial();
+    assert!(memlab::gpu::cuda_is_available(), "this test needs CUDA");
+    let recording = memlab::Recording::start(memlab::events::Settings::default().backtraces(true)).unwrap();
+    let mut kept = Vec::new();
+    for _ in 0..5 {
+        cuda_leaky_step(&mut kept);
+    }
+    let report = memlab::export::Exporter::registered().html_report().unwrap();
+    drop(recording);
+    let cuda = report.devices.first().expect("a section per device");
+    assert_eq!(cuda.device, Device::Cuda(0), "CUDA devices come first");
+    assert_eq!(cuda.points.iter().map(|p| p.allocated).max(), Some(cuda.peak_bytes));
+    let rows: u64 = cuda.live_at_peak.iter().map(|r| r.bytes).sum();
+    assert_eq!(rows as i64, cuda.peak_bytes, "what was live at the peak adds up to it");
+    // The five kept results (1 MiB each) were made on the profiled line.
+    let kept_row = cuda.live_at_peak.iter().find(|r| r.label.contains("cuda_leaky_step")).expect("the leak's site");
+    assert!(kept_row.bytes >= 5 << 20, "{kept_row:?}");
+    let html = report.to_html();
+    assert!(html.contains("cuda:0: memory over time") && html.contains("<svg class=\"flame\""));
+    println!("cuda:0 peak {} B over {} points; top row {:?}", cuda.peak_bytes, cuda.points.len(), cuda.live_at_peak[0]);
+    drop(kept);
 }

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod chromium;
+pub mod pytorch;
 
 use std::sync::{Mutex, MutexGuard};
 
