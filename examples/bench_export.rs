@@ -1,10 +1,15 @@
 //! How the exports scale: records N allocation events (default 1,000,000:
-//! alloc/free pairs of small CPU tensors from a few call sites, with
-//! backtraces), then times building and writing each format, and the HTML
-//! report's rendering in headless Chromium when it is installed. Prints a
-//! table.
+//! alloc/free pairs of small CPU tensors, with backtraces), then times
+//! building and writing each format, and the HTML report's rendering in
+//! headless Chromium when it is installed. Prints a table.
 //!
-//!     cargo run --release --example bench_export [-- EVENTS]
+//!     cargo run --release --example bench_export [-- EVENTS [deep]]
+//!
+//! By default the allocations come from one call site. With `deep`, they come
+//! from 8,192 distinct call stacks, each 13 frames of the user's code deeper
+//! than the loop (two functions calling each other by the bits of a counter),
+//! so the exports build and name thousands of stacks, as a real model's
+//! layers and steps give them.
 
 use std::process::Command;
 use std::time::Instant;
@@ -21,6 +26,37 @@ fn churn(pairs: usize, kept: &mut Vec<Tensor>) {
     }
 }
 
+/// Depth of the `deep` call stacks below their first function: 2^(DEPTH + 1) distinct ones.
+const DEPTH: usize = 12;
+
+#[inline(never)]
+fn left(i: usize, depth: usize) -> Tensor {
+    if depth == 0 {
+        return Tensor::zeros([16 + (i % 64) as i64], (Kind::Float, tch::Device::Cpu));
+    }
+    let t = if (i >> depth) & 1 == 0 { left(i, depth - 1) } else { right(i, depth - 1) };
+    std::hint::black_box(t)
+}
+
+#[inline(never)]
+fn right(i: usize, depth: usize) -> Tensor {
+    if depth == 0 {
+        return Tensor::zeros([16 + (i % 64) as i64], (Kind::Float, tch::Device::Cpu));
+    }
+    let t = if (i >> depth) & 1 == 0 { left(i, depth - 1) } else { right(i, depth - 1) };
+    std::hint::black_box(t)
+}
+
+#[memlab::profile(device = "cpu")]
+fn churn_deep(pairs: usize, kept: &mut Vec<Tensor>) {
+    for i in 0..pairs {
+        let t = if i & 1 == 0 { left(i, DEPTH) } else { right(i, DEPTH) };
+        if i % 1000 == 0 {
+            kept.push(t);
+        }
+    }
+}
+
 fn secs(start: Instant) -> f64 {
     start.elapsed().as_secs_f64()
 }
@@ -28,11 +64,16 @@ fn secs(start: Instant) -> f64 {
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     memlab::profiler::set_print_at_exit(false);
     let events: usize = std::env::args().nth(1).map(|a| a.parse()).transpose()?.unwrap_or(1_000_000);
+    let deep = std::env::args().nth(2).is_some_and(|a| a == "deep");
     let settings = memlab::events::Settings::default().capacity(events + 1000).backtraces(true);
     let recording = memlab::Recording::start(settings)?;
     let mut kept = Vec::new();
     let start = Instant::now();
-    churn(events / 2, &mut kept);
+    if deep {
+        churn_deep(events / 2, &mut kept);
+    } else {
+        churn(events / 2, &mut kept);
+    }
     let record = secs(start);
     let (history, stats) = memlab::events::history();
     let recorded = history.len();
@@ -64,7 +105,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     report.write(&html)?;
     rows.push(("HTML report", build, secs(t), std::fs::metadata(&html)?.len()));
 
-    println!("{recorded} events recorded in {record:.2} s ({} dropped)\n", stats.dropped);
+    let sites = if deep { format!("{} distinct call stacks", 1 << (DEPTH + 1)) } else { "one call site".to_string() };
+    println!("{recorded} events from {sites} recorded in {record:.2} s ({} dropped)\n", stats.dropped);
     println!("| format | build, s | write, s | file |");
     println!("|---|---:|---:|---:|");
     for (name, build, write, bytes) in &rows {
