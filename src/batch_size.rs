@@ -30,6 +30,9 @@ pub struct BatchSearch {
     pub budget: i64,
     /// Every try: batch size, and its peak in bytes or why it failed.
     pub tried: Vec<(usize, std::result::Result<i64, String>)>,
+    /// The first try that ran out of memory: its batch size and why it
+    /// failed (the out-of-memory recorder's verdict, with its figures).
+    pub first_oom: Option<(usize, crate::oom::Diagnosis)>,
 }
 
 /// Finds the largest batch size in `1..=max` whose `step` stays within
@@ -65,10 +68,13 @@ pub fn find_batch_size(
             }
         },
     };
-    let mut search = BatchSearch { largest: None, budget, tried: Vec::new() };
+    let mut search = BatchSearch { largest: None, budget, tried: Vec::new(), first_oom: None };
     let _quiet = quiet_oom_panics::install();
     let mut run = |n: usize| {
-        let outcome = try_once(device, &mut step, n);
+        let (outcome, oom) = try_once(device, &mut step, n);
+        if search.first_oom.is_none() {
+            search.first_oom = oom.map(|d| (n, d));
+        }
         let ok = matches!(outcome, Ok(peak) if peak <= budget);
         search.tried.push((n, outcome));
         ok
@@ -185,16 +191,28 @@ fn is_out_of_memory(message: &str) -> bool {
     lower.contains("out of memory") || lower.contains("outofmemory") || lower.contains("failed to allocate")
 }
 
+/// One try: its peak or why it failed, and the diagnosis of its first
+/// out-of-memory failure (kept quiet: not counted, written or printed).
 fn try_once(
     device: Device,
     step: &mut impl FnMut(usize) -> std::result::Result<(), Box<dyn std::error::Error>>,
     n: usize,
-) -> std::result::Result<i64, String> {
+) -> (std::result::Result<i64, String>, Option<crate::oom::Diagnosis>) {
     let _ = memlab_tch::empty_cache();
-    let watch = PeakWatch::start(&BACKEND, device).map_err(|e| e.to_string())?;
-    let ran = quiet_oom_panics::trying(|| catch_unwind(AssertUnwindSafe(|| step(n))));
+    let watch = match PeakWatch::start(&BACKEND, device) {
+        Ok(watch) => watch,
+        Err(e) => return (Err(e.to_string()), None),
+    };
+    let (ran, oom) = crate::oom::quietly(|| quiet_oom_panics::trying(|| catch_unwind(AssertUnwindSafe(|| step(n)))));
     let measured = watch.finish().map_err(|e| e.to_string());
     let _ = memlab_tch::empty_cache();
+    (outcome(ran, measured), oom)
+}
+
+type Ran = std::thread::Result<std::result::Result<(), Box<dyn std::error::Error>>>;
+type Measured = std::result::Result<(memlab_core::RawStats, memlab_core::RawStats), String>;
+
+fn outcome(ran: Ran, measured: Measured) -> std::result::Result<i64, String> {
     match ran {
         Ok(Ok(())) => {
             let (start, end) = measured?;
@@ -238,6 +256,11 @@ impl Render for BatchSearch {
             };
         }
         doc.table(table);
+        if let Some((n, why)) = &self.first_oom {
+            doc.blank();
+            doc.line(format!("Batch {n} ran out of memory on {}. Verdict: {}.", why.device, why.verdict.title()));
+            doc.indented(2, why.advice.clone());
+        }
         doc
     }
 }

@@ -145,6 +145,9 @@ macro_rules! rendered {
 // The tools' frames are memlab's, not the user's; the tests and examples
 // beside `src/` stay the user's.
 inventory::submit! { memlab_core::events::SourceRoot(concat!(env!("CARGO_MANIFEST_DIR"), "/src")) }
+// The out-of-memory recorder's handler, which libtorch's allocators reach
+// through the backend when a request fails (armed or not: it decides).
+inventory::submit! { memlab_core::oom::Handler(oom::on_failure) }
 
 mod attribution;
 pub mod batch_size;
@@ -156,6 +159,7 @@ pub mod logger;
 pub mod model_size;
 pub mod monitor;
 mod named;
+pub mod oom;
 pub mod reporter;
 pub mod tracker;
 
@@ -166,6 +170,7 @@ pub use gpu_account::where_gpu_memory_went;
 pub use logger::StepLogger;
 pub use model_size::{measure_model, StepOptimizer};
 pub use monitor::TrainingMonitor;
+pub use oom::{last_oom, OomRecorder};
 pub use reporter::MemReporter;
 pub use tracker::Tracker;
 

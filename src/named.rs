@@ -27,6 +27,16 @@ pub(crate) enum Kind {
     OptimizerState,
 }
 
+/// How a report names a kind of named tensor.
+pub(crate) fn kind_label(kind: Kind) -> &'static str {
+    match kind {
+        Kind::Parameter => "parameter",
+        Kind::Gradient => "gradient",
+        Kind::Tensor => "tensor",
+        Kind::OptimizerState => "optimizer state",
+    }
+}
+
 /// An optimizer's state as read when it was given: its tensors by name, and
 /// the variables it holds no state for, with why.
 pub(crate) struct OptimizerStates {
@@ -123,20 +133,69 @@ pub fn register_optimizer(optimizer: &Optimizer) -> Result<usize> {
 }
 
 /// Where named tensors come from.
-#[derive(Default)]
 pub(crate) struct Sources {
     stores: Vec<(String, Arc<Mutex<Variables>>)>,
     tensors: Vec<(String, Tensor)>,
     optimizers: Vec<OptimizerStates>,
+    /// Optimizer state tensors taken from the registry when these sources
+    /// were made (see [`registered_now`](Self::registered_now)).
+    states: Vec<(String, Tensor)>,
     /// Why an optimizer given could not be read: returned by the first walk.
     error: Option<Error>,
     registry: bool,
+    /// Whether a walk waits for a var store another thread (or this one,
+    /// further up its stack) holds, or passes it by and notes it in `busy`.
+    wait: bool,
+    busy: Mutex<Vec<String>>,
+}
+
+impl Default for Sources {
+    fn default() -> Sources {
+        Sources {
+            stores: Vec::new(),
+            tensors: Vec::new(),
+            optimizers: Vec::new(),
+            states: Vec::new(),
+            error: None,
+            registry: false,
+            wait: true,
+            busy: Mutex::new(Vec::new()),
+        }
+    }
 }
 
 impl Sources {
     /// Sources that include everything registered.
     pub(crate) fn registered() -> Sources {
         Sources { registry: true, ..Sources::default() }
+    }
+
+    /// Everything registered, taken now without waiting for any lock: for
+    /// code that runs inside an allocator (an out-of-memory handler), where
+    /// the failing thread may hold a var store's lock itself (tch holds it
+    /// while `set_device`, `load` and `copy` allocate). A registry or var
+    /// store that is held is passed by and listed in [`busy`](Self::busy).
+    pub(crate) fn registered_now() -> Sources {
+        let mut sources = Sources { wait: false, ..Sources::default() };
+        match registry::try_all() {
+            Some(registered) => {
+                let stores = registered.var_stores.into_iter();
+                sources.stores = stores.filter_map(|vs| vs.variables.upgrade().map(|v| (vs.name, v))).collect();
+                sources.tensors = registered.tensors;
+                sources.states = registered.states;
+            }
+            None => sources.note_busy("memlab's registry (held by another thread)"),
+        }
+        sources
+    }
+
+    fn note_busy(&self, what: impl Into<String>) {
+        self.busy.lock().unwrap_or_else(|e| e.into_inner()).push(what.into());
+    }
+
+    /// What a walk without waiting passed by because it was held.
+    pub(crate) fn busy(&self) -> Vec<String> {
+        self.busy.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
 
     /// Adds a var store whose variables are named `prefix.variable` (no
@@ -217,7 +276,7 @@ impl Sources {
         if let Some(e) = &self.error {
             return Err(e.clone());
         }
-        for (name, tensor) in self.optimizers.iter().flat_map(|o| &o.tensors) {
+        for (name, tensor) in self.optimizers.iter().flat_map(|o| &o.tensors).chain(&self.states) {
             visit(name, tensor)?;
         }
         let registered = if self.registry { registry::states() } else { Vec::new() };
@@ -240,7 +299,19 @@ impl Sources {
             return Err(e.clone());
         }
         for (prefix, variables) in self.stores() {
-            let variables = variables.lock().unwrap_or_else(|e| e.into_inner());
+            let variables = if self.wait {
+                variables.lock().unwrap_or_else(|e| e.into_inner())
+            } else {
+                match variables.try_lock() {
+                    Ok(v) => v,
+                    Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+                    Err(std::sync::TryLockError::WouldBlock) => {
+                        let name = if prefix.is_empty() { "a var store" } else { prefix.as_str() };
+                        self.note_busy(format!("{name} (its lock was held: tch holds it while it moves or loads it)"));
+                        continue;
+                    }
+                }
+            };
             let mut names: Vec<&String> = variables.named_variables.keys().collect();
             names.sort();
             for name in names {

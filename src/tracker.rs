@@ -370,7 +370,7 @@ pub fn track_global(site: CallSite) -> TrackEntry {
 }
 
 /// `YYYY-MM-DD HH:MM:SS.mmm` in UTC.
-fn utc(secs: u64, millis: u32) -> String {
+pub(crate) fn utc(secs: u64, millis: u32) -> String {
     let days = (secs / 86_400) as i64;
     let rem = secs % 86_400;
     // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).

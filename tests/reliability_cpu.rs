@@ -9,12 +9,11 @@ mod common;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::mpsc;
 use std::sync::{Arc, Condvar, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
-use common::{floats, serial};
+use common::{check_child, child, floats, serial, within};
 use memlab::{
     events::Settings, profiler::DeviceSelector, reporter::RowKind, Device, DisposeScope, MemReporter, OnEscape,
     Recording,
@@ -23,47 +22,6 @@ use tch::nn::{self, Module, OptimizerConfig};
 use tch::{Kind, Tensor};
 
 const MIB: i64 = 1 << 20;
-
-/// Runs `f` on a thread and fails the test if it has not returned within
-/// `limit`: a hang must fail, not stall the suite.
-fn within<R: Send + 'static>(limit: Duration, f: impl FnOnce() -> R + Send + 'static) -> R {
-    let (send, receive) = mpsc::channel();
-    std::thread::spawn(move || {
-        let _ = send.send(f());
-    });
-    receive.recv_timeout(limit).unwrap_or_else(|_| panic!("did not return within {limit:?}: a hang or deadlock"))
-}
-
-/// Runs test `name` of this binary in a child process with `env` set, and
-/// returns its output. The child runs only that test (see [`child`]).
-fn run_child(name: &str, env: &[(&str, &str)]) -> std::process::Output {
-    let mut command = std::process::Command::new(std::env::current_exe().unwrap());
-    command.args(["--exact", name, "--nocapture", "--test-threads=1"]).env("MEMLAB_CHILD", name);
-    for var in ["MEMLAB_DISABLE", "MEMLAB_PRINT_AT_EXIT", "MEMLAB_CPU_ALLOCATOR"] {
-        command.env_remove(var);
-    }
-    for (k, v) in env {
-        command.env(k, v);
-    }
-    command.output().unwrap()
-}
-
-/// Whether this process is the child that runs `name`; the test body runs only then.
-fn child(name: &str) -> bool {
-    std::env::var("MEMLAB_CHILD").is_ok_and(|c| c == name)
-}
-
-fn text(bytes: &[u8]) -> String {
-    String::from_utf8_lossy(bytes).into_owned()
-}
-
-fn check_child(name: &str, env: &[(&str, &str)]) -> (String, String) {
-    let out = run_child(name, env);
-    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
-    assert!(out.status.success(), "child {name} failed ({:?}):\n{stdout}\n{stderr}", out.status);
-    assert!(stdout.contains("1 passed"), "the child ran {name}:\n{stdout}");
-    (stdout, stderr)
-}
 
 // 1. Hooks and the recorder's user count change together.
 

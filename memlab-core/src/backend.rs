@@ -36,6 +36,59 @@ pub trait Backend: Send + Sync {
 
     /// The calling thread's current CUDA device.
     fn current_cuda_device(&self) -> Result<usize>;
+
+    /// The free blocks of `device`'s cache (none where the allocator keeps
+    /// no cache, as on the CPU).
+    fn cache_free(&self, device: Device) -> Result<CacheFree> {
+        let _ = device;
+        Ok(CacheFree::default())
+    }
+
+    /// `device`'s memory as its driver (or, for the CPU, the kernel) counts
+    /// it; `None` where it cannot be read.
+    fn device_memory(&self, device: Device) -> Option<DeviceMemory> {
+        let _ = device;
+        None
+    }
+}
+
+/// The free blocks of a device's cache.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
+pub struct CacheFree {
+    /// Bytes of the cache's free (inactive) blocks.
+    pub bytes: u64,
+    /// The largest of them: the largest request the cache can serve without
+    /// obtaining more memory from the device.
+    pub largest_block: u64,
+}
+
+impl CacheFree {
+    /// The cache's free blocks: their bytes and the largest.
+    pub fn new(bytes: u64, largest_block: u64) -> CacheFree {
+        CacheFree { bytes, largest_block }
+    }
+}
+
+/// A device's memory as its driver (or, for the CPU, the kernel) counts it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
+pub struct DeviceMemory {
+    /// Free bytes.
+    pub free: u64,
+    /// All bytes.
+    pub total: u64,
+    /// This process's use, when known (CUDA: NVML; the CPU: the resident set).
+    pub this_process: Option<u64>,
+    /// Other processes' use, when known (CUDA: NVML).
+    pub other_processes: Option<u64>,
+}
+
+impl DeviceMemory {
+    /// Free and total bytes, with what this process and the others use when known.
+    pub fn new(free: u64, total: u64, this_process: Option<u64>, other_processes: Option<u64>) -> DeviceMemory {
+        DeviceMemory { free, total, this_process, other_processes }
+    }
 }
 
 /// A backend whose figures a test writes: [`alloc`](Self::alloc) and
@@ -48,6 +101,8 @@ pub trait Backend: Send + Sync {
 pub struct ScriptedBackend {
     cuda_devices: usize,
     figures: std::sync::Mutex<Vec<Scripted>>,
+    /// Per device: its cache's free blocks and its driver's figures.
+    memory: std::sync::Mutex<Vec<(Device, CacheFree, Option<DeviceMemory>)>>,
 }
 
 /// One device's scripted figures: bytes, then blocks, each as (current, peak,
@@ -57,7 +112,39 @@ type Scripted = (Device, [i64; 4], [i64; 4]);
 impl ScriptedBackend {
     /// A backend that reports `cuda_devices` CUDA devices (all scripted) and the CPU.
     pub const fn new(cuda_devices: usize) -> ScriptedBackend {
-        ScriptedBackend { cuda_devices, figures: std::sync::Mutex::new(Vec::new()) }
+        ScriptedBackend {
+            cuda_devices,
+            figures: std::sync::Mutex::new(Vec::new()),
+            memory: std::sync::Mutex::new(Vec::new()),
+        }
+    }
+
+    fn with_memory<R>(&self, device: Device, f: impl FnOnce(&mut CacheFree, &mut Option<DeviceMemory>) -> R) -> R {
+        let mut all = self.memory.lock().unwrap_or_else(|e| e.into_inner());
+        let at = match all.iter().position(|(d, _, _)| *d == device) {
+            Some(at) => at,
+            None => {
+                all.push((device, CacheFree::default(), None));
+                all.len() - 1
+            }
+        };
+        let (_, cache, memory) = &mut all[at];
+        f(cache, memory)
+    }
+
+    /// Scripts the free blocks of `device`'s cache.
+    pub fn set_cache_free(&self, device: Device, cache: CacheFree) {
+        self.with_memory(device, |c, _| *c = cache);
+    }
+
+    /// Scripts `device`'s driver figures.
+    pub fn set_device_memory(&self, device: Device, memory: DeviceMemory) {
+        self.with_memory(device, |_, m| *m = Some(memory));
+    }
+
+    /// `device`'s driver cannot be read.
+    pub fn clear_device_memory(&self, device: Device) {
+        self.with_memory(device, |_, m| *m = None);
     }
 
     fn with<R>(&self, device: Device, f: impl FnOnce(&mut [i64; 4], &mut [i64; 4]) -> R) -> R {
@@ -135,5 +222,13 @@ impl Backend for ScriptedBackend {
             return Err(crate::error::Error::DeviceUnavailable { device: Device::Cuda(0), count: 0 });
         }
         Ok(0)
+    }
+
+    fn cache_free(&self, device: Device) -> Result<CacheFree> {
+        Ok(self.with_memory(device, |c, _| *c))
+    }
+
+    fn device_memory(&self, device: Device) -> Option<DeviceMemory> {
+        self.with_memory(device, |_, m| *m)
     }
 }

@@ -9,6 +9,7 @@ pub mod device;
 mod error;
 pub mod events;
 pub mod hash;
+pub mod oom;
 pub mod output;
 pub mod profiler;
 pub mod render;

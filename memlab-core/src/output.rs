@@ -47,6 +47,25 @@ pub fn warn(text: &str) {
     write(&WARNINGS, text, Output::Stderr);
 }
 
+/// Writes a warning now if warnings go to standard error or output, and
+/// returns true; returns false and writes nothing when they go to a sink,
+/// which the caller then runs later, outside the code that must not run user
+/// code (an allocator's failure path).
+pub fn warn_to_stream(text: &str) -> bool {
+    let chosen = WARNINGS.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    match chosen.as_deref() {
+        Some(Output::Sink(_)) => false,
+        Some(Output::Stdout) => {
+            drop(std::io::stdout().lock().write_all(text.as_bytes()));
+            true
+        }
+        None | Some(Output::Stderr) => {
+            drop(std::io::stderr().lock().write_all(text.as_bytes()));
+            true
+        }
+    }
+}
+
 fn write(target: &Mutex<Option<Arc<Output>>>, text: &str, default: Output) {
     if text.is_empty() {
         return;

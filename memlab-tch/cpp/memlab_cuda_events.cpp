@@ -13,10 +13,12 @@
 
 #include <ATen/ops/empty.h>
 #include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAStream.h>
 
 #include <atomic>
 #include <cstdint>
 #include <exception>
+#include <mutex>
 
 namespace {
 
@@ -56,6 +58,33 @@ void forward(const c10::CachingDeviceAllocator::TraceEntry& entry) {
 }
 
 }  // namespace
+
+extern "C" char* memlab_cuda_watch_ooms(int32_t* attached) {
+  MEMLAB_TRY
+  *attached = 0;
+  auto* allocator = c10::getDeviceAllocator(c10::DeviceType::CUDA);
+  if (!allocator->initialized()) {
+    return nullptr;
+  }
+  static std::once_flag once;
+  std::call_once(once, [] {
+    // libtorch calls observers on the failing thread after its allocator let
+    // the lock go, then throws its OutOfMemoryError. `alloc_size` is the
+    // rounded size of the segment it tried to reserve.
+    c10::cuda::CUDACachingAllocator::attachOutOfMemoryObserver(
+        [](int64_t device, size_t alloc_size, size_t device_total, size_t device_free) {
+          uint64_t stream = 0;
+          try {
+            stream = reinterpret_cast<uint64_t>(
+                c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream());
+          } catch (...) {
+          }
+          memlab_tch_on_oom(static_cast<int32_t>(device), alloc_size, device_free, device_total, stream);
+        });
+  });
+  *attached = 1;
+  MEMLAB_CATCH
+}
 
 extern "C" char* memlab_cuda_snapshot(struct memlab_segment* segments, int64_t segment_capacity,
                                       int64_t* segment_count, struct memlab_block* blocks, int64_t block_capacity,

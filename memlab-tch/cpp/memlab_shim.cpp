@@ -179,6 +179,7 @@ struct CountingCpuAllocator final : c10::Allocator {
       return {nullptr, nullptr, &counting_delete, cpu};
     }
     c10::DataPtr block;
+    std::exception_ptr failed;
     try {
       // A request so large that the header would wrap the size around fails
       // as the inner allocator fails: it can never be served.
@@ -186,14 +187,18 @@ struct CountingCpuAllocator final : c10::Allocator {
                   " bytes.");
       block = inner->allocate(n + kHeader);
     } catch (...) {
+      failed = std::current_exception();
+    }
+    if (failed) {
       g_ooms.fetch_add(1, std::memory_order_relaxed);
-      // The request failed for lack of memory: say so, then let libtorch's
-      // error go on to the caller unchanged. (The CPU has no figure of free
-      // memory to report; `address` is 0.)
+      // The request failed for lack of memory: say so (outside the handler,
+      // with the error kept), then let libtorch's error go on to the caller
+      // unchanged. (The shim has no figure of free memory; `address` is 0.)
       if (memlab_event_hook hook = g_cpu_hook.load(std::memory_order_relaxed)) {
         hook(MEMLAB_ACTION_OOM, MEMLAB_EVENT_DEVICE_CPU, 0, n, 0);
       }
-      throw;
+      memlab_tch_on_oom(MEMLAB_EVENT_DEVICE_CPU, n, 0, 0, 0);
+      std::rethrow_exception(failed);
     }
     char* base = static_cast<char*>(block.get());
     c10::DeleterFnPtr deleter = block.get_deleter();
@@ -281,6 +286,16 @@ const bool g_installed_at_load = [] {
   char* error = install_counting_allocator();
   std::free(error);
   return error == nullptr;
+}();
+
+// MEMLAB_OOM_DIR arms the out-of-memory recorder as the program loads, so
+// that an out-of-memory failure before any memlab call is reported too.
+const bool g_oom_from_environment = [] {
+  if (std::getenv("MEMLAB_OOM_DIR") == nullptr) {
+    return false;
+  }
+  memlab_tch_oom_from_environment();
+  return true;
 }();
 
 // The CUDA allocator is registered once, when libtorch_cuda loads; looking it
@@ -454,6 +469,13 @@ void memlab_set_cpu_event_hook(memlab_event_hook hook) {
 }
 
 #ifndef MEMLAB_CUDA_EVENTS
+char* memlab_cuda_watch_ooms(int32_t* attached) {
+  // Without the CUDA runtime headers (or without CUDA) no observer can be
+  // attached; the Rust side says so where it matters.
+  *attached = 0;
+  return nullptr;
+}
+
 char* memlab_cuda_set_event_hook(memlab_event_hook hook) {
   if (hook == nullptr) {
     return nullptr;

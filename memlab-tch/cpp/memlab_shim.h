@@ -191,6 +191,21 @@ struct memlab_block {
   int32_t reserved;
 };
 
+// Defined by the Rust side (memlab-tch's oom.rs), called by the shim:
+//
+// A request the allocator could not serve, on the failing thread before the
+// allocator's error is thrown (CUDA: from libtorch's out-of-memory observer,
+// after the allocator let its lock go; the CPU: from the counting
+// allocator). `requested` is the CUDA allocator's rounding of the request to
+// the segment it tried to reserve, or the CPU's exact request; the device's
+// free and total bytes are libtorch's figures (CUDA) or 0 (the CPU); `stream`
+// is the failing thread's current CUDA stream (0 on the CPU). Never unwinds.
+void memlab_tch_on_oom(int32_t device, uint64_t requested, uint64_t device_free, uint64_t device_total,
+                       uint64_t stream);
+// Called once while the program loads when MEMLAB_OOM_DIR is set: arms the
+// out-of-memory recorder from the environment.
+void memlab_tch_oom_from_environment(void);
+
 void memlab_free_error(char* error);
 int32_t memlab_built_with_cuda(void);
 
@@ -202,6 +217,12 @@ char* memlab_cuda_take_accumulated_stats(int64_t device, int64_t* out);
 char* memlab_cuda_empty_cache(void);
 char* memlab_cuda_mem_info(int64_t device, uint64_t* free_bytes, uint64_t* total_bytes);
 char* memlab_cuda_set_event_hook(memlab_event_hook hook);
+// Attaches memlab's out-of-memory observer to the CUDA caching allocator
+// (once for the process; it reaches every device). libtorch attaches
+// observers only to an allocator that exists: `attached` is 0 while no CUDA
+// memory was allocated yet (or without CUDA), 1 once the observer is on.
+// Never initialises CUDA.
+char* memlab_cuda_watch_ooms(int32_t* attached);
 // The caching allocator's segments and blocks, all devices: the first
 // `segment_capacity` segments and `block_capacity` blocks are written, and the
 // counts say how many there are (call again with more room when they exceed

@@ -25,6 +25,7 @@
 mod driver;
 mod events;
 mod ffi;
+pub mod oom;
 pub mod optimizer;
 pub mod registry;
 pub mod segments;
@@ -108,6 +109,20 @@ impl Backend for TchBackend {
         // SAFETY: the shim writes one i64.
         ffi::check(unsafe { ffi::memlab_cuda_current_device(&mut index) })?;
         Ok(index as usize)
+    }
+
+    fn cache_free(&self, device: Device) -> Result<memlab_core::oom::CacheFree> {
+        match device {
+            Device::Cpu => Ok(memlab_core::oom::CacheFree::default()),
+            Device::Cuda(i) => {
+                check_cuda_device(i)?;
+                oom::cuda_cache_free(i)
+            }
+        }
+    }
+
+    fn device_memory(&self, device: Device) -> Option<memlab_core::oom::DeviceMemory> {
+        oom::device_memory(device)
     }
 }
 

@@ -103,6 +103,44 @@ fn entries() -> MutexGuard<'static, Vec<Entry>> {
     entries
 }
 
+/// The registry if no other thread holds it now (for code that must not
+/// wait, such as an out-of-memory handler); entries that are gone are left
+/// for the next caller to sweep.
+fn entries_now() -> Option<MutexGuard<'static, Vec<Entry>>> {
+    match REGISTRY.try_lock() {
+        Ok(entries) => Some(entries),
+        Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
+        Err(std::sync::TryLockError::WouldBlock) => None,
+    }
+}
+
+/// Everything registered and still alive, taken at once.
+#[derive(Debug, Default)]
+pub struct Registered {
+    /// The var stores.
+    pub var_stores: Vec<WeakVarStore>,
+    /// The tensors, with new handles.
+    pub tensors: Vec<(String, Tensor)>,
+    /// The optimizer state tensors, with new handles.
+    pub states: Vec<(String, Tensor)>,
+}
+
+/// Like [`var_stores`], [`tensors`] and [`states`] together, without waiting
+/// for the registry: `None` when another thread holds it now.
+pub fn try_all() -> Option<Registered> {
+    let entries = entries_now()?;
+    let mut out = Registered::default();
+    for e in entries.iter() {
+        match e {
+            Entry::VarStore(vs) if vs.variables.strong_count() > 0 => out.var_stores.push(vs.clone()),
+            Entry::VarStore(_) => {}
+            Entry::Tensor { name, tensor } => out.tensors.extend(tensor.upgrade().map(|t| (name.clone(), t))),
+            Entry::State { name, tensor } => out.states.extend(tensor.upgrade().map(|t| (name.clone(), t))),
+        }
+    }
+    Some(out)
+}
+
 /// Registers `vs` under `name` (its variables are reported as `name.variable`;
 /// an empty name adds no prefix). Held weakly.
 pub fn register_var_store(name: impl Into<String>, vs: &VarStore) {

@@ -57,6 +57,12 @@ impl Exporter {
         Exporter { sources: Sources::registered() }
     }
 
+    /// An exporter over sources made elsewhere (the out-of-memory recorder's,
+    /// which wait for no lock).
+    pub(crate) fn from_sources(sources: Sources) -> Exporter {
+        Exporter { sources }
+    }
+
     /// An exporter that names memory after `vs` (no prefix), plus what is added.
     pub fn new(vs: &VarStore) -> Exporter {
         Exporter::default().var_store("", vs)

@@ -68,3 +68,51 @@ pub fn concurrent_checks_catch_every_leak(
     churn.join().unwrap();
     checks
 }
+
+// Child processes: tests that need a fresh process (environment variables
+// read at load, process-wide limits) run their binary again with
+// `MEMLAB_CHILD` naming the one test to run.
+
+/// Runs `f` on a thread and fails the test if it has not returned within
+/// `limit`: a hang must fail, not stall the suite.
+pub fn within<R: Send + 'static>(limit: std::time::Duration, f: impl FnOnce() -> R + Send + 'static) -> R {
+    let (send, receive) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = send.send(f());
+    });
+    receive.recv_timeout(limit).unwrap_or_else(|_| panic!("did not return within {limit:?}: a hang or deadlock"))
+}
+
+/// Runs test `name` of this binary in a child process with `env` set, and
+/// returns its output. The child runs only that test (see [`child`]).
+pub fn run_child(name: &str, env: &[(&str, &str)]) -> std::process::Output {
+    let mut command = std::process::Command::new(std::env::current_exe().unwrap());
+    command.args(["--exact", name, "--nocapture", "--test-threads=1"]).env("MEMLAB_CHILD", name);
+    for var in ["MEMLAB_DISABLE", "MEMLAB_PRINT_AT_EXIT", "MEMLAB_CPU_ALLOCATOR", "MEMLAB_OOM_DIR"] {
+        command.env_remove(var);
+    }
+    for (k, v) in env {
+        command.env(k, v);
+    }
+    command.output().unwrap()
+}
+
+/// Whether this process is the child that runs `name`; the test body runs only then.
+pub fn child(name: &str) -> bool {
+    std::env::var("MEMLAB_CHILD").is_ok_and(|c| c == name)
+}
+
+/// Bytes a child printed, as text.
+pub fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Runs test `name` in a child (see [`run_child`]), checks that it ran and
+/// passed, and returns what it printed on standard output and error.
+pub fn check_child(name: &str, env: &[(&str, &str)]) -> (String, String) {
+    let out = run_child(name, env);
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "child {name} failed ({:?}):\n{stdout}\n{stderr}", out.status);
+    assert!(stdout.contains("1 passed"), "the child ran {name}:\n{stdout}");
+    (stdout, stderr)
+}

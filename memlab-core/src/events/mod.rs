@@ -122,7 +122,8 @@ impl std::fmt::Display for Frame {
 }
 
 impl Backtrace {
-    pub(crate) fn capture() -> Backtrace {
+    /// The calling thread's stack now (return addresses; resolved when looked at).
+    pub fn capture() -> Backtrace {
         #[cfg(all(feature = "unwinder", target_os = "linux", target_arch = "x86_64"))]
         let addresses = unwind::capture();
         #[cfg(not(all(feature = "unwinder", target_os = "linux", target_arch = "x86_64")))]

@@ -1,0 +1,245 @@
+//! Out-of-memory failures, backend-free: what a backend reports when a
+//! request fails ([`Failure`]), the figures of the device at that moment
+//! ([`MemoryFigures`], read through a [`Backend`]), and why the request
+//! failed ([`Verdict`]), decided from those numbers alone so that every
+//! verdict can be tested with a scripted backend.
+//!
+//! Backends call the [`Handler`]s that crates submit (with `inventory`) on
+//! the thread whose request failed, before the allocator's error reaches
+//! the caller; the `memlab` crate's handler writes the report.
+
+use std::sync::Arc;
+
+pub use crate::backend::{CacheFree, DeviceMemory};
+
+use crate::backend::Backend;
+use crate::device::Device;
+use crate::error::Result;
+use crate::events::{Backtrace, StatementRef};
+
+/// A request an allocator could not serve, as its backend saw it.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct Failure {
+    /// Where.
+    pub device: Device,
+    /// The bytes the allocator tried to obtain: the exact request on the CPU;
+    /// on CUDA the caching allocator's rounding of it to the segment it tried
+    /// to reserve (see [`rounded`](Self::rounded)).
+    pub requested: u64,
+    /// Whether `requested` is the allocator's rounding rather than the bytes asked for.
+    pub rounded: bool,
+    /// What the device still had free, as its driver (CUDA) or the kernel
+    /// (the host's `MemAvailable`) said then, when known.
+    pub device_free: Option<u64>,
+    /// The device's memory, or what this process may use of it (CUDA's
+    /// per-process memory fraction), when known.
+    pub device_total: Option<u64>,
+    /// CUDA: the failing thread's current stream (the one the allocation was
+    /// for, unless it named another).
+    pub stream: Option<u64>,
+    /// memlab's number for the failing thread (see [`crate::events::thread_number`]).
+    pub thread: u64,
+    /// The profiled statement running on that thread, if any.
+    pub statement: Option<StatementRef>,
+    /// The failing call's stack, captured on that thread.
+    pub backtrace: Option<Arc<Backtrace>>,
+}
+
+impl Failure {
+    /// A failure on `device` of `requested` bytes, on the calling thread:
+    /// its thread number, profiled statement and call stack are taken now.
+    pub fn here(device: Device, requested: u64) -> Failure {
+        Failure {
+            device,
+            requested,
+            rounded: false,
+            device_free: None,
+            device_total: None,
+            stream: None,
+            thread: crate::events::thread_number(),
+            statement: crate::events::current_statement(),
+            backtrace: Some(Arc::new(Backtrace::capture())),
+        }
+    }
+}
+
+/// What a crate runs when a backend sees an out-of-memory failure: it is
+/// called on the failing thread, with no memlab lock held, inside the
+/// allocator (libtorch's CUDA allocator has let its lock go): it must not
+/// wait on a lock that code allocating memory may hold, and must not unwind.
+pub struct Handler(pub fn(&Failure));
+
+inventory::collect!(Handler);
+
+/// Runs every submitted [`Handler`] on `failure`.
+pub fn dispatch(failure: &Failure) {
+    for handler in inventory::iter::<Handler> {
+        (handler.0)(failure);
+    }
+}
+
+/// A device's memory when a request failed: the allocator's figures, its
+/// cache, and the driver's.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[non_exhaustive]
+pub struct MemoryFigures {
+    /// Bytes of live tensors (`allocated_bytes.all.current`).
+    pub allocated: i64,
+    /// Bytes the allocator holds (`reserved_bytes.all.current`; the CPU keeps no cache).
+    pub reserved: i64,
+    /// The cache's free blocks.
+    pub cache_free: CacheFree,
+    /// The driver's figures, when they could be read.
+    pub device: Option<DeviceMemory>,
+}
+
+impl MemoryFigures {
+    /// Reads `device`'s figures through `backend`.
+    pub fn read(backend: &dyn Backend, device: Device) -> Result<MemoryFigures> {
+        let mut raw = crate::stats::RawStats::default();
+        backend.sample(device, &mut raw, false)?;
+        let stats = raw.to_device_stats();
+        Ok(MemoryFigures {
+            allocated: stats.allocated_bytes.all.current,
+            reserved: stats.reserved_bytes.all.current,
+            cache_free: backend.cache_free(device)?,
+            device: backend.device_memory(device),
+        })
+    }
+
+    /// Fragmentation: the cache's free bytes that are not in its largest free
+    /// block, which no request larger than that block can use.
+    pub fn fragmentation(&self) -> u64 {
+        self.cache_free.bytes.saturating_sub(self.cache_free.largest_block)
+    }
+
+    /// [`fragmentation`](Self::fragmentation) as a share of the cache's free
+    /// bytes (0 to 1); `None` when the cache has nothing free.
+    pub fn fragmentation_share(&self) -> Option<f64> {
+        (self.cache_free.bytes > 0).then(|| self.fragmentation() as f64 / self.cache_free.bytes as f64)
+    }
+}
+
+/// Why a request failed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Verdict {
+    /// The request alone is larger than the device (or what this process may
+    /// use of it): no freeing can make it fit; usually a wrong shape.
+    RequestExceedsDevice,
+    /// The cache has enough free bytes, but no free block that large: they
+    /// are in pieces.
+    Fragmentation,
+    /// The device would have room but other processes hold it.
+    OtherProcesses,
+    /// There is not enough free memory: what this process holds has to shrink.
+    NotEnoughFree,
+}
+
+impl Verdict {
+    /// Decides why `requested` bytes failed, given `figures`, in this order:
+    /// larger than the device; enough free in the cache but in pieces
+    /// (free in cache ≥ request > largest free block); room taken by other
+    /// processes (free on the device and in the cache < request ≤ that plus
+    /// what other processes hold); otherwise not enough free memory.
+    pub fn decide(requested: u64, figures: &MemoryFigures) -> Verdict {
+        let device = figures.device;
+        if device.is_some_and(|d| d.total > 0 && requested > d.total) {
+            return Verdict::RequestExceedsDevice;
+        }
+        let cache = figures.cache_free;
+        if cache.bytes >= requested && cache.largest_block < requested {
+            return Verdict::Fragmentation;
+        }
+        if let Some(d) = device {
+            let free = d.free + cache.bytes;
+            if free < requested && d.other_processes.is_some_and(|others| free + others >= requested) {
+                return Verdict::OtherProcesses;
+            }
+        }
+        Verdict::NotEnoughFree
+    }
+
+    /// A short name: `request exceeds the device`, `fragmentation`, …
+    pub fn title(self) -> &'static str {
+        match self {
+            Verdict::RequestExceedsDevice => "the request alone exceeds the device",
+            Verdict::Fragmentation => "fragmentation",
+            Verdict::OtherProcesses => "other processes hold the memory",
+            Verdict::NotEnoughFree => "not enough free memory",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::ScriptedBackend;
+
+    const GIB: u64 = 1 << 30;
+    const MIB: u64 = 1 << 20;
+
+    /// A scripted 80 GiB device holding `allocated` bytes, with a cache and driver figures.
+    fn device(allocated: u64, cache: CacheFree, memory: DeviceMemory) -> (ScriptedBackend, Device) {
+        let backend = ScriptedBackend::new(1);
+        let gpu = Device::Cuda(0);
+        backend.alloc(gpu, allocated as i64);
+        backend.set_cache_free(gpu, cache);
+        backend.set_device_memory(gpu, memory);
+        (backend, gpu)
+    }
+
+    fn verdict(backend: &ScriptedBackend, device: Device, requested: u64) -> (Verdict, MemoryFigures) {
+        let figures = MemoryFigures::read(backend, device).unwrap();
+        (Verdict::decide(requested, &figures), figures)
+    }
+
+    #[test]
+    fn a_request_larger_than_the_device() {
+        let (backend, gpu) = device(GIB, CacheFree::default(), DeviceMemory::new(70 * GIB, 80 * GIB, None, None));
+        let (v, figures) = verdict(&backend, gpu, 4 << 40);
+        assert_eq!(v, Verdict::RequestExceedsDevice);
+        assert_eq!(figures.allocated, GIB as i64, "the allocator's figure, read through the backend");
+        // Just below the device's size, it is a matter of free memory.
+        assert_eq!(verdict(&backend, gpu, 79 * GIB).0, Verdict::NotEnoughFree);
+    }
+
+    #[test]
+    fn free_cache_in_pieces_is_fragmentation() {
+        // 6 GiB free in the cache, the largest block 512 MiB, 1 GiB asked.
+        let cache = CacheFree::new(6 * GIB, 512 * MIB);
+        let (backend, gpu) = device(70 * GIB, cache, DeviceMemory::new(200 * MIB, 80 * GIB, None, Some(0)));
+        let (v, figures) = verdict(&backend, gpu, GIB);
+        assert_eq!(v, Verdict::Fragmentation);
+        // The formula: free in cache minus the largest free block, and its share.
+        assert_eq!(figures.fragmentation(), 6 * GIB - 512 * MIB);
+        assert_eq!(figures.fragmentation_share(), Some((6 * GIB - 512 * MIB) as f64 / (6 * GIB) as f64));
+        // A request the largest block can serve never fails for fragmentation.
+        assert_ne!(verdict(&backend, gpu, 256 * MIB).0, Verdict::Fragmentation);
+        // Nor one larger than all the cache has free.
+        assert_ne!(verdict(&backend, gpu, 7 * GIB).0, Verdict::Fragmentation);
+    }
+
+    #[test]
+    fn room_held_by_other_processes() {
+        // 1 GiB free, 30 GiB held by others, 2 GiB asked.
+        let memory = DeviceMemory::new(GIB, 80 * GIB, Some(49 * GIB), Some(30 * GIB));
+        let (backend, gpu) = device(48 * GIB, CacheFree::new(100 * MIB, 100 * MIB), memory);
+        assert_eq!(verdict(&backend, gpu, 2 * GIB).0, Verdict::OtherProcesses);
+        // More than the others hold would free: this process must shrink.
+        assert_eq!(verdict(&backend, gpu, 40 * GIB).0, Verdict::NotEnoughFree);
+    }
+
+    #[test]
+    fn not_enough_free_memory_otherwise() {
+        let memory = DeviceMemory::new(GIB, 80 * GIB, Some(79 * GIB), Some(0));
+        let (backend, gpu) = device(78 * GIB, CacheFree::new(64 * MIB, 64 * MIB), memory);
+        assert_eq!(verdict(&backend, gpu, 4 * GIB).0, Verdict::NotEnoughFree);
+        // Without driver figures the verdict still stands on the cache alone.
+        let (backend, gpu) = device(GIB, CacheFree::default(), DeviceMemory::default());
+        backend.clear_device_memory(gpu);
+        let (v, figures) = verdict(&backend, gpu, 4 * GIB);
+        assert_eq!((v, figures.device, figures.fragmentation_share()), (Verdict::NotEnoughFree, None, None));
+    }
+}

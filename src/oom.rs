@@ -1,0 +1,807 @@
+//! The out-of-memory flight recorder: when a request of libtorch's CPU or
+//! CUDA allocator fails, memlab writes what was asked, what held the memory
+//! and why the request failed, before the error reaches the caller.
+//!
+//! Arm it once, with [`OomRecorder::arm`] or `MEMLAB_OOM_DIR=dir` (read as
+//! the program loads). Until a request fails it costs nothing: the allocators
+//! call in only on failure. Then, on the failing thread:
+//!
+//! - the facts are taken first: the request (as the allocator saw it), the
+//!   device, the profiled statement running and the failing call's Rust
+//!   frames, the allocator's figures and its cache's free blocks, the
+//!   driver's (or, for the CPU, the kernel's) figures;
+//! - what holds the memory is named by a walk over the registered var
+//!   stores, gradients, optimizer state and tensors that waits for no lock
+//!   (tch holds a var store's lock while `set_device`, `load` and `copy`
+//!   allocate: a store held then is listed as busy), and the rest is listed
+//!   by the site that allocated it while a [`Recording`](crate::Recording) runs;
+//! - a [`Verdict`] with its figures: the request alone exceeds the device,
+//!   fragmentation, other processes, or not enough free memory;
+//! - `DIR/memlab_oom_<pid>_<n>.txt` is written, with `.html` and `.pickle`
+//!   (the recording's report and PyTorch memory snapshot) while a
+//!   `Recording` runs; the report is kept for [`last_oom`];
+//! - a one-paragraph summary goes to memlab's warnings (standard error by
+//!   default). A sink set with `set_warnings` runs later, on a thread of
+//!   memlab's, never inside the allocator.
+//!
+//! The failing call still returns libtorch's error (`f_` calls an `Err`,
+//! others a panic), and the process goes on. At most
+//! [`max_reports`](OomRecorder::max_reports) reports are written per process
+//! (3 by default), so a retry loop cannot fill a disk; later failures are
+//! counted ([`ooms_seen`]). [`find_batch_size`](crate::find_batch_size)'s
+//! deliberate failures neither count nor print: it keeps their verdicts.
+//!
+//! Which failures can be seen: every failed request of the counting CPU
+//! allocator; on CUDA, every failed request of libtorch's caching allocator
+//! once memlab's observer is attached to it, which libtorch allows only
+//! after the first CUDA allocation. Arming attaches it then, or at once when
+//! CUDA memory was allocated already (or with
+//! [`init_cuda`](OomRecorder::init_cuda)); a failure in the first
+//! milliseconds of CUDA use can be missed, and the reports count those
+//! ([`OomReport::missed_before`]). Memory that CUDA libraries take outside
+//! libtorch's allocator (cuBLAS and cuDNN workspaces, the CUDA context)
+//! fails without any observer being told: those failures are not recorded.
+
+use std::cell::{Cell, RefCell};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+
+use memlab_core::events::{self, Frame, LiveAllocation};
+use memlab_core::oom::Failure;
+pub use memlab_core::oom::{CacheFree, DeviceMemory, MemoryFigures, Verdict};
+use memlab_core::render::{Cell as Kind, Column, Document, Render, Table};
+use memlab_core::{format_bytes, Device, Error, Result};
+use memlab_tch::BACKEND;
+use serde::Serialize;
+
+use crate::attribution::{attribute, site_label};
+use crate::named::{self, Sources};
+
+/// Reports written per process unless [`OomRecorder::max_reports`] says otherwise.
+pub const DEFAULT_MAX_REPORTS: usize = 3;
+/// Holders listed by name and by site (each); the rest are added up.
+const TOP_HOLDERS: usize = 20;
+/// Frames shown under an unnamed site.
+const SITE_FRAMES: usize = 6;
+
+/// Arms the out-of-memory recorder (see the [module docs](self)).
+///
+/// ```
+/// let dir = std::env::temp_dir().join(format!("memlab-oom-doc-{}", std::process::id()));
+/// memlab::OomRecorder::new(&dir).max_reports(2).arm()?;
+/// let asked = tch::Tensor::f_empty([1i64 << 46], (tch::Kind::Float, tch::Device::Cpu)); // 256 TiB
+/// assert!(asked.is_err(), "libtorch's error still reaches the caller");
+/// let report = memlab::last_oom().expect("the failure was recorded");
+/// assert_eq!(report.diagnosis.requested, 1 << 48);
+/// assert_eq!(report.diagnosis.verdict, memlab::oom::Verdict::RequestExceedsDevice);
+/// assert!(report.files[0].exists());
+/// memlab::OomRecorder::disarm();
+/// # std::fs::remove_dir_all(&dir).ok();
+/// # Ok::<(), memlab::Error>(())
+/// ```
+#[derive(Clone, Debug)]
+#[must_use = "nothing is armed until `arm()` is called"]
+pub struct OomRecorder {
+    dir: PathBuf,
+    max_reports: usize,
+    init_cuda: bool,
+}
+
+#[derive(Clone, Debug)]
+struct Config {
+    dir: PathBuf,
+    max_reports: usize,
+}
+
+static CONFIG: Mutex<Option<Config>> = Mutex::new(None);
+/// Set by [`OomRecorder::disarm`]: `MEMLAB_OOM_DIR` no longer arms either.
+static DISARMED: AtomicBool = AtomicBool::new(false);
+/// Failures seen while armed, written or not.
+static SEEN: AtomicU64 = AtomicU64::new(0);
+static LAST: Mutex<Option<Arc<OomReport>>> = Mutex::new(None);
+
+impl OomRecorder {
+    /// A recorder that writes its reports in `dir` (made if missing).
+    pub fn new(dir: impl Into<PathBuf>) -> OomRecorder {
+        OomRecorder { dir: dir.into(), max_reports: DEFAULT_MAX_REPORTS, init_cuda: false }
+    }
+
+    /// Writes at most `n` reports for the whole process (3 by default);
+    /// later failures are counted, not written.
+    pub fn max_reports(mut self, n: usize) -> OomRecorder {
+        self.max_reports = n;
+        self
+    }
+
+    /// Initialises CUDA now (one small allocation), so that memlab's
+    /// observer is on the CUDA allocator before the program's first CUDA
+    /// request: only then can a failure of that very request be recorded.
+    /// Off by default: arming never initialises CUDA unless asked.
+    pub fn init_cuda(mut self, on: bool) -> OomRecorder {
+        self.init_cuda = on;
+        self
+    }
+
+    /// Arms the recorder for the whole process (arming again replaces the
+    /// directory and the limit; the count of reports goes on). Fails, and
+    /// arms nothing, when `dir` cannot be written.
+    pub fn arm(self) -> Result<()> {
+        memlab_tch::oom::usable_dir(&self.dir).map_err(|why| {
+            Error::InvalidArgument(format!(
+                "out-of-memory reports cannot be written in {}: {why}; give a directory this process can write",
+                self.dir.display()
+            ))
+        })?;
+        if self.init_cuda && memlab_tch::cuda_is_available() {
+            let device = tch::Device::Cuda(memlab_core::Backend::current_cuda_device(&BACKEND).unwrap_or(0));
+            let first = tch::Tensor::f_zeros([1], (tch::Kind::Float, device)).map_err(memlab_tch::torch_error)?;
+            drop(first);
+        }
+        *CONFIG.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some(Config { dir: self.dir, max_reports: self.max_reports });
+        DISARMED.store(false, Ordering::Relaxed);
+        memlab_tch::oom::watch_cuda();
+        later::start();
+        Ok(())
+    }
+
+    /// Disarms the recorder (`MEMLAB_OOM_DIR` included) until the next [`arm`](Self::arm).
+    pub fn disarm() {
+        *CONFIG.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        DISARMED.store(true, Ordering::Relaxed);
+    }
+
+    /// The directory reports go to now, if the recorder is armed (by a call
+    /// or by `MEMLAB_OOM_DIR`).
+    pub fn armed_dir() -> Option<PathBuf> {
+        config().map(|c| c.dir)
+    }
+}
+
+fn config() -> Option<Config> {
+    if DISARMED.load(Ordering::Relaxed) {
+        return None;
+    }
+    if let Some(c) = CONFIG.lock().unwrap_or_else(|e| e.into_inner()).clone() {
+        return Some(c);
+    }
+    memlab_tch::oom::environment_dir().map(|dir| Config { dir: dir.clone(), max_reports: DEFAULT_MAX_REPORTS })
+}
+
+/// The last out-of-memory report written in this process, if any.
+pub fn last_oom() -> Option<Arc<OomReport>> {
+    LAST.lock().unwrap_or_else(|e| e.into_inner()).clone()
+}
+
+/// Out-of-memory failures seen while the recorder was armed, written or not
+/// (those of [`find_batch_size`](crate::find_batch_size)'s tries excluded).
+pub fn ooms_seen() -> u64 {
+    SEEN.load(Ordering::Relaxed)
+}
+
+/// Why a request failed: the request, the device's figures then, and the verdict.
+#[derive(Clone, Debug, Serialize)]
+#[non_exhaustive]
+pub struct Diagnosis {
+    /// Where.
+    pub device: Device,
+    /// The bytes the allocator tried to obtain (see [`rounded`](Self::rounded)).
+    pub requested: u64,
+    /// True on CUDA: `requested` is the caching allocator's rounding of the
+    /// request to the segment it tried to reserve, not the tensor's bytes.
+    pub rounded: bool,
+    /// The device's memory at the failure.
+    pub figures: MemoryFigures,
+    /// Why it failed.
+    pub verdict: Verdict,
+    /// The verdict in words, with its figures and what to do.
+    pub advice: String,
+}
+
+/// A named storage holding memory when the request failed.
+#[derive(Clone, Debug, Serialize)]
+#[non_exhaustive]
+pub struct NamedHolder {
+    /// Its name (the first of its views, with how many more there are).
+    pub name: String,
+    /// `parameter`, `gradient`, `optimizer state` or `tensor`.
+    pub kind: &'static str,
+    /// Its bytes.
+    pub bytes: u64,
+}
+
+/// Unnamed live allocations from one site.
+#[derive(Clone, Debug, Serialize)]
+#[non_exhaustive]
+pub struct SiteHolder {
+    /// The user's frame or profiled statement that made them.
+    pub site: String,
+    /// Their bytes.
+    pub bytes: u64,
+    /// How many.
+    pub blocks: u64,
+    /// The user's frames of one of them, innermost first, when recorded with backtraces.
+    pub frames: Vec<Frame>,
+}
+
+/// What held the device's memory when the request failed.
+#[derive(Clone, Debug, Default, Serialize)]
+#[non_exhaustive]
+pub struct Holders {
+    /// Bytes of the named storages.
+    pub named_bytes: u64,
+    /// The largest named storages, largest first.
+    pub named: Vec<NamedHolder>,
+    /// Named storages beyond those listed: how many, and their bytes.
+    pub named_rest: (usize, u64),
+    /// Var stores (or the registry) the walk passed by because a lock on
+    /// them was held, by this thread or another.
+    pub busy: Vec<String>,
+    /// Allocated bytes no named storage accounts for.
+    pub not_named: i64,
+    /// While a recording runs: the unnamed allocations by site, largest first.
+    pub by_site: Option<Vec<SiteHolder>>,
+    /// CUDA: what the allocator added by rounding blocks up (part of `not_named`).
+    pub rounding: i64,
+}
+
+/// One out-of-memory failure, as the recorder wrote it.
+#[derive(Clone, Debug, Serialize)]
+#[non_exhaustive]
+pub struct OomReport {
+    /// Its number in this process (1 for the first).
+    pub number: u64,
+    /// The process.
+    pub pid: u32,
+    /// When, in UTC (`YYYY-MM-DD HH:MM:SS.mmm`).
+    pub time: String,
+    /// memlab's number for the failing thread, and its name.
+    pub thread: (u64, Option<String>),
+    /// The request, the figures and the verdict.
+    pub diagnosis: Diagnosis,
+    /// CUDA: the failing thread's current stream.
+    pub stream: Option<u64>,
+    /// The profiled statement that was running, if any.
+    pub statement: Option<String>,
+    /// The user's Rust frames of the failing call, innermost first.
+    pub frames: Vec<Frame>,
+    /// What held the memory.
+    pub holders: Holders,
+    /// Why a driver figure is missing, where one is.
+    pub missing: Vec<String>,
+    /// CUDA failures the allocator counted before memlab's observer was on.
+    pub missed_before: Option<u64>,
+    /// The files written.
+    pub files: Vec<PathBuf>,
+    /// Files that could not be written, and why.
+    pub file_errors: Vec<String>,
+}
+
+thread_local! {
+    /// Set while `find_batch_size` runs a try on this thread.
+    static QUIET: Cell<bool> = const { Cell::new(false) };
+    /// The first failure of the quiet run.
+    static QUIET_SEEN: RefCell<Option<Diagnosis>> = const { RefCell::new(None) };
+}
+
+/// Runs `f` with this thread's out-of-memory failures kept quiet (not
+/// counted, not written, not printed) and returns the first one's diagnosis.
+pub(crate) fn quietly<R>(f: impl FnOnce() -> R) -> (R, Option<Diagnosis>) {
+    struct Reset(bool);
+    impl Drop for Reset {
+        fn drop(&mut self) {
+            let _ = QUIET.try_with(|q| q.set(self.0));
+        }
+    }
+    let _ = QUIET_SEEN.try_with(|s| s.borrow_mut().take());
+    memlab_tch::oom::watch_cuda();
+    let reset = Reset(QUIET.try_with(|q| q.replace(true)).unwrap_or(false));
+    let out = f();
+    drop(reset);
+    (out, QUIET_SEEN.try_with(|s| s.borrow_mut().take()).ok().flatten())
+}
+
+/// memlab's handler of failures (submitted in `lib.rs`).
+pub(crate) fn on_failure(failure: &Failure) {
+    if QUIET.try_with(Cell::get).unwrap_or(false) {
+        let _ = QUIET_SEEN.try_with(|s| {
+            if s.borrow().is_none() {
+                *s.borrow_mut() = Some(diagnose(failure, None).0);
+            }
+        });
+        return;
+    }
+    let Some(config) = config() else { return };
+    let number = SEEN.fetch_add(1, Ordering::Relaxed) + 1;
+    if number > config.max_reports as u64 {
+        if number == config.max_reports as u64 + 1 {
+            say(format!(
+                "memlab: {} out-of-memory reports written, the most for this process; later failures are \
+                 counted (memlab::oom::ooms_seen()), not written\n",
+                config.max_reports
+            ));
+        }
+        return;
+    }
+    let report = Arc::new(OomReport::capture(failure, number, &config.dir));
+    let summary = report.summary();
+    *LAST.lock().unwrap_or_else(|e| e.into_inner()) = Some(report);
+    say(summary);
+}
+
+/// Says `text` through memlab's warnings: now when they go to a stream (so
+/// that it is out even if the process ends with the error), later from a
+/// thread of memlab's when they go to a sink.
+fn say(text: String) {
+    if !memlab_core::output::warn_to_stream(&text) {
+        later::warn(text);
+    }
+}
+
+/// The figures of `failure`'s device and the verdict; with the holders,
+/// advice that names the largest of them.
+fn diagnose(failure: &Failure, holders: Option<&Holders>) -> (Diagnosis, Vec<String>) {
+    let device = failure.device;
+    let mut missing = Vec::new();
+    let mut figures = MemoryFigures::read(&BACKEND, device).unwrap_or_else(|e| {
+        missing.push(format!("the allocator's figures: {e}"));
+        MemoryFigures::default()
+    });
+    // The allocator's own figures at the failure beat a reading now.
+    if let (Some(free), Some(total)) = (failure.device_free, failure.device_total) {
+        let (this, others) = figures.device.map_or((None, None), |d| (d.this_process, d.other_processes));
+        figures.device = Some(DeviceMemory::new(free, total, this, others));
+    }
+    if let Device::Cuda(i) = device {
+        if figures.device.is_none() {
+            missing.push(format!("the driver's free and total memory: {}", error_of(memlab_tch::driver_memory(i))));
+        }
+        if figures.device.is_some_and(|d| d.this_process.is_none()) {
+            match memlab_tch::process_gpu_memory(i) {
+                Ok(None) => missing.push("this process's use: NVML does not list this process".to_string()),
+                Err(e) => missing.push(format!("this process's and other processes' use (NVML): {e}")),
+                Ok(Some(_)) => {}
+            }
+        }
+    } else if figures.device.is_none() {
+        missing.push("the host's memory: /proc/meminfo could not be read".to_string());
+    }
+    let verdict = Verdict::decide(failure.requested, &figures);
+    let advice = advice(failure, &figures, verdict, holders);
+    (Diagnosis { device, requested: failure.requested, rounded: failure.rounded, figures, verdict, advice }, missing)
+}
+
+fn error_of<T>(r: Result<T>) -> String {
+    r.err().map_or_else(|| "unknown".to_string(), |e| e.to_string())
+}
+
+fn advice(failure: &Failure, f: &MemoryFigures, verdict: Verdict, holders: Option<&Holders>) -> String {
+    let b = |n: u64| format_bytes(n as i64);
+    let asked = b(failure.requested);
+    let total = f.device.map(|d| d.total).unwrap_or(0);
+    let device_free = f.device.map(|d| d.free).unwrap_or(0);
+    match verdict {
+        Verdict::RequestExceedsDevice => format!(
+            "The request alone ({asked}, {} bytes: {} float32 elements) is larger than all of {} ({}): no amount \
+             of freeing makes it fit. Look at the shape of the tensor made on this line: a batch, sequence or \
+             vocabulary size where a feature size belongs, or a dimension multiplied twice, is the usual cause.",
+            failure.requested,
+            failure.requested / 4,
+            failure.device,
+            b(total)
+        ),
+        Verdict::Fragmentation => format!(
+            "The cache holds {} free, enough for the {asked} request, but its largest free block is {}: the free \
+             memory is in pieces ({} of it, {:.0}%, is in blocks too small to use here). Set \
+             PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before the process starts (segments then grow \
+             instead of splitting), or call memlab::gpu::empty_cache() where few tensors are alive.",
+            b(f.cache_free.bytes),
+            b(f.cache_free.largest_block),
+            b(f.fragmentation()),
+            f.fragmentation_share().unwrap_or(0.0) * 100.0
+        ),
+        Verdict::OtherProcesses => format!(
+            "Other processes hold {} of {}; with {} free on the device and {} in the cache, the {asked} request \
+             would fit without them. Free the device (nvidia-smi lists them), or run where it is free.",
+            b(f.device.and_then(|d| d.other_processes).unwrap_or(0)),
+            failure.device,
+            b(device_free),
+            b(f.cache_free.bytes)
+        ),
+        Verdict::NotEnoughFree => {
+            let mut text = format!(
+                "{} has {} free and its cache {}, and {asked} was asked: this process holds too much ({} \
+                 allocated by tensors).",
+                failure.device,
+                b(device_free),
+                b(f.cache_free.bytes),
+                format_bytes(f.allocated)
+            );
+            if let Some(h) = holders {
+                let mut largest: Vec<(String, u64)> =
+                    h.named.iter().take(3).map(|n| (format!("{} ({})", n.name, n.kind), n.bytes)).collect();
+                largest.extend(h.by_site.iter().flatten().take(3).map(|s| (s.site.clone(), s.bytes)));
+                largest.sort_by_key(|(_, bytes)| std::cmp::Reverse(*bytes));
+                if !largest.is_empty() {
+                    let list: Vec<String> =
+                        largest.iter().take(3).map(|(n, bytes)| format!("{n}: {}", b(*bytes))).collect();
+                    text.push_str(&format!(" The largest holders: {}.", list.join("; ")));
+                }
+            }
+            text.push_str(
+                " Shrink what they hold: a smaller batch or sequence, fewer or smaller layers, mixed precision, \
+                 or tensors an earlier step kept (a list of outputs or losses with their graphs).",
+            );
+            text
+        }
+    }
+}
+
+impl OomReport {
+    /// Takes the facts of `failure` and writes the report's files in `dir`.
+    fn capture(failure: &Failure, number: u64, dir: &Path) -> OomReport {
+        let sources = Sources::registered_now();
+        let holders = holders(failure.device, &sources);
+        let (diagnosis, missing) = diagnose(failure, Some(&holders));
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        let mut report = OomReport {
+            number,
+            pid: std::process::id(),
+            time: crate::tracker::utc(now.as_secs(), now.subsec_millis()),
+            thread: (failure.thread, std::thread::current().name().map(str::to_string)),
+            diagnosis,
+            stream: failure.stream,
+            statement: failure.statement.map(|s| s.to_string()),
+            frames: failure.backtrace.as_ref().map(|b| b.frames().to_vec()).unwrap_or_default(),
+            holders,
+            missing,
+            missed_before: matches!(failure.device, Device::Cuda(_))
+                .then(memlab_tch::oom::ooms_before_watching)
+                .flatten(),
+            files: Vec::new(),
+            file_errors: Vec::new(),
+        };
+        report.write(dir, &sources);
+        report
+    }
+
+    /// Writes the text report and, while a recording runs, its HTML report
+    /// and PyTorch snapshot; failures to write are kept, never raised.
+    fn write(&mut self, dir: &Path, sources: &Sources) {
+        let base = dir.join(format!("memlab_oom_{}_{}", self.pid, self.number));
+        if events::is_active() {
+            let exporter = crate::export::Exporter::from_sources(Sources::registered_now());
+            let html = base.with_extension("html");
+            match exporter.html_report().and_then(|r| r.write(&html)) {
+                Ok(()) => self.files.push(html),
+                Err(e) => self.file_errors.push(format!("{}: {e}", html.display())),
+            }
+            let pickle = base.with_extension("pickle");
+            match exporter.snapshot().and_then(|s| s.write_pickle(&pickle)) {
+                Ok(()) => self.files.push(pickle),
+                Err(e) => self.file_errors.push(format!("{}: {e}", pickle.display())),
+            }
+        }
+        self.holders.busy = sources.busy();
+        let text = base.with_extension("txt");
+        self.files.insert(0, text.clone());
+        if let Err(e) = std::fs::write(&text, self.to_text()) {
+            self.files.remove(0);
+            self.file_errors.push(format!("{}: {e}", text.display()));
+        }
+    }
+
+    /// The one paragraph the recorder prints.
+    pub fn summary(&self) -> String {
+        let d = &self.diagnosis;
+        let free = d.figures.device.map(|m| format!(", {} free on {}", format_bytes(m.free as i64), d.device));
+        let place = self.statement.clone().or_else(|| self.frames.first().map(Frame::to_string));
+        let mut text = format!(
+            "memlab: out of memory on {}: {} requested{}{}. Verdict: {}. ",
+            d.device,
+            format_bytes(d.requested as i64),
+            free.unwrap_or_default(),
+            place.map(|p| format!(" at {p}")).unwrap_or_default(),
+            d.verdict.title()
+        );
+        match self.files.first() {
+            Some(first) => {
+                text.push_str(&format!("Report: {}", first.display()));
+                let others: Vec<String> = self.files[1..]
+                    .iter()
+                    .filter_map(|f| f.extension().map(|e| e.to_string_lossy().into_owned()))
+                    .collect();
+                if !others.is_empty() {
+                    text.push_str(&format!(" (and .{})", others.join(", .")));
+                }
+                text.push_str(".\n");
+            }
+            None => text.push_str(&format!("The report could not be written: {}.\n", self.file_errors.join("; "))),
+        }
+        text
+    }
+}
+
+/// What holds `device`'s memory, named without waiting for any lock.
+fn holders(device: Device, sources: &Sources) -> Holders {
+    let mut out = Holders::default();
+    let Ok(stats) = memlab_tch::device_stats(device) else { return out };
+    let named = match sources.collect() {
+        Ok(named) => named,
+        Err(e) => {
+            out.busy.push(format!("the named tensors could not be walked: {e}"));
+            named::Named::default()
+        }
+    };
+    let live = events::is_active().then(events::live);
+    let account = attribute(device, &stats, &named, live.as_deref());
+    out.named_bytes = account.named;
+    out.not_named = account.allocated - account.named as i64;
+    out.rounding = account.rounding;
+    let mut rows: Vec<NamedHolder> = named
+        .storages(device)
+        .iter()
+        .filter(|s| s.from_allocator)
+        .map(|s| {
+            let first = &s.views[0];
+            let more = s.views.len() - 1;
+            NamedHolder {
+                name: if more > 0 { format!("{} (+{more} views)", first.name) } else { first.name.clone() },
+                kind: named::kind_label(first.kind),
+                bytes: s.nbytes,
+            }
+        })
+        .collect();
+    rows.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.name.cmp(&b.name)));
+    let rest = rows.split_off(rows.len().min(TOP_HOLDERS));
+    out.named_rest = (rest.len(), rest.iter().map(|r| r.bytes).sum());
+    out.named = rows;
+    if let (Some(groups), Some(live)) = (account.unnamed, live.as_deref()) {
+        let frames_of = |site: &Option<String>| -> Vec<Frame> {
+            live.iter()
+                .filter(|a: &&LiveAllocation| a.device == device && &a.site() == site)
+                .find_map(|a| a.backtrace.as_ref())
+                .map(|b| b.frames().iter().take(SITE_FRAMES).cloned().collect())
+                .unwrap_or_default()
+        };
+        out.by_site = Some(
+            groups
+                .iter()
+                .take(TOP_HOLDERS)
+                .map(|g| SiteHolder {
+                    site: site_label(g).to_string(),
+                    bytes: g.bytes,
+                    blocks: g.blocks,
+                    frames: frames_of(&g.site),
+                })
+                .collect(),
+        );
+    }
+    out
+}
+
+rendered!(OomReport, Diagnosis);
+
+impl Render for Diagnosis {
+    fn document(&self) -> Document {
+        let mut doc = Document::new();
+        doc.heading(format!("Verdict: {}", self.verdict.title()));
+        doc.line(self.advice.clone());
+        doc
+    }
+}
+
+impl Render for OomReport {
+    fn document(&self) -> Document {
+        const W: usize = 44;
+        let d = &self.diagnosis;
+        let b = |n: u64| format_bytes(n as i64);
+        let mut doc = Document::new();
+        doc.banner(format!("memlab: out of memory on {} (report {} of process {})", d.device, self.number, self.pid));
+        let thread = match &self.thread.1 {
+            Some(name) => format!("thread {} ({name})", self.thread.0),
+            None => format!("thread {}", self.thread.0),
+        };
+        doc.line(format!("{} UTC, {thread}", self.time));
+        doc.blank();
+        doc.label(W, "Requested", b(d.requested));
+        let how = if d.rounded {
+            "as the CUDA caching allocator rounded the request to the segment it tried to reserve"
+        } else {
+            "as asked"
+        };
+        doc.indented(2, format!("{} bytes, {how}", d.requested));
+        if let Some(stream) = self.stream {
+            doc.indented(2, format!("on the thread's current stream {stream:#x}"));
+        }
+        match &self.statement {
+            Some(st) => doc.line(format!("While running {st}")),
+            None => doc.line("No profiled statement was running (#[memlab::profile] names the line)."),
+        };
+        if !self.frames.is_empty() {
+            doc.line("The failing call, innermost first:");
+            for f in &self.frames {
+                doc.indented(2, f.to_string());
+            }
+        }
+        doc.blank();
+        for block in Render::document(d).to_text().lines() {
+            doc.line(block.to_string());
+        }
+        doc.blank();
+        doc.heading(format!("Allocator ({})", d.device));
+        doc.label(W, "allocated (live tensors)", format_bytes(d.figures.allocated));
+        doc.label(W, "reserved", format_bytes(d.figures.reserved));
+        if matches!(d.device, Device::Cuda(_)) {
+            let c = d.figures.cache_free;
+            doc.label(W, "free in the cache", b(c.bytes));
+            doc.label(W, "largest free block", b(c.largest_block));
+            let share = d.figures.fragmentation_share().map(|s| format!(" ({:.0}% of free)", s * 100.0));
+            doc.label(
+                W,
+                "fragmentation (free minus largest block)",
+                format!("{}{}", b(d.figures.fragmentation()), share.unwrap_or_default()),
+            );
+        } else {
+            doc.indented(2, "the CPU allocator keeps no cache: what is freed goes back at once");
+        }
+        if let Some(n) = self.missed_before.filter(|n| *n > 0) {
+            doc.indented(2, format!("{n} earlier failure(s) happened before memlab watched this allocator"));
+        }
+        doc.blank();
+        let source = if matches!(d.device, Device::Cuda(_)) { "driver" } else { "kernel" };
+        doc.heading(format!("Device ({source})"));
+        match d.figures.device {
+            Some(m) => {
+                doc.label(W, "free", b(m.free));
+                doc.label(W, "total", b(m.total));
+                if let Some(this) = m.this_process {
+                    doc.label(
+                        W,
+                        if source == "driver" { "this process (NVML)" } else { "this process (resident set)" },
+                        b(this),
+                    );
+                }
+                if let Some(others) = m.other_processes {
+                    doc.label(W, "other processes (NVML)", b(others));
+                }
+            }
+            None => {
+                doc.indented(2, "not read");
+            }
+        }
+        for why in &self.missing {
+            doc.indented(2, format!("not read: {why}"));
+        }
+        doc.blank();
+        doc.heading("What holds the memory");
+        let h = &self.holders;
+        doc.label(W, "named (var stores, gradients, optimizer state, tensors)", b(h.named_bytes));
+        if !h.named.is_empty() {
+            let mut table = Table::new(vec![
+                Column::new("name", Kind::Text).max_width(70),
+                Column::new("kind", Kind::Text),
+                Column::new("bytes", Kind::Figure).min_width(9),
+            ]);
+            for n in &h.named {
+                table.row([n.name.clone(), n.kind.to_string(), b(n.bytes)]);
+            }
+            if h.named_rest.0 > 0 {
+                table.row([format!("{} more, each smaller", h.named_rest.0), String::new(), b(h.named_rest.1)]);
+            }
+            doc.table(table);
+        }
+        for busy in &h.busy {
+            doc.indented(2, format!("not walked: {busy}"));
+        }
+        doc.label(W, "not named", format_bytes(h.not_named));
+        match &h.by_site {
+            Some(sites) if !sites.is_empty() => {
+                let mut table = Table::new(vec![
+                    Column::new("where allocated", Kind::Text).max_width(90),
+                    Column::new("blocks", Kind::Figure),
+                    Column::new("bytes", Kind::Figure).min_width(9),
+                ]);
+                for s in sites {
+                    table.row([s.site.clone(), s.blocks.to_string(), b(s.bytes)]);
+                }
+                doc.table(table);
+                for s in sites.iter().filter(|s| s.frames.len() > 1) {
+                    doc.indented(2, format!("{}:", s.site));
+                    for f in &s.frames {
+                        doc.indented(4, f.to_string());
+                    }
+                }
+            }
+            Some(_) => {
+                doc.indented(2, "no live allocation the recording saw is unnamed");
+            }
+            None => {
+                doc.indented(
+                    2,
+                    "start a memlab::Recording (with backtraces) to list these by where they were allocated",
+                );
+            }
+        }
+        if h.rounding > 0 {
+            doc.indented(2, format!("of which {} is the allocator's rounding of blocks", format_bytes(h.rounding)));
+        }
+        doc.blank();
+        if !self.files.is_empty() {
+            let files: Vec<String> = self.files.iter().map(|f| f.display().to_string()).collect();
+            doc.line(format!("Files: {}", files.join(", ")));
+        }
+        for e in &self.file_errors {
+            doc.line(format!("Not written: {e}"));
+        }
+        doc
+    }
+}
+
+/// Summaries for a warnings sink, delivered from a thread of memlab's (a sink
+/// is user code, which must not run inside the allocator).
+mod later {
+    use super::*;
+
+    static QUEUE: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    static READY: Condvar = Condvar::new();
+
+    pub(super) fn warn(text: String) {
+        start();
+        QUEUE.lock().unwrap_or_else(|e| e.into_inner()).push(text);
+        READY.notify_one();
+    }
+
+    /// Starts the delivering thread, once.
+    pub(super) fn start() {
+        static STARTED: OnceLock<()> = OnceLock::new();
+        STARTED.get_or_init(|| {
+            let _ = std::thread::Builder::new().name("memlab-oom-warnings".into()).spawn(|| loop {
+                let texts = {
+                    let mut queue = QUEUE.lock().unwrap_or_else(|e| e.into_inner());
+                    while queue.is_empty() {
+                        queue = READY.wait(queue).unwrap_or_else(|e| e.into_inner());
+                    }
+                    std::mem::take(&mut *queue)
+                };
+                for text in texts {
+                    memlab_core::output::warn(&text);
+                }
+            });
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn advice_names_the_figures_of_each_verdict() {
+        let mut failure = Failure::here(Device::Cuda(0), 1 << 30);
+        failure.rounded = true;
+        let gib = 1u64 << 30;
+        let mut figures = MemoryFigures::default();
+        figures.cache_free = memlab_core::oom::CacheFree::new(3 * gib, 256 << 20);
+        figures.device = Some(DeviceMemory::new(gib / 2, 80 * gib, Some(70 * gib), Some(9 * gib)));
+        let frag = advice(&failure, &figures, Verdict::Fragmentation, None);
+        assert!(
+            frag.contains("3.00G free") && frag.contains("256.00M") && frag.contains("expandable_segments:True"),
+            "{frag}"
+        );
+        assert!(frag.contains("(2.75G of it, 92%"), "{frag}");
+        let others = advice(&failure, &figures, Verdict::OtherProcesses, None);
+        assert!(others.contains("Other processes hold 9.00G of cuda:0"), "{others}");
+        let holders = Holders {
+            named: vec![NamedHolder { name: "model.fc.weight".into(), kind: "parameter", bytes: 40 * gib }],
+            ..Holders::default()
+        };
+        let short = advice(&failure, &figures, Verdict::NotEnoughFree, Some(&holders));
+        assert!(short.contains("The largest holders: model.fc.weight (parameter): 40.00G."), "{short}");
+        failure.requested = 4 << 40;
+        let huge = advice(&failure, &figures, Verdict::RequestExceedsDevice, None);
+        assert!(huge.contains("(4.00T, 4398046511104 bytes: 1099511627776 float32 elements)"), "{huge}");
+        assert!(huge.contains("all of cuda:0 (80.00G)"), "{huge}");
+    }
+}

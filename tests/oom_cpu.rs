@@ -1,0 +1,315 @@
+//! The out-of-memory recorder on the CPU: a request of 2^48 bytes fails
+//! under any overcommit setting, the counting allocator sees the failure,
+//! and the recorder writes its report before libtorch's error reaches the
+//! caller. Limits and the environment variable are per process: those tests
+//! run this binary again as a child (see `common::run_child`).
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use common::pytorch::{python, VALIDATE};
+use common::{check_child, child, floats, serial, within};
+use memlab::oom::Verdict;
+use memlab::{Device, OomRecorder};
+use tch::nn::{self, Module, OptimizerConfig};
+use tch::{Kind, Tensor};
+
+/// 2^46 floats: 2^48 bytes (256 TiB).
+const TOO_BIG: i64 = 1 << 46;
+
+fn dir(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("memlab-oom-{}-{name}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    dir
+}
+
+fn reports(dir: &Path, extension: &str) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> =
+        std::fs::read_dir(dir).map(|d| d.filter_map(|e| e.ok().map(|e| e.path())).collect()).unwrap_or_default();
+    out.retain(|p| p.extension().is_some_and(|e| e == extension));
+    out.sort();
+    out
+}
+
+/// The line of this file where `code` is.
+fn line_of(code: &str) -> u32 {
+    let source = include_str!("oom_cpu.rs");
+    source.lines().position(|l| l.contains(code)).expect("the code is in this file") as u32 + 1
+}
+
+#[memlab::profile(device = "cpu")]
+fn train_step(net: &nn::Sequential, opt: &mut nn::Optimizer, blow_up: bool) -> Result<f64, tch::TchError> {
+    let x = Tensor::ones([16, 64], (Kind::Float, tch::Device::Cpu));
+    let loss = net.forward(&x).square().mean(Kind::Float);
+    opt.backward_step(&loss);
+    if blow_up {
+        let _huge = Tensor::f_empty([TOO_BIG], (Kind::Float, tch::Device::Cpu))?;
+    }
+    Ok(loss.double_value(&[]))
+}
+
+#[test]
+fn a_failed_request_is_reported_before_the_error_arrives_and_training_goes_on() {
+    let _s = serial();
+    memlab::clear_registry();
+    let out = dir("report");
+    OomRecorder::new(&out).max_reports(100).arm().unwrap();
+    let vs = nn::VarStore::new(tch::Device::Cpu);
+    let net = nn::seq().add(nn::linear(vs.root() / "fc", 64, 64, Default::default()));
+    memlab::register_var_store("model", &vs);
+    let mut opt = nn::Adam::default().build(&vs, 1e-3).unwrap();
+    let recording = memlab::Recording::start(memlab::events::Settings::default().backtraces(true)).unwrap();
+    let kept = floats(3000); // unnamed, allocated here: listed by its site
+    train_step(&net, &mut opt, false).unwrap();
+    memlab::register_optimizer(&opt).unwrap();
+
+    let err = train_step(&net, &mut opt, true).expect_err("2^48 bytes cannot be allocated");
+    assert!(err.to_string().contains("allocate memory"), "libtorch's own error reaches the caller: {err}");
+    // Training goes on.
+    assert!(train_step(&net, &mut opt, false).unwrap().is_finite());
+
+    let report = memlab::last_oom().expect("the failure was recorded");
+    let d = &report.diagnosis;
+    assert_eq!((d.device, d.requested, d.rounded), (Device::Cpu, 1 << 48, false));
+    assert_eq!(d.verdict, Verdict::RequestExceedsDevice);
+    let host = d.figures.device.expect("the host's memory");
+    assert!(host.total > 0 && host.free <= host.total && host.this_process.is_some());
+    assert!(d.advice.contains("256.00T") && d.advice.contains("shape"), "{}", d.advice);
+    // The statement and the frames of the failing call.
+    let line = line_of("let _huge = Tensor::f_empty([TOO_BIG]");
+    let statement = report.statement.as_deref().expect("a profiled statement ran");
+    assert!(statement.contains(&format!("oom_cpu.rs:{line}")) && statement.contains("f_empty"), "{statement}");
+    assert!(report.frames.iter().any(|f| f.function.contains("train_step")), "{:?}", report.frames);
+    // What held the memory: the model by name, exactly; the rest by site.
+    let h = &report.holders;
+    let weight = h.named.iter().find(|n| n.name == "model.fc.weight").expect("the weight by name");
+    assert_eq!((weight.kind, weight.bytes), ("parameter", 64 * 64 * 4));
+    assert!(h.named.iter().any(|n| n.name == "model.fc.weight.exp_avg" && n.kind == "optimizer state"));
+    assert!(h.named.iter().any(|n| n.name == "model.fc.weight.grad" && n.kind == "gradient"));
+    // Weight and bias, their gradients and Adam's two moments: four times the parameters.
+    assert_eq!(h.named_bytes, 4 * (64 * 64 + 64) * 4);
+    assert_eq!(h.named.iter().map(|n| n.bytes).sum::<u64>() + h.named_rest.1, h.named_bytes);
+    let sites = h.by_site.as_ref().expect("a recording runs: sites");
+    let mine = sites.iter().find(|s| s.bytes == 12_000).expect("the 12,000-byte tensor by its site");
+    // Its site is the helper that made it; its frames lead back to this test.
+    assert!(
+        mine.site.starts_with("floats at ") && mine.frames.iter().any(|f| f.file.ends_with("oom_cpu.rs")),
+        "{mine:?}"
+    );
+    assert!(h.busy.is_empty(), "{:?}", h.busy);
+
+    // The files: the text report, and with a recording the HTML and the snapshot.
+    let expected: Vec<String> = ["txt", "html", "pickle"]
+        .iter()
+        .map(|e| format!("memlab_oom_{}_{}.{e}", std::process::id(), report.number))
+        .collect();
+    let names: Vec<String> =
+        report.files.iter().map(|f| f.file_name().unwrap().to_string_lossy().into_owned()).collect();
+    assert_eq!(names, expected, "{:?}", report.file_errors);
+    let text = std::fs::read_to_string(&report.files[0]).unwrap();
+    for needle in [
+        "Verdict: the request alone exceeds the device",
+        "281474976710656 bytes, as asked",
+        &format!("oom_cpu.rs:{line}"),
+        "model.fc.weight",
+        "not named",
+    ] {
+        assert!(text.contains(needle), "{needle:?} in the report:\n{text}");
+    }
+    assert_eq!(text, report.to_text(), "the file is the report's text");
+    // PyTorch's reader takes the snapshot, whose trace has the failure.
+    let pickle = report.files[2].to_str().unwrap();
+    python(&["-c", VALIDATE, pickle]);
+    let trace = python(&["-m", "torch.cuda._memory_viz", "trace", pickle]);
+    assert!(trace.contains("raise OutOfMemoryError # 256.0TiB requested"), "{trace}");
+    assert!(report.summary().contains("Verdict: the request alone exceeds the device. Report: "));
+    drop((kept, recording));
+    OomRecorder::disarm();
+    memlab::clear_registry();
+    std::fs::remove_dir_all(&out).ok();
+}
+
+#[test]
+fn a_failure_on_another_thread_is_caught() {
+    let _s = serial();
+    let out = dir("thread");
+    OomRecorder::new(&out).max_reports(100).arm().unwrap();
+    let before = memlab::oom::ooms_seen();
+    let main = memlab::events::thread_number();
+    let worker = std::thread::Builder::new()
+        .name("loader".into())
+        .spawn(|| Tensor::f_empty([TOO_BIG], (Kind::Float, tch::Device::Cpu)).is_err())
+        .unwrap();
+    assert!(worker.join().unwrap(), "the worker got libtorch's error");
+    assert_eq!(memlab::oom::ooms_seen(), before + 1);
+    let report = memlab::last_oom().unwrap();
+    assert_ne!(report.thread.0, main);
+    assert_eq!(report.thread.1.as_deref(), Some("loader"));
+    assert!(report.files[0].exists());
+    OomRecorder::disarm();
+    std::fs::remove_dir_all(&out).ok();
+}
+
+#[test]
+fn a_var_store_held_by_the_failing_thread_is_reported_busy_not_waited_for() {
+    let _s = serial();
+    memlab::clear_registry();
+    let out = dir("busy");
+    OomRecorder::new(&out).max_reports(100).arm().unwrap();
+    let report = within(Duration::from_secs(60), {
+        let out = out.clone();
+        move || {
+            let vs = nn::VarStore::new(tch::Device::Cpu);
+            let _fc = nn::linear(vs.root() / "fc", 8, 8, Default::default());
+            memlab::register_var_store("held", &vs);
+            // As tch's set_device does: the store's lock held while allocating.
+            let _held = vs.variables_.lock().unwrap();
+            assert!(Tensor::f_empty([TOO_BIG], (Kind::Float, tch::Device::Cpu)).is_err());
+            let report = memlab::last_oom().unwrap();
+            assert!(report.files[0].starts_with(&out));
+            report
+        }
+    });
+    assert!(report.holders.busy.iter().any(|b| b.starts_with("held (its lock was held")), "{:?}", report.holders.busy);
+    assert!(report.to_text().contains("not walked: held"), "{}", report.to_text());
+    OomRecorder::disarm();
+    memlab::clear_registry();
+    std::fs::remove_dir_all(&out).ok();
+}
+
+#[test]
+fn disarmed_it_writes_nothing() {
+    let _s = serial();
+    let out = dir("disarmed");
+    OomRecorder::new(&out).arm().unwrap();
+    OomRecorder::disarm();
+    assert_eq!(OomRecorder::armed_dir(), None);
+    let before = memlab::oom::ooms_seen();
+    assert!(Tensor::f_empty([TOO_BIG], (Kind::Float, tch::Device::Cpu)).is_err());
+    assert_eq!(memlab::oom::ooms_seen(), before);
+    assert!(reports(&out, "txt").is_empty());
+    std::fs::remove_dir_all(&out).ok();
+}
+
+#[test]
+fn a_directory_that_cannot_be_written_is_an_error_at_arming() {
+    let _s = serial();
+    let file = dir("not-a-dir");
+    std::fs::write(&file, b"").unwrap();
+    let err = OomRecorder::new(file.join("reports")).arm().unwrap_err();
+    assert!(err.to_string().contains("cannot be written"), "{err}");
+    assert_eq!(OomRecorder::armed_dir(), None, "nothing armed");
+    std::fs::remove_file(&file).ok();
+}
+
+#[test]
+fn find_batch_size_keeps_its_failures_quiet_and_says_why_the_first_one_failed() {
+    let _s = serial();
+    let out = dir("search");
+    OomRecorder::new(&out).max_reports(100).arm().unwrap();
+    let before = memlab::oom::ooms_seen();
+    let search = memlab::find_batch_size(Device::Cpu, memlab::Budget::Bytes(1 << 30), 64, |batch| {
+        let size = if batch <= 4 { 1024 * batch as i64 } else { TOO_BIG };
+        let _t = Tensor::f_empty([size], (Kind::Float, tch::Device::Cpu))?;
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(search.largest, Some(4));
+    let (batch, why) = search.first_oom.as_ref().expect("the first failing batch's verdict");
+    assert_eq!((*batch, why.verdict, why.requested), (8, Verdict::RequestExceedsDevice, 1 << 48));
+    assert!(search
+        .to_text()
+        .contains("Batch 8 ran out of memory on cpu. Verdict: the request alone exceeds the device."));
+    assert_eq!(memlab::oom::ooms_seen(), before, "the search's failures are not counted");
+    assert!(reports(&out, "txt").is_empty(), "nor written");
+    OomRecorder::disarm();
+    std::fs::remove_dir_all(&out).ok();
+}
+
+#[test]
+fn a_warnings_sink_gets_the_summary_from_a_thread_of_memlabs() {
+    let _s = serial();
+    let out = dir("sink");
+    OomRecorder::new(&out).max_reports(100).arm().unwrap();
+    let (send, receive) = std::sync::mpsc::channel::<(String, Option<String>)>();
+    let send = std::sync::Mutex::new(send);
+    memlab::profiler::set_warnings(memlab::profiler::Output::Sink(Box::new(move |text| {
+        let thread = std::thread::current().name().map(str::to_string);
+        let _ = send.lock().unwrap().send((text.to_string(), thread));
+    })));
+    assert!(Tensor::f_empty([TOO_BIG], (Kind::Float, tch::Device::Cpu)).is_err());
+    let (text, thread) = receive.recv_timeout(Duration::from_secs(10)).expect("the summary arrives");
+    memlab::profiler::set_warnings(memlab::profiler::Output::Stderr);
+    assert!(text.starts_with("memlab: out of memory on cpu: 256.00T requested"), "{text}");
+    assert!(text.contains("Verdict: the request alone exceeds the device. Report: "), "{text}");
+    assert_eq!(thread.as_deref(), Some("memlab-oom-warnings"), "the sink never runs inside the allocator");
+    OomRecorder::disarm();
+    std::fs::remove_dir_all(&out).ok();
+}
+
+// Per process: the limit on reports, and MEMLAB_OOM_DIR.
+
+#[test]
+fn at_most_the_limit_of_reports_is_written() {
+    if child("at_most_the_limit_of_reports_is_written") {
+        let out = PathBuf::from(std::env::var("OOM_TEST_DIR").unwrap());
+        OomRecorder::new(&out).max_reports(2).arm().unwrap();
+        for _ in 0..5 {
+            assert!(Tensor::f_empty([TOO_BIG], (Kind::Float, tch::Device::Cpu)).is_err());
+        }
+        assert_eq!(memlab::oom::ooms_seen(), 5, "every failure is counted");
+        assert_eq!(reports(&out, "txt").len(), 2, "two are written");
+        assert_eq!(memlab::last_oom().unwrap().number, 2);
+        return;
+    }
+    let out = dir("limit");
+    let (_, stderr) =
+        check_child("at_most_the_limit_of_reports_is_written", &[("OOM_TEST_DIR", out.to_str().unwrap())]);
+    assert_eq!(stderr.matches("memlab: out of memory on cpu").count(), 2, "{stderr}");
+    assert_eq!(stderr.matches("the most for this process").count(), 1, "said once: {stderr}");
+    std::fs::remove_dir_all(&out).ok();
+}
+
+#[test]
+fn memlab_oom_dir_arms_the_recorder_as_the_program_loads() {
+    if child("memlab_oom_dir_arms_the_recorder_as_the_program_loads") {
+        // No memlab call before the failure.
+        assert!(Tensor::f_empty([TOO_BIG], (Kind::Float, tch::Device::Cpu)).is_err());
+        let out = PathBuf::from(std::env::var("MEMLAB_OOM_DIR").unwrap());
+        assert_eq!(reports(&out, "txt").len(), 1);
+        assert_eq!(OomRecorder::armed_dir(), Some(out));
+        return;
+    }
+    let out = dir("environment").join("made-if-missing");
+    let (_, stderr) = check_child(
+        "memlab_oom_dir_arms_the_recorder_as_the_program_loads",
+        &[("MEMLAB_OOM_DIR", out.to_str().unwrap())],
+    );
+    assert!(stderr.contains("Verdict: the request alone exceeds the device"), "{stderr}");
+    std::fs::remove_dir_all(out.parent().unwrap()).ok();
+}
+
+#[test]
+fn a_bad_memlab_oom_dir_is_warned_about_once_and_nothing_breaks() {
+    if child("a_bad_memlab_oom_dir_is_warned_about_once_and_nothing_breaks") {
+        for _ in 0..3 {
+            assert!(Tensor::f_empty([TOO_BIG], (Kind::Float, tch::Device::Cpu)).is_err());
+        }
+        assert_eq!(OomRecorder::armed_dir(), None);
+        assert!(memlab::last_oom().is_none());
+        assert_eq!(floats(10).size(), [10], "the allocator still serves");
+        return;
+    }
+    let file = dir("bad-environment");
+    std::fs::write(&file, b"a file, not a directory").unwrap();
+    let bad = file.join("reports");
+    let (_, stderr) = check_child(
+        "a_bad_memlab_oom_dir_is_warned_about_once_and_nothing_breaks",
+        &[("MEMLAB_OOM_DIR", bad.to_str().unwrap())],
+    );
+    assert_eq!(stderr.matches("memlab: ignoring MEMLAB_OOM_DIR=").count(), 1, "{stderr}");
+    assert!(!stderr.contains("out of memory on"), "{stderr}");
+    std::fs::remove_file(&file).ok();
+}
