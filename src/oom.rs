@@ -30,6 +30,8 @@
 //! (3 by default), so a retry loop cannot fill a disk; later failures are
 //! counted ([`ooms_seen`]). [`find_batch_size`](crate::find_batch_size)'s
 //! deliberate failures neither count nor print: it keeps their verdicts.
+//! (While one of its tries runs, failures on every thread are taken as the
+//! try's: the autograd engine runs a CUDA backward pass on threads of its own.)
 //!
 //! Which failures can be seen: every failed request of the counting CPU
 //! allocator; on CUDA, every failed request of libtorch's caching allocator
@@ -42,9 +44,8 @@
 //! libtorch's allocator (cuBLAS and cuDNN workspaces, the CUDA context)
 //! fails without any observer being told: those failures are not recorded.
 
-use std::cell::{Cell, RefCell};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 
 use memlab_core::events::{self, Frame, LiveAllocation};
@@ -278,38 +279,38 @@ pub struct OomReport {
     pub file_errors: Vec<String>,
 }
 
-thread_local! {
-    /// Set while `find_batch_size` runs a try on this thread.
-    static QUIET: Cell<bool> = const { Cell::new(false) };
-    /// The first failure of the quiet run.
-    static QUIET_SEEN: RefCell<Option<Diagnosis>> = const { RefCell::new(None) };
-}
+/// How many `find_batch_size` tries run now. While one runs, every failure
+/// is taken as the search's, on any thread: the autograd engine runs a CUDA
+/// backward pass on threads of its own, and its failures belong to the try.
+static QUIET: AtomicUsize = AtomicUsize::new(0);
+/// The first failure seen while tries run.
+static QUIET_SEEN: Mutex<Option<Diagnosis>> = Mutex::new(None);
 
-/// Runs `f` with this thread's out-of-memory failures kept quiet (not
-/// counted, not written, not printed) and returns the first one's diagnosis.
+/// Runs `f` with out-of-memory failures kept quiet (not counted, not
+/// written, not printed) and returns the first one's diagnosis.
 pub(crate) fn quietly<R>(f: impl FnOnce() -> R) -> (R, Option<Diagnosis>) {
-    struct Reset(bool);
-    impl Drop for Reset {
+    struct Quiet;
+    impl Drop for Quiet {
         fn drop(&mut self) {
-            let _ = QUIET.try_with(|q| q.set(self.0));
+            QUIET.fetch_sub(1, Ordering::SeqCst);
         }
     }
-    let _ = QUIET_SEEN.try_with(|s| s.borrow_mut().take());
     memlab_tch::oom::watch_cuda();
-    let reset = Reset(QUIET.try_with(|q| q.replace(true)).unwrap_or(false));
+    QUIET_SEEN.lock().unwrap_or_else(|e| e.into_inner()).take();
+    QUIET.fetch_add(1, Ordering::SeqCst);
+    let quiet = Quiet;
     let out = f();
-    drop(reset);
-    (out, QUIET_SEEN.try_with(|s| s.borrow_mut().take()).ok().flatten())
+    drop(quiet);
+    (out, QUIET_SEEN.lock().unwrap_or_else(|e| e.into_inner()).take())
 }
 
 /// memlab's handler of failures (submitted in `lib.rs`).
 pub(crate) fn on_failure(failure: &Failure) {
-    if QUIET.try_with(Cell::get).unwrap_or(false) {
-        let _ = QUIET_SEEN.try_with(|s| {
-            if s.borrow().is_none() {
-                *s.borrow_mut() = Some(diagnose(failure, None).0);
-            }
-        });
+    if QUIET.load(Ordering::SeqCst) > 0 {
+        if QUIET_SEEN.lock().unwrap_or_else(|e| e.into_inner()).is_none() {
+            let diagnosis = diagnose(failure, None).0;
+            QUIET_SEEN.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(diagnosis);
+        }
         return;
     }
     let Some(config) = config() else { return };
@@ -553,7 +554,8 @@ fn holders(device: Device, sources: &Sources) -> Holders {
             }
         })
         .collect();
-    rows.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.name.cmp(&b.name)));
+    // Largest first; equal sizes by name, shorter first (`layer2` before `layer10`).
+    rows.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| (a.name.len(), &a.name).cmp(&(b.name.len(), &b.name))));
     let rest = rows.split_off(rows.len().min(TOP_HOLDERS));
     out.named_rest = (rest.len(), rest.iter().map(|r| r.bytes).sum());
     out.named = rows;
@@ -637,12 +639,9 @@ impl Render for OomReport {
             let c = d.figures.cache_free;
             doc.label(W, "free in the cache", b(c.bytes));
             doc.label(W, "largest free block", b(c.largest_block));
-            let share = d.figures.fragmentation_share().map(|s| format!(" ({:.0}% of free)", s * 100.0));
-            doc.label(
-                W,
-                "fragmentation (free minus largest block)",
-                format!("{}{}", b(d.figures.fragmentation()), share.unwrap_or_default()),
-            );
+            let share = d.figures.fragmentation_share().map(|s| format!(" ({:.0}%)", s * 100.0));
+            doc.label(W, "fragmentation", format!("{}{}", b(d.figures.fragmentation()), share.unwrap_or_default()));
+            doc.indented(2, "free in the cache minus its largest free block (and its share of free in the cache)");
         } else {
             doc.indented(2, "the CPU allocator keeps no cache: what is freed goes back at once");
         }
@@ -677,7 +676,8 @@ impl Render for OomReport {
         doc.blank();
         doc.heading("What holds the memory");
         let h = &self.holders;
-        doc.label(W, "named (var stores, gradients, optimizer state, tensors)", b(h.named_bytes));
+        doc.label(W, "named", b(h.named_bytes));
+        doc.indented(2, "registered var stores, their gradients, optimizer state and tensors, by name:");
         if !h.named.is_empty() {
             let mut table = Table::new(vec![
                 Column::new("name", Kind::Text).max_width(70),

@@ -211,9 +211,17 @@ fn find_batch_size_keeps_its_failures_quiet_and_says_why_the_first_one_failed() 
     OomRecorder::new(&out).max_reports(100).arm().unwrap();
     let before = memlab::oom::ooms_seen();
     let search = memlab::find_batch_size(Device::Cpu, memlab::Budget::Bytes(1 << 30), 64, |batch| {
-        let size = if batch <= 4 { 1024 * batch as i64 } else { TOO_BIG };
-        let _t = Tensor::f_empty([size], (Kind::Float, tch::Device::Cpu))?;
-        Ok(())
+        if batch <= 4 {
+            let _t = Tensor::f_empty([1024 * batch as i64], (Kind::Float, tch::Device::Cpu))?;
+            return Ok(());
+        }
+        // The failure happens on a thread of the step's own, as a CUDA
+        // backward pass's does on the autograd engine's: still the search's.
+        let failed = std::thread::scope(|s| {
+            s.spawn(|| Tensor::f_empty([TOO_BIG], (Kind::Float, tch::Device::Cpu)).is_err()).join().unwrap()
+        });
+        assert!(failed);
+        Err("out of memory".into())
     })
     .unwrap();
     assert_eq!(search.largest, Some(4));
