@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Compares memlab's hot paths between two builds of examples/bench_hotpaths
-# on this machine: runs OLD and NEW alternately for ROUNDS rounds (so drift
-# hits both), then prints, per hot path, the median of each side and the
-# median of the per-round ratios new/old.
+# on this machine: runs OLD and NEW alternately for ROUNDS rounds, each pair
+# in the other order than the last (so drift hits both), then prints, per
+# hot path, the median of each side and the median of the per-round ratios
+# new/old.
 #
 #     bash scripts/compare_hotpaths.sh OLD_BINARY NEW_BINARY [ROUNDS]
 set -euo pipefail
@@ -12,7 +13,11 @@ rounds="${3:-7}"
 log="$(mktemp)"
 trap 'rm -f "$log"' EXIT
 for round in $(seq 1 "$rounds"); do
-  for side in old new; do
+  # Odd rounds run OLD first, even rounds NEW first, so that whatever the
+  # machine does to the second run of a pair hits both sides alike.
+  order="old new"
+  [ $((round % 2)) = 0 ] && order="new old"
+  for side in $order; do
     binary="$old"
     [ "$side" = new ] && binary="$new"
     "$binary" | sed -n "s/^HOTPATHS /$round $side /p" >>"$log"

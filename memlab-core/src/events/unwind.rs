@@ -8,13 +8,21 @@
 //! a few hundred nanoseconds. It only collects return addresses; symbols are
 //! resolved when someone looks at the backtrace.
 //!
-//! A framehop cache is direct-mapped (509 slots by `address % 509`): two
-//! return addresses of one hot call path that share a slot evict each other on
-//! every capture, and whether any pair does depends on where the loader put
-//! each library. A path of 30 frames has such a pair more often than not, so
-//! capture costs came out bimodal between runs and builds. Each stack depth
-//! (modulo [`CACHES`]) gets a cache of its own: a pair then collides only if it
-//! also shares a depth class, a few percent of paths.
+//! A framehop cache is direct-mapped (509 slots by `address % 509`): two hot
+//! return addresses that share a slot evict each other on every capture, and
+//! whether any pair does depends on where the loader put each library. A
+//! training step's allocations come from dozens of call paths of thirty to
+//! forty frames, hundreds of distinct return addresses: in one cache, many
+//! pairs collide, and every collision costs a rule lookup (a microsecond or
+//! more) on every capture, so capture costs came out bimodal between runs and
+//! builds. Each thread has [`CACHES`] caches, and an address goes to the one
+//! that the top bits of a multiplicative hash of it pick, a choice
+//! independent of its slot: two addresses then collide only if they share
+//! both, as in one cache [`CACHES`] times larger. (An earlier version chose
+//! the cache by stack depth, which separates the frames of one path but not
+//! the different paths' frames at one depth: 1 to 4% of lookups still missed
+//! on a GPU host, and captures cost 2 to 3 µs there.) Caches are made on first
+//! use, so a thread that records few stacks pays for few.
 //!
 //! Stack reads are bounded by the calling thread's stack, so a broken rule
 //! ends the walk instead of reading stray memory.
@@ -30,8 +38,17 @@ use framehop::{ExplicitModuleSectionInfo, FrameAddress, Module, Unwinder};
 /// The most frames one capture keeps.
 const MAX_FRAMES: usize = 64;
 
-/// Rule caches per thread, one per stack depth modulo this (about 12 KB each).
-const CACHES: usize = 16;
+/// Rule caches per thread (about 16 KB each, made on first use), chosen by
+/// the top `CACHE_BITS` bits of a hash of the address.
+const CACHE_BITS: u32 = 6;
+const CACHES: usize = 1 << CACHE_BITS;
+
+/// Which of a thread's caches holds the rule of `address`: the top bits of
+/// a Fibonacci hash, unrelated to the slot (`address % 509`) inside it.
+#[inline]
+fn cache_of(address: u64) -> usize {
+    (address.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> (64 - CACHE_BITS)) as usize
+}
 
 type Sections = &'static [u8];
 
@@ -54,7 +71,7 @@ fn unwinder() -> &'static UnwinderX86_64<Sections> {
 }
 
 thread_local! {
-    static CACHE: RefCell<Vec<CacheX86_64>> = RefCell::new((0..CACHES).map(|_| CacheX86_64::new()).collect());
+    static CACHE: RefCell<Vec<Option<Box<CacheX86_64>>>> = RefCell::new((0..CACHES).map(|_| None).collect());
     static STACK: Option<Range<u64>> = thread_stack();
 }
 
@@ -90,8 +107,8 @@ pub(crate) fn capture() -> Vec<u64> {
         let unwinder = unwinder();
         let mut regs = UnwindRegsX86_64::new(pc, sp, bp);
         let mut address = FrameAddress::InstructionPointer(pc);
-        for depth in 0..MAX_FRAMES {
-            let cache = &mut caches[depth % CACHES];
+        for _ in 0..MAX_FRAMES {
+            let cache = caches[cache_of(address.address_for_lookup())].get_or_insert_with(|| Box::new(CacheX86_64::new()));
             let Ok(Some(ret)) = unwinder.unwind_frame(address, &mut regs, cache, &mut read_stack) else { break };
             let Some(next) = FrameAddress::from_return_address(ret) else { break };
             frames.push(ret);
@@ -108,7 +125,7 @@ pub(crate) fn cache_stats() -> (u64, u64, u64) {
     CACHE
         .try_with(|caches| {
             let caches = caches.try_borrow().ok()?;
-            Some(caches.iter().map(|c| c.stats()).fold((0, 0, 0), |(h, c, o), s| {
+            Some(caches.iter().flatten().map(|c| c.stats()).fold((0, 0, 0), |(h, c, o), s| {
                 (
                     h + s.hit_count,
                     c + s.miss_wrong_address_count,
