@@ -434,6 +434,15 @@ fn advice(failure: &Failure, f: &MemoryFigures, verdict: Verdict, holders: Optio
                 " Shrink what they hold: a smaller batch or sequence, fewer or smaller layers, mixed precision, \
                  or tensors an earlier step kept (a list of outputs or losses with their graphs).",
             );
+            if f.cache_free.bytes > 0 && device_free + f.cache_free.bytes >= failure.requested {
+                text.push_str(&format!(
+                    " Free memory would have sufficed in one piece: the device's and the cache's ({} in blocks of \
+                     at most {}) are apart; PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True lets the cache grow \
+                     its segments instead.",
+                    b(f.cache_free.bytes),
+                    b(f.cache_free.largest_block)
+                ));
+            }
             text
         }
     }
@@ -799,6 +808,12 @@ mod tests {
         };
         let short = advice(&failure, &figures, Verdict::NotEnoughFree, Some(&holders));
         assert!(short.contains("The largest holders: model.fc.weight (parameter): 40.00G."), "{short}");
+        // 0.5 GiB free on the device and 3 GiB in the cache: enough together, not apart.
+        assert!(short.contains("in one piece") && short.contains("(3.00G in blocks of at most 256.00M)"), "{short}");
+        failure.requested = 8 * gib;
+        let more = advice(&failure, &figures, Verdict::NotEnoughFree, None);
+        assert!(!more.contains("in one piece"), "{more}");
+        failure.requested = 1 << 30;
         failure.requested = 4 << 40;
         let huge = advice(&failure, &figures, Verdict::RequestExceedsDevice, None);
         assert!(huge.contains("(4.00T, 4398046511104 bytes: 1099511627776 float32 elements)"), "{huge}");

@@ -923,3 +923,44 @@ fn an_oom_while_a_var_store_moves_to_the_gpu_is_reported_not_deadlocked() {
     memlab::gpu::empty_cache().unwrap();
     std::fs::remove_dir_all(&dir).ok();
 }
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn courtesy_restore_with_optimizer_state_survives_a_full_gpu() {
+    use tch::nn::{Module, OptimizerConfig};
+    let _s = serial();
+    assert!(memlab::gpu::cuda_is_available(), "this test needs CUDA");
+    tch::manual_seed(5);
+    let vs = tch::nn::VarStore::new(GPU);
+    let model = cuda_model(&vs, 2048);
+    let mut adam = tch::nn::Adam::default().build(&vs, 1e-3).unwrap();
+    let x = Tensor::randn([32, 2048], (Kind::Float, GPU));
+    adam.backward_step(&model.forward(&x).square().mean(Kind::Float));
+    // What the next step gives without any yield, from copies of everything.
+    let state_before: Vec<Tensor> = vs.trainable_variables().iter().map(|t| t.to_device(tch::Device::Cpu)).collect();
+    let mut courtesy = memlab::Courtesy::only().var_store(&vs);
+    let report = courtesy.yield_memory_with(&mut adam).unwrap();
+    assert!(report.to_text().contains("optimizer state"), "{report}");
+    let (free, _) = memlab::gpu::cuda_mem_info(0).unwrap();
+    let hog = Tensor::empty([free as i64 - 8 * MIB], (Kind::Uint8, GPU));
+    let err = courtesy.restore().unwrap_err();
+    println!("restore with Adam's state on a full GPU: {err}");
+    assert!(err.to_string().contains("valid on the CPU; call restore() again"), "{err}");
+    drop(hog);
+    let restored = courtesy.restore().unwrap();
+    assert!(restored > 0);
+    for (t, before) in vs.trainable_variables().iter().zip(&state_before) {
+        assert_eq!(t.device(), GPU);
+        assert!(t.to_device(tch::Device::Cpu).equal(before), "weights came back bit for bit");
+    }
+    // Adam's moments came back too: its next step runs on the GPU and moves the weights.
+    let loss = model.forward(&x).square().mean(Kind::Float);
+    adam.backward_step(&loss);
+    assert!(loss.double_value(&[]).is_finite());
+    let moved =
+        vs.trainable_variables().iter().zip(&state_before).any(|(t, b)| !t.to_device(tch::Device::Cpu).equal(b));
+    assert!(moved, "the optimizer stepped");
+    // The hog's memory stays in libtorch's cache: give it back to the device.
+    drop((model, adam, vs, x));
+    memlab::gpu::empty_cache().unwrap();
+}

@@ -71,7 +71,8 @@ fn unwinder() -> &'static UnwinderX86_64<Sections> {
 }
 
 thread_local! {
-    static CACHE: RefCell<Vec<Option<Box<CacheX86_64>>>> = RefCell::new((0..CACHES).map(|_| None).collect());
+    // Inline in the vector (no box of their own): one pointer less to follow per frame.
+    static CACHE: RefCell<Vec<Option<CacheX86_64>>> = RefCell::new((0..CACHES).map(|_| None).collect());
     static STACK: Option<Range<u64>> = thread_stack();
 }
 
@@ -108,7 +109,7 @@ pub(crate) fn capture() -> Vec<u64> {
         let mut regs = UnwindRegsX86_64::new(pc, sp, bp);
         let mut address = FrameAddress::InstructionPointer(pc);
         for _ in 0..MAX_FRAMES {
-            let cache = caches[cache_of(address.address_for_lookup())].get_or_insert_with(|| Box::new(CacheX86_64::new()));
+            let cache = caches[cache_of(address.address_for_lookup())].get_or_insert_with(CacheX86_64::new);
             let Ok(Some(ret)) = unwinder.unwind_frame(address, &mut regs, cache, &mut read_stack) else { break };
             let Some(next) = FrameAddress::from_return_address(ret) else { break };
             frames.push(ret);
