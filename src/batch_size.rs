@@ -203,7 +203,8 @@ fn try_once(
         Ok(watch) => watch,
         Err(e) => return (Err(e.to_string()), None),
     };
-    let (ran, oom) = crate::oom::quietly(|| quiet_oom_panics::trying(|| catch_unwind(AssertUnwindSafe(|| step(n)))));
+    let (ran, oom) =
+        crate::oom::quietly(device, || quiet_oom_panics::trying(|| catch_unwind(AssertUnwindSafe(|| step(n)))));
     let measured = watch.finish().map_err(|e| e.to_string());
     let _ = memlab_tch::empty_cache();
     (outcome(ran, measured), oom)

@@ -30,8 +30,9 @@
 //! (3 by default), so a retry loop cannot fill a disk; later failures are
 //! counted ([`ooms_seen`]). [`find_batch_size`](crate::find_batch_size)'s
 //! deliberate failures neither count nor print: it keeps their verdicts.
-//! (While one of its tries runs, failures on every thread are taken as the
-//! try's: the autograd engine runs a CUDA backward pass on threads of its own.)
+//! (While one of its tries runs, failures on its device are taken as the
+//! try's on every thread: the autograd engine runs a CUDA backward pass on
+//! threads of its own.)
 //!
 //! Which failures can be seen: every failed request of the counting CPU
 //! allocator; on CUDA, every failed request of libtorch's caching allocator
@@ -45,12 +46,12 @@
 //! fails without any observer being told: those failures are not recorded.
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
 
-use memlab_core::events::{self, Frame, LiveAllocation};
+use memlab_core::events::{self, Backtrace, Frame, LiveAllocation};
 use memlab_core::oom::Failure;
-pub use memlab_core::oom::{CacheFree, DeviceMemory, MemoryFigures, Verdict};
+pub use memlab_core::oom::{CacheFree, DeviceMemory, MemoryFigures, Serving, Verdict};
 use memlab_core::render::{Cell as Kind, Column, Document, Render, Table};
 use memlab_core::{format_bytes, Device, Error, Result};
 use memlab_tch::BACKEND;
@@ -65,6 +66,8 @@ pub const DEFAULT_MAX_REPORTS: usize = 3;
 const TOP_HOLDERS: usize = 20;
 /// Frames shown under an unnamed site.
 const SITE_FRAMES: usize = 6;
+/// The segment libtorch's CUDA allocator reserves for a small request.
+const SMALL_SEGMENT: u64 = 2 << 20;
 
 /// Arms the out-of-memory recorder (see the [module docs](self)).
 ///
@@ -139,11 +142,13 @@ impl OomRecorder {
             let first = tch::Tensor::f_zeros([1], (tch::Kind::Float, device)).map_err(memlab_tch::torch_error)?;
             drop(first);
         }
-        *CONFIG.lock().unwrap_or_else(|e| e.into_inner()) =
-            Some(Config { dir: self.dir, max_reports: self.max_reports });
+        // Absolute: a later change of the working directory must not move the reports.
+        let dir = std::path::absolute(&self.dir).unwrap_or(self.dir);
+        // Reads the loaded modules' unwind tables now, not at the first failure.
+        drop(memlab_core::events::Backtrace::capture());
+        *CONFIG.lock().unwrap_or_else(|e| e.into_inner()) = Some(Config { dir, max_reports: self.max_reports });
         DISARMED.store(false, Ordering::Relaxed);
         memlab_tch::oom::watch_cuda();
-        later::start();
         Ok(())
     }
 
@@ -279,37 +284,53 @@ pub struct OomReport {
     pub file_errors: Vec<String>,
 }
 
-/// How many `find_batch_size` tries run now. While one runs, every failure
-/// is taken as the search's, on any thread: the autograd engine runs a CUDA
-/// backward pass on threads of its own, and its failures belong to the try.
-static QUIET: AtomicUsize = AtomicUsize::new(0);
-/// The first failure seen while tries run.
-static QUIET_SEEN: Mutex<Option<Diagnosis>> = Mutex::new(None);
+/// The `find_batch_size` tries running now: a ticket, the device each
+/// searches, and the first failure on that device while it runs. A failure
+/// on a device a try runs on is the try's, on any thread: the autograd
+/// engine runs a CUDA backward pass on threads of its own.
+static QUIET: Mutex<Vec<(u64, Device, Option<Diagnosis>)>> = Mutex::new(Vec::new());
 
-/// Runs `f` with out-of-memory failures kept quiet (not counted, not
-/// written, not printed) and returns the first one's diagnosis.
-pub(crate) fn quietly<R>(f: impl FnOnce() -> R) -> (R, Option<Diagnosis>) {
-    struct Quiet;
+/// Runs `f`, a try on `device`, with that device's out-of-memory failures
+/// kept quiet (not counted, not written, not printed) and returns the first
+/// one's diagnosis.
+pub(crate) fn quietly<R>(device: Device, f: impl FnOnce() -> R) -> (R, Option<Diagnosis>) {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    /// Takes the try off the list even if `f` unwinds.
+    struct Quiet(u64);
+    impl Quiet {
+        fn take(&self) -> Option<Diagnosis> {
+            let mut quiet = QUIET.lock().unwrap_or_else(|e| e.into_inner());
+            let at = quiet.iter().position(|(ticket, _, _)| *ticket == self.0)?;
+            quiet.remove(at).2
+        }
+    }
     impl Drop for Quiet {
         fn drop(&mut self) {
-            QUIET.fetch_sub(1, Ordering::SeqCst);
+            self.take();
         }
     }
     memlab_tch::oom::watch_cuda();
-    QUIET_SEEN.lock().unwrap_or_else(|e| e.into_inner()).take();
-    QUIET.fetch_add(1, Ordering::SeqCst);
-    let quiet = Quiet;
+    let ticket = NEXT.fetch_add(1, Ordering::Relaxed);
+    QUIET.lock().unwrap_or_else(|e| e.into_inner()).push((ticket, device, None));
+    let quiet = Quiet(ticket);
     let out = f();
-    drop(quiet);
-    (out, QUIET_SEEN.lock().unwrap_or_else(|e| e.into_inner()).take())
+    let seen = quiet.take();
+    (out, seen)
+}
+
+/// Whether a try runs on `device` now.
+fn quiet_on(device: Device) -> bool {
+    QUIET.lock().unwrap_or_else(|e| e.into_inner()).iter().any(|(_, d, _)| *d == device)
 }
 
 /// memlab's handler of failures (submitted in `lib.rs`).
 pub(crate) fn on_failure(failure: &Failure) {
-    if QUIET.load(Ordering::SeqCst) > 0 {
-        if QUIET_SEEN.lock().unwrap_or_else(|e| e.into_inner()).is_none() {
-            let diagnosis = diagnose(failure, None).0;
-            QUIET_SEEN.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(diagnosis);
+    if quiet_on(failure.device) {
+        // Diagnosed with no lock held, then given to the tries on that device still without one.
+        let diagnosis = diagnose(failure, None).0;
+        let mut quiet = QUIET.lock().unwrap_or_else(|e| e.into_inner());
+        for (_, _, seen) in quiet.iter_mut().filter(|(_, d, seen)| *d == failure.device && seen.is_none()) {
+            *seen = Some(diagnosis.clone());
         }
         return;
     }
@@ -327,7 +348,13 @@ pub(crate) fn on_failure(failure: &Failure) {
     }
     let report = Arc::new(OomReport::capture(failure, number, &config.dir));
     let summary = report.summary();
-    *LAST.lock().unwrap_or_else(|e| e.into_inner()) = Some(report);
+    {
+        // Reports of two threads may finish out of order: the last is the highest number.
+        let mut last = LAST.lock().unwrap_or_else(|e| e.into_inner());
+        if last.as_ref().is_none_or(|l| l.number < report.number) {
+            *last = Some(report);
+        }
+    }
     say(summary);
 }
 
@@ -345,7 +372,12 @@ fn say(text: String) {
 fn diagnose(failure: &Failure, holders: Option<&Holders>) -> (Diagnosis, Vec<String>) {
     let device = failure.device;
     let mut missing = Vec::new();
-    let mut figures = MemoryFigures::read(&BACKEND, device).unwrap_or_else(|e| {
+    // libtorch's CUDA allocator serves a request from its stream's blocks of
+    // its pool only; it reserves 2 MiB segments for small requests (≤ 1 MiB)
+    // and larger ones for the rest.
+    let serving = matches!(device, Device::Cuda(_))
+        .then(|| Serving { stream: failure.stream.unwrap_or(0), large: failure.requested != SMALL_SEGMENT });
+    let mut figures = MemoryFigures::read(&BACKEND, device, serving).unwrap_or_else(|e| {
         missing.push(format!("the allocator's figures: {e}"));
         MemoryFigures::default()
     });
@@ -451,6 +483,9 @@ fn advice(failure: &Failure, f: &MemoryFigures, verdict: Verdict, holders: Optio
 impl OomReport {
     /// Takes the facts of `failure` and writes the report's files in `dir`.
     fn capture(failure: &Failure, number: u64, dir: &Path) -> OomReport {
+        // On the failing thread: its stack is the failing call's (memlab's
+        // own frames are left out when resolved).
+        let backtrace = failure.backtrace.clone().unwrap_or_else(|| Arc::new(Backtrace::capture()));
         let sources = Sources::registered_now();
         let holders = holders(failure.device, &sources);
         let (diagnosis, missing) = diagnose(failure, Some(&holders));
@@ -463,12 +498,13 @@ impl OomReport {
             diagnosis,
             stream: failure.stream,
             statement: failure.statement.map(|s| s.to_string()),
-            frames: failure.backtrace.as_ref().map(|b| b.frames().to_vec()).unwrap_or_default(),
+            frames: backtrace.frames().to_vec(),
             holders,
             missing,
-            missed_before: matches!(failure.device, Device::Cuda(_))
-                .then(memlab_tch::oom::ooms_before_watching)
-                .flatten(),
+            missed_before: match failure.device {
+                Device::Cuda(i) => memlab_tch::oom::ooms_before_watching(i),
+                Device::Cpu => None,
+            },
             files: Vec::new(),
             file_errors: Vec::new(),
         };
@@ -480,6 +516,7 @@ impl OomReport {
     /// and PyTorch snapshot; failures to write are kept, never raised.
     fn write(&mut self, dir: &Path, sources: &Sources) {
         let base = dir.join(format!("memlab_oom_{}_{}", self.pid, self.number));
+        let mut exported_busy = Vec::new();
         if events::is_active() {
             let exporter = crate::export::Exporter::from_sources(Sources::registered_now());
             let html = base.with_extension("html");
@@ -492,8 +529,13 @@ impl OomReport {
                 Ok(()) => self.files.push(pickle),
                 Err(e) => self.file_errors.push(format!("{}: {e}", pickle.display())),
             }
+            exported_busy = exporter.sources().busy();
         }
-        self.holders.busy = sources.busy();
+        for busy in sources.busy().into_iter().chain(exported_busy) {
+            if !self.holders.busy.contains(&busy) {
+                self.holders.busy.push(busy);
+            }
+        }
         let text = base.with_extension("txt");
         self.files.insert(0, text.clone());
         if let Err(e) = std::fs::write(&text, self.to_text()) {
@@ -646,7 +688,9 @@ impl Render for OomReport {
         doc.label(W, "reserved", format_bytes(d.figures.reserved));
         if matches!(d.device, Device::Cuda(_)) {
             let c = d.figures.cache_free;
+            let pool = if d.requested == SMALL_SEGMENT { "small" } else { "large" };
             doc.label(W, "free in the cache", b(c.bytes));
+            doc.indented(2, format!("that could serve this request: its stream's free blocks of the {pool} pool"));
             doc.label(W, "largest free block", b(c.largest_block));
             let share = d.figures.fragmentation_share().map(|s| format!(" ({:.0}%)", s * 100.0));
             doc.label(W, "fragmentation", format!("{}{}", b(d.figures.fragmentation()), share.unwrap_or_default()));
@@ -749,24 +793,29 @@ impl Render for OomReport {
 }
 
 /// Summaries for a warnings sink, delivered from a thread of memlab's (a sink
-/// is user code, which must not run inside the allocator).
+/// is user code, which must not run inside the allocator), and at exit
+/// whatever is still queued (a failure that ends the program with a panic
+/// must still be told).
 mod later {
     use super::*;
 
     static QUEUE: Mutex<Vec<String>> = Mutex::new(Vec::new());
     static READY: Condvar = Condvar::new();
+    static STARTED: Mutex<bool> = Mutex::new(false);
 
     pub(super) fn warn(text: String) {
-        start();
         QUEUE.lock().unwrap_or_else(|e| e.into_inner()).push(text);
-        READY.notify_one();
+        if start() {
+            READY.notify_one();
+        }
     }
 
-    /// Starts the delivering thread, once.
-    pub(super) fn start() {
-        static STARTED: OnceLock<()> = OnceLock::new();
-        STARTED.get_or_init(|| {
-            let _ = std::thread::Builder::new().name("memlab-oom-warnings".into()).spawn(|| loop {
+    /// Starts the delivering thread and the exit hook once; whether the
+    /// thread runs (if it could not start, the exit hook still delivers).
+    fn start() -> bool {
+        let mut started = STARTED.lock().unwrap_or_else(|e| e.into_inner());
+        if !*started {
+            let spawned = std::thread::Builder::new().name("memlab-oom-warnings".into()).spawn(|| loop {
                 let texts = {
                     let mut queue = QUEUE.lock().unwrap_or_else(|e| e.into_inner());
                     while queue.is_empty() {
@@ -778,6 +827,22 @@ mod later {
                     memlab_core::output::warn(&text);
                 }
             });
+            if spawned.is_err() {
+                return false;
+            }
+            // SAFETY: registers a function that delivers the queue and never unwinds.
+            unsafe { libc::atexit(deliver_at_exit) };
+            *started = true;
+        }
+        true
+    }
+
+    extern "C" fn deliver_at_exit() {
+        let _ = std::panic::catch_unwind(|| {
+            let texts = std::mem::take(&mut *QUEUE.lock().unwrap_or_else(|e| e.into_inner()));
+            for text in texts {
+                memlab_core::output::warn(&text);
+            }
         });
     }
 }
@@ -813,7 +878,6 @@ mod tests {
         failure.requested = 8 * gib;
         let more = advice(&failure, &figures, Verdict::NotEnoughFree, None);
         assert!(!more.contains("in one piece"), "{more}");
-        failure.requested = 1 << 30;
         failure.requested = 4 << 40;
         let huge = advice(&failure, &figures, Verdict::RequestExceedsDevice, None);
         assert!(huge.contains("(4.00T, 4398046511104 bytes: 1099511627776 float32 elements)"), "{huge}");

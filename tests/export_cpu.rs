@@ -229,12 +229,20 @@ fn the_html_report_opens_offline_in_chromium() {
     assert!(page.eval("document.querySelectorAll('svg.timeline polygon.layer').length").as_u64().unwrap() >= 2);
     let targets = page.eval("document.querySelectorAll('svg.timeline rect.hover').length").as_u64().unwrap();
     assert_eq!(targets as usize, cpu.points.len());
-    // Hovering the peak's column shows its figures, as the data says.
-    let peak = cpu.points.iter().position(|p| p.allocated == cpu.peak_bytes).unwrap();
+    // Hovering a column shows its point's figures, as the data says. (The
+    // widest column: narrow ones can be a pixel wide and overlap.)
+    let widest = page
+        .eval(
+            "(() => { const r = [...document.querySelectorAll('svg.timeline rect.hover')]; \
+             const w = r.map(e => e.getBoundingClientRect().width); return w.indexOf(Math.max(...w)); })()",
+        )
+        .as_u64()
+        .unwrap() as usize;
     let tip = page
-        .hover(&format!("svg.timeline rect.hover:nth-of-type({})", peak + 1), "svg.timeline rect.hover")
-        .expect("the peak's column is hovered");
-    let expected = format!("{:.3} s: {} allocated", cpu.points[peak].time_us / 1e6, format_bytes(cpu.peak_bytes));
+        .hover(&format!("svg.timeline rect.hover:nth-of-type({})", widest + 1), "svg.timeline rect.hover")
+        .expect("the column is hovered");
+    let point = &cpu.points[widest];
+    let expected = format!("{:.3} s: {} allocated", point.time_us / 1e6, format_bytes(point.allocated));
     assert!(tip.starts_with(&expected), "{tip:?} starts with {expected:?}");
     // The icicle graph names the user's function; hovering it gives its bytes.
     let flame = page.eval("document.querySelector('svg.flame').textContent").as_str().unwrap().to_string();

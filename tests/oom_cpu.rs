@@ -65,12 +65,15 @@ fn a_failed_request_is_reported_before_the_error_arrives_and_training_goes_on() 
     train_step(&net, &mut opt, false).unwrap();
     memlab::register_optimizer(&opt).unwrap();
 
+    let seen = memlab::oom::ooms_seen();
     let err = train_step(&net, &mut opt, true).expect_err("2^48 bytes cannot be allocated");
+    assert_eq!(memlab::oom::ooms_seen(), seen + 1, "this failure, and only it, was seen");
     assert!(err.to_string().contains("allocate memory"), "libtorch's own error reaches the caller: {err}");
     // Training goes on.
     assert!(train_step(&net, &mut opt, false).unwrap().is_finite());
 
     let report = memlab::last_oom().expect("the failure was recorded");
+    assert_eq!(report.number, seen + 1, "the report of this failure, not an earlier one");
     let d = &report.diagnosis;
     assert_eq!((d.device, d.requested, d.rounded), (Device::Cpu, 1 << 48, false));
     assert_eq!(d.verdict, Verdict::RequestExceedsDevice);
@@ -243,13 +246,20 @@ fn a_warnings_sink_gets_the_summary_from_a_thread_of_memlabs() {
     OomRecorder::new(&out).max_reports(100).arm().unwrap();
     let (send, receive) = std::sync::mpsc::channel::<(String, Option<String>)>();
     let send = std::sync::Mutex::new(send);
+    /// Puts standard error back as the warnings' output, even if an assertion fails.
+    struct Restore;
+    impl Drop for Restore {
+        fn drop(&mut self) {
+            memlab::profiler::set_warnings(memlab::profiler::Output::Stderr);
+        }
+    }
+    let _restore = Restore;
     memlab::profiler::set_warnings(memlab::profiler::Output::Sink(Box::new(move |text| {
         let thread = std::thread::current().name().map(str::to_string);
         let _ = send.lock().unwrap().send((text.to_string(), thread));
     })));
     assert!(Tensor::f_empty([TOO_BIG], (Kind::Float, tch::Device::Cpu)).is_err());
     let (text, thread) = receive.recv_timeout(Duration::from_secs(10)).expect("the summary arrives");
-    memlab::profiler::set_warnings(memlab::profiler::Output::Stderr);
     assert!(text.starts_with("memlab: out of memory on cpu: 256.00T requested"), "{text}");
     assert!(text.contains("Verdict: the request alone exceeds the device. Report: "), "{text}");
     assert_eq!(thread.as_deref(), Some("memlab-oom-warnings"), "the sink never runs inside the allocator");

@@ -38,9 +38,10 @@ pub trait Backend: Send + Sync {
     fn current_cuda_device(&self) -> Result<usize>;
 
     /// The free blocks of `device`'s cache (none where the allocator keeps
-    /// no cache, as on the CPU).
-    fn cache_free(&self, device: Device) -> Result<CacheFree> {
-        let _ = device;
+    /// no cache, as on the CPU); with `serving`, only those that could serve
+    /// such a request.
+    fn cache_free(&self, device: Device, serving: Option<Serving>) -> Result<CacheFree> {
+        let _ = (device, serving);
         Ok(CacheFree::default())
     }
 
@@ -50,6 +51,17 @@ pub trait Backend: Send + Sync {
         let _ = device;
         None
     }
+}
+
+/// What a request could be served from: a caching allocator gives a request
+/// only free blocks of its own stream and of its pool (CUDA: blocks of at
+/// most 1 MiB for small requests, larger ones for the rest).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Serving {
+    /// The stream the request was for.
+    pub stream: u64,
+    /// Whether it is served from the pool of large blocks.
+    pub large: bool,
 }
 
 /// The free blocks of a device's cache.
@@ -224,7 +236,8 @@ impl Backend for ScriptedBackend {
         Ok(0)
     }
 
-    fn cache_free(&self, device: Device) -> Result<CacheFree> {
+    fn cache_free(&self, device: Device, serving: Option<Serving>) -> Result<CacheFree> {
+        let _ = serving;
         Ok(self.with_memory(device, |c, _| *c))
     }
 

@@ -10,7 +10,7 @@
 
 use std::sync::Arc;
 
-pub use crate::backend::{CacheFree, DeviceMemory};
+pub use crate::backend::{CacheFree, DeviceMemory, Serving};
 
 use crate::backend::Backend;
 use crate::device::Device;
@@ -42,13 +42,15 @@ pub struct Failure {
     pub thread: u64,
     /// The profiled statement running on that thread, if any.
     pub statement: Option<StatementRef>,
-    /// The failing call's stack, captured on that thread.
+    /// The failing call's stack, when the backend captured it (a handler
+    /// runs on the failing thread and can capture it itself).
     pub backtrace: Option<Arc<Backtrace>>,
 }
 
 impl Failure {
     /// A failure on `device` of `requested` bytes, on the calling thread:
-    /// its thread number, profiled statement and call stack are taken now.
+    /// its thread number and profiled statement are taken now. The call
+    /// stack is left to a handler that needs it (it runs on the same thread).
     pub fn here(device: Device, requested: u64) -> Failure {
         Failure {
             device,
@@ -59,7 +61,7 @@ impl Failure {
             stream: None,
             thread: crate::events::thread_number(),
             statement: crate::events::current_statement(),
-            backtrace: Some(Arc::new(Backtrace::capture())),
+            backtrace: None,
         }
     }
 }
@@ -95,15 +97,16 @@ pub struct MemoryFigures {
 }
 
 impl MemoryFigures {
-    /// Reads `device`'s figures through `backend`.
-    pub fn read(backend: &dyn Backend, device: Device) -> Result<MemoryFigures> {
+    /// Reads `device`'s figures through `backend`; with `serving`, the
+    /// cache's free blocks are those that could serve such a request.
+    pub fn read(backend: &dyn Backend, device: Device, serving: Option<Serving>) -> Result<MemoryFigures> {
         let mut raw = crate::stats::RawStats::default();
         backend.sample(device, &mut raw, false)?;
         let stats = raw.to_device_stats();
         Ok(MemoryFigures {
             allocated: stats.allocated_bytes.all.current,
             reserved: stats.reserved_bytes.all.current,
-            cache_free: backend.cache_free(device)?,
+            cache_free: backend.cache_free(device, serving)?,
             device: backend.device_memory(device),
         })
     }
@@ -191,7 +194,7 @@ mod tests {
     }
 
     fn verdict(backend: &ScriptedBackend, device: Device, requested: u64) -> (Verdict, MemoryFigures) {
-        let figures = MemoryFigures::read(backend, device).unwrap();
+        let figures = MemoryFigures::read(backend, device, None).unwrap();
         (Verdict::decide(requested, &figures), figures)
     }
 

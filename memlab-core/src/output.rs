@@ -39,12 +39,12 @@ pub fn set_warnings(output: Output) {
 /// closed stream must not turn a profiled call into a panic, least of all
 /// while unwinding.
 pub fn emit(text: &str) {
-    write(&REPORTS, text, Output::Stdout);
+    write(&REPORTS, text, Output::Stdout, true);
 }
 
 /// Writes a warning to the output chosen with [`set_warnings`].
 pub fn warn(text: &str) {
-    write(&WARNINGS, text, Output::Stderr);
+    write(&WARNINGS, text, Output::Stderr, true);
 }
 
 /// Writes a warning now if warnings go to standard error or output, and
@@ -52,30 +52,23 @@ pub fn warn(text: &str) {
 /// which the caller then runs later, outside the code that must not run user
 /// code (an allocator's failure path).
 pub fn warn_to_stream(text: &str) -> bool {
-    let chosen = WARNINGS.lock().unwrap_or_else(|e| e.into_inner()).clone();
-    match chosen.as_deref() {
-        Some(Output::Sink(_)) => false,
-        Some(Output::Stdout) => {
-            drop(std::io::stdout().lock().write_all(text.as_bytes()));
-            true
-        }
-        None | Some(Output::Stderr) => {
-            drop(std::io::stderr().lock().write_all(text.as_bytes()));
-            true
-        }
-    }
+    write(&WARNINGS, text, Output::Stderr, false)
 }
 
-fn write(target: &Mutex<Option<Arc<Output>>>, text: &str, default: Output) {
+/// Writes `text` where `target` says (`default` when unset); with
+/// `to_sink` false, a sink is not called and false is returned.
+fn write(target: &Mutex<Option<Arc<Output>>>, text: &str, default: Output, to_sink: bool) -> bool {
     if text.is_empty() {
-        return;
+        return true;
     }
     let chosen = target.lock().unwrap_or_else(|e| e.into_inner()).clone();
     match chosen.as_deref().unwrap_or(&default) {
         Output::Stdout => drop(std::io::stdout().lock().write_all(text.as_bytes())),
         Output::Stderr => drop(std::io::stderr().lock().write_all(text.as_bytes())),
+        Output::Sink(_) if !to_sink => return false,
         Output::Sink(f) => f(text),
     }
+    true
 }
 
 /// Shows `html` in an evcxr (Rust Jupyter) notebook cell: evcxr reads rich

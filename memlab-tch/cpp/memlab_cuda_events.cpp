@@ -59,6 +59,12 @@ void forward(const c10::CachingDeviceAllocator::TraceEntry& entry) {
 
 }  // namespace
 
+extern "C" char* memlab_cuda_allocator_initialized(int32_t* out) {
+  MEMLAB_TRY
+  *out = c10::getDeviceAllocator(c10::DeviceType::CUDA)->initialized() ? 1 : 0;
+  MEMLAB_CATCH
+}
+
 extern "C" char* memlab_cuda_watch_ooms(int32_t* attached) {
   MEMLAB_TRY
   *attached = 0;

@@ -469,6 +469,11 @@ void memlab_set_cpu_event_hook(memlab_event_hook hook) {
 }
 
 #ifndef MEMLAB_CUDA_EVENTS
+char* memlab_cuda_allocator_initialized(int32_t* out) {
+  *out = 0;
+  return nullptr;
+}
+
 char* memlab_cuda_watch_ooms(int32_t* attached) {
   // Without the CUDA runtime headers (or without CUDA) no observer can be
   // attached; the Rust side says so where it matters.

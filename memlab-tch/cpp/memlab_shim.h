@@ -223,6 +223,9 @@ char* memlab_cuda_set_event_hook(memlab_event_hook hook);
 // memory was allocated yet (or without CUDA), 1 once the observer is on.
 // Never initialises CUDA.
 char* memlab_cuda_watch_ooms(int32_t* attached);
+// Whether the CUDA caching allocator exists (some CUDA memory was allocated):
+// 1 or 0 in `out`. Never initialises CUDA.
+char* memlab_cuda_allocator_initialized(int32_t* out);
 // The caching allocator's segments and blocks, all devices: the first
 // `segment_capacity` segments and `block_capacity` blocks are written, and the
 // counts say how many there are (call again with more room when they exceed

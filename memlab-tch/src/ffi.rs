@@ -213,6 +213,7 @@ extern "C" {
     pub fn memlab_cuda_mem_info(device: i64, free: *mut u64, total: *mut u64) -> *mut c_char;
     pub fn memlab_cuda_set_event_hook(hook: Option<EventHook>) -> *mut c_char;
     pub fn memlab_cuda_watch_ooms(attached: *mut i32) -> *mut c_char;
+    pub fn memlab_cuda_allocator_initialized(out: *mut i32) -> *mut c_char;
     pub fn memlab_cuda_snapshot(
         segments: *mut Segment,
         segment_capacity: i64,

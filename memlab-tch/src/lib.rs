@@ -111,12 +111,16 @@ impl Backend for TchBackend {
         Ok(index as usize)
     }
 
-    fn cache_free(&self, device: Device) -> Result<memlab_core::oom::CacheFree> {
+    fn cache_free(
+        &self,
+        device: Device,
+        serving: Option<memlab_core::oom::Serving>,
+    ) -> Result<memlab_core::oom::CacheFree> {
         match device {
             Device::Cpu => Ok(memlab_core::oom::CacheFree::default()),
             Device::Cuda(i) => {
                 check_cuda_device(i)?;
-                oom::cuda_cache_free(i)
+                oom::cuda_cache_free(i, serving)
             }
         }
     }

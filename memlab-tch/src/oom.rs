@@ -8,20 +8,21 @@
 //!
 //! libtorch attaches observers only to a CUDA allocator that exists, and it
 //! comes into being with the first CUDA allocation. [`watch_cuda`] attaches
-//! memlab's at once when it does; otherwise a thread checks every 10 ms
-//! (reading one flag, never initialising CUDA) and attaches it as soon as
-//! CUDA memory was allocated. A failure in the few milliseconds before is
-//! not seen; the allocator's own count of them is ([`ooms_before_watching`]).
+//! memlab's at once when it does; otherwise a thread asks libtorch whether
+//! the allocator exists every 10 ms (every 100 ms after ten seconds; the
+//! question never initialises CUDA) and attaches it one look after it does.
+//! A failure in the few milliseconds before is not seen; the allocator's own
+//! count of them is ([`ooms_before_watching`]).
 //! Failures outside libtorch's allocators (cuBLAS or cuDNN workspaces, the
 //! CUDA context itself) cannot be observed.
 
 use std::cell::Cell;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
-use memlab_core::oom::{dispatch, CacheFree, DeviceMemory, Failure};
+use memlab_core::oom::{dispatch, CacheFree, DeviceMemory, Failure, Serving};
 use memlab_core::{Device, Result};
 
 use crate::ffi;
@@ -78,7 +79,8 @@ pub fn environment_dir() -> Option<&'static PathBuf> {
         if raw.is_empty() {
             return None;
         }
-        let dir = PathBuf::from(raw);
+        // Absolute: a later change of the working directory must not move the reports.
+        let dir = std::path::absolute(PathBuf::from(&raw)).unwrap_or_else(|_| PathBuf::from(raw));
         match usable_dir(&dir) {
             Ok(()) => Some(dir),
             Err(why) => {
@@ -106,24 +108,24 @@ pub fn usable_dir(dir: &std::path::Path) -> std::result::Result<(), String> {
 
 static WATCHING: AtomicBool = AtomicBool::new(false);
 static WATCHER: AtomicBool = AtomicBool::new(false);
-/// The CUDA allocator's count of failures when memlab's observer went on
-/// (-1: not on yet).
-static OOMS_BEFORE: AtomicI64 = AtomicI64::new(-1);
+/// Per CUDA device, the allocator's count of failures just before memlab's
+/// observer went on (`None`: not on yet). Held while attaching.
+static OOMS_BEFORE: Mutex<Option<Vec<u64>>> = Mutex::new(None);
 
 /// Attaches memlab's out-of-memory observer to the CUDA caching allocator now
 /// if CUDA memory was allocated already, else starts a thread that attaches
 /// it as soon as it is (see the module's docs). Returns whether it is on now.
 /// Without CUDA it does nothing.
 pub fn watch_cuda() -> bool {
-    if try_attach() || !crate::built_with_cuda() {
+    if (allocator_exists() && try_attach()) || !crate::built_with_cuda() {
         return WATCHING.load(Ordering::Relaxed);
     }
     if !WATCHER.swap(true, Ordering::Relaxed) {
         // SAFETY: registers a function that takes a lock and sets a flag.
         unsafe { libc::atexit(stop_watching) };
         let spawned = std::thread::Builder::new().name("memlab-oom-watch".into()).spawn(|| {
-            let mut waited = Duration::ZERO;
-            while !poll() {
+            let (mut waited, mut seen) = (Duration::ZERO, false);
+            while !poll(&mut seen) {
                 // Every 10 ms at first, then every 100 ms: a process that never
                 // touches CUDA keeps a thread that wakes ten times a second.
                 let step = if waited < Duration::from_secs(10) { 10 } else { 100 };
@@ -152,31 +154,52 @@ extern "C" fn stop_watching() {
     std::mem::forget(exiting);
 }
 
-/// One look of the watcher: whether the observer is on (or the process is
-/// exiting, when the watcher stops too).
-fn poll() -> bool {
+/// One look of the watcher: whether it is done (the observer is on, or the
+/// process is exiting). libtorch marks its allocator as existing before it
+/// has made every device's part, on another thread; attaching walks those
+/// parts, so the watcher attaches only on the look after the one that saw
+/// the allocator exist (`seen`), when the start-up is long over.
+fn poll(seen: &mut bool) -> bool {
     let exiting = POLL.lock().unwrap_or_else(|e| e.into_inner());
-    *exiting || try_attach()
+    if *exiting {
+        return true;
+    }
+    if *seen {
+        return try_attach();
+    }
+    *seen = allocator_exists();
+    false
+}
+
+/// Whether the CUDA caching allocator exists (never initialises CUDA).
+fn allocator_exists() -> bool {
+    let mut exists = 0i32;
+    // SAFETY: the shim writes one int.
+    ffi::check(unsafe { ffi::memlab_cuda_allocator_initialized(&mut exists) }).is_ok() && exists != 0
 }
 
 /// Attaches the observer if the CUDA allocator exists; whether it is on.
-pub fn try_attach() -> bool {
+/// Called from a thread that made CUDA memory itself (or by the watcher a
+/// look after it saw the allocator exist), so the allocator is complete.
+fn try_attach() -> bool {
     if WATCHING.load(Ordering::Relaxed) {
         return true;
     }
+    let mut before = OOMS_BEFORE.lock().unwrap_or_else(|e| e.into_inner());
+    if before.is_some() {
+        return true;
+    }
+    // What the allocator counted before memlab watched, per device, read first.
+    let counts: Vec<u64> = (0..crate::cuda_device_count())
+        .map(|i| crate::device_stats(Device::Cuda(i)).map_or(0, |s| s.num_ooms.max(0) as u64))
+        .collect();
     let mut attached = 0i32;
     // SAFETY: the shim writes one int and never initialises CUDA.
     if ffi::check(unsafe { ffi::memlab_cuda_watch_ooms(&mut attached) }).is_err() || attached == 0 {
         return false;
     }
-    if !WATCHING.swap(true, Ordering::Relaxed) {
-        // What the allocator counted before memlab watched, over every device.
-        let before: i64 = (0..crate::cuda_device_count())
-            .filter_map(|i| crate::device_stats(Device::Cuda(i)).ok())
-            .map(|s| s.num_ooms)
-            .sum();
-        OOMS_BEFORE.store(before, Ordering::Relaxed);
-    }
+    *before = Some(counts);
+    WATCHING.store(true, Ordering::Relaxed);
     true
 }
 
@@ -185,18 +208,20 @@ pub fn watching_cuda() -> bool {
     WATCHING.load(Ordering::Relaxed)
 }
 
-/// CUDA out-of-memory failures the allocator counted before memlab's
-/// observer went on, which memlab therefore did not see (`None` while it is
-/// not on).
-pub fn ooms_before_watching() -> Option<u64> {
-    u64::try_from(OOMS_BEFORE.load(Ordering::Relaxed)).ok()
+/// Out-of-memory failures of CUDA device `index` that its allocator counted
+/// before memlab's observer went on, which memlab therefore did not see
+/// (`None` while it is not on).
+pub fn ooms_before_watching(index: usize) -> Option<u64> {
+    OOMS_BEFORE.lock().unwrap_or_else(|e| e.into_inner()).as_ref().map(|v| v.get(index).copied().unwrap_or(0))
 }
 
 /// The free blocks of CUDA device `index`'s cache, from the allocator's own
-/// snapshot.
-pub(crate) fn cuda_cache_free(index: usize) -> Result<CacheFree> {
+/// snapshot; with `serving`, only those of its stream and pool.
+pub(crate) fn cuda_cache_free(index: usize, serving: Option<Serving>) -> Result<CacheFree> {
     let (mut bytes, mut largest) = (0u64, 0u64);
-    for s in crate::segments::cuda_segments()?.into_iter().filter(|s| s.device == index) {
+    let serves =
+        |s: &crate::segments::CudaSegment| serving.is_none_or(|w| s.stream == w.stream && s.is_large == w.large);
+    for s in crate::segments::cuda_segments()?.into_iter().filter(|s| s.device == index && serves(s)) {
         for b in s.blocks.iter().filter(|b| b.state == crate::segments::BlockState::Inactive) {
             bytes += b.size;
             largest = largest.max(b.size);

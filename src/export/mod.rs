@@ -63,6 +63,11 @@ impl Exporter {
         Exporter { sources }
     }
 
+    /// The sources it names memory after.
+    pub(crate) fn sources(&self) -> &Sources {
+        &self.sources
+    }
+
     /// An exporter that names memory after `vs` (no prefix), plus what is added.
     pub fn new(vs: &VarStore) -> Exporter {
         Exporter::default().var_store("", vs)
