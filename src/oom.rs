@@ -692,9 +692,9 @@ impl Render for OomReport {
             doc.label(W, "free in the cache", b(c.bytes));
             doc.indented(2, format!("that could serve this request: its stream's free blocks of the {pool} pool"));
             doc.label(W, "largest free block", b(c.largest_block));
-            let share = d.figures.fragmentation_share().map(|s| format!(" ({:.0}%)", s * 100.0));
-            doc.label(W, "fragmentation", format!("{}{}", b(d.figures.fragmentation()), share.unwrap_or_default()));
-            doc.indented(2, "free in the cache minus its largest free block (and its share of free in the cache)");
+            doc.label(W, "fragmentation", b(d.figures.fragmentation()));
+            let share = d.figures.fragmentation_share().map(|s| format!(", {:.0}% of it", s * 100.0));
+            doc.indented(2, format!("free in the cache minus its largest free block{}", share.unwrap_or_default()));
         } else {
             doc.indented(2, "the CPU allocator keeps no cache: what is freed goes back at once");
         }
