@@ -165,6 +165,44 @@ fn early_return_records_the_returning_statement() {
 }
 
 #[memlab::profile(device = "cpu")]
+fn search(stop_at: usize) -> usize {
+    let mut seen = 0;
+    for i in 0..3 {
+        for j in 0..3 {
+            let local = floats(100);
+            seen += local.numel();
+            if i * 3 + j == stop_at {
+                return seen;
+            }
+        }
+    }
+    seen
+}
+
+#[test]
+fn a_return_inside_nested_loops_frees_on_its_own_line() {
+    let _s = serial();
+    memlab::reset();
+    // Found at once: the 400-byte local is freed by the `return`, and the
+    // inner loop's closing brace never ran.
+    assert_eq!(search(0), 100);
+    let f = function("search");
+    let r = line(&f, "return seen");
+    assert_eq!((r.hits, r.increment), (1, -400));
+    let brace = f.lines.iter().filter(|l| l.code.trim() == "}").nth(1).expect("the inner loop's brace");
+    assert!(brace.stats.is_none(), "the inner closing brace ran: {:?}", brace.stats);
+
+    // Found at the fifth visit: four bodies end at the brace, one returns.
+    memlab::reset();
+    assert_eq!(search(4), 500);
+    let f = function("search");
+    let r = line(&f, "return seen");
+    assert_eq!((r.hits, r.increment, r.increment_total), (1, -400, -400));
+    let brace = brace_after(&f, "return seen", 2);
+    assert_eq!((brace.hits, brace.increment, brace.increment_total), (4, -400, -1600));
+}
+
+#[memlab::profile(device = "cpu")]
 fn with_question_mark(text: &str) -> Result<usize, std::num::ParseIntError> {
     let t = floats(1024 * 1024);
     let n: usize = text.parse()?;

@@ -137,15 +137,34 @@ impl VisitMut for Instrument<'_> {
             Some(Stmt::Expr(_, None)) => block.stmts.pop(),
             _ => None,
         };
+        // The guard counts the locals' freeing on the closing brace only once
+        // the tail has produced the block's value: a `return`, `break` or `?`
+        // inside the tail leaves it unarmed, and what the locals free then
+        // belongs to that statement. A borrowing tail stays as it is.
+        let arm_in_tail = declares_locals && matches!(&tail, Some(Stmt::Expr(e, None)) if !extends_temporaries(e));
         let mut out = Vec::with_capacity(block.stmts.len() * 2 + 3);
         for stmt in block.stmts.drain(..) {
             push_probed(&mut out, frame, stmt);
         }
         if declares_locals {
-            out.push(block_end(frame, block));
+            out.push(block_end(frame, block, arm_in_tail));
         }
-        if let Some(tail) = tail {
-            push_probed(&mut out, frame, tail);
+        match tail {
+            Some(Stmt::Expr(tail, None)) if arm_in_tail => {
+                let span = tail.span();
+                let line = span.start().line as u32;
+                let end = Ident::new("__memlab_end", Span::mixed_site());
+                let value = Ident::new("__memlab_value", Span::mixed_site());
+                out.push(syn::parse_quote_spanned!(span=> #frame.line(#line);));
+                // A tail that diverges (`return x`, `panic!()`) makes the arm
+                // unreachable, which is fine: the guard then stays unarmed.
+                out.push(Stmt::Expr(
+                    syn::parse_quote!(match (#tail) { #[allow(unreachable_code)] #value => #end.arm(#value) }),
+                    None,
+                ));
+            }
+            Some(tail) => push_probed(&mut out, frame, tail),
+            None => {}
         }
         block.stmts = out;
     }
@@ -156,13 +175,35 @@ impl VisitMut for Instrument<'_> {
     fn visit_item_mut(&mut self, _: &mut Item) {}
 }
 
-/// `let __memlab_end = frame.block_end(LINE);` for the closing brace of `block`.
-fn block_end(frame: &Ident, block: &Block) -> Stmt {
+/// Whether a block's tail is one whose temporaries live as long as the
+/// value they are borrowed into (`let s = { ...; &String::new() };`, and
+/// the struct, tuple, array and cast expressions around such a borrow): it
+/// must stay the block's tail expression, so its guard is armed before it.
+fn extends_temporaries(expr: &syn::Expr) -> bool {
+    use syn::Expr;
+    match expr {
+        Expr::Reference(_) => true,
+        Expr::Array(a) => a.elems.iter().any(extends_temporaries),
+        Expr::Tuple(t) => t.elems.iter().any(extends_temporaries),
+        Expr::Struct(s) => s.fields.iter().any(|f| extends_temporaries(&f.expr)),
+        Expr::Cast(c) => extends_temporaries(&c.expr),
+        Expr::Paren(p) => extends_temporaries(&p.expr),
+        Expr::Group(g) => extends_temporaries(&g.expr),
+        Expr::Block(b) => matches!(b.block.stmts.last(), Some(Stmt::Expr(e, None)) if extends_temporaries(e)),
+        _ => false,
+    }
+}
+
+/// `let __memlab_end = frame.block_end(LINE);` for the closing brace of
+/// `block`; before a tail expression, `frame.block_end_after_tail(LINE)`,
+/// which the tail arms (see [`Instrument::visit_block_mut`]).
+fn block_end(frame: &Ident, block: &Block, before_tail: bool) -> Stmt {
     let line = block.brace_token.span.close().start().line as u32;
     let end = Ident::new("__memlab_end", Span::mixed_site());
+    let make = if before_tail { quote!(block_end_after_tail) } else { quote!(block_end) };
     // After a diverging statement (`return`, `continue`, `panic!`) the guard
     // is unreachable, which is fine: the statement's exit drops the locals.
-    syn::parse_quote!(#[allow(unreachable_code)] let #end = #frame.block_end(#line);)
+    syn::parse_quote!(#[allow(unreachable_code)] let #end = #frame.#make(#line);)
 }
 
 /// Pushes `stmt`, preceded by `frame.line(N);` unless it is a nested item.

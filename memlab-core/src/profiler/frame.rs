@@ -205,7 +205,17 @@ impl<B: Busy> Frame<B> {
     /// locals free counts there rather than in the block's last statement.
     #[inline]
     pub fn block_end(&self, line: u32) -> BlockEnd<'_, B> {
-        BlockEnd { frame: self, line }
+        BlockEnd { frame: self, line, armed: Cell::new(true) }
+    }
+
+    /// Like [`block_end`](Self::block_end), for a block that ends in a tail
+    /// expression: the guard does nothing until the tail has produced the
+    /// block's value ([`BlockEnd::arm`]). A `return`, `break`, `?` or panic
+    /// inside the tail leaves it unarmed, so what the locals free as the
+    /// block is left counts on the statement that left it.
+    #[inline]
+    pub fn block_end_after_tail(&self, line: u32) -> BlockEnd<'_, B> {
+        BlockEnd { frame: self, line, armed: Cell::new(false) }
     }
 }
 
@@ -213,12 +223,25 @@ impl<B: Busy> Frame<B> {
 pub struct BlockEnd<'a, B: Busy> {
     frame: &'a Frame<B>,
     line: u32,
+    armed: Cell<bool>,
+}
+
+impl<B: Busy> BlockEnd<'_, B> {
+    /// Arms the guard and passes the block's `value` through: generated code
+    /// wraps a block's tail expression in it.
+    #[inline]
+    pub fn arm<T>(&self, value: T) -> T {
+        self.armed.set(true);
+        value
+    }
 }
 
 impl<B: Busy> Drop for BlockEnd<'_, B> {
     #[inline]
     fn drop(&mut self) {
-        self.frame.line(self.line);
+        if self.armed.get() {
+            self.frame.line(self.line);
+        }
     }
 }
 
