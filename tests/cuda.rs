@@ -719,16 +719,61 @@ fn cuda_trace_counters_equal_the_allocators_figures() {
         }
         let n = memlab::events::history().0.iter().filter(|e| e.device == Device::Cuda(0)).count();
         let s = memlab::stats::device_stats(Device::Cuda(0)).unwrap();
-        marks.push((n, s.allocated_bytes.all.current, s.active_bytes.all.current, s.reserved_bytes.all.current));
+        let requested = s.requested_bytes.all.current;
+        let rounding = s.allocated_bytes.all.current - requested;
+        marks.push((n, requested, s.reserved_bytes.all.current, rounding));
     }
+    assert!(marks.iter().any(|m| m.3 > 0), "a block was rounded up: {marks:?}");
     let trace = memlab::export::Exporter::registered().trace().unwrap();
     let samples = &trace.counters[&Device::Cuda(0)];
-    for (n, allocated, active, reserved) in &marks {
+    for (n, requested, reserved, _) in &marks {
         let l = samples[n - 1].level;
-        assert_eq!((l.allocated, l.active, l.reserved), (*allocated, *active, *reserved), "after CUDA event {n}");
+        // No free waits for a stream here: allocated and active are the requested bytes.
+        assert_eq!((l.allocated, l.active, l.reserved), (*requested, *requested, *reserved), "after CUDA event {n}");
     }
+    assert!(!trace.partial);
+    // The HTML report's band of memory allocated before the history is what
+    // was requested before it: never below zero, the same at every point.
+    let report = memlab::export::Exporter::registered().html_report().unwrap();
+    let cuda = report.devices.iter().find(|d| d.device == Device::Cuda(0)).unwrap();
+    let before: Vec<i64> = cuda.points.iter().map(|p| p.layers[0]).collect();
+    assert!(before.iter().all(|b| *b == before[0] && *b >= 0), "{before:?}");
     println!("{} CUDA samples; last {:?}", samples.len(), samples.last().unwrap().level);
     drop((kept, recording));
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn expandable_segments_are_mapped_and_unmapped_in_the_events_and_the_snapshot() {
+    if common::child("expandable_segments_are_mapped_and_unmapped_in_the_events_and_the_snapshot") {
+        let _s = serial();
+        let recording = memlab::Recording::start(memlab::events::Settings::default()).unwrap();
+        let grown: Vec<Tensor> = (0..4).map(|_| floats(64 * MIB / 4)).collect();
+        drop(grown);
+        memlab::gpu::empty_cache().unwrap(); // unmaps the pages
+        let (history, _) = memlab::events::history();
+        let actions: Vec<memlab::events::Action> =
+            history.iter().filter(|e| e.device == Device::Cuda(0)).map(|e| e.action).collect();
+        use memlab::events::Action;
+        assert!(actions.contains(&Action::SegmentMap) && actions.contains(&Action::SegmentUnmap), "{actions:?}");
+        assert!(!actions.contains(&Action::SegmentAlloc), "one expandable segment grows: {actions:?}");
+        let maps = actions.iter().filter(|a| **a == Action::SegmentMap).count();
+        let snapshot = memlab::export::Exporter::registered().snapshot().unwrap();
+        let trace: Vec<&str> = snapshot.device_traces[0].iter().map(|e| e.action).collect();
+        assert_eq!(trace.iter().filter(|a| **a == "segment_map").count(), maps, "{trace:?}");
+        assert!(trace.contains(&"segment_unmap") && !trace.contains(&"segment_alloc"), "{trace:?}");
+        let path = std::env::temp_dir().join(format!("memlab-expandable-{}.pickle", std::process::id()));
+        snapshot.write_pickle(&path).unwrap();
+        python(&["-c", VALIDATE, path.to_str().unwrap()]);
+        let text = python(&["-m", "torch.cuda._memory_viz", "trace", path.to_str().unwrap()]);
+        println!("{maps} maps; PyTorch's reader:\n{}", text.lines().take(8).collect::<Vec<_>>().join("\n"));
+        std::fs::remove_file(&path).ok();
+        drop(recording);
+        return;
+    }
+    let name = "expandable_segments_are_mapped_and_unmapped_in_the_events_and_the_snapshot";
+    let (stdout, _) = common::check_child(name, &[("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")]);
+    println!("{stdout}");
 }
 
 #[test]

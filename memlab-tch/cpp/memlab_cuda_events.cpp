@@ -36,11 +36,13 @@ int32_t action_code(c10::CachingDeviceAllocator::TraceEntry::Action action) {
     case A::FREE_COMPLETED:
       return MEMLAB_ACTION_FREE_COMPLETED;
     case A::SEGMENT_ALLOC:
-    case A::SEGMENT_MAP:
       return MEMLAB_ACTION_SEGMENT_ALLOC;
     case A::SEGMENT_FREE:
-    case A::SEGMENT_UNMAP:
       return MEMLAB_ACTION_SEGMENT_FREE;
+    case A::SEGMENT_MAP:
+      return MEMLAB_ACTION_SEGMENT_MAP;
+    case A::SEGMENT_UNMAP:
+      return MEMLAB_ACTION_SEGMENT_UNMAP;
     case A::OOM:
       return MEMLAB_ACTION_OOM;
     default:

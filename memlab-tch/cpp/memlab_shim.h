@@ -23,6 +23,10 @@ enum memlab_action {
   MEMLAB_ACTION_SEGMENT_ALLOC = 3,
   MEMLAB_ACTION_SEGMENT_FREE = 4,
   MEMLAB_ACTION_OOM = 5,
+  // Expandable segments (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True)
+  // grow and shrink by mapping and unmapping pages of one segment.
+  MEMLAB_ACTION_SEGMENT_MAP = 6,
+  MEMLAB_ACTION_SEGMENT_UNMAP = 7,
 };
 
 // The device of an event: a CUDA device index, or this value for the CPU.

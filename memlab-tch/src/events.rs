@@ -193,17 +193,11 @@ extern "C" fn on_event(action: i32, device: i32, address: u64, size: u64, stream
         ffi::ACTION_FREE_COMPLETED => Action::FreeCompleted,
         ffi::ACTION_SEGMENT_ALLOC => Action::SegmentAlloc,
         ffi::ACTION_SEGMENT_FREE => Action::SegmentFree,
+        ffi::ACTION_SEGMENT_MAP => Action::SegmentMap,
+        ffi::ACTION_SEGMENT_UNMAP => Action::SegmentUnmap,
         ffi::ACTION_OOM => Action::Oom,
         _ => return,
     };
     let device = if device == ffi::EVENT_DEVICE_CPU { Device::Cpu } else { Device::Cuda(device as usize) };
-    let _ = std::panic::catch_unwind(|| {
-        // A failed CPU request: what the host could still give, as libtorch's
-        // CUDA trace gives the device's free bytes (a rare path; no lock held).
-        let address = match (action, device) {
-            (Action::Oom, Device::Cpu) => crate::host_memory().map_or(0, |(available, _)| available),
-            _ => address,
-        };
-        events::record(device, action, address, size, stream)
-    });
+    let _ = std::panic::catch_unwind(|| events::record(device, action, address, size, stream));
 }

@@ -17,6 +17,8 @@ pub const ACTION_FREE_COMPLETED: i32 = 2;
 pub const ACTION_SEGMENT_ALLOC: i32 = 3;
 pub const ACTION_SEGMENT_FREE: i32 = 4;
 pub const ACTION_OOM: i32 = 5;
+pub const ACTION_SEGMENT_MAP: i32 = 6;
+pub const ACTION_SEGMENT_UNMAP: i32 = 7;
 
 /// `MEMLAB_EVENT_DEVICE_CPU`: an event's device when it is the CPU.
 pub const EVENT_DEVICE_CPU: i32 = -1;

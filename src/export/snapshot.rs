@@ -82,7 +82,7 @@ pub struct Segment {
 #[non_exhaustive]
 pub struct TraceEntry {
     /// `alloc`, `free_requested`, `free_completed`, `segment_alloc`,
-    /// `segment_free` or `oom`.
+    /// `segment_free`, `segment_map`, `segment_unmap` or `oom`.
     pub action: &'static str,
     /// The block's address (absent for `oom`).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -337,6 +337,8 @@ fn action_name(action: Action) -> &'static str {
         Action::FreeCompleted => "free_completed",
         Action::SegmentAlloc => "segment_alloc",
         Action::SegmentFree => "segment_free",
+        Action::SegmentMap => "segment_map",
+        Action::SegmentUnmap => "segment_unmap",
         Action::Oom => "oom",
     }
 }
@@ -412,7 +414,9 @@ pub(super) fn capture(sources: &Sources) -> Result<Snapshot> {
                 let f = allocated.remove(&key).unwrap_or_default();
                 traces[index].push(entry(e, f));
             }
-            Action::SegmentAlloc | Action::SegmentFree => traces[index].push(entry(e, Stack::default())),
+            Action::SegmentAlloc | Action::SegmentFree | Action::SegmentMap | Action::SegmentUnmap => {
+                traces[index].push(entry(e, Stack::default()))
+            }
             Action::Oom => traces[index].push(TraceEntry {
                 addr: None,
                 // PyTorch's reader needs the key: on the CPU, the host's

@@ -38,8 +38,8 @@ impl Level {
             // The CPU frees at once; CUDA's block stays active until its streams are done.
             Action::FreeRequested => Level { allocated: -size, active: if cpu { -size } else { 0 }, reserved: 0 },
             Action::FreeCompleted => Level { allocated: 0, active: -size, reserved: 0 },
-            Action::SegmentAlloc => Level { reserved: size, ..Level::default() },
-            Action::SegmentFree => Level { reserved: -size, ..Level::default() },
+            Action::SegmentAlloc | Action::SegmentMap => Level { reserved: size, ..Level::default() },
+            Action::SegmentFree | Action::SegmentUnmap => Level { reserved: -size, ..Level::default() },
             Action::Oom => Level::default(),
         }
     }

@@ -38,9 +38,16 @@ pub enum Action {
     SegmentAlloc,
     /// CUDA only: the caching allocator returned a segment to the device.
     SegmentFree,
+    /// CUDA only, with expandable segments: the caching allocator mapped
+    /// more of a segment's pages (`address` and `size`: the range mapped).
+    SegmentMap,
+    /// CUDA only, with expandable segments: it unmapped a range of a
+    /// segment's pages, giving them back to the device.
+    SegmentUnmap,
     /// An allocation failed for lack of memory; `size` is what was asked for,
-    /// `address` what the device still had free: the driver's figure (CUDA),
-    /// the kernel's `MemAvailable` (the CPU; 0 where unknown). The caller
+    /// `address` what the device still had free: the driver's figure (CUDA);
+    /// on the CPU the kernel's `MemAvailable`, or what the address-space or
+    /// cgroup limit left where that is less (0 where unknown). The caller
     /// still gets libtorch's error.
     Oom,
 }
