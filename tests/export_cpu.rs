@@ -442,3 +442,44 @@ fn a_failed_cpu_request_is_an_oom_event_and_the_error_still_arrives() {
         assert!(!other.contains("ooms"), "a function without an OOM keeps its columns:\n{other}");
     }
 }
+
+#[test]
+fn exports_while_another_thread_allocates_give_the_allocators_figures() {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+    let _s = serial();
+    let recording = memlab::Recording::start(memlab::events::Settings::default().capacity(2000)).unwrap();
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let churned = std::sync::Arc::new(AtomicU64::new(0));
+    let churn = {
+        let (stop, churned) = (stop.clone(), churned.clone());
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                // 64 MiB, never touched: allocated and freed at once.
+                drop(Tensor::empty([16 << 20], (Kind::Float, tch::Device::Cpu)));
+                churned.fetch_add(1, Ordering::Relaxed);
+            }
+        })
+    };
+    let kept = floats(1000);
+    let mut checked = 0;
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let mut export = 0;
+    // At least 1,000 exports, while the other thread allocated at least 500 times.
+    while export < 1000 || (churned.load(Ordering::Relaxed) < 500 && std::time::Instant::now() < deadline) {
+        export += 1;
+        let trace = Exporter::registered().trace().unwrap();
+        let samples = &trace.counters[&Device::Cpu];
+        for s in samples {
+            assert!(s.level.allocated >= 4000, "export {export}: {:?} below what stays allocated", s.level);
+            assert_eq!(s.level.active, s.level.allocated, "export {export}");
+        }
+        checked += samples.len();
+    }
+    stop.store(true, Ordering::Relaxed);
+    churn.join().unwrap();
+    let churned = churned.load(Ordering::Relaxed);
+    println!("{checked} samples of {export} exports, while the other thread made {churned} allocations");
+    assert!(churned >= 500, "the other thread allocated throughout ({churned})");
+    assert!(checked > 1000, "samples were checked");
+    drop((kept, recording));
+}

@@ -41,7 +41,8 @@ const BEFORE: &str = "allocated before the recorded history";
 pub struct Point {
     /// Microseconds since the recording began.
     pub time_us: f64,
-    /// The allocator's allocated bytes then.
+    /// The bytes allocated to tensors then (on CUDA as they asked for
+    /// them, see [`Level::allocated`](super::Level::allocated)).
     pub allocated: i64,
     /// Per layer (see [`DeviceTimeline::layers`]): its bytes then.
     pub layers: Vec<i64>,
@@ -86,7 +87,8 @@ pub struct DeviceTimeline {
     pub points: Vec<Point>,
     /// The peak: when, and how much was allocated.
     pub peak_time_us: f64,
-    /// The allocator's allocated bytes at the peak.
+    /// The bytes allocated to tensors at the peak (on CUDA as they asked
+    /// for them).
     pub peak_bytes: i64,
     /// What was live at the peak, largest first.
     pub live_at_peak: Vec<PeakRow>,
@@ -138,8 +140,8 @@ struct Live {
 }
 
 pub(super) fn capture(sources: &Sources) -> Result<HtmlReport> {
-    let (history, stats) = events::history();
-    let trace = trace::capture_from(&history, &stats)?;
+    let (history, stats, anchors) = trace::history_with_anchors()?;
+    let trace = trace::capture_from(&history, &stats, &anchors)?;
     let live_now: FastMap<(Device, u64), u64> = events::live().iter().map(|a| ((a.device, a.address), a.seq)).collect();
     let named = sources.collect()?;
     let mut frames = Frames::default();
@@ -536,10 +538,19 @@ impl HtmlReport {
             );
         }
         for d in &self.devices {
+            // CUDA's events carry what tensors asked for; its blocks are rounded up.
+            let counted = match d.device {
+                Device::Cpu => format!("Allocated bytes as {}'s allocator counts them", d.device),
+                Device::Cuda(_) => format!(
+                    "Bytes allocated to tensors on {}, as they asked for them (the caching allocator's \
+                     requested_bytes: its blocks are rounded up from these)",
+                    d.device
+                ),
+            };
             write!(
                 body,
-                "<h2>{0}: memory over time</h2>\n<p class=\"note\">Allocated bytes as {0}'s allocator counts them, \
-                 stacked by the sites that held the most at the peak ({1}); hover for the figures.</p>\n{2}",
+                "<h2>{0}: memory over time</h2>\n<p class=\"note\">{counted}, stacked by the sites that held the \
+                 most at the peak ({1}); hover for the figures.</p>\n{2}",
                 d.device,
                 format_bytes(d.peak_bytes),
                 timeline_svg(d, self.partial)

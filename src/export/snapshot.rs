@@ -488,7 +488,12 @@ pub(super) fn capture(sources: &Sources) -> Result<Snapshot> {
     Ok(Snapshot {
         segments,
         device_traces: traces,
-        memlab: SnapshotInfo { devices, partial: stats.dropped > 0, dropped: stats.dropped, recorded: stats.recorded },
+        memlab: SnapshotInfo {
+            devices,
+            partial: stats.dropped > 0 || stats.untracked > 0,
+            dropped: stats.dropped,
+            recorded: stats.recorded,
+        },
     })
 }
 

@@ -6,8 +6,13 @@
 //! that ran it); and an instant event for every out-of-memory failure.
 //!
 //! The counters are the allocator's own figures: memlab reads each device's
-//! figures at export time and walks the history back, so every sample is the
-//! figure at that moment, allocations made before the recording included.
+//! figures at export time, consistently with the history (the reading shows
+//! exactly the events before a known point), and walks the history back, so
+//! every sample is the figure right after its event, allocations made before
+//! the recording included. On CUDA the events carry the bytes the tensors
+//! asked for, not the caching allocator's rounded blocks: the counters are in
+//! those terms (its `requested_bytes`), and the rounding (allocated minus
+//! requested) is a figure of the moment, in the reporter and the OOM report.
 
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -20,9 +25,11 @@ use serde::Serialize;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 #[non_exhaustive]
 pub struct Level {
-    /// Bytes allocated to tensors (CUDA: rounded blocks).
+    /// Bytes allocated to tensors. On CUDA, as the tensors asked for them
+    /// (the caching allocator's blocks are rounded up from these).
     pub allocated: i64,
-    /// Allocated, or freed but still in use by a stream (CUDA).
+    /// Allocated, or freed but still in use by a stream (CUDA; as asked for,
+    /// the allocator's `requested_bytes`).
     pub active: i64,
     /// Bytes the allocator holds from the device (CUDA).
     pub reserved: i64,
@@ -50,6 +57,10 @@ impl Level {
             active: self.active - d.active,
             reserved: self.reserved - d.reserved,
         }
+    }
+
+    fn plus(self, d: Level) -> Level {
+        self.minus(Level::default().minus(d))
     }
 }
 
@@ -91,36 +102,124 @@ pub struct Trace {
     /// The resident set and the driver's device use, where something read
     /// them (a `StepLogger`'s sampler, or a recording started with sampling).
     pub readings: Vec<Reading>,
-    /// Whether the bounded history dropped events (the counters then start
-    /// later than the recording) or spans and readings.
+    /// Whether the counters are incomplete: the bounded history dropped
+    /// events (the counters then start later than the recording) or spans
+    /// and readings, or a CUDA free requested before the history began was
+    /// still waiting for its stream at export (its bytes are in the
+    /// allocator's figures but no event says which, so `allocated` cannot be
+    /// told from `active`).
     pub partial: bool,
 }
 
-pub(super) fn capture() -> Result<Trace> {
-    let (history, stats) = events::history();
-    capture_from(&history, &stats)
+/// The allocator's figures of one device, read consistently with the history:
+/// exactly the events numbered below `before` are in them.
+pub(super) struct Anchor {
+    stats: memlab_core::DeviceStats,
+    before: u64,
 }
 
-/// The trace of `history` (the recorder's, with its `stats`).
-pub(super) fn capture_from(history: &[Event], stats: &events::Stats) -> Result<Trace> {
+/// The recording's history and its counts, with each device's figures read
+/// consistently with it (see [`Anchor`]). CUDA's allocator records its
+/// events under its own lock, which the recorder's hook takes under it: its
+/// figures are read outside the recorder's lock, between two equal counts of
+/// events. The CPU's counters move before their events reach the recorder:
+/// they are read under the recorder's lock when no event is in flight.
+pub(super) fn history_with_anchors() -> Result<(Vec<Event>, events::Stats, BTreeMap<Device, Anchor>)> {
+    /// Tries before the figures are taken as they are (a device whose
+    /// events never pause for a microsecond).
+    const TRIES: usize = 10_000;
+    let mut anchors = BTreeMap::new();
+    for index in 0..memlab_tch::cuda_device_count() {
+        let device = Device::Cuda(index);
+        let mut anchor = None;
+        for _ in 0..TRIES {
+            let before = events::recorded();
+            let stats = memlab_tch::device_stats(device)?;
+            anchor = Some(Anchor { stats, before });
+            if events::recorded() == before {
+                break;
+            }
+        }
+        anchors.extend(anchor.map(|a| (device, a)));
+    }
+    let cpu_installed = memlab_tch::cpu_allocator_installed();
+    let settled =
+        cpu_installed.then(|| events::history_when(TRIES, || memlab_tch::cpu_stats_settled().ok().flatten())).flatten();
+    let (history, stats) = match settled {
+        Some((history, stats, cpu)) => {
+            anchors.insert(Device::Cpu, Anchor { stats: cpu, before: u64::MAX });
+            (history, stats)
+        }
+        None => {
+            let (history, stats) = events::history();
+            if cpu_installed {
+                let cpu = memlab_tch::device_stats(Device::Cpu)?;
+                anchors.insert(Device::Cpu, Anchor { stats: cpu, before: events::recorded() });
+            }
+            (history, stats)
+        }
+    };
+    Ok((history, stats, anchors))
+}
+
+pub(super) fn capture() -> Result<Trace> {
+    let (history, stats, anchors) = history_with_anchors()?;
+    capture_from(&history, &stats, &anchors)
+}
+
+/// The trace of `history` (the recorder's, with its `stats`), its counters
+/// walked back from `anchors`.
+pub(super) fn capture_from(
+    history: &[Event],
+    stats: &events::Stats,
+    anchors: &BTreeMap<Device, Anchor>,
+) -> Result<Trace> {
     let (spans, readings, timeline_dropped) = events::spans_and_readings();
     let mut by_device: BTreeMap<Device, Vec<&Event>> = BTreeMap::new();
     for e in history {
         by_device.entry(e.device).or_default().push(e);
     }
     let mut counters = BTreeMap::new();
+    let mut waiting_unseen = false;
     for (device, events) in by_device {
-        let now = memlab_tch::device_stats(device)?;
-        let mut level = Level {
-            allocated: now.allocated_bytes.all.current,
-            active: now.active_bytes.all.current,
-            reserved: now.reserved_bytes.all.current,
+        let Some(anchor) = anchors.get(&device) else {
+            return Err(Error::InvalidArgument(format!("{device} has events but its figures could not be read")));
         };
-        if device == Device::Cpu {
-            // The CPU allocator reserves nothing of its own.
-            level.reserved = 0;
+        let now = &anchor.stats;
+        // The figures at the reading, in the terms the events carry.
+        let mut level = match device {
+            Device::Cpu => Level {
+                allocated: now.allocated_bytes.all.current,
+                active: now.active_bytes.all.current,
+                // The CPU allocator reserves nothing of its own.
+                reserved: 0,
+            },
+            Device::Cuda(_) => {
+                // Blocks freed but waiting for their streams: the events up to
+                // the reading say which, and the allocator how many.
+                let mut waiting: BTreeMap<u64, i64> = BTreeMap::new();
+                for e in events.iter().filter(|e| e.seq < anchor.before) {
+                    match e.action {
+                        Action::FreeRequested => drop(waiting.insert(e.address, e.size as i64)),
+                        Action::FreeCompleted => drop(waiting.remove(&e.address)),
+                        _ => {}
+                    }
+                }
+                let blocks_waiting = now.active.all.current - now.allocation.all.current;
+                waiting_unseen |= blocks_waiting != waiting.len() as i64;
+                let requested = now.requested_bytes.all.current;
+                Level {
+                    allocated: requested - waiting.values().sum::<i64>(),
+                    active: requested,
+                    reserved: now.reserved_bytes.all.current,
+                }
+            }
+        };
+        // Then the events after the reading, to the end of the history.
+        for e in events.iter().filter(|e| e.seq >= anchor.before) {
+            level = level.plus(Level::change(e));
         }
-        // Walk back from now: each sample is the level right after its event.
+        // Walk back from the end: each sample is the level right after its event.
         let mut samples: Vec<Sample> = Vec::with_capacity(events.len());
         for e in events.iter().rev() {
             samples.push(Sample { time_us: e.time_ns as f64 / 1000.0, level });
@@ -139,7 +238,8 @@ pub(super) fn capture_from(history: &[Event], stats: &events::Stats) -> Result<T
             device_free: (matches!(e.device, Device::Cuda(_)) || e.address > 0).then_some(e.address),
         })
         .collect();
-    Ok(Trace { counters, ooms, spans, readings, partial: stats.dropped > 0 || timeline_dropped > 0 })
+    let partial = stats.dropped > 0 || timeline_dropped > 0 || waiting_unseen;
+    Ok(Trace { counters, ooms, spans, readings, partial })
 }
 
 /// A time in microseconds, as trace events write it.

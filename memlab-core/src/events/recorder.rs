@@ -191,11 +191,15 @@ struct Recorder {
     /// `recorded` when the current recording began.
     recorded_before: u64,
     dropped: u64,
+    /// Allocations left out of the live set for want of memory to grow it.
+    untracked: u64,
     live: FastMap<(Device, u64), LiveAllocation>,
     scopes: FastMap<u64, Account>,
 }
 
 static ACTIVE: AtomicBool = AtomicBool::new(false);
+/// The recorder's `recorded`, readable without its lock (see [`recorded`]).
+static RECORDED: AtomicU64 = AtomicU64::new(0);
 static BACKTRACES: AtomicBool = AtomicBool::new(false);
 static NEXT_SCOPE: AtomicU64 = AtomicU64::new(1);
 static RECORDER: Mutex<Option<Recorder>> = Mutex::new(None);
@@ -346,6 +350,7 @@ pub fn record(device: Device, action: Action, address: u64, size: u64, stream: u
     with(|r| {
         let seq = r.recorded;
         r.recorded += 1;
+        RECORDED.store(r.recorded, Ordering::Release);
         match action {
             Action::Alloc => {
                 if let Some(id) = scope {
@@ -406,8 +411,42 @@ pub fn history() -> (Vec<Event>, Stats) {
     with(|r| (r.history.iter().cloned().collect(), stats_of(r)))
 }
 
+/// How many events the recorder has seen since the process started: the
+/// `seq` the next one gets. Read without the recorder's lock, for readers
+/// of allocator figures that must know which events a reading includes: an
+/// allocator that records its events under its own lock (CUDA's) shows in a
+/// reading taken between two equal values of this exactly the events
+/// numbered below it.
+pub fn recorded() -> u64 {
+    RECORDED.load(Ordering::Acquire)
+}
+
+/// The history and the recorder's counts, together with `read()`'s figures
+/// taken under the recorder's lock: an allocator whose events reach the
+/// recorder after it counted them (the CPU's) then shows no event beyond
+/// the history. `read` returns `None` while an event is between the two;
+/// the lock is let go and `read` asked again, up to `tries` times. `None`
+/// when every try found one. `read` must not take a lock that an
+/// allocator holds while it records (CUDA's).
+pub fn history_when<R>(tries: usize, mut read: impl FnMut() -> Option<R>) -> Option<(Vec<Event>, Stats, R)> {
+    for _ in 0..tries {
+        let found = with(|r| read().map(|figures| (r.history.iter().cloned().collect(), stats_of(r), figures)));
+        if found.is_some() {
+            return found;
+        }
+        std::thread::yield_now();
+    }
+    None
+}
+
 fn stats_of(r: &Recorder) -> Stats {
-    Stats { recorded: r.recorded - r.recorded_before, dropped: r.dropped, kept: r.history.len(), live: r.live.len() }
+    Stats {
+        recorded: r.recorded - r.recorded_before,
+        dropped: r.dropped,
+        kept: r.history.len(),
+        live: r.live.len(),
+        untracked: r.untracked,
+    }
 }
 
 /// Everything allocated now, oldest first (empty while recording is off).
