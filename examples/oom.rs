@@ -50,7 +50,7 @@ impl Attention {
 }
 
 #[memlab::profile]
-fn train_step(model: &Attention, opt: &mut nn::Optimizer, x: &Tensor) -> Result<f64, tch::TchError> {
+fn train_step(model: &Attention, opt: &mut memlab::RegisteredOptimizer, x: &Tensor) -> Result<f64, tch::TchError> {
     let y = model.forward(x)?;
     let loss = y.square().mean(Kind::Float);
     opt.backward_step(&loss);
@@ -75,7 +75,8 @@ fn main() -> Result<(), Box<dyn Error>> {
     let vs = nn::VarStore::new(device);
     let model = Attention::new(&vs.root());
     memlab::register_var_store("model", &vs);
-    let mut adam = nn::Adam::default().build(&vs, 1e-3)?;
+    // Registered where it is built: its state is named from the first step on.
+    let mut adam = memlab::register_optimizer(nn::Adam::default().build(&vs, 1e-3)?)?;
     let short = Tensor::randn([4, 256, HIDDEN], (Kind::Float, device));
     let long = Tensor::randn([32, 4096, HIDDEN], (Kind::Float, device));
     println!("training on {device:?}");
@@ -93,9 +94,6 @@ fn main() -> Result<(), Box<dyn Error>> {
                     }
                 }
             }
-        }
-        if step == 0 {
-            memlab::register_optimizer(&adam)?;
         }
     }
     println!("continued after OOM");

@@ -76,7 +76,7 @@ fn main() -> Result<(), Box<dyn Error>> {
     let vs = nn::VarStore::new(device);
     let model = Mlp::new(&vs.root());
     memlab::register_var_store("model", &vs);
-    let mut adam = nn::Adam::default().build(&vs, 1e-3)?;
+    let mut adam = memlab::register_optimizer(nn::Adam::default().build(&vs, 1e-3)?)?;
     let x = Tensor::randn([512, 256], (Kind::Float, device));
     let y = Tensor::randint(10, [512], (Kind::Int64, device));
     let mut history = Vec::new();
@@ -84,10 +84,8 @@ fn main() -> Result<(), Box<dyn Error>> {
     let mut logger = memlab::StepLogger::new();
     logger.stop();
     for step in 0..8 {
-        let loss = logger.log(&format!("step {step}"), || train_step(&model, &mut adam, &x, &y, &mut history));
-        if step == 0 {
-            memlab::register_optimizer(&adam)?; // its state exists after the first step
-        }
+        let loss = logger
+            .log(&format!("step {step}"), || adam.with_mut(|adam| train_step(&model, adam, &x, &y, &mut history)));
         println!("step {step}: loss {loss:.4}");
     }
 

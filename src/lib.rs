@@ -109,7 +109,7 @@ pub use memlab_macros::profile_every;
 
 pub use memlab_core::{Device, Error, Result};
 pub use memlab_tch::{clear_registry, register_tensor, register_var_store, Recording};
-pub use named::register_optimizer;
+pub use named::{register_optimizer, RegisteredOptimizer};
 
 /// Gives each report type (which describes itself as a `Document`) the
 /// renderings every memlab report has: `to_text` (also what `{}` prints),
@@ -195,6 +195,8 @@ pub mod optimizer {
 /// device, its resets, and what memory a tensor keeps alive.
 pub mod stats {
     pub use memlab_core::{format_bytes, DeviceStats, ParseDeviceError, RawStats, Stat, StatArray};
+    #[doc(hidden)]
+    pub use memlab_tch::storage::gradient_reads;
     pub use memlab_tch::{
         cpu_allocator_installed, cpu_allocator_installed_at_load, device_stats, install_cpu_allocator, raw_stats,
         reset_accumulated_stats, reset_peak_stats, storage_info, Layout, StorageInfo, WeakTensor,

@@ -11,6 +11,7 @@ use memlab_core::{Device, Error, Result};
 use memlab_tch::optimizer::{tensor_impl, OptimizerKind};
 use memlab_tch::registry;
 use memlab_tch::storage::{facts, Facts, Layout};
+use memlab_tch::WeakTensor;
 use tch::nn::{Optimizer, VarStore, Variables};
 use tch::Tensor;
 
@@ -42,6 +43,8 @@ pub(crate) fn kind_label(kind: Kind) -> &'static str {
 pub(crate) struct OptimizerStates {
     /// Its class.
     pub(crate) kind: OptimizerKind,
+    /// The var store it was built on: its name (prefix) and variables.
+    pub(crate) store: (String, Arc<Mutex<Variables>>),
     /// `parameter.slot` and the state tensor (shared with the optimizer).
     pub(crate) tensors: Vec<(String, Tensor)>,
     /// Parameters the optimizer has taken in but keeps no state for yet: no
@@ -58,16 +61,26 @@ impl OptimizerStates {
     pub(crate) fn read(optimizer: &Optimizer, stores: &[(String, Arc<Mutex<Variables>>)]) -> Result<OptimizerStates> {
         let arcs: Vec<Arc<Mutex<Variables>>> = stores.iter().map(|(_, v)| v.clone()).collect();
         let state = memlab_tch::optimizer::read(optimizer, &arcs)?;
-        let (prefix, variables) = &stores[state.store];
+        let store = stores[state.store].clone();
+        let (prefix, variables) = &store;
         let variables = variables.lock().unwrap_or_else(|e| e.into_inner());
         let full = |name: &str| if prefix.is_empty() { name.to_string() } else { format!("{prefix}.{name}") };
+        // A tensor held under two names (tied weights) is named after the
+        // first of them in order, whatever order the store keeps them in.
         let mut names: HashMap<u64, String> = HashMap::new();
-        for (name, tensor) in &variables.named_variables {
-            names.insert(tensor_impl(tensor)?, full(name));
+        let mut sorted: Vec<(&String, &Tensor)> = variables.named_variables.iter().collect();
+        sorted.sort_by(|a, b| a.0.cmp(b.0));
+        for (name, tensor) in sorted {
+            names.entry(tensor_impl(tensor)?).or_insert_with(|| full(name));
         }
         let name_of = |param: u64| names.get(&param).cloned().unwrap_or_else(|| format!("parameter@{param:#x}"));
-        let mut out =
-            OptimizerStates { kind: state.kind, tensors: Vec::new(), stateless: Vec::new(), absent: Vec::new() };
+        let mut out = OptimizerStates {
+            kind: state.kind,
+            store: store.clone(),
+            tensors: Vec::new(),
+            stateless: Vec::new(),
+            absent: Vec::new(),
+        };
         let mut taken = HashSet::new();
         for p in state.params {
             taken.insert(p.param);
@@ -80,7 +93,7 @@ impl OptimizerStates {
         }
         for var in &variables.trainable_variables {
             let param = tensor_impl(&var.tensor)?;
-            if !taken.contains(&param) {
+            if taken.insert(param) {
                 out.absent.push(name_of(param));
             }
         }
@@ -91,19 +104,27 @@ impl OptimizerStates {
     }
 }
 
-/// Registers the state of `optimizer` by name, held weakly, for every tool
-/// that works from the registry: [`MemReporter::registered`], `track!()`,
-/// [`where_gpu_memory_went`], [`Courtesy::new`] (which then moves the state
-/// with the model), and dispose scopes and [`check_step`] (which then count
-/// it as model state). Its var store must be registered first (see
-/// [`register_var_store`]): the state is named after its variables
-/// (`model.fc.weight.exp_avg`).
+/// Registers `optimizer` with memlab and gives it back as a
+/// [`RegisteredOptimizer`], which is the same optimizer (it derefs to tch's
+/// `nn::Optimizer`) and keeps memlab's registration of its state right:
+/// after each step it registers the state libtorch created or changed. Every
+/// tool that works from the registry then names it: [`MemReporter::registered`],
+/// `track!()`, [`where_gpu_memory_went`], the out-of-memory recorder,
+/// [`Courtesy::new`] (which then moves the state with the model), and
+/// dispose scopes and [`check_step`] (which then count it as model state).
+/// Its var store must be registered first (see [`register_var_store`]): the
+/// state is named after its variables (`model.fc.weight.exp_avg`).
 ///
-/// The state is read now, under this borrow; memlab never keeps the
-/// optimizer. libtorch creates it at the first step and then updates it in
-/// place, so register after the first step (and again after variables
-/// joined); calling it again replaces the earlier registration. Returns how
-/// many state tensors were registered: 0 before the first step.
+/// Register it where it is built, before the first step: libtorch creates
+/// the state at the first step (Adam's `exp_avg` and `exp_avg_sq`, SGD's
+/// `momentum_buffer`), and the registered optimizer's own step methods
+/// (`backward_step`, `backward_step_clip`, `backward_step_clip_norm`,
+/// `step`) register it right after. It has every method of tch's optimizer
+/// that changes it; code written for `&mut nn::Optimizer` runs inside
+/// [`with_mut`](RegisteredOptimizer::with_mut), after which the state is
+/// registered too. It lends the optimizer only that way (no `DerefMut`):
+/// memlab reads the optimizer's state on the thread that holds it, between
+/// steps, never while a step may be changing it on another thread.
 ///
 /// ```
 /// use tch::nn::{self, Module, OptimizerConfig};
@@ -112,13 +133,13 @@ impl OptimizerStates {
 /// let vs = nn::VarStore::new(Device::Cpu);
 /// let fc = nn::linear(vs.root() / "fc", 32, 32, Default::default());
 /// memlab::register_var_store("model", &vs);
-/// let mut adam = nn::Adam::default().build(&vs, 1e-3).unwrap();
-/// assert_eq!(memlab::register_optimizer(&adam)?, 0); // no state before the first step
+/// let mut adam = memlab::register_optimizer(nn::Adam::default().build(&vs, 1e-3)?)?;
+/// assert_eq!(adam.registered_states(), 0); // no state before the first step
 /// adam.backward_step(&fc.forward(&Tensor::ones([4, 32], (Kind::Float, Device::Cpu))).sum(Kind::Float));
-/// assert_eq!(memlab::register_optimizer(&adam)?, 4); // exp_avg and exp_avg_sq of weight and bias
+/// assert_eq!(adam.registered_states(), 4); // exp_avg and exp_avg_sq of weight and bias
 /// let report = memlab::MemReporter::registered().report()?;
 /// assert!(report.to_text().contains("model.fc.weight.exp_avg_sq"));
-/// # Ok::<(), memlab::Error>(())
+/// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 ///
 /// [`MemReporter::registered`]: crate::MemReporter::registered
@@ -126,10 +147,153 @@ impl OptimizerStates {
 /// [`Courtesy::new`]: crate::Courtesy::new
 /// [`check_step`]: crate::check_step
 /// [`register_var_store`]: crate::register_var_store
-pub fn register_optimizer(optimizer: &Optimizer) -> Result<usize> {
-    let states = OptimizerStates::read(optimizer, &Sources::registered().stores())?;
-    registry::register_states(&states.tensors)?;
-    Ok(states.tensors.len())
+pub fn register_optimizer(optimizer: Optimizer) -> Result<RegisteredOptimizer> {
+    let states = OptimizerStates::read(&optimizer, &Sources::registered().stores())?;
+    let mut registered = RegisteredOptimizer { optimizer, store: states.store, seen: None, states: 0 };
+    registered.refresh()?;
+    Ok(registered)
+}
+
+/// An optimizer registered with memlab: tch's `nn::Optimizer` (it derefs to
+/// it, for reading), whose step methods also register the state libtorch
+/// made (see [`register_optimizer`]). Dropping it drops the optimizer; the
+/// state's registration ends with it.
+#[must_use = "the optimizer is registered while it lives: keep it and step it"]
+pub struct RegisteredOptimizer {
+    optimizer: Optimizer,
+    /// The var store it was built on, as registered: its name and variables.
+    store: (String, Arc<Mutex<Variables>>),
+    /// At the last registration: the parameters with state, and the store's
+    /// trainable variables. Neither changed: nothing to read again.
+    seen: Option<(usize, usize)>,
+    /// State tensors registered at the last registration.
+    states: usize,
+}
+
+impl RegisteredOptimizer {
+    /// tch's `backward_step`, then the registration of the state it made.
+    pub fn backward_step(&mut self, loss: &Tensor) {
+        self.optimizer.backward_step(loss);
+        self.after_step();
+    }
+
+    /// tch's `backward_step_clip`, then the registration of the state it made.
+    pub fn backward_step_clip(&mut self, loss: &Tensor, max: f64) {
+        self.optimizer.backward_step_clip(loss, max);
+        self.after_step();
+    }
+
+    /// tch's `backward_step_clip_norm`, then the registration of the state it made.
+    pub fn backward_step_clip_norm(&mut self, loss: &Tensor, max: f64) {
+        self.optimizer.backward_step_clip_norm(loss, max);
+        self.after_step();
+    }
+
+    /// tch's `step`, then the registration of the state it made.
+    pub fn step(&mut self) {
+        self.optimizer.step();
+        self.after_step();
+    }
+
+    /// Runs `f` with tch's optimizer (for code written for `&mut
+    /// nn::Optimizer`: `opt.with_mut(|opt| train_step(&model, opt))`), then
+    /// registers the state its steps made.
+    pub fn with_mut<R>(&mut self, f: impl FnOnce(&mut Optimizer) -> R) -> R {
+        let out = f(&mut self.optimizer);
+        self.after_step();
+        out
+    }
+
+    /// tch's `zero_grad`.
+    pub fn zero_grad(&mut self) {
+        self.optimizer.zero_grad();
+    }
+
+    /// tch's `set_lr`.
+    pub fn set_lr(&mut self, lr: f64) {
+        self.optimizer.set_lr(lr);
+    }
+
+    /// tch's `set_lr_group`.
+    pub fn set_lr_group(&mut self, group: usize, lr: f64) {
+        self.optimizer.set_lr_group(group, lr);
+    }
+
+    /// tch's `set_momentum`.
+    pub fn set_momentum(&mut self, momentum: f64) {
+        self.optimizer.set_momentum(momentum);
+    }
+
+    /// tch's `set_momentum_group`.
+    pub fn set_momentum_group(&mut self, group: usize, momentum: f64) {
+        self.optimizer.set_momentum_group(group, momentum);
+    }
+
+    /// tch's `set_weight_decay`.
+    pub fn set_weight_decay(&mut self, weight_decay: f64) {
+        self.optimizer.set_weight_decay(weight_decay);
+    }
+
+    /// tch's `set_weight_decay_group`.
+    pub fn set_weight_decay_group(&mut self, group: usize, weight_decay: f64) {
+        self.optimizer.set_weight_decay_group(group, weight_decay);
+    }
+
+    /// How many state tensors are registered now (0 before the first step).
+    pub fn registered_states(&self) -> usize {
+        self.states
+    }
+
+    /// tch's optimizer, no longer kept registered by its steps (the state
+    /// registered so far stays, held weakly, until the optimizer drops).
+    pub fn into_inner(self) -> Optimizer {
+        self.optimizer
+    }
+
+    fn after_step(&mut self) {
+        if let Err(e) = self.refresh() {
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| {
+                memlab_core::output::warn(&format!(
+                    "memlab: the optimizer's state could not be registered after a step ({e}); memlab's tools \
+                     leave it unnamed\n"
+                ))
+            });
+        }
+    }
+
+    /// Registers the state again where it changed (parameters with state,
+    /// or the store's trainable variables, differ from the last time), and,
+    /// while the out-of-memory recorder is armed, keeps the store's
+    /// gradients for its handler (see the `gradients` module).
+    fn refresh(&mut self) -> Result<()> {
+        let count = memlab_tch::optimizer::state_count(&self.optimizer, &self.store.1)?;
+        let trainable = self.store.1.lock().unwrap_or_else(|e| e.into_inner()).trainable_variables.len();
+        if self.seen != Some((count, trainable)) {
+            let states = OptimizerStates::read(&self.optimizer, std::slice::from_ref(&self.store))?;
+            registry::register_states(&states.tensors)?;
+            self.states = states.tensors.len();
+            self.seen = Some((count, trainable));
+        }
+        if crate::oom::is_armed() {
+            gradients::remember_store(&self.store.0, &self.store.1)?;
+        }
+        Ok(())
+    }
+}
+
+impl std::ops::Deref for RegisteredOptimizer {
+    type Target = Optimizer;
+
+    fn deref(&self) -> &Optimizer {
+        &self.optimizer
+    }
+}
+
+impl std::fmt::Debug for RegisteredOptimizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RegisteredOptimizer").field("store", &self.store.0).field("states", &self.states).finish()
+    }
 }
 
 /// Where named tensors come from.
@@ -143,9 +307,11 @@ pub(crate) struct Sources {
     /// Why an optimizer given could not be read: returned by the first walk.
     error: Option<Error>,
     registry: bool,
-    /// Whether a walk waits for a var store another thread (or this one,
-    /// further up its stack) holds, or passes it by and notes it in `busy`.
-    wait: bool,
+    /// Whether the walks run inside an out-of-memory handler: they then pass
+    /// by a var store another thread (or this one, further up its stack)
+    /// holds, noting it in `busy`, and never ask libtorch for a gradient
+    /// (see [`GRADIENTS`]).
+    in_handler: bool,
     busy: Mutex<Vec<String>>,
 }
 
@@ -158,7 +324,7 @@ impl Default for Sources {
             states: Vec::new(),
             error: None,
             registry: false,
-            wait: true,
+            in_handler: false,
             busy: Mutex::new(Vec::new()),
         }
     }
@@ -176,7 +342,7 @@ impl Sources {
     /// while `set_device`, `load` and `copy` allocate). A registry or var
     /// store that is held is passed by and listed in [`busy`](Self::busy).
     pub(crate) fn registered_now() -> Sources {
-        let mut sources = Sources { wait: false, ..Sources::default() };
+        let mut sources = Sources { in_handler: true, ..Sources::default() };
         match registry::try_all() {
             Some(registered) => {
                 let stores = registered.var_stores.into_iter();
@@ -299,7 +465,7 @@ impl Sources {
             return Err(e.clone());
         }
         for (prefix, variables) in self.stores() {
-            let variables = if self.wait {
+            let variables = if !self.in_handler {
                 variables.lock().unwrap_or_else(|e| e.into_inner())
             } else {
                 match variables.try_lock() {
@@ -358,23 +524,101 @@ impl Sources {
     }
 
     /// Every named storage and gradient, grouped by device and storage.
+    /// Inside an out-of-memory handler the gradients are those the walks
+    /// before it saw (see [`GRADIENTS`]); outside, while the recorder is
+    /// armed, this walk's gradients are kept for such a handler.
     pub(crate) fn collect(&self) -> Result<Named> {
         let mut named = Named::default();
+        let remember = !self.in_handler && crate::oom::is_armed();
+        let mut seen: Vec<(String, WeakTensor)> = Vec::new();
+        let remembered = if self.in_handler { gradients::now() } else { None };
+        if self.in_handler && remembered.is_none() {
+            self.note_busy("the gradients (memlab's record of them was being updated by another thread)");
+        }
         self.for_each(|name, tensor, kind| {
-            let with_grad = kind == Kind::Parameter;
+            let with_grad = kind == Kind::Parameter && !self.in_handler;
             let (main, grad) = facts(tensor, with_grad)?;
             named.add(name, Source::Tensor(tensor), main, kind)?;
+            let grad_name = || format!("{name}.grad");
             if let Some(grad) = grad {
-                named.add(&format!("{name}.grad"), Source::GradOf(tensor), grad, Kind::Gradient)?;
+                named.add(&grad_name(), Source::GradOf(tensor), grad, Kind::Gradient)?;
+                if remember {
+                    if let Some(weak) = memlab_tch::grad_of(tensor).and_then(|g| WeakTensor::new(&g).ok()) {
+                        seen.push((grad_name(), weak));
+                    }
+                }
+            } else if kind == Kind::Parameter {
+                let kept = remembered.as_deref().and_then(Option::as_ref).and_then(|r| r.get(&grad_name()));
+                if let Some(grad) = kept.and_then(WeakTensor::upgrade) {
+                    let (facts, _) = facts(&grad, false)?;
+                    named.add(&grad_name(), Source::Tensor(&grad), facts, Kind::Gradient)?;
+                }
             }
             Ok(())
         })?;
+        if remember {
+            gradients::remember(seen);
+        }
         Ok(named)
     }
 }
 
+/// The gradients the walks outside an out-of-memory handler saw, held
+/// weakly by the full name of their parameter. A handler runs on whatever
+/// thread failed, possibly while the autograd engine writes gradients on
+/// another: asking libtorch for a parameter's gradient then races with it
+/// (as plain tch would), so the handler names gradients from here instead.
+/// A gradient replaced since (a step after `zero_grad`, which sets them to
+/// none) is gone from here, and is counted among the unnamed bytes.
+mod gradients {
+    use std::collections::HashMap;
+    use std::sync::Mutex;
+
+    use memlab_core::Result;
+    use memlab_tch::WeakTensor;
+    use tch::nn::Variables;
+    use tch::Tensor;
+
+    static GRADIENTS: Mutex<Option<HashMap<String, WeakTensor>>> = Mutex::new(None);
+
+    /// Keeps the gradients of the variables of `store` (named `prefix.name`),
+    /// read in one call into libtorch.
+    pub(super) fn remember_store(prefix: &str, store: &Mutex<Variables>) -> Result<()> {
+        let (names, weak) = {
+            let variables = store.lock().unwrap_or_else(|e| e.into_inner());
+            let (names, tensors): (Vec<&String>, Vec<&Tensor>) = variables.named_variables.iter().unzip();
+            let weak = memlab_tch::registry::weak_gradients(&tensors)?;
+            let full =
+                |name: &str| if prefix.is_empty() { format!("{name}.grad") } else { format!("{prefix}.{name}.grad") };
+            (names.into_iter().map(|n| full(n)).collect::<Vec<_>>(), weak)
+        };
+        remember(names.into_iter().zip(weak).filter_map(|(name, weak)| weak.map(|w| (name, w))).collect());
+        Ok(())
+    }
+
+    /// Keeps what a walk saw, in place of what earlier walks saw under the
+    /// same names; gradients that are gone drop out.
+    pub(super) fn remember(seen: Vec<(String, WeakTensor)>) {
+        let mut all = GRADIENTS.lock().unwrap_or_else(|e| e.into_inner());
+        let all = all.get_or_insert_with(HashMap::new);
+        all.retain(|_, weak| !weak.is_gone());
+        all.extend(seen);
+    }
+
+    /// The gradients kept, without waiting: `None` while another thread
+    /// updates them.
+    pub(super) fn now() -> Option<std::sync::MutexGuard<'static, Option<HashMap<String, WeakTensor>>>> {
+        match GRADIENTS.try_lock() {
+            Ok(all) => Some(all),
+            Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
+    }
+}
+
 /// Where a named tensor comes from: the tensor, or the gradient of one (made
-/// into a tensor handle only when needed, for sparse gradients).
+/// into a tensor handle only when needed, for sparse gradients; never inside
+/// an out-of-memory handler, whose walk names gradients it already holds).
 #[derive(Clone, Copy)]
 enum Source<'a> {
     Tensor(&'a Tensor),
@@ -385,7 +629,7 @@ impl Source<'_> {
     fn get(self) -> Tensor {
         match self {
             Source::Tensor(t) => t.shallow_clone(),
-            Source::GradOf(t) => t.grad(),
+            Source::GradOf(t) => memlab_tch::grad_of(t).unwrap_or_default(),
         }
     }
 }

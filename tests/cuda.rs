@@ -644,11 +644,11 @@ fn a_registered_optimizer_is_named_on_cuda() {
     let vs = tch::nn::VarStore::new(GPU);
     let net = cuda_model(&vs, 1024);
     memlab::register_var_store("model", &vs);
-    let mut opt = tch::nn::Adam::default().build(&vs, 1e-4).unwrap();
+    let mut opt = memlab::register_optimizer(tch::nn::Adam::default().build(&vs, 1e-4).unwrap()).unwrap();
     let x = Tensor::randn([64, 1024], (Kind::Float, GPU));
     opt.backward_step(&net.forward(&x).mean(Kind::Float));
     let params = (2 * (1024 * 1024 + 1024) + 1024 * 10 + 10) * 4;
-    assert_eq!(memlab::register_optimizer(&opt).unwrap(), 12);
+    assert_eq!(opt.registered_states(), 12);
     // where_gpu_memory_went counts the state as named: weights, gradients, moments.
     let account = memlab::where_gpu_memory_went(0).unwrap();
     println!("{account}");

@@ -39,12 +39,11 @@ fn a_cpu_recording_opens_in_pytorchs_reader() {
     let vs = nn::VarStore::new(tch::Device::Cpu);
     let net = nn::seq().add(nn::linear(vs.root() / "fc", 32, 32, Default::default()));
     memlab::register_var_store("model", &vs);
-    let mut opt = nn::Adam::default().build(&vs, 1e-3).unwrap();
+    let mut opt = memlab::register_optimizer(nn::Adam::default().build(&vs, 1e-3).unwrap()).unwrap();
     let mut kept = Vec::new();
     for _ in 0..3 {
-        leaky_step(&net, &mut opt, &mut kept);
+        opt.with_mut(|opt| leaky_step(&net, opt, &mut kept));
     }
-    memlab::register_optimizer(&opt).unwrap();
     let extra = floats(1000);
 
     let snapshot = Exporter::registered().snapshot().unwrap();

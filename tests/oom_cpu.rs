@@ -59,21 +59,25 @@ fn a_failed_request_is_reported_before_the_error_arrives_and_training_goes_on() 
     let vs = nn::VarStore::new(tch::Device::Cpu);
     let net = nn::seq().add(nn::linear(vs.root() / "fc", 64, 64, Default::default()));
     memlab::register_var_store("model", &vs);
-    let mut opt = nn::Adam::default().build(&vs, 1e-3).unwrap();
+    let mut opt = memlab::register_optimizer(nn::Adam::default().build(&vs, 1e-3).unwrap()).unwrap();
     let recording = memlab::Recording::start(memlab::events::Settings::default().backtraces(true)).unwrap();
     let kept = floats(3000); // unnamed, allocated here: listed by its site
-    train_step(&net, &mut opt, false).unwrap();
-    memlab::register_optimizer(&opt).unwrap();
+    opt.with_mut(|opt| train_step(&net, opt, false)).unwrap();
 
     let seen = memlab::oom::ooms_seen();
-    let err = train_step(&net, &mut opt, true).expect_err("2^48 bytes cannot be allocated");
+    let reads = memlab::stats::gradient_reads();
+    let err = opt.with_mut(|opt| train_step(&net, opt, true)).expect_err("2^48 bytes cannot be allocated");
+    // The handler named the last step's gradients without asking libtorch
+    // for one: the two reads are the registered optimizer's, after the call.
+    let report = memlab::last_oom().expect("the failure was recorded");
+    assert_eq!(report.number, seen + 1, "the report of this failure, not an earlier one");
+    assert!(report.holders.named.iter().any(|n| n.name == "model.fc.weight.grad"), "{:?}", report.holders.named);
+    assert_eq!(memlab::stats::gradient_reads(), reads + 2, "weight and bias, once, after the call");
     assert_eq!(memlab::oom::ooms_seen(), seen + 1, "this failure, and only it, was seen");
     assert!(err.to_string().contains("allocate memory"), "libtorch's own error reaches the caller: {err}");
     // Training goes on.
-    assert!(train_step(&net, &mut opt, false).unwrap().is_finite());
+    assert!(opt.with_mut(|opt| train_step(&net, opt, false)).unwrap().is_finite());
 
-    let report = memlab::last_oom().expect("the failure was recorded");
-    assert_eq!(report.number, seen + 1, "the report of this failure, not an earlier one");
     let d = &report.diagnosis;
     assert_eq!((d.device, d.requested, d.rounded), (Device::Cpu, 1 << 48, false));
     assert_eq!(d.verdict, Verdict::RequestExceedsDevice);

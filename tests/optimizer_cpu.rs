@@ -342,13 +342,14 @@ fn a_registered_optimizer_is_named_by_every_tool() {
     let vs = nn::VarStore::new(tch::Device::Cpu);
     let net = model(&vs);
     memlab::register_var_store("model", &vs);
-    let mut opt = nn::Adam::default().build(&vs, 1e-3).unwrap();
-    assert_eq!(memlab::register_optimizer(&opt).unwrap(), 0, "no state before the first step");
+    // The natural order: registered where it is built, then trained.
+    let mut opt = memlab::register_optimizer(nn::Adam::default().build(&vs, 1e-3).unwrap()).unwrap();
+    assert_eq!(opt.registered_states(), 0, "no state before the first step");
     let mut tracker = memlab::Tracker::new().device(Device::Cpu);
     memlab::track!(tracker);
-    step(&net, &mut opt);
-    assert_eq!(memlab::register_optimizer(&opt).unwrap(), 8);
-    assert_eq!(memlab::register_optimizer(&opt).unwrap(), 8, "registering again replaces");
+    let x = Tensor::ones([4, IN], (Kind::Float, tch::Device::Cpu));
+    opt.backward_step(&net.forward(&x).square().mean(Kind::Float));
+    assert_eq!(opt.registered_states(), 8, "registered by the first step");
     let grown = memlab::track!(tracker).to_text();
     assert!(grown.contains(&format!("  + 2 × [{HIDDEN}, {IN}] Float optimizer state 48.00K")), "{grown}");
     // The registry's reporter names it once, even when the optimizer is also given.
@@ -359,14 +360,83 @@ fn a_registered_optimizer_is_named_by_every_tool() {
         assert!(rows.iter().any(|r| r.name == "model.head.weight.exp_avg"), "{report}");
         assert_rows_add_up(&report);
     }
-    // A later step keeps the same tensors: the registration stays right.
-    step(&net, &mut opt);
+    // Code written for tch's optimizer runs through `with_mut`; later steps
+    // keep the same tensors, and the registration stays right.
+    opt.with_mut(|o| step(&net, o));
     assert_eq!(state_rows(&MemReporter::registered().report().unwrap()).len(), 8);
     // The registry holds them weakly: a dropped optimizer drops out.
     drop(opt);
     assert!(state_rows(&MemReporter::registered().report().unwrap()).is_empty());
     memlab::clear_registry();
     memlab::profiler::set_output(memlab::profiler::Output::Stdout);
+}
+
+/// Registers `config`'s optimizer before any step, the way training code
+/// is written, steps it once through its own method, and returns the
+/// registry's state rows as (name, bytes), sorted.
+fn registered_rows_after_one_step(config: impl OptimizerConfig) -> Vec<(String, i64)> {
+    let _s = serial();
+    memlab::clear_registry();
+    let vs = nn::VarStore::new(tch::Device::Cpu);
+    let net = model(&vs);
+    memlab::register_var_store("m", &vs);
+    let mut opt = memlab::register_optimizer(config.build(&vs, 1e-3).unwrap()).unwrap();
+    let x = Tensor::ones([4, IN], (Kind::Float, tch::Device::Cpu));
+    opt.backward_step(&net.forward(&x).square().mean(Kind::Float));
+    let report = MemReporter::registered().report().unwrap();
+    assert_rows_add_up(&report);
+    let mut rows: Vec<(String, i64)> = state_rows(&report).iter().map(|r| (r.name.clone(), r.bytes)).collect();
+    rows.sort();
+    drop(opt);
+    memlab::clear_registry();
+    rows
+}
+
+/// The rows `slots` give every parameter of [`model`], named in store `m`.
+fn expected_rows(slots: &[&str]) -> Vec<(String, i64)> {
+    let mut rows: Vec<(String, i64)> = parameters()
+        .into_iter()
+        .flat_map(|(name, numel)| slots.iter().map(move |slot| (format!("m.{name}.{slot}"), numel * 4)))
+        .collect();
+    rows.sort();
+    rows
+}
+
+#[test]
+fn registered_before_the_first_step_the_rows_are_exact_after_it() {
+    assert_eq!(registered_rows_after_one_step(nn::Adam::default()), expected_rows(&["exp_avg", "exp_avg_sq"]));
+    let momentum = nn::Sgd { momentum: 0.9, ..Default::default() };
+    assert_eq!(registered_rows_after_one_step(momentum), expected_rows(&["momentum_buffer"]));
+    // Plain SGD keeps no state: there is none to name.
+    assert_eq!(registered_rows_after_one_step(nn::Sgd::default()), vec![]);
+}
+
+#[test]
+fn tied_weights_are_one_state_named_once() {
+    let _s = serial();
+    memlab::clear_registry();
+    let vs = nn::VarStore::new(tch::Device::Cpu);
+    let root = vs.root();
+    let shared = root.var("enc", &[16, 16], nn::Init::Const(0.5));
+    // The same tensor under a second trainable name, as tied embeddings are.
+    let tied = root.add("dec", shared.shallow_clone(), true);
+    let bias = root.zeros("bias", &[16]);
+    let mut opt = nn::Adam::default().build(&vs, 1e-3).unwrap();
+    let x = Tensor::ones([2, 16], (Kind::Float, tch::Device::Cpu));
+    opt.backward_step(&(x.matmul(&shared).matmul(&tied) + &bias).sum(Kind::Float));
+    let report = MemReporter::new(&vs).optimizer(&opt).report().unwrap();
+    // libtorch keeps two tensors (exp_avg, exp_avg_sq) per distinct
+    // parameter: two parameters, four tensors.
+    let o = &report.optimizers[0];
+    assert_eq!(o.state_tensors, 4, "{report}");
+    let rows = state_rows(&report);
+    let mut names: Vec<&str> = rows.iter().map(|r| r.name.as_str()).collect();
+    names.sort();
+    assert_eq!(names, ["bias.exp_avg", "bias.exp_avg_sq", "dec.exp_avg", "dec.exp_avg_sq"], "{report}");
+    let bytes: i64 = rows.iter().map(|r| r.bytes).sum();
+    assert_eq!(bytes, 2 * (16 * 16 + 16) * 4, "{report}");
+    assert!(o.stateless.is_empty() && o.absent.is_empty(), "{report}");
+    assert_rows_add_up(&report);
 }
 
 #[test]

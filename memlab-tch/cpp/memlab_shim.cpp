@@ -22,6 +22,7 @@
 #include <cstdio>
 #include <exception>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 #ifdef MEMLAB_WITH_CUDA
@@ -719,9 +720,15 @@ char* memlab_optimizer_states(const void* optimizer, struct memlab_optimizer_sta
   std::vector<memlab_optimizer_state> entries;
   std::vector<at::Tensor> tensors;
   const auto& groups = o->param_groups();
+  // A tensor a var store holds under two names (tied weights) is two
+  // parameters to tch but one state to libtorch: each is listed once.
+  std::unordered_set<void*> seen;
   for (size_t g = 0; g < groups.size(); ++g) {
     for (const auto& p : groups[g].params()) {
       void* key = p.unsafeGetTensorImpl();
+      if (!seen.insert(key).second) {
+        continue;
+      }
       const uint64_t param = reinterpret_cast<uint64_t>(key);
       auto found = state.find(key);
       auto parts = found == state.end() ? std::vector<std::pair<int32_t, at::Tensor>>{} : state_tensors(found->second.get());
@@ -742,6 +749,13 @@ char* memlab_optimizer_states(const void* optimizer, struct memlab_optimizer_sta
       out[i].tensor = new at::Tensor(tensors[i]);
     }
   }
+  MEMLAB_CATCH
+}
+
+char* memlab_optimizer_state_count(const void* optimizer, int64_t* count) {
+  MEMLAB_TRY
+  TORCH_CHECK(optimizer != nullptr, "null optimizer");
+  *count = static_cast<int64_t>(static_cast<const torch::optim::Optimizer*>(optimizer)->state().size());
   MEMLAB_CATCH
 }
 
@@ -775,6 +789,24 @@ int32_t memlab_weak_tensor_expired(void* weak) {
 
 void memlab_weak_tensor_free(void* weak) {
   delete static_cast<WeakTensor*>(weak);
+}
+
+char* memlab_weak_gradients(const void* const* tensors, int64_t n, void** out) {
+  for (int64_t i = 0; i < n; ++i) {
+    out[i] = nullptr;
+  }
+  MEMLAB_TRY
+  for (int64_t i = 0; i < n; ++i) {
+    const auto& t = *static_cast<const at::Tensor*>(tensors[i]);
+    if (!t.defined() || !(t.is_leaf() || t.retains_grad())) {
+      continue;
+    }
+    const at::Tensor& g = t.grad();
+    if (g.defined()) {
+      out[i] = new WeakTensor(g.getIntrusivePtr());
+    }
+  }
+  MEMLAB_CATCH
 }
 
 }  // extern "C"

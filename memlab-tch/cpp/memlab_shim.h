@@ -268,11 +268,18 @@ char* memlab_optimizer_kind(const void* optimizer, int32_t* kind);
 // handles of the entries written are the caller's either way).
 char* memlab_optimizer_states(const void* optimizer, struct memlab_optimizer_state* out, int64_t capacity,
                               int64_t* count);
+// How many parameters `optimizer` keeps state for (one number, no tensor
+// touched): a registration reads the state again only when it changes.
+char* memlab_optimizer_state_count(const void* optimizer, int64_t* count);
 
 char* memlab_weak_tensor_new(const void* tensor, void** out);
 void* memlab_weak_tensor_lock(void* weak);
 int32_t memlab_weak_tensor_expired(void* weak);
 void memlab_weak_tensor_free(void* weak);
+// Weak references to the gradients of `n` tensors, in one call: `out[i]` is
+// NULL where tensor `i` has no gradient (only leaves, and tensors that
+// retain theirs, have one). The caller frees each with memlab_weak_tensor_free.
+char* memlab_weak_gradients(const void* const* tensors, int64_t n, void** out);
 
 #ifdef __cplusplus
 }  // extern "C"

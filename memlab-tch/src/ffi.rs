@@ -245,6 +245,8 @@ extern "C" {
     pub fn memlab_weak_tensor_lock(weak: *mut c_void) -> *mut c_void;
     pub fn memlab_weak_tensor_expired(weak: *mut c_void) -> i32;
     pub fn memlab_weak_tensor_free(weak: *mut c_void);
+    pub fn memlab_weak_gradients(tensors: *const *const c_void, n: i64, out: *mut *mut c_void) -> *mut c_char;
+    pub fn memlab_optimizer_state_count(optimizer: *const c_void, count: *mut i64) -> *mut c_char;
 }
 
 /// Turns a shim status into a `Result`, freeing the message.

@@ -220,6 +220,7 @@ pub fn device_of(device: tch::Device) -> Device {
 /// retain theirs) have a gradient field: asking any other tensor makes
 /// libtorch print a warning every time.
 pub fn grad_of(tensor: &tch::Tensor) -> Option<tch::Tensor> {
+    storage::count_gradient_read();
     let has_field = tensor.f_is_leaf().unwrap_or(false) || tensor.f_retains_grad().unwrap_or(false);
     if !has_field {
         return None;

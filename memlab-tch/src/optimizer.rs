@@ -160,6 +160,20 @@ pub fn read(optimizer: &Optimizer, stores: &[Arc<Mutex<Variables>>]) -> Result<O
     Ok(OptimizerState { kind, store, params })
 }
 
+/// How many parameters `optimizer`, built on `store` (a var store's
+/// `variables_`), keeps state for: one number, read without touching a
+/// tensor. libtorch adds a parameter's state at its first step with a
+/// gradient and then updates it in place, so a state read once stays right
+/// until this number changes.
+pub fn state_count(optimizer: &Optimizer, store: &Arc<Mutex<Variables>>) -> Result<usize> {
+    let (object, _) = locate(optimizer, std::slice::from_ref(store))?;
+    let mut count = 0i64;
+    // SAFETY: `object` is the optimizer's torch::optim::Optimizer*, identified
+    // by `locate`, alive for the borrow; the shim writes one number.
+    ffi::check(unsafe { ffi::memlab_optimizer_state_count(object, &mut count) })?;
+    Ok(usize::try_from(count).unwrap_or(0))
+}
+
 /// The address of the `torch::optim::Optimizer` inside `optimizer`, and which
 /// of `stores` it was built on. tch's `Optimizer` is three words: the C++
 /// object, an `Arc` of its var store's variables, and how many of them it

@@ -58,6 +58,22 @@ impl std::fmt::Debug for WeakTensor {
     }
 }
 
+/// Weak references to the gradients of `tensors`, in one call into libtorch
+/// (`None` where a tensor has none). Reading a gradient races with a backward
+/// pass on another thread, as tch's own `grad()` does.
+pub fn weak_gradients(tensors: &[&Tensor]) -> Result<Vec<Option<WeakTensor>>> {
+    crate::storage::count_gradient_reads(tensors.len() as u64);
+    let pointers: Vec<*const c_void> = tensors.iter().map(|t| t.as_ptr() as *const c_void).collect();
+    let mut out = vec![std::ptr::null_mut(); tensors.len()];
+    // SAFETY: `pointers` are tch's live at::Tensors; the shim writes one
+    // handle (or NULL) per tensor into `out`, which has room for them all.
+    let status = unsafe { ffi::memlab_weak_gradients(pointers.as_ptr(), pointers.len() as i64, out.as_mut_ptr()) };
+    // Every handle written is owned from here on, even on an error.
+    let weak: Vec<Option<WeakTensor>> = out.into_iter().map(|h| (!h.is_null()).then_some(WeakTensor(h))).collect();
+    ffi::check(status)?;
+    Ok(weak)
+}
+
 /// A registered var store, held weakly.
 #[derive(Clone, Debug)]
 pub struct WeakVarStore {

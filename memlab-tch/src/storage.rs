@@ -4,6 +4,8 @@
 
 use memlab_core::{Device, Error, Result};
 
+use std::sync::atomic::{AtomicU64, Ordering};
+
 use crate::ffi;
 
 /// How a tensor lays out its elements.
@@ -79,9 +81,33 @@ fn from_raw(raw: &ffi::StorageInfo) -> Result<StorageInfo> {
     })
 }
 
+/// Gradient reads: every time memlab asked libtorch for a tensor's gradient.
+static GRADIENT_READS: AtomicU64 = AtomicU64::new(0);
+
+/// Counts one gradient read (see [`gradient_reads`]).
+pub(crate) fn count_gradient_read() {
+    count_gradient_reads(1);
+}
+
+/// Counts `n` gradient reads.
+pub(crate) fn count_gradient_reads(n: u64) {
+    GRADIENT_READS.fetch_add(n, Ordering::Relaxed);
+}
+
+/// How many times memlab asked libtorch for a gradient since the process
+/// started: tests check that an out-of-memory handler never does (reading a
+/// gradient races with a backward pass on another thread). Not public API.
+#[doc(hidden)]
+pub fn gradient_reads() -> u64 {
+    GRADIENT_READS.load(Ordering::Relaxed)
+}
+
 /// The storages of `tensor` and of its gradient, if it has one, in one call
 /// into libtorch (what [`facts`] gives, without element types and shapes).
+/// Reading the gradient races with a backward pass that runs on another
+/// thread at the same time, as tch's own `grad()` does.
 pub fn storages(tensor: &tch::Tensor) -> Result<(StorageInfo, Option<StorageInfo>)> {
+    count_gradient_read();
     let (mut main, mut grad) = (ffi::TensorFacts::default(), ffi::TensorFacts::default());
     // SAFETY: `as_ptr` is tch's live at::Tensor; the shim fills both records.
     ffi::check(unsafe { ffi::memlab_tensor_facts(tensor.as_ptr().cast(), &mut main, &mut grad) })?;
@@ -101,8 +127,12 @@ pub struct Facts {
 }
 
 /// The facts of `tensor` and, with `with_grad`, of its gradient if it has
-/// one, in one call into libtorch.
+/// one, in one call into libtorch (reading the gradient races with a
+/// backward pass on another thread, see [`storages`]).
 pub fn facts(tensor: &tch::Tensor, with_grad: bool) -> Result<(Facts, Option<Facts>)> {
+    if with_grad {
+        count_gradient_read();
+    }
     let (mut main, mut grad) = (ffi::TensorFacts::default(), ffi::TensorFacts::default());
     let grad_out: *mut ffi::TensorFacts = if with_grad { &mut grad } else { std::ptr::null_mut() };
     // SAFETY: `as_ptr` is tch's live at::Tensor; the shim fills both records.
