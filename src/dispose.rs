@@ -87,11 +87,14 @@ impl DisposeScope {
     /// (`MEMLAB_CPU_ALLOCATOR=0`): the scope could not see CPU allocations.
     pub fn new(name: impl Into<String>) -> Result<DisposeScope> {
         if !memlab_tch::cpu_allocator_installed() {
-            return Err(Error::CpuAllocatorMissing(
-                "dispose scopes cannot see CPU allocations without it: unset MEMLAB_CPU_ALLOCATOR=0, or call \
-                 memlab::install_cpu_allocator() first"
-                    .to_string(),
-            ));
+            // The backend's error says why it is missing (the variable's value, or another allocator).
+            let why = match memlab_tch::raw_stats(Device::Cpu) {
+                Err(Error::CpuAllocatorMissing(why)) => why,
+                _ => "it is not installed".to_string(),
+            };
+            return Err(Error::CpuAllocatorMissing(format!(
+                "dispose scopes cannot see CPU allocations without it: {why}"
+            )));
         }
         let recording = Recording::join()?;
         let id = events::scope_open();

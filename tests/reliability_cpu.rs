@@ -73,7 +73,10 @@ fn cpu_allocator_off_tools_say_so() {
     if child("cpu_allocator_off_tools_say_so") {
         assert!(!memlab::stats::cpu_allocator_installed());
         let scope = DisposeScope::new("step").err().expect("a scope cannot see CPU allocations");
-        assert!(scope.to_string().contains("MEMLAB_CPU_ALLOCATOR"), "{scope}");
+        // The value given is quoted, whatever it was.
+        assert!(scope.to_string().contains("turned off with MEMLAB_CPU_ALLOCATOR=\"off\""), "{scope}");
+        let stats = memlab::stats::device_stats(Device::Cpu).expect_err("no CPU figures");
+        assert!(stats.to_string().contains("MEMLAB_CPU_ALLOCATOR=\"off\""), "{stats}");
         assert!(memlab::check_step(|| ()).is_err());
         assert!(MemReporter::default().device(Device::Cpu).report().is_err());
         let mut tracker = memlab::Tracker::new().device(Device::Cpu).stdout(false);
@@ -81,7 +84,7 @@ fn cpu_allocator_off_tools_say_so() {
         assert!(tracker.last_error().is_some());
         return;
     }
-    check_child("cpu_allocator_off_tools_say_so", &[("MEMLAB_CPU_ALLOCATOR", "0")]);
+    check_child("cpu_allocator_off_tools_say_so", &[("MEMLAB_CPU_ALLOCATOR", "off")]);
 }
 
 // 3. Interleaved profiled futures leave no statement behind.

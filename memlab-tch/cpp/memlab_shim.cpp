@@ -306,8 +306,13 @@ int env_flag(const char* name) {
 // so that every CPU tensor is counted. MEMLAB_CPU_ALLOCATOR=0 (or false/no/off)
 // opts out; memlab_cpu_install can still install it later, and counts only
 // what is allocated after that.
+// The value of MEMLAB_CPU_ALLOCATOR that turned the counting allocator off
+// at load, for the error that says so ("" when it was not turned off).
+std::string g_turned_off_with;
+
 const bool g_installed_at_load = [] {
   if (env_flag("MEMLAB_CPU_ALLOCATOR") == 0) {
+    g_turned_off_with = std::getenv("MEMLAB_CPU_ALLOCATOR");
     return false;
   }
   char* error = install_counting_allocator();
@@ -436,10 +441,13 @@ int32_t memlab_cpu_installed_at_load() {
 
 namespace {
 
-const char* cpu_missing() {
-  return g_declined.load()
-             ? "another CPU allocator with a higher priority is registered with libtorch"
-             : "it was turned off with MEMLAB_CPU_ALLOCATOR=0; call memlab::install_cpu_allocator() or unset the variable";
+char* cpu_missing() {
+  if (g_declined.load()) {
+    return error_copy("another CPU allocator with a higher priority is registered with libtorch");
+  }
+  std::string message = "it was turned off with MEMLAB_CPU_ALLOCATOR=\"" + g_turned_off_with +
+                        "\"; call memlab::install_cpu_allocator() or unset the variable";
+  return error_copy(message.c_str());
 }
 
 // Every CPU block is its own system allocation, in use until freed: the block
