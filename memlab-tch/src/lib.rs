@@ -37,8 +37,20 @@ use memlab_core::{Backend, Device, DeviceStats, Error, RawStats, Result};
 
 // This crate's frames (Rust and the C++ shim) are memlab's, not the user's.
 memlab_core::inventory::submit! { memlab_core::events::SourceRoot(env!("CARGO_MANIFEST_DIR")) }
+// libtorch and the CUDA libraries of its wheel hold no frame of the user's:
+// backtraces never read their (large) symbol tables.
+memlab_core::inventory::submit! {
+    memlab_core::events::ForeignLibraries(&[
+        "libtorch", "libc10", "libshm", "libcaffe2", "libcuda.so", "libcudart", "libcublas", "libcudnn", "libcufft",
+        "libcufile", "libcurand", "libcusolver", "libcusparse", "libcupti", "libnccl", "libnvrtc", "libnvJitLink",
+        "libnvToolsExt", "libnvshmem", "libnvidia",
+    ])
+}
 
-pub use driver::{driver_memory, host_memory, process_gpu_memory, resident_set, DriverMemory};
+pub use driver::{
+    address_space, cgroup_memory, driver_memory, host_memory, host_name, process_gpu_memory, process_start,
+    resident_set, DriverMemory,
+};
 pub use events::{testing as events_testing, Recording};
 pub use registry::{clear_registry, register_tensor, register_var_store, WeakTensor};
 pub use storage::{storage_info, Layout, StorageInfo};

@@ -109,6 +109,11 @@ impl Frame {
     /// frames of memlab, dependencies and the standard library, are left out.
     pub fn resolve(address: u64) -> Vec<Frame> {
         let mut out = Vec::new();
+        if in_foreign_library(address) {
+            // Its frames would be left out below; reading its debug
+            // information (hundreds of megabytes for libtorch) is skipped.
+            return out;
+        }
         // A return address points after the call; look up the call.
         let lookup = address.saturating_sub(1) as *mut std::ffi::c_void;
         backtrace::resolve(lookup, |symbol| {
@@ -160,8 +165,42 @@ impl Backtrace {
     /// The frames of the user's code, innermost first (see
     /// [`user_frames`](Self::user_frames)), resolved once.
     pub fn frames(&self) -> &[Frame] {
-        self.resolved.get_or_init(|| self.addresses.iter().flat_map(|&a| Frame::resolve(a)).collect())
+        self.resolved.get_or_init(|| {
+            self.addresses.iter().flat_map(|&a| resolved(a).iter().cloned().collect::<Vec<_>>()).collect()
+        })
     }
+
+    /// The innermost frame of the user's code, if any: only the return
+    /// addresses up to it are resolved, and nothing is kept with the
+    /// backtrace (a site of thousands of allocations costs one resolution).
+    pub fn first_frame(&self) -> Option<Frame> {
+        self.addresses.iter().find_map(|&a| resolved(a).first().cloned())
+    }
+}
+
+/// The user's frames of one return address ([`Frame::resolve`]), resolved
+/// once per process: a program has a bounded number of call sites, and the
+/// same ones recur in every backtrace.
+fn resolved(address: u64) -> std::sync::Arc<[Frame]> {
+    use std::sync::{Arc, Mutex};
+    static RESOLVED: Mutex<Option<crate::hash::FastMap<u64, Arc<[Frame]>>>> = Mutex::new(None);
+    let known = RESOLVED.lock().unwrap_or_else(|e| e.into_inner()).as_ref().and_then(|m| m.get(&address).cloned());
+    if let Some(frames) = known {
+        return frames;
+    }
+    // Resolved outside the lock: reading debug information takes a while.
+    let frames: Arc<[Frame]> = Frame::resolve(address).into();
+    let mut all = RESOLVED.lock().unwrap_or_else(|e| e.into_inner());
+    all.get_or_insert_with(Default::default).entry(address).or_insert(frames).clone()
+}
+
+/// Reads now what capturing and resolving backtraces needs later: the loaded
+/// modules' unwind tables, and the debug information of the modules on the
+/// calling thread's stack that can hold the user's code (the program, most
+/// often). Code that must resolve a backtrace when memory has run out (the
+/// out-of-memory recorder) calls it beforehand.
+pub fn prepare_backtraces() {
+    let _ = Backtrace::capture().frames();
 }
 
 impl std::fmt::Debug for Backtrace {
@@ -178,6 +217,72 @@ pub struct SourceRoot(pub &'static str);
 
 inventory::collect!(SourceRoot);
 inventory::submit! { SourceRoot(concat!(env!("CARGO_MANIFEST_DIR"), "/src")) }
+
+/// Shared libraries none of whose frames is the user's, by the start of
+/// their file names (`libtorch`): backtraces do not read their debug
+/// information. Each crate submits the libraries it brings; the C and C++
+/// runtimes, and every library under the system's library folders, are
+/// known here.
+#[doc(hidden)]
+pub struct ForeignLibraries(pub &'static [&'static str]);
+
+inventory::collect!(ForeignLibraries);
+
+/// The C and C++ runtimes, wherever they are installed (a conda or Nix
+/// environment keeps its own).
+const RUNTIMES: [&str; 10] = [
+    "libc.so",
+    "libm.so",
+    "libdl.so",
+    "librt.so",
+    "libpthread",
+    "ld-linux",
+    "libstdc++",
+    "libgcc_s",
+    "libgomp",
+    "linux-vdso",
+];
+
+/// Whether `address` lies in a library that holds none of the user's code:
+/// one under a system library folder, a C or C++ runtime, or one a crate
+/// named ([`ForeignLibraries`]). The program itself, and libraries elsewhere
+/// (the user's own), are looked at.
+fn in_foreign_library(address: u64) -> bool {
+    #[cfg(unix)]
+    {
+        // SAFETY: dladdr fills `info` for a code address; the file name it
+        // gives is owned by the loader and is only read here.
+        let path = unsafe {
+            let mut info: libc::Dl_info = std::mem::zeroed();
+            if libc::dladdr(address.saturating_sub(1) as *const libc::c_void, &mut info) == 0
+                || info.dli_fname.is_null()
+            {
+                return false;
+            }
+            std::ffi::CStr::from_ptr(info.dli_fname).to_bytes()
+        };
+        is_foreign_path(path)
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = address;
+        false
+    }
+}
+
+/// [`in_foreign_library`]'s rule, on the library's path.
+fn is_foreign_path(path: &[u8]) -> bool {
+    const SYSTEM: [&[u8]; 4] = [b"/lib/", b"/lib64/", b"/usr/lib/", b"/usr/lib64/"];
+    if SYSTEM.iter().any(|dir| path.starts_with(dir)) {
+        return true;
+    }
+    let name = path.rsplit(|&b| b == b'/').next().unwrap_or(path);
+    RUNTIMES.iter().any(|prefix| name.starts_with(prefix.as_bytes()))
+        || inventory::iter::<ForeignLibraries>
+            .into_iter()
+            .flat_map(|libs| libs.0)
+            .any(|prefix| name.starts_with(prefix.as_bytes()))
+}
 
 /// Whether a source file belongs to the user's code rather than to the
 /// standard library, a dependency (registry or git checkout) or memlab itself.
@@ -220,6 +325,23 @@ pub fn thread_number() -> u64 {
 mod tests {
     use super::is_user_file;
     use std::path::Path;
+
+    #[test]
+    fn libraries_of_the_system_and_the_runtimes_are_not_read() {
+        use super::is_foreign_path;
+        for path in [
+            "/usr/lib/x86_64-linux-gnu/libc.so.6",
+            "/lib64/ld-linux-x86-64.so.2",
+            "/opt/conda/envs/t/lib/libstdc++.so.6",
+            "/home/u/.venv/lib/python3.11/site-packages/torch/lib/libgomp-a34b3233.so.1",
+            "linux-vdso.so.1",
+        ] {
+            assert!(is_foreign_path(path.as_bytes()), "{path}");
+        }
+        for path in ["/home/u/train/target/release/train", "/home/u/plugin/target/release/libplugin.so", ""] {
+            assert!(!is_foreign_path(path.as_bytes()), "{path}");
+        }
+    }
 
     #[test]
     fn memlab_registry_and_std_frames_are_not_the_users() {

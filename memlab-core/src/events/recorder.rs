@@ -106,10 +106,8 @@ impl LiveAllocation {
     /// Where it was allocated, as precisely as memlab knows: the user frames of
     /// its backtrace, else the profiled statement, else `None`.
     pub fn site(&self) -> Option<String> {
-        if let Some(bt) = &self.backtrace {
-            if let Some(first) = bt.user_frames().into_iter().next() {
-                return Some(first);
-            }
+        if let Some(first) = self.backtrace.as_ref().and_then(|bt| bt.first_frame()) {
+            return Some(first.to_string());
         }
         self.statement.map(|s| s.to_string())
     }

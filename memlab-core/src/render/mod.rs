@@ -109,11 +109,23 @@ pub struct SiteGroup {
 /// `allocations` grouped by device and site, largest first (then by device
 /// and site, so equal groups keep one order).
 pub fn by_site<'a>(allocations: impl IntoIterator<Item = &'a LiveAllocation>) -> Vec<SiteGroup> {
-    let mut groups: BTreeMap<(Device, Option<String>), (u64, u64)> = BTreeMap::new();
+    // By call stack first (no resolution), then each stack's site once.
+    type Stack<'s> = (Device, Option<&'s [u64]>, Option<crate::events::StatementRef>);
+    // A statement hashes by its site's address and its line, never by what
+    // the site holds, so the key is stable though the site has cells inside.
+    #[allow(clippy::mutable_key_type)]
+    let mut stacks: crate::hash::FastMap<Stack<'a>, (&'a LiveAllocation, u64, u64)> = Default::default();
     for a in allocations {
-        let entry = groups.entry((a.device, a.site())).or_default();
-        entry.0 += a.size;
-        entry.1 += 1;
+        let key = (a.device, a.backtrace.as_deref().map(|b| b.addresses()), a.statement);
+        let entry = stacks.entry(key).or_insert((a, 0, 0));
+        entry.1 += a.size;
+        entry.2 += 1;
+    }
+    let mut groups: BTreeMap<(Device, Option<String>), (u64, u64)> = BTreeMap::new();
+    for (first, bytes, blocks) in stacks.into_values() {
+        let entry = groups.entry((first.device, first.site())).or_default();
+        entry.0 += bytes;
+        entry.1 += blocks;
     }
     let mut out: Vec<SiteGroup> =
         groups.into_iter().map(|((device, site), (bytes, blocks))| SiteGroup { device, site, bytes, blocks }).collect();
