@@ -43,10 +43,13 @@ pub struct BatchSearch {
 /// memory). Failures are caught and the CUDA cache emptied after each try, so
 /// the process stays healthy. Any `max` works, `usize::MAX` included.
 ///
-/// The out-of-memory panics of the tries are caught and not printed; every
-/// other panic (of another thread, or a try's panic that is not an
-/// out-of-memory error) still reaches the panic hook that was in place when
-/// the search began, which is in place again when it returns.
+/// The out-of-memory panics of the tries are caught and not printed: a
+/// try's panic is taken for one when the allocator reported a failure of
+/// the try's device while it ran (whatever libtorch's message says), or,
+/// for failures no allocator reports (cuBLAS workspaces, say), when its
+/// message says memory ran out. Every other panic (of another thread, or a
+/// try's panic for another reason) still reaches the panic hook that was in
+/// place when the search began, which is in place again when it returns.
 pub fn find_batch_size(
     device: Device,
     budget: Budget,
@@ -123,7 +126,8 @@ mod quiet_oom_panics {
     type Hook = Arc<dyn Fn(&PanicHookInfo<'_>) + Send + Sync>;
 
     thread_local! {
-        static TRYING: Cell<bool> = const { Cell::new(false) };
+        /// The ticket of the try this thread runs (0: none).
+        static TRYING: Cell<u64> = const { Cell::new(0) };
     }
 
     /// The searches running, and the hook that was in place before the first.
@@ -138,7 +142,8 @@ mod quiet_oom_panics {
             let previous: Hook = Arc::from(std::panic::take_hook());
             let passed = previous.clone();
             std::panic::set_hook(Box::new(move |info| {
-                if !(TRYING.try_with(Cell::get).unwrap_or(false) && is_oom(info)) {
+                let ticket = TRYING.try_with(Cell::get).unwrap_or(0);
+                if !(ticket != 0 && (crate::oom::try_failed(ticket) || is_oom(info))) {
                     passed(info);
                 }
             }));
@@ -161,15 +166,15 @@ mod quiet_oom_panics {
         }
     }
 
-    /// Marks the calling thread as running a try while `f` runs.
-    pub(super) fn trying<R>(f: impl FnOnce() -> R) -> R {
-        struct Reset(bool);
+    /// Marks the calling thread as running the try with `ticket` while `f` runs.
+    pub(super) fn trying<R>(ticket: u64, f: impl FnOnce() -> R) -> R {
+        struct Reset(u64);
         impl Drop for Reset {
             fn drop(&mut self) {
                 let _ = TRYING.try_with(|t| t.set(self.0));
             }
         }
-        let _reset = Reset(TRYING.try_with(|t| t.replace(true)).unwrap_or(false));
+        let _reset = Reset(TRYING.try_with(|t| t.replace(ticket)).unwrap_or(0));
         f()
     }
 
@@ -184,8 +189,8 @@ mod quiet_oom_panics {
     }
 }
 
-/// Whether a failure message says memory ran out (libtorch's CUDA and CPU
-/// messages, and the allocator's own).
+/// Whether a failure message says memory ran out (libtorch's CUDA message,
+/// and those of CUDA libraries that fail outside its allocator).
 fn is_out_of_memory(message: &str) -> bool {
     let lower = message.to_ascii_lowercase();
     lower.contains("out of memory") || lower.contains("outofmemory") || lower.contains("failed to allocate")
@@ -203,8 +208,9 @@ fn try_once(
         Ok(watch) => watch,
         Err(e) => return (Err(e.to_string()), None),
     };
-    let (ran, oom) =
-        crate::oom::quietly(device, || quiet_oom_panics::trying(|| catch_unwind(AssertUnwindSafe(|| step(n)))));
+    let (ran, oom) = crate::oom::quietly(device, |ticket| {
+        quiet_oom_panics::trying(ticket, || catch_unwind(AssertUnwindSafe(|| step(n))))
+    });
     let measured = watch.finish().map_err(|e| e.to_string());
     let _ = memlab_tch::empty_cache();
     (outcome(ran, measured), oom)

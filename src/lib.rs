@@ -207,8 +207,8 @@ pub mod stats {
 /// set, and the accounts of dispose scopes.
 pub mod events {
     pub use memlab_core::events::{
-        live, thread_number, Action, Event, Frame, LiveAllocation, Reading, ScopeCounts, Settings, Span, SpanKind,
-        StatementRef, Stats,
+        live, stats, thread_number, Action, Event, Frame, LiveAllocation, Reading, ScopeCounts, Settings, Span,
+        SpanKind, StatementRef, Stats,
     };
 
     /// What the recording kept beside the allocations, oldest first: spans

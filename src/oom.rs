@@ -6,20 +6,29 @@
 //! the program loads). Until a request fails it costs nothing: the allocators
 //! call in only on failure. Then, on the failing thread:
 //!
+//! - the reserve (see below) is given back, so that what follows cannot fail
+//!   for want of memory;
 //! - the facts are taken first: the request (as the allocator saw it), the
 //!   device, the profiled statement running and the failing call's Rust
 //!   frames, the allocator's figures and its cache's free blocks, the
-//!   driver's (or, for the CPU, the kernel's) figures;
+//!   driver's (or, for the CPU, the kernel's and the process's limits')
+//!   figures;
 //! - what holds the memory is named by a walk over the registered var
-//!   stores, gradients, optimizer state and tensors that waits for no lock
-//!   (tch holds a var store's lock while `set_device`, `load` and `copy`
-//!   allocate: a store held then is listed as busy), and the rest is listed
-//!   by the site that allocated it while a [`Recording`](crate::Recording) runs;
+//!   stores, optimizer state and tensors that waits for no lock (tch holds a
+//!   var store's lock while `set_device`, `load` and `copy` allocate: a store
+//!   held then is listed as busy) and never asks libtorch for a gradient
+//!   (gradients are named from the walks before, see below); the rest is
+//!   listed by the site that allocated it while a [`Recording`](crate::Recording)
+//!   runs;
 //! - a [`Verdict`] with its figures: the request alone exceeds the device,
 //!   fragmentation, other processes, or not enough free memory;
-//! - `DIR/memlab_oom_<pid>_<n>.txt` is written, with `.html` and `.pickle`
-//!   (the recording's report and PyTorch memory snapshot) while a
-//!   `Recording` runs; the report is kept for [`last_oom`];
+//! - `DIR/memlab_oom_<host>_<start>_<pid>_<n>.txt` is written (the host's
+//!   name, the process's start as `YYYYMMDDTHHMMSS` UTC, its id and the
+//!   report's number: two containers that share a report volume never write
+//!   the same name, and no file is ever overwritten), with a `.json` sibling
+//!   (the [`OomReport`] as data) and, while a `Recording` runs, `.html` and
+//!   `.pickle` (the recording's report and PyTorch memory snapshot); the
+//!   report is kept for [`last_oom`];
 //! - a one-paragraph summary goes to memlab's warnings (standard error by
 //!   default). A sink set with `set_warnings` runs later, on a thread of
 //!   memlab's, never inside the allocator.
@@ -34,26 +43,66 @@
 //! try's on every thread: the autograd engine runs a CUDA backward pass on
 //! threads of its own.)
 //!
-//! Which failures can be seen: every failed request of the counting CPU
-//! allocator; on CUDA, every failed request of libtorch's caching allocator
-//! once memlab's observer is attached to it, which libtorch allows only
-//! after the first CUDA allocation. Arming attaches it then, or at once when
-//! CUDA memory was allocated already (or with
-//! [`init_cuda`](OomRecorder::init_cuda)); a failure in the first
+//! # When the host's memory runs out
+//!
+//! A CPU request can fail because the host has no memory left, or because
+//! the process reached its address-space limit (`ulimit -v`, `RLIMIT_AS`,
+//! common on shared clusters and under batch schedulers). Writing a report
+//! takes memory too, exactly when there is none. So arming does beforehand
+//! what the failure path needs: it keeps a reserve of address space aside
+//! ([`OomRecorder::reserve`], 64 MiB by default: a mapping no page backs,
+//! which costs no memory, only room under an address-space limit) and gives
+//! it back when a request fails; it starts the threads it needs and reads
+//! the program's unwind tables and debug information. The failure path is
+//! bounded: before each part that grows with the recording (the unnamed
+//! holders by site, the HTML report, the snapshot) it compares an estimate
+//! of what the part takes with the memory left, and leaves the part out
+//! when it would not fit: the report then says so ([`OomReport::left_out`],
+//! and the text report is marked partial when one of its own sections is
+//! missing). The text report itself is written first. After the report the
+//! reserve is taken again.
+//!
+//! Under a cgroup's memory limit (containers, Kubernetes, Slurm), nothing
+//! fails that could be reported: at the limit the kernel's out-of-memory
+//! killer ends the process (SIGKILL) without asking anyone. What memlab
+//! offers there is a warning before it happens: while the recorder is armed
+//! and a cgroup memory limit (or an address-space limit) applies, a thread
+//! of memlab's reads the use ten times a second and warns once when it
+//! crosses [`watermark`](OomRecorder::watermark) (90% of the limit by
+//! default), with the figures, and again after the use fell back and rose
+//! again.
+//!
+//! # Which failures can be seen
+//!
+//! Every failed request of the counting CPU allocator; on CUDA, every failed
+//! request of libtorch's caching allocator once memlab's observer is attached
+//! to it, which libtorch allows only after the first CUDA allocation. Arming
+//! attaches it then, or at once when CUDA memory was allocated already (or
+//! with [`init_cuda`](OomRecorder::init_cuda)); a failure in the first
 //! milliseconds of CUDA use can be missed, and the reports count those
 //! ([`OomReport::missed_before`]). Memory that CUDA libraries take outside
 //! libtorch's allocator (cuBLAS and cuDNN workspaces, the CUDA context)
 //! fails without any observer being told: those failures are not recorded.
+//!
+//! # Threads
+//!
+//! The handler runs on whatever thread failed, possibly an autograd thread
+//! while a backward pass writes gradients. It never asks libtorch for a
+//! parameter's gradient (that races with the backward pass, in plain tch as
+//! well): it names the gradients that the last walk outside a handler saw
+//! (a report, an export, a monitor's record, or a step of a
+//! [`RegisteredOptimizer`](crate::RegisteredOptimizer)), held weakly; a
+//! gradient made since is counted among the unnamed bytes.
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use memlab_core::events::{self, Backtrace, Frame, LiveAllocation};
 use memlab_core::oom::Failure;
-pub use memlab_core::oom::{CacheFree, DeviceMemory, MemoryFigures, Serving, Verdict};
+pub use memlab_core::oom::{CacheFree, DeviceMemory, HostLimit, MemoryFigures, Serving, Verdict};
 use memlab_core::render::{Cell as Kind, Column, Document, Render, Table};
-use memlab_core::{format_bytes, Device, Error, Result};
+use memlab_core::{format_bytes, Backend, Device, Error, Result};
 use memlab_tch::BACKEND;
 use serde::Serialize;
 
@@ -62,6 +111,12 @@ use crate::named::{self, Sources};
 
 /// Reports written per process unless [`OomRecorder::max_reports`] says otherwise.
 pub const DEFAULT_MAX_REPORTS: usize = 3;
+/// Address space kept aside for the failure path unless
+/// [`OomRecorder::reserve`] says otherwise: 64 MiB.
+pub const DEFAULT_RESERVE: u64 = memlab_tch::oom::reserve::DEFAULT_BYTES;
+/// The share of a memory limit at which the recorder warns unless
+/// [`OomRecorder::watermark`] says otherwise.
+pub const DEFAULT_WATERMARK: f64 = 0.9;
 /// Holders listed by name and by site (each); the rest are added up.
 const TOP_HOLDERS: usize = 20;
 /// Frames shown under an unnamed site.
@@ -90,6 +145,8 @@ pub struct OomRecorder {
     dir: PathBuf,
     max_reports: usize,
     init_cuda: bool,
+    reserve: u64,
+    watermark: Option<f64>,
 }
 
 #[derive(Clone, Debug)]
@@ -99,6 +156,8 @@ struct Config {
 }
 
 static CONFIG: Mutex<Option<Config>> = Mutex::new(None);
+/// Set by [`OomRecorder::arm`], cleared by [`OomRecorder::disarm`].
+static ARMED: AtomicBool = AtomicBool::new(false);
 /// Set by [`OomRecorder::disarm`]: `MEMLAB_OOM_DIR` no longer arms either.
 static DISARMED: AtomicBool = AtomicBool::new(false);
 /// Failures seen while armed, written or not.
@@ -106,9 +165,16 @@ static SEEN: AtomicU64 = AtomicU64::new(0);
 static LAST: Mutex<Option<Arc<OomReport>>> = Mutex::new(None);
 
 impl OomRecorder {
-    /// A recorder that writes its reports in `dir` (made if missing).
+    /// A recorder that writes its reports in `dir` (made if missing; a
+    /// relative path is taken from the working directory at arming).
     pub fn new(dir: impl Into<PathBuf>) -> OomRecorder {
-        OomRecorder { dir: dir.into(), max_reports: DEFAULT_MAX_REPORTS, init_cuda: false }
+        OomRecorder {
+            dir: dir.into(),
+            max_reports: DEFAULT_MAX_REPORTS,
+            init_cuda: false,
+            reserve: DEFAULT_RESERVE,
+            watermark: Some(DEFAULT_WATERMARK),
+        }
     }
 
     /// Writes at most `n` reports for the whole process (3 by default);
@@ -127,35 +193,89 @@ impl OomRecorder {
         self
     }
 
+    /// Keeps `bytes` of address space aside for writing reports
+    /// ([`DEFAULT_RESERVE`], 64 MiB, by default; 0 keeps none): a mapping no
+    /// page backs, so it costs no memory, only room under an address-space
+    /// limit. When a request fails it is given back before anything else,
+    /// and what the report needs comes out of it (and out of whatever else
+    /// is free); parts estimated to need more are left out and listed. The
+    /// larger it is, the more of a large recording's HTML report and
+    /// snapshot can still be written when memory has run out.
+    pub fn reserve(mut self, bytes: u64) -> OomRecorder {
+        self.reserve = bytes;
+        self
+    }
+
+    /// Warns once when this process's cgroup memory use (or its address
+    /// space, under `ulimit -v`) crosses `share` of the limit (0.9 by
+    /// default; `None`: never), and again after it fell back under it. At
+    /// a cgroup's limit the kernel's out-of-memory killer ends the process
+    /// without a failure anyone could report. Without such a limit no
+    /// thread is started.
+    pub fn watermark(mut self, share: Option<f64>) -> OomRecorder {
+        self.watermark = share;
+        self
+    }
+
     /// Arms the recorder for the whole process (arming again replaces the
-    /// directory and the limit; the count of reports goes on). Fails, and
-    /// arms nothing, when `dir` cannot be written.
+    /// directory, the limit, the reserve and the watermark; the count of
+    /// reports goes on). Fails, and arms nothing, when `dir` is empty or
+    /// cannot be written, or the reserve cannot be kept.
     pub fn arm(self) -> Result<()> {
-        memlab_tch::oom::usable_dir(&self.dir).map_err(|why| {
+        if self.dir.as_os_str().is_empty() {
+            return Err(Error::InvalidArgument(
+                "the out-of-memory reports' directory is an empty path; give the directory to write them in \
+                 (\".\" for the working directory)"
+                    .to_string(),
+            ));
+        }
+        if let Some(share) = self.watermark.filter(|s| !(s.is_finite() && *s > 0.0 && *s <= 1.0)) {
+            return Err(Error::InvalidArgument(format!(
+                "a watermark of {share} is not a share of a limit; give one above 0 and at most 1 (0.9 is 90%)"
+            )));
+        }
+        // Absolute: a later change of the working directory must not move the reports.
+        let dir = std::path::absolute(&self.dir).map_err(|e| {
             Error::InvalidArgument(format!(
-                "out-of-memory reports cannot be written in {}: {why}; give a directory this process can write",
+                "{} cannot be made absolute ({e}); give an absolute path",
                 self.dir.display()
             ))
         })?;
+        memlab_tch::oom::usable_dir(&dir).map_err(|why| {
+            Error::InvalidArgument(format!(
+                "out-of-memory reports cannot be written in {}: {why}; give a directory this process can write",
+                dir.display()
+            ))
+        })?;
         if self.init_cuda && memlab_tch::cuda_is_available() {
-            let device = tch::Device::Cuda(memlab_core::Backend::current_cuda_device(&BACKEND).unwrap_or(0));
+            let device = tch::Device::Cuda(Backend::current_cuda_device(&BACKEND).unwrap_or(0));
             let first = tch::Tensor::f_zeros([1], (tch::Kind::Float, device)).map_err(memlab_tch::torch_error)?;
             drop(first);
         }
-        // Absolute: a later change of the working directory must not move the reports.
-        let dir = std::path::absolute(&self.dir).unwrap_or(self.dir);
-        // Reads the loaded modules' unwind tables now, not at the first failure.
-        drop(memlab_core::events::Backtrace::capture());
+        memlab_tch::oom::reserve::set(self.reserve).map_err(|e| {
+            Error::InvalidArgument(format!(
+                "{} of address space cannot be kept aside for out-of-memory reports ({e}); give a smaller \
+                 OomRecorder::reserve",
+                format_bytes(self.reserve as i64)
+            ))
+        })?;
+        memlab_tch::oom::prepare_failure_path();
         *CONFIG.lock().unwrap_or_else(|e| e.into_inner()) = Some(Config { dir, max_reports: self.max_reports });
         DISARMED.store(false, Ordering::Relaxed);
+        ARMED.store(true, Ordering::Relaxed);
+        watermark::watch(self.watermark);
         memlab_tch::oom::watch_cuda();
         Ok(())
     }
 
-    /// Disarms the recorder (`MEMLAB_OOM_DIR` included) until the next [`arm`](Self::arm).
+    /// Disarms the recorder (`MEMLAB_OOM_DIR` included) until the next
+    /// [`arm`](Self::arm), and gives the reserve back.
     pub fn disarm() {
         *CONFIG.lock().unwrap_or_else(|e| e.into_inner()) = None;
         DISARMED.store(true, Ordering::Relaxed);
+        ARMED.store(false, Ordering::Relaxed);
+        watermark::watch(None);
+        let _ = memlab_tch::oom::reserve::set(0);
     }
 
     /// The directory reports go to now, if the recorder is armed (by a call
@@ -163,6 +283,12 @@ impl OomRecorder {
     pub fn armed_dir() -> Option<PathBuf> {
         config().map(|c| c.dir)
     }
+}
+
+/// Whether the recorder is armed (cheap: walks call it to decide whether to
+/// keep what a handler will need).
+pub(crate) fn is_armed() -> bool {
+    !DISARMED.load(Ordering::Relaxed) && (ARMED.load(Ordering::Relaxed) || memlab_tch::oom::environment_dir().is_some())
 }
 
 fn config() -> Option<Config> {
@@ -246,10 +372,28 @@ pub struct Holders {
     pub busy: Vec<String>,
     /// Allocated bytes no named storage accounts for.
     pub not_named: i64,
-    /// While a recording runs: the unnamed allocations by site, largest first.
+    /// While a recording runs: the unnamed allocations by site, largest
+    /// first (`None` also when memory did not suffice to list them: see
+    /// [`OomReport::left_out`]).
     pub by_site: Option<Vec<SiteHolder>>,
     /// CUDA: what the allocator added by rounding blocks up (part of `not_named`).
     pub rounding: i64,
+}
+
+/// A part of a report that memory did not suffice for.
+#[derive(Clone, Debug, Serialize)]
+#[non_exhaustive]
+pub struct LeftOut {
+    /// What was left out: a section of the text report, or a file.
+    pub part: String,
+    /// The file it would have been, for files.
+    pub file: Option<PathBuf>,
+    /// What it would have taken, estimated from the recording's size (an
+    /// upper estimate; see BENCHMARKS.md).
+    pub needed_estimate: u64,
+    /// What this process could still obtain then: the host's free memory,
+    /// or what its address-space or cgroup limit left.
+    pub available: u64,
 }
 
 /// One out-of-memory failure, as the recorder wrote it.
@@ -260,6 +404,11 @@ pub struct OomReport {
     pub number: u64,
     /// The process.
     pub pid: u32,
+    /// The host's name.
+    pub host: String,
+    /// When the process started, in UTC (`YYYY-MM-DD HH:MM:SS`), where the
+    /// kernel tells.
+    pub process_start: Option<String>,
     /// When, in UTC (`YYYY-MM-DD HH:MM:SS.mmm`).
     pub time: String,
     /// memlab's number for the failing thread, and its name.
@@ -278,6 +427,12 @@ pub struct OomReport {
     pub missing: Vec<String>,
     /// CUDA failures the allocator counted before memlab's observer was on.
     pub missed_before: Option<u64>,
+    /// Address space the reserve gave back for this report.
+    pub reserve: u64,
+    /// Whether a section of the text report was left out for want of memory.
+    pub partial: bool,
+    /// What memory did not suffice for: sections and files.
+    pub left_out: Vec<LeftOut>,
     /// The files written.
     pub files: Vec<PathBuf>,
     /// Files that could not be written, and why.
@@ -292,8 +447,8 @@ static QUIET: Mutex<Vec<(u64, Device, Option<Diagnosis>)>> = Mutex::new(Vec::new
 
 /// Runs `f`, a try on `device`, with that device's out-of-memory failures
 /// kept quiet (not counted, not written, not printed) and returns the first
-/// one's diagnosis.
-pub(crate) fn quietly<R>(device: Device, f: impl FnOnce() -> R) -> (R, Option<Diagnosis>) {
+/// one's diagnosis. `f` is given the try's ticket (see [`try_failed`]).
+pub(crate) fn quietly<R>(device: Device, f: impl FnOnce(u64) -> R) -> (R, Option<Diagnosis>) {
     static NEXT: AtomicU64 = AtomicU64::new(1);
     /// Takes the try off the list even if `f` unwinds.
     struct Quiet(u64);
@@ -313,9 +468,15 @@ pub(crate) fn quietly<R>(device: Device, f: impl FnOnce() -> R) -> (R, Option<Di
     let ticket = NEXT.fetch_add(1, Ordering::Relaxed);
     QUIET.lock().unwrap_or_else(|e| e.into_inner()).push((ticket, device, None));
     let quiet = Quiet(ticket);
-    let out = f();
+    let out = f(ticket);
     let seen = quiet.take();
     (out, seen)
+}
+
+/// Whether the try with `ticket` has seen an out-of-memory failure of its
+/// device (the allocator's own report of it, whatever the error's words).
+pub(crate) fn try_failed(ticket: u64) -> bool {
+    QUIET.lock().unwrap_or_else(|e| e.into_inner()).iter().any(|(t, _, seen)| *t == ticket && seen.is_some())
 }
 
 /// Whether a try runs on `device` now.
@@ -362,9 +523,44 @@ pub(crate) fn on_failure(failure: &Failure) {
 /// that it is out even if the process ends with the error), later from a
 /// thread of memlab's when they go to a sink.
 fn say(text: String) {
-    if !memlab_core::output::warn_to_stream(&text) {
-        later::warn(text);
-    }
+    memlab_core::output::warn_outside_user_code(text);
+}
+
+/// What this process could still obtain now, in bytes: the host's free
+/// memory, or what its address-space or cgroup limit leaves (the reserve,
+/// once given back, included); `None` where nothing can be read.
+fn room() -> Option<u64> {
+    BACKEND.device_memory(Device::Cpu).map(|m| m.free)
+}
+
+/// Whether a part estimated to take `needed` bytes fits in what is left
+/// (with a quarter on top for the allocator's own overhead and the rest
+/// of the report); a part fits where nothing can be read.
+fn fits(needed: u64, available: Option<u64>) -> bool {
+    available.is_none_or(|room| needed.saturating_add(needed / 4) <= room)
+}
+
+/// This process's part of every report's file name: the host's name and
+/// the process's start, `host_YYYYMMDDTHHMMSS` (read once: the reports of
+/// a process share it).
+fn identity() -> &'static (String, Option<String>) {
+    static IDENTITY: OnceLock<(String, Option<String>)> = OnceLock::new();
+    IDENTITY.get_or_init(|| {
+        let host = memlab_tch::host_name().unwrap_or_else(|| "host".to_string());
+        (host, memlab_tch::process_start().map(|start| crate::tracker::utc(start, 0)[..19].to_string()))
+    })
+}
+
+/// Writes `bytes` into `file`, a report's file created for them.
+fn write_to(mut file: std::fs::File, bytes: &[u8]) -> Result<()> {
+    use std::io::Write;
+    file.write_all(bytes).map_err(|e| Error::io("write an out-of-memory report's file", e))
+}
+
+/// `name` with only what file names take everywhere: letters, digits, `.`,
+/// `-` and `_`.
+fn file_safe(name: &str) -> String {
+    name.chars().map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_') { c } else { '_' }).collect()
 }
 
 /// The figures of `failure`'s device and the verdict; with the holders,
@@ -383,8 +579,9 @@ fn diagnose(failure: &Failure, holders: Option<&Holders>) -> (Diagnosis, Vec<Str
     });
     // The allocator's own figures at the failure beat a reading now.
     if let (Some(free), Some(total)) = (failure.device_free, failure.device_total) {
-        let (this, others) = figures.device.map_or((None, None), |d| (d.this_process, d.other_processes));
-        figures.device = Some(DeviceMemory::new(free, total, this, others));
+        let (this, others, limit) =
+            figures.device.map_or((None, None, None), |d| (d.this_process, d.other_processes, d.limit));
+        figures.device = Some(DeviceMemory::new(free, total, this, others).limited_by(limit));
     }
     if let Device::Cuda(i) = device {
         if figures.device.is_none() {
@@ -414,14 +611,19 @@ fn advice(failure: &Failure, f: &MemoryFigures, verdict: Verdict, holders: Optio
     let asked = b(failure.requested);
     let total = f.device.map(|d| d.total).unwrap_or(0);
     let device_free = f.device.map(|d| d.free).unwrap_or(0);
+    // Under a host limit, the limit is what this process has.
+    let limit = f.device.and_then(|d| d.limit);
+    let all_of = match limit {
+        Some(limit) => format!("all that {} allows this process", limit.describe()),
+        None => format!("all of {}", failure.device),
+    };
     match verdict {
         Verdict::RequestExceedsDevice => format!(
-            "The request alone ({asked}, {} bytes: {} float32 elements) is larger than all of {} ({}): no amount \
+            "The request alone ({asked}, {} bytes: {} float32 elements) is larger than {all_of} ({}): no amount \
              of freeing makes it fit. Look at the shape of the tensor made on this line: a batch, sequence or \
              vocabulary size where a feature size belongs, or a dimension multiplied twice, is the usual cause.",
             failure.requested,
             failure.requested / 4,
-            failure.device,
             b(total)
         ),
         Verdict::Fragmentation => format!(
@@ -443,12 +645,14 @@ fn advice(failure: &Failure, f: &MemoryFigures, verdict: Verdict, holders: Optio
             b(f.cache_free.bytes)
         ),
         Verdict::NotEnoughFree => {
+            let has = match (failure.device, limit) {
+                (Device::Cuda(_), _) => format!("{} free and its cache {}", b(device_free), b(f.cache_free.bytes)),
+                (Device::Cpu, Some(limit)) => format!("{} free under {}", b(device_free), limit.describe()),
+                (Device::Cpu, None) => format!("{} free", b(device_free)),
+            };
             let mut text = format!(
-                "{} has {} free and its cache {}, and {asked} was asked: this process holds too much ({} \
-                 allocated by tensors).",
+                "{} has {has}, and {asked} was asked: this process holds too much ({} allocated by tensors).",
                 failure.device,
-                b(device_free),
-                b(f.cache_free.bytes),
                 format_bytes(f.allocated)
             );
             if let Some(h) = holders {
@@ -487,12 +691,32 @@ impl OomReport {
         // own frames are left out when resolved).
         let backtrace = failure.backtrace.clone().unwrap_or_else(|| Arc::new(Backtrace::capture()));
         let sources = Sources::registered_now();
-        let holders = holders(failure.device, &sources);
+        let mut left_out = Vec::new();
+        // Listing the unnamed allocations by site copies the live set.
+        let live = events::stats().live as u64;
+        let by_site = events::is_active().then(|| crate::export::estimate::by_site(live));
+        let available = room();
+        let with_sites = match by_site {
+            Some(needed) if !fits(needed, available) => {
+                left_out.push(LeftOut {
+                    part: "the unnamed holders by site".to_string(),
+                    file: None,
+                    needed_estimate: needed,
+                    available: available.unwrap_or(0),
+                });
+                false
+            }
+            _ => true,
+        };
+        let holders = holders(failure.device, &sources, with_sites);
         let (diagnosis, missing) = diagnose(failure, Some(&holders));
         let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        let (host, process_start) = identity().clone();
         let mut report = OomReport {
             number,
             pid: std::process::id(),
+            host,
+            process_start,
             time: crate::tracker::utc(now.as_secs(), now.subsec_millis()),
             thread: (failure.thread, std::thread::current().name().map(str::to_string)),
             diagnosis,
@@ -505,6 +729,9 @@ impl OomReport {
                 Device::Cuda(i) => memlab_tch::oom::ooms_before_watching(i),
                 Device::Cpu => None,
             },
+            reserve: failure.reserve,
+            partial: !left_out.is_empty(),
+            left_out,
             files: Vec::new(),
             file_errors: Vec::new(),
         };
@@ -512,36 +739,124 @@ impl OomReport {
         report
     }
 
-    /// Writes the text report and, while a recording runs, its HTML report
-    /// and PyTorch snapshot; failures to write are kept, never raised.
+    /// The reports' common file name, without extension:
+    /// `memlab_oom_<host>_<start>_<pid>_<n>`.
+    fn base_name(&self) -> String {
+        let start = self.process_start.as_deref().map_or_else(
+            || "unknown".to_string(),
+            |s| {
+                s.chars().filter(char::is_ascii_digit).enumerate().fold(String::new(), |mut out, (i, c)| {
+                    if i == 8 {
+                        out.push('T');
+                    }
+                    out.push(c);
+                    out
+                })
+            },
+        );
+        format!("memlab_oom_{}_{start}_{}_{}", file_safe(&self.host), self.pid, self.number)
+    }
+
+    /// Writes the text report and its JSON first, then, while a recording
+    /// runs, its HTML report and PyTorch snapshot where the memory left
+    /// suffices for them, then the text and JSON again with the final list
+    /// of files. Every file is created anew (never overwriting one);
+    /// failures to write are kept, never raised.
     fn write(&mut self, dir: &Path, sources: &Sources) {
-        let base = dir.join(format!("memlab_oom_{}_{}", self.pid, self.number));
-        let mut exported_busy = Vec::new();
-        if events::is_active() {
-            let exporter = crate::export::Exporter::from_sources(Sources::registered_now());
-            let html = base.with_extension("html");
-            match exporter.html_report().and_then(|r| r.write(&html)) {
-                Ok(()) => self.files.push(html),
-                Err(e) => self.file_errors.push(format!("{}: {e}", html.display())),
-            }
-            let pickle = base.with_extension("pickle");
-            match exporter.snapshot().and_then(|s| s.write_pickle(&pickle)) {
-                Ok(()) => self.files.push(pickle),
-                Err(e) => self.file_errors.push(format!("{}: {e}", pickle.display())),
-            }
-            exported_busy = exporter.sources().busy();
-        }
-        for busy in sources.busy().into_iter().chain(exported_busy) {
+        let base = dir.join(self.base_name());
+        let text_path = base.with_extension("txt");
+        let json_path = base.with_extension("json");
+        let mut text = self.create(&text_path);
+        let mut json = self.create(&json_path);
+        self.files.extend(text.is_some().then(|| text_path.clone()));
+        self.files.extend(json.is_some().then(|| json_path.clone()));
+        for busy in sources.busy() {
             if !self.holders.busy.contains(&busy) {
                 self.holders.busy.push(busy);
             }
         }
-        let text = base.with_extension("txt");
-        self.files.insert(0, text.clone());
-        if let Err(e) = std::fs::write(&text, self.to_text()) {
-            self.files.remove(0);
-            self.file_errors.push(format!("{}: {e}", text.display()));
+        self.rewrite(&mut text, &mut json);
+        if !events::is_active() {
+            return;
         }
+        let exporter = crate::export::Exporter::from_sources(Sources::registered_now());
+        let exports = [
+            ("the HTML report", "html", crate::export::estimate::html()),
+            ("the PyTorch memory snapshot", "pickle", crate::export::estimate::snapshot()),
+        ];
+        for (part, extension, needed) in exports {
+            let path = base.with_extension(extension);
+            let available = room();
+            if !fits(needed, available) {
+                self.left_out.push(LeftOut {
+                    part: part.to_string(),
+                    file: Some(path),
+                    needed_estimate: needed,
+                    available: available.unwrap_or(0),
+                });
+                continue;
+            }
+            let Some(file) = self.create(&path) else { continue };
+            let written = if extension == "html" {
+                exporter.html_report().and_then(|r| write_to(file, r.to_html().as_bytes()))
+            } else {
+                exporter.snapshot().and_then(|s| s.to_pickle()).and_then(|bytes| write_to(file, &bytes))
+            };
+            match written {
+                Ok(()) => self.files.push(path),
+                Err(e) => {
+                    let _ = std::fs::remove_file(&path);
+                    self.file_errors.push(format!("{}: {e}", path.display()));
+                }
+            }
+        }
+        for busy in exporter.sources().busy() {
+            if !self.holders.busy.contains(&busy) {
+                self.holders.busy.push(busy);
+            }
+        }
+        self.rewrite(&mut text, &mut json);
+    }
+
+    /// Creates `path` for this report; `None`, with the reason kept, when it
+    /// cannot be created or exists already (a report never replaces a file).
+    fn create(&mut self, path: &Path) -> Option<std::fs::File> {
+        match std::fs::OpenOptions::new().write(true).create_new(true).open(path) {
+            Ok(file) => Some(file),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                self.file_errors.push(format!("{}: a file of that name exists; it is left as it is", path.display()));
+                None
+            }
+            Err(e) => {
+                self.file_errors.push(format!("{}: {e}", path.display()));
+                None
+            }
+        }
+    }
+
+    /// Writes the text report and its JSON (from the start) into the files
+    /// made for them.
+    fn rewrite(&mut self, text: &mut Option<std::fs::File>, json: &mut Option<std::fs::File>) {
+        use std::io::{Seek, Write};
+        let contents = [(text.as_mut(), self.to_text().into_bytes()), (json.as_mut(), self.to_json().into_bytes())];
+        let mut errors = Vec::new();
+        for (file, bytes) in contents {
+            let Some(file) = file else { continue };
+            let done = file.set_len(0).and_then(|()| file.rewind()).and_then(|()| file.write_all(&bytes));
+            if let Err(e) = done {
+                errors.push(e.to_string());
+            }
+        }
+        for e in errors {
+            self.file_errors
+                .push(format!("{}: {e}", self.files.first().map_or(String::new(), |f| f.display().to_string())));
+        }
+    }
+
+    /// The report as JSON: every field of [`OomReport`], the verdict as
+    /// `snake_case` (`request_exceeds_device`, ...).
+    pub fn to_json(&self) -> String {
+        serde_json::to_string_pretty(self).unwrap_or_default()
     }
 
     /// The one paragraph the recorder prints.
@@ -567,16 +882,21 @@ impl OomReport {
                 if !others.is_empty() {
                     text.push_str(&format!(" (and .{})", others.join(", .")));
                 }
-                text.push_str(".\n");
+                text.push('.');
             }
-            None => text.push_str(&format!("The report could not be written: {}.\n", self.file_errors.join("; "))),
+            None => text.push_str(&format!("The report could not be written: {}.", self.file_errors.join("; "))),
         }
+        if !self.left_out.is_empty() {
+            let parts: Vec<&str> = self.left_out.iter().map(|l| l.part.as_str()).collect();
+            text.push_str(&format!(" Left out for want of memory: {}.", parts.join(", ")));
+        }
+        text.push('\n');
         text
     }
 }
 
 /// What holds `device`'s memory, named without waiting for any lock.
-fn holders(device: Device, sources: &Sources) -> Holders {
+fn holders(device: Device, sources: &Sources, with_sites: bool) -> Holders {
     let mut out = Holders::default();
     let Ok(stats) = memlab_tch::device_stats(device) else { return out };
     let named = match sources.collect() {
@@ -586,7 +906,7 @@ fn holders(device: Device, sources: &Sources) -> Holders {
             named::Named::default()
         }
     };
-    let live = events::is_active().then(events::live);
+    let live = (with_sites && events::is_active()).then(events::live);
     let account = attribute(device, &stats, &named, live.as_deref());
     out.named_bytes = account.named;
     out.not_named = account.allocated - account.named as i64;
@@ -657,6 +977,11 @@ impl Render for OomReport {
             None => format!("thread {}", self.thread.0),
         };
         doc.line(format!("{} UTC, {thread}", self.time));
+        let started = self.process_start.as_deref().map(|s| format!(", started {s} UTC")).unwrap_or_default();
+        doc.line(format!("process {} on {}{started}", self.pid, self.host));
+        if self.partial {
+            doc.line("This report is partial: memory did not suffice for all of it (see \"Left out\" below).");
+        }
         doc.blank();
         doc.label(W, "Requested", b(d.requested));
         let how = if d.rounded {
@@ -708,6 +1033,9 @@ impl Render for OomReport {
             Some(m) => {
                 doc.label(W, "free", b(m.free));
                 doc.label(W, "total", b(m.total));
+                if let Some(limit) = m.limit {
+                    doc.indented(2, format!("what {} allows this process", limit.describe()));
+                }
                 if let Some(this) = m.this_process {
                     doc.label(
                         W,
@@ -770,6 +1098,9 @@ impl Render for OomReport {
             Some(_) => {
                 doc.indented(2, "no live allocation the recording saw is unnamed");
             }
+            None if self.left_out.iter().any(|l| l.file.is_none()) => {
+                doc.indented(2, "by where they were allocated: left out for want of memory (see below)");
+            }
             None => {
                 doc.indented(
                     2,
@@ -788,68 +1119,135 @@ impl Render for OomReport {
         for e in &self.file_errors {
             doc.line(format!("Not written: {e}"));
         }
+        if self.reserve > 0 {
+            doc.line(format!("The recorder's reserve gave back {} of address space for this report.", b(self.reserve)));
+        }
+        if !self.left_out.is_empty() {
+            doc.blank();
+            doc.heading("Left out");
+            for l in &self.left_out {
+                let file = l.file.as_ref().map(|f| format!(" ({})", f.display())).unwrap_or_default();
+                doc.indented(
+                    2,
+                    format!(
+                        "{}{file}: needs about {} (estimated), {} could still be obtained",
+                        l.part,
+                        b(l.needed_estimate),
+                        b(l.available)
+                    ),
+                );
+            }
+            doc.indented(2, "a larger OomRecorder::reserve (or a smaller recording) makes room for them");
+        }
         doc
     }
 }
 
-/// Summaries for a warnings sink, delivered from a thread of memlab's (a sink
-/// is user code, which must not run inside the allocator), and at exit
-/// whatever is still queued (a failure that ends the program with a panic
-/// must still be told).
-mod later {
+/// The watermark warning: while the recorder is armed and a memory limit
+/// applies (the cgroup's, or the address-space limit), a thread of memlab's
+/// reads the use ten times a second and warns once when it crosses the
+/// watermark, and again after it fell 5 points under it and rose again.
+mod watermark {
     use super::*;
+    use std::time::Duration;
 
-    static QUEUE: Mutex<Vec<String>> = Mutex::new(Vec::new());
-    static READY: Condvar = Condvar::new();
-    static STARTED: Mutex<bool> = Mutex::new(false);
+    /// The watermark in force, as `f64` bits (0: none).
+    static SHARE: AtomicU64 = AtomicU64::new(0);
+    static RUNNING: AtomicBool = AtomicBool::new(false);
 
-    pub(super) fn warn(text: String) {
-        QUEUE.lock().unwrap_or_else(|e| e.into_inner()).push(text);
-        if start() {
-            READY.notify_one();
+    /// Watches with `share` from now on (`None`: stops watching).
+    pub(super) fn watch(share: Option<f64>) {
+        SHARE.store(share.map_or(0, f64::to_bits), Ordering::Relaxed);
+        if share.is_none() || readings().iter().all(Option::is_none) || RUNNING.swap(true, Ordering::Relaxed) {
+            return;
         }
-    }
-
-    /// Starts the delivering thread and the exit hook once; whether the
-    /// thread runs (if it could not start, the exit hook still delivers).
-    fn start() -> bool {
-        let mut started = STARTED.lock().unwrap_or_else(|e| e.into_inner());
-        if !*started {
-            let spawned = std::thread::Builder::new().name("memlab-oom-warnings".into()).spawn(|| loop {
-                let texts = {
-                    let mut queue = QUEUE.lock().unwrap_or_else(|e| e.into_inner());
-                    while queue.is_empty() {
-                        queue = READY.wait(queue).unwrap_or_else(|e| e.into_inner());
-                    }
-                    std::mem::take(&mut *queue)
-                };
-                for text in texts {
-                    memlab_core::output::warn(&text);
+        let spawned = memlab_core::oom::spawn_started("memlab-oom-watermark", || {
+            let mut above = [false; 2];
+            loop {
+                std::thread::sleep(Duration::from_millis(100));
+                let bits = SHARE.load(Ordering::Relaxed);
+                if bits == 0 {
+                    RUNNING.store(false, Ordering::Relaxed);
+                    return;
                 }
-            });
-            if spawned.is_err() {
-                return false;
-            }
-            // SAFETY: registers a function that delivers the queue and never unwinds.
-            unsafe { libc::atexit(deliver_at_exit) };
-            *started = true;
-        }
-        true
-    }
-
-    extern "C" fn deliver_at_exit() {
-        let _ = std::panic::catch_unwind(|| {
-            let texts = std::mem::take(&mut *QUEUE.lock().unwrap_or_else(|e| e.into_inner()));
-            for text in texts {
-                memlab_core::output::warn(&text);
+                for (reading, above) in readings().into_iter().zip(&mut above) {
+                    if let Some(text) = reading.and_then(|r| observe(above, r, f64::from_bits(bits))) {
+                        say(text);
+                    }
+                }
             }
         });
+        if spawned.is_err() {
+            RUNNING.store(false, Ordering::Relaxed);
+        }
+    }
+
+    /// One reading of a limit: which, the use and the limit in bytes.
+    pub(super) type Reading = (HostLimit, u64, u64);
+
+    /// The cgroup's reading and the address space's, where each has a limit.
+    fn readings() -> [Option<Reading>; 2] {
+        let cgroup = memlab_tch::cgroup_memory().map(|(used, max)| (HostLimit::Cgroup, used, max));
+        let address_space =
+            memlab_tch::address_space().and_then(|(mapped, limit)| limit.map(|l| (HostLimit::AddressSpace, mapped, l)));
+        [cgroup, address_space]
+    }
+
+    /// The warning for `reading`, when it crosses `share` of its limit
+    /// (`above` says whether an earlier one did, until it falls 5 points
+    /// under).
+    pub(super) fn observe(above: &mut bool, (limit, used, max): Reading, share: f64) -> Option<String> {
+        let at = used as f64 / max.max(1) as f64;
+        if *above {
+            *above = at >= share - 0.05;
+            return None;
+        }
+        if at < share {
+            return None;
+        }
+        *above = true;
+        let figures = format!("{:.0}% of {} ({} of {})", at * 100.0, limit.describe(), b(used), b(max));
+        Some(match limit {
+            HostLimit::Cgroup => format!(
+                "memlab: this process's cgroup uses {figures}. At the limit the kernel's out-of-memory killer \
+                 ends the process without a failed request, so no out-of-memory report can be written: free \
+                 memory, or raise the limit.\n"
+            ),
+            HostLimit::AddressSpace => format!(
+                "memlab: this process has mapped {figures}. A request beyond the limit fails (and is reported): \
+                 free memory, or raise the limit.\n"
+            ),
+        })
+    }
+
+    fn b(n: u64) -> String {
+        format_bytes(n as i64)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_watermark_warns_once_per_crossing() {
+        let gib = 1u64 << 30;
+        let mut above = false;
+        let reading = |used: u64| (HostLimit::Cgroup, used, 10 * gib);
+        assert_eq!(watermark::observe(&mut above, reading(8 * gib), 0.9), None);
+        let warned = watermark::observe(&mut above, reading(9 * gib + gib / 5), 0.9).expect("92% crosses 90%");
+        assert!(warned.contains("92% of the cgroup's memory limit (memory.max) (9.20G of 10.00G)"), "{warned}");
+        assert!(warned.contains("out-of-memory killer"), "{warned}");
+        // Still above, or a little under: once is enough.
+        assert_eq!(watermark::observe(&mut above, reading(9 * gib + gib / 2), 0.9), None);
+        assert_eq!(watermark::observe(&mut above, reading(8 * gib + gib / 2), 0.9), None);
+        // Down by more than 5 points, then up again: a new warning.
+        assert_eq!(watermark::observe(&mut above, reading(8 * gib), 0.9), None);
+        assert!(watermark::observe(&mut above, reading(9 * gib), 0.9).is_some());
+        let mut above = false;
+        let space = watermark::observe(&mut above, (HostLimit::AddressSpace, 95, 100), 0.9).unwrap();
+        assert!(space.contains("95% of the address-space limit (ulimit -v)"), "{space}");
+    }
 
     #[test]
     fn advice_names_the_figures_of_each_verdict() {

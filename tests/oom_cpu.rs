@@ -42,11 +42,11 @@ fn line_of(code: &str) -> u32 {
 #[memlab::profile(device = "cpu")]
 fn train_step(net: &nn::Sequential, opt: &mut nn::Optimizer, blow_up: bool) -> Result<f64, tch::TchError> {
     let x = Tensor::ones([16, 64], (Kind::Float, tch::Device::Cpu));
-    let loss = net.forward(&x).square().mean(Kind::Float);
-    opt.backward_step(&loss);
     if blow_up {
         let _huge = Tensor::f_empty([TOO_BIG], (Kind::Float, tch::Device::Cpu))?;
     }
+    let loss = net.forward(&x).square().mean(Kind::Float);
+    opt.backward_step(&loss);
     Ok(loss.double_value(&[]))
 }
 
@@ -107,14 +107,30 @@ fn a_failed_request_is_reported_before_the_error_arrives_and_training_goes_on() 
     );
     assert!(h.busy.is_empty(), "{:?}", h.busy);
 
-    // The files: the text report, and with a recording the HTML and the snapshot.
-    let expected: Vec<String> = ["txt", "html", "pickle"]
-        .iter()
-        .map(|e| format!("memlab_oom_{}_{}.{e}", std::process::id(), report.number))
-        .collect();
+    // The files: the text report and its JSON, and with a recording the HTML
+    // and the snapshot, named after the host, the process's start, its id
+    // and the report's number.
+    let start = report.process_start.as_deref().expect("the kernel tells when the process started");
+    let compact: String = start.chars().filter(char::is_ascii_digit).collect();
+    let base = format!(
+        "memlab_oom_{}_{}T{}_{}_{}",
+        report.host,
+        &compact[..8],
+        &compact[8..],
+        std::process::id(),
+        report.number
+    );
+    let expected: Vec<String> = ["txt", "json", "html", "pickle"].iter().map(|e| format!("{base}.{e}")).collect();
     let names: Vec<String> =
         report.files.iter().map(|f| f.file_name().unwrap().to_string_lossy().into_owned()).collect();
     assert_eq!(names, expected, "{:?}", report.file_errors);
+    assert!(report.left_out.is_empty() && !report.partial, "{:?}", report.left_out);
+    // The JSON sibling is the report as data, verdict included.
+    let json: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&report.files[1]).unwrap()).unwrap();
+    assert_eq!(json["diagnosis"]["verdict"], "request_exceeds_device");
+    assert_eq!(json["diagnosis"]["requested"], 1u64 << 48);
+    assert_eq!(json["number"], report.number);
+    assert_eq!(json["holders"]["named_bytes"], h.named_bytes);
     let text = std::fs::read_to_string(&report.files[0]).unwrap();
     for needle in [
         "Verdict: the request alone exceeds the device",
@@ -127,7 +143,7 @@ fn a_failed_request_is_reported_before_the_error_arrives_and_training_goes_on() 
     }
     assert_eq!(text, report.to_text(), "the file is the report's text");
     // PyTorch's reader takes the snapshot, whose trace has the failure.
-    let pickle = report.files[2].to_str().unwrap();
+    let pickle = report.files[3].to_str().unwrap();
     python(&["-c", VALIDATE, pickle]);
     let trace = python(&["-m", "torch.cuda._memory_viz", "trace", pickle]);
     assert!(trace.contains("raise OutOfMemoryError # 256.0TiB requested"), "{trace}");
@@ -266,7 +282,7 @@ fn a_warnings_sink_gets_the_summary_from_a_thread_of_memlabs() {
     let (text, thread) = receive.recv_timeout(Duration::from_secs(10)).expect("the summary arrives");
     assert!(text.starts_with("memlab: out of memory on cpu: 256.00T requested"), "{text}");
     assert!(text.contains("Verdict: the request alone exceeds the device. Report: "), "{text}");
-    assert_eq!(thread.as_deref(), Some("memlab-oom-warnings"), "the sink never runs inside the allocator");
+    assert_eq!(thread.as_deref(), Some("memlab-warnings"), "the sink never runs inside the allocator");
     OomRecorder::disarm();
     std::fs::remove_dir_all(&out).ok();
 }
@@ -334,4 +350,99 @@ fn a_bad_memlab_oom_dir_is_warned_about_once_and_nothing_breaks() {
     assert_eq!(stderr.matches("memlab: ignoring MEMLAB_OOM_DIR=").count(), 1, "{stderr}");
     assert!(!stderr.contains("out of memory on"), "{stderr}");
     std::fs::remove_file(&file).ok();
+}
+
+// File names, and what is refused at arming.
+
+#[test]
+fn a_report_never_replaces_a_file_of_its_name() {
+    let _s = serial();
+    let out = dir("exclusive");
+    OomRecorder::new(&out).max_reports(100).arm().unwrap();
+    // The next report's name: the host, the process's start, the pid, the number.
+    assert!(Tensor::f_empty([TOO_BIG], (Kind::Float, tch::Device::Cpu)).is_err());
+    let first = memlab::last_oom().unwrap();
+    let name = first.files[0].file_name().unwrap().to_string_lossy().into_owned();
+    let prefix = name.strip_suffix(&format!("_{}.txt", first.number)).expect("named by its number").to_string();
+    assert!(prefix.starts_with(&format!("memlab_oom_{}_", first.host)), "{name}");
+    assert!(prefix.ends_with(&format!("_{}", std::process::id())), "{name}");
+    // Another process (another container with the same pid) wrote the next name first.
+    let taken = out.join(format!("{prefix}_{}.txt", first.number + 1));
+    std::fs::write(&taken, "another process's report").unwrap();
+    assert!(Tensor::f_empty([TOO_BIG], (Kind::Float, tch::Device::Cpu)).is_err());
+    let second = memlab::last_oom().unwrap();
+    assert_eq!(second.number, first.number + 1);
+    assert_eq!(std::fs::read_to_string(&taken).unwrap(), "another process's report", "left as it was");
+    assert!(second.file_errors.iter().any(|e| e.contains("exists; it is left as it is")), "{:?}", second.file_errors);
+    // The JSON sibling, a new name, is still written.
+    assert!(second.files.iter().any(|f| f.extension().is_some_and(|e| e == "json")), "{:?}", second.files);
+    OomRecorder::disarm();
+    std::fs::remove_dir_all(&out).ok();
+}
+
+#[test]
+fn an_empty_directory_is_refused_at_arming() {
+    let _s = serial();
+    let err = OomRecorder::new("").arm().unwrap_err();
+    assert!(err.to_string().contains("an empty path"), "{err}");
+    assert_eq!(OomRecorder::armed_dir(), None, "nothing armed");
+}
+
+#[test]
+fn a_relative_directory_is_resolved_when_armed() {
+    if child("a_relative_directory_is_resolved_when_armed") {
+        let start = std::env::current_dir().unwrap();
+        OomRecorder::new("rel-reports").arm().unwrap();
+        assert_eq!(OomRecorder::armed_dir(), Some(start.join("rel-reports")));
+        // The program moves elsewhere before memory runs out.
+        let elsewhere = start.join("elsewhere");
+        std::fs::create_dir_all(&elsewhere).unwrap();
+        std::env::set_current_dir(&elsewhere).unwrap();
+        assert!(Tensor::f_empty([TOO_BIG], (Kind::Float, tch::Device::Cpu)).is_err());
+        assert_eq!(reports(&start.join("rel-reports"), "txt").len(), 1, "written where it was armed");
+        assert!(reports(&elsewhere.join("rel-reports"), "txt").is_empty());
+        return;
+    }
+    let work = dir("relative");
+    std::fs::create_dir_all(&work).unwrap();
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "a_relative_directory_is_resolved_when_armed", "--nocapture", "--test-threads=1"])
+        .env("MEMLAB_CHILD", "a_relative_directory_is_resolved_when_armed")
+        .env_remove("MEMLAB_OOM_DIR")
+        .current_dir(&work)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success() && stdout.contains("1 passed"), "{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    std::fs::remove_dir_all(&work).ok();
+}
+
+#[test]
+fn find_batch_size_on_the_cpu_keeps_its_out_of_memory_panics_from_the_panic_hook() {
+    let _s = serial();
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static HOOK_CALLS: AtomicUsize = AtomicUsize::new(0);
+    let previous = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {
+        HOOK_CALLS.fetch_add(1, Ordering::Relaxed);
+    }));
+    HOOK_CALLS.store(0, Ordering::Relaxed);
+    let search = memlab::find_batch_size(Device::Cpu, memlab::Budget::Bytes(1 << 30), 64, |batch| {
+        // tch's calls without `f_` panic with libtorch's CPU message, which
+        // says nothing of "out of memory": the allocator's report tells.
+        let size = if batch <= 4 { 1024 * batch as i64 } else { TOO_BIG };
+        let _t = Tensor::empty([size], (Kind::Float, tch::Device::Cpu));
+        Ok(())
+    })
+    .unwrap();
+    let quiet = HOOK_CALLS.load(Ordering::Relaxed);
+    // Any other panic of a try still reaches the hook.
+    let loud = memlab::find_batch_size(Device::Cpu, memlab::Budget::Bytes(1 << 30), 1, |_| panic!("a bug in the step"));
+    let after = HOOK_CALLS.load(Ordering::Relaxed);
+    std::panic::set_hook(previous);
+    assert_eq!(search.largest, Some(4));
+    assert_eq!(search.tried.iter().filter(|(_, outcome)| outcome.is_err()).count(), 3, "{search}");
+    assert_eq!(quiet, 0, "the search's out-of-memory panics reached the panic hook");
+    assert_eq!(loud.unwrap().largest, None);
+    assert_eq!(after, 1, "a panic for another reason is reported");
 }

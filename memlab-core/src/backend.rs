@@ -86,20 +86,53 @@ impl CacheFree {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 #[non_exhaustive]
 pub struct DeviceMemory {
-    /// Free bytes.
+    /// Free bytes: what this process could still obtain.
     pub free: u64,
-    /// All bytes.
+    /// All bytes: what this process may use at most.
     pub total: u64,
     /// This process's use, when known (CUDA: NVML; the CPU: the resident set).
     pub this_process: Option<u64>,
     /// Other processes' use, when known (CUDA: NVML).
     pub other_processes: Option<u64>,
+    /// The host's limit that `free` and `total` come from, when one is
+    /// tighter than the host's memory (the CPU only).
+    pub limit: Option<HostLimit>,
 }
 
 impl DeviceMemory {
     /// Free and total bytes, with what this process and the others use when known.
     pub fn new(free: u64, total: u64, this_process: Option<u64>, other_processes: Option<u64>) -> DeviceMemory {
-        DeviceMemory { free, total, this_process, other_processes }
+        DeviceMemory { free, total, this_process, other_processes, limit: None }
+    }
+
+    /// The same figures, as `limit` leaves them.
+    pub fn limited_by(mut self, limit: Option<HostLimit>) -> DeviceMemory {
+        self.limit = limit;
+        self
+    }
+}
+
+/// A limit on what a process may use of the host's memory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HostLimit {
+    /// The address-space limit (`ulimit -v`, `RLIMIT_AS`): free is the
+    /// limit minus the process's mapped address space. A request beyond it
+    /// fails, and the failure can be reported.
+    AddressSpace,
+    /// The cgroup's memory limit (`memory.max`): free is the limit minus the
+    /// cgroup's use. At the limit the kernel's out-of-memory killer ends a
+    /// process without a failed request: no report can be written then.
+    Cgroup,
+}
+
+impl HostLimit {
+    /// How a report names it.
+    pub fn describe(self) -> &'static str {
+        match self {
+            HostLimit::AddressSpace => "the address-space limit (ulimit -v)",
+            HostLimit::Cgroup => "the cgroup's memory limit (memory.max)",
+        }
     }
 }
 

@@ -10,7 +10,7 @@
 
 use std::sync::Arc;
 
-pub use crate::backend::{CacheFree, DeviceMemory, Serving};
+pub use crate::backend::{CacheFree, DeviceMemory, HostLimit, Serving};
 
 use crate::backend::Backend;
 use crate::device::Device;
@@ -45,6 +45,9 @@ pub struct Failure {
     /// The failing call's stack, when the backend captured it (a handler
     /// runs on the failing thread and can capture it itself).
     pub backtrace: Option<Arc<Backtrace>>,
+    /// Bytes of address space the backend gave back for the handlers (the
+    /// out-of-memory reserve): what they allocate comes out of it.
+    pub reserve: u64,
 }
 
 impl Failure {
@@ -62,6 +65,7 @@ impl Failure {
             thread: crate::events::thread_number(),
             statement: crate::events::current_statement(),
             backtrace: None,
+            reserve: 0,
         }
     }
 }
@@ -79,6 +83,23 @@ pub fn dispatch(failure: &Failure) {
     for handler in inventory::iter::<Handler> {
         (handler.0)(failure);
     }
+}
+
+/// Starts a thread named `name` that runs `f`, and returns once it runs:
+/// its stack, its signal stack and its share of the C allocator exist by
+/// then. Threads that serve a failure path (they deliver its warnings, or
+/// watch for what it needs) start this way when the recorder is armed, so
+/// that none of their start-up can fail later for want of memory.
+pub fn spawn_started(name: &str, f: impl FnOnce() + Send + 'static) -> std::io::Result<()> {
+    let (started, running) = std::sync::mpsc::sync_channel(1);
+    std::thread::Builder::new().name(name.to_string()).spawn(move || {
+        // A first allocation gives the thread its part of the C allocator now.
+        drop(std::hint::black_box(Box::new([0u64; 4])));
+        let _ = started.send(());
+        f();
+    })?;
+    let _ = running.recv();
+    Ok(())
 }
 
 /// A device's memory when a request failed: the allocator's figures, its

@@ -55,6 +55,87 @@ pub fn warn_to_stream(text: &str) -> bool {
     write(&WARNINGS, text, Output::Stderr, false)
 }
 
+/// Writes a warning from code that must not run user code, such as an
+/// allocator's failure path: now when warnings go to a stream (so that it is
+/// out even if the process ends with the error), else later, from a thread
+/// of memlab's that hands it to the sink (see [`prepare_later`]). Anything
+/// still queued when the process exits is delivered then.
+pub fn warn_outside_user_code(text: String) {
+    if !warn_to_stream(&text) {
+        later::warn(text);
+    }
+}
+
+/// Starts the thread that delivers [`warn_outside_user_code`]'s warnings
+/// to a sink, if it is not running: code that may warn while memory has
+/// run out starts it beforehand, since starting a thread then can fail.
+/// Returns whether it runs.
+pub fn prepare_later() -> bool {
+    later::start()
+}
+
+/// Warnings for a sink, delivered from a thread of memlab's (a sink is user
+/// code, which must not run inside an allocator), and at exit whatever is
+/// still queued (a failure that ends the program with a panic must still be
+/// told).
+mod later {
+    use std::sync::{Condvar, Mutex};
+
+    static QUEUE: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    static READY: Condvar = Condvar::new();
+    static STARTED: Mutex<bool> = Mutex::new(false);
+
+    pub(super) fn warn(text: String) {
+        QUEUE.lock().unwrap_or_else(|e| e.into_inner()).push(text);
+        if start() {
+            READY.notify_one();
+        }
+    }
+
+    /// Starts the delivering thread and the exit hook once; whether the
+    /// thread runs (if it could not start, the exit hook still delivers).
+    pub(super) fn start() -> bool {
+        let mut started = STARTED.lock().unwrap_or_else(|e| e.into_inner());
+        if !*started {
+            let spawned = crate::oom::spawn_started("memlab-warnings", || {
+                // The queue's first growth happens here, not when memory ran out.
+                QUEUE.lock().unwrap_or_else(|e| e.into_inner()).reserve(8);
+                loop {
+                    let texts = {
+                        let mut queue = QUEUE.lock().unwrap_or_else(|e| e.into_inner());
+                        while queue.is_empty() {
+                            queue = READY.wait(queue).unwrap_or_else(|e| e.into_inner());
+                        }
+                        std::mem::take(&mut *queue)
+                    };
+                    for text in texts {
+                        super::warn(&text);
+                    }
+                }
+            });
+            if spawned.is_err() {
+                return false;
+            }
+            extern "C" {
+                fn atexit(callback: extern "C" fn()) -> std::ffi::c_int;
+            }
+            // SAFETY: registers a function that delivers the queue and never unwinds.
+            unsafe { atexit(deliver_at_exit) };
+            *started = true;
+        }
+        true
+    }
+
+    extern "C" fn deliver_at_exit() {
+        let _ = std::panic::catch_unwind(|| {
+            let texts = std::mem::take(&mut *QUEUE.lock().unwrap_or_else(|e| e.into_inner()));
+            for text in texts {
+                super::warn(&text);
+            }
+        });
+    }
+}
+
 /// Writes `text` where `target` says (`default` when unset); with
 /// `to_sink` false, a sink is not called and false is returned.
 fn write(target: &Mutex<Option<Arc<Output>>>, text: &str, default: Output, to_sink: bool) -> bool {

@@ -219,10 +219,8 @@ struct CountingCpuAllocator final : c10::Allocator {
       g_ooms.fetch_add(1, std::memory_order_relaxed);
       // The request failed for lack of memory: say so (outside the handler,
       // with the error kept), then let libtorch's error go on to the caller
-      // unchanged. (The shim has no figure of free memory; `address` is 0.)
-      if (memlab_event_hook hook = g_cpu_hook.load(std::memory_order_relaxed)) {
-        hook(MEMLAB_ACTION_OOM, MEMLAB_EVENT_DEVICE_CPU, 0, n, 0);
-      }
+      // unchanged. memlab_tch_on_oom records the failure as an event: it
+      // first gives back the reserve that recording and reporting use.
       memlab_tch_on_oom(MEMLAB_EVENT_DEVICE_CPU, n, 0, 0, 0);
       std::rethrow_exception(failed);
     }
@@ -470,7 +468,7 @@ void put_cpu(int64_t* out, const int64_t* blocks, const int64_t* bytes) {
 // Writes the CPU fields only; the caller zero-initialises the record once.
 char* memlab_cpu_stats(int32_t reset_peaks, int64_t* out) {
   if (!g_installed.load()) {
-    return error_copy(cpu_missing());
+    return cpu_missing();
   }
   bool reset = reset_peaks != 0;
   int64_t blocks[4];

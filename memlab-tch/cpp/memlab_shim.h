@@ -203,7 +203,9 @@ struct memlab_block {
 // allocator). `requested` is the CUDA allocator's rounding of the request to
 // the segment it tried to reserve, or the CPU's exact request; the device's
 // free and total bytes are libtorch's figures (CUDA) or 0 (the CPU); `stream`
-// is the failing thread's current CUDA stream (0 on the CPU). Never unwinds.
+// is the failing thread's current CUDA stream (0 on the CPU). The CPU's
+// failure reaches the event hook through it, not from the shim (CUDA's
+// comes with libtorch's trace). Never unwinds.
 void memlab_tch_on_oom(int32_t device, uint64_t requested, uint64_t device_free, uint64_t device_total,
                        uint64_t stream);
 // Called once while the program loads when MEMLAB_OOM_DIR is set: arms the

@@ -282,11 +282,167 @@ pub fn host_memory() -> Option<(u64, u64)> {
     Some((field("MemAvailable:")?, field("MemTotal:")?))
 }
 
+/// When this process started, in seconds since the Unix epoch (from the
+/// kernel: its start in clock ticks after boot, and the boot time); `None`
+/// where `/proc` cannot tell.
+pub fn process_start() -> Option<u64> {
+    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
+    // The command name (field 2) may hold spaces: fields count from its ')'.
+    let after = &stat[stat.rfind(')')? + 1..];
+    let ticks: u64 = after.split_whitespace().nth(19)?.parse().ok()?;
+    let boot: u64 = std::fs::read_to_string("/proc/stat")
+        .ok()?
+        .lines()
+        .find_map(|l| l.strip_prefix("btime "))?
+        .trim()
+        .parse()
+        .ok()?;
+    // SAFETY: sysconf only reads a configuration value.
+    let hz = u64::try_from(unsafe { libc::sysconf(libc::_SC_CLK_TCK) }).ok().filter(|&hz| hz > 0)?;
+    Some(boot + ticks / hz)
+}
+
+/// The host's name (`gethostname`), or `None`.
+pub fn host_name() -> Option<String> {
+    let mut buf = [0u8; 256];
+    // SAFETY: gethostname writes at most `buf.len()` bytes into `buf`.
+    if unsafe { libc::gethostname(buf.as_mut_ptr().cast(), buf.len()) } != 0 {
+        return None;
+    }
+    let end = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    Some(String::from_utf8_lossy(&buf[..end]).into_owned()).filter(|h| !h.is_empty())
+}
+
+/// This process's mapped address space (`VmSize`) and its limit (`ulimit
+/// -v`, `RLIMIT_AS`; `None` when unlimited), in bytes. Read without
+/// allocating: an out-of-memory handler reads it when memory has run out.
+pub fn address_space() -> Option<(u64, Option<u64>)> {
+    // SAFETY: getrlimit fills the struct; open, read and close work on a
+    // descriptor of this function's and a buffer on its stack.
+    unsafe {
+        let mut limit: libc::rlimit = std::mem::zeroed();
+        if libc::getrlimit(libc::RLIMIT_AS, &mut limit) != 0 {
+            return None;
+        }
+        let limit = (limit.rlim_cur != libc::RLIM_INFINITY).then_some(limit.rlim_cur as u64);
+        let fd = libc::open(c"/proc/self/statm".as_ptr(), libc::O_RDONLY | libc::O_CLOEXEC);
+        if fd < 0 {
+            return None;
+        }
+        let mut buf = [0u8; 128];
+        let n = libc::read(fd, buf.as_mut_ptr().cast(), buf.len());
+        libc::close(fd);
+        let text = &buf[..usize::try_from(n).ok()?];
+        let digits = text.iter().take_while(|b| b.is_ascii_digit());
+        let pages = digits.fold(0u64, |n, d| n * 10 + u64::from(d - b'0'));
+        let page = u64::try_from(libc::sysconf(libc::_SC_PAGESIZE)).unwrap_or(4096);
+        Some((pages * page, limit))
+    }
+}
+
+/// The memory use and limit of this process's cgroup (the tightest limit
+/// among it and its ancestors: `memory.current` and `memory.max` in cgroup
+/// v2, `memory.usage_in_bytes` and `memory.limit_in_bytes` in v1); `None`
+/// without a limit, or where the files cannot be read. The kernel's
+/// out-of-memory killer ends a process of a cgroup at its limit without a
+/// failed request anyone could see.
+pub fn cgroup_memory() -> Option<(u64, u64)> {
+    let membership = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    cgroup_memory_at(std::path::Path::new("/sys/fs/cgroup"), &membership)
+}
+
+/// [`cgroup_memory`] of a process whose `/proc/self/cgroup` reads
+/// `membership`, with the cgroup file systems mounted under `root`.
+fn cgroup_memory_at(root: &std::path::Path, membership: &str) -> Option<(u64, u64)> {
+    let read = |path: std::path::PathBuf| -> Option<u64> { std::fs::read_to_string(path).ok()?.trim().parse().ok() };
+    // (mount, the process's cgroup under it, the use file, the limit file)
+    let mut places = Vec::new();
+    for line in membership.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (Some(id), Some(controllers), Some(path)) = (parts.next(), parts.next(), parts.next()) else { continue };
+        let path = path.trim_start_matches('/');
+        if id == "0" && controllers.is_empty() {
+            places.push((root.to_path_buf(), path, "memory.current", "memory.max"));
+            places.push((root.join("unified"), path, "memory.current", "memory.max"));
+        } else if controllers.split(',').any(|c| c == "memory") {
+            places.push((root.join("memory"), path, "memory.usage_in_bytes", "memory.limit_in_bytes"));
+        }
+    }
+    // A v1 limit of "no limit" is a huge number: anything beyond the
+    // machine's memory limits nothing.
+    let unlimited = host_memory().map_or(u64::MAX, |(_, total)| total);
+    let mut tightest: Option<(u64, u64)> = None;
+    for (mount, path, usage, limit) in places {
+        // The process's own cgroup and each ancestor up to the mount.
+        let mut dir = mount.join(path);
+        loop {
+            if let (Some(max), Some(used)) = (read(dir.join(limit)), read(dir.join(usage))) {
+                if max < unlimited && tightest.is_none_or(|(u, m)| max.saturating_sub(used) < m.saturating_sub(u)) {
+                    tightest = Some((used, max));
+                }
+            }
+            if dir == mount || !dir.pop() {
+                break;
+            }
+        }
+    }
+    tightest
+}
+
 #[cfg(test)]
 mod host_tests {
     #[test]
     fn host_memory_is_read_from_the_kernel() {
         let (available, total) = super::host_memory().expect("Linux has /proc/meminfo");
         assert!(total > 0 && available <= total, "{available} of {total}");
+    }
+
+    #[test]
+    fn the_process_started_before_now_and_the_host_has_a_name() {
+        let start = super::process_start().expect("Linux has /proc/self/stat");
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_secs();
+        // An independent reading: the kernel's own clock of this process's age is under an hour here.
+        assert!(start <= now + 1 && now - start < 3600, "started at {start}, now {now}");
+        assert!(super::host_name().is_some_and(|h| !h.is_empty()));
+    }
+
+    #[test]
+    fn the_address_space_and_its_limit_are_read() {
+        let (mapped, _) = super::address_space().expect("Linux has /proc/self/statm");
+        // An independent reading: the kernel's VmSize line, in KiB.
+        let status = std::fs::read_to_string("/proc/self/status").unwrap();
+        let line = status.lines().find(|l| l.starts_with("VmSize:")).unwrap();
+        let kib: u64 = line.split_whitespace().nth(1).unwrap().parse().unwrap();
+        // Both readings of a live process: within 64 MiB of each other.
+        assert!(mapped.abs_diff(kib * 1024) < 64 << 20, "{mapped} vs {} bytes", kib * 1024);
+    }
+
+    #[test]
+    fn cgroup_limits_are_found_in_v1_and_v2_trees_and_the_tightest_wins() {
+        let root = std::env::temp_dir().join(format!("memlab-cgroup-{}", std::process::id()));
+        let write = |path: &str, text: &str| {
+            let file = root.join(path);
+            std::fs::create_dir_all(file.parent().unwrap()).unwrap();
+            std::fs::write(file, text).unwrap();
+        };
+        let gib = 1u64 << 30;
+        // v2: the job's own cgroup has no limit; its parent allows 2 GiB, 1.5 GiB used.
+        write("memory.max", "max\n");
+        write("jobs/memory.max", &format!("{}\n", 2 * gib));
+        write("jobs/memory.current", &format!("{}\n", 3 * gib / 2));
+        write("jobs/42/memory.max", "max\n");
+        write("jobs/42/memory.current", "1000\n");
+        assert_eq!(super::cgroup_memory_at(&root, "0::/jobs/42\n"), Some((3 * gib / 2, 2 * gib)));
+        // v1: 100 MiB of room beside v2's 512 MiB: the tighter one counts.
+        write("memory/slurm/job1/memory.limit_in_bytes", &format!("{}", gib));
+        write("memory/slurm/job1/memory.usage_in_bytes", &format!("{}", gib - (100 << 20)));
+        let both = "4:memory:/slurm/job1\n0::/jobs/42\n";
+        assert_eq!(super::cgroup_memory_at(&root, both), Some((gib - (100 << 20), gib)));
+        // v1's "no limit" is a huge number, not a limit.
+        write("memory/free/memory.limit_in_bytes", "9223372036854771712");
+        write("memory/free/memory.usage_in_bytes", "5");
+        assert_eq!(super::cgroup_memory_at(&root, "4:memory:/free\n"), None);
+        assert_eq!(super::cgroup_memory_at(&root, "garbage"), None);
+        std::fs::remove_dir_all(&root).ok();
     }
 }

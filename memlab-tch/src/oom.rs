@@ -22,7 +22,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
-use memlab_core::oom::{dispatch, CacheFree, DeviceMemory, Failure, Serving};
+use memlab_core::events::Action;
+use memlab_core::oom::{dispatch, CacheFree, DeviceMemory, Failure, HostLimit, Serving};
 use memlab_core::{Device, Result};
 
 use crate::ffi;
@@ -33,19 +34,32 @@ thread_local! {
     static HANDLING: Cell<bool> = const { Cell::new(false) };
 }
 
-/// The shim calls this for every failed request (see `memlab_shim.h`).
+/// The shim calls this for every failed request (see `memlab_shim.h`):
+/// the reserve is given back first, so that what follows (the CPU's event,
+/// the handlers) allocates out of it, and taken again at the end.
 #[no_mangle]
 pub extern "C" fn memlab_tch_on_oom(device: i32, requested: u64, device_free: u64, device_total: u64, stream: u64) {
     if HANDLING.try_with(|h| h.replace(true)).unwrap_or(true) {
         return;
     }
+    // Under an address-space limit, what the program had left: the reserve
+    // taken back afterwards must not come out of it.
+    let room_before = address_space_room();
+    let released = reserve::release();
     let _ = std::panic::catch_unwind(|| {
         let mut failure;
         if device == ffi::EVENT_DEVICE_CPU {
             failure = Failure::here(Device::Cpu, requested);
-            let host = crate::host_memory();
-            failure.device_free = host.map(|(available, _)| available);
-            failure.device_total = host.map(|(_, total)| total);
+            let mut host = device_memory(Device::Cpu);
+            if let Some(m) = host.as_mut().filter(|m| m.limit == Some(HostLimit::AddressSpace)) {
+                // What was free when the request failed: the reserve, given
+                // back since, was not the program's to use.
+                m.free = m.free.saturating_sub(released);
+            }
+            failure.device_free = host.map(|m| m.free);
+            failure.device_total = host.map(|m| m.total);
+            // The CPU's failure as an event, as libtorch's CUDA trace has its own.
+            memlab_core::events::record(Device::Cpu, Action::Oom, failure.device_free.unwrap_or(0), requested, 0);
         } else {
             failure = Failure::here(Device::Cuda(device.max(0) as usize), requested);
             failure.rounded = true;
@@ -53,9 +67,121 @@ pub extern "C" fn memlab_tch_on_oom(device: i32, requested: u64, device_free: u6
             failure.device_total = Some(device_total);
             failure.stream = Some(stream);
         }
+        failure.reserve = released;
         dispatch(&failure);
     });
+    if released > 0 {
+        let most = room_before.zip(address_space_room()).map(|(before, after)| after.saturating_sub(before));
+        let kept = reserve::restore(most);
+        if kept < released {
+            let _ = std::panic::catch_unwind(|| {
+                memlab_core::output::warn_outside_user_code(format!(
+                    "memlab: memory is short: after the report, {} of the {} out-of-memory reserve could be kept \
+                     aside again without taking what the program had left (the report's memory stays with the C \
+                     allocator); the next report gets that much until the recorder is armed again\n",
+                    memlab_core::format_bytes(kept as i64),
+                    memlab_core::format_bytes(released as i64)
+                ))
+            });
+        }
+    }
     let _ = HANDLING.try_with(|h| h.set(false));
+}
+
+/// What the address-space limit leaves this process, if one applies
+/// (read without allocating).
+fn address_space_room() -> Option<u64> {
+    crate::address_space().and_then(|(mapped, limit)| limit.map(|l| l.saturating_sub(mapped)))
+}
+
+/// Address space kept aside for the out-of-memory handlers: a mapping that
+/// no page backs (it costs no memory, only room under an address-space
+/// limit), given back when a request fails so that writing its report
+/// cannot fail for want of memory, and taken again afterwards.
+pub mod reserve {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Mutex;
+
+    /// What `MEMLAB_OOM_DIR` keeps aside, and the recorder unless told otherwise.
+    pub const DEFAULT_BYTES: u64 = 64 << 20;
+
+    /// The mapping held now: (address, bytes); (0, 0) when none.
+    static HELD: Mutex<(usize, usize)> = Mutex::new((0, 0));
+    /// The size asked for, which [`restore`] takes again.
+    static WANTED: AtomicU64 = AtomicU64::new(0);
+
+    fn held() -> std::sync::MutexGuard<'static, (usize, usize)> {
+        HELD.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Maps `bytes` of address space (rounded up to pages), or `None`.
+    fn map(bytes: usize) -> Option<usize> {
+        // SAFETY: an anonymous private mapping without access, which nothing
+        // reads or writes; MAP_NORESERVE keeps it out of the commit charge.
+        let at = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                bytes,
+                libc::PROT_NONE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        (at != libc::MAP_FAILED).then_some(at as usize)
+    }
+
+    /// Keeps `bytes` aside from now on (0: none), in place of what was kept
+    /// before. Fails, keeping none, when the address space has no such room.
+    pub fn set(bytes: u64) -> std::io::Result<()> {
+        let mut held = held();
+        if held.1 > 0 {
+            // SAFETY: the mapping was made by `map` and is unmapped once.
+            unsafe { libc::munmap(held.0 as *mut libc::c_void, held.1) };
+            *held = (0, 0);
+        }
+        WANTED.store(bytes, Ordering::Relaxed);
+        if bytes == 0 {
+            return Ok(());
+        }
+        let len = usize::try_from(bytes).map_err(|_| std::io::Error::from(std::io::ErrorKind::OutOfMemory))?;
+        let at = map(len).ok_or_else(std::io::Error::last_os_error)?;
+        *held = (at, len);
+        Ok(())
+    }
+
+    /// Gives the reserve back to the system; returns its bytes (0 when
+    /// another failure has it, or none is kept). Allocates nothing.
+    pub(crate) fn release() -> u64 {
+        let mut held = held();
+        let (at, len) = std::mem::take(&mut *held);
+        if len > 0 {
+            // SAFETY: as in `set`.
+            unsafe { libc::munmap(at as *mut libc::c_void, len) };
+        }
+        len as u64
+    }
+
+    /// Takes the reserve again after a release, as much of it as the
+    /// address space has room for and at most `most` bytes (halving down to
+    /// 1 MiB); the bytes held now.
+    pub(crate) fn restore(most: Option<u64>) -> u64 {
+        let wanted = WANTED.load(Ordering::Relaxed).min(most.unwrap_or(u64::MAX)) as usize;
+        let mut held = held();
+        let mut size = wanted;
+        while held.1 == 0 && size >= 1 << 20 {
+            if let Some(at) = map(size) {
+                *held = (at, size);
+            }
+            size /= 2;
+        }
+        held.1 as u64
+    }
+
+    /// The bytes kept aside now.
+    pub fn bytes() -> u64 {
+        held().1 as u64
+    }
 }
 
 /// The shim calls this while the program loads when `MEMLAB_OOM_DIR` is set.
@@ -63,9 +189,26 @@ pub extern "C" fn memlab_tch_on_oom(device: i32, requested: u64, device_free: u6
 pub extern "C" fn memlab_tch_oom_from_environment() {
     let _ = std::panic::catch_unwind(|| {
         if environment_dir().is_some() {
+            if let Err(e) = reserve::set(reserve::DEFAULT_BYTES) {
+                memlab_core::output::warn(&format!(
+                    "memlab: MEMLAB_OOM_DIR: the out-of-memory reserve ({} bytes of address space) cannot be \
+                     kept ({e}); reports are written without it\n",
+                    reserve::DEFAULT_BYTES
+                ));
+            }
+            prepare_failure_path();
             watch_cuda();
         }
     });
+}
+
+/// Does now what a failure path would otherwise do when memory has run
+/// out: reads the unwind tables and the program's debug information (for
+/// the failing call's frames) and starts the thread that hands warnings to
+/// a sink. Arming calls it.
+pub fn prepare_failure_path() {
+    memlab_core::events::prepare_backtraces();
+    memlab_core::output::prepare_later();
 }
 
 /// The directory `MEMLAB_OOM_DIR` names, created if missing; `None` when it
@@ -123,7 +266,7 @@ pub fn watch_cuda() -> bool {
     if !WATCHER.swap(true, Ordering::Relaxed) {
         // SAFETY: registers a function that takes a lock and sets a flag.
         unsafe { libc::atexit(stop_watching) };
-        let spawned = std::thread::Builder::new().name("memlab-oom-watch".into()).spawn(|| {
+        let spawned = memlab_core::oom::spawn_started("memlab-oom-watch", || {
             let (mut waited, mut seen) = (Duration::ZERO, false);
             while !poll(&mut seen) {
                 // Every 10 ms at first, then every 100 ms: a process that never
@@ -231,11 +374,22 @@ pub(crate) fn cuda_cache_free(index: usize, serving: Option<Serving>) -> Result<
 }
 
 /// What the driver (CUDA) or the kernel (the CPU) says of `device`'s memory.
+/// On the CPU, what this process may use: the host's free and total memory,
+/// or the address-space limit's or the cgroup's where they leave less.
 pub(crate) fn device_memory(device: Device) -> Option<DeviceMemory> {
     match device {
         Device::Cpu => {
-            let (available, total) = crate::host_memory()?;
-            Some(DeviceMemory::new(available, total, Some(crate::resident_set()), None))
+            let (mut free, mut total) = crate::host_memory()?;
+            let mut limit = None;
+            let address_space =
+                crate::address_space().and_then(|(mapped, limit)| limit.map(|l| (l.saturating_sub(mapped), l)));
+            let cgroup = crate::cgroup_memory().map(|(used, max)| (max.saturating_sub(used), max));
+            for (room, which) in [(address_space, HostLimit::AddressSpace), (cgroup, HostLimit::Cgroup)] {
+                if let Some((room_free, room_total)) = room.filter(|(f, _)| *f < free) {
+                    (free, total, limit) = (room_free, room_total.min(total), Some(which));
+                }
+            }
+            Some(DeviceMemory::new(free, total, Some(crate::resident_set()), None).limited_by(limit))
         }
         Device::Cuda(i) => {
             let driver = crate::driver_memory(i).ok()?;

@@ -10,6 +10,8 @@
 //! ([`Recording`](crate::Recording)): start one with backtraces to get the
 //! Rust call stacks.
 
+#[doc(hidden)]
+pub mod estimate;
 mod html;
 mod names;
 mod pickle;

@@ -114,8 +114,9 @@ pub struct TraceEntry {
 pub struct SnapshotInfo {
     /// The device of each index of `device_traces`: `cuda:0`, …, `cpu`.
     pub devices: Vec<String>,
-    /// Whether the recording's bounded history dropped events: the traces
-    /// then start later than the recording, and the data is partial.
+    /// Whether the recording's bounded history dropped events (the traces
+    /// then start later than the recording), or memory ran out while the
+    /// live set grew (some live blocks are missing): the data is partial.
     pub partial: bool,
     /// How many events were dropped.
     pub dropped: u64,

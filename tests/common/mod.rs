@@ -87,7 +87,8 @@ pub fn within<R: Send + 'static>(limit: std::time::Duration, f: impl FnOnce() ->
 /// returns its output. The child runs only that test (see [`child`]).
 pub fn run_child(name: &str, env: &[(&str, &str)]) -> std::process::Output {
     let mut command = std::process::Command::new(std::env::current_exe().unwrap());
-    command.args(["--exact", name, "--nocapture", "--test-threads=1"]).env("MEMLAB_CHILD", name);
+    // `--include-ignored`: the child runs the named test even when it is one for a GPU machine.
+    command.args(["--exact", name, "--nocapture", "--test-threads=1", "--include-ignored"]).env("MEMLAB_CHILD", name);
     for var in ["MEMLAB_DISABLE", "MEMLAB_PRINT_AT_EXIT", "MEMLAB_CPU_ALLOCATOR", "MEMLAB_OOM_DIR"] {
         command.env_remove(var);
     }

@@ -169,6 +169,9 @@ pub struct Stats {
     pub kept: usize,
     /// Allocations in the live set.
     pub live: usize,
+    /// Allocations left out of the live set because memory ran out while it
+    /// grew: dispose scopes and the unnamed holders by site miss them.
+    pub untracked: u64,
 }
 
 #[derive(Default)]
@@ -216,6 +219,7 @@ fn with<R>(f: impl FnOnce(&mut Recorder) -> R) -> R {
         recorded: 0,
         recorded_before: 0,
         dropped: 0,
+        untracked: 0,
         live: HashMap::default(),
         scopes: HashMap::default(),
     });
@@ -265,6 +269,7 @@ pub fn retain(settings: Option<Settings>) -> User {
             // (the frees between the two were never seen).
             r.history.clear();
             r.dropped = 0;
+            r.untracked = 0;
             r.recorded_before = r.recorded;
             ACTIVE.store(true, Ordering::Relaxed);
         }
@@ -367,7 +372,14 @@ pub fn record(device: Device, action: Action, address: u64, size: u64, stream: u
                     statement,
                     backtrace: backtrace.clone(),
                 };
-                r.live.insert((device, address), live);
+                // Growing the live set can fail when memory runs out: the
+                // allocation then goes untracked (and is counted), rather
+                // than the process aborting inside the allocator.
+                if r.live.try_reserve(1).is_ok() {
+                    r.live.insert((device, address), live);
+                } else {
+                    r.untracked += 1;
+                }
             }
             Action::FreeRequested => {
                 if let Some(gone) = r.live.remove(&(device, address)) {
@@ -381,9 +393,16 @@ pub fn record(device: Device, action: Action, address: u64, size: u64, stream: u
             _ => {}
         }
         if r.settings.capacity > 0 {
-            if r.history.len() >= r.settings.capacity {
-                r.history.pop_front();
+            // Full, or no memory to grow it (memory has run out): the oldest
+            // event makes room.
+            let full = r.history.len() >= r.settings.capacity
+                || (r.history.len() == r.history.capacity() && r.history.try_reserve(1).is_err());
+            if full && r.history.pop_front().is_some() {
                 r.dropped += 1;
+            }
+            if r.history.len() == r.history.capacity() {
+                r.dropped += 1;
+                return;
             }
             r.history.push_back(Event {
                 seq,
