@@ -49,7 +49,8 @@ for trace in data["device_traces"]:
     assert isinstance(trace, list)
     for e in trace:
         check(e, entry, "trace entry")
-        assert e["action"] in ("alloc", "free_requested", "free_completed", "segment_alloc", "segment_free", "oom")
+        assert e["action"] in ("alloc", "free_requested", "free_completed", "segment_alloc", "segment_free",
+                               "segment_map", "segment_unmap", "oom")
         if e["action"] == "oom":
             check(e, {"device_free": int}, "oom entry")
         else:
