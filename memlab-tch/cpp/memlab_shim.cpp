@@ -155,28 +155,17 @@ std::atomic<int64_t> g_ooms{0};
 
 std::atomic<memlab_event_hook> g_cpu_hook{nullptr};
 
-// Allocations and frees between their counting and the return of their
-// report to the hook (counted only while a hook is set): the figures agree
-// with the events the hook has recorded only when none is (see
-// memlab_cpu_stats_settled).
-std::atomic<int64_t> g_in_flight{0};
-
-// Runs `count` (the counters' update of one allocation or free) and, while
-// a hook is set, reports the event to it, with the two marked in flight.
+// Counts one allocation or free. While a hook is set, the hook counts it
+// (memlab_cpu_count), under the lock with which it records the event, so
+// that the counters agree with the recorded events whenever that lock is
+// held; without a hook the counters move at once.
 template <typename Count>
 void count_and_report(Count count, int32_t action, uint64_t address, uint64_t size) {
-  memlab_event_hook hook = g_cpu_hook.load(std::memory_order_relaxed);
-  if (hook == nullptr) {
+  if (memlab_event_hook hook = g_cpu_hook.load(std::memory_order_relaxed)) {
+    hook(action, MEMLAB_EVENT_DEVICE_CPU, address, size, 0);
+  } else {
     count();
-    return;
   }
-  g_in_flight.fetch_add(1, std::memory_order_seq_cst);
-  // Pairs with the fence in memlab_cpu_stats_settled: a reader that sees
-  // this update of the counters sees the event in flight too.
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  count();
-  hook(action, MEMLAB_EVENT_DEVICE_CPU, address, size, 0);
-  g_in_flight.fetch_sub(1, std::memory_order_seq_cst);
 }
 
 void counting_delete(void* data) {
@@ -480,28 +469,15 @@ char* memlab_cpu_stats(int32_t reset_peaks, int64_t* out) {
   return nullptr;
 }
 
-char* memlab_cpu_stats_settled(int64_t* out, int32_t* settled) {
-  if (!g_installed.load()) {
-    return cpu_missing();
+void memlab_cpu_count(int32_t action, uint64_t size) {
+  const auto bytes = static_cast<int64_t>(size);
+  if (action == MEMLAB_ACTION_ALLOC) {
+    g_bytes.add(bytes);
+    g_blocks.add(1);
+  } else if (action == MEMLAB_ACTION_FREE_REQUESTED) {
+    g_bytes.sub(bytes);
+    g_blocks.sub(1);
   }
-  *settled = 0;
-  if (g_in_flight.load(std::memory_order_seq_cst) != 0) {
-    return nullptr;
-  }
-  int64_t blocks[4];
-  int64_t bytes[4];
-  g_blocks.read(blocks, false);
-  g_bytes.read(bytes, false);
-  // Pairs with the fence in count_and_report: an update read above whose
-  // event is still in flight shows here as a count above zero.
-  std::atomic_thread_fence(std::memory_order_seq_cst);
-  if (g_in_flight.load(std::memory_order_seq_cst) != 0) {
-    return nullptr;
-  }
-  put_cpu(out, blocks, bytes);
-  out[MEMLAB_SLOT_NUM_OOMS] = g_ooms.load(std::memory_order_relaxed);
-  *settled = 1;
-  return nullptr;
 }
 
 // Sets the CPU's running totals to zero; writes what they held into the CPU

@@ -246,14 +246,12 @@ int32_t memlab_cpu_installed_at_load(void);
 char* memlab_cpu_stats(int32_t reset_peaks, int64_t* out);
 char* memlab_cpu_take_accumulated_stats(int64_t* out);
 void memlab_set_cpu_event_hook(memlab_event_hook hook);
-// The CPU's figures (as memlab_cpu_stats writes them, peaks not reset) when
-// they agree with the events reported to the hook so far: no allocation or
-// free is between its counting and the return of its report. Then
-// `*settled` is 1; otherwise it is 0 and nothing is written. A caller that
-// holds the lock the hook takes reads figures that agree with what the hook
-// recorded; one that finds an event in flight lets the lock go and asks
-// again.
-char* memlab_cpu_stats_settled(int64_t* out, int32_t* settled);
+// Counts a CPU allocation (MEMLAB_ACTION_ALLOC) or free
+// (MEMLAB_ACTION_FREE_REQUESTED) of `size` bytes. While a CPU event hook is
+// set, the counting allocator leaves its counting to the hook, which calls
+// this under the lock it records the event with: the figures then agree with
+// the recorded events whenever that lock is held.
+void memlab_cpu_count(int32_t action, uint64_t size);
 
 char* memlab_tensor_storage(const void* tensor, struct memlab_storage_info* out);
 char* memlab_tensor_facts(const void* tensor, struct memlab_tensor_facts* out, struct memlab_tensor_facts* grad);

@@ -186,8 +186,8 @@ pub mod testing {
 
 /// The hook the shim calls for every event. Runs inside libtorch's allocator
 /// (on CUDA under its lock): it only records, and never unwinds.
-extern "C" fn on_event(action: i32, device: i32, address: u64, size: u64, stream: u64) {
-    let action = match action {
+extern "C" fn on_event(code: i32, device: i32, address: u64, size: u64, stream: u64) {
+    let action = match code {
         ffi::ACTION_ALLOC => Action::Alloc,
         ffi::ACTION_FREE_REQUESTED => Action::FreeRequested,
         ffi::ACTION_FREE_COMPLETED => Action::FreeCompleted,
@@ -198,6 +198,16 @@ extern "C" fn on_event(action: i32, device: i32, address: u64, size: u64, stream
         ffi::ACTION_OOM => Action::Oom,
         _ => return,
     };
-    let device = if device == ffi::EVENT_DEVICE_CPU { Device::Cpu } else { Device::Cuda(device as usize) };
-    let _ = std::panic::catch_unwind(|| events::record(device, action, address, size, stream));
+    let _ = std::panic::catch_unwind(|| {
+        if device == ffi::EVENT_DEVICE_CPU {
+            // The CPU's counters move under the recorder's lock, with the
+            // event (see memlab_cpu_count), whether or not it is kept.
+            // SAFETY: counts one allocation or free of `size` bytes.
+            events::record_counted(Device::Cpu, action, address, size, stream, &|| unsafe {
+                ffi::memlab_cpu_count(code, size)
+            })
+        } else {
+            events::record(Device::Cuda(device as usize), action, address, size, stream)
+        }
+    });
 }

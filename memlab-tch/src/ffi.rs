@@ -230,7 +230,7 @@ extern "C" {
     pub fn memlab_cpu_stats(reset_peaks: i32, out: *mut i64) -> *mut c_char;
     pub fn memlab_cpu_take_accumulated_stats(out: *mut i64) -> *mut c_char;
     pub fn memlab_set_cpu_event_hook(hook: Option<EventHook>);
-    pub fn memlab_cpu_stats_settled(out: *mut i64, settled: *mut i32) -> *mut c_char;
+    pub fn memlab_cpu_count(action: i32, size: u64);
     pub fn memlab_tensor_storage(tensor: *const c_void, out: *mut StorageInfo) -> *mut c_char;
     pub fn memlab_tensor_facts(tensor: *const c_void, out: *mut TensorFacts, grad: *mut TensorFacts) -> *mut c_char;
     pub fn memlab_tensor_impl(tensor: *const c_void, out: *mut u64) -> *mut c_char;

@@ -280,19 +280,6 @@ pub fn raw_stats(device: Device) -> Result<RawStats> {
     Ok(raw)
 }
 
-/// The CPU's statistics when they agree with the allocation events recorded
-/// so far: `None` while an allocation or free is between its counting and
-/// its event (read again, after letting the recorder's lock go). Called with
-/// the recorder's lock held, the figures are those after its last event.
-pub fn cpu_stats_settled() -> Result<Option<DeviceStats>> {
-    let mut raw = RawStats::default();
-    let mut settled = 0i32;
-    // SAFETY: `raw` holds the 122 fields; the shim writes the CPU ones and one int.
-    let status = unsafe { ffi::memlab_cpu_stats_settled(raw.0.as_mut_ptr(), &mut settled) };
-    ffi::check(status).map_err(|e| Error::CpuAllocatorMissing(message_of(e)))?;
-    Ok((settled != 0).then(|| raw.to_device_stats()))
-}
-
 /// Sets every peak statistic of `device` to its current level.
 ///
 /// Profiled lines running now keep the peaks they reached: memlab folds them

@@ -122,8 +122,8 @@ pub(super) struct Anchor {
 /// consistently with it (see [`Anchor`]). CUDA's allocator records its
 /// events under its own lock, which the recorder's hook takes under it: its
 /// figures are read outside the recorder's lock, between two equal counts of
-/// events. The CPU's counters move before their events reach the recorder:
-/// they are read under the recorder's lock when no event is in flight.
+/// events. The CPU's counters move under the recorder's lock while it
+/// records: they are read under it.
 pub(super) fn history_with_anchors() -> Result<(Vec<Event>, events::Stats, BTreeMap<Device, Anchor>)> {
     /// Tries before the figures are taken as they are (a device whose
     /// events never pause for a microsecond).
@@ -142,23 +142,11 @@ pub(super) fn history_with_anchors() -> Result<(Vec<Event>, events::Stats, BTree
         }
         anchors.extend(anchor.map(|a| (device, a)));
     }
-    let cpu_installed = memlab_tch::cpu_allocator_installed();
-    let settled =
-        cpu_installed.then(|| events::history_when(TRIES, || memlab_tch::cpu_stats_settled().ok().flatten())).flatten();
-    let (history, stats) = match settled {
-        Some((history, stats, cpu)) => {
-            anchors.insert(Device::Cpu, Anchor { stats: cpu, before: u64::MAX });
-            (history, stats)
-        }
-        None => {
-            let (history, stats) = events::history();
-            if cpu_installed {
-                let cpu = memlab_tch::device_stats(Device::Cpu)?;
-                anchors.insert(Device::Cpu, Anchor { stats: cpu, before: events::recorded() });
-            }
-            (history, stats)
-        }
-    };
+    let (history, stats, cpu) = events::history_with(|| memlab_tch::device_stats(Device::Cpu));
+    // Without memlab's CPU allocator there are no CPU events to walk.
+    if let Ok(cpu) = cpu {
+        anchors.insert(Device::Cpu, Anchor { stats: cpu, before: u64::MAX });
+    }
     Ok((history, stats, anchors))
 }
 

@@ -17,7 +17,7 @@ use std::sync::Arc;
 
 pub use context::{current_statement, StatementRef};
 pub use recorder::{
-    attribute, current_settings, history, history_when, is_active, live, live_seqs, record, recorded, release, retain,
+    attribute, current_settings, history, history_with, is_active, live, live_seqs, record, record_counted, recorded, release, retain,
     scope_close, scope_keep, scope_open, stats, LiveAllocation, ScopeCounts, ScopeOutcome, Settings, Stats, User,
 };
 pub use timeline::{reading, span, span_start, spans_and_readings, Reading, Span, SpanKind, TIMELINE_CAPACITY};
@@ -318,7 +318,9 @@ pub fn thread_number() -> u64 {
     thread_local! {
         static NUMBER: u64 = NEXT.fetch_add(1, Ordering::Relaxed);
     }
-    NUMBER.with(|n| *n)
+    // 0 on a thread whose thread-locals are gone (a free in a destructor at
+    // thread exit): no panic inside an allocator's hook.
+    NUMBER.try_with(|n| *n).unwrap_or(0)
 }
 
 #[cfg(test)]

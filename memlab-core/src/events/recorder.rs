@@ -232,6 +232,7 @@ fn start() -> Instant {
 }
 
 /// The recorder's clock: nanoseconds since it was first turned on.
+#[inline]
 pub(super) fn now_ns() -> u64 {
     start().elapsed().as_nanos() as u64
 }
@@ -340,9 +341,23 @@ pub fn current_settings() -> Settings {
 /// Records one event. Called by backends from their allocator hooks; returns
 /// at once when recording is off.
 pub fn record(device: Device, action: Action, address: u64, size: u64, stream: u64) {
+    record_counted(device, action, address, size, stream, &|| {});
+}
+
+/// Like [`record`], for an allocator whose hook counts the event too:
+/// `count` updates its figures, under the recorder's lock when recording is
+/// on (so that figures read under the lock, see [`history_with`], agree with
+/// the history), at once when it is off.
+///
+/// Not generic, so that it is compiled (and its helpers inlined) here, not
+/// in each backend that calls it.
+pub fn record_counted(device: Device, action: Action, address: u64, size: u64, stream: u64, count: &dyn Fn()) {
     if !is_active() {
+        count();
         return;
     }
+    // Nothing from here to `count()` under the lock can panic (every
+    // thread-local is read with `try_with`): the event is counted once.
     let time_ns = now_ns();
     let thread = thread_number();
     let scope = context::innermost_scope();
@@ -351,6 +366,7 @@ pub fn record(device: Device, action: Action, address: u64, size: u64, stream: u
     let backtrace = (matches!(action, Action::Alloc | Action::Oom) && BACKTRACES.load(Ordering::Relaxed))
         .then(|| Arc::new(Backtrace::capture()));
     with(|r| {
+        count();
         let seq = r.recorded;
         r.recorded += 1;
         RECORDED.store(r.recorded, Ordering::Release);
@@ -375,7 +391,7 @@ pub fn record(device: Device, action: Action, address: u64, size: u64, stream: u
                 // Growing the live set can fail when memory runs out: the
                 // allocation then goes untracked (and is counted), rather
                 // than the process aborting inside the allocator.
-                if r.live.try_reserve(1).is_ok() {
+                if r.live.len() < r.live.capacity() || r.live.try_reserve(1).is_ok() {
                     r.live.insert((device, address), live);
                 } else {
                     r.untracked += 1;
@@ -439,21 +455,15 @@ pub fn recorded() -> u64 {
 }
 
 /// The history and the recorder's counts, together with `read()`'s figures
-/// taken under the recorder's lock: an allocator whose events reach the
-/// recorder after it counted them (the CPU's) then shows no event beyond
-/// the history. `read` returns `None` while an event is between the two;
-/// the lock is let go and `read` asked again, up to `tries` times. `None`
-/// when every try found one. `read` must not take a lock that an
+/// taken under the recorder's lock: an allocator whose hook counts its
+/// events as it records them ([`record_counted`], the CPU's) then shows
+/// exactly the events of the history. `read` must not take a lock that an
 /// allocator holds while it records (CUDA's).
-pub fn history_when<R>(tries: usize, mut read: impl FnMut() -> Option<R>) -> Option<(Vec<Event>, Stats, R)> {
-    for _ in 0..tries {
-        let found = with(|r| read().map(|figures| (r.history.iter().cloned().collect(), stats_of(r), figures)));
-        if found.is_some() {
-            return found;
-        }
-        std::thread::yield_now();
-    }
-    None
+pub fn history_with<R>(read: impl FnOnce() -> R) -> (Vec<Event>, Stats, R) {
+    with(|r| {
+        let figures = read();
+        (r.history.iter().cloned().collect(), stats_of(r), figures)
+    })
 }
 
 fn stats_of(r: &Recorder) -> Stats {
