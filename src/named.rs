@@ -275,7 +275,7 @@ impl RegisteredOptimizer {
             self.states = states.tensors.len();
             self.seen = Some((count, trainable));
         }
-        if crate::oom::is_armed() {
+        if gradients::kept() {
             gradients::remember_store(&self.store.0, &self.store.1)?;
         }
         Ok(())
@@ -529,7 +529,7 @@ impl Sources {
     /// armed, this walk's gradients are kept for such a handler.
     pub(crate) fn collect(&self) -> Result<Named> {
         let mut named = Named::default();
-        let remember = !self.in_handler && crate::oom::is_armed();
+        let remember = !self.in_handler && gradients::kept();
         let mut seen: Vec<(String, WeakTensor)> = Vec::new();
         let remembered = if self.in_handler { gradients::now() } else { None };
         if self.in_handler && remembered.is_none() {
@@ -570,8 +570,9 @@ impl Sources {
 /// (as plain tch would), so the handler names gradients from here instead.
 /// A gradient replaced since (a step after `zero_grad`, which sets them to
 /// none) is gone from here, and is counted among the unnamed bytes.
-mod gradients {
+pub(crate) mod gradients {
     use std::collections::HashMap;
+    use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Mutex;
 
     use memlab_core::Result;
@@ -580,6 +581,23 @@ mod gradients {
     use tch::Tensor;
 
     static GRADIENTS: Mutex<Option<HashMap<String, WeakTensor>>> = Mutex::new(None);
+    /// Set while the out-of-memory recorder is armed by a call.
+    static KEEP: AtomicBool = AtomicBool::new(false);
+
+    /// Keeps the gradients walks see from now on, or stops (and forgets
+    /// them): the out-of-memory recorder asks for them while it is armed.
+    pub(crate) fn keep(on: bool) {
+        KEEP.store(on, Ordering::Relaxed);
+        if !on {
+            *GRADIENTS.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        }
+    }
+
+    /// Whether walks keep the gradients they see: while the recorder is
+    /// armed, by a call or by `MEMLAB_OOM_DIR` (read once, at load).
+    pub(super) fn kept() -> bool {
+        KEEP.load(Ordering::Relaxed) || memlab_tch::oom::environment_dir().is_some()
+    }
 
     /// Keeps the gradients of the variables of `store` (named `prefix.name`),
     /// read in one call into libtorch.

@@ -156,8 +156,6 @@ struct Config {
 }
 
 static CONFIG: Mutex<Option<Config>> = Mutex::new(None);
-/// Set by [`OomRecorder::arm`], cleared by [`OomRecorder::disarm`].
-static ARMED: AtomicBool = AtomicBool::new(false);
 /// Set by [`OomRecorder::disarm`]: `MEMLAB_OOM_DIR` no longer arms either.
 static DISARMED: AtomicBool = AtomicBool::new(false);
 /// Failures seen while armed, written or not.
@@ -262,7 +260,7 @@ impl OomRecorder {
         memlab_tch::oom::prepare_failure_path();
         *CONFIG.lock().unwrap_or_else(|e| e.into_inner()) = Some(Config { dir, max_reports: self.max_reports });
         DISARMED.store(false, Ordering::Relaxed);
-        ARMED.store(true, Ordering::Relaxed);
+        named::gradients::keep(true);
         watermark::watch(self.watermark);
         memlab_tch::oom::watch_cuda();
         Ok(())
@@ -273,7 +271,7 @@ impl OomRecorder {
     pub fn disarm() {
         *CONFIG.lock().unwrap_or_else(|e| e.into_inner()) = None;
         DISARMED.store(true, Ordering::Relaxed);
-        ARMED.store(false, Ordering::Relaxed);
+        named::gradients::keep(false);
         watermark::watch(None);
         let _ = memlab_tch::oom::reserve::set(0);
     }
@@ -283,12 +281,6 @@ impl OomRecorder {
     pub fn armed_dir() -> Option<PathBuf> {
         config().map(|c| c.dir)
     }
-}
-
-/// Whether the recorder is armed (cheap: walks call it to decide whether to
-/// keep what a handler will need).
-pub(crate) fn is_armed() -> bool {
-    !DISARMED.load(Ordering::Relaxed) && (ARMED.load(Ordering::Relaxed) || memlab_tch::oom::environment_dir().is_some())
 }
 
 fn config() -> Option<Config> {

@@ -17,8 +17,9 @@ use std::sync::Arc;
 
 pub use context::{current_statement, StatementRef};
 pub use recorder::{
-    attribute, current_settings, history, history_with, is_active, live, live_seqs, record, record_counted, recorded, release, retain,
-    scope_close, scope_keep, scope_open, stats, LiveAllocation, ScopeCounts, ScopeOutcome, Settings, Stats, User,
+    attribute, current_settings, history, history_with, is_active, live, live_seqs, record, record_counted, recorded,
+    release, retain, scope_close, scope_keep, scope_open, stats, LiveAllocation, ScopeCounts, ScopeOutcome, Settings,
+    Stats, User,
 };
 pub use timeline::{reading, span, span_start, spans_and_readings, Reading, Span, SpanKind, TIMELINE_CAPACITY};
 
