@@ -77,6 +77,13 @@ fn a_failed_request_is_reported_before_the_error_arrives_and_training_goes_on() 
     assert!(err.to_string().contains("allocate memory"), "libtorch's own error reaches the caller: {err}");
     // Training goes on.
     assert!(opt.with_mut(|opt| train_step(&net, opt, false)).unwrap().is_finite());
+    // A failure between steps, outside any step method: the report names the
+    // step's gradients, and libtorch is asked for none while it is written.
+    let reads = memlab::stats::gradient_reads();
+    assert!(Tensor::f_empty([TOO_BIG], (Kind::Float, tch::Device::Cpu)).is_err());
+    assert_eq!(memlab::stats::gradient_reads(), reads, "no gradient read during a report");
+    let between = memlab::last_oom().unwrap();
+    assert!(between.holders.named.iter().any(|n| n.name == "model.fc.bias.grad"), "{:?}", between.holders.named);
 
     let d = &report.diagnosis;
     assert_eq!((d.device, d.requested, d.rounded), (Device::Cpu, 1 << 48, false));
