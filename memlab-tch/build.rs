@@ -1,13 +1,22 @@
 //! Builds memlab's C++ shim against the libtorch that torch-sys found, with the
 //! same C++ ABI, and keeps libtorch_cuda linked when that libtorch has CUDA.
+//! A libtorch memlab does not support is refused before any C++ is compiled
+//! (torch-sys refuses one other than its tch's own, unless
+//! LIBTORCH_BYPASS_VERSION_CHECK is set).
 
 use std::env;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
+
+#[path = "src/libtorch_version.rs"]
+mod libtorch_version;
+
+use libtorch_version::LibtorchVersion;
 
 fn main() {
     println!("cargo:rerun-if-changed=cpp/memlab_shim.cpp");
     println!("cargo:rerun-if-changed=cpp/memlab_shim.h");
+    println!("cargo:rerun-if-changed=src/libtorch_version.rs");
     println!("cargo:rerun-if-env-changed=DEP_TCH_LIBTORCH_LIB");
     println!("cargo:rerun-if-env-changed=LIBTORCH_CXX11_ABI");
     println!("cargo:rerun-if-env-changed=LIBTORCH_USE_PYTORCH");
@@ -22,16 +31,25 @@ fn main() {
     let Some(lib_dir) = env::var_os("DEP_TCH_LIBTORCH_LIB").map(PathBuf::from) else {
         panic!(
             "memlab-tch: torch-sys did not say where libtorch is (DEP_TCH_LIBTORCH_LIB is unset). \
-             Build with LIBTORCH_USE_PYTORCH=1 and a python3 that has torch==2.11.0 first on PATH \
+             Build with LIBTORCH_USE_PYTORCH=1 and a python3 that has torch==2.11.0 (tch 0.24) or 2.13.0 \
+             (tch 0.26) first on PATH \
              (`source scripts/env.sh` in the memlab repository does both), or set LIBTORCH."
         );
     };
     let root = lib_dir.parent().expect("libtorch's lib directory has a parent").to_path_buf();
     let include = root.join("include");
+    let version = match libtorch_version(&include) {
+        Ok(version) => version,
+        Err(why) => panic!("memlab-tch: {why}"),
+    };
+    if let Err(why) = version.check() {
+        panic!("memlab-tch: {why}");
+    }
+    println!("cargo:rustc-env=MEMLAB_LIBTORCH_VERSION={version}");
     if !include.join("c10/core/CachingDeviceAllocator.h").exists() {
         panic!(
-            "memlab-tch: {} has no c10/core/CachingDeviceAllocator.h; memlab needs the headers of \
-             libtorch 2.11 (PyPI torch==2.11.0, or LIBTORCH pointing at a full libtorch 2.11)",
+            "memlab-tch: {} has no c10/core/CachingDeviceAllocator.h; memlab needs libtorch's full headers \
+             (PyPI's torch wheel, or LIBTORCH pointing at a full libtorch)",
             include.display()
         );
     }
@@ -40,7 +58,9 @@ fn main() {
     build
         .cpp(true)
         .pic(true)
-        .std("c++17")
+        // libtorch 2.13's headers initialise bit-fields in their declaration
+        // (c10/core/AutogradState.h), which C++20 allows; 2.11's are C++17.
+        .std(if (version.major, version.minor) >= (2, 13) { "c++20" } else { "c++17" })
         .include(&include)
         .include(include.join("torch/csrc/api/include"))
         .define("_GLIBCXX_USE_CXX11_ABI", cxx11_abi().as_str())
@@ -86,9 +106,26 @@ fn main() {
     println!("cargo:rustc-link-lib=dylib=torch_cpu");
 }
 
+/// The version of the libtorch whose headers are in `include`: its
+/// `torch/headeronly/version.h` (2.11 and later), else `torch/version.h`.
+fn libtorch_version(include: &Path) -> Result<LibtorchVersion, String> {
+    let candidates =
+        [include.join("torch/headeronly/version.h"), include.join("torch/csrc/api/include/torch/version.h")];
+    let header = candidates.iter().find(|path| path.exists()).ok_or_else(|| {
+        format!(
+            "{} has no torch/version.h: memlab needs libtorch's headers to know its version (PyPI's torch \
+             wheel has them)",
+            include.display()
+        )
+    })?;
+    println!("cargo:rerun-if-changed={}", header.display());
+    let text = std::fs::read_to_string(header).map_err(|e| format!("{} cannot be read ({e})", header.display()))?;
+    LibtorchVersion::parse(&text).map_err(|why| format!("{} is not a libtorch version header: {why}", header.display()))
+}
+
 /// The C++ ABI libtorch was built with, which the shim must match: an explicit
 /// LIBTORCH_CXX11_ABI, else what the PyTorch install says, else 1 (every
-/// PyPI build of torch 2.11).
+/// PyPI build of torch 2.11 and 2.13).
 fn cxx11_abi() -> String {
     if let Ok(abi) = env::var("LIBTORCH_CXX11_ABI") {
         return abi;

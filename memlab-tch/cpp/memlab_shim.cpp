@@ -348,6 +348,14 @@ int32_t memlab_built_with_cuda() {
 #endif
 }
 
+int32_t memlab_cuda_events_built() {
+#ifdef MEMLAB_CUDA_EVENTS
+  return 1;
+#else
+  return 0;
+#endif
+}
+
 char* memlab_cuda_device_count(int64_t* out) {
   MEMLAB_TRY
   *out = cuda_registered() ? c10::impl::getDeviceGuardImpl(c10::DeviceType::CUDA)->deviceCount() : 0;

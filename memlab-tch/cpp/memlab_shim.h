@@ -6,6 +6,22 @@
 // Every entry point that returns `char*` returns NULL on success or a
 // malloc'd error message, which the caller frees with memlab_free_error: no
 // C++ exception ever crosses into Rust.
+//
+// libtorch versions (build.rs refuses others): the shim compiles unchanged
+// against 2.11 (tch 0.24) and 2.13 (tch 0.26). What differs between their
+// headers, and what memlab does about it, in one place:
+// - 2.13's headers initialise bit-fields in their declaration (C++20):
+//   build.rs compiles the shim as C++20 for 2.13, C++17 for 2.11;
+// - 2.13's DeviceStats adds num_oom_rejections and per-pool reserved bytes
+//   (reserved_bytes_by_private_pools): the shim reads the fields both have,
+//   the 122 of memory_stats() in 2.11;
+// - 2.13's CUDA allocator can reject a request before trying the device
+//   (its throw_on_cudamalloc_oom policy, off by default) and tells a
+//   separate OOM-rejection observer, which memlab does not attach: such a
+//   rejection is not recorded;
+// - the calls the shim makes (getDeviceStats, resetPeakStats, emptyCache,
+//   getMemoryInfo, raw_deleter, the trace tracker, the OOM observer, the
+//   snapshot, torch::optim's state and param_groups) are the same in both.
 #pragma once
 
 #include <stddef.h>
@@ -214,6 +230,10 @@ void memlab_tch_oom_from_environment(void);
 
 void memlab_free_error(char* error);
 int32_t memlab_built_with_cuda(void);
+// 1 when the CUDA parts (allocation events, the caching allocator's snapshot
+// and its out-of-memory observer: memlab_cuda_events.cpp) were compiled,
+// against this libtorch's CUDA headers and the CUDA runtime's.
+int32_t memlab_cuda_events_built(void);
 
 char* memlab_cuda_device_count(int64_t* out);
 char* memlab_cuda_current_device(int64_t* out);
