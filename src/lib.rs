@@ -188,7 +188,8 @@ pub mod profiler {
 /// What memlab reads of tch's optimizers: their classes and the tensors of
 /// their state, named by libtorch (see [`MemReporter::optimizer`]).
 pub mod optimizer {
-    pub use memlab_tch::optimizer::{OptimizerKind, StateSlot};
+    pub use memlab_tch::optimizer::{OptimizerKind, StateSlot, TCH_RELEASES};
+    pub use memlab_tch::{libtorch_version, tch_release};
 }
 
 /// Allocator statistics and storage facts: every `memory_stats()` figure of a

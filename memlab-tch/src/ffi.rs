@@ -20,6 +20,20 @@ pub const ACTION_OOM: i32 = 5;
 pub const ACTION_SEGMENT_MAP: i32 = 6;
 pub const ACTION_SEGMENT_UNMAP: i32 = 7;
 
+// What memlab reads of tch's private layout, beside the header it mirrors.
+// `tch::nn::Optimizer` keeps libtorch's `torch::optim::Optimizer*` in a
+// private field: it is three words, in an order memlab does not assume (the
+// C++ object, the `Arc` of its var store's variables, the count of variables
+// it has taken in; see `optimizer::classify`). Checked for these tch
+// releases, whose `src/nn/optimizer.rs` is the same; the optimizer tests
+// run on each (scripts/test-versions.sh). Any other release is refused with
+// its name, never guessed at.
+
+/// Words of `tch::nn::Optimizer`.
+pub const TCH_OPTIMIZER_WORDS: usize = 3;
+/// The tch releases whose `Optimizer` layout memlab was checked for.
+pub const TCH_LAYOUT_CHECKED: [&str; 2] = ["0.24", "0.26"];
+
 /// `MEMLAB_EVENT_DEVICE_CPU`: an event's device when it is the CPU.
 pub const EVENT_DEVICE_CPU: i32 = -1;
 
@@ -207,6 +221,7 @@ const _: () = assert!(same(FIELD_TABLE[SLOT_MAX_SPLIT_SIZE].name, "max_split_siz
 extern "C" {
     pub fn memlab_free_error(error: *mut c_char);
     pub fn memlab_built_with_cuda() -> i32;
+    pub fn memlab_cuda_events_built() -> i32;
     pub fn memlab_cuda_device_count(out: *mut i64) -> *mut c_char;
     pub fn memlab_cuda_current_device(out: *mut i64) -> *mut c_char;
     pub fn memlab_cuda_stats(device: i64, reset_peaks: i32, out: *mut i64) -> *mut c_char;

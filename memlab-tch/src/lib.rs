@@ -25,6 +25,7 @@
 mod driver;
 mod events;
 mod ffi;
+pub mod libtorch_version;
 pub mod oom;
 pub mod optimizer;
 pub mod registry;
@@ -183,6 +184,21 @@ static CPU_PEAKS: [usize; 7] = {
     out
 };
 
+/// The libtorch memlab was built against (`2.11.0`), as its headers said;
+/// `unknown` in documentation builds, which have none.
+pub fn libtorch_version() -> &'static str {
+    option_env!("MEMLAB_LIBTORCH_VERSION").unwrap_or("unknown")
+}
+
+/// The tch release that binds [`libtorch_version`] (`0.24`): torch-sys
+/// refuses any other pairing unless its check is bypassed.
+pub fn tch_release() -> &'static str {
+    let mut parts = libtorch_version().split('.').map(|p| p.parse::<u32>().ok());
+    let (major, minor) = (parts.next().flatten(), parts.next().flatten());
+    let found = libtorch_version::SUPPORTED.iter().find(|((a, b), _)| Some(*a) == major && Some(*b) == minor);
+    found.map_or("unknown", |(_, tch)| *tch)
+}
+
 fn message_of(e: Error) -> String {
     match e {
         Error::Backend(m) => m,
@@ -256,6 +272,25 @@ pub fn cuda_is_available() -> bool {
 pub fn built_with_cuda() -> bool {
     // SAFETY: no arguments.
     unsafe { ffi::memlab_built_with_cuda() != 0 }
+}
+
+/// Whether memlab's CUDA parts (allocation events, the caching allocator's
+/// snapshot, its out-of-memory observer) were compiled: they need the CUDA
+/// runtime's headers beside libtorch's (scripts/env.sh installs them).
+pub fn cuda_events_built() -> bool {
+    // SAFETY: no arguments.
+    unsafe { ffi::memlab_cuda_events_built() != 0 }
+}
+
+#[cfg(test)]
+mod build_tests {
+    #[test]
+    fn the_cuda_parts_compiled_against_this_libtorch() {
+        // Both supported PyPI torches carry CUDA, and scripts/env.sh adds the
+        // runtime headers: the CUDA parts must have compiled against them.
+        assert!(super::built_with_cuda(), "libtorch {} has CUDA", super::libtorch_version());
+        assert!(super::cuda_events_built(), "the CUDA parts compiled against libtorch {}", super::libtorch_version());
+    }
 }
 
 fn check_cuda_device(index: usize) -> Result<()> {

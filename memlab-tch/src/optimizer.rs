@@ -17,6 +17,10 @@ use tch::Tensor;
 
 use crate::ffi;
 
+/// The tch releases whose optimizers memlab reads (their layout was checked
+/// for each).
+pub const TCH_RELEASES: [&str; 2] = ffi::TCH_LAYOUT_CHECKED;
+
 /// The optimizer classes tch builds.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -128,7 +132,7 @@ pub fn read(optimizer: &Optimizer, stores: &[Arc<Mutex<Variables>>]) -> Result<O
         ffi::OPTIMIZER_RMSPROP => OptimizerKind::RmsProp,
         _ => {
             return Err(Error::Optimizer(
-                "it is none of the classes tch builds (Adam, AdamW, SGD, RMSprop); this memlab reads tch 0.24's".into(),
+                "it is none of the classes tch builds (Adam, AdamW, SGD, RMSprop), which are all memlab reads".into(),
             ))
         }
     };
@@ -182,18 +186,27 @@ pub fn state_count(optimizer: &Optimizer, store: &Arc<Mutex<Variables>>) -> Resu
 /// and nothing is dereferenced until then (its class is confirmed in C++).
 fn locate(optimizer: &Optimizer, stores: &[Arc<Mutex<Variables>>]) -> Result<(*const c_void, usize)> {
     const WORD: usize = size_of::<usize>();
+    let release = crate::tch_release();
+    let checked = ffi::TCH_LAYOUT_CHECKED.join(" and ");
+    if !ffi::TCH_LAYOUT_CHECKED.contains(&release) {
+        return Err(Error::Optimizer(format!(
+            "memlab was built against tch {release}, whose Optimizer layout it has not checked (it knows tch \
+             {checked}); build with one of those"
+        )));
+    }
     let unexpected = || {
         Error::Optimizer(format!(
-            "tch's Optimizer is not laid out as in tch 0.24 ({} bytes); update memlab with tch",
+            "tch {release}'s Optimizer is not laid out as memlab knows it for tch {checked} ({} bytes); build \
+             with a memlab that knows this tch",
             size_of::<Optimizer>()
         ))
     };
-    if size_of::<Optimizer>() != 3 * WORD || size_of::<Arc<Mutex<Variables>>>() != WORD {
+    if size_of::<Optimizer>() != ffi::TCH_OPTIMIZER_WORDS * WORD || size_of::<Arc<Mutex<Variables>>>() != WORD {
         return Err(unexpected());
     }
     // SAFETY: three initialised words (checked above): a pointer, an Arc and
     // a usize, read as plain integers.
-    let words: [usize; 3] = unsafe { transmute_copy(optimizer) };
+    let words: [usize; ffi::TCH_OPTIMIZER_WORDS] = unsafe { transmute_copy(optimizer) };
     // SAFETY: an Arc is one non-null pointer (checked above), read as an integer.
     let arcs: Vec<usize> = stores.iter().map(|a| unsafe { transmute_copy::<_, usize>(a) }).collect();
     let trainable = |store: usize| stores[store].lock().unwrap_or_else(|e| e.into_inner()).trainable_variables.len();
@@ -206,7 +219,7 @@ fn locate(optimizer: &Optimizer, stores: &[Arc<Mutex<Variables>>]) -> Result<(*c
     Ok((object as *const c_void, store))
 }
 
-/// Why three words are not a tch 0.24 `Optimizer` memlab was given the store of.
+/// Why three words are not a tch `Optimizer` memlab was given the store of.
 #[derive(Debug, PartialEq, Eq)]
 enum Layout {
     /// No word is the `Arc` of a store given.
