@@ -1,12 +1,24 @@
-# Sourced by memlab's scripts: makes sure the project-local Python venv holds
-# torch==2.11.0 (the libtorch that tch 0.24 binds), then exports what cargo needs
+# Sourced by memlab's scripts: makes sure a project-local Python venv holds
+# the torch whose libtorch the chosen tch binds, then exports what cargo needs
 # to build against it and what the binaries need to load it. Idempotent: when
 # the venv already has the right torch, nothing is installed.
+#
+# MEMLAB_TORCH picks the torch: 2.11.0 (the default, for tch 0.24, in .venv)
+# or 2.13.0 (for tch 0.26, in .venv-2.13.0). Each venv is a few GB.
 
 MEMLAB_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
-MEMLAB_VENV="${MEMLAB_VENV:-$MEMLAB_ROOT/.venv}"
-MEMLAB_TORCH_VERSION="2.11.0"
-# The CUDA runtime's crt/ headers, which memlab's CUDA event hook compiles against.
+MEMLAB_TORCH_VERSION="${MEMLAB_TORCH:-2.11.0}"
+case "$MEMLAB_TORCH_VERSION" in
+  2.11.0) MEMLAB_DEFAULT_VENV="$MEMLAB_ROOT/.venv" ;;
+  2.13.0) MEMLAB_DEFAULT_VENV="$MEMLAB_ROOT/.venv-2.13.0" ;;
+  *)
+    echo "memlab: MEMLAB_TORCH=$MEMLAB_TORCH_VERSION is not a torch memlab supports; use 2.11.0 (tch 0.24) or 2.13.0 (tch 0.26)" >&2
+    return 1 2>/dev/null || exit 1
+    ;;
+esac
+MEMLAB_VENV="${MEMLAB_VENV:-$MEMLAB_DEFAULT_VENV}"
+# The CUDA runtime's crt/ headers, which memlab's CUDA event hook compiles
+# against: both torch versions are built on CUDA 13.0, whose crt is 13.0.88.
 MEMLAB_CUDA_CRT_VERSION="13.0.88"
 
 memlab_installed() {

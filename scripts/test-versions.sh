@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# memlab's CPU suite on its other supported tch: tch 0.26 over libtorch 2.13.
+# Sets up that torch's venv (.venv-2.13.0, see env.sh), selects tch 0.26 on a
+# copy of Cargo.lock (the project's own lock stays on tch 0.24, the version
+# CUDA is verified on, and is put back on exit), builds into its own target
+# directory, and runs the unit, integration and documentation tests (the UI
+# tests, whose compiler messages are the default's, only run there). Then a
+# user's crate pinned to tch 0.26, with memlab as a path dependency, builds
+# and runs its demo (examples/tch-0.26-user).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+export MEMLAB_TORCH=2.13.0
+source scripts/env.sh
+cd "$MEMLAB_ROOT"
+export CARGO_TARGET_DIR="$MEMLAB_ROOT/target/tch-0.26"
+saved="$(mktemp)"
+cp Cargo.lock "$saved"
+trap 'cp "$saved" Cargo.lock; rm -f "$saved"' EXIT
+cargo update --quiet -p tch --precise 0.26.0
+grep -A1 '^name = "torch-sys"' Cargo.lock | grep -q 'version = "0.26.0"' || {
+  echo "memlab: selecting tch 0.26 did not select torch-sys 0.26" >&2
+  exit 1
+}
+cargo test --release --workspace "$@" -- --exact --skip ui
+(cd examples/tch-0.26-user && cargo run --release --quiet)
