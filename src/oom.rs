@@ -66,6 +66,7 @@
 //! fails that could be reported: at the limit the kernel's out-of-memory
 //! killer ends the process (SIGKILL) without asking anyone. What memlab
 //! offers there is a warning before it happens: while the recorder is armed
+//! by [`arm`](OomRecorder::arm) (`MEMLAB_OOM_DIR` alone does not start it)
 //! and a cgroup memory limit (or an address-space limit) applies, a thread
 //! of memlab's reads the use ten times a second and warns once when it
 //! crosses [`watermark`](OomRecorder::watermark) (90% of the limit by
