@@ -91,9 +91,17 @@ mod tests {
     fn an_unsupported_or_unreadable_version_says_what_to_do() {
         let v = LibtorchVersion::parse(&HEADER_2_11.replace("MINOR 11", "MINOR 12")).unwrap();
         let why = v.check().unwrap_err();
-        assert!(why.starts_with("memlab supports libtorch 2.11 (tch 0.24) and 2.13 (tch 0.26), not the libtorch 2.12.0 found"), "{why}");
+        assert!(
+            why.starts_with(
+                "memlab supports libtorch 2.11 (tch 0.24) and 2.13 (tch 0.26), not the libtorch 2.12.0 found"
+            ),
+            "{why}"
+        );
         assert!(LibtorchVersion::parse(HEADER_2_11).unwrap().check().is_ok());
-        assert_eq!(LibtorchVersion::parse("#define TORCH_VERSION_MAJOR 2\n"), Err("it defines no TORCH_VERSION_MINOR".into()));
+        assert_eq!(
+            LibtorchVersion::parse("#define TORCH_VERSION_MAJOR 2\n"),
+            Err("it defines no TORCH_VERSION_MINOR".into())
+        );
         assert!(LibtorchVersion::parse("#define TORCH_VERSION_MAJOR two").unwrap_err().contains("not a number"));
     }
 }

@@ -7,6 +7,7 @@
 //! allocated. Dispose scopes are built on the live set. Nothing is recorded,
 //! and the backends' hooks cost one atomic load, until someone turns it on.
 
+mod clock;
 pub(crate) mod context;
 mod recorder;
 mod timeline;
@@ -15,11 +16,12 @@ mod unwind;
 
 use std::sync::Arc;
 
+pub use clock::is_active;
 pub use context::{current_statement, StatementRef};
 pub use recorder::{
-    attribute, current_settings, history, history_with, is_active, live, live_seqs, record, record_counted, recorded,
-    release, retain, scope_close, scope_keep, scope_open, stats, LiveAllocation, ScopeCounts, ScopeOutcome, Settings,
-    Stats, User,
+    attribute, current_settings, history, history_with, live, live_seqs, record, record_counted, recorded, release,
+    retain, scope_close, scope_keep, scope_open, stats, LiveAllocation, ScopeCounts, ScopeOutcome, Settings, Stats,
+    User,
 };
 pub use timeline::{reading, span, span_start, spans_and_readings, Reading, Span, SpanKind, TIMELINE_CAPACITY};
 

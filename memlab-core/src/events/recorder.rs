@@ -8,9 +8,9 @@
 use crate::hash::FastMap;
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
-use std::time::Instant;
+use std::sync::{Arc, Mutex, MutexGuard};
 
+use super::clock::{is_active, now_ns, set_active, start};
 use super::context::{self, StatementRef};
 use super::{thread_number, Action, Backtrace, Event};
 use crate::device::Device;
@@ -198,7 +198,6 @@ struct Recorder {
     scopes: FastMap<u64, Account>,
 }
 
-static ACTIVE: AtomicBool = AtomicBool::new(false);
 /// The recorder's `recorded`, readable without its lock (see [`recorded`]).
 static RECORDED: AtomicU64 = AtomicU64::new(0);
 static BACKTRACES: AtomicBool = AtomicBool::new(false);
@@ -224,23 +223,6 @@ fn with<R>(f: impl FnOnce(&mut Recorder) -> R) -> R {
         scopes: HashMap::default(),
     });
     f(r)
-}
-
-fn start() -> Instant {
-    static START: OnceLock<Instant> = OnceLock::new();
-    *START.get_or_init(Instant::now)
-}
-
-/// The recorder's clock: nanoseconds since it was first turned on.
-#[inline]
-pub(super) fn now_ns() -> u64 {
-    start().elapsed().as_nanos() as u64
-}
-
-/// Whether events are being recorded (someone holds [`retain`]).
-#[inline]
-pub fn is_active() -> bool {
-    ACTIVE.load(Ordering::Relaxed)
 }
 
 /// A user of the recorder, from [`retain`].
@@ -272,7 +254,7 @@ pub fn retain(settings: Option<Settings>) -> User {
             r.dropped = 0;
             r.untracked = 0;
             r.recorded_before = r.recorded;
-            ACTIVE.store(true, Ordering::Relaxed);
+            set_active(true);
         }
         r.apply_settings();
         User { ticket, first }
@@ -294,7 +276,7 @@ pub fn release(user: User) -> bool {
         r.users.remove(at);
         let last = r.users.is_empty();
         if last {
-            ACTIVE.store(false, Ordering::Relaxed);
+            set_active(false);
             r.live.clear();
         }
         r.apply_settings();

@@ -10,7 +10,7 @@ use std::borrow::Cow;
 use std::collections::VecDeque;
 use std::sync::{Mutex, MutexGuard};
 
-use super::recorder::{is_active, now_ns};
+use super::clock::{is_active, now_ns};
 use super::thread_number;
 
 /// What a span of time was.
