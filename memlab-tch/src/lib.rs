@@ -282,17 +282,6 @@ pub fn cuda_events_built() -> bool {
     unsafe { ffi::memlab_cuda_events_built() != 0 }
 }
 
-#[cfg(test)]
-mod build_tests {
-    #[test]
-    fn the_cuda_parts_compiled_against_this_libtorch() {
-        // Both supported PyPI torches carry CUDA, and scripts/env.sh adds the
-        // runtime headers: the CUDA parts must have compiled against them.
-        assert!(super::built_with_cuda(), "libtorch {} has CUDA", super::libtorch_version());
-        assert!(super::cuda_events_built(), "the CUDA parts compiled against libtorch {}", super::libtorch_version());
-    }
-}
-
 fn check_cuda_device(index: usize) -> Result<()> {
     let count = cuda_device_count();
     if index < count {
@@ -370,4 +359,15 @@ pub fn cpu_allocator_installed() -> bool {
 pub fn cpu_allocator_installed_at_load() -> bool {
     // SAFETY: no arguments.
     unsafe { ffi::memlab_cpu_installed_at_load() != 0 }
+}
+
+#[cfg(test)]
+mod build_tests {
+    #[test]
+    fn the_cuda_parts_compiled_against_this_libtorch() {
+        // Both supported PyPI torches carry CUDA, and scripts/env.sh adds the
+        // runtime headers: the CUDA parts must have compiled against them.
+        assert!(super::built_with_cuda(), "libtorch {} has CUDA", super::libtorch_version());
+        assert!(super::cuda_events_built(), "the CUDA parts compiled against libtorch {}", super::libtorch_version());
+    }
 }
