@@ -119,6 +119,7 @@ pub fn find_batch_size(
 /// that hook is put back. Panics of every other thread, and of a search's
 /// thread outside its tries, are reported as always.
 mod quiet_oom_panics {
+    use memlab_core::sync::LockExt;
     use std::cell::Cell;
     use std::panic::PanicHookInfo;
     use std::sync::{Arc, Mutex};
@@ -137,7 +138,7 @@ mod quiet_oom_panics {
     pub(super) struct Installed(());
 
     pub(super) fn install() -> Installed {
-        let mut searches = SEARCHES.lock().unwrap_or_else(|e| e.into_inner());
+        let mut searches = SEARCHES.locked();
         if searches.0 == 0 {
             let previous: Hook = Arc::from(std::panic::take_hook());
             let passed = previous.clone();
@@ -155,7 +156,7 @@ mod quiet_oom_panics {
 
     impl Drop for Installed {
         fn drop(&mut self) {
-            let mut searches = SEARCHES.lock().unwrap_or_else(|e| e.into_inner());
+            let mut searches = SEARCHES.locked();
             searches.0 -= 1;
             if searches.0 == 0 {
                 if let Some(previous) = searches.1.take() {

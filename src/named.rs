@@ -4,6 +4,7 @@
 //! a storage is named, grouped with its views and told apart from memory the
 //! allocator never allocated the same way everywhere.
 
+use memlab_core::sync::LockExt;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
@@ -63,7 +64,7 @@ impl OptimizerStates {
         let state = memlab_tch::optimizer::read(optimizer, &arcs)?;
         let store = stores[state.store].clone();
         let (prefix, variables) = &store;
-        let variables = variables.lock().unwrap_or_else(|e| e.into_inner());
+        let variables = variables.locked();
         let full = |name: &str| if prefix.is_empty() { name.to_string() } else { format!("{prefix}.{name}") };
         // A tensor held under two names (tied weights) is named after the
         // first of them in order, whatever order the store keeps them in.
@@ -268,7 +269,7 @@ impl RegisteredOptimizer {
     /// gradients for its handler (see the `gradients` module).
     fn refresh(&mut self) -> Result<()> {
         let count = memlab_tch::optimizer::state_count(&self.optimizer, &self.store.1)?;
-        let trainable = self.store.1.lock().unwrap_or_else(|e| e.into_inner()).trainable_variables.len();
+        let trainable = self.store.1.locked().trainable_variables.len();
         if self.seen != Some((count, trainable)) {
             let states = OptimizerStates::read(&self.optimizer, std::slice::from_ref(&self.store))?;
             registry::register_states(&states.tensors)?;
@@ -356,12 +357,12 @@ impl Sources {
     }
 
     fn note_busy(&self, what: impl Into<String>) {
-        self.busy.lock().unwrap_or_else(|e| e.into_inner()).push(what.into());
+        self.busy.locked().push(what.into());
     }
 
     /// What a walk without waiting passed by because it was held.
     pub(crate) fn busy(&self) -> Vec<String> {
-        self.busy.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.busy.locked().clone()
     }
 
     /// Adds a var store whose variables are named `prefix.variable` (no
@@ -466,7 +467,7 @@ impl Sources {
         }
         for (prefix, variables) in self.stores() {
             let variables = if !self.in_handler {
-                variables.lock().unwrap_or_else(|e| e.into_inner())
+                variables.locked()
             } else {
                 match variables.try_lock() {
                     Ok(v) => v,
@@ -571,6 +572,7 @@ impl Sources {
 /// A gradient replaced since (a step after `zero_grad`, which sets them to
 /// none) is gone from here, and is counted among the unnamed bytes.
 pub(crate) mod gradients {
+    use memlab_core::sync::LockExt;
     use std::collections::HashMap;
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Mutex;
@@ -589,7 +591,7 @@ pub(crate) mod gradients {
     pub(crate) fn keep(on: bool) {
         KEEP.store(on, Ordering::Relaxed);
         if !on {
-            *GRADIENTS.lock().unwrap_or_else(|e| e.into_inner()) = None;
+            *GRADIENTS.locked() = None;
         }
     }
 
@@ -603,7 +605,7 @@ pub(crate) mod gradients {
     /// read in one call into libtorch.
     pub(super) fn remember_store(prefix: &str, store: &Mutex<Variables>) -> Result<()> {
         let (names, weak) = {
-            let variables = store.lock().unwrap_or_else(|e| e.into_inner());
+            let variables = store.locked();
             let (names, tensors): (Vec<&String>, Vec<&Tensor>) = variables.named_variables.iter().unzip();
             let weak = memlab_tch::registry::weak_gradients(&tensors)?;
             let full =
@@ -617,7 +619,7 @@ pub(crate) mod gradients {
     /// Keeps what a walk saw, in place of what earlier walks saw under the
     /// same names; gradients that are gone drop out.
     pub(super) fn remember(seen: Vec<(String, WeakTensor)>) {
-        let mut all = GRADIENTS.lock().unwrap_or_else(|e| e.into_inner());
+        let mut all = GRADIENTS.locked();
         let all = all.get_or_insert_with(HashMap::new);
         all.retain(|_, weak| !weak.is_gone());
         all.extend(seen);

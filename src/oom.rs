@@ -95,6 +95,7 @@
 //! [`RegisteredOptimizer`](crate::RegisteredOptimizer)), held weakly; a
 //! gradient made since is counted among the unnamed bytes.
 
+use memlab_core::sync::LockExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -259,7 +260,7 @@ impl OomRecorder {
             ))
         })?;
         memlab_tch::oom::prepare_failure_path();
-        *CONFIG.lock().unwrap_or_else(|e| e.into_inner()) = Some(Config { dir, max_reports: self.max_reports });
+        *CONFIG.locked() = Some(Config { dir, max_reports: self.max_reports });
         DISARMED.store(false, Ordering::Relaxed);
         named::gradients::keep(true);
         watermark::watch(self.watermark);
@@ -270,7 +271,7 @@ impl OomRecorder {
     /// Disarms the recorder (`MEMLAB_OOM_DIR` included) until the next
     /// [`arm`](Self::arm), and gives the reserve back.
     pub fn disarm() {
-        *CONFIG.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        *CONFIG.locked() = None;
         DISARMED.store(true, Ordering::Relaxed);
         named::gradients::keep(false);
         watermark::watch(None);
@@ -288,7 +289,7 @@ fn config() -> Option<Config> {
     if DISARMED.load(Ordering::Relaxed) {
         return None;
     }
-    if let Some(c) = CONFIG.lock().unwrap_or_else(|e| e.into_inner()).clone() {
+    if let Some(c) = CONFIG.locked().clone() {
         return Some(c);
     }
     memlab_tch::oom::environment_dir().map(|dir| Config { dir: dir.clone(), max_reports: DEFAULT_MAX_REPORTS })
@@ -296,7 +297,7 @@ fn config() -> Option<Config> {
 
 /// The last out-of-memory report written in this process, if any.
 pub fn last_oom() -> Option<Arc<OomReport>> {
-    LAST.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    LAST.locked().clone()
 }
 
 /// Out-of-memory failures seen while the recorder was armed, written or not
@@ -447,7 +448,7 @@ pub(crate) fn quietly<R>(device: Device, f: impl FnOnce(u64) -> R) -> (R, Option
     struct Quiet(u64);
     impl Quiet {
         fn take(&self) -> Option<Diagnosis> {
-            let mut quiet = QUIET.lock().unwrap_or_else(|e| e.into_inner());
+            let mut quiet = QUIET.locked();
             let at = quiet.iter().position(|(ticket, _, _)| *ticket == self.0)?;
             quiet.remove(at).2
         }
@@ -459,7 +460,7 @@ pub(crate) fn quietly<R>(device: Device, f: impl FnOnce(u64) -> R) -> (R, Option
     }
     memlab_tch::oom::watch_cuda();
     let ticket = NEXT.fetch_add(1, Ordering::Relaxed);
-    QUIET.lock().unwrap_or_else(|e| e.into_inner()).push((ticket, device, None));
+    QUIET.locked().push((ticket, device, None));
     let quiet = Quiet(ticket);
     let out = f(ticket);
     let seen = quiet.take();
@@ -469,12 +470,12 @@ pub(crate) fn quietly<R>(device: Device, f: impl FnOnce(u64) -> R) -> (R, Option
 /// Whether the try with `ticket` has seen an out-of-memory failure of its
 /// device (the allocator's own report of it, whatever the error's words).
 pub(crate) fn try_failed(ticket: u64) -> bool {
-    QUIET.lock().unwrap_or_else(|e| e.into_inner()).iter().any(|(t, _, seen)| *t == ticket && seen.is_some())
+    QUIET.locked().iter().any(|(t, _, seen)| *t == ticket && seen.is_some())
 }
 
 /// Whether a try runs on `device` now.
 fn quiet_on(device: Device) -> bool {
-    QUIET.lock().unwrap_or_else(|e| e.into_inner()).iter().any(|(_, d, _)| *d == device)
+    QUIET.locked().iter().any(|(_, d, _)| *d == device)
 }
 
 /// memlab's handler of failures (submitted in `lib.rs`).
@@ -482,7 +483,7 @@ pub(crate) fn on_failure(failure: &Failure) {
     if quiet_on(failure.device) {
         // Diagnosed with no lock held, then given to the tries on that device still without one.
         let diagnosis = diagnose(failure, None).0;
-        let mut quiet = QUIET.lock().unwrap_or_else(|e| e.into_inner());
+        let mut quiet = QUIET.locked();
         for (_, _, seen) in quiet.iter_mut().filter(|(_, d, seen)| *d == failure.device && seen.is_none()) {
             *seen = Some(diagnosis.clone());
         }
@@ -504,7 +505,7 @@ pub(crate) fn on_failure(failure: &Failure) {
     let summary = report.summary();
     {
         // Reports of two threads may finish out of order: the last is the highest number.
-        let mut last = LAST.lock().unwrap_or_else(|e| e.into_inner());
+        let mut last = LAST.locked();
         if last.as_ref().is_none_or(|l| l.number < report.number) {
             *last = Some(report);
         }

@@ -12,6 +12,7 @@
 //! [`Recording`] with backtraces was started before the tracker, the
 //! innermost of the user's frames.
 
+use memlab_core::sync::LockExt;
 use std::collections::{BTreeMap, HashMap};
 use std::fs::OpenOptions;
 use std::io::Write as _;
@@ -351,7 +352,7 @@ impl Default for Tracker {
 /// The tracker `track!()` without an argument uses.
 pub fn global_tracker() -> std::sync::MutexGuard<'static, Option<Tracker>> {
     static GLOBAL: Mutex<Option<Tracker>> = Mutex::new(None);
-    GLOBAL.lock().unwrap_or_else(|e| e.into_inner())
+    GLOBAL.locked()
 }
 
 /// Logs `site` with the global tracker (creating it on first use). The

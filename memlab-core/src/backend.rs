@@ -5,6 +5,7 @@
 use crate::device::Device;
 use crate::error::Result;
 use crate::stats::RawStats;
+use crate::sync::LockExt;
 
 /// A source of allocator statistics.
 pub trait Backend: Send + Sync {
@@ -165,7 +166,7 @@ impl ScriptedBackend {
     }
 
     fn with_memory<R>(&self, device: Device, f: impl FnOnce(&mut CacheFree, &mut Option<DeviceMemory>) -> R) -> R {
-        let mut all = self.memory.lock().unwrap_or_else(|e| e.into_inner());
+        let mut all = self.memory.locked();
         let at = match all.iter().position(|(d, _, _)| *d == device) {
             Some(at) => at,
             None => {
@@ -193,7 +194,7 @@ impl ScriptedBackend {
     }
 
     fn with<R>(&self, device: Device, f: impl FnOnce(&mut [i64; 4], &mut [i64; 4]) -> R) -> R {
-        let mut all = self.figures.lock().unwrap_or_else(|e| e.into_inner());
+        let mut all = self.figures.locked();
         let at = match all.iter().position(|(d, _, _)| *d == device) {
             Some(at) => at,
             None => {

@@ -16,6 +16,7 @@ pub mod render;
 pub mod report;
 pub mod sites;
 pub mod stats;
+pub mod sync;
 
 pub use backend::{Backend, ScriptedBackend};
 pub use device::{Device, DeviceSelector, ParseDeviceError};

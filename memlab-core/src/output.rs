@@ -7,6 +7,7 @@
 //! error by default. No tool prints by itself. No memlab lock is held while a
 //! sink runs, so a sink may call memlab.
 
+use crate::sync::LockExt;
 use std::io::Write;
 use std::sync::{Arc, Mutex};
 
@@ -27,12 +28,12 @@ static WARNINGS: Mutex<Option<Arc<Output>>> = Mutex::new(None);
 
 /// Sets where memlab's reports go (standard output by default).
 pub fn set_output(output: Output) {
-    *REPORTS.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(output));
+    *REPORTS.locked() = Some(Arc::new(output));
 }
 
 /// Sets where memlab's warnings go (standard error by default).
 pub fn set_warnings(output: Output) {
-    *WARNINGS.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(output));
+    *WARNINGS.locked() = Some(Arc::new(output));
 }
 
 /// Writes a report to the output chosen with [`set_output`]. Best effort: a
@@ -81,12 +82,14 @@ pub fn prepare_later() -> bool {
 mod later {
     use std::sync::{Condvar, Mutex};
 
+    use crate::sync::LockExt;
+
     static QUEUE: Mutex<Vec<String>> = Mutex::new(Vec::new());
     static READY: Condvar = Condvar::new();
     static STARTED: Mutex<bool> = Mutex::new(false);
 
     pub(super) fn warn(text: String) {
-        QUEUE.lock().unwrap_or_else(|e| e.into_inner()).push(text);
+        QUEUE.locked().push(text);
         if start() {
             READY.notify_one();
         }
@@ -95,14 +98,14 @@ mod later {
     /// Starts the delivering thread and the exit hook once; whether the
     /// thread runs (if it could not start, the exit hook still delivers).
     pub(super) fn start() -> bool {
-        let mut started = STARTED.lock().unwrap_or_else(|e| e.into_inner());
+        let mut started = STARTED.locked();
         if !*started {
             let spawned = crate::oom::spawn_started("memlab-warnings", || {
                 // The queue's first growth happens here, not when memory ran out.
-                QUEUE.lock().unwrap_or_else(|e| e.into_inner()).reserve(8);
+                QUEUE.locked().reserve(8);
                 loop {
                     let texts = {
-                        let mut queue = QUEUE.lock().unwrap_or_else(|e| e.into_inner());
+                        let mut queue = QUEUE.locked();
                         while queue.is_empty() {
                             queue = READY.wait(queue).unwrap_or_else(|e| e.into_inner());
                         }
@@ -128,7 +131,7 @@ mod later {
 
     extern "C" fn deliver_at_exit() {
         let _ = std::panic::catch_unwind(|| {
-            let texts = std::mem::take(&mut *QUEUE.lock().unwrap_or_else(|e| e.into_inner()));
+            let texts = std::mem::take(&mut *QUEUE.locked());
             for text in texts {
                 super::warn(&text);
             }
@@ -142,7 +145,7 @@ fn write(target: &Mutex<Option<Arc<Output>>>, text: &str, default: Output, to_si
     if text.is_empty() {
         return true;
     }
-    let chosen = target.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let chosen = target.locked().clone();
     match chosen.as_deref().unwrap_or(&default) {
         Output::Stdout => drop(std::io::stdout().lock().write_all(text.as_bytes())),
         Output::Stderr => drop(std::io::stderr().lock().write_all(text.as_bytes())),

@@ -3,6 +3,7 @@
 //! gathered at run time. Every site registers itself through `inventory`, so
 //! reports can list profiled functions that never ran.
 
+use crate::sync::LockExt;
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use crate::device::{Device, DeviceSelector};
@@ -170,7 +171,7 @@ impl Site {
     pub(crate) fn state(&self) -> MutexGuard<'_, Option<SiteState>> {
         // Figures only grow by merging whole records, so a panic elsewhere
         // while the lock was held leaves nothing inconsistent behind.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.locked()
     }
 
     pub(crate) fn with_state<R>(&self, f: impl FnOnce(&mut SiteState) -> R) -> R {

@@ -85,6 +85,7 @@ pub fn process_gpu_memory(index: usize) -> Result<Option<u64>> {
 /// The CUDA driver through cudarc, loaded at run time (feature `cuda-driver`).
 #[cfg(feature = "cuda-driver")]
 mod cuda {
+    use memlab_core::sync::LockExt;
     use std::panic::{catch_unwind, AssertUnwindSafe};
     use std::sync::{Mutex, OnceLock};
 
@@ -140,7 +141,7 @@ mod cuda {
         // SAFETY: a CUcontext is an opaque handle the driver accepts on every thread.
         unsafe impl Send for Ctx {}
         static CONTEXTS: Mutex<Vec<(i32, Ctx)>> = Mutex::new(Vec::new());
-        let mut known = CONTEXTS.lock().unwrap_or_else(|e| e.into_inner());
+        let mut known = CONTEXTS.locked();
         if let Some((_, ctx)) = known.iter().find(|(o, _)| *o == ordinal) {
             return Ok(ctx.0);
         }

@@ -1,6 +1,7 @@
 //! Connects memlab's event recorder to libtorch: the counting CPU allocator's
 //! hook and, on CUDA machines, a trace tracker on the caching allocator.
 
+use memlab_core::sync::LockExt;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
@@ -123,7 +124,7 @@ impl ReadingThread {
 static HOOKS: Mutex<()> = Mutex::new(());
 
 fn hooks_lock() -> MutexGuard<'static, ()> {
-    HOOKS.lock().unwrap_or_else(|e| e.into_inner())
+    HOOKS.locked()
 }
 
 /// Adds a user of the recorder, turning the hooks on for the first one.
@@ -168,16 +169,18 @@ pub(crate) fn release(user: events::User) {
 pub mod testing {
     use std::sync::Mutex;
 
+    use memlab_core::sync::LockExt;
+
     static PAUSE: Mutex<Option<fn()>> = Mutex::new(None);
 
     /// Calls `pause` (once) the next time the last user of the recorder leaves,
     /// before the hooks are turned off.
     pub fn pause_after_next_last_release(pause: fn()) {
-        *PAUSE.lock().unwrap_or_else(|e| e.into_inner()) = Some(pause);
+        *PAUSE.locked() = Some(pause);
     }
 
     pub(super) fn pause_after_last_release() {
-        let pause = PAUSE.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let pause = PAUSE.locked().take();
         if let Some(pause) = pause {
             pause();
         }

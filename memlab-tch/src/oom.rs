@@ -16,6 +16,7 @@
 //! Failures outside libtorch's allocators (cuBLAS or cuDNN workspaces, the
 //! CUDA context itself) cannot be observed.
 
+use memlab_core::sync::LockExt;
 use std::cell::Cell;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -102,6 +103,8 @@ pub mod reserve {
     use std::sync::atomic::{AtomicU64, Ordering};
     use std::sync::Mutex;
 
+    use memlab_core::sync::LockExt;
+
     /// What `MEMLAB_OOM_DIR` keeps aside, and the recorder unless told otherwise.
     pub const DEFAULT_BYTES: u64 = 64 << 20;
 
@@ -111,7 +114,7 @@ pub mod reserve {
     static WANTED: AtomicU64 = AtomicU64::new(0);
 
     fn held() -> std::sync::MutexGuard<'static, (usize, usize)> {
-        HELD.lock().unwrap_or_else(|e| e.into_inner())
+        HELD.locked()
     }
 
     /// Maps `bytes` of address space (rounded up to pages), or `None`.
@@ -292,7 +295,7 @@ static POLL: Mutex<bool> = Mutex::new(false);
 /// Runs at exit, before libtorch's static objects are destroyed (it was
 /// registered after they were made): stops the watcher for good.
 extern "C" fn stop_watching() {
-    let mut exiting = POLL.lock().unwrap_or_else(|e| e.into_inner());
+    let mut exiting = POLL.locked();
     *exiting = true;
     std::mem::forget(exiting);
 }
@@ -303,7 +306,7 @@ extern "C" fn stop_watching() {
 /// parts, so the watcher attaches only on the look after the one that saw
 /// the allocator exist (`seen`), when the start-up is long over.
 fn poll(seen: &mut bool) -> bool {
-    let exiting = POLL.lock().unwrap_or_else(|e| e.into_inner());
+    let exiting = POLL.locked();
     if *exiting {
         return true;
     }
@@ -328,7 +331,7 @@ fn try_attach() -> bool {
     if WATCHING.load(Ordering::Relaxed) {
         return true;
     }
-    let mut before = OOMS_BEFORE.lock().unwrap_or_else(|e| e.into_inner());
+    let mut before = OOMS_BEFORE.locked();
     if before.is_some() {
         return true;
     }
@@ -355,7 +358,7 @@ pub fn watching_cuda() -> bool {
 /// before memlab's observer went on, which memlab therefore did not see
 /// (`None` while it is not on).
 pub fn ooms_before_watching(index: usize) -> Option<u64> {
-    OOMS_BEFORE.lock().unwrap_or_else(|e| e.into_inner()).as_ref().map(|v| v.get(index).copied().unwrap_or(0))
+    OOMS_BEFORE.locked().as_ref().map(|v| v.get(index).copied().unwrap_or(0))
 }
 
 /// The free blocks of CUDA device `index`'s cache, from the allocator's own

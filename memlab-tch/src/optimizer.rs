@@ -6,6 +6,7 @@
 //! caller's borrow of the optimizer: memlab never keeps the pointer, since tch
 //! frees the object when the optimizer drops and every step changes the map.
 
+use memlab_core::sync::LockExt;
 use std::ffi::c_void;
 use std::mem::{align_of, size_of, transmute_copy};
 use std::sync::{Arc, Mutex};
@@ -209,7 +210,7 @@ fn locate(optimizer: &Optimizer, stores: &[Arc<Mutex<Variables>>]) -> Result<(*c
     let words: [usize; ffi::TCH_OPTIMIZER_WORDS] = unsafe { transmute_copy(optimizer) };
     // SAFETY: an Arc is one non-null pointer (checked above), read as an integer.
     let arcs: Vec<usize> = stores.iter().map(|a| unsafe { transmute_copy::<_, usize>(a) }).collect();
-    let trainable = |store: usize| stores[store].lock().unwrap_or_else(|e| e.into_inner()).trainable_variables.len();
+    let trainable = |store: usize| stores[store].locked().trainable_variables.len();
     let (object, store) = classify(words, &arcs, trainable).map_err(|why| match why {
         Layout::NoStore => Error::Optimizer(
             "it was built on a var store memlab was not given: pass that var store too (or register it)".into(),

@@ -2,6 +2,7 @@
 //! found by the reporter, Courtesy and the monitors without being passed around.
 //! A dropped model simply disappears from the registry.
 
+use memlab_core::sync::LockExt;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
@@ -114,7 +115,7 @@ static HAS_STATES: AtomicBool = AtomicBool::new(false);
 
 /// The registry, without the entries whose model or tensor is gone.
 fn entries() -> MutexGuard<'static, Vec<Entry>> {
-    let mut entries = REGISTRY.lock().unwrap_or_else(|e| e.into_inner());
+    let mut entries = REGISTRY.locked();
     entries.retain(|e| !e.is_gone());
     entries
 }

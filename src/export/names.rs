@@ -6,6 +6,7 @@
 //! recording runs, and note here which allocation (by its event's sequence
 //! number) held a parameter, a gradient or optimizer state.
 
+use memlab_core::sync::LockExt;
 use std::collections::BTreeMap;
 
 use memlab_core::hash::FastMap;
@@ -31,7 +32,7 @@ pub(crate) fn note(sources: &Sources) {
     let Ok(kinds) = sources.kinds() else { return };
     let keys: Vec<_> = kinds.iter().map(|&(device, address, _)| (device, address)).collect();
     let seqs = events::live_seqs(&keys);
-    let mut seen = SEEN.lock().unwrap_or_else(|e| e.into_inner());
+    let mut seen = SEEN.locked();
     for ((_, _, kind), seq) in kinds.into_iter().zip(seqs) {
         if let Some(seq) = seq {
             // A storage both a variable and a named tensor keeps the model's name.
@@ -46,5 +47,5 @@ pub(crate) fn note(sources: &Sources) {
 
 /// What the walks during the recording found, by allocation event.
 pub(super) fn seen() -> FastMap<u64, Kind> {
-    SEEN.lock().unwrap_or_else(|e| e.into_inner()).iter().map(|(&s, &k)| (s, k)).collect()
+    SEEN.locked().iter().map(|(&s, &k)| (s, k)).collect()
 }

@@ -3,6 +3,7 @@
 //! process while steps run, so a step's own thread reads only the allocator
 //! and the clock.
 
+use memlab_core::sync::LockExt;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -55,7 +56,7 @@ pub(super) fn sampled_rss() -> Option<u64> {
 /// The sampler's latest driver reading of `device` (read here when it has none).
 pub(super) fn latest_driver_memory(device: usize) -> Option<DriverMemory> {
     let Some(state) = sampler() else { return driver_memory(device).ok() };
-    let known = state.driver.lock().unwrap_or_else(|e| e.into_inner()).iter().find(|(d, _)| *d == device).map(|m| m.1);
+    let known = state.driver.locked().iter().find(|(d, _)| *d == device).map(|m| m.1);
     known.or_else(|| {
         let read = driver_memory(device).ok()?;
         remember_driver(state, device, read);
@@ -64,7 +65,7 @@ pub(super) fn latest_driver_memory(device: usize) -> Option<DriverMemory> {
 }
 
 fn remember_driver(state: &SamplerState, device: usize, read: DriverMemory) {
-    let mut known = state.driver.lock().unwrap_or_else(|e| e.into_inner());
+    let mut known = state.driver.locked();
     match known.iter_mut().find(|(d, _)| *d == device) {
         Some(slot) => slot.1 = read,
         None => known.push((device, read)),
@@ -103,7 +104,7 @@ fn sample_forever(state: &'static SamplerState) {
     // that a step's end finds a fresh reading.
     let mut gpus: Vec<usize> = Vec::new();
     loop {
-        let windows = state.windows.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let windows = state.windows.locked().clone();
         if windows.is_empty() {
             if last_step.elapsed() >= IDLE {
                 // Park unless a step came in meanwhile: a step pushes its
@@ -111,7 +112,7 @@ fn sample_forever(state: &'static SamplerState) {
                 // and then reads the windows, so one of the two sees the other.
                 state.rss.store(0, Ordering::Relaxed);
                 state.parked.store(true, Ordering::SeqCst);
-                if state.windows.lock().unwrap_or_else(|e| e.into_inner()).is_empty() {
+                if state.windows.locked().is_empty() {
                     std::thread::park();
                 }
                 state.parked.store(false, Ordering::SeqCst);
@@ -163,7 +164,7 @@ impl Sampler {
         let window = Arc::new(Window { gpu, rss_peak: AtomicU64::new(rss), driver_peak: AtomicU64::new(0) });
         if let Some(state) = sampler() {
             state.every_ns.store(every.as_nanos().max(1) as u64, Ordering::Relaxed);
-            state.windows.lock().unwrap_or_else(|e| e.into_inner()).push(window.clone());
+            state.windows.locked().push(window.clone());
             if state.parked.load(Ordering::SeqCst) {
                 state.thread.unpark();
             }
@@ -174,7 +175,7 @@ impl Sampler {
     /// Stops sampling this step; returns its sampled peaks (resident set, driver use).
     pub(super) fn stop(self) -> (u64, u64) {
         if let Some(state) = sampler() {
-            state.windows.lock().unwrap_or_else(|e| e.into_inner()).retain(|w| !Arc::ptr_eq(w, &self.0));
+            state.windows.locked().retain(|w| !Arc::ptr_eq(w, &self.0));
         }
         (self.0.rss_peak.load(Ordering::Relaxed), self.0.driver_peak.load(Ordering::Relaxed))
     }

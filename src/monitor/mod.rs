@@ -10,6 +10,7 @@
 //! named with [`optimizer`](TrainingMonitor::optimizer) is shown beside it,
 //! labelled as one.
 
+use memlab_core::sync::LockExt;
 use serde::Serialize;
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
@@ -371,7 +372,7 @@ impl TrainingMonitor {
         self.names.resize_with(self.var_stores.len(), Vec::new);
         self.seen.clear();
         for (variables, names) in self.var_stores.iter().zip(&mut self.names) {
-            let variables = variables.lock().unwrap_or_else(|e| e.into_inner());
+            let variables = variables.locked();
             let vars = &variables.named_variables;
             // One lookup per variable; the names are sorted again only when
             // the store's variables changed.

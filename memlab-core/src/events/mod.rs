@@ -14,6 +14,7 @@ mod timeline;
 #[cfg(all(feature = "unwinder", target_os = "linux", target_arch = "x86_64"))]
 mod unwind;
 
+use crate::sync::LockExt;
 use std::sync::Arc;
 
 pub use clock::is_active;
@@ -187,13 +188,13 @@ impl Backtrace {
 fn resolved(address: u64) -> std::sync::Arc<[Frame]> {
     use std::sync::{Arc, Mutex};
     static RESOLVED: Mutex<Option<crate::hash::FastMap<u64, Arc<[Frame]>>>> = Mutex::new(None);
-    let known = RESOLVED.lock().unwrap_or_else(|e| e.into_inner()).as_ref().and_then(|m| m.get(&address).cloned());
+    let known = RESOLVED.locked().as_ref().and_then(|m| m.get(&address).cloned());
     if let Some(frames) = known {
         return frames;
     }
     // Resolved outside the lock: reading debug information takes a while.
     let frames: Arc<[Frame]> = Frame::resolve(address).into();
-    let mut all = RESOLVED.lock().unwrap_or_else(|e| e.into_inner());
+    let mut all = RESOLVED.locked();
     all.get_or_insert_with(Default::default).entry(address).or_insert(frames).clone()
 }
 

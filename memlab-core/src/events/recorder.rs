@@ -6,6 +6,7 @@
 //! and nothing that holds the recorder's lock may either.
 
 use crate::hash::FastMap;
+use crate::sync::LockExt;
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -206,7 +207,7 @@ static RECORDER: Mutex<Option<Recorder>> = Mutex::new(None);
 
 fn recorder() -> MutexGuard<'static, Option<Recorder>> {
     // Every update leaves the recorder consistent before it can panic.
-    RECORDER.lock().unwrap_or_else(|e| e.into_inner())
+    RECORDER.locked()
 }
 
 fn with<R>(f: impl FnOnce(&mut Recorder) -> R) -> R {

@@ -6,6 +6,7 @@
 //! Kept apart from the event history (its own lock, its own bound) so the
 //! allocator hooks never wait for them; nothing is kept while no recording runs.
 
+use crate::sync::LockExt;
 use std::borrow::Cow;
 use std::collections::VecDeque;
 use std::sync::{Mutex, MutexGuard};
@@ -69,7 +70,7 @@ static TIMELINE: Mutex<Timeline> =
 
 fn timeline() -> MutexGuard<'static, Timeline> {
     // Every change is one push or pop: a panic elsewhere leaves nothing half done.
-    TIMELINE.lock().unwrap_or_else(|e| e.into_inner())
+    TIMELINE.locked()
 }
 
 fn push<T>(queue: &mut VecDeque<T>, dropped: &mut u64, item: T) {

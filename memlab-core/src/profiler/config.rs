@@ -6,6 +6,7 @@
 //! environment whenever it is made; until then the environment variable
 //! decides, parsed by [`env_flag`].
 
+use crate::sync::LockExt;
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
 use std::sync::Mutex;
 
@@ -35,7 +36,7 @@ pub fn env_flag(name: &str) -> Option<bool> {
         Err(()) => {
             static WARNED: Mutex<Vec<String>> = Mutex::new(Vec::new());
             let first = {
-                let mut warned = WARNED.lock().unwrap_or_else(|e| e.into_inner());
+                let mut warned = WARNED.locked();
                 let first = !warned.iter().any(|w| w == name);
                 if first {
                     warned.push(name.to_string());

@@ -9,6 +9,7 @@
 //! it read is first folded into every open slot. A slot therefore always holds
 //! the highest level reached since its interval began.
 
+use crate::sync::LockExt;
 use std::sync::{Mutex, MutexGuard};
 
 use crate::backend::Backend;
@@ -84,7 +85,7 @@ fn ledger(device: Device) -> MutexGuard<'static, Ledger> {
     };
     // A panic while the lock was held cannot leave a slot half-written in a way
     // that matters (peaks only grow), so a poisoned lock is still usable.
-    LEDGERS[index].lock().unwrap_or_else(|e| e.into_inner())
+    LEDGERS[index].locked()
 }
 
 /// Samples `device`, folds its peaks into every open interval, resets the

@@ -6,6 +6,7 @@ mod export;
 mod html;
 mod text;
 
+use crate::sync::LockExt;
 use std::fmt;
 use std::str::FromStr;
 
@@ -370,11 +371,11 @@ static COLUMNS: std::sync::Mutex<Option<Vec<Column>>> = std::sync::Mutex::new(No
 /// `increment`, `increment_total`, `hits`.
 pub fn set_default_columns<S: AsRef<str>>(names: &[S]) -> Result<()> {
     let columns = names.iter().map(|n| n.as_ref().parse()).collect::<Result<Vec<Column>>>()?;
-    *COLUMNS.lock().unwrap_or_else(|e| e.into_inner()) = Some(columns);
+    *COLUMNS.locked() = Some(columns);
     Ok(())
 }
 
 /// The columns reports use by default.
 pub fn default_columns() -> Vec<Column> {
-    COLUMNS.lock().unwrap_or_else(|e| e.into_inner()).clone().unwrap_or_else(Column::defaults)
+    COLUMNS.locked().clone().unwrap_or_else(Column::defaults)
 }
