@@ -190,7 +190,7 @@ pub fn libtorch_version() -> &'static str {
     option_env!("MEMLAB_LIBTORCH_VERSION").unwrap_or("unknown")
 }
 
-/// The tch release that binds [`libtorch_version`] (`0.24`): torch-sys
+/// The tch release that binds [`libtorch_version()`] (`0.24`): torch-sys
 /// refuses any other pairing unless its check is bypassed.
 pub fn tch_release() -> &'static str {
     let mut parts = libtorch_version().split('.').map(|p| p.parse::<u32>().ok());
