@@ -758,18 +758,19 @@ impl OomReport {
     /// failures to write are kept, never raised.
     fn write(&mut self, dir: &Path, sources: &Sources) {
         let base = dir.join(self.base_name());
-        let text_path = base.with_extension("txt");
-        let json_path = base.with_extension("json");
-        let mut text = self.create(&text_path);
-        let mut json = self.create(&json_path);
-        self.files.extend(text.is_some().then(|| text_path.clone()));
-        self.files.extend(json.is_some().then(|| json_path.clone()));
+        let (text_path, json_path) = (base.with_extension("txt"), base.with_extension("json"));
+        let mut reports = [(self.create(&text_path), text_path), (self.create(&json_path), json_path)];
+        for (file, path) in &reports {
+            if file.is_some() {
+                self.files.push(path.clone());
+            }
+        }
         for busy in sources.busy() {
             if !self.holders.busy.contains(&busy) {
                 self.holders.busy.push(busy);
             }
         }
-        self.rewrite(&mut text, &mut json);
+        self.rewrite(&mut reports);
         if !events::is_active() {
             return;
         }
@@ -809,7 +810,7 @@ impl OomReport {
                 self.holders.busy.push(busy);
             }
         }
-        self.rewrite(&mut text, &mut json);
+        self.rewrite(&mut reports);
     }
 
     /// Creates `path` for this report; `None`, with the reason kept, when it
@@ -829,21 +830,19 @@ impl OomReport {
     }
 
     /// Writes the text report and its JSON (from the start) into the files
-    /// made for them.
-    fn rewrite(&mut self, text: &mut Option<std::fs::File>, json: &mut Option<std::fs::File>) {
+    /// made for them; a file that cannot be written is left out from then on,
+    /// with the reason kept.
+    fn rewrite(&mut self, reports: &mut [(Option<std::fs::File>, PathBuf); 2]) {
         use std::io::{Seek, Write};
-        let contents = [(text.as_mut(), self.to_text().into_bytes()), (json.as_mut(), self.to_json().into_bytes())];
-        let mut errors = Vec::new();
-        for (file, bytes) in contents {
-            let Some(file) = file else { continue };
-            let done = file.set_len(0).and_then(|()| file.rewind()).and_then(|()| file.write_all(&bytes));
+        let contents = [self.to_text(), self.to_json()];
+        for ((file, path), text) in reports.iter_mut().zip(contents) {
+            let Some(open) = file.as_mut() else { continue };
+            let done = open.set_len(0).and_then(|()| open.rewind()).and_then(|()| open.write_all(text.as_bytes()));
             if let Err(e) = done {
-                errors.push(e.to_string());
+                *file = None;
+                self.files.retain(|f| f != path);
+                self.file_errors.push(format!("{}: {e}", path.display()));
             }
-        }
-        for e in errors {
-            self.file_errors
-                .push(format!("{}: {e}", self.files.first().map_or(String::new(), |f| f.display().to_string())));
         }
     }
 
