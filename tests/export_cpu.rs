@@ -449,6 +449,8 @@ fn exports_while_another_thread_allocates_give_the_allocators_figures() {
     let recording = memlab::Recording::start(memlab::events::Settings::default().capacity(2000)).unwrap();
     let stop = std::sync::Arc::new(AtomicBool::new(false));
     let churned = std::sync::Arc::new(AtomicU64::new(0));
+    // Allocated before the other thread starts: every sample comes after it.
+    let kept = floats(1000);
     let churn = {
         let (stop, churned) = (stop.clone(), churned.clone());
         std::thread::spawn(move || {
@@ -459,7 +461,6 @@ fn exports_while_another_thread_allocates_give_the_allocators_figures() {
             }
         })
     };
-    let kept = floats(1000);
     let mut checked = 0;
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     let mut export = 0;

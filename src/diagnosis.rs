@@ -1,0 +1,253 @@
+//! Why a request failed, in figures and words: the device's memory at the
+//! failure, the [`Verdict`], and advice that names the figures and the
+//! largest holders. A shared layer: the out-of-memory recorder writes it in
+//! its reports, the batch-size search keeps it for its first failing try.
+
+use serde::Serialize;
+
+use memlab_core::events::Frame;
+use memlab_core::oom::{DeviceMemory, Failure, MemoryFigures, Serving, Verdict};
+use memlab_core::render::{Document, Render};
+use memlab_core::{format_bytes, Device, Result};
+use memlab_tch::BACKEND;
+
+/// The segment libtorch's CUDA allocator reserves for a small request.
+const SMALL_SEGMENT: u64 = 2 << 20;
+
+/// Why a request failed: the request, the device's figures then, and the verdict.
+#[derive(Clone, Debug, Serialize)]
+#[non_exhaustive]
+pub struct Diagnosis {
+    /// Where.
+    pub device: Device,
+    /// The bytes the allocator tried to obtain (see [`rounded`](Self::rounded)).
+    pub requested: u64,
+    /// True on CUDA: `requested` is the caching allocator's rounding of the
+    /// request to the segment it tried to reserve, not the tensor's bytes.
+    pub rounded: bool,
+    /// The device's memory at the failure.
+    pub figures: MemoryFigures,
+    /// Why it failed.
+    pub verdict: Verdict,
+    /// The verdict in words, with its figures and what to do.
+    pub advice: String,
+}
+
+/// A named storage holding memory when the request failed.
+#[derive(Clone, Debug, Serialize)]
+#[non_exhaustive]
+pub struct NamedHolder {
+    /// Its name (the first of its views, with how many more there are).
+    pub name: String,
+    /// `parameter`, `gradient`, `optimizer state` or `tensor`.
+    pub kind: &'static str,
+    /// Its bytes.
+    pub bytes: u64,
+}
+
+/// Unnamed live allocations from one site.
+#[derive(Clone, Debug, Serialize)]
+#[non_exhaustive]
+pub struct SiteHolder {
+    /// The user's frame or profiled statement that made them.
+    pub site: String,
+    /// Their bytes.
+    pub bytes: u64,
+    /// How many.
+    pub blocks: u64,
+    /// The user's frames of one of them, innermost first, when recorded with backtraces.
+    pub frames: Vec<Frame>,
+}
+
+/// What held the device's memory when the request failed.
+#[derive(Clone, Debug, Default, Serialize)]
+#[non_exhaustive]
+pub struct Holders {
+    /// Bytes of the named storages.
+    pub named_bytes: u64,
+    /// The largest named storages, largest first.
+    pub named: Vec<NamedHolder>,
+    /// Named storages beyond those listed: how many, and their bytes.
+    pub named_rest: (usize, u64),
+    /// Var stores (or the registry) the walk passed by because a lock on
+    /// them was held, by this thread or another.
+    pub busy: Vec<String>,
+    /// Allocated bytes no named storage accounts for.
+    pub not_named: i64,
+    /// While a recording runs: the unnamed allocations by site, largest
+    /// first (`None` also when memory did not suffice to list them: see
+    /// [`OomReport::left_out`]).
+    pub by_site: Option<Vec<SiteHolder>>,
+    /// CUDA: what the allocator added by rounding blocks up (part of `not_named`).
+    pub rounding: i64,
+}
+
+/// The figures of `failure`'s device and the verdict; with the holders,
+/// advice that names the largest of them.
+fn diagnose(failure: &Failure, holders: Option<&Holders>) -> (Diagnosis, Vec<String>) {
+    let device = failure.device;
+    let mut missing = Vec::new();
+    // libtorch's CUDA allocator serves a request from its stream's blocks of
+    // its pool only; it reserves 2 MiB segments for small requests (≤ 1 MiB)
+    // and larger ones for the rest.
+    let serving = matches!(device, Device::Cuda(_))
+        .then(|| Serving { stream: failure.stream.unwrap_or(0), large: failure.requested != SMALL_SEGMENT });
+    let mut figures = MemoryFigures::read(&BACKEND, device, serving).unwrap_or_else(|e| {
+        missing.push(format!("the allocator's figures: {e}"));
+        MemoryFigures::default()
+    });
+    // The allocator's own figures at the failure beat a reading now.
+    if let (Some(free), Some(total)) = (failure.device_free, failure.device_total) {
+        let (this, others, limit) =
+            figures.device.map_or((None, None, None), |d| (d.this_process, d.other_processes, d.limit));
+        figures.device = Some(DeviceMemory::new(free, total, this, others).limited_by(limit));
+    }
+    if let Device::Cuda(i) = device {
+        if figures.device.is_none() {
+            missing.push(format!("the driver's free and total memory: {}", error_of(memlab_tch::driver_memory(i))));
+        }
+        if figures.device.is_some_and(|d| d.this_process.is_none()) {
+            match memlab_tch::process_gpu_memory(i) {
+                Ok(None) => missing.push("this process's use: NVML does not list this process".to_string()),
+                Err(e) => missing.push(format!("this process's and other processes' use (NVML): {e}")),
+                Ok(Some(_)) => {}
+            }
+        }
+    } else if figures.device.is_none() {
+        missing.push("the host's memory: /proc/meminfo could not be read".to_string());
+    }
+    let verdict = Verdict::decide(failure.requested, &figures);
+    let advice = advice(failure, &figures, verdict, holders);
+    (Diagnosis { device, requested: failure.requested, rounded: failure.rounded, figures, verdict, advice }, missing)
+}
+
+fn error_of<T>(r: Result<T>) -> String {
+    r.err().map_or_else(|| "unknown".to_string(), |e| e.to_string())
+}
+
+fn advice(failure: &Failure, f: &MemoryFigures, verdict: Verdict, holders: Option<&Holders>) -> String {
+    let b = |n: u64| format_bytes(n as i64);
+    let asked = b(failure.requested);
+    let total = f.device.map(|d| d.total).unwrap_or(0);
+    let device_free = f.device.map(|d| d.free).unwrap_or(0);
+    // Under a host limit, the limit is what this process has.
+    let limit = f.device.and_then(|d| d.limit);
+    let all_of = match limit {
+        Some(limit) => format!("all that {} allows this process", limit.describe()),
+        None => format!("all of {}", failure.device),
+    };
+    match verdict {
+        Verdict::RequestExceedsDevice => format!(
+            "The request alone ({asked}, {} bytes: {} float32 elements) is larger than {all_of} ({}): no amount \
+             of freeing makes it fit. Look at the shape of the tensor made on this line: a batch, sequence or \
+             vocabulary size where a feature size belongs, or a dimension multiplied twice, is the usual cause.",
+            failure.requested,
+            failure.requested / 4,
+            b(total)
+        ),
+        Verdict::Fragmentation => format!(
+            "The cache holds {} free, enough for the {asked} request, but its largest free block is {}: the free \
+             memory is in pieces ({} of it, {:.0}%, is in blocks too small to use here). Set \
+             PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before the process starts (segments then grow \
+             instead of splitting), or call memlab::gpu::empty_cache() where few tensors are alive.",
+            b(f.cache_free.bytes),
+            b(f.cache_free.largest_block),
+            b(f.fragmentation()),
+            f.fragmentation_share().unwrap_or(0.0) * 100.0
+        ),
+        Verdict::OtherProcesses => format!(
+            "Other processes hold {} of {}; with {} free on the device and {} in the cache, the {asked} request \
+             would fit without them. Free the device (nvidia-smi lists them), or run where it is free.",
+            b(f.device.and_then(|d| d.other_processes).unwrap_or(0)),
+            failure.device,
+            b(device_free),
+            b(f.cache_free.bytes)
+        ),
+        Verdict::NotEnoughFree => {
+            let has = match (failure.device, limit) {
+                (Device::Cuda(_), _) => format!("{} free and its cache {}", b(device_free), b(f.cache_free.bytes)),
+                (Device::Cpu, Some(limit)) => format!("{} free under {}", b(device_free), limit.describe()),
+                (Device::Cpu, None) => format!("{} free", b(device_free)),
+            };
+            let mut text = format!(
+                "{} has {has}, and {asked} was asked: this process holds too much ({} allocated by tensors).",
+                failure.device,
+                format_bytes(f.allocated)
+            );
+            if let Some(h) = holders {
+                let mut largest: Vec<(String, u64)> =
+                    h.named.iter().take(3).map(|n| (format!("{} ({})", n.name, n.kind), n.bytes)).collect();
+                largest.extend(h.by_site.iter().flatten().take(3).map(|s| (s.site.clone(), s.bytes)));
+                largest.sort_by_key(|(_, bytes)| std::cmp::Reverse(*bytes));
+                if !largest.is_empty() {
+                    let list: Vec<String> =
+                        largest.iter().take(3).map(|(n, bytes)| format!("{n}: {}", b(*bytes))).collect();
+                    text.push_str(&format!(" The largest holders: {}.", list.join("; ")));
+                }
+            }
+            text.push_str(
+                " Shrink what they hold: a smaller batch or sequence, fewer or smaller layers, mixed precision, \
+                 or tensors an earlier step kept (a list of outputs or losses with their graphs).",
+            );
+            if f.cache_free.bytes > 0 && device_free + f.cache_free.bytes >= failure.requested {
+                text.push_str(&format!(
+                    " Free memory would have sufficed in one piece: the device's and the cache's ({} in blocks of \
+                     at most {}) are apart; PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True lets the cache grow \
+                     its segments instead.",
+                    b(f.cache_free.bytes),
+                    b(f.cache_free.largest_block)
+                ));
+            }
+            text
+        }
+    }
+}
+
+rendered!(Diagnosis);
+
+impl Render for Diagnosis {
+    fn document(&self) -> Document {
+        let mut doc = Document::new();
+        doc.heading(format!("Verdict: {}", self.verdict.title()));
+        doc.line(self.advice.clone());
+        doc
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn advice_names_the_figures_of_each_verdict() {
+        let mut failure = Failure::here(Device::Cuda(0), 1 << 30);
+        failure.rounded = true;
+        let gib = 1u64 << 30;
+        let mut figures = MemoryFigures::default();
+        figures.cache_free = memlab_core::oom::CacheFree::new(3 * gib, 256 << 20);
+        figures.device = Some(DeviceMemory::new(gib / 2, 80 * gib, Some(70 * gib), Some(9 * gib)));
+        let frag = advice(&failure, &figures, Verdict::Fragmentation, None);
+        assert!(
+            frag.contains("3.00G free") && frag.contains("256.00M") && frag.contains("expandable_segments:True"),
+            "{frag}"
+        );
+        assert!(frag.contains("(2.75G of it, 92%"), "{frag}");
+        let others = advice(&failure, &figures, Verdict::OtherProcesses, None);
+        assert!(others.contains("Other processes hold 9.00G of cuda:0"), "{others}");
+        let holders = Holders {
+            named: vec![NamedHolder { name: "model.fc.weight".into(), kind: "parameter", bytes: 40 * gib }],
+            ..Holders::default()
+        };
+        let short = advice(&failure, &figures, Verdict::NotEnoughFree, Some(&holders));
+        assert!(short.contains("The largest holders: model.fc.weight (parameter): 40.00G."), "{short}");
+        // 0.5 GiB free on the device and 3 GiB in the cache: enough together, not apart.
+        assert!(short.contains("in one piece") && short.contains("(3.00G in blocks of at most 256.00M)"), "{short}");
+        failure.requested = 8 * gib;
+        let more = advice(&failure, &figures, Verdict::NotEnoughFree, None);
+        assert!(!more.contains("in one piece"), "{more}");
+        failure.requested = 4 << 40;
+        let huge = advice(&failure, &figures, Verdict::RequestExceedsDevice, None);
+        assert!(huge.contains("(4.00T, 4398046511104 bytes: 1099511627776 float32 elements)"), "{huge}");
+        assert!(huge.contains("all of cuda:0 (80.00G)"), "{huge}");
+    }
+}
