@@ -5,10 +5,13 @@
 use serde::Serialize;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
+use memlab_core::oom::Failure;
 use memlab_core::profiler::PeakWatch;
 use memlab_core::render::{Cell, Column, Document, Render, Table};
 use memlab_core::{format_bytes, Device, Error, Result};
 use memlab_tch::BACKEND;
+
+use crate::diagnosis::{diagnose, Diagnosis};
 
 /// How much memory [`find_batch_size`] may use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -32,7 +35,7 @@ pub struct BatchSearch {
     pub tried: Vec<(usize, std::result::Result<i64, String>)>,
     /// The first try that ran out of memory: its batch size and why it
     /// failed (the out-of-memory recorder's verdict, with its figures).
-    pub first_oom: Option<(usize, crate::oom::Diagnosis)>,
+    pub first_oom: Option<(usize, Diagnosis)>,
 }
 
 /// Finds the largest batch size in `1..=max` whose `step` stays within
@@ -144,7 +147,7 @@ mod quiet_oom_panics {
             let passed = previous.clone();
             std::panic::set_hook(Box::new(move |info| {
                 let ticket = TRYING.try_with(Cell::get).unwrap_or(0);
-                if !(ticket != 0 && (crate::oom::try_failed(ticket) || is_oom(info))) {
+                if !(ticket != 0 && (memlab_core::oom::try_failed(ticket) || is_oom(info))) {
                     passed(info);
                 }
             }));
@@ -203,13 +206,15 @@ fn try_once(
     device: Device,
     step: &mut impl FnMut(usize) -> std::result::Result<(), Box<dyn std::error::Error>>,
     n: usize,
-) -> (std::result::Result<i64, String>, Option<crate::oom::Diagnosis>) {
+) -> (std::result::Result<i64, String>, Option<Diagnosis>) {
     let _ = memlab_tch::empty_cache();
     let watch = match PeakWatch::start(&BACKEND, device) {
         Ok(watch) => watch,
         Err(e) => return (Err(e.to_string()), None),
     };
-    let (ran, oom) = crate::oom::quietly(device, |ticket| {
+    memlab_tch::oom::watch_cuda();
+    let first_failure = |failure: &Failure| diagnose(failure, None).0;
+    let (ran, oom) = memlab_core::oom::quietly(device, first_failure, |ticket| {
         quiet_oom_panics::trying(ticket, || catch_unwind(AssertUnwindSafe(|| step(n))))
     });
     let measured = watch.finish().map_err(|e| e.to_string());

@@ -12,7 +12,7 @@ use memlab_core::{format_bytes, Device, Result};
 use memlab_tch::BACKEND;
 
 /// The segment libtorch's CUDA allocator reserves for a small request.
-const SMALL_SEGMENT: u64 = 2 << 20;
+pub(crate) const SMALL_SEGMENT: u64 = 2 << 20;
 
 /// Why a request failed: the request, the device's figures then, and the verdict.
 #[derive(Clone, Debug, Serialize)]
@@ -76,7 +76,7 @@ pub struct Holders {
     pub not_named: i64,
     /// While a recording runs: the unnamed allocations by site, largest
     /// first (`None` also when memory did not suffice to list them: see
-    /// [`OomReport::left_out`]).
+    /// [`OomReport::left_out`](crate::oom::OomReport::left_out)).
     pub by_site: Option<Vec<SiteHolder>>,
     /// CUDA: what the allocator added by rounding blocks up (part of `not_named`).
     pub rounding: i64,
@@ -84,7 +84,7 @@ pub struct Holders {
 
 /// The figures of `failure`'s device and the verdict; with the holders,
 /// advice that names the largest of them.
-fn diagnose(failure: &Failure, holders: Option<&Holders>) -> (Diagnosis, Vec<String>) {
+pub(crate) fn diagnose(failure: &Failure, holders: Option<&Holders>) -> (Diagnosis, Vec<String>) {
     let device = failure.device;
     let mut missing = Vec::new();
     // libtorch's CUDA allocator serves a request from its stream's blocks of

@@ -10,25 +10,19 @@
 //! ([`Recording`](crate::Recording)): start one with backtraces to get the
 //! Rust call stacks.
 
-#[doc(hidden)]
-pub mod estimate;
-mod html;
-mod names;
-mod pickle;
-mod snapshot;
-mod trace;
-
 use memlab_core::Result;
 use tch::nn::VarStore;
 use tch::Tensor;
 
+use crate::capture::{html, snapshot, trace};
 use crate::named::Sources;
 
-pub(crate) use names::note as note_names;
-
-pub use html::{DeviceTimeline, FlameNode, HtmlReport, PeakRow, Point};
-pub use snapshot::{Block, Segment, Snapshot, SnapshotFrame, SnapshotInfo, Stack, TraceEntry};
-pub use trace::{Level, Oom, Sample, Trace};
+#[doc(hidden)]
+pub use crate::capture::estimate;
+pub use crate::capture::{
+    Block, DeviceTimeline, FlameNode, HtmlReport, Level, Oom, PeakRow, Point, Sample, Segment, Snapshot, SnapshotFrame,
+    SnapshotInfo, Stack, Trace, TraceEntry,
+};
 
 /// Builds exports of the current recording.
 ///
@@ -57,17 +51,6 @@ impl Exporter {
     /// [`register_optimizer`](crate::register_optimizer)), plus what is added.
     pub fn registered() -> Exporter {
         Exporter { sources: Sources::registered() }
-    }
-
-    /// An exporter over sources made elsewhere (the out-of-memory recorder's,
-    /// which wait for no lock).
-    pub(crate) fn from_sources(sources: Sources) -> Exporter {
-        Exporter { sources }
-    }
-
-    /// The sources it names memory after.
-    pub(crate) fn sources(&self) -> &Sources {
-        &self.sources
     }
 
     /// An exporter that names memory after `vs` (no prefix), plus what is added.
@@ -103,7 +86,7 @@ impl Exporter {
     /// time per device, what was live at the peak by call stack and by name,
     /// and the line profiler's tables.
     pub fn html_report(&self) -> Result<HtmlReport> {
-        html::capture(&self.sources)
+        html::capture(&self.sources, &memlab_core::Report::collect())
     }
 
     /// The recording so far as trace events: each device's allocated,

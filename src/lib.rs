@@ -151,7 +151,9 @@ inventory::submit! { memlab_core::oom::Handler(oom::on_failure) }
 
 mod attribution;
 pub mod batch_size;
+mod capture;
 pub mod courtesy;
+mod diagnosis;
 pub mod dispose;
 pub mod export;
 pub mod gpu_account;

@@ -18,7 +18,7 @@ use std::fs::OpenOptions;
 use std::io::Write as _;
 use std::path::PathBuf;
 use std::sync::Mutex;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::Instant;
 
 use memlab_core::events;
 use memlab_core::render::{Document, Render};
@@ -204,9 +204,8 @@ impl Tracker {
     /// to the caller, which may first let go of its locks.
     fn record(&mut self, site: CallSite) -> TrackEntry {
         let device = self.measured_device();
-        let now = SystemTime::now().duration_since(UNIX_EPOCH).unwrap_or_default();
         let mut entry = TrackEntry {
-            time: utc(now.as_secs(), now.subsec_millis()),
+            time: memlab_core::time::utc_now(),
             elapsed_s: self.started.elapsed().as_secs_f64(),
             site,
             device,
@@ -368,31 +367,4 @@ pub fn track_global(site: CallSite) -> TrackEntry {
         memlab_core::output::emit(&entry.to_text());
     }
     entry
-}
-
-/// `YYYY-MM-DD HH:MM:SS.mmm` in UTC.
-pub(crate) fn utc(secs: u64, millis: u32) -> String {
-    let days = (secs / 86_400) as i64;
-    let rem = secs % 86_400;
-    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!("{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02}.{millis:03}", rem / 3600, rem % 3600 / 60, rem % 60)
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn utc_dates() {
-        assert_eq!(super::utc(0, 0), "1970-01-01 00:00:00.000");
-        assert_eq!(super::utc(951_782_400, 5), "2000-02-29 00:00:00.005");
-        assert_eq!(super::utc(1_795_287_845, 123), "2026-11-21 19:04:05.123");
-    }
 }

@@ -17,6 +17,7 @@ pub mod report;
 pub mod sites;
 pub mod stats;
 pub mod sync;
+pub mod time;
 
 pub use backend::{Backend, ScriptedBackend};
 pub use device::{Device, DeviceSelector, ParseDeviceError};

@@ -6,7 +6,9 @@
 //!
 //! Backends call the [`Handler`]s that crates submit (with `inventory`) on
 //! the thread whose request failed, before the allocator's error reaches
-//! the caller; the `memlab` crate's handler writes the report.
+//! the caller; the `memlab` crate's handler writes the report. A try that
+//! expects to fail ([`quietly`], the batch-size search's) takes its device's
+//! failures as its own instead: no handler sees them.
 
 use std::sync::Arc;
 
@@ -78,10 +80,119 @@ pub struct Handler(pub fn(&Failure));
 
 inventory::collect!(Handler);
 
-/// Runs every submitted [`Handler`] on `failure`.
+/// Runs every submitted [`Handler`] on `failure`, unless a try running
+/// [`quietly`] on its device takes it.
 pub fn dispatch(failure: &Failure) {
+    if quiet::take(failure) {
+        return;
+    }
     for handler in inventory::iter::<Handler> {
         (handler.0)(failure);
+    }
+}
+
+/// Runs `f`, a try on `device` that may run out of memory on purpose, with
+/// that device's failures kept from the [`Handler`]s (nothing counted,
+/// written or printed) and returns what `inspect` made of the first of them.
+/// `inspect` runs at the failure, on the failing thread, with no lock of
+/// memlab's held: the figures it reads are the failure's. A failure on
+/// `device` while `f` runs is the try's on every thread (the autograd engine
+/// runs a CUDA backward pass on threads of its own). `f` is given the try's
+/// ticket (see [`try_failed`]).
+///
+/// ```
+/// use memlab_core::oom::{dispatch, quietly, try_failed, Failure};
+/// use memlab_core::Device;
+///
+/// let (failed, first) = quietly(Device::Cpu, |f: &Failure| f.requested, |ticket| {
+///     dispatch(&Failure::here(Device::Cpu, 4096)); // as a backend does
+///     try_failed(ticket)
+/// });
+/// assert_eq!((failed, first), (true, Some(4096)));
+/// ```
+pub fn quietly<R, T: Send + 'static>(device: Device, inspect: fn(&Failure) -> T, f: impl FnOnce(u64) -> R) -> (R, Option<T>) {
+    let ticket = quiet::start(device, Arc::new(move |failure: &Failure| Box::new(inspect(failure)) as quiet::Seen));
+    /// Takes the try off the list even if `f` unwinds.
+    struct Guard(u64);
+    impl Drop for Guard {
+        fn drop(&mut self) {
+            quiet::end(self.0);
+        }
+    }
+    let guard = Guard(ticket);
+    let out = f(ticket);
+    let seen = quiet::end(guard.0);
+    drop(guard);
+    (out, seen.and_then(|s| s.downcast::<T>().ok()).map(|t| *t))
+}
+
+/// Whether the try with `ticket` (see [`quietly`]) has seen an
+/// out-of-memory failure of its device: the allocator's own report of it,
+/// whatever the error's words.
+pub fn try_failed(ticket: u64) -> bool {
+    quiet::failed(ticket)
+}
+
+/// The tries running [`quietly`] now.
+mod quiet {
+    use std::any::Any;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    use super::Failure;
+    use crate::device::Device;
+    use crate::sync::LockExt;
+
+    pub(super) type Seen = Box<dyn Any + Send>;
+    pub(super) type Inspect = Arc<dyn Fn(&Failure) -> Seen + Send + Sync>;
+
+    struct Try {
+        ticket: u64,
+        device: Device,
+        inspect: Inspect,
+        seen: Option<Seen>,
+    }
+
+    static TRIES: Mutex<Vec<Try>> = Mutex::new(Vec::new());
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+
+    pub(super) fn start(device: Device, inspect: Inspect) -> u64 {
+        let ticket = NEXT.fetch_add(1, Ordering::Relaxed);
+        TRIES.locked().push(Try { ticket, device, inspect, seen: None });
+        ticket
+    }
+
+    /// Takes the try off the list (once), with what it saw.
+    pub(super) fn end(ticket: u64) -> Option<Seen> {
+        let mut tries = TRIES.locked();
+        let at = tries.iter().position(|t| t.ticket == ticket)?;
+        tries.remove(at).seen
+    }
+
+    pub(super) fn failed(ticket: u64) -> bool {
+        TRIES.locked().iter().any(|t| t.ticket == ticket && t.seen.is_some())
+    }
+
+    /// Gives `failure` to the tries on its device that saw none yet; whether
+    /// a try runs on that device (the failure is then theirs).
+    pub(super) fn take(failure: &Failure) -> bool {
+        let waiting: Vec<(u64, Inspect)> = {
+            let tries = TRIES.locked();
+            if !tries.iter().any(|t| t.device == failure.device) {
+                return false;
+            }
+            let unseen = tries.iter().filter(|t| t.device == failure.device && t.seen.is_none());
+            unseen.map(|t| (t.ticket, t.inspect.clone())).collect()
+        };
+        // Inspected with no lock held: an inspection reads the allocator.
+        let seen: Vec<(u64, Seen)> = waiting.into_iter().map(|(ticket, inspect)| (ticket, inspect(failure))).collect();
+        let mut tries = TRIES.locked();
+        for (ticket, seen) in seen {
+            if let Some(t) = tries.iter_mut().find(|t| t.ticket == ticket && t.seen.is_none()) {
+                t.seen = Some(seen);
+            }
+        }
+        true
     }
 }
 
@@ -217,6 +328,23 @@ mod tests {
     fn verdict(backend: &ScriptedBackend, device: Device, requested: u64) -> (Verdict, MemoryFigures) {
         let figures = MemoryFigures::read(backend, device, None).unwrap();
         (Verdict::decide(requested, &figures), figures)
+    }
+
+    #[test]
+    fn a_quiet_try_takes_the_failures_of_its_device_only() {
+        let ((), seen) = quietly(Device::Cuda(7), |f: &Failure| f.requested, |ticket| {
+            assert!(!try_failed(ticket));
+            dispatch(&Failure::here(Device::Cuda(6), 1));
+            assert!(!try_failed(ticket), "another device's failure is not the try's");
+            dispatch(&Failure::here(Device::Cuda(7), 2));
+            dispatch(&Failure::here(Device::Cuda(7), 3));
+            assert!(try_failed(ticket));
+        });
+        assert_eq!(seen, Some(2), "the first failure's inspection");
+        // A try that unwinds leaves the list: the device's failures are no one's again.
+        let unwound = std::panic::catch_unwind(|| quietly(Device::Cuda(7), |_| (), |_| panic!("the try fails")));
+        assert!(unwound.is_err());
+        assert!(!quiet::take(&Failure::here(Device::Cuda(7), 4)));
     }
 
     #[test]

@@ -14,6 +14,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use memlab_core::events::{self, Action, Event};
+use memlab_core::Report;
 use memlab_core::render::{escape_html, format_bytes, STYLESHEET};
 use memlab_core::{Device, Error, Result};
 use serde::Serialize;
@@ -139,7 +140,10 @@ struct Live {
     frames: usize,
 }
 
-pub(super) fn capture(sources: &Sources) -> Result<HtmlReport> {
+/// The HTML report of the recording so far, its allocations named after
+/// `sources`, with `profile` (the line profiler's figures) as its last part
+/// when any profiled function ran.
+pub(crate) fn capture(sources: &Sources, profile: &Report) -> Result<HtmlReport> {
     let (history, stats, anchors) = trace::history_with_anchors()?;
     let trace = trace::capture_from(&history, &stats, &anchors)?;
     let live_now: FastMap<(Device, u64), u64> = events::live().iter().map(|a| ((a.device, a.address), a.seq)).collect();
@@ -306,7 +310,6 @@ pub(super) fn capture(sources: &Sources) -> Result<HtmlReport> {
     }
     // CUDA devices first, then the CPU, as PyTorch's snapshot numbers them.
     devices.sort_by_key(|d| d.device == Device::Cpu);
-    let profile = crate::report();
     let profile_html = if profile.functions.iter().any(|f| f.calls > 0) { profile.to_html() } else { String::new() };
     Ok(HtmlReport { devices, partial: stats.dropped > 0, profile_html })
 }

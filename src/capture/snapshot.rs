@@ -353,7 +353,7 @@ fn category(kind: Kind) -> &'static str {
     }
 }
 
-pub(super) fn capture(sources: &Sources) -> Result<Snapshot> {
+pub(crate) fn capture(sources: &Sources) -> Result<Snapshot> {
     let (history, stats) = events::history();
     let live = events::live();
     let cuda_devices = memlab_tch::cuda_device_count();
@@ -375,7 +375,7 @@ pub(super) fn capture(sources: &Sources) -> Result<Snapshot> {
     }
     let live_seq: FastMap<(Device, u64), u64> = live.iter().map(|a| ((a.device, a.address), a.seq)).collect();
     // What the walks at logged steps and monitor records saw, for what has died since.
-    let seen = super::names::seen();
+    let seen = crate::named::seen::by_event();
 
     let mut frames = Frames::default();
     let mut traces: Vec<Vec<TraceEntry>> = vec![Vec::new(); cuda_devices + 1];

@@ -150,7 +150,7 @@ pub(super) fn history_with_anchors() -> Result<(Vec<Event>, events::Stats, BTree
     Ok((history, stats, anchors))
 }
 
-pub(super) fn capture() -> Result<Trace> {
+pub(crate) fn capture() -> Result<Trace> {
     let (history, stats, anchors) = history_with_anchors()?;
     capture_from(&history, &stats, &anchors)
 }

@@ -291,7 +291,7 @@ impl TrainingMonitor {
             if let Some(optimizer) = optimizer {
                 sources.add_optimizer(optimizer);
             }
-            crate::export::note_names(&sources);
+            crate::named::seen::note(&sources);
         }
         self.iteration_start_ns = memlab_core::events::span_start();
         match self.measure(optimizer) {

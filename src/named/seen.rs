@@ -14,7 +14,7 @@ use std::sync::Mutex;
 
 use memlab_core::events;
 
-use crate::named::{Kind, Sources};
+use super::{Kind, Sources};
 
 /// The most allocations remembered; the oldest are forgotten past it.
 const CAPACITY: usize = 1 << 20;
@@ -46,6 +46,6 @@ pub(crate) fn note(sources: &Sources) {
 }
 
 /// What the walks during the recording found, by allocation event.
-pub(super) fn seen() -> FastMap<u64, Kind> {
+pub(crate) fn by_event() -> FastMap<u64, Kind> {
     SEEN.locked().iter().map(|(&s, &k)| (s, k)).collect()
 }

@@ -24,14 +24,14 @@ const SITE_FRAMES: usize = 6;
 /// What this process could still obtain now, in bytes: the host's free
 /// memory, or what its address-space or cgroup limit leaves (the reserve,
 /// once given back, included); `None` where nothing can be read.
-fn room() -> Option<u64> {
+pub(super) fn room() -> Option<u64> {
     BACKEND.device_memory(Device::Cpu).map(|m| m.free)
 }
 
 /// Whether a part estimated to take `needed` bytes fits in what is left
 /// (with a quarter on top for the allocator's own overhead and the rest
 /// of the report); a part fits where nothing can be read.
-fn fits(needed: u64, available: Option<u64>) -> bool {
+pub(super) fn fits(needed: u64, available: Option<u64>) -> bool {
     available.is_none_or(|room| needed.saturating_add(needed / 4) <= room)
 }
 
@@ -48,7 +48,7 @@ fn identity() -> &'static (String, Option<String>) {
 
 impl OomReport {
     /// Takes the facts of `failure` and writes the report's files in `dir`.
-    fn capture(failure: &Failure, number: u64, dir: &Path) -> OomReport {
+    pub(super) fn capture(failure: &Failure, number: u64, dir: &Path) -> OomReport {
         // On the failing thread: its stack is the failing call's (memlab's
         // own frames are left out when resolved).
         let backtrace = failure.backtrace.clone().unwrap_or_else(|| Arc::new(Backtrace::capture()));

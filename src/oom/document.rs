@@ -5,11 +5,12 @@ use std::path::{Path, PathBuf};
 
 use memlab_core::events::{self, Frame};
 use memlab_core::render::{Cell as Kind, Column, Document, Render, Table};
-use memlab_core::{format_bytes, Error, Result};
+use memlab_core::{format_bytes, Device, Error, Result};
 use serde::Serialize;
 
 use super::capture::{fits, room};
 use super::{Diagnosis, Holders};
+use crate::diagnosis::SMALL_SEGMENT;
 use crate::named::Sources;
 
 /// A part of a report that memory did not suffice for.
@@ -107,7 +108,7 @@ impl OomReport {
     /// suffices for them, then the text and JSON again with the final list
     /// of files. Every file is created anew (never overwriting one);
     /// failures to write are kept, never raised.
-    fn write(&mut self, dir: &Path, sources: &Sources) {
+    pub(super) fn write(&mut self, dir: &Path, sources: &Sources) {
         let base = dir.join(self.base_name());
         let (text_path, json_path) = (base.with_extension("txt"), base.with_extension("json"));
         let mut reports = [(self.create(&text_path), text_path), (self.create(&json_path), json_path)];
@@ -144,7 +145,7 @@ impl OomReport {
             }
             let Some(file) = self.create(&path) else { continue };
             let written = if extension == "html" {
-                crate::capture::html::capture(&sources, &memlab_core::profiler::Report::collect()).and_then(|r| write_to(file, r.to_html().as_bytes()))
+                crate::capture::html::capture(&sources, &memlab_core::Report::collect()).and_then(|r| write_to(file, r.to_html().as_bytes()))
             } else {
                 crate::capture::snapshot::capture(&sources).and_then(|s| s.to_pickle()).and_then(|bytes| write_to(file, &bytes))
             };

@@ -107,7 +107,10 @@ use std::sync::{Arc, Mutex};
 
 use memlab_core::oom::Failure;
 pub use memlab_core::oom::{CacheFree, DeviceMemory, HostLimit, MemoryFigures, Serving, Verdict};
-use memlab_core::{Error, Result};
+use memlab_core::{format_bytes, Backend, Error, Result};
+use memlab_tch::BACKEND;
+
+use crate::named;
 
 pub use crate::diagnosis::{Diagnosis, Holders, NamedHolder, SiteHolder};
 pub use document::{LeftOut, OomReport};

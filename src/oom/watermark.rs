@@ -4,6 +4,7 @@
 //! watermark, and again after it fell 5 points under it and rose again.
 
 use super::*;
+use memlab_core::format_bytes;
 use std::time::Duration;
 
 /// The watermark in force, as `f64` bits (0: none).
