@@ -22,7 +22,7 @@ use std::time::Instant;
 
 use memlab_core::events;
 use memlab_core::render::{Document, Render};
-use memlab_core::{format_bytes, Device, Result};
+use memlab_core::{format_bytes, Device, Error, Result};
 use serde::Serialize;
 
 use memlab_tch::Recording;
@@ -132,7 +132,7 @@ pub struct Tracker {
     file: Option<PathBuf>,
     started: Instant,
     previous: Option<HashMap<u64, Entry>>,
-    last_error: Option<String>,
+    last_error: Option<Error>,
     _recording: Option<Recording>,
 }
 
@@ -143,7 +143,8 @@ impl Tracker {
     pub fn new() -> Tracker {
         let (recording, last_error) = match Recording::join() {
             Ok(r) => (Some(r), None),
-            Err(e) => (None, Some(format!("unnamed allocations are not tracked: {e}"))),
+            // Unnamed allocations are not tracked then; named ones still are.
+            Err(e) => (None, Some(e)),
         };
         Tracker {
             device: None,
@@ -175,9 +176,10 @@ impl Tracker {
         self
     }
 
-    /// The last problem met (measuring or writing the log), if any.
-    pub fn last_error(&self) -> Option<&str> {
-        self.last_error.as_deref()
+    /// The last problem met (measuring, writing the log, or starting the
+    /// recording that sees unnamed allocations), if any.
+    pub fn last_error(&self) -> Option<&Error> {
+        self.last_error.as_ref()
     }
 
     /// Empties the CUDA caching allocator's cache (`torch.cuda.empty_cache()`).
@@ -220,9 +222,8 @@ impl Tracker {
                 match memlab_tch::device_stats(device) {
                     Ok(stats) => entry.allocated_bytes = Some(stats.allocated_bytes.all.current),
                     Err(e) => {
-                        let why = format!("the allocator of {device} could not be read: {e}");
-                        entry.error = Some(why.clone());
-                        self.last_error = Some(why);
+                        entry.error = Some(format!("the allocator of {device} could not be read: {e}"));
+                        self.last_error = Some(e);
                     }
                 }
                 entry.changes = self.changes(&now);
@@ -230,7 +231,7 @@ impl Tracker {
             }
             Err(e) => {
                 entry.error = Some(format!("not measured: {e}"));
-                self.last_error = Some(e.to_string());
+                self.last_error = Some(e);
             }
         }
         let text = entry.to_text();
@@ -244,7 +245,7 @@ impl Tracker {
                         path.display()
                     ));
                 }
-                self.last_error = Some(format!("cannot append to {}: {e}", path.display()));
+                self.last_error = Some(Error::io(format!("append to {}", path.display()), e));
             }
         }
         entry

@@ -229,7 +229,9 @@ fn a_directory_that_cannot_be_written_is_an_error_at_arming() {
     let file = dir("not-a-dir");
     std::fs::write(&file, b"").unwrap();
     let err = OomRecorder::new(file.join("reports")).arm().unwrap_err();
-    assert!(err.to_string().contains("cannot be written"), "{err}");
+    assert!(matches!(err, memlab::Error::Io { .. }), "an I/O error, with its source: {err:?}");
+    let source = std::error::Error::source(&err).expect("the system's error").to_string();
+    assert!(err.to_string().contains("could not create the directory") && err.to_string().contains(&source), "{err}");
     assert_eq!(OomRecorder::armed_dir(), None, "nothing armed");
     std::fs::remove_file(&file).ok();
 }

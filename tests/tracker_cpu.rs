@@ -65,7 +65,9 @@ fn log_file_and_a_bad_path() {
     let mut broken = Tracker::new().device(Device::Cpu).log_file("/nonexistent/dir/track.log");
     let text = memlab::track!(broken).to_text();
     assert!(text.contains("live tensors"), "tracking goes on");
-    assert!(broken.last_error().unwrap().contains("cannot append to /nonexistent/dir/track.log"));
+    let error = broken.last_error().expect("the problem is kept");
+    assert!(matches!(error, memlab::Error::Io { .. }), "an I/O error, with its source: {error:?}");
+    assert!(error.to_string().contains("could not append to /nonexistent/dir/track.log"), "{error}");
     memlab::profiler::set_output(memlab::profiler::Output::Stdout);
     drop(kept);
 }

@@ -110,7 +110,11 @@ pub fn dispatch(failure: &Failure) {
 /// });
 /// assert_eq!((failed, first), (true, Some(4096)));
 /// ```
-pub fn quietly<R, T: Send + 'static>(device: Device, inspect: fn(&Failure) -> T, f: impl FnOnce(u64) -> R) -> (R, Option<T>) {
+pub fn quietly<R, T: Send + 'static>(
+    device: Device,
+    inspect: fn(&Failure) -> T,
+    f: impl FnOnce(u64) -> R,
+) -> (R, Option<T>) {
     let ticket = quiet::start(device, Arc::new(move |failure: &Failure| Box::new(inspect(failure)) as quiet::Seen));
     /// Takes the try off the list even if `f` unwinds.
     struct Guard(u64);
@@ -332,14 +336,18 @@ mod tests {
 
     #[test]
     fn a_quiet_try_takes_the_failures_of_its_device_only() {
-        let ((), seen) = quietly(Device::Cuda(7), |f: &Failure| f.requested, |ticket| {
-            assert!(!try_failed(ticket));
-            dispatch(&Failure::here(Device::Cuda(6), 1));
-            assert!(!try_failed(ticket), "another device's failure is not the try's");
-            dispatch(&Failure::here(Device::Cuda(7), 2));
-            dispatch(&Failure::here(Device::Cuda(7), 3));
-            assert!(try_failed(ticket));
-        });
+        let ((), seen) = quietly(
+            Device::Cuda(7),
+            |f: &Failure| f.requested,
+            |ticket| {
+                assert!(!try_failed(ticket));
+                dispatch(&Failure::here(Device::Cuda(6), 1));
+                assert!(!try_failed(ticket), "another device's failure is not the try's");
+                dispatch(&Failure::here(Device::Cuda(7), 2));
+                dispatch(&Failure::here(Device::Cuda(7), 3));
+                assert!(try_failed(ticket));
+            },
+        );
         assert_eq!(seen, Some(2), "the first failure's inspection");
         // A try that unwinds leaves the list: the device's failures are no one's again.
         let unwound = std::panic::catch_unwind(|| quietly(Device::Cuda(7), |_| (), |_| panic!("the try fails")));

@@ -243,11 +243,14 @@ pub fn environment_dir() -> Option<&'static PathBuf> {
 }
 
 /// Whether reports can be written in `dir`: it exists (made if missing), is
-/// a directory, and takes a file.
-pub fn usable_dir(dir: &std::path::Path) -> std::result::Result<(), String> {
-    std::fs::create_dir_all(dir).map_err(|e| format!("it cannot be created ({e})"))?;
+/// a directory, and takes a file; an [`Error::Io`](memlab_core::Error::Io)
+/// that says which of these failed, with the system's error, otherwise.
+pub fn usable_dir(dir: &std::path::Path) -> memlab_core::Result<()> {
+    use memlab_core::Error;
+    let what = |step: &str| format!("{step} {} for out-of-memory reports", dir.display());
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(what("create the directory"), e))?;
     let probe = dir.join(format!(".memlab-oom-probe-{}", std::process::id()));
-    std::fs::write(&probe, b"").map_err(|e| format!("no file can be written there ({e})"))?;
+    std::fs::write(&probe, b"").map_err(|e| Error::io(what("write a file in"), e))?;
     let _ = std::fs::remove_file(&probe);
     Ok(())
 }

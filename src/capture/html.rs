@@ -14,8 +14,8 @@ use std::path::Path;
 use std::sync::Arc;
 
 use memlab_core::events::{self, Action, Event};
-use memlab_core::Report;
 use memlab_core::render::{escape_html, format_bytes, STYLESHEET};
+use memlab_core::Report;
 use memlab_core::{Device, Error, Result};
 use serde::Serialize;
 

@@ -20,7 +20,7 @@ use memlab_core::events::SpanKind;
 use memlab_core::hash::FastSet;
 use memlab_core::profiler::PeakWatch;
 use memlab_core::render::{Document, Render};
-use memlab_core::{format_bytes, Device, Result};
+use memlab_core::{format_bytes, Device, Error, Result};
 
 use tch::nn::{VarStore, Variables};
 
@@ -147,7 +147,7 @@ pub struct TrainingMonitor {
     /// Set by `mark_backward`: allocated bytes then, and a watch of the backward pass.
     backward: Option<(i64, PeakWatch)>,
     last: Option<IterationRecord>,
-    last_error: Option<String>,
+    last_error: Option<Error>,
     /// When the iteration being run began, on the recorder's clock.
     iteration_start_ns: u64,
 }
@@ -236,15 +236,15 @@ impl TrainingMonitor {
     }
 
     /// The last problem met (measuring or writing CSV), if any.
-    pub fn last_error(&self) -> Option<&str> {
-        self.last_error.as_deref()
+    pub fn last_error(&self) -> Option<&Error> {
+        self.last_error.as_ref()
     }
 
     fn start_interval(&mut self) {
         self.watch = None;
         match PeakWatch::start(&BACKEND, self.device) {
             Ok(watch) => self.watch = Some(watch),
-            Err(e) => self.last_error = Some(e.to_string()),
+            Err(e) => self.last_error = Some(e),
         }
     }
 
@@ -304,7 +304,7 @@ impl TrainingMonitor {
                     self.spare_rows = (old.weight_rows, old.gradient_rows, old.optimizer_state_rows);
                 }
             }
-            Err(e) => self.last_error = Some(e.to_string()),
+            Err(e) => self.last_error = Some(e),
         }
         if self.watch.is_none() {
             self.start_interval();
@@ -319,7 +319,7 @@ impl TrainingMonitor {
     pub fn mark_backward(&mut self) {
         match PeakWatch::start(&BACKEND, self.device) {
             Ok(w) => self.backward = Some((w.started().allocated_bytes().current, w)),
-            Err(e) => self.last_error = Some(e.to_string()),
+            Err(e) => self.last_error = Some(e),
         }
     }
 
@@ -465,7 +465,7 @@ impl TrainingMonitor {
             dir.display()
         );
         memlab_core::output::warn(&format!("{message}\n"));
-        self.last_error = Some(message);
+        self.last_error = Some(Error::io(format!("write CSV files in {}", dir.display()), e));
         self.csv_failed = true;
         self.csv_files = None;
     }

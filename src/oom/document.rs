@@ -145,9 +145,12 @@ impl OomReport {
             }
             let Some(file) = self.create(&path) else { continue };
             let written = if extension == "html" {
-                crate::capture::html::capture(&sources, &memlab_core::Report::collect()).and_then(|r| write_to(file, r.to_html().as_bytes()))
+                crate::capture::html::capture(&sources, &memlab_core::Report::collect())
+                    .and_then(|r| write_to(file, r.to_html().as_bytes()))
             } else {
-                crate::capture::snapshot::capture(&sources).and_then(|s| s.to_pickle()).and_then(|bytes| write_to(file, &bytes))
+                crate::capture::snapshot::capture(&sources)
+                    .and_then(|s| s.to_pickle())
+                    .and_then(|bytes| write_to(file, &bytes))
             };
             match written {
                 Ok(()) => self.files.push(path),

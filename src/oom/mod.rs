@@ -95,7 +95,6 @@
 //! [`RegisteredOptimizer`](crate::RegisteredOptimizer)), held weakly; a
 //! gradient made since is counted among the unnamed bytes.
 
-
 mod capture;
 mod document;
 mod watermark;
@@ -233,29 +232,17 @@ impl OomRecorder {
             )));
         }
         // Absolute: a later change of the working directory must not move the reports.
-        let dir = std::path::absolute(&self.dir).map_err(|e| {
-            Error::InvalidArgument(format!(
-                "{} cannot be made absolute ({e}); give an absolute path",
-                self.dir.display()
-            ))
-        })?;
-        memlab_tch::oom::usable_dir(&dir).map_err(|why| {
-            Error::InvalidArgument(format!(
-                "out-of-memory reports cannot be written in {}: {why}; give a directory this process can write",
-                dir.display()
-            ))
-        })?;
+        let dir = std::path::absolute(&self.dir)
+            .map_err(|e| Error::io(format!("make {} absolute (give an absolute path)", self.dir.display()), e))?;
+        memlab_tch::oom::usable_dir(&dir)?;
         if self.init_cuda && memlab_tch::cuda_is_available() {
             let device = tch::Device::Cuda(Backend::current_cuda_device(&BACKEND).unwrap_or(0));
             let first = tch::Tensor::f_zeros([1], (tch::Kind::Float, device)).map_err(memlab_tch::torch_error)?;
             drop(first);
         }
         memlab_tch::oom::reserve::set(self.reserve).map_err(|e| {
-            Error::InvalidArgument(format!(
-                "{} of address space cannot be kept aside for out-of-memory reports ({e}); give a smaller \
-                 OomRecorder::reserve",
-                format_bytes(self.reserve as i64)
-            ))
+            let bytes = format_bytes(self.reserve as i64);
+            Error::io(format!("keep {bytes} of address space aside for out-of-memory reports (give a smaller OomRecorder::reserve)"), e)
         })?;
         memlab_tch::oom::prepare_failure_path();
         *CONFIG.locked() = Some(Config { dir, max_reports: self.max_reports });
