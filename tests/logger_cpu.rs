@@ -132,3 +132,37 @@ GPU:    64.00M   192.00M   129.00M    80.00G  (cuda:0, libtorch's allocator; res
         "step 3: 0.013s | RAM +4.00M ^1.00M =512.00M of 16.00G  (sampled) | GPU +64.00M ^192.00M =129.00M of 80.00G\n";
     assert_eq!(data.compact_line(), line);
 }
+
+/// The names of this process's threads.
+fn thread_names() -> Vec<String> {
+    let tasks = std::fs::read_dir("/proc/self/task").expect("procfs");
+    tasks.filter_map(|t| std::fs::read_to_string(t.ok()?.path().join("comm")).ok()).map(|n| n.trim().into()).collect()
+}
+
+#[test]
+fn one_sampler_serves_a_step_and_a_sampling_recording_at_once() {
+    use std::time::Duration;
+    let _s = serial();
+    let settings = memlab::events::Settings::default().sampling(Duration::from_millis(1));
+    let recording = memlab::Recording::start(settings).unwrap();
+    let mut logger = StepLogger::new().sample_every(Duration::from_millis(50));
+    logger.stop();
+    let threads = logger.log("step", || {
+        let kept = Tensor::ones([4 << 20], (Kind::Float, tch::Device::Cpu));
+        std::thread::sleep(Duration::from_millis(200));
+        drop(kept);
+        thread_names()
+    });
+    let readings = memlab::events::timeline().1.len();
+    drop(recording);
+    // memlab's threads (the kernel keeps 15 bytes of a name): the sampler alone.
+    let ours: Vec<_> = threads.iter().filter(|n| n.starts_with("memlab-")).collect();
+    assert_eq!(ours, ["memlab-sampler"], "one sampling thread for both: {threads:?}");
+    // The recording asked for a reading every millisecond: the step's 50 ms
+    // do not slow it down (200 expected; 20 leaves room for a loaded machine).
+    assert!(readings >= 20, "{readings} readings in 200 ms");
+    let data = logger.data().unwrap();
+    // Consumed plus peaked is the step's sampled peak above its start: 16 MiB were written.
+    let above_start = data.ram.consumed + data.ram.peaked;
+    assert!(data.ram.sampled && above_start >= 12 << 20, "the step's own peak: {data}");
+}

@@ -2,9 +2,7 @@
 //! hook and, on CUDA machines, a trace tracker on the caching allocator.
 
 use memlab_core::sync::LockExt;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::Duration;
+use std::sync::{Mutex, MutexGuard};
 
 use memlab_core::events::{self, Action, Settings};
 use memlab_core::{Device, Result};
@@ -31,7 +29,7 @@ use crate::ffi;
 #[derive(Debug)]
 pub struct Recording {
     user: Option<events::User>,
-    sampler: Option<ReadingThread>,
+    sampler: Option<crate::sampler::RecordingReadings>,
 }
 
 impl Recording {
@@ -50,7 +48,12 @@ impl Recording {
     /// readings as counters beside the allocator's.
     pub fn start(settings: Settings) -> Result<Recording> {
         let user = acquire(Some(settings))?;
-        let sampler = settings.sample_every.map(ReadingThread::start);
+        // The device whose context libtorch uses: reading another would create one.
+        let gpu = match crate::auto_device() {
+            Device::Cuda(i) => Some(i),
+            Device::Cpu => None,
+        };
+        let sampler = settings.sample_every.map(|every| crate::sampler::RecordingReadings::start(gpu, every));
         Ok(Recording { user: Some(user), sampler })
     }
 
@@ -69,50 +72,9 @@ impl Recording {
 
 impl Drop for Recording {
     fn drop(&mut self) {
-        if let Some(sampler) = self.sampler.take() {
-            sampler.stop();
-        }
+        drop(self.sampler.take());
         if let Some(user) = self.user.take() {
             release(user);
-        }
-    }
-}
-
-/// The thread of a sampling recording: reads the resident set and the
-/// driver's device use at its interval until stopped.
-#[derive(Debug)]
-struct ReadingThread {
-    stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl ReadingThread {
-    fn start(every: Duration) -> ReadingThread {
-        let stop = Arc::new(AtomicBool::new(false));
-        // The device whose context libtorch uses: reading another would create one.
-        let gpu = match crate::auto_device() {
-            Device::Cuda(i) => Some(i),
-            Device::Cpu => None,
-        };
-        let flag = stop.clone();
-        let thread = std::thread::Builder::new()
-            .name("memlab-recording-sampler".into())
-            .spawn(move || {
-                while !flag.load(Ordering::Relaxed) {
-                    let driver = gpu.and_then(|i| crate::driver_memory(i).ok().map(|m| (i, m.used())));
-                    events::reading(crate::resident_set(), driver.into_iter().collect());
-                    std::thread::park_timeout(every);
-                }
-            })
-            .ok();
-        ReadingThread { stop, thread }
-    }
-
-    fn stop(mut self) {
-        self.stop.store(true, Ordering::Relaxed);
-        if let Some(thread) = self.thread.take() {
-            thread.thread().unpark();
-            let _ = thread.join();
         }
     }
 }

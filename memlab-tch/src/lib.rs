@@ -29,6 +29,7 @@ pub mod libtorch_version;
 pub mod oom;
 pub mod optimizer;
 pub mod registry;
+pub mod sampler;
 pub mod segments;
 pub mod storage;
 

@@ -28,8 +28,7 @@ use memlab_core::{format_bytes, Backend, Device, Result};
 use memlab_tch::driver_memory;
 use memlab_tch::BACKEND;
 
-mod sampler;
-use sampler::{latest_driver_memory, sampled_process_memory, sampled_rss, Sampler};
+use memlab_tch::sampler::{latest_driver_memory, sampled_process_memory, sampled_rss, StepWindow};
 
 /// General RAM figures of one step, in bytes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
@@ -238,7 +237,7 @@ impl StepLogger {
         let read_rss = || if self.exact_ram { rss() } else { sampled_rss().unwrap_or_else(rss) };
         let ram_before = read_rss();
         let watch = gpu.and_then(|i| PeakWatch::start(&BACKEND, Device::Cuda(i)).ok());
-        let sampler = Sampler::start(gpu, ram_before, self.sample_every);
+        let sampler = StepWindow::start(gpu, ram_before, self.sample_every);
         let span_start = memlab_core::events::span_start();
         let started = Instant::now();
         let value = step();
