@@ -20,7 +20,7 @@ use tch::nn::VarStore;
 use tch::Tensor;
 
 use crate::attribution::site_label;
-use crate::named::{Kind, Sources};
+use crate::named::{Kind, Model};
 
 /// A tensor moved to the CPU, and where it came from.
 struct Moved {
@@ -56,7 +56,7 @@ enum Part {
 /// ```
 #[must_use = "a Courtesy moves everything back when it is dropped"]
 pub struct Courtesy {
-    sources: Sources,
+    sources: Model,
     moved: Vec<Moved>,
 }
 
@@ -70,21 +70,27 @@ impl Courtesy {
     /// A Courtesy over every registered var store and tensor (see
     /// [`register_var_store`](crate::register_var_store)), plus what is added.
     pub fn new() -> Courtesy {
-        Courtesy { sources: Sources::registered(), moved: Vec::new() }
+        Courtesy { sources: Model::registered(), moved: Vec::new() }
     }
 
     /// A Courtesy over only what is added to it (not the registry).
     pub fn only() -> Courtesy {
-        Courtesy { sources: Sources::default(), moved: Vec::new() }
+        Courtesy::of(Model::new())
     }
 
-    /// Adds a var store: its variables and their gradients move.
+    /// A Courtesy over `model`: its variables, tensors, their gradients and
+    /// its optimizers' state move.
+    pub fn of(model: Model) -> Courtesy {
+        Courtesy { sources: model, moved: Vec::new() }
+    }
+
+    /// Adds a var store to the model: its variables and their gradients move.
     pub fn var_store(mut self, vs: &VarStore) -> Courtesy {
         self.sources.add_store("", vs);
         self
     }
 
-    /// Adds a tensor (and its gradient, if it has one).
+    /// Adds a tensor (and its gradient, if it has one) to the model.
     pub fn tensor(mut self, name: impl Into<String>, tensor: &Tensor) -> Courtesy {
         self.sources.add_tensor(name, tensor);
         self

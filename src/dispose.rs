@@ -21,7 +21,7 @@ use tch::nn::VarStore;
 
 use memlab_tch::{storage_info, Recording, BACKEND};
 
-use crate::named::{OptimizerStates, Sources};
+use crate::named::{Model, OptimizerStates};
 
 /// What a scope does when allocations escaped it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -74,7 +74,7 @@ pub struct DisposeScope {
     name: String,
     on_escape: OnEscape,
     recording: Option<Recording>,
-    model: Sources,
+    model: Model,
     /// Scopes are per thread: the thread's stack of open scopes knows them.
     _not_send: PhantomData<*const ()>,
 }
@@ -103,7 +103,7 @@ impl DisposeScope {
             name: name.into(),
             on_escape: OnEscape::Warn,
             recording: Some(recording),
-            model: Sources::registered(),
+            model: Model::registered(),
             _not_send: PhantomData,
         })
     }
@@ -113,6 +113,14 @@ impl DisposeScope {
     /// state, not as escapes. (Registered var stores count without this.)
     pub fn model(mut self, vs: &VarStore) -> Self {
         self.model.add_store("", vs);
+        self
+    }
+
+    /// Treats `model` (its variables, tensors, gradients and optimizer state)
+    /// as the model's state, in place of the registry: new tensors of it
+    /// alive when the scope closes are listed as replaced model state.
+    pub fn with_model(mut self, model: Model) -> Self {
+        self.model = model;
         self
     }
 

@@ -15,7 +15,7 @@ use tch::nn::VarStore;
 use tch::Tensor;
 
 use crate::capture::{html, snapshot, trace};
-use crate::named::Sources;
+use crate::named::Model;
 
 #[doc(hidden)]
 pub use crate::capture::estimate;
@@ -42,7 +42,7 @@ pub use crate::capture::{
 /// ```
 #[derive(Default)]
 pub struct Exporter {
-    sources: Sources,
+    sources: Model,
 }
 
 impl Exporter {
@@ -50,7 +50,12 @@ impl Exporter {
     /// [`register_var_store`](crate::register_var_store) and
     /// [`register_optimizer`](crate::register_optimizer)), plus what is added.
     pub fn registered() -> Exporter {
-        Exporter { sources: Sources::registered() }
+        Exporter::of(Model::registered())
+    }
+
+    /// An exporter that names memory after `model`.
+    pub fn of(model: Model) -> Exporter {
+        Exporter { sources: model }
     }
 
     /// An exporter that names memory after `vs` (no prefix), plus what is added.
@@ -58,22 +63,22 @@ impl Exporter {
         Exporter::default().var_store("", vs)
     }
 
-    /// Adds a var store; its variables are named `prefix.variable`.
+    /// Adds a var store to the model (see [`Model::var_store`]).
     pub fn var_store(mut self, prefix: impl Into<String>, vs: &VarStore) -> Exporter {
-        self.sources.add_store(prefix, vs);
+        self.sources = self.sources.var_store(prefix, vs);
         self
     }
 
-    /// Adds a tensor under `name`.
+    /// Adds a tensor to the model (see [`Model::tensor`]).
     pub fn tensor(mut self, name: impl Into<String>, tensor: &Tensor) -> Exporter {
-        self.sources.add_tensor(name, tensor);
+        self.sources = self.sources.tensor(name, tensor);
         self
     }
 
-    /// Adds the state of `optimizer`, read now (see
-    /// [`MemReporter::optimizer`](crate::MemReporter::optimizer)).
+    /// Adds the state of `optimizer` to the model, read now (see
+    /// [`Model::optimizer`]).
     pub fn optimizer(mut self, optimizer: &tch::nn::Optimizer) -> Exporter {
-        self.sources.add_optimizer(optimizer);
+        self.sources = self.sources.optimizer(optimizer);
         self
     }
 

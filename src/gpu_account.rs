@@ -11,7 +11,7 @@ use memlab_core::{format_bytes, Device, Result};
 use memlab_core::events;
 
 use crate::attribution::{attribute, site_label};
-use crate::named::Sources;
+use crate::named::Model;
 use memlab_tch::{driver_memory, process_gpu_memory};
 
 /// One part of the device's memory.
@@ -61,7 +61,7 @@ pub fn where_gpu_memory_went(index: usize) -> Result<GpuAccount> {
     let process = process_gpu_memory(index).ok().flatten();
     let stats = memlab_tch::device_stats(device)?;
     let live = if events::is_active() { Some(events::live()) } else { None };
-    let attribution = attribute(device, &stats, &Sources::registered().collect()?, live.as_deref());
+    let attribution = attribute(device, &stats, &Model::registered().collect()?, live.as_deref());
     let reserved = stats.reserved_bytes.all.current;
     let allocated = attribution.allocated;
     let inactive = stats.inactive_split_bytes.all.current;

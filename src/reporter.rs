@@ -16,7 +16,7 @@ use tch::nn::VarStore;
 use tch::Tensor;
 
 use crate::attribution::{attribute, site_label};
-use crate::named::{Kind, Named, Sources};
+use crate::named::{Kind, Model, Named};
 
 /// What a row of the report is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -156,7 +156,7 @@ pub struct OptimizerReport {
 /// ```
 #[derive(Default)]
 pub struct MemReporter {
-    sources: Sources,
+    sources: Model,
     device: Option<Device>,
 }
 
@@ -171,28 +171,30 @@ impl MemReporter {
     /// [`register_var_store`](crate::register_var_store) and
     /// [`register_tensor`](crate::register_tensor), plus what is added to it.
     pub fn registered() -> MemReporter {
-        MemReporter { sources: Sources::registered(), device: None }
+        MemReporter::of(Model::registered())
     }
 
-    /// Adds a var store; its variables are named `prefix.variable` (no prefix
-    /// when `prefix` is empty).
+    /// A reporter that names memory after `model`.
+    pub fn of(model: Model) -> MemReporter {
+        MemReporter { sources: model, device: None }
+    }
+
+    /// Adds a var store to the model (see [`Model::var_store`]).
     pub fn var_store(mut self, prefix: impl Into<String>, vs: &VarStore) -> MemReporter {
-        self.sources.add_store(prefix, vs);
+        self.sources = self.sources.var_store(prefix, vs);
         self
     }
 
-    /// Adds a tensor under `name`.
+    /// Adds a tensor to the model (see [`Model::tensor`]).
     pub fn tensor(mut self, name: impl Into<String>, tensor: &Tensor) -> MemReporter {
-        self.sources.add_tensor(name, tensor);
+        self.sources = self.sources.tensor(name, tensor);
         self
     }
 
-    /// Adds the state of `optimizer` (built on one of the var stores given or
-    /// registered, which names it): `fc.weight.exp_avg` and the like, a row
-    /// each, with exact bytes. The state is read now, under this borrow: the
-    /// report shows it as of this call (memlab never keeps the optimizer).
-    /// When it cannot be read (its var store was not given, or a tch with
-    /// another layout), [`report`](Self::report) returns the error.
+    /// Adds the state of `optimizer` to the model, read now (see
+    /// [`Model::optimizer`]): a row per state tensor, with exact bytes, as of
+    /// this call. When it cannot be read, [`report`](Self::report) returns
+    /// the error.
     ///
     /// ```
     /// use tch::nn::{self, Module, OptimizerConfig};
@@ -209,7 +211,7 @@ impl MemReporter {
     /// # Ok::<(), memlab::Error>(())
     /// ```
     pub fn optimizer(mut self, optimizer: &tch::nn::Optimizer) -> MemReporter {
-        self.sources.add_optimizer(optimizer);
+        self.sources = self.sources.optimizer(optimizer);
         self
     }
 

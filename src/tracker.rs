@@ -27,7 +27,7 @@ use serde::Serialize;
 
 use memlab_tch::Recording;
 
-use crate::named::{Kind, Sources};
+use crate::named::{Kind, Model};
 
 /// Where `track!()` was called.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -257,7 +257,7 @@ impl Tracker {
         let mut add = |address: u64, entry: Entry| {
             out.entry(address).or_insert(entry);
         };
-        let named = Sources::registered().collect()?;
+        let named = Model::registered().collect()?;
         for storage in named.storages(device) {
             // A storage is grouped as its first view (the tensor that made it
             // known); it counts once, whatever views it has.

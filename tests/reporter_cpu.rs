@@ -165,3 +165,51 @@ fn courtesy_without_cuda_tensors_moves_nothing() {
         assert_eq!(report.to_string(), "Courtesy: no CUDA device, nothing to yield\n");
     }
 }
+
+#[test]
+fn one_model_names_memory_for_every_tool_as_their_own_builders_do() {
+    use tch::nn::OptimizerConfig;
+    let _s = serial();
+    // Recorded from the start: the exports then see the model's allocations.
+    let recording = Recording::start(memlab::events::Settings::default()).unwrap();
+    let vs = nn::VarStore::new(tch::Device::Cpu);
+    let fc = nn::linear(vs.root() / "fc", 64, 64, Default::default());
+    let mut opt = nn::Adam::default().build(&vs, 1e-3).unwrap();
+    opt.backward_step(&fc.forward(&Tensor::ones([8, 64], (Kind::Float, tch::Device::Cpu))).sum(Kind::Float));
+    let cache = Tensor::zeros([1000], (Kind::Float, tch::Device::Cpu));
+    let model = memlab::Model::new().var_store("model", &vs).tensor("cache", &cache).optimizer(&opt);
+    assert!(format!("{model:?}").contains("\"cache\""), "{model:?}");
+
+    // The reporter: the same rows as its one-liner, exact bytes for each.
+    let given = MemReporter::of(model.clone()).device(Device::Cpu).report().unwrap();
+    let built = MemReporter::default().var_store("model", &vs).tensor("cache", &cache).optimizer(&opt);
+    let built = built.device(Device::Cpu).report().unwrap();
+    let rows = |r: &MemReport| cpu(r).rows.iter().map(|r| (r.name.clone(), r.bytes)).collect::<Vec<_>>();
+    assert_eq!(rows(&given), rows(&built));
+    assert_eq!(row(&given, "model.fc.weight.exp_avg").bytes, 64 * 64 * 4);
+    assert_eq!(row(&given, "cache").bytes, 4000);
+    assert_rows_add_up(&given);
+
+    // The exporter: the snapshot's categories are the model's, as its own builders give them.
+    let categories = |exporter: memlab::export::Exporter| {
+        let snapshot = exporter.snapshot().unwrap();
+        let cpu = snapshot.memlab.devices.iter().position(|d| d == "cpu").unwrap();
+        let allocs = snapshot.device_traces[cpu].iter().filter(|e| e.action == "alloc");
+        allocs.map(|e| (e.size, e.category.unwrap_or("none"))).collect::<Vec<_>>()
+    };
+    let given = categories(memlab::export::Exporter::of(model.clone()));
+    let built = memlab::export::Exporter::default().var_store("model", &vs).tensor("cache", &cache).optimizer(&opt);
+    assert_eq!(given, categories(built));
+    for (bytes, category) in [(64 * 64 * 4, "parameter"), (64 * 64 * 4, "gradient"), (64 * 64 * 4, "optimizer_state")] {
+        assert!(given.contains(&(bytes, category)), "a {bytes} B {category}: {given:?}");
+    }
+    drop(recording);
+
+    // A model whose optimizer cannot be named gives every tool the error.
+    let other = nn::VarStore::new(tch::Device::Cpu);
+    let _w = other.root().zeros("w", &[4]);
+    let lost = nn::Sgd::default().build(&other, 0.1).unwrap();
+    let broken = memlab::Model::new().var_store("model", &vs).optimizer(&lost);
+    assert!(MemReporter::of(broken.clone()).report().is_err());
+    assert!(memlab::export::Exporter::of(broken).snapshot().is_err());
+}

@@ -21,7 +21,7 @@ use serde::Serialize;
 
 use super::snapshot::{Frames, SnapshotFrame, Stack};
 use super::trace;
-use crate::named::Sources;
+use crate::named::Model;
 
 /// The most points a device's timeline has.
 const BUCKETS: usize = 400;
@@ -143,7 +143,7 @@ struct Live {
 /// The HTML report of the recording so far, its allocations named after
 /// `sources`, with `profile` (the line profiler's figures) as its last part
 /// when any profiled function ran.
-pub(crate) fn capture(sources: &Sources, profile: &Report) -> Result<HtmlReport> {
+pub(crate) fn capture(sources: &Model, profile: &Report) -> Result<HtmlReport> {
     let (history, stats, anchors) = trace::history_with_anchors()?;
     let trace = trace::capture_from(&history, &stats, &anchors)?;
     let live_now: FastMap<(Device, u64), u64> = events::live().iter().map(|a| ((a.device, a.address), a.seq)).collect();

@@ -4,10 +4,10 @@
 //!
 //! A shared layer: the [`Exporter`](crate::export::Exporter) builds files
 //! from it on request, the out-of-memory recorder when a request fails. Each
-//! capture is given what it names memory after (the model's [`Sources`]) and,
+//! capture is given what it names memory after (the model's [`Model`]) and,
 //! for the HTML report, the line profile.
 //!
-//! [`Sources`]: crate::named::Sources
+//! [`Model`]: crate::named::Model
 
 #[doc(hidden)]
 pub mod estimate;

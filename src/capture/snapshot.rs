@@ -19,7 +19,7 @@ use memlab_core::{Device, Error, Result};
 use serde::Serialize;
 
 use super::pickle::Pickler;
-use crate::named::{Kind, Sources};
+use crate::named::{Kind, Model};
 
 /// A call stack, innermost frame first, shared by every event that has it.
 pub type Stack = Arc<[SnapshotFrame]>;
@@ -353,7 +353,7 @@ fn category(kind: Kind) -> &'static str {
     }
 }
 
-pub(crate) fn capture(sources: &Sources) -> Result<Snapshot> {
+pub(crate) fn capture(sources: &Model) -> Result<Snapshot> {
     let (history, stats) = events::history();
     let live = events::live();
     let cuda_devices = memlab_tch::cuda_device_count();

@@ -245,7 +245,7 @@ impl StepLogger {
         if memlab_core::events::is_active() {
             // The step on the recording's timeline, and what the model's tensors are now.
             memlab_core::events::span(SpanKind::Step, label.to_string(), span_start);
-            crate::named::seen::note(&crate::named::Sources::registered());
+            crate::named::seen::note(&crate::named::Model::registered());
         }
         let (sampled_rss_peak, sampled_driver_peak) = sampler.stop();
 

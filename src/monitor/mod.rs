@@ -30,7 +30,7 @@ mod csv_files;
 use csv_files::CsvFiles;
 use memlab_tch::BACKEND;
 
-use crate::named::{OptimizerStates, Sources};
+use crate::named::{Model, OptimizerStates};
 
 /// The optimizers whose state size memlab can estimate from the parameters,
 /// for a monitor given no optimizer to read (one given with
@@ -163,7 +163,7 @@ impl TrainingMonitor {
     /// A monitor of every registered var store (see
     /// [`register_var_store`](crate::register_var_store)).
     pub fn registered() -> TrainingMonitor {
-        let stores = Sources::registered().stores().into_iter().map(|(_, variables)| variables).collect();
+        let stores = Model::registered().stores().into_iter().map(|(_, variables)| variables).collect();
         TrainingMonitor::with_stores(stores)
     }
 
@@ -284,7 +284,7 @@ impl TrainingMonitor {
             // The iteration on the recording's timeline, and what the model's tensors are now.
             let name = format!("epoch {} iteration {}", self.epoch, self.iteration);
             memlab_core::events::span(SpanKind::Iteration, name, self.iteration_start_ns);
-            let mut sources = Sources::default();
+            let mut sources = Model::default();
             for variables in &self.var_stores {
                 sources.add_variables(variables.clone());
             }
@@ -362,7 +362,7 @@ impl TrainingMonitor {
             ..IterationRecord::default()
         };
         // The monitor walks its var stores itself rather than through
-        // `named::Sources`: it runs every iteration within 1% of a small GPU
+        // `named::Model`: it runs every iteration within 1% of a small GPU
         // step, so it keeps the sorted names and the rows of earlier records
         // and reads storage facts only, where the shared walk builds every
         // name, shape and dtype anew for reports read by a person.

@@ -152,7 +152,7 @@ impl OptimizerStates {
 /// [`check_step`]: crate::check_step
 /// [`register_var_store`]: crate::register_var_store
 pub fn register_optimizer(optimizer: Optimizer) -> Result<RegisteredOptimizer> {
-    let states = OptimizerStates::read(&optimizer, &Sources::registered().stores())?;
+    let states = OptimizerStates::read(&optimizer, &Model::registered().stores())?;
     let mut registered = RegisteredOptimizer { optimizer, store: states.store, seen: None, states: 0 };
     registered.refresh()?;
     Ok(registered)
@@ -300,8 +300,34 @@ impl std::fmt::Debug for RegisteredOptimizer {
     }
 }
 
-/// Where named tensors come from.
-pub(crate) struct Sources {
+/// What memlab names memory after: var stores (their variables and
+/// gradients), named tensors, optimizer state and, for
+/// [`Model::registered`], everything registered with
+/// [`register_var_store`](crate::register_var_store),
+/// [`register_tensor`](crate::register_tensor) and
+/// [`register_optimizer`](crate::register_optimizer). Described once and
+/// given to every tool that names memory ([`MemReporter::of`](crate::MemReporter::of),
+/// [`Exporter::of`](crate::export::Exporter::of), [`Courtesy::of`](crate::Courtesy::of),
+/// [`DisposeScope::with_model`](crate::DisposeScope::with_model)); the tools'
+/// own `var_store`, `tensor` and `optimizer` methods add to theirs. The
+/// out-of-memory recorder, `where_gpu_memory_went`, the tracker and the step
+/// logger name memory after the registry.
+///
+/// ```
+/// use tch::{nn, Device, Kind, Tensor};
+///
+/// let vs = nn::VarStore::new(Device::Cpu);
+/// let _fc = nn::linear(vs.root() / "fc", 256, 256, Default::default());
+/// let cache = Tensor::zeros([1024], (Kind::Float, Device::Cpu));
+/// let model = memlab::Model::new().var_store("model", &vs).tensor("kv_cache", &cache);
+/// let report = memlab::MemReporter::of(model.clone()).device(memlab::Device::Cpu).report()?;
+/// let names: Vec<_> = report.device(memlab::Device::Cpu).unwrap().rows.iter().map(|r| r.name.clone()).collect();
+/// assert!(names.contains(&"model.fc.weight".to_string()) && names.contains(&"kv_cache".to_string()));
+/// let snapshot = memlab::export::Exporter::of(model); // the same names in the exports
+/// # drop(snapshot);
+/// # Ok::<(), memlab::Error>(())
+/// ```
+pub struct Model {
     stores: Vec<(String, Arc<Mutex<Variables>>)>,
     tensors: Vec<(String, Tensor)>,
     optimizers: Vec<OptimizerStates>,
@@ -319,9 +345,53 @@ pub(crate) struct Sources {
     busy: Mutex<Vec<String>>,
 }
 
-impl Default for Sources {
-    fn default() -> Sources {
-        Sources {
+fn shallow(tensors: &[(String, Tensor)]) -> Vec<(String, Tensor)> {
+    tensors.iter().map(|(name, t)| (name.clone(), t.shallow_clone())).collect()
+}
+
+impl Clone for OptimizerStates {
+    fn clone(&self) -> OptimizerStates {
+        OptimizerStates {
+            kind: self.kind,
+            store: self.store.clone(),
+            tensors: shallow(&self.tensors),
+            stateless: self.stateless.clone(),
+            absent: self.absent.clone(),
+        }
+    }
+}
+
+/// A copy that shares the tensors and var stores (no tensor is copied).
+impl Clone for Model {
+    fn clone(&self) -> Model {
+        Model {
+            stores: self.stores.clone(),
+            tensors: shallow(&self.tensors),
+            optimizers: self.optimizers.clone(),
+            states: shallow(&self.states),
+            error: self.error.clone(),
+            registry: self.registry,
+            in_handler: self.in_handler,
+            busy: Mutex::new(self.busy()),
+        }
+    }
+}
+
+impl std::fmt::Debug for Model {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names = |list: &[(String, Tensor)]| list.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>();
+        f.debug_struct("Model")
+            .field("var_stores", &self.stores.iter().map(|(prefix, _)| prefix).collect::<Vec<_>>())
+            .field("tensors", &names(&self.tensors))
+            .field("optimizers", &self.optimizers.iter().map(|o| o.kind).collect::<Vec<_>>())
+            .field("registry", &self.registry)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for Model {
+    fn default() -> Model {
+        Model {
             stores: Vec::new(),
             tensors: Vec::new(),
             optimizers: Vec::new(),
@@ -334,10 +404,40 @@ impl Default for Sources {
     }
 }
 
-impl Sources {
-    /// Sources that include everything registered.
-    pub(crate) fn registered() -> Sources {
-        Sources { registry: true, ..Sources::default() }
+impl Model {
+    /// A model with nothing in it yet: add var stores, tensors and optimizers.
+    pub fn new() -> Model {
+        Model::default()
+    }
+
+    /// Everything registered (var stores, tensors, optimizers) at each use,
+    /// plus what is added.
+    pub fn registered() -> Model {
+        Model { registry: true, ..Model::default() }
+    }
+
+    /// Adds a var store; its variables (and their gradients) are named
+    /// `prefix.variable`, or `variable` when `prefix` is empty.
+    pub fn var_store(mut self, prefix: impl Into<String>, vs: &VarStore) -> Model {
+        self.add_store(prefix, vs);
+        self
+    }
+
+    /// Adds a tensor (and its gradient, if it has one) under `name`.
+    pub fn tensor(mut self, name: impl Into<String>, tensor: &Tensor) -> Model {
+        self.add_tensor(name, tensor);
+        self
+    }
+
+    /// Adds the state of `optimizer`, read now under this borrow (memlab never
+    /// keeps the optimizer): `fc.weight.exp_avg` and the like, with exact
+    /// bytes. Its var store must be one added or registered, which names the
+    /// state. When it cannot be read (its var store was not given, or a tch
+    /// whose layout memlab does not know), the first tool that walks the
+    /// model returns the error.
+    pub fn optimizer(mut self, optimizer: &Optimizer) -> Model {
+        self.add_optimizer(optimizer);
+        self
     }
 
     /// Everything registered, taken now without waiting for any lock: for
@@ -345,8 +445,8 @@ impl Sources {
     /// the failing thread may hold a var store's lock itself (tch holds it
     /// while `set_device`, `load` and `copy` allocate). A registry or var
     /// store that is held is passed by and listed in [`busy`](Self::busy).
-    pub(crate) fn registered_now() -> Sources {
-        let mut sources = Sources { in_handler: true, ..Sources::default() };
+    pub(crate) fn registered_now() -> Model {
+        let mut sources = Model { in_handler: true, ..Model::default() };
         match registry::try_all() {
             Some(registered) => {
                 let stores = registered.var_stores.into_iter();

@@ -14,7 +14,7 @@ use std::sync::Mutex;
 
 use memlab_core::events;
 
-use super::{Kind, Sources};
+use super::{Kind, Model};
 
 /// The most allocations remembered; the oldest are forgotten past it.
 const CAPACITY: usize = 1 << 20;
@@ -25,7 +25,7 @@ static SEEN: Mutex<BTreeMap<u64, Kind>> = Mutex::new(BTreeMap::new());
 /// recording runs (else does nothing). A walk that fails (a var store freed
 /// meanwhile, an optimizer memlab cannot read) notes nothing: names are a help
 /// to the reader, never a reason to disturb training.
-pub(crate) fn note(sources: &Sources) {
+pub(crate) fn note(sources: &Model) {
     if !events::is_active() {
         return;
     }

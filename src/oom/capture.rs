@@ -14,7 +14,7 @@ use memlab_tch::BACKEND;
 use super::{Holders, LeftOut, NamedHolder, OomReport, SiteHolder};
 use crate::attribution::{attribute, site_label};
 use crate::diagnosis::diagnose;
-use crate::named::{self, Sources};
+use crate::named::{self, Model};
 
 /// Holders listed by name and by site (each); the rest are added up.
 const TOP_HOLDERS: usize = 20;
@@ -52,7 +52,7 @@ impl OomReport {
         // On the failing thread: its stack is the failing call's (memlab's
         // own frames are left out when resolved).
         let backtrace = failure.backtrace.clone().unwrap_or_else(|| Arc::new(Backtrace::capture()));
-        let sources = Sources::registered_now();
+        let sources = Model::registered_now();
         let mut left_out = Vec::new();
         // Listing the unnamed allocations by site copies the live set.
         let live = events::stats().live as u64;
@@ -102,7 +102,7 @@ impl OomReport {
 }
 
 /// What holds `device`'s memory, named without waiting for any lock.
-fn holders(device: Device, sources: &Sources, with_sites: bool) -> Holders {
+fn holders(device: Device, sources: &Model, with_sites: bool) -> Holders {
     let mut out = Holders::default();
     let Ok(stats) = memlab_tch::device_stats(device) else { return out };
     let named = match sources.collect() {

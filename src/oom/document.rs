@@ -11,7 +11,7 @@ use serde::Serialize;
 use super::capture::{fits, room};
 use super::{Diagnosis, Holders};
 use crate::diagnosis::SMALL_SEGMENT;
-use crate::named::Sources;
+use crate::named::Model;
 
 /// A part of a report that memory did not suffice for.
 #[derive(Clone, Debug, Serialize)]
@@ -108,7 +108,7 @@ impl OomReport {
     /// suffices for them, then the text and JSON again with the final list
     /// of files. Every file is created anew (never overwriting one);
     /// failures to write are kept, never raised.
-    pub(super) fn write(&mut self, dir: &Path, sources: &Sources) {
+    pub(super) fn write(&mut self, dir: &Path, sources: &Model) {
         let base = dir.join(self.base_name());
         let (text_path, json_path) = (base.with_extension("txt"), base.with_extension("json"));
         let mut reports = [(self.create(&text_path), text_path), (self.create(&json_path), json_path)];
@@ -126,7 +126,7 @@ impl OomReport {
         if !events::is_active() {
             return;
         }
-        let sources = Sources::registered_now();
+        let sources = Model::registered_now();
         let exports = [
             ("the HTML report", "html", crate::capture::estimate::html()),
             ("the PyTorch memory snapshot", "pickle", crate::capture::estimate::snapshot()),
