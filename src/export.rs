@@ -19,9 +19,9 @@ use crate::named::Model;
 
 #[doc(hidden)]
 pub use crate::capture::estimate;
-pub use crate::capture::{
-    Block, DeviceTimeline, FlameNode, HtmlReport, Level, Oom, PeakRow, Point, Sample, Segment, Snapshot, SnapshotFrame,
-    SnapshotInfo, Stack, Trace, TraceEntry,
+pub use memlab_core::export::{
+    Block, BlockState, Category, DeviceTimeline, FlameNode, HtmlReport, Level, Oom, PeakRow, Point, Sample, Segment,
+    SegmentType, Snapshot, SnapshotFrame, SnapshotInfo, Stack, Trace, TraceAction, TraceEntry,
 };
 
 /// Builds exports of the current recording.

@@ -761,7 +761,7 @@ fn expandable_segments_are_mapped_and_unmapped_in_the_events_and_the_snapshot() 
         assert!(!actions.contains(&Action::SegmentAlloc), "one expandable segment grows: {actions:?}");
         let maps = actions.iter().filter(|a| **a == Action::SegmentMap).count();
         let snapshot = memlab::export::Exporter::registered().snapshot().unwrap();
-        let trace: Vec<&str> = snapshot.device_traces[0].iter().map(|e| e.action).collect();
+        let trace: Vec<&str> = snapshot.device_traces[0].iter().map(|e| e.action.as_str()).collect();
         assert_eq!(trace.iter().filter(|a| **a == "segment_map").count(), maps, "{trace:?}");
         assert!(trace.contains(&"segment_unmap") && !trace.contains(&"segment_alloc"), "{trace:?}");
         let path = std::env::temp_dir().join(format!("memlab-expandable-{}.pickle", std::process::id()));

@@ -362,7 +362,7 @@ fn the_trace_has_calls_steps_iterations_and_readings() {
     let entries = &snapshot.device_traces[cpu];
     let dead_gradient = entries.iter().enumerate().any(|(i, e)| {
         e.action == "alloc"
-            && e.category == Some("gradient")
+            && e.category == Some(memlab::export::Category::Gradient)
             && entries[i + 1..].iter().any(|f| f.action == "free_completed" && f.addr == e.addr)
     });
     assert!(dead_gradient, "a gradient freed before the export keeps its name");

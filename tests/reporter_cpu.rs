@@ -195,7 +195,7 @@ fn one_model_names_memory_for_every_tool_as_their_own_builders_do() {
         let snapshot = exporter.snapshot().unwrap();
         let cpu = snapshot.memlab.devices.iter().position(|d| d == "cpu").unwrap();
         let allocs = snapshot.device_traces[cpu].iter().filter(|e| e.action == "alloc");
-        allocs.map(|e| (e.size, e.category.unwrap_or("none"))).collect::<Vec<_>>()
+        allocs.map(|e| (e.size, e.category.map_or("none", |c| c.as_str()))).collect::<Vec<_>>()
     };
     let given = categories(memlab::export::Exporter::of(model.clone()));
     let built = memlab::export::Exporter::default().var_store("model", &vs).tensor("cache", &cache).optimizer(&opt);

@@ -8,6 +8,7 @@ mod backend;
 pub mod device;
 mod error;
 pub mod events;
+pub mod export;
 pub mod hash;
 pub mod oom;
 pub mod output;

@@ -5,27 +5,8 @@ use memlab_core::Result;
 
 use crate::ffi;
 
-/// What a block holds, by the names PyTorch's snapshot uses.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum BlockState {
-    /// Used by a tensor.
-    ActiveAllocated,
-    /// Freed, but a stream still uses it.
-    ActivePendingFree,
-    /// Free for reuse.
-    Inactive,
-}
-
-impl BlockState {
-    /// PyTorch's name: `active_allocated`, `active_pending_free`, `inactive`.
-    pub fn name(self) -> &'static str {
-        match self {
-            BlockState::ActiveAllocated => "active_allocated",
-            BlockState::ActivePendingFree => "active_pending_free",
-            BlockState::Inactive => "inactive",
-        }
-    }
-}
+/// What a block holds: the snapshot model's vocabulary, one for every crate.
+pub use memlab_core::export::BlockState;
 
 /// A piece of a segment.
 #[derive(Clone, Debug)]

@@ -4,7 +4,7 @@
 //! call sites repeat the same keys and stacks, and without the memo the file
 //! would hold every copy.
 
-use memlab_core::hash::FastMap;
+use crate::hash::FastMap;
 
 const PROTO: u8 = 0x80;
 const STOP: u8 = b'.';

@@ -1,0 +1,461 @@
+//! PyTorch's memory snapshot, from memlab's recording: the format
+//! `torch.cuda.memory._snapshot()` returns and `_dump_snapshot` pickles
+//! (`segments` with their `blocks`, and `device_traces`), documented in
+//! `torch/cuda/memory.py`. CUDA segments come from the caching allocator's
+//! own snapshot; the traces are memlab's events, with the user's Rust frames.
+//!
+//! Devices are numbered as PyTorch's own converters number them: the CUDA
+//! devices by index, then the CPU (so with one GPU, `device_traces[1]` is the
+//! CPU). The CPU has no segments of its own: each live allocation is listed
+//! as a segment holding one block, so the segments add up to what is live.
+
+use crate::hash::{FastHasher, FastMap};
+use std::hash::{Hash, Hasher};
+use std::path::Path;
+use std::sync::Arc;
+
+use serde::Serialize;
+
+use super::pickle::Pickler;
+use crate::events::{Action, Backtrace, Frame, StatementRef};
+use crate::{Error, Result};
+
+/// A call stack, innermost frame first, shared by every event that has it.
+pub type Stack = Arc<[SnapshotFrame]>;
+
+/// A frame of a stack, as PyTorch writes it.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct SnapshotFrame {
+    /// The source file.
+    pub filename: String,
+    /// The line.
+    pub line: u32,
+    /// The function.
+    pub name: String,
+}
+
+/// Declares an enum whose variants are written as PyTorch's snapshot writes
+/// them (`snake_case`), with `as_str`, `Display`, and comparison with the
+/// written name (`entry.action == "alloc"`).
+macro_rules! snapshot_names {
+    ($(#[$meta:meta])* $name:ident { $($(#[$vmeta:meta])* $variant:ident => $text:literal,)* }) => {
+        $(#[$meta])*
+        #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+        pub enum $name {
+            $($(#[$vmeta])* #[serde(rename = $text)] $variant,)*
+        }
+
+        impl $name {
+            /// Every value, in the order declared.
+            pub const ALL: &'static [$name] = &[$($name::$variant),*];
+
+            /// The name PyTorch's snapshot gives it.
+            pub fn as_str(self) -> &'static str {
+                match self {
+                    $($name::$variant => $text,)*
+                }
+            }
+
+            /// The value PyTorch's snapshot names `name`, if any.
+            pub fn from_name(name: &str) -> Option<$name> {
+                $name::ALL.iter().copied().find(|v| v.as_str() == name)
+            }
+        }
+
+        impl std::fmt::Display for $name {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(self.as_str())
+            }
+        }
+
+        impl PartialEq<&str> for $name {
+            fn eq(&self, other: &&str) -> bool {
+                self.as_str() == *other
+            }
+        }
+
+        impl PartialEq<str> for $name {
+            fn eq(&self, other: &str) -> bool {
+                self.as_str() == other
+            }
+        }
+    };
+}
+
+snapshot_names! {
+    /// The state of a block of a segment.
+    BlockState {
+        /// Allocated to a tensor.
+        ActiveAllocated => "active_allocated",
+        /// Freed, waiting for the streams that used it.
+        ActivePendingFree => "active_pending_free",
+        /// Free.
+        Inactive => "inactive",
+    }
+}
+
+snapshot_names! {
+    /// The pool a segment belongs to.
+    SegmentType {
+        /// Blocks of at most 1 MiB (2 MiB segments).
+        Small => "small",
+        /// Larger blocks.
+        Large => "large",
+    }
+}
+
+snapshot_names! {
+    /// What a trace entry records.
+    TraceAction {
+        /// A tensor's block was allocated.
+        Alloc => "alloc",
+        /// A block was freed (CUDA: its streams may still use it).
+        FreeRequested => "free_requested",
+        /// A freed block is free for reuse.
+        FreeCompleted => "free_completed",
+        /// The allocator obtained a segment from the device.
+        SegmentAlloc => "segment_alloc",
+        /// The allocator gave a segment back.
+        SegmentFree => "segment_free",
+        /// An expandable segment grew.
+        SegmentMap => "segment_map",
+        /// An expandable segment shrank.
+        SegmentUnmap => "segment_unmap",
+        /// A request failed for want of memory.
+        Oom => "oom",
+    }
+}
+
+snapshot_names! {
+    /// What an allocation is, as memory_viz colours it.
+    Category {
+        /// A model's parameter.
+        Parameter => "parameter",
+        /// A gradient.
+        Gradient => "gradient",
+        /// Optimizer state.
+        OptimizerState => "optimizer_state",
+        /// Anything else.
+        Other => "other",
+    }
+}
+
+impl From<Action> for TraceAction {
+    fn from(action: Action) -> TraceAction {
+        match action {
+            Action::Alloc => TraceAction::Alloc,
+            Action::FreeRequested => TraceAction::FreeRequested,
+            Action::FreeCompleted => TraceAction::FreeCompleted,
+            Action::SegmentAlloc => TraceAction::SegmentAlloc,
+            Action::SegmentFree => TraceAction::SegmentFree,
+            Action::SegmentMap => TraceAction::SegmentMap,
+            Action::SegmentUnmap => TraceAction::SegmentUnmap,
+            Action::Oom => TraceAction::Oom,
+        }
+    }
+}
+
+/// A block of a segment.
+#[derive(Clone, Debug, Serialize)]
+pub struct Block {
+    /// Its address.
+    pub address: u64,
+    /// Its size.
+    pub size: u64,
+    /// What the tensor asked for (0 when free).
+    pub requested_size: u64,
+    /// Allocated, freed but waiting for a stream, or free.
+    pub state: BlockState,
+    /// Where it was allocated, innermost first (empty when unknown).
+    pub frames: Stack,
+}
+
+/// A segment: memory the allocator obtained at once.
+#[derive(Clone, Debug, Serialize)]
+pub struct Segment {
+    /// The index of its device in `device_traces`.
+    pub device: usize,
+    /// Its address.
+    pub address: u64,
+    /// Its size.
+    pub total_size: u64,
+    /// The stream it serves (0 on the CPU).
+    pub stream: u64,
+    /// Which pool it belongs to: small or large (blocks over 1 MiB).
+    pub segment_type: SegmentType,
+    /// Bytes of its allocated blocks.
+    pub allocated_size: u64,
+    /// Bytes of its allocated blocks and those waiting for a stream.
+    pub active_size: u64,
+    /// Bytes its tensors asked for.
+    pub requested_size: u64,
+    /// Whether it is an expandable segment.
+    pub is_expandable: bool,
+    /// Its blocks, by address.
+    pub blocks: Vec<Block>,
+}
+
+/// One event of a device's trace.
+#[derive(Clone, Debug, Serialize)]
+pub struct TraceEntry {
+    /// What happened.
+    pub action: TraceAction,
+    /// The block's address (absent for `oom`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub addr: Option<u64>,
+    /// Its size; for `oom`, what was asked for.
+    pub size: u64,
+    /// The stream (0 on the CPU).
+    pub stream: u64,
+    /// Microseconds since the recording began.
+    pub time_us: u64,
+    /// Where the allocation was made, innermost first; frees repeat their
+    /// allocation's frames, as PyTorch's converters do.
+    pub frames: Stack,
+    /// For `alloc`: what the memory is (named by the walk over the model at
+    /// export time for allocations still alive then, else by the walks at
+    /// each `StepLogger` step or `TrainingMonitor` record that saw it alive).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub category: Option<Category>,
+    /// For `oom`: what the device still had free (the CPU: the host's
+    /// available memory, 0 where unknown).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub device_free: Option<u64>,
+}
+
+/// What memlab adds to the snapshot (PyTorch's readers ignore it).
+#[derive(Clone, Debug, Serialize)]
+pub struct SnapshotInfo {
+    /// The device of each index of `device_traces`: `cuda:0`, …, `cpu`.
+    pub devices: Vec<String>,
+    /// Whether the recording's bounded history dropped events (the traces
+    /// then start later than the recording), or memory ran out while the
+    /// live set grew (some live blocks are missing): the data is partial.
+    pub partial: bool,
+    /// How many events were dropped.
+    pub dropped: u64,
+    /// How many events the recording saw.
+    pub recorded: u64,
+}
+
+/// A PyTorch memory snapshot of memlab's recording.
+#[derive(Clone, Debug, Serialize)]
+pub struct Snapshot {
+    /// The allocators' segments now.
+    pub segments: Vec<Segment>,
+    /// Per device (see [`SnapshotInfo::devices`]): its events, oldest first.
+    pub device_traces: Vec<Vec<TraceEntry>>,
+    /// memlab's notes on the data.
+    pub memlab: SnapshotInfo,
+}
+
+impl Snapshot {
+    /// The snapshot as a pickle, as `torch.cuda.memory._dump_snapshot`
+    /// writes it.
+    pub fn to_pickle(&self) -> Result<Vec<u8>> {
+        let mut p = Pickler::new();
+        p.dict(|p| {
+            p.str("segments");
+            p.list(|p| self.segments.iter().for_each(|s| segment(p, s)));
+            p.str("device_traces");
+            p.list(|p| {
+                for trace in &self.device_traces {
+                    p.list(|p| trace.iter().for_each(|e| entry(p, e)));
+                }
+            });
+            p.str("memlab");
+            p.dict(|p| {
+                p.str("devices");
+                p.list(|p| self.memlab.devices.iter().for_each(|d| p.str(d)));
+                p.str("partial");
+                p.bool(self.memlab.partial);
+                p.str("dropped");
+                p.int(self.memlab.dropped.into());
+                p.str("recorded");
+                p.int(self.memlab.recorded.into());
+            });
+        });
+        Ok(p.finish())
+    }
+
+    /// Writes the pickle to `path`: open it at pytorch.org/memory_viz, or
+    /// read it with `python -m torch.cuda._memory_viz stats|trace FILE`.
+    pub fn write_pickle(&self, path: impl AsRef<Path>) -> Result<()> {
+        let path = path.as_ref();
+        std::fs::write(path, self.to_pickle()?).map_err(|e| Error::io(format!("write {}", path.display()), e))
+    }
+}
+
+fn stack(p: &mut Pickler, frames: &Stack) {
+    p.shared(frames.as_ptr() as usize, |p| {
+        p.list(|p| {
+            for f in frames.iter() {
+                p.dict(|p| {
+                    p.key("filename");
+                    p.str(&f.filename);
+                    p.key("line");
+                    p.int(f.line.into());
+                    p.key("name");
+                    p.str(&f.name);
+                });
+            }
+        })
+    });
+}
+
+fn segment(p: &mut Pickler, s: &Segment) {
+    p.dict(|p| {
+        for (key, value) in [
+            ("device", s.device as u64),
+            ("address", s.address),
+            ("total_size", s.total_size),
+            ("stream", s.stream),
+            ("allocated_size", s.allocated_size),
+            ("active_size", s.active_size),
+            ("requested_size", s.requested_size),
+        ] {
+            p.key(key);
+            p.int(value.into());
+        }
+        p.key("segment_type");
+        p.key(s.segment_type.as_str());
+        p.key("is_expandable");
+        p.bool(s.is_expandable);
+        p.key("blocks");
+        p.list(|p| {
+            for b in &s.blocks {
+                p.dict(|p| {
+                    for (key, value) in [("address", b.address), ("size", b.size), ("requested_size", b.requested_size)]
+                    {
+                        p.key(key);
+                        p.int(value.into());
+                    }
+                    p.key("state");
+                    p.key(b.state.as_str());
+                    p.key("frames");
+                    stack(p, &b.frames);
+                });
+            }
+        });
+    });
+}
+
+fn entry(p: &mut Pickler, e: &TraceEntry) {
+    p.dict(|p| {
+        p.key("action");
+        p.key(e.action.as_str());
+        if let Some(addr) = e.addr {
+            p.key("addr");
+            p.int(addr.into());
+        }
+        for (key, value) in [("size", e.size), ("stream", e.stream), ("time_us", e.time_us)] {
+            p.key(key);
+            p.int(value.into());
+        }
+        p.key("frames");
+        stack(p, &e.frames);
+        if let Some(category) = e.category {
+            p.key("category");
+            p.key(category.as_str());
+        }
+        if let Some(free) = e.device_free {
+            p.key("device_free");
+            p.int(free.into());
+        }
+    });
+}
+
+/// A stack built: its return addresses, its statement and its frames.
+type KnownStack = (Box<[u64]>, Option<StatementRef>, Stack);
+
+/// Resolves return addresses to the user's frames once per address, and
+/// builds each distinct stack once.
+#[derive(Default)]
+pub struct Frames {
+    resolved: FastMap<u64, Vec<Frame>>,
+    /// By the hash of (addresses, statement): the stacks with that hash.
+    stacks: FastMap<u64, Vec<KnownStack>>,
+}
+
+impl Frames {
+    /// The frames of an allocation: its backtrace's user frames, with the
+    /// profiled statement's line in the innermost frame of its function; or
+    /// the statement alone without a backtrace.
+    pub fn of(&mut self, backtrace: Option<&Backtrace>, statement: Option<&StatementRef>) -> Stack {
+        let addresses = backtrace.map_or(&[][..], |b| b.addresses());
+        let mut hasher = FastHasher::default();
+        addresses.hash(&mut hasher);
+        statement.hash(&mut hasher);
+        let hash = hasher.finish();
+        let found = self.stacks.get(&hash).and_then(|same| {
+            same.iter()
+                .find(|(a, st, _)| **a == *addresses && st.as_ref() == statement)
+                .map(|(_, _, stack)| stack.clone())
+        });
+        if let Some(stack) = found {
+            return stack;
+        }
+        let stack: Stack = self.build(backtrace, statement).into();
+        self.stacks.entry(hash).or_default().push((addresses.into(), statement.copied(), stack.clone()));
+        stack
+    }
+
+    fn build(&mut self, backtrace: Option<&Backtrace>, statement: Option<&StatementRef>) -> Vec<SnapshotFrame> {
+        let mut frames: Vec<Frame> = Vec::new();
+        if let Some(bt) = backtrace {
+            for &address in bt.addresses() {
+                frames.extend(self.resolved.entry(address).or_insert_with(|| Frame::resolve(address)).iter().cloned());
+            }
+        }
+        if let Some(st) = statement {
+            // The profiled function's own frame gets the statement's line;
+            // a helper it called, in the same file or not, keeps its own.
+            let same_file = |f: &Frame| f.file.ends_with(st.file()) || st.file().ends_with(&f.file);
+            match frames.iter_mut().find(|f| same_file(f) && same_function(&f.function, st.function())) {
+                Some(frame) => frame.line = st.line,
+                None => frames.insert(0, Frame::of_statement(st)),
+            }
+        }
+        frames.into_iter().map(|f| SnapshotFrame { filename: f.file, line: f.line, name: f.function }).collect()
+    }
+}
+
+/// Whether a frame's function (as the debug information names it:
+/// `crate::module::f`, or `…::f::{{closure}}` for a closure inside it) is the
+/// profiled function `profiled` (the macro's path: `module::f`, or
+/// `Type::method` without generic arguments).
+fn same_function(frame: &str, profiled: &str) -> bool {
+    let frame = frame.split("::{{closure}}").next().unwrap_or(frame);
+    // Generic arguments in the frame's path (`Holder<T>::make`) are not in the profiled name.
+    let mut plain = String::with_capacity(frame.len());
+    let mut depth = 0usize;
+    for c in frame.chars() {
+        match c {
+            '<' => depth += 1,
+            '>' => depth = depth.saturating_sub(1),
+            c if depth == 0 => plain.push(c),
+            _ => {}
+        }
+    }
+    // `<T as Trait>::m` leaves `::m`: the method of a trait impl.
+    plain == profiled
+        || plain.ends_with(&format!("::{profiled}"))
+        || profiled.ends_with(&format!("::{plain}"))
+        || (plain.starts_with("::") && profiled.ends_with(&plain))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::same_function;
+
+    #[test]
+    fn a_frame_is_the_profiled_function_by_its_path() {
+        assert!(same_function("train::step", "train::step"));
+        assert!(same_function("mycrate::train::step", "train::step"));
+        assert!(same_function("train::step::{{closure}}", "train::step"));
+        assert!(same_function("demo::Holder<f32>::make", "demo::Holder::make"));
+        assert!(same_function("<demo::Net as demo::Step>::step", "demo::Net::step"));
+        assert!(!same_function("train::helper", "train::step"));
+        assert!(!same_function("train::step_twice", "train::step"));
+    }
+}
