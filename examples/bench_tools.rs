@@ -172,7 +172,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("| resident set (`rss()`) | {:.2} µs |", per_call(2000, || _ = black_box(memlab::logger::rss())));
     println!(
         "| allocator statistics (`raw_stats({mdev})`) | {:.2} µs |",
-        per_call(2000, || _ = black_box(memlab::stats::raw_stats(mdev)))
+        per_call(2000, || _ = black_box(memlab_tch::raw_stats(mdev)))
     );
     if let Device::Cuda(i) = device {
         println!(

@@ -17,8 +17,6 @@ use tch::Tensor;
 use crate::capture::{html, snapshot, trace};
 use crate::named::Model;
 
-#[doc(hidden)]
-pub use crate::capture::estimate;
 pub use memlab_core::export::{
     Block, BlockState, Category, DeviceTimeline, FlameNode, HtmlReport, Level, Oom, PeakRow, Point, Sample, Segment,
     SegmentType, Snapshot, SnapshotFrame, SnapshotInfo, Stack, Trace, TraceAction, TraceEntry,

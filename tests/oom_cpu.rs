@@ -65,23 +65,23 @@ fn a_failed_request_is_reported_before_the_error_arrives_and_training_goes_on() 
     opt.with_mut(|opt| train_step(&net, opt, false)).unwrap();
 
     let seen = memlab::oom::ooms_seen();
-    let reads = memlab::stats::gradient_reads();
+    let reads = memlab::testing::gradient_reads();
     let err = opt.with_mut(|opt| train_step(&net, opt, true)).expect_err("2^48 bytes cannot be allocated");
     // The handler named the last step's gradients without asking libtorch
     // for one: the two reads are the registered optimizer's, after the call.
     let report = memlab::last_oom().expect("the failure was recorded");
     assert_eq!(report.number, seen + 1, "the report of this failure, not an earlier one");
     assert!(report.holders.named.iter().any(|n| n.name == "model.fc.weight.grad"), "{:?}", report.holders.named);
-    assert_eq!(memlab::stats::gradient_reads(), reads + 2, "weight and bias, once, after the call");
+    assert_eq!(memlab::testing::gradient_reads(), reads + 2, "weight and bias, once, after the call");
     assert_eq!(memlab::oom::ooms_seen(), seen + 1, "this failure, and only it, was seen");
     assert!(err.to_string().contains("allocate memory"), "libtorch's own error reaches the caller: {err}");
     // Training goes on.
     assert!(opt.with_mut(|opt| train_step(&net, opt, false)).unwrap().is_finite());
     // A failure between steps, outside any step method: the report names the
     // step's gradients, and libtorch is asked for none while it is written.
-    let reads = memlab::stats::gradient_reads();
+    let reads = memlab::testing::gradient_reads();
     assert!(Tensor::f_empty([TOO_BIG], (Kind::Float, tch::Device::Cpu)).is_err());
-    assert_eq!(memlab::stats::gradient_reads(), reads, "no gradient read during a report");
+    assert_eq!(memlab::testing::gradient_reads(), reads, "no gradient read during a report");
     let between = memlab::last_oom().unwrap();
     assert!(between.holders.named.iter().any(|n| n.name == "model.fc.bias.grad"), "{:?}", between.holders.named);
 

@@ -125,9 +125,9 @@ fn the_estimates_stay_above_what_each_part_takes() {
         churn(pairs, deep, keep, &mut kept);
         let stats = memlab::events::stats();
         let exporter = memlab::export::Exporter::registered();
-        let html = memlab::export::estimate::html();
-        let snapshot = memlab::export::estimate::snapshot();
-        let by_site = memlab::export::estimate::by_site(stats.live as u64);
+        let html = memlab::testing::estimate::html();
+        let snapshot = memlab::testing::estimate::snapshot();
+        let by_site = memlab::testing::estimate::by_site(stats.live as u64);
         let (_, html_took) = peak_of(|| exporter.html_report().unwrap().to_html().len());
         let (_, snapshot_took) = peak_of(|| exporter.snapshot().unwrap().to_pickle().unwrap().len());
         let (_, by_site_took) = peak_of(|| {

@@ -38,7 +38,7 @@ fn pause_in_last_release() {
 fn a_last_release_cannot_clear_hooks_that_a_new_user_set() {
     let _s = serial();
     *PAUSED.0.lock().unwrap() = false;
-    memlab::__private::events_testing::pause_after_next_last_release(pause_in_last_release);
+    memlab::testing::pause_after_next_last_release(pause_in_last_release);
     // Thread A is the recorder's only user; it stops in its last release,
     // right before the hooks go off.
     let a = std::thread::spawn(|| drop(DisposeScope::new("a").unwrap().on_escape(OnEscape::Silent)));

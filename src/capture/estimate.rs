@@ -6,7 +6,8 @@
 //! thousands of distinct deep stacks; see `tests/oom_limits_cpu.rs`, which
 //! checks that each estimate stays above what the export really took) and
 //! carry a margin; they are estimates, and every report that uses one says so.
-//! Public only for that test: not part of memlab's API.
+//! Reached by that test through `memlab::testing` (the `testing` feature):
+//! not part of memlab's API.
 
 use memlab_core::events;
 

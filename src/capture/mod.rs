@@ -9,7 +9,6 @@
 //!
 //! [`Model`]: crate::Model
 
-#[doc(hidden)]
 pub mod estimate;
 pub(crate) mod html;
 pub(crate) mod snapshot;

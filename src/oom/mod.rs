@@ -105,7 +105,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use memlab_core::oom::Failure;
-pub use memlab_core::oom::{CacheFree, DeviceMemory, HostLimit, MemoryFigures, Serving, Verdict};
+pub use memlab_core::oom::{CacheFree, DeviceMemory, HostLimit, MemoryFigures, Verdict};
 use memlab_core::{format_bytes, Backend, Error, Result};
 use memlab_tch::BACKEND;
 
