@@ -8,7 +8,7 @@ use serde::Serialize;
 use memlab_core::events::Frame;
 use memlab_core::oom::{DeviceMemory, Failure, MemoryFigures, Serving, Verdict};
 use memlab_core::render::{Document, Render};
-use memlab_core::{format_bytes, Device, Result};
+use memlab_core::{format_bytes, Device};
 use memlab_tch::BACKEND;
 
 /// The segment libtorch's CUDA allocator reserves for a small request.
@@ -92,9 +92,9 @@ pub(crate) fn diagnose(failure: &Failure, holders: Option<&Holders>) -> (Diagnos
     // and larger ones for the rest.
     let serving = matches!(device, Device::Cuda(_))
         .then(|| Serving { stream: failure.stream.unwrap_or(0), large: failure.requested != SMALL_SEGMENT });
-    let mut figures = MemoryFigures::read(&BACKEND, device, serving).unwrap_or_else(|e| {
+    let (mut figures, device_missing) = MemoryFigures::read_explained(&BACKEND, device, serving).unwrap_or_else(|e| {
         missing.push(format!("the allocator's figures: {e}"));
-        MemoryFigures::default()
+        (MemoryFigures::default(), None)
     });
     // The allocator's own figures at the failure beat a reading now.
     if let (Some(free), Some(total)) = (failure.device_free, failure.device_total) {
@@ -102,10 +102,11 @@ pub(crate) fn diagnose(failure: &Failure, holders: Option<&Holders>) -> (Diagnos
             figures.device.map_or((None, None, None), |d| (d.this_process, d.other_processes, d.limit));
         figures.device = Some(DeviceMemory::new(free, total, this, others).limited_by(limit));
     }
+    if let (None, Some(e)) = (figures.device, &device_missing) {
+        let which = if device == Device::Cpu { "the host's memory" } else { "the driver's free and total memory" };
+        missing.push(format!("{which}: {e}"));
+    }
     if let Device::Cuda(i) = device {
-        if figures.device.is_none() {
-            missing.push(format!("the driver's free and total memory: {}", error_of(memlab_tch::driver_memory(i))));
-        }
         if figures.device.is_some_and(|d| d.this_process.is_none()) {
             match memlab_tch::process_gpu_memory(i) {
                 Ok(None) => missing.push("this process's use: NVML does not list this process".to_string()),
@@ -113,16 +114,10 @@ pub(crate) fn diagnose(failure: &Failure, holders: Option<&Holders>) -> (Diagnos
                 Ok(Some(_)) => {}
             }
         }
-    } else if figures.device.is_none() {
-        missing.push("the host's memory: /proc/meminfo could not be read".to_string());
     }
     let verdict = Verdict::decide(failure.requested, &figures);
     let advice = advice(failure, &figures, verdict, holders);
     (Diagnosis { device, requested: failure.requested, rounded: failure.rounded, figures, verdict, advice }, missing)
-}
-
-fn error_of<T>(r: Result<T>) -> String {
-    r.err().map_or_else(|| "unknown".to_string(), |e| e.to_string())
 }
 
 fn advice(failure: &Failure, f: &MemoryFigures, verdict: Verdict, holders: Option<&Holders>) -> String {

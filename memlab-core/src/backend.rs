@@ -47,10 +47,9 @@ pub trait Backend: Send + Sync {
     }
 
     /// `device`'s memory as its driver (or, for the CPU, the kernel) counts
-    /// it; `None` where it cannot be read.
-    fn device_memory(&self, device: Device) -> Option<DeviceMemory> {
-        let _ = device;
-        None
+    /// it; the error says why it cannot be read.
+    fn device_memory(&self, device: Device) -> Result<DeviceMemory> {
+        Err(crate::Error::DriverUnavailable(format!("this backend does not read {device}'s driver")))
     }
 }
 
@@ -275,7 +274,8 @@ impl Backend for ScriptedBackend {
         Ok(self.with_memory(device, |c, _| *c))
     }
 
-    fn device_memory(&self, device: Device) -> Option<DeviceMemory> {
-        self.with_memory(device, |_, m| *m)
+    fn device_memory(&self, device: Device) -> Result<DeviceMemory> {
+        let scripted = self.with_memory(device, |_, m| *m);
+        scripted.ok_or_else(|| crate::Error::DriverUnavailable(format!("{device}'s driver is scripted unreadable")))
     }
 }

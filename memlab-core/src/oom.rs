@@ -236,15 +236,30 @@ impl MemoryFigures {
     /// Reads `device`'s figures through `backend`; with `serving`, the
     /// cache's free blocks are those that could serve such a request.
     pub fn read(backend: &dyn Backend, device: Device, serving: Option<Serving>) -> Result<MemoryFigures> {
+        MemoryFigures::read_explained(backend, device, serving).map(|(figures, _)| figures)
+    }
+
+    /// [`read`](Self::read), with why the driver's figures are missing when
+    /// they are (`device` is then `None`): the backend is asked once.
+    pub fn read_explained(
+        backend: &dyn Backend,
+        device: Device,
+        serving: Option<Serving>,
+    ) -> Result<(MemoryFigures, Option<crate::Error>)> {
         let mut raw = crate::stats::RawStats::default();
         backend.sample(device, &mut raw, false)?;
         let stats = raw.to_device_stats();
-        Ok(MemoryFigures {
+        let (memory, missing) = match backend.device_memory(device) {
+            Ok(memory) => (Some(memory), None),
+            Err(e) => (None, Some(e)),
+        };
+        let figures = MemoryFigures {
             allocated: stats.allocated_bytes.all.current,
             reserved: stats.reserved_bytes.all.current,
             cache_free: backend.cache_free(device, serving)?,
-            device: backend.device_memory(device),
-        })
+            device: memory,
+        };
+        Ok((figures, missing))
     }
 
     /// Fragmentation: the cache's free bytes that are not in its largest free
@@ -401,5 +416,11 @@ mod tests {
         backend.clear_device_memory(gpu);
         let (v, figures) = verdict(&backend, gpu, 4 * GIB);
         assert_eq!((v, figures.device, figures.fragmentation_share()), (Verdict::NotEnoughFree, None, None));
+        // Why the driver's figures are missing comes with them, from the one reading.
+        let (figures, why) = MemoryFigures::read_explained(&backend, gpu, None).unwrap();
+        assert_eq!(figures.device, None);
+        assert!(why.is_some_and(|e| e.to_string().contains("cuda:0's driver is scripted unreadable")));
+        let (_, why) = MemoryFigures::read_explained(&backend, Device::Cpu, None).unwrap();
+        assert!(why.is_some(), "a device never scripted has no driver figures either");
     }
 }

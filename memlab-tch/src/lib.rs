@@ -139,7 +139,7 @@ impl Backend for TchBackend {
         }
     }
 
-    fn device_memory(&self, device: Device) -> Option<memlab_core::oom::DeviceMemory> {
+    fn device_memory(&self, device: Device) -> Result<memlab_core::oom::DeviceMemory> {
         oom::device_memory(device)
     }
 }

@@ -51,7 +51,7 @@ pub extern "C" fn memlab_tch_on_oom(device: i32, requested: u64, device_free: u6
         let mut failure;
         if device == ffi::EVENT_DEVICE_CPU {
             failure = Failure::here(Device::Cpu, requested);
-            let mut host = device_memory(Device::Cpu);
+            let mut host = device_memory(Device::Cpu).ok();
             if let Some(m) = host.as_mut().filter(|m| m.limit == Some(HostLimit::AddressSpace)) {
                 // What was free when the request failed: the reserve, given
                 // back since, was not the program's to use.
@@ -381,11 +381,16 @@ pub(crate) fn cuda_cache_free(index: usize, serving: Option<Serving>) -> Result<
 
 /// What the driver (CUDA) or the kernel (the CPU) says of `device`'s memory.
 /// On the CPU, what this process may use: the host's free and total memory,
-/// or the address-space limit's or the cgroup's where they leave less.
-pub(crate) fn device_memory(device: Device) -> Option<DeviceMemory> {
+/// or the address-space limit's or the cgroup's where they leave less. The
+/// error says why the figures cannot be read.
+pub(crate) fn device_memory(device: Device) -> memlab_core::Result<DeviceMemory> {
     match device {
         Device::Cpu => {
-            let (mut free, mut total) = crate::host_memory()?;
+            let unreadable = || {
+                let missing = std::io::Error::from(std::io::ErrorKind::NotFound);
+                memlab_core::Error::io("read /proc/meminfo", missing)
+            };
+            let (mut free, mut total) = crate::host_memory().ok_or_else(unreadable)?;
             let mut limit = None;
             let address_space =
                 crate::address_space().and_then(|(mapped, limit)| limit.map(|l| (l.saturating_sub(mapped), l)));
@@ -395,13 +400,13 @@ pub(crate) fn device_memory(device: Device) -> Option<DeviceMemory> {
                     (free, total, limit) = (room_free, room_total.min(total), Some(which));
                 }
             }
-            Some(DeviceMemory::new(free, total, Some(crate::resident_set()), None).limited_by(limit))
+            Ok(DeviceMemory::new(free, total, Some(crate::resident_set()), None).limited_by(limit))
         }
         Device::Cuda(i) => {
-            let driver = crate::driver_memory(i).ok()?;
+            let driver = crate::driver_memory(i)?;
             let this = crate::process_gpu_memory(i).ok().flatten();
             let others = this.map(|mine| driver.used().saturating_sub(mine));
-            Some(DeviceMemory::new(driver.free, driver.total, this, others))
+            Ok(DeviceMemory::new(driver.free, driver.total, this, others))
         }
     }
 }

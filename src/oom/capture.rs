@@ -25,7 +25,7 @@ const SITE_FRAMES: usize = 6;
 /// memory, or what its address-space or cgroup limit leaves (the reserve,
 /// once given back, included); `None` where nothing can be read.
 pub(super) fn room() -> Option<u64> {
-    BACKEND.device_memory(Device::Cpu).map(|m| m.free)
+    BACKEND.device_memory(Device::Cpu).ok().map(|m| m.free)
 }
 
 /// Whether a part estimated to take `needed` bytes fits in what is left
