@@ -116,8 +116,15 @@ pub fn quietly<R, T: Send + 'static>(
     f: impl FnOnce(u64) -> R,
 ) -> (R, Option<T>) {
     let ticket = quiet::start(device, Arc::new(move |failure: &Failure| Box::new(inspect(failure)) as quiet::Seen));
-    /// Takes the try off the list even if `f` unwinds.
+    /// Takes the try off the list once: when it returns, or as `f` unwinds.
     struct Guard(u64);
+    impl Guard {
+        fn finish(self) -> Option<quiet::Seen> {
+            let seen = quiet::end(self.0);
+            std::mem::forget(self);
+            seen
+        }
+    }
     impl Drop for Guard {
         fn drop(&mut self) {
             quiet::end(self.0);
@@ -125,8 +132,7 @@ pub fn quietly<R, T: Send + 'static>(
     }
     let guard = Guard(ticket);
     let out = f(ticket);
-    let seen = quiet::end(guard.0);
-    drop(guard);
+    let seen = guard.finish();
     (out, seen.and_then(|s| s.downcast::<T>().ok()).map(|t| *t))
 }
 

@@ -29,7 +29,8 @@ fn label_of(frames: &[SnapshotFrame]) -> String {
     frames.first().map_or_else(|| UNKNOWN.to_string(), frame_label)
 }
 
-/// `function (file:line)`, or the placeholder of a frame without a place.
+/// `function (file:line)`; a frame without a file (memlab's own labels,
+/// such as the one for allocations outside the user's code) is its name.
 fn frame_label(f: &SnapshotFrame) -> String {
     if f.filename.is_empty() {
         f.name.clone()

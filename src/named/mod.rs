@@ -521,7 +521,7 @@ impl Model {
 
     /// The named tensors: the ones added, then the registered ones still alive.
     pub(crate) fn tensors(&self) -> Vec<(String, Tensor)> {
-        let mut out: Vec<(String, Tensor)> = self.tensors.iter().map(|(n, t)| (n.clone(), t.shallow_clone())).collect();
+        let mut out = shallow(&self.tensors);
         if self.registry {
             out.extend(registry::tensors());
         }
