@@ -322,9 +322,12 @@ fn at_most_the_limit_of_reports_is_written() {
 #[test]
 fn memlab_oom_dir_arms_the_recorder_as_the_program_loads() {
     if child("memlab_oom_dir_arms_the_recorder_as_the_program_loads") {
-        // No memlab call before the failure.
-        assert!(Tensor::f_empty([TOO_BIG], (Kind::Float, tch::Device::Cpu)).is_err());
+        // No memlab call before the failure: the directory was made, and the
+        // reserve kept aside, as the program loaded.
         let out = PathBuf::from(std::env::var("MEMLAB_OOM_DIR").unwrap());
+        assert!(out.is_dir(), "made as the program loaded");
+        assert_eq!(memlab_tch::oom::reserve::bytes(), memlab::oom::DEFAULT_RESERVE);
+        assert!(Tensor::f_empty([TOO_BIG], (Kind::Float, tch::Device::Cpu)).is_err());
         assert_eq!(reports(&out, "txt").len(), 1);
         assert_eq!(OomRecorder::armed_dir(), Some(out));
         return;

@@ -307,16 +307,6 @@ const bool g_installed_at_load = [] {
   return error == nullptr;
 }();
 
-// MEMLAB_OOM_DIR arms the out-of-memory recorder as the program loads, so
-// that an out-of-memory failure before any memlab call is reported too.
-const bool g_oom_from_environment = [] {
-  if (std::getenv("MEMLAB_OOM_DIR") == nullptr) {
-    return false;
-  }
-  memlab_tch_oom_from_environment();
-  return true;
-}();
-
 // The CUDA allocator is registered once, when libtorch_cuda loads; looking it
 // up once spares every probe a dynamic_cast.
 c10::DeviceAllocator* cuda_allocator() {

@@ -224,9 +224,6 @@ struct memlab_block {
 // comes with libtorch's trace). Never unwinds.
 void memlab_tch_on_oom(int32_t device, uint64_t requested, uint64_t device_free, uint64_t device_total,
                        uint64_t stream);
-// Called once while the program loads when MEMLAB_OOM_DIR is set: arms the
-// out-of-memory recorder from the environment.
-void memlab_tch_oom_from_environment(void);
 
 void memlab_free_error(char* error);
 int32_t memlab_built_with_cuda(void);

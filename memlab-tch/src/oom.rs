@@ -18,9 +18,8 @@
 
 use memlab_core::sync::LockExt;
 use std::cell::Cell;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, OnceLock};
+use std::sync::Mutex;
 use std::time::Duration;
 
 use memlab_core::events::Action;
@@ -105,9 +104,6 @@ pub mod reserve {
 
     use memlab_core::sync::LockExt;
 
-    /// What `MEMLAB_OOM_DIR` keeps aside, and the recorder unless told otherwise.
-    pub const DEFAULT_BYTES: u64 = 64 << 20;
-
     /// The mapping held now: (address, bytes); (0, 0) when none.
     static HELD: Mutex<(usize, usize)> = Mutex::new((0, 0));
     /// The size asked for, which [`restore`] takes again.
@@ -187,24 +183,6 @@ pub mod reserve {
     }
 }
 
-/// The shim calls this while the program loads when `MEMLAB_OOM_DIR` is set.
-#[no_mangle]
-pub extern "C" fn memlab_tch_oom_from_environment() {
-    let _ = std::panic::catch_unwind(|| {
-        if environment_dir().is_some() {
-            if let Err(e) = reserve::set(reserve::DEFAULT_BYTES) {
-                memlab_core::output::warn(&format!(
-                    "memlab: MEMLAB_OOM_DIR: the out-of-memory reserve ({} bytes of address space) cannot be \
-                     kept ({e}); reports are written without it\n",
-                    reserve::DEFAULT_BYTES
-                ));
-            }
-            prepare_failure_path();
-            watch_cuda();
-        }
-    });
-}
-
 /// Does now what a failure path would otherwise do when memory has run
 /// out: reads the unwind tables and the program's debug information (for
 /// the failing call's frames) and starts the thread that hands warnings to
@@ -212,47 +190,6 @@ pub extern "C" fn memlab_tch_oom_from_environment() {
 pub fn prepare_failure_path() {
     memlab_core::events::prepare_backtraces();
     memlab_core::output::prepare_later();
-}
-
-/// The directory `MEMLAB_OOM_DIR` names, created if missing; `None` when it
-/// is unset or cannot be used, which is said once on standard error (the
-/// variable is read as the program loads, before it could choose where
-/// memlab's warnings go).
-pub fn environment_dir() -> Option<&'static PathBuf> {
-    static DIR: OnceLock<Option<PathBuf>> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let raw = std::env::var_os("MEMLAB_OOM_DIR")?;
-        if raw.is_empty() {
-            return None;
-        }
-        // Absolute: a later change of the working directory must not move the reports.
-        let dir = std::path::absolute(PathBuf::from(&raw)).unwrap_or_else(|_| PathBuf::from(raw));
-        match usable_dir(&dir) {
-            Ok(()) => Some(dir),
-            Err(why) => {
-                memlab_core::output::warn(&format!(
-                    "memlab: ignoring MEMLAB_OOM_DIR={}: {why}; out-of-memory reports are off until \
-                     memlab::OomRecorder arms them\n",
-                    dir.display()
-                ));
-                None
-            }
-        }
-    })
-    .as_ref()
-}
-
-/// Whether reports can be written in `dir`: it exists (made if missing), is
-/// a directory, and takes a file; an [`Error::Io`](memlab_core::Error::Io)
-/// that says which of these failed, with the system's error, otherwise.
-pub fn usable_dir(dir: &std::path::Path) -> memlab_core::Result<()> {
-    use memlab_core::Error;
-    let what = |step: &str| format!("{step} {} for out-of-memory reports", dir.display());
-    std::fs::create_dir_all(dir).map_err(|e| Error::io(what("create the directory"), e))?;
-    let probe = dir.join(format!(".memlab-oom-probe-{}", std::process::id()));
-    std::fs::write(&probe, b"").map_err(|e| Error::io(what("write a file in"), e))?;
-    let _ = std::fs::remove_file(&probe);
-    Ok(())
 }
 
 static WATCHING: AtomicBool = AtomicBool::new(false);

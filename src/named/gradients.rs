@@ -17,7 +17,8 @@ use tch::nn::Variables;
 use tch::Tensor;
 
 static GRADIENTS: Mutex<Option<HashMap<String, WeakTensor>>> = Mutex::new(None);
-/// Set while the out-of-memory recorder is armed by a call.
+/// Set while the out-of-memory recorder is armed (by a call or by
+/// `MEMLAB_OOM_DIR`).
 static KEEP: AtomicBool = AtomicBool::new(false);
 
 /// Keeps the gradients walks see from now on, or stops (and forgets
@@ -29,10 +30,9 @@ pub(crate) fn keep(on: bool) {
     }
 }
 
-/// Whether walks keep the gradients they see: while the recorder is
-/// armed, by a call or by `MEMLAB_OOM_DIR` (read once, at load).
+/// Whether walks keep the gradients they see: while the recorder is armed.
 pub(super) fn kept() -> bool {
-    KEEP.load(Ordering::Relaxed) || memlab_tch::oom::environment_dir().is_some()
+    KEEP.load(Ordering::Relaxed)
 }
 
 /// Keeps the gradients of the variables of `store` (named `prefix.name`),

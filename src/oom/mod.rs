@@ -97,6 +97,7 @@
 
 mod capture;
 mod document;
+mod environment;
 mod watermark;
 
 use memlab_core::sync::LockExt;
@@ -118,7 +119,7 @@ pub use document::{LeftOut, OomReport};
 pub const DEFAULT_MAX_REPORTS: usize = 3;
 /// Address space kept aside for the failure path unless
 /// [`OomRecorder::reserve`] says otherwise: 64 MiB.
-pub const DEFAULT_RESERVE: u64 = memlab_tch::oom::reserve::DEFAULT_BYTES;
+pub const DEFAULT_RESERVE: u64 = 64 << 20;
 /// The share of a memory limit at which the recorder warns unless
 /// [`OomRecorder::watermark`] says otherwise.
 pub const DEFAULT_WATERMARK: f64 = 0.9;
@@ -234,7 +235,7 @@ impl OomRecorder {
         // Absolute: a later change of the working directory must not move the reports.
         let dir = std::path::absolute(&self.dir)
             .map_err(|e| Error::io(format!("make {} absolute (give an absolute path)", self.dir.display()), e))?;
-        memlab_tch::oom::usable_dir(&dir)?;
+        environment::usable_dir(&dir)?;
         if self.init_cuda && memlab_tch::cuda_is_available() {
             let device = tch::Device::Cuda(Backend::current_cuda_device(&BACKEND).unwrap_or(0));
             let first = tch::Tensor::f_zeros([1], (tch::Kind::Float, device)).map_err(memlab_tch::torch_error)?;
@@ -277,7 +278,7 @@ fn config() -> Option<Config> {
     if let Some(c) = CONFIG.locked().clone() {
         return Some(c);
     }
-    memlab_tch::oom::environment_dir().map(|dir| Config { dir: dir.clone(), max_reports: DEFAULT_MAX_REPORTS })
+    environment::dir().map(|dir| Config { dir: dir.clone(), max_reports: DEFAULT_MAX_REPORTS })
 }
 
 /// The last out-of-memory report written in this process, if any.
