@@ -351,7 +351,9 @@ impl Default for Tracker {
 
 /// The tracker `track!()` without an argument uses.
 pub fn global_tracker() -> std::sync::MutexGuard<'static, Option<Tracker>> {
-    static GLOBAL: Mutex<Option<Tracker>> = Mutex::new(None);
+    memlab_core::process_wide! {
+        static GLOBAL: Mutex<Option<Tracker>> = Mutex::new(None);
+    }
     GLOBAL.locked()
 }
 

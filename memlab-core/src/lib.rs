@@ -12,6 +12,7 @@ pub mod export;
 pub mod hash;
 pub mod oom;
 pub mod output;
+pub mod process;
 pub mod profiler;
 pub mod render;
 pub mod report;

@@ -163,8 +163,12 @@ mod quiet {
         seen: Option<Seen>,
     }
 
-    static TRIES: Mutex<Vec<Try>> = Mutex::new(Vec::new());
-    static NEXT: AtomicU64 = AtomicU64::new(1);
+    crate::process_wide! {
+        static TRIES: Mutex<Vec<Try>> = Mutex::new(Vec::new());
+    }
+    crate::process_wide! {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+    }
 
     pub(super) fn start(device: Device, inspect: Inspect) -> u64 {
         let ticket = NEXT.fetch_add(1, Ordering::Relaxed);

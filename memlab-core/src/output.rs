@@ -23,8 +23,12 @@ pub enum Output {
     Sink(Box<dyn Fn(&str) + Send + Sync>),
 }
 
-static REPORTS: Mutex<Option<Arc<Output>>> = Mutex::new(None);
-static WARNINGS: Mutex<Option<Arc<Output>>> = Mutex::new(None);
+crate::process_wide! {
+    static REPORTS: Mutex<Option<Arc<Output>>> = Mutex::new(None);
+}
+crate::process_wide! {
+    static WARNINGS: Mutex<Option<Arc<Output>>> = Mutex::new(None);
+}
 
 /// Sets where memlab's reports go (standard output by default).
 pub fn set_output(output: Output) {
@@ -84,9 +88,15 @@ mod later {
 
     use crate::sync::LockExt;
 
-    static QUEUE: Mutex<Vec<String>> = Mutex::new(Vec::new());
-    static READY: Condvar = Condvar::new();
-    static STARTED: Mutex<bool> = Mutex::new(false);
+    crate::process_wide! {
+        static QUEUE: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    }
+    crate::process_wide! {
+        static READY: Condvar = Condvar::new();
+    }
+    crate::process_wide! {
+        static STARTED: Mutex<bool> = Mutex::new(false);
+    }
 
     pub(super) fn warn(text: String) {
         QUEUE.locked().push(text);

@@ -79,11 +79,13 @@ impl Drop for Recording {
     }
 }
 
-/// Held while the recorder's users and the backends' hooks change, so that
-/// the hooks are on exactly when the recorder has users: one thread's last
-/// release can never clear the hooks another thread's first acquire just set.
-/// Allocator hooks never take it.
-static HOOKS: Mutex<()> = Mutex::new(());
+memlab_core::process_wide! {
+    /// Held while the recorder's users and the backends' hooks change, so that
+    /// the hooks are on exactly when the recorder has users: one thread's last
+    /// release can never clear the hooks another thread's first acquire just set.
+    /// Allocator hooks never take it.
+    static HOOKS: Mutex<()> = Mutex::new(());
+}
 
 fn hooks_lock() -> MutexGuard<'static, ()> {
     HOOKS.locked()
@@ -133,7 +135,9 @@ pub mod testing {
 
     use memlab_core::sync::LockExt;
 
-    static PAUSE: Mutex<Option<fn()>> = Mutex::new(None);
+    memlab_core::process_wide! {
+        static PAUSE: Mutex<Option<fn()>> = Mutex::new(None);
+    }
 
     /// Calls `pause` (once) the next time the last user of the recorder leaves,
     /// before the hooks are turned off.

@@ -104,10 +104,14 @@ pub mod reserve {
 
     use memlab_core::sync::LockExt;
 
-    /// The mapping held now: (address, bytes); (0, 0) when none.
-    static HELD: Mutex<(usize, usize)> = Mutex::new((0, 0));
-    /// The size asked for, which [`restore`] takes again.
-    static WANTED: AtomicU64 = AtomicU64::new(0);
+    memlab_core::process_wide! {
+        /// The mapping held now: (address, bytes); (0, 0) when none.
+        static HELD: Mutex<(usize, usize)> = Mutex::new((0, 0));
+    }
+    memlab_core::process_wide! {
+        /// The size asked for, which [`restore`] takes again.
+        static WANTED: AtomicU64 = AtomicU64::new(0);
+    }
 
     fn held() -> std::sync::MutexGuard<'static, (usize, usize)> {
         HELD.locked()
@@ -192,11 +196,17 @@ pub fn prepare_failure_path() {
     memlab_core::output::prepare_later();
 }
 
-static WATCHING: AtomicBool = AtomicBool::new(false);
-static WATCHER: AtomicBool = AtomicBool::new(false);
-/// Per CUDA device, the allocator's count of failures just before memlab's
-/// observer went on (`None`: not on yet). Held while attaching.
-static OOMS_BEFORE: Mutex<Option<Vec<u64>>> = Mutex::new(None);
+memlab_core::process_wide! {
+    static WATCHING: AtomicBool = AtomicBool::new(false);
+}
+memlab_core::process_wide! {
+    static WATCHER: AtomicBool = AtomicBool::new(false);
+}
+memlab_core::process_wide! {
+    /// Per CUDA device, the allocator's count of failures just before memlab's
+    /// observer went on (`None`: not on yet). Held while attaching.
+    static OOMS_BEFORE: Mutex<Option<Vec<u64>>> = Mutex::new(None);
+}
 
 /// Attaches memlab's out-of-memory observer to the CUDA caching allocator now
 /// if CUDA memory was allocated already, else starts a thread that attaches
@@ -226,11 +236,13 @@ pub fn watch_cuda() -> bool {
     false
 }
 
-/// Held by the watcher while it asks libtorch, and for good once the
-/// process exits: libtorch's allocators are destroyed then, and a call into
-/// one from the watcher would abort the process ("pure virtual method
-/// called"). The `bool` says the process is exiting.
-static POLL: Mutex<bool> = Mutex::new(false);
+memlab_core::process_wide! {
+    /// Held by the watcher while it asks libtorch, and for good once the
+    /// process exits: libtorch's allocators are destroyed then, and a call into
+    /// one from the watcher would abort the process ("pure virtual method
+    /// called"). The `bool` says the process is exiting.
+    static POLL: Mutex<bool> = Mutex::new(false);
+}
 
 /// Runs at exit, before libtorch's static objects are destroyed (it was
 /// registered after they were made): stops the watcher for good.

@@ -106,12 +106,16 @@ impl Entry {
     }
 }
 
-static REGISTRY: Mutex<Vec<Entry>> = Mutex::new(Vec::new());
+memlab_core::process_wide! {
+    static REGISTRY: Mutex<Vec<Entry>> = Mutex::new(Vec::new());
+}
 
-/// Whether any optimizer state was registered since the registry was last
-/// cleared: lets the walks that run on every dispose scope skip a second
-/// lock of the registry in the usual case of none.
-static HAS_STATES: AtomicBool = AtomicBool::new(false);
+memlab_core::process_wide! {
+    /// Whether any optimizer state was registered since the registry was last
+    /// cleared: lets the walks that run on every dispose scope skip a second
+    /// lock of the registry in the usual case of none.
+    static HAS_STATES: AtomicBool = AtomicBool::new(false);
+}
 
 /// The registry, without the entries whose model or tensor is gone.
 fn entries() -> MutexGuard<'static, Vec<Entry>> {

@@ -86,7 +86,9 @@ fn remember_driver(state: &SamplerState, device: usize, read: DriverMemory) {
 }
 
 fn sampler() -> Option<&'static SamplerState> {
-    static STATE: OnceLock<Option<&'static SamplerState>> = OnceLock::new();
+    memlab_core::process_wide! {
+        static STATE: OnceLock<Option<&'static SamplerState>> = OnceLock::new();
+    }
     *STATE.get_or_init(|| {
         let (tx, rx) = std::sync::mpsc::channel::<&'static SamplerState>();
         let spawned = std::thread::Builder::new().name("memlab-sampler".into()).spawn(move || {

@@ -81,8 +81,10 @@ fn from_raw(raw: &ffi::StorageInfo) -> Result<StorageInfo> {
     })
 }
 
-/// Gradient reads: every time memlab asked libtorch for a tensor's gradient.
-static GRADIENT_READS: AtomicU64 = AtomicU64::new(0);
+memlab_core::process_wide! {
+    /// Gradient reads: every time memlab asked libtorch for a tensor's gradient.
+    static GRADIENT_READS: AtomicU64 = AtomicU64::new(0);
+}
 
 /// Counts one gradient read (see [`gradient_reads`]).
 pub(crate) fn count_gradient_read() {

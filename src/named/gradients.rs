@@ -16,10 +16,14 @@ use memlab_tch::WeakTensor;
 use tch::nn::Variables;
 use tch::Tensor;
 
-static GRADIENTS: Mutex<Option<HashMap<String, WeakTensor>>> = Mutex::new(None);
-/// Set while the out-of-memory recorder is armed (by a call or by
-/// `MEMLAB_OOM_DIR`).
-static KEEP: AtomicBool = AtomicBool::new(false);
+memlab_core::process_wide! {
+    static GRADIENTS: Mutex<Option<HashMap<String, WeakTensor>>> = Mutex::new(None);
+}
+memlab_core::process_wide! {
+    /// Set while the out-of-memory recorder is armed (by a call or by
+    /// `MEMLAB_OOM_DIR`).
+    static KEEP: AtomicBool = AtomicBool::new(false);
+}
 
 /// Keeps the gradients walks see from now on, or stops (and forgets
 /// them): the out-of-memory recorder asks for them while it is armed.

@@ -256,7 +256,9 @@ impl RegisteredOptimizer {
 
     fn after_step(&mut self) {
         if let Err(e) = self.refresh() {
-            static SAID: std::sync::Once = std::sync::Once::new();
+            memlab_core::process_wide! {
+                static SAID: std::sync::Once = std::sync::Once::new();
+            }
             SAID.call_once(|| {
                 memlab_core::output::warn(&format!(
                     "memlab: the optimizer's state could not be registered after a step ({e}); memlab's tools \

@@ -19,7 +19,9 @@ use super::{Kind, Model};
 /// The most allocations remembered; the oldest are forgotten past it.
 const CAPACITY: usize = 1 << 20;
 
-static SEEN: Mutex<BTreeMap<u64, Kind>> = Mutex::new(BTreeMap::new());
+memlab_core::process_wide! {
+    static SEEN: Mutex<BTreeMap<u64, Kind>> = Mutex::new(BTreeMap::new());
+}
 
 /// Walks `sources` and notes what each live allocation they own is, while a
 /// recording runs (else does nothing). A walk that fails (a var store freed

@@ -50,7 +50,9 @@ fn arm() {
 /// standard error (the variable is read as the program loads, before it
 /// could choose where memlab's warnings go).
 pub(super) fn dir() -> Option<&'static PathBuf> {
-    static DIR: OnceLock<Option<PathBuf>> = OnceLock::new();
+    memlab_core::process_wide! {
+        static DIR: OnceLock<Option<PathBuf>> = OnceLock::new();
+    }
     DIR.get_or_init(|| {
         let raw = std::env::var_os("MEMLAB_OOM_DIR")?;
         if raw.is_empty() {

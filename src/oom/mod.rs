@@ -155,12 +155,20 @@ struct Config {
     max_reports: usize,
 }
 
-static CONFIG: Mutex<Option<Config>> = Mutex::new(None);
-/// Set by [`OomRecorder::disarm`]: `MEMLAB_OOM_DIR` no longer arms either.
-static DISARMED: AtomicBool = AtomicBool::new(false);
-/// Failures seen while armed, written or not.
-static SEEN: AtomicU64 = AtomicU64::new(0);
-static LAST: Mutex<Option<Arc<OomReport>>> = Mutex::new(None);
+memlab_core::process_wide! {
+    static CONFIG: Mutex<Option<Config>> = Mutex::new(None);
+}
+memlab_core::process_wide! {
+    /// Set by [`OomRecorder::disarm`]: `MEMLAB_OOM_DIR` no longer arms either.
+    static DISARMED: AtomicBool = AtomicBool::new(false);
+}
+memlab_core::process_wide! {
+    /// Failures seen while armed, written or not.
+    static SEEN: AtomicU64 = AtomicU64::new(0);
+}
+memlab_core::process_wide! {
+    static LAST: Mutex<Option<Arc<OomReport>>> = Mutex::new(None);
+}
 
 impl OomRecorder {
     /// A recorder that writes its reports in `dir` (made if missing; a

@@ -7,9 +7,13 @@ use super::*;
 use memlab_core::format_bytes;
 use std::time::Duration;
 
-/// The watermark in force, as `f64` bits (0: none).
-static SHARE: AtomicU64 = AtomicU64::new(0);
-static RUNNING: AtomicBool = AtomicBool::new(false);
+memlab_core::process_wide! {
+    /// The watermark in force, as `f64` bits (0: none).
+    static SHARE: AtomicU64 = AtomicU64::new(0);
+}
+memlab_core::process_wide! {
+    static RUNNING: AtomicBool = AtomicBool::new(false);
+}
 
 /// Watches with `share` from now on (`None`: stops watching).
 pub(super) fn watch(share: Option<f64>) {

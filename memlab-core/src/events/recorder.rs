@@ -199,11 +199,19 @@ struct Recorder {
     scopes: FastMap<u64, Account>,
 }
 
-/// The recorder's `recorded`, readable without its lock (see [`recorded`]).
-static RECORDED: AtomicU64 = AtomicU64::new(0);
-static BACKTRACES: AtomicBool = AtomicBool::new(false);
-static NEXT_SCOPE: AtomicU64 = AtomicU64::new(1);
-static RECORDER: Mutex<Option<Recorder>> = Mutex::new(None);
+crate::process_wide! {
+    /// The recorder's `recorded`, readable without its lock (see [`recorded`]).
+    static RECORDED: AtomicU64 = AtomicU64::new(0);
+}
+crate::process_wide! {
+    static BACKTRACES: AtomicBool = AtomicBool::new(false);
+}
+crate::process_wide! {
+    static NEXT_SCOPE: AtomicU64 = AtomicU64::new(1);
+}
+crate::process_wide! {
+    static RECORDER: Mutex<Option<Recorder>> = Mutex::new(None);
+}
 
 fn recorder() -> MutexGuard<'static, Option<Recorder>> {
     // Every update leaves the recorder consistent before it can panic.
@@ -242,7 +250,9 @@ pub struct User {
 /// user asked for them. `None` joins with whatever is in force (memlab's own
 /// tools do that).
 pub fn retain(settings: Option<Settings>) -> User {
-    static NEXT: AtomicU64 = AtomicU64::new(1);
+    crate::process_wide! {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+    }
     start();
     let ticket = NEXT.fetch_add(1, Ordering::Relaxed);
     let user = with(|r| {

@@ -65,8 +65,10 @@ struct Timeline {
     dropped: u64,
 }
 
-static TIMELINE: Mutex<Timeline> =
-    Mutex::new(Timeline { spans: VecDeque::new(), readings: VecDeque::new(), dropped: 0 });
+crate::process_wide! {
+    static TIMELINE: Mutex<Timeline> =
+        Mutex::new(Timeline { spans: VecDeque::new(), readings: VecDeque::new(), dropped: 0 });
+}
 
 fn timeline() -> MutexGuard<'static, Timeline> {
     // Every change is one push or pop: a panic elsewhere leaves nothing half done.

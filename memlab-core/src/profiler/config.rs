@@ -19,10 +19,18 @@ const CURRENT_CUDA: usize = 1;
 const CPU: usize = 2;
 const CUDA: usize = 3;
 
-static TARGET_KIND: AtomicUsize = AtomicUsize::new(AUTO);
-static TARGET_INDEX: AtomicUsize = AtomicUsize::new(0);
-static ENABLED: Switch = Switch::new("MEMLAB_DISABLE", true);
-static PRINT_AT_EXIT: Switch = Switch::new("MEMLAB_PRINT_AT_EXIT", false);
+crate::process_wide! {
+    static TARGET_KIND: AtomicUsize = AtomicUsize::new(AUTO);
+}
+crate::process_wide! {
+    static TARGET_INDEX: AtomicUsize = AtomicUsize::new(0);
+}
+crate::process_wide! {
+    static ENABLED: Switch = Switch::new("MEMLAB_DISABLE", true);
+}
+crate::process_wide! {
+    static PRINT_AT_EXIT: Switch = Switch::new("MEMLAB_PRINT_AT_EXIT", false);
+}
 
 /// Reads a boolean environment variable the one way memlab reads them all:
 /// `1`, `true`, `yes`, `on` and `0`, `false`, `no`, `off`, in any case and
@@ -34,7 +42,9 @@ pub fn env_flag(name: &str) -> Option<bool> {
     match parse_flag(&text) {
         Ok(flag) => flag,
         Err(()) => {
-            static WARNED: Mutex<Vec<String>> = Mutex::new(Vec::new());
+            crate::process_wide! {
+                static WARNED: Mutex<Vec<String>> = Mutex::new(Vec::new());
+            }
             let first = {
                 let mut warned = WARNED.locked();
                 let first = !warned.iter().any(|w| w == name);

@@ -76,7 +76,9 @@ impl Ledger {
     }
 }
 
-static LEDGERS: [Mutex<Ledger>; MAX_CUDA_DEVICES + 1] = [const { Mutex::new(Ledger::new()) }; MAX_CUDA_DEVICES + 1];
+crate::process_wide! {
+    static LEDGERS: [Mutex<Ledger>; MAX_CUDA_DEVICES + 1] = [const { Mutex::new(Ledger::new()) }; MAX_CUDA_DEVICES + 1];
+}
 
 fn ledger(device: Device) -> MutexGuard<'static, Ledger> {
     let index = match device {

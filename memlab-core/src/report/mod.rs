@@ -364,7 +364,9 @@ pub fn reset() {
     }
 }
 
-static COLUMNS: std::sync::Mutex<Option<Vec<Column>>> = std::sync::Mutex::new(None);
+crate::process_wide! {
+    static COLUMNS: std::sync::Mutex<Option<Vec<Column>>> = std::sync::Mutex::new(None);
+}
 
 /// Sets the columns of every report that does not choose its own: names of
 /// `torch.cuda.memory_stats()` keys (`reserved_bytes.large_pool.peak`, …) or
