@@ -937,6 +937,37 @@ fn cuda_oom_reports_tell_an_oversize_request_from_a_model_too_large() {
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
+fn memlab_oom_dir_alone_reports_a_cuda_failure() {
+    if common::child("memlab_oom_dir_alone_reports_a_cuda_failure") {
+        // No memlab call: the variable armed the recorder as the program
+        // loaded, and its watcher attaches the observer after the first CUDA
+        // allocation.
+        let first = floats(1);
+        let waited = std::time::Instant::now();
+        while !memlab_tch::oom::watching_cuda() {
+            assert!(waited.elapsed() < std::time::Duration::from_secs(5), "the observer was never attached");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(asks_the_gpu_too_much().is_err());
+        let report = memlab::last_oom().expect("a report of the CUDA failure");
+        assert_eq!(report.diagnosis.device, Device::Cuda(0));
+        assert_eq!(report.diagnosis.verdict, memlab::oom::Verdict::RequestExceedsDevice);
+        let dir = std::path::PathBuf::from(std::env::var("MEMLAB_OOM_DIR").unwrap());
+        assert!(report.files.iter().all(|f| f.starts_with(&dir)), "{:?}", report.files);
+        drop(first);
+        return;
+    }
+    let dir = oom_dir("environment");
+    let (_, stderr) = common::check_child(
+        "memlab_oom_dir_alone_reports_a_cuda_failure",
+        &[("MEMLAB_OOM_DIR", dir.to_str().unwrap())],
+    );
+    assert!(stderr.contains("memlab: out of memory on cuda:0"), "{stderr}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
 fn an_oom_while_a_var_store_moves_to_the_gpu_is_reported_not_deadlocked() {
     let _s = serial();
     assert!(memlab::gpu::cuda_is_available(), "this test needs CUDA");

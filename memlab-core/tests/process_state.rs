@@ -19,9 +19,9 @@ const PER_COPY: &[(&str, &str, &str)] = &[
     ("memlab-tch/src/driver.rs", "PAGE", "the page size, the same in every copy"),
     ("memlab-tch/src/driver.rs", "STATM", "this copy's open /proc/self/statm"),
     ("memlab-tch/src/lib.rs", "COUNT", "the device count, the same in every copy"),
-    ("src/oom/capture.rs", "IDENTITY", "the host's name and the process's start, the same in every copy"),
-    ("src/logger.rs", "TOTAL", "the host's memory, the same in every copy"),
-    ("src/batch_size.rs", "SEARCHES", "the panic hook it wraps is this copy's standard library's"),
+    ("src/tools/oom/capture.rs", "IDENTITY", "the host's name and the process's start, the same in every copy"),
+    ("src/tools/logger.rs", "TOTAL", "the host's memory, the same in every copy"),
+    ("src/tools/batch_size.rs", "SEARCHES", "the panic hook it wraps is this copy's standard library's"),
 ];
 
 /// Types whose statics hold state that can change.

@@ -1,14 +1,5 @@
-//! `TrainingMonitor`: per-iteration memory of a training loop — cache, weights,
-//! gradients, optimizer state, feature maps — printed every few iterations
-//! and appended to CSV files.
-//!
-//! Call [`record_stats`](TrainingMonitor::record_stats) after each iteration
-//! and [`epoch_end`](TrainingMonitor::epoch_end) after each epoch. Everything
-//! is measured from the allocator and the model's storages; the optimizer's
-//! state, which tch keeps inside its C++ optimizer, is measured as what stays
-//! allocated besides weights and gradients, and an estimate for the optimizer
-//! named with [`optimizer`](TrainingMonitor::optimizer) is shown beside it,
-//! labelled as one.
+//! How the training monitor works; what users see of it is `crate::monitor` (and the
+//! root's re-exports).
 
 use memlab_core::sync::LockExt;
 use serde::Serialize;

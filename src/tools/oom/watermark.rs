@@ -5,6 +5,7 @@
 
 use super::*;
 use memlab_core::format_bytes;
+use memlab_core::oom::HostLimit;
 use std::time::Duration;
 
 memlab_core::process_wide! {
