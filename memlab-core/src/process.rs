@@ -18,7 +18,8 @@
 
 use std::any::{Any, TypeId};
 use std::ops::Deref;
-use std::sync::{Mutex, OnceLock};
+use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::Mutex;
 
 use crate::sync::LockExt;
 
@@ -27,7 +28,9 @@ use crate::sync::LockExt;
 pub struct Shared<T: 'static> {
     name: &'static str,
     init: fn() -> T,
-    found: OnceLock<&'static T>,
+    /// The value in the table once found (null before): one load on every
+    /// use, the value's address itself.
+    found: AtomicPtr<T>,
 }
 
 impl<T: Send + Sync + 'static> Shared<T> {
@@ -35,17 +38,21 @@ impl<T: Send + Sync + 'static> Shared<T> {
     /// that name and type made it before. Prefer
     /// [`process_wide!`](crate::process_wide), which names it.
     pub const fn new(name: &'static str, init: fn() -> T) -> Shared<T> {
-        Shared { name, init, found: OnceLock::new() }
+        Shared { name, init, found: AtomicPtr::new(std::ptr::null_mut()) }
     }
 
     /// The value. An associated function (`Shared::value(&X)`), like
     /// `Arc`'s, so that it never hides a method of the value's own.
     #[inline]
     pub fn value(this: &Self) -> &'static T {
-        match this.found.get() {
-            Some(value) => value,
-            None => this.find(),
+        let found = this.found.load(Ordering::Acquire);
+        if found.is_null() {
+            return this.find();
         }
+        // SAFETY: a non-null pointer was stored by `find`, from a value the
+        // table holds for the rest of the process and never hands out
+        // mutably; Acquire pairs with its Release, so the value is complete.
+        unsafe { &*found }
     }
 
     /// The name the table knows the value by (`Shared::name(&X)`).
@@ -53,9 +60,14 @@ impl<T: Send + Sync + 'static> Shared<T> {
         this.name
     }
 
+    /// Finds (or makes) the value in the table and remembers where it is.
+    /// Threads that race here all get the table's one value.
     #[cold]
+    #[inline(never)]
     fn find(&self) -> &'static T {
-        self.found.get_or_init(|| find_or_make(self.name, self.init))
+        let value = find_or_make(self.name, self.init);
+        self.found.store(value as *const T as *mut T, Ordering::Release);
+        value
     }
 }
 
@@ -144,7 +156,7 @@ pub fn names() -> Vec<&'static str> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::atomic::AtomicU64;
 
     #[test]
     fn two_handles_of_one_name_reach_one_value() {
