@@ -49,7 +49,7 @@ pub trait Backend: Send + Sync {
     /// `device`'s memory as its driver (or, for the CPU, the kernel) counts
     /// it; the error says why it cannot be read.
     fn device_memory(&self, device: Device) -> Result<DeviceMemory> {
-        Err(crate::Error::DriverUnavailable(format!("this backend does not read {device}'s driver")))
+        Err(crate::error::Error::DriverUnavailable(format!("this backend does not read {device}'s driver")))
     }
 }
 
@@ -276,6 +276,7 @@ impl Backend for ScriptedBackend {
 
     fn device_memory(&self, device: Device) -> Result<DeviceMemory> {
         let scripted = self.with_memory(device, |_, m| *m);
-        scripted.ok_or_else(|| crate::Error::DriverUnavailable(format!("{device}'s driver is scripted unreadable")))
+        scripted
+            .ok_or_else(|| crate::error::Error::DriverUnavailable(format!("{device}'s driver is scripted unreadable")))
     }
 }

@@ -85,7 +85,7 @@ impl FromStr for DeviceSelector {
     }
 }
 
-/// A string that names no device; [`Error::InvalidDevice`](crate::Error::InvalidDevice)
+/// A string that names no device; [`Error::InvalidDevice`](crate::error::Error::InvalidDevice)
 /// once converted.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct ParseDeviceError(pub String);
@@ -111,8 +111,8 @@ mod tests {
         assert_eq!("cuda".parse::<DeviceSelector>().unwrap(), DeviceSelector::CurrentCuda);
         let wrong = "gpu".parse::<Device>().unwrap_err();
         assert_eq!(wrong.to_string(), "`gpu` is not a device: write `cpu`, `cuda` or `cuda:N`");
-        let wrong: crate::Error = wrong.into();
-        assert_eq!(wrong, crate::Error::InvalidDevice("gpu".into()));
+        let wrong: crate::error::Error = wrong.into();
+        assert_eq!(wrong, crate::error::Error::InvalidDevice("gpu".into()));
         assert_eq!(wrong.to_string(), "`gpu` is not a device: write `cpu`, `cuda` or `cuda:N`");
     }
 }

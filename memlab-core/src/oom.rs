@@ -163,10 +163,10 @@ mod quiet {
         seen: Option<Seen>,
     }
 
-    crate::process_wide! {
+    crate::process::process_wide! {
         static TRIES: Mutex<Vec<Try>> = Mutex::new(Vec::new());
     }
-    crate::process_wide! {
+    crate::process::process_wide! {
         static NEXT: AtomicU64 = AtomicU64::new(1);
     }
 
@@ -255,7 +255,7 @@ impl MemoryFigures {
         backend: &dyn Backend,
         device: Device,
         serving: Option<Serving>,
-    ) -> Result<(MemoryFigures, Option<crate::Error>)> {
+    ) -> Result<(MemoryFigures, Option<crate::error::Error>)> {
         let mut raw = crate::stats::RawStats::default();
         backend.sample(device, &mut raw, false)?;
         let stats = raw.to_device_stats();

@@ -23,10 +23,10 @@ pub enum Output {
     Sink(Box<dyn Fn(&str) + Send + Sync>),
 }
 
-crate::process_wide! {
+crate::process::process_wide! {
     static REPORTS: Mutex<Option<Arc<Output>>> = Mutex::new(None);
 }
-crate::process_wide! {
+crate::process::process_wide! {
     static WARNINGS: Mutex<Option<Arc<Output>>> = Mutex::new(None);
 }
 
@@ -88,13 +88,13 @@ mod later {
 
     use crate::sync::LockExt;
 
-    crate::process_wide! {
+    crate::process::process_wide! {
         static QUEUE: Mutex<Vec<String>> = Mutex::new(Vec::new());
     }
-    crate::process_wide! {
+    crate::process::process_wide! {
         static READY: Condvar = Condvar::new();
     }
-    crate::process_wide! {
+    crate::process::process_wide! {
         static STARTED: Mutex<bool> = Mutex::new(false);
     }
 

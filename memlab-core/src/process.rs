@@ -3,7 +3,7 @@
 //! switches, the registry, the OOM recorder's configuration and reserve, the
 //! profiler's settings and peak ledgers, the sinks) lives in one table owned
 //! by this module. Code reaches a value through a [`Shared`] handle, declared
-//! with [`process_wide!`](crate::process_wide) beside the code that uses it,
+//! with [`process_wide!`](crate::process::process_wide) beside the code that uses it,
 //! which finds the value in the table the first time and remembers where it
 //! is (one atomic load on every later use).
 //!
@@ -36,7 +36,7 @@ pub struct Shared<T: 'static> {
 impl<T: Send + Sync + 'static> Shared<T> {
     /// A handle to the value called `name`, made by `init` when no handle of
     /// that name and type made it before. Prefer
-    /// [`process_wide!`](crate::process_wide), which names it.
+    /// [`process_wide!`](crate::process::process_wide), which names it.
     pub const fn new(name: &'static str, init: fn() -> T) -> Shared<T> {
         Shared { name, init, found: AtomicPtr::new(std::ptr::null_mut()) }
     }
@@ -93,21 +93,24 @@ impl<T: 'static> std::fmt::Debug for Shared<T> {
 ///
 /// ```
 /// use std::sync::atomic::{AtomicU64, Ordering};
-/// memlab_core::process_wide! {
+/// memlab_core::process::process_wide! {
 ///     /// Calls counted for the whole process.
 ///     static CALLS: AtomicU64 = AtomicU64::new(0);
 /// }
 /// CALLS.fetch_add(1, Ordering::Relaxed);
 /// assert_eq!(CALLS.load(Ordering::Relaxed), 1);
 /// ```
+#[doc(hidden)]
 #[macro_export]
-macro_rules! process_wide {
+macro_rules! __process_wide {
     ($($(#[$meta:meta])* $vis:vis static $name:ident: $ty:ty = $init:expr;)+) => {$(
         $(#[$meta])*
         $vis static $name: $crate::process::Shared<$ty> =
             $crate::process::Shared::new(::core::concat!(::core::module_path!(), "::", ::core::stringify!($name)), || $init);
     )+};
 }
+#[doc(inline)]
+pub use crate::__process_wide as process_wide;
 
 struct Entry {
     name: &'static str,
@@ -200,7 +203,7 @@ mod tests {
         assert_eq!(seen, (0..8).collect::<Vec<_>>(), "no push went to a value that lost the race");
     }
 
-    crate::process_wide! {
+    crate::process::process_wide! {
         static NAMED: AtomicU64 = AtomicU64::new(0);
     }
 

@@ -94,7 +94,7 @@ fn every_stateful_static_is_process_wide_or_listed_with_its_reason() {
     }
     assert!(
         loose.is_empty(),
-        "stateful statics outside process_wide! (declare them with memlab_core::process_wide!, or list them in \
+        "stateful statics outside process_wide! (declare them with memlab_core::process::process_wide!, or list them in \
          PER_COPY with the reason each copy keeps its own):\n{}",
         loose.join("\n")
     );
@@ -109,7 +109,7 @@ fn every_stateful_static_is_process_wide_or_listed_with_its_reason() {
 #[test]
 fn the_scan_sees_what_it_must() {
     let text = "static A: Mutex<u8> = Mutex::new(0);\n\
-                memlab_core::process_wide! {\n    static B: AtomicU64 = AtomicU64::new(0);\n}\n\
+                memlab_core::process::process_wide! {\n    static B: AtomicU64 = AtomicU64::new(0);\n}\n\
                 thread_local! {\n    static C: Cell<u8> = const { Cell::new(0) };\n}\n\
                 pub(crate) static D: OnceLock<u8> = OnceLock::new();\n\
                 static E: [u8; 2] = [0, 1];\n\

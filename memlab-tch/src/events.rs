@@ -79,7 +79,7 @@ impl Drop for Recording {
     }
 }
 
-memlab_core::process_wide! {
+memlab_core::process::process_wide! {
     /// Held while the recorder's users and the backends' hooks change, so that
     /// the hooks are on exactly when the recorder has users: one thread's last
     /// release can never clear the hooks another thread's first acquire just set.
@@ -135,7 +135,7 @@ pub mod testing {
 
     use memlab_core::sync::LockExt;
 
-    memlab_core::process_wide! {
+    memlab_core::process::process_wide! {
         static PAUSE: Mutex<Option<fn()>> = Mutex::new(None);
     }
 

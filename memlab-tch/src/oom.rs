@@ -104,11 +104,11 @@ pub mod reserve {
 
     use memlab_core::sync::LockExt;
 
-    memlab_core::process_wide! {
+    memlab_core::process::process_wide! {
         /// The mapping held now: (address, bytes); (0, 0) when none.
         static HELD: Mutex<(usize, usize)> = Mutex::new((0, 0));
     }
-    memlab_core::process_wide! {
+    memlab_core::process::process_wide! {
         /// The size asked for, which [`restore`] takes again.
         static WANTED: AtomicU64 = AtomicU64::new(0);
     }
@@ -196,13 +196,13 @@ pub fn prepare_failure_path() {
     memlab_core::output::prepare_later();
 }
 
-memlab_core::process_wide! {
+memlab_core::process::process_wide! {
     static WATCHING: AtomicBool = AtomicBool::new(false);
 }
-memlab_core::process_wide! {
+memlab_core::process::process_wide! {
     static WATCHER: AtomicBool = AtomicBool::new(false);
 }
-memlab_core::process_wide! {
+memlab_core::process::process_wide! {
     /// Per CUDA device, the allocator's count of failures just before memlab's
     /// observer went on (`None`: not on yet). Held while attaching.
     static OOMS_BEFORE: Mutex<Option<Vec<u64>>> = Mutex::new(None);
@@ -236,7 +236,7 @@ pub fn watch_cuda() -> bool {
     false
 }
 
-memlab_core::process_wide! {
+memlab_core::process::process_wide! {
     /// Held by the watcher while it asks libtorch, and for good once the
     /// process exits: libtorch's allocators are destroyed then, and a call into
     /// one from the watcher would abort the process ("pure virtual method

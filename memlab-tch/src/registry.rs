@@ -106,11 +106,11 @@ impl Entry {
     }
 }
 
-memlab_core::process_wide! {
+memlab_core::process::process_wide! {
     static REGISTRY: Mutex<Vec<Entry>> = Mutex::new(Vec::new());
 }
 
-memlab_core::process_wide! {
+memlab_core::process::process_wide! {
     /// Whether any optimizer state was registered since the registry was last
     /// cleared: lets the walks that run on every dispose scope skip a second
     /// lock of the registry in the usual case of none.

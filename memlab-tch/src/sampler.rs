@@ -86,7 +86,7 @@ fn remember_driver(state: &SamplerState, device: usize, read: DriverMemory) {
 }
 
 fn sampler() -> Option<&'static SamplerState> {
-    memlab_core::process_wide! {
+    memlab_core::process::process_wide! {
         static STATE: OnceLock<Option<&'static SamplerState>> = OnceLock::new();
     }
     *STATE.get_or_init(|| {

@@ -81,7 +81,7 @@ fn from_raw(raw: &ffi::StorageInfo) -> Result<StorageInfo> {
     })
 }
 
-memlab_core::process_wide! {
+memlab_core::process::process_wide! {
     /// Gradient reads: every time memlab asked libtorch for a tensor's gradient.
     static GRADIENT_READS: AtomicU64 = AtomicU64::new(0);
 }

@@ -16,10 +16,10 @@ use memlab_tch::WeakTensor;
 use tch::nn::Variables;
 use tch::Tensor;
 
-memlab_core::process_wide! {
+memlab_core::process::process_wide! {
     static GRADIENTS: Mutex<Option<HashMap<String, WeakTensor>>> = Mutex::new(None);
 }
-memlab_core::process_wide! {
+memlab_core::process::process_wide! {
     /// Set while the out-of-memory recorder is armed (by a call or by
     /// `MEMLAB_OOM_DIR`).
     static KEEP: AtomicBool = AtomicBool::new(false);

@@ -256,7 +256,7 @@ impl RegisteredOptimizer {
 
     fn after_step(&mut self) {
         if let Err(e) = self.refresh() {
-            memlab_core::process_wide! {
+            memlab_core::process::process_wide! {
                 static SAID: std::sync::Once = std::sync::Once::new();
             }
             SAID.call_once(|| {

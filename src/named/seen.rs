@@ -19,7 +19,7 @@ use super::{Kind, Model};
 /// The most allocations remembered; the oldest are forgotten past it.
 const CAPACITY: usize = 1 << 20;
 
-memlab_core::process_wide! {
+memlab_core::process::process_wide! {
     static SEEN: Mutex<BTreeMap<u64, Kind>> = Mutex::new(BTreeMap::new());
 }
 

@@ -340,7 +340,7 @@ impl Default for Tracker {
 
 /// The tracker `track!()` without an argument uses.
 pub fn global_tracker() -> std::sync::MutexGuard<'static, Option<Tracker>> {
-    memlab_core::process_wide! {
+    memlab_core::process::process_wide! {
         static GLOBAL: Mutex<Option<Tracker>> = Mutex::new(None);
     }
     GLOBAL.locked()

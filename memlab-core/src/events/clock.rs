@@ -5,14 +5,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 use std::time::Instant;
 
-crate::process_wide! {
+crate::process::process_wide! {
     /// Set while someone holds the recorder (see [`super::retain`]).
     static ACTIVE: AtomicBool = AtomicBool::new(false);
 }
 
 /// When the clock started: the first time anything read it.
 pub(super) fn start() -> Instant {
-    crate::process_wide! {
+    crate::process::process_wide! {
         static START: OnceLock<Instant> = OnceLock::new();
     }
     *START.get_or_init(Instant::now)

@@ -318,7 +318,7 @@ pub fn unwind_cache_stats() -> (u64, u64, u64) {
 /// first thread that asks, 2 for the next, and so on.
 pub fn thread_number() -> u64 {
     use std::sync::atomic::{AtomicU64, Ordering};
-    crate::process_wide! {
+    crate::process::process_wide! {
         static NEXT: AtomicU64 = AtomicU64::new(1);
     }
     thread_local! {

@@ -199,17 +199,17 @@ struct Recorder {
     scopes: FastMap<u64, Account>,
 }
 
-crate::process_wide! {
+crate::process::process_wide! {
     /// The recorder's `recorded`, readable without its lock (see [`recorded`]).
     static RECORDED: AtomicU64 = AtomicU64::new(0);
 }
-crate::process_wide! {
+crate::process::process_wide! {
     static BACKTRACES: AtomicBool = AtomicBool::new(false);
 }
-crate::process_wide! {
+crate::process::process_wide! {
     static NEXT_SCOPE: AtomicU64 = AtomicU64::new(1);
 }
-crate::process_wide! {
+crate::process::process_wide! {
     static RECORDER: Mutex<Option<Recorder>> = Mutex::new(None);
 }
 
@@ -250,7 +250,7 @@ pub struct User {
 /// user asked for them. `None` joins with whatever is in force (memlab's own
 /// tools do that).
 pub fn retain(settings: Option<Settings>) -> User {
-    crate::process_wide! {
+    crate::process::process_wide! {
         static NEXT: AtomicU64 = AtomicU64::new(1);
     }
     start();

@@ -65,7 +65,7 @@ struct Timeline {
     dropped: u64,
 }
 
-crate::process_wide! {
+crate::process::process_wide! {
     static TIMELINE: Mutex<Timeline> =
         Mutex::new(Timeline { spans: VecDeque::new(), readings: VecDeque::new(), dropped: 0 });
 }

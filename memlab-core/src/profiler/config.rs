@@ -19,16 +19,16 @@ const CURRENT_CUDA: usize = 1;
 const CPU: usize = 2;
 const CUDA: usize = 3;
 
-crate::process_wide! {
+crate::process::process_wide! {
     static TARGET_KIND: AtomicUsize = AtomicUsize::new(AUTO);
 }
-crate::process_wide! {
+crate::process::process_wide! {
     static TARGET_INDEX: AtomicUsize = AtomicUsize::new(0);
 }
-crate::process_wide! {
+crate::process::process_wide! {
     static ENABLED: Switch = Switch::new("MEMLAB_DISABLE", true);
 }
-crate::process_wide! {
+crate::process::process_wide! {
     static PRINT_AT_EXIT: Switch = Switch::new("MEMLAB_PRINT_AT_EXIT", false);
 }
 
@@ -42,7 +42,7 @@ pub fn env_flag(name: &str) -> Option<bool> {
     match parse_flag(&text) {
         Ok(flag) => flag,
         Err(()) => {
-            crate::process_wide! {
+            crate::process::process_wide! {
                 static WARNED: Mutex<Vec<String>> = Mutex::new(Vec::new());
             }
             let first = {

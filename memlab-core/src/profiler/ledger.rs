@@ -76,7 +76,7 @@ impl Ledger {
     }
 }
 
-crate::process_wide! {
+crate::process::process_wide! {
     static LEDGERS: [Mutex<Ledger>; MAX_CUDA_DEVICES + 1] = [const { Mutex::new(Ledger::new()) }; MAX_CUDA_DEVICES + 1];
 }
 

@@ -364,7 +364,7 @@ pub fn reset() {
     }
 }
 
-crate::process_wide! {
+crate::process::process_wide! {
     static COLUMNS: std::sync::Mutex<Option<Vec<Column>>> = std::sync::Mutex::new(None);
 }
 

@@ -50,7 +50,7 @@ fn arm() {
 /// standard error (the variable is read as the program loads, before it
 /// could choose where memlab's warnings go).
 pub(super) fn dir() -> Option<&'static PathBuf> {
-    memlab_core::process_wide! {
+    memlab_core::process::process_wide! {
         static DIR: OnceLock<Option<PathBuf>> = OnceLock::new();
     }
     DIR.get_or_init(|| {

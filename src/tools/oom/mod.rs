@@ -60,18 +60,18 @@ struct Config {
     max_reports: usize,
 }
 
-memlab_core::process_wide! {
+memlab_core::process::process_wide! {
     static CONFIG: Mutex<Option<Config>> = Mutex::new(None);
 }
-memlab_core::process_wide! {
+memlab_core::process::process_wide! {
     /// Set by [`OomRecorder::disarm`]: `MEMLAB_OOM_DIR` no longer arms either.
     static DISARMED: AtomicBool = AtomicBool::new(false);
 }
-memlab_core::process_wide! {
+memlab_core::process::process_wide! {
     /// Failures seen while armed, written or not.
     static SEEN: AtomicU64 = AtomicU64::new(0);
 }
-memlab_core::process_wide! {
+memlab_core::process::process_wide! {
     static LAST: Mutex<Option<Arc<OomReport>>> = Mutex::new(None);
 }
 

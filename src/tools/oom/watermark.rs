@@ -8,11 +8,11 @@ use memlab_core::format_bytes;
 use memlab_core::oom::HostLimit;
 use std::time::Duration;
 
-memlab_core::process_wide! {
+memlab_core::process::process_wide! {
     /// The watermark in force, as `f64` bits (0: none).
     static SHARE: AtomicU64 = AtomicU64::new(0);
 }
-memlab_core::process_wide! {
+memlab_core::process::process_wide! {
     static RUNNING: AtomicBool = AtomicBool::new(false);
 }
 
