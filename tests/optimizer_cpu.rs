@@ -217,7 +217,7 @@ fn the_tch_built_against_is_one_whose_layout_memlab_knows() {
 fn courtesy_with_an_optimizer_on_a_cpu_only_machine() {
     let _s = serial();
     if tch::Cuda::is_available() {
-        return; // the CUDA round trip is tests/cuda.rs's
+        return; // the CUDA round trip is tests/cuda/courtesy.rs's
     }
     let vs = nn::VarStore::new(tch::Device::Cpu);
     let net = model(&vs);

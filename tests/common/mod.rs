@@ -21,7 +21,12 @@ pub fn serial() -> MutexGuard<'static, ()> {
 
 /// A CPU tensor of `n` f32 zeros: exactly `4 * n` bytes.
 pub fn floats(n: i64) -> Tensor {
-    Tensor::zeros([n], (Kind::Float, tch::Device::Cpu))
+    floats_on(tch::Device::Cpu, n)
+}
+
+/// A tensor of `n` f32 zeros on `device`: exactly `4 * n` bytes.
+pub fn floats_on(device: tch::Device, n: i64) -> Tensor {
+    Tensor::zeros([n], (Kind::Float, device))
 }
 
 /// Two threads run `check_step` around a step that keeps one tensor from

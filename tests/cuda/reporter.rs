@@ -1,0 +1,77 @@
+//! `MemReporter` on CUDA: rows that add up, a flattened LSTM's storage, a
+//! registered optimizer's state.
+
+use super::*;
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn reporter_rows_add_up_on_cuda() {
+    let _s = serial();
+    let _recording = memlab::Recording::start(memlab::events::Settings::default()).unwrap();
+    let vs = tch::nn::VarStore::new(GPU);
+    let _layer = tch::nn::linear(vs.root() / "fc", 1024, 1024, Default::default());
+    let odd = floats(1000); // 4000 bytes, a 4096-byte block
+    let report = memlab::MemReporter::new(&vs).tensor("odd", &odd).device(Device::Cuda(0)).report().unwrap();
+    println!("{report}");
+    let cuda = report.device(Device::Cuda(0)).unwrap();
+    assert_eq!(cuda.rows.iter().find(|r| r.name == "fc.weight").unwrap().bytes, 4 << 20);
+    assert_eq!(cuda.rows.iter().find(|r| r.name == "odd").unwrap().bytes, 4000);
+    let total: i64 = cuda.rows.iter().filter(|r| r.counted).map(|r| r.bytes).sum();
+    assert_eq!(total, cuda.allocated_bytes);
+    let rounding = cuda.rows.iter().find(|r| r.kind == memlab::reporter::RowKind::Rounding).expect("a rounding row");
+    assert!(rounding.bytes >= 96, "{report}");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_flattened_lstm_storage_has_a_row_of_its_own() {
+    let _s = serial();
+    let vs = tch::nn::VarStore::new(GPU);
+    let lstm = tch::nn::lstm(vs.root() / "lstm", 1024, 1024, Default::default());
+    let input = Tensor::zeros([2, 4, 1024], (Kind::Float, GPU));
+    let _ = tch::nn::RNN::seq(&lstm, &input);
+    let report = memlab::MemReporter::new(&vs).device(Device::Cuda(0)).report().unwrap();
+    println!("{report}");
+    let cuda = report.device(Device::Cuda(0)).unwrap();
+    let storage = cuda.rows.iter().find(|r| r.kind == memlab::reporter::RowKind::Storage).expect("a storage row");
+    let views: Vec<_> = cuda.rows.iter().filter(|r| r.name.contains("(->storage #1)")).collect();
+    assert_eq!(views.len(), 4, "weights and biases of one layer:\n{report}");
+    for view in &views {
+        let elements: i64 = view.shape.iter().product();
+        assert_eq!(view.bytes, elements * 4, "a view's bytes are its own size: {view:?}");
+        assert!(!view.counted);
+    }
+    let packed: i64 = views.iter().map(|v| v.bytes).sum();
+    assert!(storage.bytes >= packed, "the storage holds its views:\n{report}");
+    let total: i64 = cuda.rows.iter().filter(|r| r.counted).map(|r| r.bytes).sum();
+    assert_eq!(total, cuda.allocated_bytes, "rows add up:\n{report}");
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_registered_optimizer_is_named_on_cuda() {
+    use tch::nn::{Module, OptimizerConfig};
+    let _s = serial();
+    memlab::clear_registry();
+    let vs = tch::nn::VarStore::new(GPU);
+    let net = cuda_model(&vs, 1024);
+    memlab::register_var_store("model", &vs);
+    let mut opt = memlab::register_optimizer(tch::nn::Adam::default().build(&vs, 1e-4).unwrap()).unwrap();
+    let x = Tensor::randn([64, 1024], (Kind::Float, GPU));
+    opt.backward_step(&net.forward(&x).mean(Kind::Float));
+    let params = (2 * (1024 * 1024 + 1024) + 1024 * 10 + 10) * 4;
+    assert_eq!(opt.registered_states(), 12);
+    // where_gpu_memory_went counts the state as named: weights, gradients, moments.
+    let account = memlab::where_gpu_memory_went(0).unwrap();
+    println!("{account}");
+    assert_eq!(account.named, 4 * params, "{account}");
+    // Courtesy::new moves the registered state with the model.
+    let mut courtesy = memlab::Courtesy::new();
+    let report = courtesy.yield_memory().unwrap();
+    println!("{report}");
+    let c = report.devices[&Device::Cuda(0)];
+    assert_eq!((c.parameters, c.gradients, c.optimizer_state), (params as u64, params as u64, 2 * params as u64));
+    courtesy.restore().unwrap();
+    opt.backward_step(&net.forward(&x).mean(Kind::Float));
+    memlab::clear_registry();
+}
