@@ -64,7 +64,9 @@ fn cuda_oom_reports_tell_an_oversize_request_from_a_model_too_large() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn memlab_oom_dir_alone_reports_a_cuda_failure() {
-    if common::child("memlab_oom_dir_alone_reports_a_cuda_failure") {
+    // The harness names a test by its module path.
+    let name = "oom::memlab_oom_dir_alone_reports_a_cuda_failure";
+    if common::child(name) {
         // No memlab call: the variable armed the recorder as the program
         // loaded, and its watcher attaches the observer after the first CUDA
         // allocation.
@@ -84,10 +86,7 @@ fn memlab_oom_dir_alone_reports_a_cuda_failure() {
         return;
     }
     let dir = oom_dir("environment");
-    let (_, stderr) = common::check_child(
-        "memlab_oom_dir_alone_reports_a_cuda_failure",
-        &[("MEMLAB_OOM_DIR", dir.to_str().unwrap())],
-    );
+    let (_, stderr) = common::check_child(name, &[("MEMLAB_OOM_DIR", dir.to_str().unwrap())]);
     assert!(stderr.contains("memlab: out of memory on cuda:0"), "{stderr}");
     std::fs::remove_dir_all(&dir).ok();
 }

@@ -110,7 +110,9 @@ fn cuda_trace_counters_equal_the_allocators_figures() {
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn expandable_segments_are_mapped_and_unmapped_in_the_events_and_the_snapshot() {
-    if common::child("expandable_segments_are_mapped_and_unmapped_in_the_events_and_the_snapshot") {
+    // The harness names a test by its module path.
+    let name = "recording::expandable_segments_are_mapped_and_unmapped_in_the_events_and_the_snapshot";
+    if common::child(name) {
         let _s = serial();
         let recording = memlab::Recording::start(memlab::events::Settings::default()).unwrap();
         let grown: Vec<Tensor> = (0..4).map(|_| floats(64 * MIB / 4)).collect();
@@ -136,7 +138,6 @@ fn expandable_segments_are_mapped_and_unmapped_in_the_events_and_the_snapshot() 
         drop(recording);
         return;
     }
-    let name = "expandable_segments_are_mapped_and_unmapped_in_the_events_and_the_snapshot";
     let (stdout, _) = common::check_child(name, &[("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")]);
     println!("{stdout}");
 }
