@@ -2,4 +2,4 @@
 //! within a memory budget, found by trying batch sizes, with out-of-memory
 //! failures caught so the process stays healthy.
 
-pub use crate::tools::batch_size::BatchSearch;
+pub use crate::tools::batch_size::{BatchSearch, FirstOom, Try};

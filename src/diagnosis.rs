@@ -59,6 +59,15 @@ pub struct SiteHolder {
     pub frames: Vec<Frame>,
 }
 
+/// Named storages beyond those a report lists.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct NamedRest {
+    /// How many.
+    pub count: usize,
+    /// Their bytes.
+    pub bytes: u64,
+}
+
 /// What held the device's memory when the request failed.
 #[derive(Clone, Debug, Default, Serialize)]
 #[non_exhaustive]
@@ -67,8 +76,8 @@ pub struct Holders {
     pub named_bytes: u64,
     /// The largest named storages, largest first.
     pub named: Vec<NamedHolder>,
-    /// Named storages beyond those listed: how many, and their bytes.
-    pub named_rest: (usize, u64),
+    /// Named storages beyond those listed.
+    pub named_rest: NamedRest,
     /// Var stores (or the registry) the walk passed by because a lock on
     /// them was held, by this thread or another.
     pub busy: Vec<String>,

@@ -209,16 +209,13 @@ pub mod stats {
 pub mod events {
     pub use memlab_core::events::{
         live, stats, thread_number, Action, Event, Frame, LiveAllocation, Reading, ScopeCounts, Settings, Span,
-        SpanKind, StatementRef, Stats,
+        SpanKind, StatementRef, Stats, Timeline,
     };
 
-    /// What the recording kept beside the allocations, oldest first: spans
-    /// (profiled calls, `StepLogger` steps, `TrainingMonitor` iterations),
-    /// readings of the resident set and the driver's device use (while a
-    /// `StepLogger` samples, or with [`Settings::sampling`]), and how many of
-    /// either were dropped to stay within 100,000.
-    pub fn timeline() -> (Vec<Span>, Vec<Reading>, u64) {
-        memlab_core::events::spans_and_readings()
+    /// What the recording kept beside the allocations (see [`Timeline`]):
+    /// spans, readings, and how many of either were dropped.
+    pub fn timeline() -> Timeline {
+        memlab_core::events::timeline()
     }
 
     /// The recorded allocation events, oldest first, and how many were dropped

@@ -95,6 +95,8 @@
 //! [`RegisteredOptimizer`](crate::RegisteredOptimizer)), held weakly; a
 //! gradient made since is counted among the unnamed bytes.
 
-pub use crate::diagnosis::{Diagnosis, Holders, NamedHolder, SiteHolder};
-pub use crate::tools::oom::{ooms_seen, LeftOut, OomReport, DEFAULT_MAX_REPORTS, DEFAULT_RESERVE, DEFAULT_WATERMARK};
+pub use crate::diagnosis::{Diagnosis, Holders, NamedHolder, NamedRest, SiteHolder};
+pub use crate::tools::oom::{
+    ooms_seen, FailingThread, LeftOut, OomReport, DEFAULT_MAX_REPORTS, DEFAULT_RESERVE, DEFAULT_WATERMARK,
+};
 pub use memlab_core::oom::{CacheFree, DeviceMemory, HostLimit, MemoryFigures, Verdict};

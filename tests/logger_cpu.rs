@@ -153,7 +153,7 @@ fn one_sampler_serves_a_step_and_a_sampling_recording_at_once() {
         drop(kept);
         thread_names()
     });
-    let readings = memlab::events::timeline().1.len();
+    let readings = memlab::events::timeline().readings.len();
     drop(recording);
     // memlab's threads (the kernel keeps 15 bytes of a name): the sampler alone.
     let ours: Vec<_> = threads.iter().filter(|n| n.starts_with("memlab-")).collect();

@@ -104,7 +104,7 @@ fn a_failed_request_is_reported_before_the_error_arrives_and_training_goes_on() 
     assert!(h.named.iter().any(|n| n.name == "model.fc.weight.grad" && n.kind == "gradient"));
     // Weight and bias, their gradients and Adam's two moments: four times the parameters.
     assert_eq!(h.named_bytes, 4 * (64 * 64 + 64) * 4);
-    assert_eq!(h.named.iter().map(|n| n.bytes).sum::<u64>() + h.named_rest.1, h.named_bytes);
+    assert_eq!(h.named.iter().map(|n| n.bytes).sum::<u64>() + h.named_rest.bytes, h.named_bytes);
     let sites = h.by_site.as_ref().expect("a recording runs: sites");
     let mine = sites.iter().find(|s| s.bytes == 12_000).expect("the 12,000-byte tensor by its site");
     // Its site is the helper that made it; its frames lead back to this test.
@@ -175,8 +175,8 @@ fn a_failure_on_another_thread_is_caught() {
     assert!(worker.join().unwrap(), "the worker got libtorch's error");
     assert_eq!(memlab::oom::ooms_seen(), before + 1);
     let report = memlab::last_oom().unwrap();
-    assert_ne!(report.thread.0, main);
-    assert_eq!(report.thread.1.as_deref(), Some("loader"));
+    assert_ne!(report.thread.number, main);
+    assert_eq!(report.thread.name.as_deref(), Some("loader"));
     assert!(report.files[0].exists());
     OomRecorder::disarm();
     std::fs::remove_dir_all(&out).ok();
@@ -257,7 +257,8 @@ fn find_batch_size_keeps_its_failures_quiet_and_says_why_the_first_one_failed() 
     })
     .unwrap();
     assert_eq!(search.largest, Some(4));
-    let (batch, why) = search.first_oom.as_ref().expect("the first failing batch's verdict");
+    let memlab::batch_size::FirstOom { batch_size: batch, diagnosis: why } =
+        search.first_oom.as_ref().expect("the first failing batch's verdict");
     assert_eq!((*batch, why.verdict, why.requested), (8, Verdict::RequestExceedsDevice, 1 << 48));
     assert!(search
         .to_text()
@@ -453,7 +454,7 @@ fn find_batch_size_on_the_cpu_keeps_its_out_of_memory_panics_from_the_panic_hook
     let after = HOOK_CALLS.load(Ordering::Relaxed);
     std::panic::set_hook(previous);
     assert_eq!(search.largest, Some(4));
-    assert_eq!(search.tried.iter().filter(|(_, outcome)| outcome.is_err()).count(), 3, "{search}");
+    assert_eq!(search.tried.iter().filter(|t| t.outcome.is_err()).count(), 3, "{search}");
     assert_eq!(quiet, 0, "the search's out-of-memory panics reached the panic hook");
     assert_eq!(loud.unwrap().largest, None);
     assert_eq!(after, 1, "a panic for another reason is reported");

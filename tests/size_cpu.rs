@@ -84,7 +84,7 @@ fn batch_size_search_within_a_byte_budget() {
     .unwrap();
     assert_eq!(search.largest, Some(256), "{search}");
     assert!(search.tried.len() <= 2 * 14, "{search}");
-    assert!(search.tried.iter().all(|(n, _)| *n <= 512), "nothing far above the answer is tried: {search}");
+    assert!(search.tried.iter().all(|t| t.batch_size <= 512), "nothing far above the answer is tried: {search}");
 }
 
 #[test]
@@ -97,7 +97,7 @@ fn batch_size_search_survives_failures() {
     })
     .unwrap();
     assert_eq!(search.largest, Some(300), "{search}");
-    assert!(search.tried.iter().any(|(_, r)| r.as_ref().is_err_and(|e| e.contains("out of memory"))));
+    assert!(search.tried.iter().any(|t| t.outcome.as_ref().is_err_and(|e| e.contains("out of memory"))));
     assert!(search.to_string().contains("failed: CUDA out of memory (simulated)"));
     let err = memlab::find_batch_size(Device::Cpu, Budget::FreeDeviceMemory, 10, |_| Ok(())).unwrap_err();
     assert!(err.to_string().contains("give the CPU a Budget::Bytes"));

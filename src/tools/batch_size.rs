@@ -30,11 +30,28 @@ pub struct BatchSearch {
     pub largest: Option<usize>,
     /// The budget in bytes.
     pub budget: i64,
-    /// Every try: batch size, and its peak in bytes or why it failed.
-    pub tried: Vec<(usize, std::result::Result<i64, String>)>,
-    /// The first try that ran out of memory: its batch size and why it
-    /// failed (the out-of-memory recorder's verdict, with its figures).
-    pub first_oom: Option<(usize, Diagnosis)>,
+    /// Every try, in the order they ran.
+    pub tried: Vec<Try>,
+    /// The first try that ran out of memory, and why.
+    pub first_oom: Option<FirstOom>,
+}
+
+/// One try of [`find_batch_size`](crate::find_batch_size).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Try {
+    /// The batch size tried.
+    pub batch_size: usize,
+    /// Its peak in bytes, or why it failed.
+    pub outcome: std::result::Result<i64, String>,
+}
+
+/// The first try that ran out of memory.
+#[derive(Clone, Debug, Serialize)]
+pub struct FirstOom {
+    /// Its batch size.
+    pub batch_size: usize,
+    /// Why it failed: the out-of-memory recorder's verdict, with its figures.
+    pub diagnosis: Diagnosis,
 }
 
 /// Finds the largest batch size in `1..=max` whose `step` stays within
@@ -78,10 +95,10 @@ pub fn find_batch_size(
     let mut run = |n: usize| {
         let (outcome, oom) = try_once(device, &mut step, n);
         if search.first_oom.is_none() {
-            search.first_oom = oom.map(|d| (n, d));
+            search.first_oom = oom.map(|diagnosis| FirstOom { batch_size: n, diagnosis });
         }
         let ok = matches!(outcome, Ok(peak) if peak <= budget);
-        search.tried.push((n, outcome));
+        search.tried.push(Try { batch_size: n, outcome });
         ok
     };
     // Double from 1 until a try fails, so that nothing far above the answer
@@ -253,7 +270,7 @@ impl Render for BatchSearch {
             Column::new("peak", Cell::Figure).min_width(9),
             Column::new("outcome", Cell::Text).max_width(100),
         ]);
-        for (n, outcome) in &self.tried {
+        for Try { batch_size: n, outcome } in &self.tried {
             match outcome {
                 Ok(peak) => {
                     let outcome = if *peak <= self.budget { "within the budget" } else { "over the budget" };
@@ -268,7 +285,7 @@ impl Render for BatchSearch {
             };
         }
         doc.table(table);
-        if let Some((n, why)) = &self.first_oom {
+        if let Some(FirstOom { batch_size: n, diagnosis: why }) = &self.first_oom {
             doc.blank();
             doc.line(format!("Batch {n} ran out of memory on {}. Verdict: {}.", why.device, why.verdict.title()));
             doc.indented(2, why.advice.clone());

@@ -19,9 +19,10 @@ pub fn serial() -> MutexGuard<'static, ()> {
     LOCK.lock().unwrap_or_else(|e| e.into_inner())
 }
 
-/// A CPU tensor of `n` f32 zeros: exactly `4 * n` bytes.
+/// A CPU tensor of `n` f32 zeros: exactly `4 * n` bytes. (Not through
+/// [`floats_on`]: tests name this helper as the site that allocated.)
 pub fn floats(n: i64) -> Tensor {
-    floats_on(tch::Device::Cpu, n)
+    Tensor::zeros([n], (Kind::Float, tch::Device::Cpu))
 }
 
 /// A tensor of `n` f32 zeros on `device`: exactly `4 * n` bytes.

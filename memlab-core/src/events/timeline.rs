@@ -59,18 +59,18 @@ pub struct Reading {
 pub const TIMELINE_CAPACITY: usize = 100_000;
 
 #[derive(Default)]
-struct Timeline {
+struct Queues {
     spans: VecDeque<Span>,
     readings: VecDeque<Reading>,
     dropped: u64,
 }
 
 crate::process::process_wide! {
-    static TIMELINE: Mutex<Timeline> =
-        Mutex::new(Timeline { spans: VecDeque::new(), readings: VecDeque::new(), dropped: 0 });
+    static TIMELINE: Mutex<Queues> =
+        Mutex::new(Queues { spans: VecDeque::new(), readings: VecDeque::new(), dropped: 0 });
 }
 
-fn timeline() -> MutexGuard<'static, Timeline> {
+fn queues() -> MutexGuard<'static, Queues> {
     // Every change is one push or pop: a panic elsewhere leaves nothing half done.
     TIMELINE.locked()
 }
@@ -95,7 +95,7 @@ pub fn span(kind: SpanKind, name: impl Into<Cow<'static, str>>, start_ns: u64) {
         return;
     }
     let span = Span { kind, name: name.into(), thread: thread_number(), start_ns, end_ns: now_ns() };
-    let mut t = timeline();
+    let mut t = queues();
     let t = &mut *t;
     push(&mut t.spans, &mut t.dropped, span);
 }
@@ -107,21 +107,39 @@ pub fn reading(rss: u64, driver_used: Vec<(usize, u64)>) {
         return;
     }
     let reading = Reading { time_ns: now_ns(), rss, driver_used };
-    let mut t = timeline();
+    let mut t = queues();
     let t = &mut *t;
     push(&mut t.readings, &mut t.dropped, reading);
 }
 
-/// The spans and readings of the current (or last) recording, oldest first,
-/// and how many were dropped to stay within [`TIMELINE_CAPACITY`].
-pub fn spans_and_readings() -> (Vec<Span>, Vec<Reading>, u64) {
-    let t = timeline();
-    (t.spans.iter().cloned().collect(), t.readings.iter().cloned().collect(), t.dropped)
+/// What a recording kept beside the allocations, oldest first: spans
+/// (profiled calls, `StepLogger` steps, `TrainingMonitor` iterations),
+/// readings of the resident set and the driver's device use, and how many of
+/// either were dropped to stay within [`TIMELINE_CAPACITY`].
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Timeline {
+    /// The spans, oldest first.
+    pub spans: Vec<Span>,
+    /// The readings, oldest first.
+    pub readings: Vec<Reading>,
+    /// Spans and readings dropped, the oldest first, to stay within
+    /// [`TIMELINE_CAPACITY`].
+    pub dropped: u64,
+}
+
+/// The timeline of the current (or last) recording.
+pub fn timeline() -> Timeline {
+    let t = queues();
+    Timeline {
+        spans: t.spans.iter().cloned().collect(),
+        readings: t.readings.iter().cloned().collect(),
+        dropped: t.dropped,
+    }
 }
 
 /// Forgets what an earlier recording kept: a new one starts.
 pub(super) fn clear() {
-    let mut t = timeline();
+    let mut t = queues();
     t.spans.clear();
     t.readings.clear();
     t.dropped = 0;

@@ -130,7 +130,7 @@ impl Trace {
     /// recording's spans and readings, its counters walked back from `anchors`
     /// (each device's figures, read consistently with the history).
     pub fn from_history(history: &[Event], stats: &events::Stats, anchors: &BTreeMap<Device, Anchor>) -> Result<Trace> {
-        let (spans, readings, timeline_dropped) = events::spans_and_readings();
+        let events::Timeline { spans, readings, dropped: timeline_dropped } = events::timeline();
         let mut by_device: BTreeMap<Device, Vec<&Event>> = BTreeMap::new();
         for e in history {
             by_device.entry(e.device).or_default().push(e);

@@ -11,9 +11,10 @@ use memlab_core::oom::Failure;
 use memlab_core::{Backend, Device};
 use memlab_tch::BACKEND;
 
-use super::{Holders, LeftOut, NamedHolder, OomReport, SiteHolder};
+use super::{FailingThread, Holders, LeftOut, NamedHolder, OomReport, SiteHolder};
 use crate::attribution::{attribute, site_label};
 use crate::diagnosis::diagnose;
+use crate::diagnosis::NamedRest;
 use crate::named::{self, Model};
 
 /// Holders listed by name and by site (each); the rest are added up.
@@ -79,7 +80,7 @@ impl OomReport {
             host,
             process_start,
             time: memlab_core::time::utc_now(),
-            thread: (failure.thread, std::thread::current().name().map(str::to_string)),
+            thread: FailingThread { number: failure.thread, name: std::thread::current().name().map(str::to_string) },
             diagnosis,
             stream: failure.stream,
             statement: failure.statement.map(|s| s.to_string()),
@@ -134,7 +135,7 @@ fn holders(device: Device, sources: &Model, with_sites: bool) -> Holders {
     // Largest first; equal sizes by name, shorter first (`layer2` before `layer10`).
     rows.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| (a.name.len(), &a.name).cmp(&(b.name.len(), &b.name))));
     let rest = rows.split_off(rows.len().min(TOP_HOLDERS));
-    out.named_rest = (rest.len(), rest.iter().map(|r| r.bytes).sum());
+    out.named_rest = NamedRest { count: rest.len(), bytes: rest.iter().map(|r| r.bytes).sum() };
     out.named = rows;
     if let (Some(groups), Some(live)) = (account.unnamed, live.as_deref()) {
         let frames_of = |site: &Option<String>| -> Vec<Frame> {

@@ -29,6 +29,15 @@ pub struct LeftOut {
     pub available: u64,
 }
 
+/// The thread a request failed on.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct FailingThread {
+    /// memlab's number for it (as in the recording's events).
+    pub number: u64,
+    /// Its name, if it has one.
+    pub name: Option<String>,
+}
+
 /// One out-of-memory failure, as the recorder wrote it.
 #[derive(Clone, Debug, Serialize)]
 #[non_exhaustive]
@@ -44,8 +53,8 @@ pub struct OomReport {
     pub process_start: Option<String>,
     /// When, in UTC (`YYYY-MM-DD HH:MM:SS.mmm`).
     pub time: String,
-    /// memlab's number for the failing thread, and its name.
-    pub thread: (u64, Option<String>),
+    /// The failing thread.
+    pub thread: FailingThread,
     /// The request, the figures and the verdict.
     pub diagnosis: Diagnosis,
     /// CUDA: the failing thread's current stream.
@@ -252,9 +261,9 @@ impl Render for OomReport {
         let b = |n: u64| format_bytes(n as i64);
         let mut doc = Document::new();
         doc.banner(format!("memlab: out of memory on {} (report {} of process {})", d.device, self.number, self.pid));
-        let thread = match &self.thread.1 {
-            Some(name) => format!("thread {} ({name})", self.thread.0),
-            None => format!("thread {}", self.thread.0),
+        let thread = match &self.thread.name {
+            Some(name) => format!("thread {} ({name})", self.thread.number),
+            None => format!("thread {}", self.thread.number),
         };
         doc.line(format!("{} UTC, {thread}", self.time));
         let started = self.process_start.as_deref().map(|s| format!(", started {s} UTC")).unwrap_or_default();
@@ -348,8 +357,8 @@ impl Render for OomReport {
             for n in &h.named {
                 table.row([n.name.clone(), n.kind.to_string(), b(n.bytes)]);
             }
-            if h.named_rest.0 > 0 {
-                table.row([format!("{} more, each smaller", h.named_rest.0), String::new(), b(h.named_rest.1)]);
+            if h.named_rest.count > 0 {
+                table.row([format!("{} more, each smaller", h.named_rest.count), String::new(), b(h.named_rest.bytes)]);
             }
             doc.table(table);
         }

@@ -18,7 +18,7 @@ use memlab_tch::BACKEND;
 use crate::diagnosis::{Diagnosis, Holders, NamedHolder, SiteHolder};
 use crate::named;
 
-pub use document::{LeftOut, OomReport};
+pub use document::{FailingThread, LeftOut, OomReport};
 
 /// Reports written per process unless [`OomRecorder::max_reports`] says otherwise.
 pub const DEFAULT_MAX_REPORTS: usize = 3;
