@@ -165,12 +165,13 @@ pub mod reporter;
 mod tools;
 pub mod tracker;
 
+pub use memlab_tch::optimizer::StepOptimizer;
 pub use tools::batch_size::{find_batch_size, Budget};
 pub use tools::courtesy::Courtesy;
 pub use tools::dispose::{check_step, check_step_with, check_step_with_optimizer, DisposeScope, OnEscape};
 pub use tools::gpu_account::where_gpu_memory_went;
 pub use tools::logger::StepLogger;
-pub use tools::model_size::{measure_model, StepOptimizer};
+pub use tools::model_size::measure_model;
 pub use tools::monitor::TrainingMonitor;
 pub use tools::oom::{last_oom, OomRecorder};
 pub use tools::reporter::MemReporter;

@@ -7,7 +7,7 @@ mod common;
 use std::sync::{Arc, Mutex};
 
 use common::serial;
-use memlab::{monitor::OptimizerKind, Device, TrainingMonitor};
+use memlab::{Device, TrainingMonitor};
 use tch::nn::{self, Module, OptimizerConfig};
 use tch::{Kind, Tensor};
 
@@ -37,7 +37,8 @@ const PARAMS: i64 = (256 * 128 + 128) * 4;
 fn records_weights_gradients_and_feature_maps() {
     let _s = serial();
     let mut s = setup();
-    let mut monitor = TrainingMonitor::new(&s.vs).device(Device::Cpu).print_period(0).optimizer(OptimizerKind::Adam);
+    let mut monitor =
+        TrainingMonitor::new(&s.vs).device(Device::Cpu).print_period(0).optimizer(memlab::StepOptimizer::Adam);
     step(&mut s);
     let r = monitor.record_stats().expect("a record").clone();
     assert_eq!((r.epoch, r.iteration, r.device), (1, 1, Some(Device::Cpu)));

@@ -251,7 +251,7 @@ fn the_monitor_measures_the_state_exactly_and_writes_it_to_csv() {
     let mut monitor = memlab::TrainingMonitor::new(&vs)
         .device(Device::Cpu)
         .print_period(0)
-        .optimizer(memlab::monitor::OptimizerKind::Adam)
+        .optimizer(memlab::StepOptimizer::Adam)
         .csv_dir(&dir);
     for _ in 0..3 {
         step(&net, &mut opt);
@@ -467,6 +467,11 @@ fn measure_model_reads_every_optimizer_it_steps() {
     let size = memlab::measure_model(&vs, |x| net.forward(x), &input, &kinds).unwrap();
     let params: i64 = parameters().iter().map(|(_, n)| n * 4).sum();
     let multiples: Vec<(S, i64)> = size.optimizer_state.iter().map(|(k, b)| (*k, b / params)).collect();
+    // What TrainingMonitor's estimate multiplies the weights by is what a real step keeps.
+    for (kind, bytes) in &size.optimizer_state {
+        assert_eq!(*bytes, kind.state_buffers() as i64 * params, "{kind:?}");
+    }
+    assert_eq!(kinds, S::ALL);
     assert_eq!(
         multiples,
         vec![

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 
 use memlab_core::{Error, Result};
 use serde::Serialize;
-use tch::nn::{Optimizer, Variables};
+use tch::nn::{self, Optimizer, OptimizerConfig, Variables};
 use tch::Tensor;
 
 use crate::ffi;
@@ -34,6 +34,73 @@ pub enum OptimizerKind {
     Sgd,
     /// `nn::RmsProp`.
     RmsProp,
+}
+
+/// An optimizer as configured: what `memlab::measure_model` builds and
+/// steps to measure its state, and what `TrainingMonitor::optimizer` names
+/// to estimate it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum StepOptimizer {
+    /// SGD without momentum.
+    Sgd,
+    /// SGD with momentum 0.9.
+    SgdMomentum,
+    /// Adam.
+    Adam,
+    /// Adam with amsgrad (a third buffer: the running maximum).
+    AdamAmsgrad,
+    /// AdamW.
+    AdamW,
+    /// AdamW with amsgrad.
+    AdamWAmsgrad,
+    /// RMSprop (tch's defaults: no momentum, not centred).
+    RmsProp,
+    /// Centred RMSprop with momentum 0.9 (three buffers).
+    RmsPropCenteredMomentum,
+}
+
+impl StepOptimizer {
+    /// Every configuration, in the order above.
+    pub const ALL: [StepOptimizer; 8] = [
+        StepOptimizer::Sgd,
+        StepOptimizer::SgdMomentum,
+        StepOptimizer::Adam,
+        StepOptimizer::AdamAmsgrad,
+        StepOptimizer::AdamW,
+        StepOptimizer::AdamWAmsgrad,
+        StepOptimizer::RmsProp,
+        StepOptimizer::RmsPropCenteredMomentum,
+    ];
+
+    /// The state buffers it keeps per parameter, each the parameter's size:
+    /// its state is this many times the parameters' bytes (libtorch keeps
+    /// Adam's step count outside any tensor).
+    pub fn state_buffers(self) -> u64 {
+        match self {
+            StepOptimizer::Sgd => 0,
+            StepOptimizer::SgdMomentum | StepOptimizer::RmsProp => 1,
+            StepOptimizer::Adam | StepOptimizer::AdamW => 2,
+            StepOptimizer::AdamAmsgrad | StepOptimizer::AdamWAmsgrad | StepOptimizer::RmsPropCenteredMomentum => 3,
+        }
+    }
+
+    /// The tch optimizer of this configuration over `vs`'s variables, with
+    /// learning rate 1e-3.
+    pub fn build(self, vs: &nn::VarStore) -> Result<nn::Optimizer> {
+        let built = match self {
+            StepOptimizer::Sgd => nn::Sgd::default().build(vs, 1e-3),
+            StepOptimizer::SgdMomentum => nn::Sgd { momentum: 0.9, ..Default::default() }.build(vs, 1e-3),
+            StepOptimizer::Adam => nn::Adam::default().build(vs, 1e-3),
+            StepOptimizer::AdamAmsgrad => nn::Adam::default().amsgrad(true).build(vs, 1e-3),
+            StepOptimizer::AdamW => nn::AdamW::default().build(vs, 1e-3),
+            StepOptimizer::AdamWAmsgrad => nn::AdamW::default().amsgrad(true).build(vs, 1e-3),
+            StepOptimizer::RmsProp => nn::RmsProp::default().build(vs, 1e-3),
+            StepOptimizer::RmsPropCenteredMomentum => {
+                nn::RmsProp { momentum: 0.9, centered: true, ..Default::default() }.build(vs, 1e-3)
+            }
+        };
+        built.map_err(crate::torch_error)
+    }
 }
 
 /// A tensor of a parameter's optimizer state, by libtorch's name for it.

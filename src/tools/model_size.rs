@@ -12,45 +12,7 @@ use tch::{Kind, Tensor};
 use memlab_tch::BACKEND;
 
 use crate::named::OptimizerStates;
-
-/// An optimizer whose state [`measure_model`] measures with a real step.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-pub enum StepOptimizer {
-    /// SGD without momentum.
-    Sgd,
-    /// SGD with momentum 0.9.
-    SgdMomentum,
-    /// Adam.
-    Adam,
-    /// Adam with amsgrad (a third buffer: the running maximum).
-    AdamAmsgrad,
-    /// AdamW.
-    AdamW,
-    /// AdamW with amsgrad.
-    AdamWAmsgrad,
-    /// RMSprop (tch's defaults: no momentum, not centred).
-    RmsProp,
-    /// Centred RMSprop with momentum 0.9 (three buffers).
-    RmsPropCenteredMomentum,
-}
-
-impl StepOptimizer {
-    fn build(self, vs: &VarStore) -> Result<nn::Optimizer> {
-        let built = match self {
-            StepOptimizer::Sgd => nn::Sgd::default().build(vs, 1e-3),
-            StepOptimizer::SgdMomentum => nn::Sgd { momentum: 0.9, ..Default::default() }.build(vs, 1e-3),
-            StepOptimizer::Adam => nn::Adam::default().build(vs, 1e-3),
-            StepOptimizer::AdamAmsgrad => nn::Adam::default().amsgrad(true).build(vs, 1e-3),
-            StepOptimizer::AdamW => nn::AdamW::default().build(vs, 1e-3),
-            StepOptimizer::AdamWAmsgrad => nn::AdamW::default().amsgrad(true).build(vs, 1e-3),
-            StepOptimizer::RmsProp => nn::RmsProp::default().build(vs, 1e-3),
-            StepOptimizer::RmsPropCenteredMomentum => {
-                nn::RmsProp { momentum: 0.9, centered: true, ..Default::default() }.build(vs, 1e-3)
-            }
-        };
-        built.map_err(memlab_tch::torch_error)
-    }
-}
+use memlab_tch::optimizer::StepOptimizer;
 
 /// What [`measure_model`] found. All byte counts are measured on the model's
 /// device, as its allocator counts them (on CUDA every block is rounded up to

@@ -19,35 +19,10 @@ use memlab_tch::storage::storages;
 
 mod csv_files;
 use csv_files::CsvFiles;
+use memlab_tch::optimizer::StepOptimizer;
 use memlab_tch::BACKEND;
 
 use crate::named::{Model, OptimizerStates};
-
-/// The optimizers whose state size memlab can estimate from the parameters,
-/// for a monitor given no optimizer to read (one given with
-/// [`TrainingMonitor::record_stats_with`] is measured instead, and its class
-/// is a [`crate::optimizer::OptimizerKind`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-pub enum OptimizerKind {
-    /// Plain SGD: no state.
-    Sgd,
-    /// SGD with momentum: one buffer per parameter.
-    SgdMomentum,
-    /// Adam or AdamW: two buffers per parameter (and a step count).
-    Adam,
-    /// RMSprop: one buffer per parameter (two when centered).
-    RmsProp,
-}
-
-impl OptimizerKind {
-    fn buffers(self) -> u64 {
-        match self {
-            OptimizerKind::Sgd => 0,
-            OptimizerKind::SgdMomentum | OptimizerKind::RmsProp => 1,
-            OptimizerKind::Adam => 2,
-        }
-    }
-}
 
 /// The memory of one recorded iteration. Byte counts are exact unless the
 /// field's name says `estimate`.
@@ -121,7 +96,7 @@ pub struct TrainingMonitor {
     var_stores: Vec<Arc<Mutex<Variables>>>,
     device: Device,
     print_period: u64,
-    optimizer: Option<OptimizerKind>,
+    optimizer: Option<StepOptimizer>,
     csv_dir: Option<PathBuf>,
     csv_failed: bool,
     /// The CSV files, opened at the first record and kept open.
@@ -196,10 +171,11 @@ impl TrainingMonitor {
         self
     }
 
-    /// Names the optimizer, so that reports show an estimate of its state
-    /// (for exact figures, give the optimizer itself to
+    /// Names the optimizer as configured, so that reports show an estimate
+    /// of its state: [`StepOptimizer::state_buffers`] times the weights'
+    /// bytes (for exact figures, give the optimizer itself to
     /// [`record_stats_with`](Self::record_stats_with)).
-    pub fn optimizer(mut self, kind: OptimizerKind) -> TrainingMonitor {
+    pub fn optimizer(mut self, kind: StepOptimizer) -> TrainingMonitor {
         self.optimizer = Some(kind);
         self
     }
@@ -410,7 +386,7 @@ impl TrainingMonitor {
                 record.optimizer_state_rows = state_rows;
             }
             None => {
-                record.optimizer_state_estimate = self.optimizer.map(|k| k.buffers() as i64 * record.weights);
+                record.optimizer_state_estimate = self.optimizer.map(|k| k.state_buffers() as i64 * record.weights);
             }
         }
         match backward {
