@@ -4,4 +4,4 @@
 //! optimizers, each from running the model once on a sample batch. (Whether
 //! a batch fits is `batch_size`'s question.)
 
-pub use crate::tools::model_size::ModelSize;
+pub use crate::tools::model_size::{ModelSize, OptimizerSize};

@@ -466,10 +466,10 @@ fn measure_model_reads_every_optimizer_it_steps() {
     ];
     let size = memlab::measure_model(&vs, |x| net.forward(x), &input, &kinds).unwrap();
     let params: i64 = parameters().iter().map(|(_, n)| n * 4).sum();
-    let multiples: Vec<(S, i64)> = size.optimizer_state.iter().map(|(k, b)| (*k, b / params)).collect();
+    let multiples: Vec<(S, i64)> = size.optimizers.iter().map(|o| (o.optimizer, o.state / params)).collect();
     // What TrainingMonitor's estimate multiplies the weights by is what a real step keeps.
-    for (kind, bytes) in &size.optimizer_state {
-        assert_eq!(*bytes, kind.state_buffers() as i64 * params, "{kind:?}");
+    for o in &size.optimizers {
+        assert_eq!(o.state, o.optimizer.state_buffers() as i64 * params, "{o:?}");
     }
     assert_eq!(kinds, S::ALL);
     assert_eq!(
@@ -485,5 +485,5 @@ fn measure_model_reads_every_optimizer_it_steps() {
             (S::RmsPropCenteredMomentum, 3)
         ]
     );
-    assert!(size.optimizer_state.iter().all(|(_, b)| b % params == 0), "{size}");
+    assert!(size.optimizers.iter().all(|o| o.state % params == 0), "{size}");
 }

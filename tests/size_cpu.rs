@@ -38,7 +38,7 @@ fn measures_parameters_activations_and_optimizer_state() {
     assert_eq!((size.parameters, size.parameter_bytes), (PARAMS, PARAMS * 4));
     assert_eq!(size.gradient_bytes, (PARAMS * 4) as i64);
     assert_eq!(
-        size.optimizer_state,
+        size.optimizers.iter().map(|o| (o.optimizer, o.state)).collect::<Vec<_>>(),
         vec![
             (StepOptimizer::Sgd, 0),
             (StepOptimizer::SgdMomentum, (PARAMS * 4) as i64),
@@ -67,7 +67,7 @@ fn measures_parameters_activations_and_optimizer_state() {
     let check = memlab::check_step(|| opt.backward_step(&net2.forward(&input).mean(Kind::Float))).unwrap();
     let real =
         check.peak_above_start[&Device::Cpu] + (allocated() - base) - check.scope.escaped_bytes(Device::Cpu) as i64;
-    let measured = size.training_step_peak.iter().find(|(k, _)| *k == StepOptimizer::Adam).unwrap().1;
+    let measured = size.optimizers.iter().find(|o| o.optimizer == StepOptimizer::Adam).unwrap().training_step_peak;
     let error = (measured - real).abs() as f64 / real as f64;
     assert!(error <= 0.01, "measured {measured}, real {real} ({:.2}%)", error * 100.0);
 }

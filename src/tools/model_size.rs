@@ -38,14 +38,22 @@ pub struct ModelSize {
     pub backward_peak: i64,
     /// Bytes of the gradients backward created.
     pub gradient_bytes: i64,
-    /// Per optimizer: the bytes of its state after a real step, read from
-    /// the optimizer itself (the state tensors' own size, like
-    /// `parameter_bytes`).
-    pub optimizer_state: Vec<(StepOptimizer, i64)>,
-    /// Per optimizer: the memory a steady-state training step needs at its
-    /// peak: parameters, optimizer state, and the highest the step itself
+    /// Each optimizer asked for, in the order asked.
+    pub optimizers: Vec<OptimizerSize>,
+}
+
+/// What one optimizer takes, measured with a real step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct OptimizerSize {
+    /// The optimizer as configured.
+    pub optimizer: StepOptimizer,
+    /// The bytes of its state after a real step, read from the optimizer
+    /// itself (the state tensors' own size, like `parameter_bytes`).
+    pub state: i64,
+    /// The memory a steady-state training step needs at its peak:
+    /// parameters, optimizer state, and the highest the step itself
     /// (activations, gradients, temporaries) rose above them.
-    pub training_step_peak: Vec<(StepOptimizer, i64)>,
+    pub training_step_peak: i64,
 }
 
 /// Measures `forward` on `input` with the variables of `vs`, for the given
@@ -91,8 +99,7 @@ pub fn measure_model(
         .sum::<Result<i64>>()?;
     clear_grads(vs)?;
 
-    let mut optimizer_state = Vec::new();
-    let mut training_step_peak = Vec::new();
+    let mut sizes = Vec::new();
     for &kind in optimizers {
         let mut opt = kind.build(vs)?;
         // The first step creates the optimizer's state: what it holds is read
@@ -115,8 +122,11 @@ pub fn measure_model(
         // ...the second is a steady-state step, state already there.
         let (peak, _, ()) = peak_of(device, || opt.backward_step(&forward(input).mean(Kind::Float)))?;
         opt.zero_grad();
-        optimizer_state.push((kind, state));
-        training_step_peak.push((kind, parameter_bytes as i64 + state_allocated + peak));
+        sizes.push(OptimizerSize {
+            optimizer: kind,
+            state,
+            training_step_peak: parameter_bytes as i64 + state_allocated + peak,
+        });
     }
     tch::no_grad(|| {
         for (t, s) in variables.iter().zip(&saved) {
@@ -133,8 +143,7 @@ pub fn measure_model(
         activations,
         backward_peak,
         gradient_bytes,
-        optimizer_state,
-        training_step_peak,
+        optimizers: sizes,
     })
 }
 
@@ -183,11 +192,11 @@ impl Render for ModelSize {
         for (label, bytes) in rows {
             doc.label(WIDTH, label, format_bytes(bytes));
         }
-        for (kind, bytes) in &self.optimizer_state {
-            doc.label(WIDTH, format!("optimizer state, {kind:?}"), format_bytes(*bytes));
+        for o in &self.optimizers {
+            doc.label(WIDTH, format!("optimizer state, {:?}", o.optimizer), format_bytes(o.state));
         }
-        for (kind, bytes) in &self.training_step_peak {
-            doc.label(WIDTH, format!("training step peak, {kind:?}"), format_bytes(*bytes));
+        for o in &self.optimizers {
+            doc.label(WIDTH, format!("training step peak, {:?}", o.optimizer), format_bytes(o.training_step_peak));
         }
         doc
     }

@@ -16,7 +16,8 @@ fn model_size_and_batch_search_on_cuda() {
     let params = (2 * (1024 * 1024 + 1024) + 1024 * 10 + 10) * 4;
     assert_eq!(size.parameter_bytes, params as u64);
     // Read from the optimizer: the state tensors' own bytes, two moments.
-    assert_eq!(size.optimizer_state, vec![(memlab::StepOptimizer::Adam, 2 * params)]);
+    let adam: Vec<(memlab::StepOptimizer, i64)> = size.optimizers.iter().map(|o| (o.optimizer, o.state)).collect();
+    assert_eq!(adam, vec![(memlab::StepOptimizer::Adam, 2 * params)]);
     // The search meets real CUDA out-of-memory errors and the process stays healthy.
     let mut opt = tch::nn::Adam::default().build(&vs, 1e-4).unwrap();
     let search = memlab::find_batch_size(Device::Cuda(0), memlab::Budget::FreeDeviceMemory, 1 << 24, |batch| {
