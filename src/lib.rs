@@ -209,8 +209,8 @@ pub mod stats {
 /// set, and the accounts of dispose scopes.
 pub mod events {
     pub use memlab_core::events::{
-        live, stats, thread_number, Action, Event, Frame, LiveAllocation, Reading, ScopeCounts, Settings, Span,
-        SpanKind, StatementRef, Stats, Timeline,
+        live, stats, thread_number, Action, DriverUsed, Event, Frame, LiveAllocation, Reading, ScopeCounts, Settings,
+        Span, SpanKind, StatementRef, Stats, Timeline,
     };
 
     /// What the recording kept beside the allocations (see [`Timeline`]):

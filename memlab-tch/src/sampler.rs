@@ -164,7 +164,7 @@ fn sample_forever(state: &'static SamplerState) {
             for w in windows.iter().filter(|w| w.gpu == Some(gpu)) {
                 w.driver_peak.fetch_max(read.used(), Ordering::Relaxed);
             }
-            driver_used.push((gpu, read.used()));
+            driver_used.push(memlab_core::events::DriverUsed { device: gpu, bytes: read.used() });
         }
         // A recording's timeline gets the readings (nothing is kept without one).
         if (!windows.is_empty() || !recordings.is_empty()) && memlab_core::events::is_active() {

@@ -155,9 +155,16 @@ fn a_sampling_recording_reads_the_driver_into_the_trace() {
     let trace = memlab::export::Exporter::registered().trace().unwrap();
     drop(recording);
     let last = trace.readings.iter().rev().find(|r| !r.driver_used.is_empty()).expect("readings of cuda:0");
-    assert_eq!(last.driver_used, vec![(0, now)], "the last reading is the driver's figure now");
+    assert_eq!(
+        last.driver_used,
+        vec![memlab::events::DriverUsed { device: 0, bytes: now }],
+        "the last reading is the driver's figure now"
+    );
     let first = trace.readings.iter().find(|r| !r.driver_used.is_empty()).unwrap();
-    println!("driver used: first reading {} B, last {} B, now {now} B", first.driver_used[0].1, last.driver_used[0].1);
+    println!(
+        "driver used: first reading {} B, last {} B, now {now} B",
+        first.driver_used[0].bytes, last.driver_used[0].bytes
+    );
     let doc: serde_json::Value = serde_json::from_str(&trace.to_json()).unwrap();
     let counters = doc["traceEvents"]
         .as_array()

@@ -24,7 +24,9 @@ pub use recorder::{
     retain, scope_close, scope_keep, scope_open, stats, LiveAllocation, ScopeCounts, ScopeOutcome, Settings, Stats,
     User,
 };
-pub use timeline::{reading, span, span_start, timeline, Reading, Span, SpanKind, Timeline, TIMELINE_CAPACITY};
+pub use timeline::{
+    reading, span, span_start, timeline, DriverUsed, Reading, Span, SpanKind, Timeline, TIMELINE_CAPACITY,
+};
 
 use crate::device::Device;
 

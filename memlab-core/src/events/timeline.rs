@@ -50,9 +50,17 @@ pub struct Reading {
     pub time_ns: u64,
     /// The resident set, in bytes.
     pub rss: u64,
-    /// Per CUDA device read: the driver's figure of used memory (all
-    /// processes), in bytes.
-    pub driver_used: Vec<(usize, u64)>,
+    /// Per CUDA device read: the driver's figure of used memory.
+    pub driver_used: Vec<DriverUsed>,
+}
+
+/// The driver's figure of one CUDA device's used memory at a reading.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct DriverUsed {
+    /// The CUDA device's index.
+    pub device: usize,
+    /// Its used memory, all processes together, in bytes.
+    pub bytes: u64,
 }
 
 /// The most spans and readings kept; older ones are dropped and counted.
@@ -102,7 +110,7 @@ pub fn span(kind: SpanKind, name: impl Into<Cow<'static, str>>, start_ns: u64) {
 
 /// Records a reading of the resident set and the driver's use of some
 /// devices, taken now. Does nothing while no recording runs.
-pub fn reading(rss: u64, driver_used: Vec<(usize, u64)>) {
+pub fn reading(rss: u64, driver_used: Vec<DriverUsed>) {
     if !is_active() {
         return;
     }

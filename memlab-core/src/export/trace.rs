@@ -271,7 +271,7 @@ impl Trace {
                 ",{{\"name\":\"process resident set\",\"ph\":\"C\",\"ts\":{ts},\"pid\":1,\"tid\":0,\"args\":{{\"rss\":{}}}}}",
                 r.rss
             )?;
-            for (gpu, used) in &r.driver_used {
+            for events::DriverUsed { device: gpu, bytes: used } in &r.driver_used {
                 writeln!(out, ",{{\"name\":\"cuda:{gpu} driver used (all processes)\",\"ph\":\"C\",\"ts\":{ts},\"pid\":1,\"tid\":0,\"args\":{{\"used\":{used}}}}}")?;
             }
         }
