@@ -195,6 +195,7 @@ fn trace_counters_equal_the_allocators_figures() {
 fn the_html_report_opens_offline_in_chromium() {
     let _s = serial();
     memlab::clear_registry();
+    memlab::reset(); // the profile counts this test's calls only
     let recording = memlab::Recording::start(memlab::events::Settings::default().backtraces(true)).unwrap();
     let vs = nn::VarStore::new(tch::Device::Cpu);
     let net = nn::seq().add(nn::linear(vs.root() / "fc", 32, 32, Default::default()));
@@ -213,8 +214,13 @@ fn the_html_report_opens_offline_in_chromium() {
     let rows: u64 = cpu.live_at_peak.iter().map(|r| r.bytes).sum();
     assert_eq!(rows as i64, cpu.peak_bytes, "what was live at the peak adds up to it");
     assert!(cpu.live_at_peak.iter().any(|r| r.label == "model.fc.weight (named at export)"), "{:?}", cpu.live_at_peak);
+    // The line profile is data in the report, rendered as the page's last part.
+    let profile = report.profile.as_ref().expect("a profiled function ran");
+    let step = profile.function("leaky_step").unwrap();
+    assert_eq!(step.calls, 4);
     let html = report.to_html();
     assert!(html.contains("default-src 'none'") && !html.contains("<script"), "no script, nothing fetched");
+    assert!(html.contains("<h2>Line profile</h2>") && html.contains(&profile.to_html()), "the profile is on the page");
     let path = temp("report.html");
     report.write(&path).unwrap();
     drop((kept, recording));

@@ -59,10 +59,7 @@ struct Live {
 /// The HTML report of the recording so far, its allocations named after
 /// `sources`, with `profile` (the line profiler's figures) as its last part
 /// when any profiled function ran.
-/// The HTML report of the recording so far, its allocations named after
-/// `sources`, with `profile` (the line profiler's figures) as its last part
-/// when any profiled function ran.
-pub(crate) fn capture(sources: &Model, profile: &Report) -> Result<HtmlReport> {
+pub(crate) fn capture(sources: &Model, profile: Report) -> Result<HtmlReport> {
     let (history, stats, anchors) = trace::history_with_anchors()?;
     let trace = memlab_core::export::Trace::from_history(&history, &stats, &anchors)?;
     let live_now: FastMap<(Device, u64), u64> = events::live().iter().map(|a| ((a.device, a.address), a.seq)).collect();
@@ -229,8 +226,8 @@ pub(crate) fn capture(sources: &Model, profile: &Report) -> Result<HtmlReport> {
     }
     // CUDA devices first, then the CPU, as PyTorch's snapshot numbers them.
     devices.sort_by_key(|d| d.device == Device::Cpu);
-    let profile_html = if profile.functions.iter().any(|f| f.calls > 0) { profile.to_html() } else { String::new() };
-    Ok(HtmlReport { devices, partial: stats.dropped > 0, profile_html })
+    let profile = profile.functions.iter().any(|f| f.calls > 0).then_some(profile);
+    Ok(HtmlReport { devices, partial: stats.dropped > 0, profile })
 }
 
 fn sort_flame(node: &mut FlameNode) {

@@ -83,9 +83,8 @@ pub struct HtmlReport {
     pub devices: Vec<DeviceTimeline>,
     /// Whether the recording's bounded history dropped events.
     pub partial: bool,
-    /// The line profiler's report, as HTML.
-    #[serde(skip)]
-    pub profile_html: String,
+    /// The line profiler's report, when a profiled function ran.
+    pub profile: Option<crate::report::Report>,
 }
 
 /// Layer colours, bottom first: grey for memory from before the history, a
@@ -369,9 +368,9 @@ impl HtmlReport {
                 );
             }
         }
-        if !self.profile_html.is_empty() {
+        if let Some(profile) = &self.profile {
             body.push_str("<h2>Line profile</h2>\n");
-            body.push_str(&self.profile_html);
+            body.push_str(&profile.to_html());
         }
         format!(
             "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
