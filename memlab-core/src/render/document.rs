@@ -72,6 +72,13 @@ impl Document {
         self
     }
 
+    /// Every block of `other`, after this document's: a report that
+    /// includes another (the OOM report its diagnosis) as data.
+    pub fn append(&mut self, other: Document) -> &mut Document {
+        self.blocks.extend(other.blocks);
+        self
+    }
+
     /// An empty line between sections (text only).
     pub fn blank(&mut self) -> &mut Document {
         self.blocks.push(Block::Blank);
@@ -174,5 +181,15 @@ mod tests {
         assert!(html.contains("<h3>Title &lt;1&gt;</h3>\n<p style=\"margin-left:1em\">detail</p>"), "{html}");
         assert!(html.contains("<td class=\"text\" style=\"padding-left:1.6em\">fc</td><td>4.00M</td>"), "{html}");
         assert!(html.contains("<th>bytes</th></tr>\n<tr><td>1.00K</td></tr>"), "{html}");
+    }
+
+    #[test]
+    fn an_appended_document_keeps_its_blocks() {
+        let mut inner = Document::new();
+        inner.heading("Verdict").line("advice");
+        let mut doc = Document::new();
+        doc.line("before").append(inner);
+        assert_eq!(doc.to_text(), "before\nVerdict\nadvice\n");
+        assert!(doc.to_html().contains("<p>before</p>\n<h3>Verdict</h3>\n<p>advice</p>"), "{}", doc.to_html());
     }
 }

@@ -293,9 +293,7 @@ impl Render for OomReport {
             }
         }
         doc.blank();
-        for block in Render::document(d).to_text().lines() {
-            doc.line(block.to_string());
-        }
+        doc.append(Render::document(d));
         doc.blank();
         doc.heading(format!("Allocator ({})", d.device));
         doc.label(W, "allocated (live tensors)", format_bytes(d.figures.allocated));
