@@ -283,15 +283,6 @@ fn flame_svg(root: &FlameNode, partial: bool) -> String {
     out
 }
 
-/// The page's own styles, after the reports' shared stylesheet.
-const PAGE_STYLE: &str = "body{font-family:sans-serif;margin:1.5em;color:#222}\
-h1{font-size:1.4em}h2{font-size:1.15em;margin-top:1.6em}svg{display:block;font:11px monospace}\
-svg.flame text{pointer-events:none}.hover:hover{fill:rgba(0,0,0,.06)}.frame:hover rect{stroke:#000}\
-ul.legend{list-style:none;padding:0;display:flex;flex-wrap:wrap;gap:.4em 1.2em;font:12px monospace}\
-ul.legend span{display:inline-block;width:.9em;height:.9em;margin-right:.4em;vertical-align:-.1em}\
-p.partial{background:#fff3cd;border:1px solid #e0c36a;padding:.5em .8em}p.note{color:#555}\
-svg text.partial{fill:#8a6d00;font-weight:bold}";
-
 impl HtmlReport {
     /// The page: one file, styles inline, no script, nothing fetched.
     pub fn to_html(&self) -> String {
@@ -375,8 +366,8 @@ impl HtmlReport {
         format!(
             "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
              <meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'\">\
-             <title>memlab report</title><style>{STYLESHEET}{PAGE_STYLE}</style></head>\n\
-             <body><div class=\"memlab\">\n{body}</div></body></html>\n"
+             <title>memlab report</title><style>{STYLESHEET}</style></head>\n\
+             <body class=\"memlab-page\"><div class=\"memlab\">\n{body}</div></body></html>\n"
         )
     }
 

@@ -60,15 +60,25 @@ pub fn escape_html(text: &str) -> String {
     out
 }
 
-/// The stylesheet every HTML rendering carries, scoped to `.memlab`.
+/// The one stylesheet of every HTML rendering, report blocks and whole
+/// pages alike, scoped to `.memlab` (and `.memlab-page`, a page's body).
 /// Figures are right-aligned and never wrap; text and code columns (cells
 /// and their headers alike) are left-aligned, text may wrap, code keeps its
-/// indentation.
+/// indentation. The drawings' rules (timelines, icicle graphs, legends) are
+/// here too.
 pub const STYLESHEET: &str = ".memlab table{border-collapse:collapse;font-family:monospace;margin:.2em 0 .6em}\
 .memlab td,.memlab th{padding:0 .6em;text-align:right;white-space:nowrap}\
 .memlab .text,.memlab .code{text-align:left}.memlab td.text{white-space:normal}\
 .memlab td.code{white-space:pre}.memlab tr.idle td{color:#999}\
-.memlab h3{font-family:sans-serif;margin:.8em 0 .3em}.memlab p{margin:.2em 0}";
+.memlab h3{font-family:sans-serif;margin:.8em 0 .3em}.memlab p{margin:.2em 0}\
+.memlab-page{font-family:sans-serif;margin:1.5em;color:#222}\
+.memlab h1{font-size:1.4em}.memlab h2{font-size:1.15em;margin-top:1.6em}\
+.memlab svg{display:block;font:11px monospace}.memlab svg.flame text{pointer-events:none}\
+.memlab .hover:hover{fill:rgba(0,0,0,.06)}.memlab .frame:hover rect{stroke:#000}\
+.memlab ul.legend{list-style:none;padding:0;display:flex;flex-wrap:wrap;gap:.4em 1.2em;font:12px monospace}\
+.memlab ul.legend span{display:inline-block;width:.9em;height:.9em;margin-right:.4em;vertical-align:-.1em}\
+.memlab p.partial{background:#fff3cd;border:1px solid #e0c36a;padding:.5em .8em}.memlab p.note{color:#555}\
+.memlab svg text.partial{fill:#8a6d00;font-weight:bold}";
 
 /// `body` wrapped as a self-styled block: it reads the same in a notebook, a
 /// browser or a saved file.
