@@ -39,8 +39,8 @@ pub struct Diagnosis {
 pub struct NamedHolder {
     /// Its name (the first of its views, with how many more there are).
     pub name: String,
-    /// `parameter`, `gradient`, `optimizer state` or `tensor`.
-    pub kind: &'static str,
+    /// What it is.
+    pub kind: crate::TensorKind,
     /// Its bytes.
     pub bytes: u64,
 }
@@ -239,7 +239,11 @@ mod tests {
         let others = advice(&failure, &figures, Verdict::OtherProcesses, None);
         assert!(others.contains("Other processes hold 9.00G of cuda:0"), "{others}");
         let holders = Holders {
-            named: vec![NamedHolder { name: "model.fc.weight".into(), kind: "parameter", bytes: 40 * gib }],
+            named: vec![NamedHolder {
+                name: "model.fc.weight".into(),
+                kind: crate::TensorKind::Parameter,
+                bytes: 40 * gib,
+            }],
             ..Holders::default()
         };
         let short = advice(&failure, &figures, Verdict::NotEnoughFree, Some(&holders));

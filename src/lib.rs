@@ -109,7 +109,7 @@ pub use memlab_macros::profile_every;
 
 pub use memlab_core::{Device, Error, Result};
 pub use memlab_tch::{clear_registry, register_tensor, register_var_store, Recording};
-pub use named::{register_optimizer, Model, RegisteredOptimizer};
+pub use named::{register_optimizer, Model, RegisteredOptimizer, TensorKind};
 
 /// Gives each report type (which describes itself as a `Document`) the
 /// renderings every memlab report has: `to_text` (also what `{}` prints),

@@ -99,9 +99,19 @@ fn a_failed_request_is_reported_before_the_error_arrives_and_training_goes_on() 
     // What held the memory: the model by name, exactly; the rest by site.
     let h = &report.holders;
     let weight = h.named.iter().find(|n| n.name == "model.fc.weight").expect("the weight by name");
-    assert_eq!((weight.kind, weight.bytes), ("parameter", 64 * 64 * 4));
-    assert!(h.named.iter().any(|n| n.name == "model.fc.weight.exp_avg" && n.kind == "optimizer state"));
-    assert!(h.named.iter().any(|n| n.name == "model.fc.weight.grad" && n.kind == "gradient"));
+    assert_eq!((weight.kind, weight.bytes), (memlab::TensorKind::Parameter, 64 * 64 * 4));
+    assert!(h
+        .named
+        .iter()
+        .any(|n| n.name == "model.fc.weight.exp_avg" && n.kind == memlab::TensorKind::OptimizerState));
+    // One JSON name per kind, as the reporter's and the snapshot's; text says it in words.
+    let json = report.to_json();
+    assert!(
+        json.contains("\"kind\": \"optimizer_state\"") && !json.contains("\"kind\": \"optimizer state\""),
+        "{json}"
+    );
+    assert!(report.to_text().contains("optimizer state"));
+    assert!(h.named.iter().any(|n| n.name == "model.fc.weight.grad" && n.kind == memlab::TensorKind::Gradient));
     // Weight and bias, their gradients and Adam's two moments: four times the parameters.
     assert_eq!(h.named_bytes, 4 * (64 * 64 + 64) * 4);
     assert_eq!(h.named.iter().map(|n| n.bytes).sum::<u64>() + h.named_rest.bytes, h.named_bytes);

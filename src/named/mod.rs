@@ -19,9 +19,12 @@ use tch::Tensor;
 pub(crate) mod gradients;
 pub(crate) mod seen;
 
-/// What a named tensor is to the model.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub(crate) enum Kind {
+/// What a named tensor is to the model: the one vocabulary of memlab's
+/// tools. JSON and CSV name a kind by [`as_str`](TensorKind::as_str)
+/// (`optimizer_state`); text by its `Display` (`optimizer state`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TensorKind {
     /// A variable of a var store.
     Parameter,
     /// The gradient of one.
@@ -32,15 +35,30 @@ pub(crate) enum Kind {
     OptimizerState,
 }
 
-/// How a report names a kind of named tensor.
-pub(crate) fn kind_label(kind: Kind) -> &'static str {
-    match kind {
-        Kind::Parameter => "parameter",
-        Kind::Gradient => "gradient",
-        Kind::Tensor => "tensor",
-        Kind::OptimizerState => "optimizer state",
+impl TensorKind {
+    /// The kind as JSON and CSV name it (`optimizer_state`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            TensorKind::Parameter => "parameter",
+            TensorKind::Gradient => "gradient",
+            TensorKind::Tensor => "tensor",
+            TensorKind::OptimizerState => "optimizer_state",
+        }
     }
 }
+
+/// The kind as text names it (`optimizer state`).
+impl std::fmt::Display for TensorKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            TensorKind::OptimizerState => "optimizer state",
+            other => other.as_str(),
+        })
+    }
+}
+
+/// The walk's short name for it.
+pub(crate) use TensorKind as Kind;
 
 /// An optimizer's state as read when it was given: its tensors by name, and
 /// the variables it holds no state for, with why.

@@ -127,7 +127,7 @@ fn holders(device: Device, sources: &Model, with_sites: bool) -> Holders {
             let more = s.views.len() - 1;
             NamedHolder {
                 name: if more > 0 { format!("{} (+{more} views)", first.name) } else { first.name.clone() },
-                kind: named::kind_label(first.kind),
+                kind: first.kind,
                 bytes: s.nbytes,
             }
         })
