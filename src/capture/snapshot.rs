@@ -11,14 +11,14 @@ use memlab_core::hash::FastMap;
 use memlab_core::events::{self, Action, Event};
 use memlab_core::{Device, Result};
 
-use crate::named::{Kind, Model};
+use crate::named::{Model, TensorKind};
 
-fn category(kind: Kind) -> Category {
+fn category(kind: TensorKind) -> Category {
     match kind {
-        Kind::Parameter => Category::Parameter,
-        Kind::Gradient => Category::Gradient,
-        Kind::OptimizerState => Category::OptimizerState,
-        Kind::Tensor => Category::Other,
+        TensorKind::Parameter => Category::Parameter,
+        TensorKind::Gradient => Category::Gradient,
+        TensorKind::OptimizerState => Category::OptimizerState,
+        TensorKind::Tensor => Category::Other,
     }
 }
 
@@ -34,7 +34,7 @@ pub(crate) fn capture(sources: &Model) -> Result<Snapshot> {
     };
     // Names of what is alive now, by where its storage starts.
     let named = sources.collect()?;
-    let mut names: FastMap<(Device, u64), Kind> = FastMap::default();
+    let mut names: FastMap<(Device, u64), TensorKind> = FastMap::default();
     for device in std::iter::once(Device::Cpu).chain((0..cuda_devices).map(Device::Cuda)) {
         for storage in named.storages(device) {
             if let Some(view) = storage.views.first() {

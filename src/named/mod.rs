@@ -57,9 +57,6 @@ impl std::fmt::Display for TensorKind {
     }
 }
 
-/// The walk's short name for it.
-pub(crate) use TensorKind as Kind;
-
 /// An optimizer's state as read when it was given: its tensors by name, and
 /// the variables it holds no state for, with why.
 pub(crate) struct OptimizerStates {
@@ -550,13 +547,13 @@ impl Model {
 
     /// Calls `visit` with the full name and the tensor of every variable,
     /// store by store, names sorted, and then of every named tensor
-    /// (`Kind::Tensor`). Gradients are the visitor's to read: one call into
+    /// (`TensorKind::Tensor`). Gradients are the visitor's to read: one call into
     /// libtorch gives a tensor's facts and its gradient's.
-    pub(crate) fn for_each(&self, mut visit: impl FnMut(&str, &Tensor, Kind) -> Result<()>) -> Result<()> {
-        self.for_each_variable(|name, tensor| visit(name, tensor, Kind::Parameter))?;
-        self.for_each_state(|name, tensor| visit(name, tensor, Kind::OptimizerState))?;
+    pub(crate) fn for_each(&self, mut visit: impl FnMut(&str, &Tensor, TensorKind) -> Result<()>) -> Result<()> {
+        self.for_each_variable(|name, tensor| visit(name, tensor, TensorKind::Parameter))?;
+        self.for_each_state(|name, tensor| visit(name, tensor, TensorKind::OptimizerState))?;
         for (name, tensor) in self.tensors() {
-            visit(&name, &tensor, Kind::Tensor)?;
+            visit(&name, &tensor, TensorKind::Tensor)?;
         }
         Ok(())
     }
@@ -634,13 +631,13 @@ impl Model {
     /// Where each named storage starts and what it is (variables, their
     /// gradients, optimizer state, named tensors): the light walk, without
     /// names or shapes.
-    pub(crate) fn kinds(&self) -> Result<Vec<(Device, u64, Kind)>> {
+    pub(crate) fn kinds(&self) -> Result<Vec<(Device, u64, TensorKind)>> {
         let mut out = Vec::new();
         self.for_each(|_, tensor, kind| {
             let (main, grad) = memlab_tch::storage::storages(tensor)?;
             out.extend(main.device.map(|d| (d, main.data_ptr, kind)));
-            if kind == Kind::Parameter {
-                out.extend(grad.and_then(|g| g.device.map(|d| (d, g.data_ptr, Kind::Gradient))));
+            if kind == TensorKind::Parameter {
+                out.extend(grad.and_then(|g| g.device.map(|d| (d, g.data_ptr, TensorKind::Gradient))));
             }
             Ok(())
         })?;
@@ -660,22 +657,22 @@ impl Model {
             self.note_busy("the gradients (memlab's record of them was being updated by another thread)");
         }
         self.for_each(|name, tensor, kind| {
-            let with_grad = kind == Kind::Parameter && !self.in_handler;
+            let with_grad = kind == TensorKind::Parameter && !self.in_handler;
             let (main, grad) = facts(tensor, with_grad)?;
             named.add(name, Source::Tensor(tensor), main, kind)?;
             let grad_name = || format!("{name}.grad");
             if let Some(grad) = grad {
-                named.add(&grad_name(), Source::GradOf(tensor), grad, Kind::Gradient)?;
+                named.add(&grad_name(), Source::GradOf(tensor), grad, TensorKind::Gradient)?;
                 if remember {
                     if let Some(weak) = memlab_tch::grad_of(tensor).and_then(|g| WeakTensor::new(&g).ok()) {
                         seen.push((grad_name(), weak));
                     }
                 }
-            } else if kind == Kind::Parameter {
+            } else if kind == TensorKind::Parameter {
                 let kept = remembered.as_deref().and_then(Option::as_ref).and_then(|r| r.get(&grad_name()));
                 if let Some(grad) = kept.and_then(WeakTensor::upgrade) {
                     let (facts, _) = facts(&grad, false)?;
-                    named.add(&grad_name(), Source::Tensor(&grad), facts, Kind::Gradient)?;
+                    named.add(&grad_name(), Source::Tensor(&grad), facts, TensorKind::Gradient)?;
                 }
             }
             Ok(())
@@ -708,7 +705,7 @@ impl Source<'_> {
 /// One named tensor with a storage.
 #[derive(Clone, Debug)]
 pub(crate) struct View {
-    pub(crate) kind: Kind,
+    pub(crate) kind: TensorKind,
     pub(crate) name: String,
     pub(crate) shape: Vec<i64>,
     pub(crate) dtype: &'static str,
@@ -748,7 +745,7 @@ pub(crate) struct Named {
 impl Named {
     /// Adds `tensor`, whose facts are `facts`. The tensor itself is only
     /// touched for sparse layouts, whose parts are added one by one.
-    fn add(&mut self, name: &str, source: Source<'_>, facts: Facts, kind: Kind) -> Result<()> {
+    fn add(&mut self, name: &str, source: Source<'_>, facts: Facts, kind: TensorKind) -> Result<()> {
         let Facts { info, dtype, shape } = facts;
         let Some(device) = info.device else { return Ok(()) };
         let part = |this: &mut Self, suffix: &str, t: std::result::Result<Tensor, tch::TchError>| -> Result<()> {

@@ -14,13 +14,13 @@ use std::sync::Mutex;
 
 use memlab_core::events;
 
-use super::{Kind, Model};
+use super::{Model, TensorKind};
 
 /// The most allocations remembered; the oldest are forgotten past it.
 const CAPACITY: usize = 1 << 20;
 
 memlab_core::process::process_wide! {
-    static SEEN: Mutex<BTreeMap<u64, Kind>> = Mutex::new(BTreeMap::new());
+    static SEEN: Mutex<BTreeMap<u64, TensorKind>> = Mutex::new(BTreeMap::new());
 }
 
 /// Walks `sources` and notes what each live allocation they own is, while a
@@ -48,6 +48,6 @@ pub(crate) fn note(sources: &Model) {
 }
 
 /// What the walks during the recording found, by allocation event.
-pub(crate) fn by_event() -> FastMap<u64, Kind> {
+pub(crate) fn by_event() -> FastMap<u64, TensorKind> {
     SEEN.locked().iter().map(|(&s, &k)| (s, k)).collect()
 }

@@ -10,7 +10,7 @@ use tch::nn::VarStore;
 use tch::Tensor;
 
 use crate::attribution::site_label;
-use crate::named::{Kind, Model};
+use crate::named::{Model, TensorKind};
 
 /// A tensor moved to the CPU, and where it came from.
 struct Moved {
@@ -96,9 +96,9 @@ impl Courtesy {
         let mut out = Vec::new();
         self.sources.for_each(|name, tensor, kind| {
             let part = match kind {
-                Kind::Parameter => Part::Parameter,
-                Kind::OptimizerState => Part::OptimizerState,
-                Kind::Gradient | Kind::Tensor => Part::Tensor,
+                TensorKind::Parameter => Part::Parameter,
+                TensorKind::OptimizerState => Part::OptimizerState,
+                TensorKind::Gradient | TensorKind::Tensor => Part::Tensor,
             };
             // Every tensor moves with its gradient (a registered tensor's
             // too, unlike the reporter's rows, which name gradients of

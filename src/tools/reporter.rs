@@ -9,7 +9,7 @@ use tch::nn::VarStore;
 use tch::Tensor;
 
 use crate::attribution::{attribute, site_label};
-use crate::named::{Kind, Model, Named};
+use crate::named::{Model, Named, TensorKind};
 
 /// What a row of the report is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -251,11 +251,11 @@ fn section(device: Device, named: &mut Named, live: Option<&[events::LiveAllocat
     let (mut rows, mut external) = (Vec::new(), Vec::new());
     let mut named_elements = 0u64;
     let mut shared = 0;
-    let kind_of = |kind: Kind| match kind {
-        Kind::Parameter => RowKind::Parameter,
-        Kind::Gradient => RowKind::Gradient,
-        Kind::Tensor => RowKind::Tensor,
-        Kind::OptimizerState => RowKind::OptimizerState,
+    let kind_of = |kind: TensorKind| match kind {
+        TensorKind::Parameter => RowKind::Parameter,
+        TensorKind::Gradient => RowKind::Gradient,
+        TensorKind::Tensor => RowKind::Tensor,
+        TensorKind::OptimizerState => RowKind::OptimizerState,
     };
     for storage in named.take_storages(device) {
         let out = if storage.from_allocator { &mut rows } else { &mut external };

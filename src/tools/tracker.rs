@@ -16,7 +16,7 @@ use serde::Serialize;
 
 use memlab_tch::Recording;
 
-use crate::named::{Kind, Model};
+use crate::named::{Model, TensorKind};
 
 /// Where `track!()` was called.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -252,10 +252,10 @@ impl Tracker {
             // known); it counts once, whatever views it has.
             let first = &storage.views[0];
             let kind = match first.kind {
-                Kind::Parameter => StorageKind::Parameter,
-                Kind::Gradient => StorageKind::Gradient,
-                Kind::Tensor => StorageKind::Other,
-                Kind::OptimizerState => StorageKind::OptimizerState,
+                TensorKind::Parameter => StorageKind::Parameter,
+                TensorKind::Gradient => StorageKind::Gradient,
+                TensorKind::Tensor => StorageKind::Other,
+                TensorKind::OptimizerState => StorageKind::OptimizerState,
             };
             let group = Group { kind, shape: Some(first.shape.clone()), dtype: first.dtype, site: None };
             add(storage.data_ptr, Entry { group, bytes: storage.nbytes });
