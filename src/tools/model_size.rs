@@ -9,10 +9,10 @@ use memlab_core::{format_bytes, Device, Error, Result};
 use tch::nn::{self, OptimizerConfig, VarStore};
 use tch::{Kind, Tensor};
 
+use memlab_tch::optimizer::StepOptimizer;
 use memlab_tch::BACKEND;
 
 use crate::named::OptimizerStates;
-use memlab_tch::optimizer::StepOptimizer;
 
 /// What [`measure_model`] found. All byte counts are measured on the model's
 /// device, as its allocator counts them (on CUDA every block is rounded up to
