@@ -40,7 +40,7 @@ pub struct NamedHolder {
     /// Its name (the first of its views, with how many more there are).
     pub name: String,
     /// What it is.
-    pub kind: crate::TensorKind,
+    pub kind: crate::named::TensorKind,
     /// Its bytes.
     pub bytes: u64,
 }
@@ -241,7 +241,7 @@ mod tests {
         let holders = Holders {
             named: vec![NamedHolder {
                 name: "model.fc.weight".into(),
-                kind: crate::TensorKind::Parameter,
+                kind: crate::named::TensorKind::Parameter,
                 bytes: 40 * gib,
             }],
             ..Holders::default()
