@@ -98,10 +98,10 @@ fn main() -> Result<(), Box<dyn Error>> {
         println!(
             "{}: peak {} allocated; the largest at the peak:",
             d.device,
-            memlab::stats::format_bytes(d.peak_bytes)
+            memlab::render::Cell::bytes(d.peak_bytes)
         );
         for row in d.live_at_peak.iter().take(4) {
-            println!("  {:>10}  {}", memlab::stats::format_bytes(row.bytes as i64), row.label);
+            println!("  {:>10}  {}", memlab::render::Cell::bytes(row.bytes), row.label);
         }
     }
     println!("wrote memlab_report.html, memlab_snapshot.pickle and memlab_trace.json to {}", out.display());

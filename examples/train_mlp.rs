@@ -10,6 +10,7 @@
 
 use std::error::Error;
 
+use memlab::Render;
 use tch::nn::{self, Module, OptimizerConfig};
 use tch::{Device, Kind, Tensor};
 

@@ -7,8 +7,8 @@ use serde::Serialize;
 
 use memlab_core::events::Frame;
 use memlab_core::oom::{DeviceMemory, Failure, MemoryFigures, Serving, Verdict};
-use memlab_core::render::{Document, Render};
-use memlab_core::{format_bytes, Device};
+use memlab_core::render::{Cell, Document, Render};
+use memlab_core::Device;
 use memlab_tch::BACKEND;
 
 /// The segment libtorch's CUDA allocator reserves for a small request.
@@ -130,7 +130,7 @@ pub(crate) fn diagnose(failure: &Failure, holders: Option<&Holders>) -> (Diagnos
 }
 
 fn advice(failure: &Failure, f: &MemoryFigures, verdict: Verdict, holders: Option<&Holders>) -> String {
-    let b = |n: u64| format_bytes(n as i64);
+    let b = |n: u64| Cell::bytes(n);
     let asked = b(failure.requested);
     let total = f.device.map(|d| d.total).unwrap_or(0);
     let device_free = f.device.map(|d| d.free).unwrap_or(0);
@@ -176,7 +176,7 @@ fn advice(failure: &Failure, f: &MemoryFigures, verdict: Verdict, holders: Optio
             let mut text = format!(
                 "{} has {has}, and {asked} was asked: this process holds too much ({} allocated by tensors).",
                 failure.device,
-                format_bytes(f.allocated)
+                Cell::bytes(f.allocated)
             );
             if let Some(h) = holders {
                 let mut largest: Vec<(String, u64)> =
@@ -207,7 +207,7 @@ fn advice(failure: &Failure, f: &MemoryFigures, verdict: Verdict, holders: Optio
     }
 }
 
-rendered!(Diagnosis);
+displayed_as_text!(Diagnosis);
 
 impl Render for Diagnosis {
     fn document(&self) -> Document {

@@ -107,36 +107,18 @@ pub use memlab_macros::profile;
 #[doc(inline)]
 pub use memlab_macros::profile_every;
 
+pub use memlab_core::render::Render;
 pub use memlab_core::{Device, Error, Result};
 pub use memlab_tch::{clear_registry, register_tensor, register_var_store, Recording};
 pub use named::{register_optimizer, Model, RegisteredOptimizer, TensorKind};
 
-/// Gives each report type (which describes itself as a `Document`) the
-/// renderings every memlab report has: `to_text` (also what `{}` prints),
-/// `to_html` and `evcxr_display`.
-macro_rules! rendered {
+/// Gives each report type (which describes itself as a `Document`, see
+/// [`Render`]) its `Display`: the text rendering, what `{}` prints.
+macro_rules! displayed_as_text {
     ($($report:ty),* $(,)?) => {$(
-        impl $report {
-            /// The text rendering (also what `{}` prints).
-            pub fn to_text(&self) -> String {
-                memlab_core::render::Render::document(self).to_text()
-            }
-
-            /// The HTML rendering: one self-styled block that reads the same
-            /// in a browser, a notebook or a saved file.
-            pub fn to_html(&self) -> String {
-                memlab_core::render::Render::document(self).to_html()
-            }
-
-            /// Shows the report as HTML in an evcxr (Rust Jupyter) notebook cell.
-            pub fn evcxr_display(&self) {
-                memlab_core::render::Render::document(self).evcxr_display()
-            }
-        }
-
         impl std::fmt::Display for $report {
             fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str(&self.to_text())
+                f.write_str(&memlab_core::render::Render::to_text(self))
             }
         }
     )*};
@@ -195,10 +177,32 @@ pub mod optimizer {
     pub use memlab_tch::{libtorch_version, tch_release};
 }
 
+/// The render layer every memlab report goes through, for reports of your
+/// own: a [`Document`](render::Document) of headings, prose, label rows and
+/// [`Table`](render::Table)s of typed [`Cell`](render::Cell)s (bytes, counts,
+/// durations, shares, text, code) renders as text, HTML, CSV and JSON; a
+/// type that implements [`Render`] gets `to_text`, `to_html` and
+/// `evcxr_display`.
+///
+/// ```
+/// use memlab::render::{Cell, Column, Document, Layout, Table};
+///
+/// let mut table = Table::new(vec![Column::new("name", Layout::Text), Column::new("bytes", Layout::Figure)]);
+/// table.row([Cell::text("fc.weight"), Cell::bytes(4u64 << 20)]);
+/// let mut doc = Document::new();
+/// doc.heading("My model").table(table);
+/// assert_eq!(doc.to_text(), "My model\nname       bytes\nfc.weight  4.00M\n");
+/// assert!(doc.to_csv()?.ends_with("fc.weight,4194304\n"));
+/// # Ok::<(), memlab::Error>(())
+/// ```
+pub mod render {
+    pub use memlab_core::render::{Amount, Cell, Column, Document, Layout, Table};
+}
+
 /// Allocator statistics and storage facts: every `memory_stats()` figure of a
 /// device, its resets, and what memory a tensor keeps alive.
 pub mod stats {
-    pub use memlab_core::{format_bytes, DeviceStats, ParseDeviceError, Stat, StatArray};
+    pub use memlab_core::{DeviceStats, ParseDeviceError, Stat, StatArray};
     pub use memlab_tch::{
         cpu_allocator_installed, cpu_allocator_installed_at_load, device_stats, install_cpu_allocator,
         reset_accumulated_stats, reset_peak_stats, storage_info, Layout, StorageInfo, WeakTensor,
@@ -251,6 +255,8 @@ pub mod gpu {
 /// batch 1 and batch 2:
 ///
 /// ```
+/// use memlab::Render;
+///
 /// memlab::profiler::set_output(memlab::profiler::Output::Sink(Box::new(|_| {})));
 /// let mut tracker = memlab::Tracker::new().device(memlab::Device::Cpu);
 /// memlab::track!(tracker);

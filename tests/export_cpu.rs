@@ -12,8 +12,8 @@ use common::chromium::{self, Browser};
 use common::pytorch::{bytes_as_pytorch_prints, python, VALIDATE};
 use common::{floats, serial};
 use memlab::export::Exporter;
-use memlab::stats::format_bytes;
 use memlab::Device;
+use memlab::Render;
 use tch::nn::{self, Module, OptimizerConfig};
 use tch::{Kind, Tensor};
 
@@ -247,7 +247,7 @@ fn the_html_report_opens_offline_in_chromium() {
         .hover(&format!("svg.timeline rect.hover:nth-of-type({})", widest + 1), "svg.timeline rect.hover")
         .expect("the column is hovered");
     let point = &cpu.points[widest];
-    let expected = format!("{:.3} s: {} allocated", point.time_us / 1e6, format_bytes(point.allocated));
+    let expected = format!("{:.3} s: {} allocated", point.time_us / 1e6, memlab::render::Cell::bytes(point.allocated));
     assert!(tip.starts_with(&expected), "{tip:?} starts with {expected:?}");
     // The icicle graph names the user's function; hovering it gives its bytes.
     let flame = page.eval("document.querySelector('svg.flame').textContent").as_str().unwrap().to_string();
@@ -258,7 +258,10 @@ fn the_html_report_opens_offline_in_chromium() {
     );
     let tip = page.hover("#probe rect", "svg.flame g.frame").expect("the frame is hovered");
     let node = find_node(&cpu.flame, "leaky_step").expect("leaky_step in the data");
-    assert!(tip.starts_with(&node.name) && tip.contains(&format_bytes(node.bytes as i64)), "{tip:?} for {node:?}");
+    assert!(
+        tip.starts_with(&node.name) && tip.contains(&memlab::render::Cell::bytes(node.bytes).to_string()),
+        "{tip:?} for {node:?}"
+    );
     // The line profile is there with its bars.
     let profile = page.eval("document.body.innerHTML").as_str().unwrap().to_string();
     assert!(profile.contains("export_cpu::leaky_step") && profile.contains("linear-gradient"), "line profile");

@@ -12,6 +12,7 @@ use std::time::Duration;
 use common::pytorch::{python, VALIDATE};
 use common::{check_child, child, floats, serial, within};
 use memlab::oom::Verdict;
+use memlab::Render;
 use memlab::{Device, OomRecorder};
 use tch::nn::{self, Module, OptimizerConfig};
 use tch::{Kind, Tensor};

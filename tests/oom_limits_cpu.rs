@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use common::{check_child, child, serial};
 use memlab::OomRecorder;
+use memlab::Render;
 use tch::nn::{self, Module, OptimizerConfig};
 use tch::{Kind, Tensor};
 

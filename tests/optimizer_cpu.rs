@@ -9,6 +9,7 @@ mod common;
 use common::serial;
 
 use memlab::reporter::{MemReport, Row, RowKind};
+use memlab::Render;
 use memlab::{Device, Error, MemReporter};
 use tch::nn::{self, Module, OptimizerConfig};
 use tch::{Kind, Tensor};

@@ -9,6 +9,7 @@ use common::{floats, serial};
 use std::panic;
 use std::sync::{Arc, Mutex};
 
+use memlab::Render;
 use memlab::{
     profiler::{FunctionReport, LineStats},
     Device,

@@ -14,6 +14,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
 use common::{check_child, child, floats, serial, within};
+use memlab::Render;
 use memlab::{
     events::Settings, profiler::DeviceSelector, reporter::RowKind, Device, DisposeScope, MemReporter, OnEscape,
     Recording,

@@ -6,6 +6,7 @@ mod common;
 
 use common::serial;
 
+use memlab::Render;
 use memlab::{
     reporter::{MemReport, RowKind},
     Device, MemReporter, Recording,

@@ -4,6 +4,7 @@
 mod common;
 
 use common::{floats, serial};
+use memlab::Render;
 use memlab::{Device, Tracker};
 use tch::nn;
 

@@ -24,7 +24,7 @@ pub mod time;
 pub use backend::{Backend, ScriptedBackend};
 pub use device::{Device, DeviceSelector, ParseDeviceError};
 pub use error::{Error, Result};
-pub use report::{format_bytes, reset, Column, FunctionReport, LineReport, Report};
+pub use report::{reset, Column, FunctionReport, LineReport, Report};
 pub use stats::{DeviceStats, RawStats, Stat, StatArray};
 
 #[doc(hidden)]

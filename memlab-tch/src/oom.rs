@@ -79,8 +79,8 @@ pub extern "C" fn memlab_tch_on_oom(device: i32, requested: u64, device_free: u6
                     "memlab: memory is short: after the report, {} of the {} out-of-memory reserve could be kept \
                      aside again without taking what the program had left (the report's memory stays with the C \
                      allocator); the next report gets that much until the recorder is armed again\n",
-                    memlab_core::format_bytes(kept as i64),
-                    memlab_core::format_bytes(released as i64)
+                    memlab_core::render::Cell::bytes(kept),
+                    memlab_core::render::Cell::bytes(released)
                 ))
             });
         }

@@ -146,6 +146,7 @@ impl OptimizerStates {
 /// steps, never while a step may be changing it on another thread.
 ///
 /// ```
+/// use memlab::Render;
 /// use tch::nn::{self, Module, OptimizerConfig};
 /// use tch::{Device, Kind, Tensor};
 ///

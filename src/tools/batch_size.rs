@@ -6,8 +6,8 @@ use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use memlab_core::oom::Failure;
 use memlab_core::profiler::PeakWatch;
-use memlab_core::render::{Cell, Column, Document, Render, Table};
-use memlab_core::{format_bytes, Device, Error, Result};
+use memlab_core::render::{Cell, Column, Document, Layout, Render, Table};
+use memlab_core::{Device, Error, Result};
 use memlab_tch::BACKEND;
 
 use crate::diagnosis::{diagnose, Diagnosis};
@@ -256,31 +256,31 @@ fn outcome(ran: Ran, measured: Measured) -> std::result::Result<i64, String> {
     }
 }
 
-rendered!(BatchSearch);
+displayed_as_text!(BatchSearch);
 
 impl Render for BatchSearch {
     fn document(&self) -> Document {
         let mut doc = Document::new();
         match self.largest {
-            Some(n) => doc.heading(format!("largest batch size within {}: {n}", format_bytes(self.budget))),
-            None => doc.heading(format!("no batch size fits within {}", format_bytes(self.budget))),
+            Some(n) => doc.heading(format!("largest batch size within {}: {n}", Cell::bytes(self.budget))),
+            None => doc.heading(format!("no batch size fits within {}", Cell::bytes(self.budget))),
         };
         let mut table = Table::new(vec![
-            Column::new("batch", Cell::Figure).min_width(7),
-            Column::new("peak", Cell::Figure).min_width(9),
-            Column::new("outcome", Cell::Text).max_width(100),
+            Column::new("batch", Layout::Figure).min_width(7),
+            Column::new("peak", Layout::Figure).min_width(9),
+            Column::new("outcome", Layout::Text).max_width(100),
         ]);
         for Try { batch_size: n, outcome } in &self.tried {
             match outcome {
                 Ok(peak) => {
                     let outcome = if *peak <= self.budget { "within the budget" } else { "over the budget" };
-                    table.row([n.to_string(), format_bytes(*peak), outcome.to_string()])
+                    table.row([Cell::count(*n), Cell::bytes(*peak), Cell::text(outcome)])
                 }
                 Err(e) => {
                     // libtorch's messages run on with a C++ stack trace; the first sentence says it.
                     let first = e.split(['\n']).next().unwrap_or("").split("\\n").next().unwrap_or("");
                     let short: String = first.chars().take(160).collect();
-                    table.row([n.to_string(), String::new(), format!("failed: {short}")])
+                    table.row([Cell::count(*n), Cell::Empty, Cell::text(format!("failed: {short}"))])
                 }
             };
         }

@@ -4,8 +4,8 @@
 use serde::Serialize;
 use std::collections::BTreeMap;
 
-use memlab_core::render::{by_site, Cell, Column, Document, Render, Table};
-use memlab_core::{events, format_bytes, Device, Error, Result};
+use memlab_core::render::{by_site, Cell, Column, Document, Layout, Render, Table};
+use memlab_core::{events, Device, Error, Result};
 use tch::nn::VarStore;
 use tch::Tensor;
 
@@ -288,7 +288,7 @@ pub struct YieldReport {
     pub stayed: Vec<(Device, String, u64)>,
 }
 
-rendered!(YieldReport);
+displayed_as_text!(YieldReport);
 
 impl Render for YieldReport {
     fn document(&self) -> Document {
@@ -298,9 +298,9 @@ impl Render for YieldReport {
             return doc;
         }
         doc.heading(format!("Courtesy: moved {} tensor(s) to the CPU", self.moved));
-        let figure = |header: &str| Column::new(header, Cell::Figure).min_width(9);
+        let figure = |header: &str| Column::new(header, Layout::Figure).min_width(9);
         let mut table = Table::new(vec![
-            Column::new("device", Cell::Text),
+            Column::new("device", Layout::Text),
             figure("parameters"),
             figure("gradients"),
             figure("optimizer state"),
@@ -313,16 +313,16 @@ impl Render for YieldReport {
         ]);
         for (device, c) in &self.devices {
             table.row([
-                device.to_string(),
-                format_bytes(c.parameters as i64),
-                format_bytes(c.gradients as i64),
-                format_bytes(c.optimizer_state as i64),
-                format_bytes(c.tensors as i64),
-                format_bytes(c.moved_bytes as i64),
-                format_bytes(c.reserved_before),
-                format_bytes(c.reserved_after),
-                format_bytes(c.returned()),
-                format_bytes(c.still_allocated),
+                Cell::text(device.to_string()),
+                Cell::bytes(c.parameters),
+                Cell::bytes(c.gradients),
+                Cell::bytes(c.optimizer_state),
+                Cell::bytes(c.tensors),
+                Cell::bytes(c.moved_bytes),
+                Cell::bytes(c.reserved_before),
+                Cell::bytes(c.reserved_after),
+                Cell::bytes(c.returned()),
+                Cell::bytes(c.still_allocated),
             ]);
         }
         doc.table(table);
@@ -337,11 +337,11 @@ impl Render for YieldReport {
                 ),
             );
             let mut sites = Table::new(vec![
-                Column::new("bytes", Cell::Figure).min_width(9),
-                Column::new("allocated at", Cell::Code),
+                Column::new("bytes", Layout::Figure).min_width(9),
+                Column::new("allocated at", Layout::Code),
             ]);
             for (_, site, bytes) in self.stayed.iter().filter(|(d, _, _)| d == device) {
-                sites.row([format_bytes(*bytes as i64), site.clone()]);
+                sites.row([Cell::bytes(*bytes), Cell::code(site)]);
             }
             if !sites.is_empty() {
                 doc.table(sites);

@@ -7,8 +7,8 @@ use std::marker::PhantomData;
 
 use memlab_core::events::{self, LiveAllocation, ScopeCounts, ScopeOutcome};
 use memlab_core::profiler::PeakWatch;
-use memlab_core::render::{by_site, Cell, Column, Document, Render, SiteGroup, Table};
-use memlab_core::{format_bytes, Device, Error, Result};
+use memlab_core::render::{by_site, Cell, Column, Document, Layout, Render, SiteGroup, Table};
+use memlab_core::{Device, Error, Result};
 
 use tch::nn::VarStore;
 
@@ -245,7 +245,7 @@ impl ScopeReport {
     }
 }
 
-rendered!(ScopeReport);
+displayed_as_text!(ScopeReport);
 
 impl Render for ScopeReport {
     fn document(&self) -> Document {
@@ -255,24 +255,24 @@ impl Render for ScopeReport {
             "DisposeScope `{}`: {} allocation(s) escaped, {}",
             self.name,
             self.escaped.len(),
-            format_bytes(total as i64)
+            Cell::bytes(total)
         ));
-        let counted = |bytes: u64, count: u64| format!("{} ({count})", format_bytes(bytes as i64));
+        let counted = Cell::bytes_in;
         let with_model = self.devices.values().any(|c| c.model_state > 0);
         let mut columns = vec![
-            Column::new("device", Cell::Text),
-            Column::new("created", Cell::Figure),
-            Column::new("freed", Cell::Figure),
-            Column::new("escaped", Cell::Figure),
-            Column::new("kept", Cell::Figure),
+            Column::new("device", Layout::Text),
+            Column::new("created", Layout::Figure),
+            Column::new("freed", Layout::Figure),
+            Column::new("escaped", Layout::Figure),
+            Column::new("kept", Layout::Figure),
         ];
         if with_model {
-            columns.push(Column::new("model state", Cell::Figure));
+            columns.push(Column::new("model state", Layout::Figure));
         }
         let mut devices = Table::new(columns);
         for (device, c) in &self.devices {
             let mut cells = vec![
-                device.to_string(),
+                Cell::text(device.to_string()),
                 counted(c.created_bytes, c.created),
                 counted(c.freed_bytes, c.freed),
                 counted(c.escaped_bytes, c.escaped),
@@ -293,7 +293,7 @@ impl Render for ScopeReport {
                 format!(
                     "replaced model state (new gradients and optimizer state of the model): {} allocation(s), {}",
                     self.model_state.len(),
-                    format_bytes(bytes as i64)
+                    Cell::bytes(bytes)
                 ),
             );
         }
@@ -302,16 +302,16 @@ impl Render for ScopeReport {
         }
         // One row per device and allocation site, largest first.
         let mut sites = Table::new(vec![
-            Column::new("escaped", Cell::Figure).min_width(9),
-            Column::new("device", Cell::Text),
-            Column::new("blocks", Cell::Figure),
-            Column::new("allocated at", Cell::Code),
+            Column::new("escaped", Layout::Figure).min_width(9),
+            Column::new("device", Layout::Text),
+            Column::new("blocks", Layout::Figure),
+            Column::new("allocated at", Layout::Code),
         ]);
         for SiteGroup { device, site, bytes, blocks } in by_site(&self.escaped) {
             let site = site.unwrap_or_else(|| {
                 "outside profiled code (profile the function, or record backtraces to see where)".to_string()
             });
-            sites.row([format_bytes(bytes as i64), device.to_string(), blocks.to_string(), site]);
+            sites.row([Cell::bytes(bytes), Cell::text(device.to_string()), Cell::count(blocks), Cell::code(site)]);
         }
         if !sites.is_empty() {
             doc.table(sites);
@@ -351,8 +351,8 @@ impl<R> StepCheck<R> {
         assert!(
             peak <= bytes,
             "the step's peak on {device} rose {} above its start, more than the {} allowed",
-            format_bytes(peak),
-            format_bytes(bytes)
+            Cell::bytes(peak),
+            Cell::bytes(bytes)
         );
         self
     }

@@ -5,8 +5,8 @@
 
 use serde::Serialize;
 
-use memlab_core::render::{Cell, Column, Document, Render, Table};
-use memlab_core::{format_bytes, Device, Result};
+use memlab_core::render::{Cell, Column, Document, Layout, Render, Table};
+use memlab_core::{Device, Result};
 
 use memlab_core::events;
 
@@ -144,7 +144,7 @@ pub fn where_gpu_memory_went(index: usize) -> Result<GpuAccount> {
     })
 }
 
-rendered!(GpuAccount);
+displayed_as_text!(GpuAccount);
 
 impl Render for GpuAccount {
     fn document(&self) -> Document {
@@ -153,26 +153,24 @@ impl Render for GpuAccount {
             2,
             format!(
                 "total {}; used {} (driver, all processes){}; reserved {} and allocated {} (libtorch); named {}",
-                format_bytes(self.total as i64),
-                format_bytes(self.driver_used as i64),
-                self.process_used
-                    .map(|p| format!(", {} by this process (NVML)", format_bytes(p as i64)))
-                    .unwrap_or_default(),
-                format_bytes(self.reserved),
-                format_bytes(self.allocated),
-                format_bytes(self.named)
+                Cell::bytes(self.total),
+                Cell::bytes(self.driver_used),
+                self.process_used.map(|p| format!(", {} by this process (NVML)", Cell::bytes(p))).unwrap_or_default(),
+                Cell::bytes(self.reserved),
+                Cell::bytes(self.allocated),
+                Cell::bytes(self.named)
             ),
         );
         let mut table = Table::new(vec![
-            Column::new("bytes", Cell::Figure).min_width(10),
-            Column::new("part", Cell::Text),
-            Column::new("why", Cell::Text).max_width(80),
+            Column::new("bytes", Layout::Figure).min_width(10),
+            Column::new("part", Layout::Text),
+            Column::new("why", Layout::Text).max_width(80),
         ]);
         for p in &self.parts {
-            table.row([format_bytes(p.bytes), p.label.clone(), p.why.clone()]);
+            table.row([Cell::bytes(p.bytes), Cell::text(&p.label), Cell::text(&p.why)]);
         }
         let sum: i64 = self.parts.iter().map(|p| p.bytes).sum();
-        table.rule().row([format_bytes(sum), "in all".to_string(), "the device's total".to_string()]);
+        table.rule().row([Cell::bytes(sum), Cell::text("in all"), Cell::text("the device's total")]);
         doc.table(table);
         doc
     }

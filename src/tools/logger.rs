@@ -6,8 +6,8 @@ use std::time::{Duration, Instant};
 
 use memlab_core::events::SpanKind;
 use memlab_core::profiler::PeakWatch;
-use memlab_core::render::{signed_bytes as signed, Cell, Column, Document, Render, Table};
-use memlab_core::{format_bytes, Backend, Device, Result};
+use memlab_core::render::{Cell, Column, Document, Layout, Render, Table};
+use memlab_core::{Backend, Device, Result};
 
 use memlab_tch::driver_memory;
 use memlab_tch::BACKEND;
@@ -201,7 +201,7 @@ impl StepLogger {
             self.context_reported = true;
             memlab_core::output::emit(&format!(
                 "memlab StepLogger: CUDA initialised on cuda:{index}; the context and libtorch's start-up took {} of device memory\n",
-                format_bytes(cost as i64)
+                Cell::bytes(cost)
             ));
         }
         Ok(cost)
@@ -275,22 +275,22 @@ impl StepData {
     /// The one-line form.
     pub fn compact_line(&self) -> String {
         let mut line = format!(
-            "{}: {:.3}s | RAM {} ^{} ={} of {}",
+            "{}: {} | RAM {} ^{} ={} of {}",
             self.label,
-            self.time.as_secs_f64(),
-            signed(self.ram.consumed),
-            format_bytes(self.ram.peaked),
-            format_bytes(self.ram.used as i64),
-            format_bytes(self.ram.total as i64)
+            Cell::Duration(self.time),
+            Cell::signed_bytes(self.ram.consumed),
+            Cell::bytes(self.ram.peaked),
+            Cell::bytes(self.ram.used),
+            Cell::bytes(self.ram.total)
         );
         line += self.ram.label();
         if let Some(g) = &self.gpu {
             line += &format!(
                 " | GPU {} ^{} ={} of {}",
-                signed(g.consumed),
-                format_bytes(g.peaked),
-                format_bytes(g.used),
-                format_bytes(g.total as i64)
+                Cell::signed_bytes(g.consumed),
+                Cell::bytes(g.peaked),
+                Cell::bytes(g.used),
+                Cell::bytes(g.total)
             );
         }
         line.push('\n');
@@ -298,55 +298,57 @@ impl StepData {
     }
 }
 
-rendered!(StepData);
+displayed_as_text!(StepData);
 
 impl Render for StepData {
     /// ipygpulogger's layout: a row of labels, then one row of figures for
     /// the RAM and one for the GPU.
     fn document(&self) -> Document {
-        let figure = || Column::new("", Cell::Figure).min_width(8);
+        let figure = || Column::new("", Layout::Figure).min_width(8);
         let mut table = Table::new(vec![
-            Column::new("", Cell::Text),
+            Column::new("", Layout::Text),
             figure(),
             figure(),
             figure(),
             figure(),
-            Column::new("", Cell::Text),
+            Column::new("", Layout::Text),
         ]);
         table.row([
-            "RAM:".to_string(),
-            "Consumed".into(),
-            "Peaked".into(),
-            "Used".into(),
-            "Total".into(),
-            format!("in {:.3}s ({})", self.time.as_secs_f64(), self.label),
+            Cell::text("RAM:"),
+            Cell::text("Consumed"),
+            Cell::text("Peaked"),
+            Cell::text("Used"),
+            Cell::text("Total"),
+            Cell::text(format!("in {} ({})", Cell::Duration(self.time), self.label)),
         ]);
         table.row([
-            "Gen:".to_string(),
-            format_bytes(self.ram.consumed),
-            format_bytes(self.ram.peaked),
-            format_bytes(self.ram.used as i64),
-            format_bytes(self.ram.total as i64),
-            self.ram.label().trim_start().to_string(),
+            Cell::text("Gen:"),
+            Cell::bytes(self.ram.consumed),
+            Cell::bytes(self.ram.peaked),
+            Cell::bytes(self.ram.used),
+            Cell::bytes(self.ram.total),
+            Cell::text(self.ram.label().trim_start()),
         ]);
         match &self.gpu {
             Some(g) => {
                 table.row([
-                    "GPU:".to_string(),
-                    format_bytes(g.consumed),
-                    format_bytes(g.peaked),
-                    format_bytes(g.used),
-                    format_bytes(g.total as i64),
-                    format!("(cuda:{}, libtorch's allocator; reserved {})", g.device, format_bytes(g.reserved)),
+                    Cell::text("GPU:"),
+                    Cell::bytes(g.consumed),
+                    Cell::bytes(g.peaked),
+                    Cell::bytes(g.used),
+                    Cell::bytes(g.total),
+                    Cell::text(format!(
+                        "(cuda:{}, libtorch's allocator; reserved {})",
+                        g.device,
+                        Cell::bytes(g.reserved)
+                    )),
                 ]);
                 if let (Some(used), Some(peaked)) = (g.driver_used, g.driver_peaked) {
                     table.note(format!(
                         "     driver (sampled): device-wide {} used, peaked {} above{}",
-                        format_bytes(used as i64),
-                        format_bytes(peaked as i64),
-                        g.process_used
-                            .map(|p| format!("; this process {} (NVML)", format_bytes(p as i64)))
-                            .unwrap_or_default()
+                        Cell::bytes(used),
+                        Cell::bytes(peaked),
+                        g.process_used.map(|p| format!("; this process {} (NVML)", Cell::bytes(p))).unwrap_or_default()
                     ));
                 }
             }

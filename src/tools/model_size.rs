@@ -4,8 +4,8 @@
 use serde::Serialize;
 
 use memlab_core::profiler::PeakWatch;
-use memlab_core::render::{Document, Render};
-use memlab_core::{format_bytes, Device, Error, Result};
+use memlab_core::render::{Cell, Document, Render};
+use memlab_core::{Device, Error, Result};
 use tch::nn::{self, OptimizerConfig, VarStore};
 use tch::{Kind, Tensor};
 
@@ -173,7 +173,7 @@ fn clear_grads(vs: &VarStore) -> Result<()> {
     Ok(())
 }
 
-rendered!(ModelSize);
+displayed_as_text!(ModelSize);
 
 impl Render for ModelSize {
     fn document(&self) -> Document {
@@ -190,13 +190,13 @@ impl Render for ModelSize {
             ("gradients", self.gradient_bytes),
         ];
         for (label, bytes) in rows {
-            doc.label(WIDTH, label, format_bytes(bytes));
+            doc.label(WIDTH, label, Cell::bytes(bytes));
         }
         for o in &self.optimizers {
-            doc.label(WIDTH, format!("optimizer state, {:?}", o.optimizer), format_bytes(o.state));
+            doc.label(WIDTH, format!("optimizer state, {:?}", o.optimizer), Cell::bytes(o.state));
         }
         for o in &self.optimizers {
-            doc.label(WIDTH, format!("training step peak, {:?}", o.optimizer), format_bytes(o.training_step_peak));
+            doc.label(WIDTH, format!("training step peak, {:?}", o.optimizer), Cell::bytes(o.training_step_peak));
         }
         doc
     }

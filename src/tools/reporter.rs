@@ -2,8 +2,8 @@
 //! root's re-exports).
 
 use memlab_core::events;
-use memlab_core::render::{csv_string, Cell, Column, Document, Render, Table};
-use memlab_core::{format_bytes, Device, Result};
+use memlab_core::render::{csv_string, Cell, Column, Document, Layout, Render, Table};
+use memlab_core::{Device, Result};
 use serde::Serialize;
 use tch::nn::VarStore;
 use tch::Tensor;
@@ -380,7 +380,7 @@ fn is_view(row: &Row) -> bool {
     !row.counted && row.kind != RowKind::External
 }
 
-rendered!(MemReport);
+displayed_as_text!(MemReport);
 
 impl Render for MemReport {
     fn document(&self) -> Document {
@@ -389,21 +389,21 @@ impl Render for MemReport {
             let bytes = |r: &Row| {
                 // A view's own size is shown, not added: its storage row counts the bytes.
                 if is_view(r) {
-                    format!("({})", format_bytes(r.bytes))
+                    Cell::SharedBytes(r.bytes)
                 } else {
-                    format_bytes(r.bytes)
+                    Cell::Bytes(r.bytes)
                 }
             };
             let shape = |r: &Row| if r.shape.is_empty() { String::new() } else { format!("{:?}", r.shape) };
             let mut table = Table::new(vec![
-                Column::new("name", Cell::Text).min_width(12).max_width(72),
-                Column::new("shape", Cell::Figure).min_width(5),
-                Column::new("dtype", Cell::Text).min_width(8),
-                Column::new("bytes", Cell::Figure).min_width(10),
+                Column::new("name", Layout::Text).min_width(12).max_width(72),
+                Column::new("shape", Layout::Figure).min_width(5),
+                Column::new("dtype", Layout::Text).min_width(8),
+                Column::new("bytes", Layout::Figure).min_width(10),
             ])
             .with_header_rule();
             let add = |table: &mut Table, r: &Row| {
-                let cells = [r.name.clone(), shape(r), r.dtype.to_string(), bytes(r)];
+                let cells = [Cell::text(&r.name), Cell::text(shape(r)), Cell::text(r.dtype.to_string()), bytes(r)];
                 table.indented_row(if is_view(r) { 2 } else { 0 }, cells);
             };
             let (inside, outside): (Vec<&Row>, Vec<&Row>) = d.rows.iter().partition(|r| r.kind != RowKind::External);
@@ -412,16 +412,16 @@ impl Render for MemReport {
             }
             table.rule().note(format!(
                 "named: {} in {} elements; allocated on {}: {} (every byte above)",
-                format_bytes(d.named_bytes as i64),
+                Cell::bytes(d.named_bytes),
                 d.named_elements,
                 d.device,
-                format_bytes(d.allocated_bytes)
+                Cell::bytes(d.allocated_bytes)
             ));
             if !outside.is_empty() {
                 table.note(format!(
                     "not from the allocator, outside its figures (from_blob memory, or made before memlab's CPU \
                      allocator): {}",
-                    format_bytes(d.external_bytes as i64)
+                    Cell::bytes(d.external_bytes)
                 ));
                 for r in &outside {
                     add(&mut table, r);

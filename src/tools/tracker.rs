@@ -10,8 +10,8 @@ use std::sync::Mutex;
 use std::time::Instant;
 
 use memlab_core::events;
-use memlab_core::render::{Document, Render};
-use memlab_core::{format_bytes, Device, Error, Result};
+use memlab_core::render::{Cell, Document, Render};
+use memlab_core::{Device, Error, Result};
 use serde::Serialize;
 
 use memlab_tch::Recording;
@@ -296,7 +296,7 @@ impl Tracker {
     }
 }
 
-rendered!(TrackEntry);
+displayed_as_text!(TrackEntry);
 
 impl Render for TrackEntry {
     fn document(&self) -> Document {
@@ -308,21 +308,17 @@ impl Render for TrackEntry {
             return doc;
         };
         let allocator = match (self.allocated_bytes, &self.error) {
-            (Some(bytes), _) => format_bytes(bytes),
+            (Some(bytes), _) => Cell::bytes(bytes).to_string(),
             (None, Some(e)) => format!("unknown ({e})"),
             (None, None) => "unknown".to_string(),
         };
-        doc.line(format!(
-            "{stamp} — live tensors {} on {}, allocator {allocator}",
-            format_bytes(live as i64),
-            self.device
-        ));
+        doc.line(format!("{stamp} — live tensors {} on {}, allocator {allocator}", Cell::bytes(live), self.device));
         for change in &self.changes {
             let mut line = format!("{} {} × ", if change.appeared { "+" } else { "-" }, change.count);
             if let Some(shape) = &change.shape {
                 line.push_str(&format!("{shape:?} {} ", change.dtype));
             }
-            line.push_str(&format!("{} {}", change.kind.label(), format_bytes(change.bytes as i64)));
+            line.push_str(&format!("{} {}", change.kind.label(), Cell::bytes(change.bytes)));
             if let Some(site) = &change.site {
                 line.push_str(&format!(", allocated at {site}"));
             }

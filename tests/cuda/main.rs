@@ -20,7 +20,7 @@ use std::sync::MutexGuard;
 
 use memlab::{
     profiler::{FunctionReport, LineStats},
-    Device,
+    Device, Render,
 };
 use tch::{Kind, Tensor};
 

@@ -96,10 +96,10 @@ fn device_statistics_and_cache_control() {
     assert!(total > 0 && free <= total);
     println!(
         "cuda:0 total {} free {} reserved {} allocated {}",
-        memlab::stats::format_bytes(total as i64),
-        memlab::stats::format_bytes(free as i64),
-        memlab::stats::format_bytes(after.reserved_bytes.all.current),
-        memlab::stats::format_bytes(after.allocated_bytes.all.current)
+        memlab::render::Cell::bytes(total),
+        memlab::render::Cell::bytes(free),
+        memlab::render::Cell::bytes(after.reserved_bytes.all.current),
+        memlab::render::Cell::bytes(after.allocated_bytes.all.current)
     );
 }
 

@@ -113,7 +113,7 @@ fn tracker_on_cuda() {
     println!("{first}");
     let header = first.lines().next().unwrap();
     assert!(header.contains(" on cuda:0, allocator "), "the tracker follows the GPU by default: {header}");
-    assert!(header.ends_with(&memlab::stats::format_bytes(allocated())), "{header}");
+    assert!(header.ends_with(&memlab::render::Cell::bytes(allocated()).to_string()), "{header}");
     assert!(first.contains("  + 1 × [16, 32] Float parameter 2.00K"), "{first}");
     assert!(first.contains("  + 1 × [16] Float parameter 64.00B"), "{first}");
 

@@ -13,7 +13,7 @@ use std::path::Path;
 
 use serde::Serialize;
 
-use crate::render::{escape_html, format_bytes, STYLESHEET};
+use crate::render::{escape_html, Cell, Render, STYLESHEET};
 use crate::{Device, Error, Result};
 
 /// Rows of a "live at the peak" table; the rest are added up in one row.
@@ -128,7 +128,7 @@ fn timeline_svg(d: &DeviceTimeline, partial: bool) -> String {
          <text x=\"{LEFT}\" y=\"{}\">{:.3} s</text><text x=\"{}\" y=\"{}\" text-anchor=\"end\">{:.3} s</text>",
         LEFT - 6.0,
         y(top) + 4.0,
-        format_bytes(d.peak_bytes),
+        Cell::bytes(d.peak_bytes),
         LEFT - 6.0,
         y(0.0),
         HEIGHT - 8.0,
@@ -167,7 +167,7 @@ fn timeline_svg(d: &DeviceTimeline, partial: bool) -> String {
             points.trim_end(),
             colour(layer, d.layers.len()),
             escape_html(name),
-            format_bytes(most)
+            Cell::bytes(most)
         )
         .unwrap();
         below = above;
@@ -182,18 +182,18 @@ fn timeline_svg(d: &DeviceTimeline, partial: bool) -> String {
         y(0.0),
         (px + 4.0).min(WIDTH - 120.0),
         y(top) + 12.0,
-        format_bytes(d.peak_bytes)
+        Cell::bytes(d.peak_bytes)
     )
     .unwrap();
     // Hover targets: one column per point, its tooltip the figures then.
     for (i, p) in d.points.iter().enumerate() {
         let left = if i == 0 { x(p.time_us) } else { (x(d.points[i - 1].time_us) + x(p.time_us)) / 2.0 };
         let right = d.points.get(i + 1).map_or(x(p.time_us), |n| (x(p.time_us) + x(n.time_us)) / 2.0);
-        let mut tip = format!("{:.3} s: {} allocated", p.time_us / 1e6, format_bytes(p.allocated));
+        let mut tip = format!("{:.3} s: {} allocated", p.time_us / 1e6, Cell::bytes(p.allocated));
         let mut parts: Vec<(usize, i64)> = p.layers.iter().copied().enumerate().filter(|(_, b)| *b > 0).collect();
         parts.sort_by_key(|p| std::cmp::Reverse(p.1));
         for (layer, bytes) in parts.iter().take(5) {
-            write!(tip, "\n{}  {}", format_bytes(*bytes), d.layers[*layer]).unwrap();
+            write!(tip, "\n{}  {}", Cell::bytes(*bytes), d.layers[*layer]).unwrap();
         }
         write!(
             out,
@@ -239,7 +239,7 @@ fn flame_svg(root: &FlameNode, partial: bool) -> String {
         let tip = format!(
             "{}\n{} ({:.1}% of the peak's recorded allocations)",
             n.name,
-            format_bytes(n.bytes as i64),
+            Cell::bytes(n.bytes),
             n.bytes as f64 * 100.0 / total.max(1) as f64
         );
         write!(
@@ -314,7 +314,7 @@ impl HtmlReport {
                 "<h2>{0}: memory over time</h2>\n<p class=\"note\">{counted}, stacked by the sites that held the \
                  most at the peak ({1}); hover for the figures.</p>\n{2}",
                 d.device,
-                format_bytes(d.peak_bytes),
+                Cell::bytes(d.peak_bytes),
                 timeline_svg(d, self.partial)
             )
             .unwrap();
@@ -338,7 +338,7 @@ impl HtmlReport {
                 writeln!(
                     body,
                     "<tr><td>{}</td><td>{blocks}</td><td class=\"text\">{}</td></tr>",
-                    format_bytes(bytes as i64),
+                    Cell::bytes(bytes),
                     escape_html(label)
                 )
                 .unwrap()

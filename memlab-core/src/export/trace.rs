@@ -20,7 +20,8 @@ use std::path::Path;
 use serde::Serialize;
 
 use crate::events::{self, Action, Event, Reading, Span, SpanKind};
-use crate::{format_bytes, Device, Error, Result};
+use crate::render::Cell;
+use crate::{Device, Error, Result};
 
 /// The allocator's figures of one device at one moment, in bytes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
@@ -288,8 +289,8 @@ impl Trace {
             )?;
         }
         for o in &self.ooms {
-            let free = o.device_free.map(|f| format!(", {} free", format_bytes(f as i64))).unwrap_or_default();
-            let name = format!("out of memory on {}: {} asked{free}", o.device, format_bytes(o.requested as i64));
+            let free = o.device_free.map(|f| format!(", {} free", Cell::bytes(f))).unwrap_or_default();
+            let name = format!("out of memory on {}: {} asked{free}", o.device, Cell::bytes(o.requested));
             let device_free = o.device_free.map_or_else(|| "null".to_string(), |f| f.to_string());
             writeln!(
                 out,

@@ -269,7 +269,7 @@ impl<B: Busy> Drop for Frame<B> {
         });
         pool::give(open);
         if due {
-            crate::output::emit(&Report::window_of(self.site).to_text());
+            crate::output::emit(&crate::render::Render::to_text(&Report::window_of(self.site)));
         }
     }
 }
@@ -389,7 +389,7 @@ fn register_exit_report() {
             // Nothing may unwind out of an atexit handler.
             let _ = std::panic::catch_unwind(|| {
                 if config::print_at_exit() {
-                    crate::output::emit(&Report::at_exit().to_text());
+                    crate::output::emit(&crate::render::Render::to_text(&Report::at_exit()));
                 }
             });
         }

@@ -1,20 +1,22 @@
 //! A report as a sequence of blocks (headings, lines, label rows, tables)
-//! that renders as text, as self-styled HTML, and into an evcxr notebook
-//! cell. Reports describe themselves as a [`Document`]; none lays out text or
-//! writes HTML itself.
+//! that renders as text, as self-styled HTML, as CSV, as JSON and into an
+//! evcxr notebook cell. Reports describe themselves as a [`Document`]; none
+//! lays out text, formats a figure or writes HTML itself.
 
 use std::fmt::Write;
 
 use unicode_width::UnicodeWidthStr;
 
-use super::{escape_html, html_block, label_row, Table};
+use super::{csv_string, escape_html, html_block, label_row, Cell, Table};
+use crate::error::Result;
 
 #[derive(Clone, Debug)]
 enum Block {
     Heading(String),
+    Section(String),
     Banner(String),
     Line { text: String, indent: usize },
-    Labels { width: usize, rows: Vec<(String, String)> },
+    Labels { width: usize, rows: Vec<(String, Cell)> },
     Table(Table),
     Blank,
 }
@@ -34,6 +36,13 @@ impl Document {
     /// A title line (an `<h3>` in HTML).
     pub fn heading(&mut self, text: impl Into<String>) -> &mut Document {
         self.blocks.push(Block::Heading(text.into()));
+        self
+    }
+
+    /// The title of one of several like parts (a profiled function's
+    /// lines): `## title` in text, an `<h3>` in HTML.
+    pub fn section(&mut self, text: impl Into<String>) -> &mut Document {
+        self.blocks.push(Block::Section(text.into()));
         self
     }
 
@@ -57,7 +66,7 @@ impl Document {
 
     /// A label and its value: `label` dotted out to `width` columns, the
     /// value right-aligned after it (consecutive rows form one block).
-    pub fn label(&mut self, width: usize, label: impl Into<String>, value: impl Into<String>) -> &mut Document {
+    pub fn label(&mut self, width: usize, label: impl Into<String>, value: impl Into<Cell>) -> &mut Document {
         let row = (label.into(), value.into());
         match self.blocks.last_mut() {
             Some(Block::Labels { width: w, rows }) if *w == width => rows.push(row),
@@ -91,6 +100,7 @@ impl Document {
         for b in &self.blocks {
             match b {
                 Block::Heading(text) => writeln!(out, "{text}").unwrap(),
+                Block::Section(text) => writeln!(out, "## {text}").unwrap(),
                 Block::Banner(text) => {
                     let stars = "*".repeat(text.width());
                     writeln!(out, "{stars}\n{text}\n{stars}").unwrap()
@@ -98,7 +108,7 @@ impl Document {
                 Block::Line { text, indent } => writeln!(out, "{}{text}", " ".repeat(*indent)).unwrap(),
                 Block::Labels { width, rows } => {
                     for (label, value) in rows {
-                        out.push_str(&label_row(label, value, *width));
+                        out.push_str(&label_row(label, &value.to_string(), *width));
                     }
                 }
                 Block::Table(t) => out.push_str(&t.to_text()),
@@ -114,7 +124,9 @@ impl Document {
         let mut out = String::new();
         for b in &self.blocks {
             match b {
-                Block::Heading(text) | Block::Banner(text) => writeln!(out, "<h3>{}</h3>", escape_html(text)).unwrap(),
+                Block::Heading(text) | Block::Section(text) | Block::Banner(text) => {
+                    writeln!(out, "<h3>{}</h3>", escape_html(text)).unwrap()
+                }
                 Block::Line { text, indent: 0 } => writeln!(out, "<p>{}</p>", escape_html(text)).unwrap(),
                 Block::Line { text, indent } => {
                     writeln!(out, "<p style=\"margin-left:{}em\">{}</p>", *indent as f64 * 0.5, escape_html(text))
@@ -133,7 +145,7 @@ impl Document {
                             out,
                             "<tr><td class=\"text\"{style}>{}</td><td>{}</td></tr>",
                             escape_html(label.trim_start()),
-                            escape_html(value)
+                            escape_html(&value.to_string())
                         )
                         .unwrap();
                     }
@@ -146,6 +158,49 @@ impl Document {
         html_block(&out)
     }
 
+    /// The tables and label rows as CSV, figures unrounded: each table with
+    /// its header, each block of labels as `label,value` records; blocks
+    /// apart by an empty line. Headings and prose are left out.
+    pub fn to_csv(&self) -> Result<String> {
+        let mut parts = Vec::new();
+        for b in &self.blocks {
+            match b {
+                Block::Table(t) => parts.push(t.to_csv()?),
+                Block::Labels { rows, .. } => {
+                    let records =
+                        rows.iter().map(|(label, value)| vec![label.trim_start().to_string(), value.to_csv()]);
+                    parts.push(csv_string("a report", &["label", "value"], records)?);
+                }
+                _ => {}
+            }
+        }
+        Ok(parts.join("\n"))
+    }
+
+    /// The document as JSON: a list of blocks in order, each an object
+    /// naming what it is (`heading`, `line`, `labels`, `table`), figures as
+    /// exact numbers.
+    pub fn to_json(&self) -> serde_json::Value {
+        use serde_json::json;
+        let blocks: Vec<serde_json::Value> = self
+            .blocks
+            .iter()
+            .filter_map(|b| match b {
+                Block::Heading(text) | Block::Section(text) | Block::Banner(text) => Some(json!({ "heading": text })),
+                Block::Line { text, indent } => Some(json!({ "line": text, "indent": indent })),
+                Block::Labels { rows, .. } => Some(json!({
+                    "labels": rows
+                        .iter()
+                        .map(|(label, value)| json!({ "label": label.trim_start(), "value": value.to_json() }))
+                        .collect::<Vec<_>>()
+                })),
+                Block::Table(t) => Some(json!({ "table": t.to_json() })),
+                Block::Blank => None,
+            })
+            .collect();
+        serde_json::Value::Array(blocks)
+    }
+
     /// Shows the HTML rendering in an evcxr (Rust Jupyter) notebook cell.
     pub fn evcxr_display(&self) {
         crate::output::evcxr_html(&self.to_html());
@@ -154,23 +209,44 @@ impl Document {
 
 /// A report that describes itself as a [`Document`]: what every memlab
 /// report implements, so each renders as text, HTML and in a notebook the
-/// same way.
+/// same way. Bring it into scope (`use memlab::Render;`) to call these on a
+/// report; `{}` prints the text without it.
 pub trait Render {
     /// The report's document.
     fn document(&self) -> Document;
+
+    /// The text rendering (also what `{}` prints).
+    fn to_text(&self) -> String {
+        self.document().to_text()
+    }
+
+    /// The HTML rendering: one self-styled block that reads the same in a
+    /// notebook, a browser or a saved file.
+    fn to_html(&self) -> String {
+        self.document().to_html()
+    }
+
+    /// Shows the HTML rendering in an evcxr (Rust Jupyter) notebook cell.
+    fn evcxr_display(&self) {
+        crate::output::evcxr_html(&self.to_html());
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::render::{Cell, Column};
+    use crate::render::{Column, Layout};
 
     #[test]
     fn blocks_render_as_text_and_html() {
-        let mut table = Table::new(vec![Column::new("bytes", Cell::Figure)]);
-        table.row(["1.00K"]);
+        let mut table = Table::new(vec![Column::new("bytes", Layout::Figure)]);
+        table.row([Cell::bytes(1024u64)]);
         let mut doc = Document::new();
-        doc.heading("Title <1>").indented(2, "detail").label(12, "weights", "4.00M").label(12, "  fc", "4.00M");
+        doc.heading("Title <1>").indented(2, "detail").label(12, "weights", Cell::bytes(4u64 << 20)).label(
+            12,
+            "  fc",
+            Cell::bytes(4u64 << 20),
+        );
         doc.blank().table(table);
         assert_eq!(
             doc.to_text(),
@@ -191,5 +267,28 @@ mod tests {
         doc.line("before").append(inner);
         assert_eq!(doc.to_text(), "before\nVerdict\nadvice\n");
         assert!(doc.to_html().contains("<p>before</p>\n<h3>Verdict</h3>\n<p>advice</p>"), "{}", doc.to_html());
+    }
+
+    #[test]
+    fn a_document_as_csv_and_json() {
+        let mut table = Table::new(vec![Column::new("name", Layout::Text), Column::new("bytes", Layout::Figure)]);
+        table.row([Cell::text("fc.weight"), Cell::bytes(4096u64)]);
+        let mut doc = Document::new();
+        doc.section("f").label(10, "peak", Cell::bytes(1u64 << 20)).label(10, "  of it", Cell::Percent(0.5));
+        doc.line("prose").blank().table(table);
+        assert_eq!(
+            doc.to_text(),
+            "## f\npeak......     1.00M\n  of it...       50%\nprose\n\nname       bytes\nfc.weight  4.00K\n"
+        );
+        assert_eq!(doc.to_csv().unwrap(), "label,value\npeak,1048576\nof it,0.5\n\nname,bytes\nfc.weight,4096\n");
+        assert_eq!(
+            doc.to_json(),
+            serde_json::json!([
+                {"heading": "f"},
+                {"labels": [{"label": "peak", "value": 1_048_576}, {"label": "of it", "value": 0.5}]},
+                {"line": "prose", "indent": 0},
+                {"table": {"columns": ["name", "bytes"], "rows": [["fc.weight", 4096]], "notes": []}},
+            ])
+        );
     }
 }

@@ -4,39 +4,19 @@
 //! describes itself as a [`Document`] of headings, lines and [`Table`]s, and
 //! these turn it into text and HTML.
 
+mod cell;
 mod document;
 mod table;
 
+pub use cell::{Amount, Cell};
 pub use document::{Document, Render};
-pub use table::{Cell, Column, Table};
+pub use table::{Column, Layout, Table};
 
 use std::collections::BTreeMap;
 
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::events::LiveAllocation;
-
-/// A byte count as people read it: base 1024, two decimals, `B K M G T P`
-/// (`4.00M`, `-2.50K`, `0.00B`).
-pub fn format_bytes(bytes: i64) -> String {
-    const UNITS: [&str; 6] = ["B", "K", "M", "G", "T", "P"];
-    let mut value = bytes.unsigned_abs() as f64;
-    let mut unit = 0;
-    while value >= 1024.0 && unit < UNITS.len() - 1 {
-        value /= 1024.0;
-        unit += 1;
-    }
-    format!("{}{value:.2}{}", if bytes < 0 { "-" } else { "" }, UNITS[unit])
-}
-
-/// A change of bytes with its sign: `+4.00M`, `-2.00K`, `0.00B`.
-pub fn signed_bytes(bytes: i64) -> String {
-    if bytes > 0 {
-        format!("+{}", format_bytes(bytes))
-    } else {
-        format_bytes(bytes)
-    }
-}
 
 /// `label` followed by dots up to `width`, then `value` right-aligned in ten
 /// columns: the rows of the summaries (`parameters............  1.00M`).
@@ -65,7 +45,8 @@ pub fn escape_html(text: &str) -> String {
 /// Figures are right-aligned and never wrap; text and code columns (cells
 /// and their headers alike) are left-aligned, text may wrap, code keeps its
 /// indentation. The drawings' rules (timelines, icicle graphs, legends) are
-/// here too.
+/// here too, and those of collapsed tables (a hidden checkbox before the
+/// table; its summary row's label opens the rest).
 pub const STYLESHEET: &str = ".memlab table{border-collapse:collapse;font-family:monospace;margin:.2em 0 .6em}\
 .memlab td,.memlab th{padding:0 .6em;text-align:right;white-space:nowrap}\
 .memlab .text,.memlab .code{text-align:left}.memlab td.text{white-space:normal}\
@@ -78,7 +59,9 @@ pub const STYLESHEET: &str = ".memlab table{border-collapse:collapse;font-family
 .memlab ul.legend{list-style:none;padding:0;display:flex;flex-wrap:wrap;gap:.4em 1.2em;font:12px monospace}\
 .memlab ul.legend span{display:inline-block;width:.9em;height:.9em;margin-right:.4em;vertical-align:-.1em}\
 .memlab p.partial{background:#fff3cd;border:1px solid #e0c36a;padding:.5em .8em}.memlab p.note{color:#555}\
-.memlab svg text.partial{fill:#8a6d00;font-weight:bold}";
+.memlab svg text.partial{fill:#8a6d00;font-weight:bold}\
+.memlab tr.rest{display:none}.memlab input.more:checked+table tr.rest{display:table-row}\
+.memlab input.more:checked+table tr.more{display:none}.memlab tr.more label{cursor:pointer;color:#1a5fb4}";
 
 /// `body` wrapped as a self-styled block: it reads the same in a notebook, a
 /// browser or a saved file.
@@ -148,10 +131,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn bytes_rows_and_escapes() {
-        assert_eq!(signed_bytes(4 << 20), "+4.00M");
-        assert_eq!(signed_bytes(-2048), "-2.00K");
-        assert_eq!(signed_bytes(0), "0.00B");
+    fn rows_and_escapes() {
         assert_eq!(label_row("parameters", "42", 14), "parameters....        42\n");
         assert_eq!(escape_html("<a href=\"x\">'&'</a>"), "&lt;a href=&quot;x&quot;&gt;&#39;&amp;&#39;&lt;/a&gt;");
         let csv = csv_string("t", &["a", "b"], [vec!["1", "x,y"]]).unwrap();

@@ -1,10 +1,10 @@
-//! The line-profiler report: one model ([`Report`]), rendered as a text table,
-//! HTML (also for evcxr notebooks), CSV and JSON. Renderers produce `String`s;
-//! printing is left to the caller.
+//! The line-profiler report: one model ([`Report`]), rendered by the render
+//! layer like every report ([`Render`](crate::render::Render): a text table,
+//! HTML, an evcxr cell), and exported as CSV and JSON. Renderings are
+//! `String`s; printing is left to the caller.
 
+mod document;
 mod export;
-mod html;
-mod text;
 
 use crate::sync::LockExt;
 use std::fmt;
@@ -14,8 +14,6 @@ use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::sites::{display_path, sites, LineStats, Site, Table};
 use crate::stats::{field_index, FIELDS};
-
-pub use crate::render::format_bytes;
 
 /// One column of a report.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -297,17 +295,6 @@ impl Report {
         self
     }
 
-    /// The text table, one section per function that ran, and a closing line
-    /// naming the profiled functions that never ran.
-    pub fn to_text(&self) -> String {
-        text::render(self)
-    }
-
-    /// An HTML rendering: one `<table>` per function that ran.
-    pub fn to_html(&self) -> String {
-        html::render(self)
-    }
-
     /// Every line that ran, one CSV row each, with all statistics in bytes or counts.
     pub fn to_csv(&self) -> Result<String> {
         export::csv(self)
@@ -317,16 +304,12 @@ impl Report {
     pub fn to_json(&self) -> String {
         serde_json::to_string_pretty(self).expect("a report always serialises")
     }
-
-    /// Shows the report as HTML in an evcxr (Rust Jupyter) notebook cell.
-    pub fn evcxr_display(&self) {
-        crate::output::evcxr_html(&self.to_html());
-    }
 }
 
+/// The text rendering ([`Render::to_text`](crate::render::Render::to_text)).
 impl fmt::Display for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.to_text())
+        f.write_str(&crate::render::Render::to_text(self))
     }
 }
 

@@ -10,8 +10,8 @@ use std::sync::{Arc, Mutex};
 use memlab_core::events::SpanKind;
 use memlab_core::hash::FastSet;
 use memlab_core::profiler::PeakWatch;
-use memlab_core::render::{Document, Render};
-use memlab_core::{format_bytes, Device, Error, Result};
+use memlab_core::render::{Cell, Document, Render};
+use memlab_core::{Device, Error, Result};
 
 use tch::nn::{VarStore, Variables};
 
@@ -461,7 +461,7 @@ fn put_row(rows: &mut Vec<Row>, n: &mut usize, name: &str, bytes: i64) {
     *n += 1;
 }
 
-rendered!(IterationRecord);
+displayed_as_text!(IterationRecord);
 
 impl Render for IterationRecord {
     fn document(&self) -> Document {
@@ -473,40 +473,40 @@ impl Render for IterationRecord {
             self.epoch,
             self.device.map(|d| d.to_string()).unwrap_or_default()
         ));
-        doc.label(WIDTH, "Peak reserved (cached)", format_bytes(self.peak_reserved))
-            .label(WIDTH, "Current reserved (cached)", format_bytes(self.current_reserved))
-            .label(WIDTH, "Peak allocated", format_bytes(self.peak_allocated))
-            .label(WIDTH, "Current allocated", format_bytes(self.current_allocated));
+        doc.label(WIDTH, "Peak reserved (cached)", Cell::bytes(self.peak_reserved))
+            .label(WIDTH, "Current reserved (cached)", Cell::bytes(self.current_reserved))
+            .label(WIDTH, "Peak allocated", Cell::bytes(self.peak_allocated))
+            .label(WIDTH, "Current allocated", Cell::bytes(self.current_allocated));
         match self.intermediate_gradients {
             Some(ig) => {
-                doc.label(WIDTH, "Feature maps (held when backward began)", format_bytes(self.feature_maps));
-                doc.label(WIDTH, "Intermediate gradients (backward's transient)", format_bytes(ig));
+                doc.label(WIDTH, "Feature maps (held when backward began)", Cell::bytes(self.feature_maps));
+                doc.label(WIDTH, "Intermediate gradients (backward's transient)", Cell::bytes(ig));
             }
             None => {
-                doc.label(WIDTH, "Feature maps (peak above start)", format_bytes(self.feature_maps));
+                doc.label(WIDTH, "Feature maps (peak above start)", Cell::bytes(self.feature_maps));
             }
         }
-        doc.blank().label(WIDTH, "Weights", format_bytes(self.weights));
+        doc.blank().label(WIDTH, "Weights", Cell::bytes(self.weights));
         for (name, bytes) in &self.weight_rows {
-            doc.label(WIDTH, format!("  {name}"), format_bytes(*bytes));
+            doc.label(WIDTH, format!("  {name}"), Cell::bytes(*bytes));
         }
-        doc.blank().label(WIDTH, "Weight gradients", format_bytes(self.gradients));
+        doc.blank().label(WIDTH, "Weight gradients", Cell::bytes(self.gradients));
         for (name, bytes) in &self.gradient_rows {
-            doc.label(WIDTH, format!("  {name} grad"), format_bytes(*bytes));
+            doc.label(WIDTH, format!("  {name} grad"), Cell::bytes(*bytes));
         }
         doc.blank();
         match self.optimizer_state {
             Some(state) => {
-                doc.label(WIDTH, "Optimizer state", format_bytes(state));
+                doc.label(WIDTH, "Optimizer state", Cell::bytes(state));
                 for (name, bytes) in &self.optimizer_state_rows {
-                    doc.label(WIDTH, format!("  {name}"), format_bytes(*bytes));
+                    doc.label(WIDTH, format!("  {name}"), Cell::bytes(*bytes));
                 }
-                doc.label(WIDTH, "Other kept tensors", format_bytes(self.optimizer_state_measured - state));
+                doc.label(WIDTH, "Other kept tensors", Cell::bytes(self.optimizer_state_measured - state));
             }
             None => {
-                doc.label(WIDTH, "Optimizer state and kept tensors", format_bytes(self.optimizer_state_measured));
+                doc.label(WIDTH, "Optimizer state and kept tensors", Cell::bytes(self.optimizer_state_measured));
                 if let Some(estimate) = self.optimizer_state_estimate {
-                    doc.label(WIDTH, "  optimizer state (estimate)", format_bytes(estimate));
+                    doc.label(WIDTH, "  optimizer state (estimate)", Cell::bytes(estimate));
                 }
             }
         }

@@ -4,8 +4,8 @@
 use std::path::{Path, PathBuf};
 
 use memlab_core::events::{self, Frame};
-use memlab_core::render::{Cell as Kind, Column, Document, Render, Table};
-use memlab_core::{format_bytes, Device, Error, Result};
+use memlab_core::render::{Cell, Column, Document, Layout, Render, Table};
+use memlab_core::{Device, Error, Result};
 use serde::Serialize;
 
 use super::capture::{fits, room};
@@ -219,12 +219,12 @@ impl OomReport {
     /// The one paragraph the recorder prints.
     pub fn summary(&self) -> String {
         let d = &self.diagnosis;
-        let free = d.figures.device.map(|m| format!(", {} free on {}", format_bytes(m.free as i64), d.device));
+        let free = d.figures.device.map(|m| format!(", {} free on {}", Cell::bytes(m.free), d.device));
         let place = self.statement.clone().or_else(|| self.frames.first().map(Frame::to_string));
         let mut text = format!(
             "memlab: out of memory on {}: {} requested{}{}. Verdict: {}. ",
             d.device,
-            format_bytes(d.requested as i64),
+            Cell::bytes(d.requested),
             free.unwrap_or_default(),
             place.map(|p| format!(" at {p}")).unwrap_or_default(),
             d.verdict.title()
@@ -252,13 +252,13 @@ impl OomReport {
     }
 }
 
-rendered!(OomReport);
+displayed_as_text!(OomReport);
 
 impl Render for OomReport {
     fn document(&self) -> Document {
         const W: usize = 44;
         let d = &self.diagnosis;
-        let b = |n: u64| format_bytes(n as i64);
+        let b = |n: u64| Cell::bytes(n);
         let mut doc = Document::new();
         doc.banner(format!("memlab: out of memory on {} (report {} of process {})", d.device, self.number, self.pid));
         let thread = match &self.thread.name {
@@ -296,8 +296,8 @@ impl Render for OomReport {
         doc.append(Render::document(d));
         doc.blank();
         doc.heading(format!("Allocator ({})", d.device));
-        doc.label(W, "allocated (live tensors)", format_bytes(d.figures.allocated));
-        doc.label(W, "reserved", format_bytes(d.figures.reserved));
+        doc.label(W, "allocated (live tensors)", Cell::bytes(d.figures.allocated));
+        doc.label(W, "reserved", Cell::bytes(d.figures.reserved));
         if matches!(d.device, Device::Cuda(_)) {
             let c = d.figures.cache_free;
             let pool = if d.requested == SMALL_SEGMENT { "small" } else { "large" };
@@ -348,31 +348,35 @@ impl Render for OomReport {
         doc.indented(2, "registered var stores, their gradients, optimizer state and tensors, by name:");
         if !h.named.is_empty() {
             let mut table = Table::new(vec![
-                Column::new("name", Kind::Text).max_width(70),
-                Column::new("kind", Kind::Text),
-                Column::new("bytes", Kind::Figure).min_width(9),
+                Column::new("name", Layout::Text).max_width(70),
+                Column::new("kind", Layout::Text),
+                Column::new("bytes", Layout::Figure).min_width(9),
             ]);
             for n in &h.named {
-                table.row([n.name.clone(), n.kind.to_string(), b(n.bytes)]);
+                table.row([Cell::text(&n.name), Cell::text(n.kind.to_string()), b(n.bytes)]);
             }
             if h.named_rest.count > 0 {
-                table.row([format!("{} more, each smaller", h.named_rest.count), String::new(), b(h.named_rest.bytes)]);
+                table.row([
+                    Cell::text(format!("{} more, each smaller", h.named_rest.count)),
+                    Cell::Empty,
+                    b(h.named_rest.bytes),
+                ]);
             }
             doc.table(table);
         }
         for busy in &h.busy {
             doc.indented(2, format!("not walked: {busy}"));
         }
-        doc.label(W, "not named", format_bytes(h.not_named));
+        doc.label(W, "not named", Cell::bytes(h.not_named));
         match &h.by_site {
             Some(sites) if !sites.is_empty() => {
                 let mut table = Table::new(vec![
-                    Column::new("where allocated", Kind::Text).max_width(90),
-                    Column::new("blocks", Kind::Figure),
-                    Column::new("bytes", Kind::Figure).min_width(9),
+                    Column::new("where allocated", Layout::Text).max_width(90),
+                    Column::new("blocks", Layout::Figure),
+                    Column::new("bytes", Layout::Figure).min_width(9),
                 ]);
                 for s in sites {
-                    table.row([s.site.clone(), s.blocks.to_string(), b(s.bytes)]);
+                    table.row([Cell::text(&s.site), Cell::count(s.blocks), b(s.bytes)]);
                 }
                 doc.table(table);
                 for s in sites.iter().filter(|s| s.frames.len() > 1) {
@@ -396,7 +400,7 @@ impl Render for OomReport {
             }
         }
         if h.rounding > 0 {
-            doc.indented(2, format!("of which {} is the allocator's rounding of blocks", format_bytes(h.rounding)));
+            doc.indented(2, format!("of which {} is the allocator's rounding of blocks", Cell::bytes(h.rounding)));
         }
         doc.blank();
         if !self.files.is_empty() {

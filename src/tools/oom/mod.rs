@@ -12,7 +12,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use memlab_core::oom::Failure;
-use memlab_core::{format_bytes, Backend, Error, Result};
+use memlab_core::render::Cell;
+use memlab_core::{Backend, Error, Result};
 use memlab_tch::BACKEND;
 
 use crate::diagnosis::{Diagnosis, Holders, NamedHolder, SiteHolder};
@@ -155,7 +156,7 @@ impl OomRecorder {
             drop(first);
         }
         memlab_tch::oom::reserve::set(self.reserve).map_err(|e| {
-            let bytes = format_bytes(self.reserve as i64);
+            let bytes = Cell::bytes(self.reserve);
             Error::io(format!("keep {bytes} of address space aside for out-of-memory reports (give a smaller OomRecorder::reserve)"), e)
         })?;
         memlab_tch::oom::prepare_failure_path();

@@ -4,8 +4,8 @@
 //! watermark, and again after it fell 5 points under it and rose again.
 
 use super::*;
-use memlab_core::format_bytes;
 use memlab_core::oom::HostLimit;
+use memlab_core::render::Cell;
 use std::time::Duration;
 
 memlab_core::process::process_wide! {
@@ -81,8 +81,8 @@ pub(super) fn observe(above: &mut bool, (limit, used, max): Reading, share: f64)
     })
 }
 
-fn b(n: u64) -> String {
-    format_bytes(n as i64)
+fn b(n: u64) -> Cell {
+    Cell::bytes(n)
 }
 
 #[cfg(test)]
