@@ -137,7 +137,7 @@ fn a_bounded_history_says_the_data_is_partial() {
     assert!(process["args"]["name"].as_str().unwrap().contains("partial"), "{process}");
     let report = Exporter::registered().html_report().unwrap();
     assert!(report.partial);
-    let html = report.to_html();
+    let html = report.to_page();
     let svgs: Vec<&str> = html.split("<svg").skip(1).map(|s| s.split("</svg>").next().unwrap()).collect();
     assert_eq!(svgs.len(), 2, "a timeline and an icicle graph for the CPU");
     assert!(svgs.iter().all(|svg| svg.contains("class=\"partial\"")), "each drawing marks it");
@@ -218,9 +218,13 @@ fn the_html_report_opens_offline_in_chromium() {
     let profile = report.profile.as_ref().expect("a profiled function ran");
     let step = profile.function("leaky_step").unwrap();
     assert_eq!(step.calls, 4);
-    let html = report.to_html();
+    let html = report.to_page();
     assert!(html.contains("default-src 'none'") && !html.contains("<script"), "no script, nothing fetched");
-    assert!(html.contains("<h2>Line profile</h2>") && html.contains(&profile.to_html()), "the profile is on the page");
+    // The profile's blocks, as its own rendering has them inside its styled block.
+    let block = profile.to_html();
+    let blocks = block.split_once("</style>\n").and_then(|(_, b)| b.strip_suffix("</div>")).unwrap();
+    assert!(html.contains(&format!("<h2>Line profile</h2>\n{blocks}")), "the profile is on the page");
+    assert_eq!(html.matches("<style>").count(), 1, "one stylesheet on the page");
     let path = temp("report.html");
     report.write(&path).unwrap();
     drop((kept, recording));

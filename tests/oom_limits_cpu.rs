@@ -129,7 +129,7 @@ fn the_estimates_stay_above_what_each_part_takes() {
         let html = memlab::testing::estimate::html();
         let snapshot = memlab::testing::estimate::snapshot();
         let by_site = memlab::testing::estimate::by_site(stats.live as u64);
-        let (_, html_took) = peak_of(|| exporter.html_report().unwrap().to_html().len());
+        let (_, html_took) = peak_of(|| exporter.html_report().unwrap().to_page().len());
         let (_, snapshot_took) = peak_of(|| exporter.snapshot().unwrap().to_pickle().unwrap().len());
         let (_, by_site_took) = peak_of(|| {
             let report = memlab::MemReporter::registered().device(memlab::Device::Cpu).report().unwrap();

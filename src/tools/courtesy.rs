@@ -339,7 +339,8 @@ impl Render for YieldReport {
             let mut sites = Table::new(vec![
                 Column::new("bytes", Layout::Figure).min_width(9),
                 Column::new("allocated at", Layout::Code),
-            ]);
+            ])
+            .collapsed();
             for (_, site, bytes) in self.stayed.iter().filter(|(d, _, _)| d == device) {
                 sites.row([Cell::bytes(*bytes), Cell::code(site)]);
             }

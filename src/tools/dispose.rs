@@ -306,7 +306,8 @@ impl Render for ScopeReport {
             Column::new("device", Layout::Text),
             Column::new("blocks", Layout::Figure),
             Column::new("allocated at", Layout::Code),
-        ]);
+        ])
+        .collapsed();
         for SiteGroup { device, site, bytes, blocks } in by_site(&self.escaped) {
             let site = site.unwrap_or_else(|| {
                 "outside profiled code (profile the function, or record backtraces to see where)".to_string()

@@ -206,6 +206,20 @@ impl Page<'_> {
         title.as_str().map(str::to_string)
     }
 
+    /// Clicks the centre of the element `selector` finds (scrolled into view
+    /// first) with the mouse, as a person would.
+    pub fn click(&mut self, selector: &str) {
+        let centre = self.eval(&format!(
+            "(() => {{ const e = document.querySelector({selector:?}); e.scrollIntoView({{block: 'center'}}); \
+             const r = e.getBoundingClientRect(); return [r.left + r.width / 2, r.top + r.height / 2]; }})()"
+        ));
+        let (x, y) = (centre[0].as_f64().unwrap(), centre[1].as_f64().unwrap());
+        for kind in ["mousePressed", "mouseReleased"] {
+            let event = json!({ "type": kind, "x": x, "y": y, "button": "left", "clickCount": 1 });
+            self.call("Input.dispatchMouseEvent", event);
+        }
+    }
+
     /// What the console said that is an error: messages at level `error`,
     /// content-security-policy violations, uncaught exceptions.
     pub fn console_errors(&mut self) -> Vec<String> {

@@ -203,7 +203,7 @@ fn the_html_report_of_a_cuda_recording() {
     // The five kept results (1 MiB each) were made on the profiled line.
     let kept_row = cuda.live_at_peak.iter().find(|r| r.label.contains("cuda_leaky_step")).expect("the leak's site");
     assert!(kept_row.bytes >= 5 << 20, "{kept_row:?}");
-    let html = report.to_html();
+    let html = report.to_page();
     assert!(html.contains("cuda:0: memory over time") && html.contains("<svg class=\"flame\""));
     println!("cuda:0 peak {} B over {} points; top row {:?}", cuda.peak_bytes, cuda.points.len(), cuda.live_at_peak[0]);
     drop(kept);

@@ -7,15 +7,21 @@ use std::fmt::Write;
 
 use unicode_width::UnicodeWidthStr;
 
-use super::{csv_string, escape_html, html_block, label_row, Cell, Table};
+use super::{csv_string, escape_html, html_block, label_row, Cell, Icicle, Table, Timeline, STYLESHEET};
 use crate::error::Result;
 
 #[derive(Clone, Debug)]
 enum Block {
+    Title(String),
+    Part(String),
     Heading(String),
     Section(String),
     Banner(String),
     Line { text: String, indent: usize },
+    Note(String),
+    Caution(String),
+    Timeline(Box<Timeline>),
+    Icicle(Box<Icicle>),
     Labels { width: usize, rows: Vec<(String, Cell)> },
     Table(Table),
     Blank,
@@ -31,6 +37,19 @@ impl Document {
     /// An empty document.
     pub fn new() -> Document {
         Document::default()
+    }
+
+    /// The title of a page: underlined with `=` in text, an `<h1>` in HTML.
+    pub fn title(&mut self, text: impl Into<String>) -> &mut Document {
+        self.blocks.push(Block::Title(text.into()));
+        self
+    }
+
+    /// The title of a part of a page: underlined with `-` in text, an
+    /// `<h2>` in HTML.
+    pub fn part(&mut self, text: impl Into<String>) -> &mut Document {
+        self.blocks.push(Block::Part(text.into()));
+        self
     }
 
     /// A title line (an `<h3>` in HTML).
@@ -61,6 +80,31 @@ impl Document {
     /// A line of prose indented by `indent` spaces: a detail of the line above.
     pub fn indented(&mut self, indent: usize, text: impl Into<String>) -> &mut Document {
         self.blocks.push(Block::Line { text: text.into(), indent });
+        self
+    }
+
+    /// A line that explains what follows (greyed in HTML).
+    pub fn note(&mut self, text: impl Into<String>) -> &mut Document {
+        self.blocks.push(Block::Note(text.into()));
+        self
+    }
+
+    /// A line that warns that what follows is incomplete or uncertain (boxed
+    /// in HTML).
+    pub fn caution(&mut self, text: impl Into<String>) -> &mut Document {
+        self.blocks.push(Block::Caution(text.into()));
+        self
+    }
+
+    /// A timeline: a drawing in HTML, a sparkline in text.
+    pub fn timeline(&mut self, timeline: Timeline) -> &mut Document {
+        self.blocks.push(Block::Timeline(Box::new(timeline)));
+        self
+    }
+
+    /// An icicle graph: a drawing in HTML, its heaviest frames in text.
+    pub fn icicle(&mut self, icicle: Icicle) -> &mut Document {
+        self.blocks.push(Block::Icicle(Box::new(icicle)));
         self
     }
 
@@ -99,7 +143,11 @@ impl Document {
         let mut out = String::new();
         for b in &self.blocks {
             match b {
-                Block::Heading(text) => writeln!(out, "{text}").unwrap(),
+                Block::Title(text) => writeln!(out, "{text}\n{}", "=".repeat(text.width())).unwrap(),
+                Block::Part(text) => writeln!(out, "\n{text}\n{}", "-".repeat(text.width())).unwrap(),
+                Block::Heading(text) | Block::Note(text) | Block::Caution(text) => writeln!(out, "{text}").unwrap(),
+                Block::Timeline(t) => out.push_str(&t.to_text(SPARKLINE)),
+                Block::Icicle(i) => out.push_str(&i.to_text()),
                 Block::Section(text) => writeln!(out, "## {text}").unwrap(),
                 Block::Banner(text) => {
                     let stars = "*".repeat(text.width());
@@ -121,17 +169,27 @@ impl Document {
     /// The HTML rendering: one self-styled block that reads the same in a
     /// notebook, a browser or a saved file.
     pub fn to_html(&self) -> String {
+        html_block(&self.html_body())
+    }
+
+    /// The blocks in HTML, without the stylesheet.
+    fn html_body(&self) -> String {
         let mut out = String::new();
         for b in &self.blocks {
             match b {
+                Block::Title(text) => writeln!(out, "<h1>{}</h1>", escape_html(text)).unwrap(),
+                Block::Part(text) => writeln!(out, "<h2>{}</h2>", escape_html(text)).unwrap(),
                 Block::Heading(text) | Block::Section(text) | Block::Banner(text) => {
                     writeln!(out, "<h3>{}</h3>", escape_html(text)).unwrap()
                 }
-                Block::Line { text, indent: 0 } => writeln!(out, "<p>{}</p>", escape_html(text)).unwrap(),
+                Block::Line { text, indent: 0 } => writeln!(out, "<p>{}</p>", prose(text)).unwrap(),
                 Block::Line { text, indent } => {
-                    writeln!(out, "<p style=\"margin-left:{}em\">{}</p>", *indent as f64 * 0.5, escape_html(text))
-                        .unwrap()
+                    writeln!(out, "<p style=\"margin-left:{}em\">{}</p>", *indent as f64 * 0.5, prose(text)).unwrap()
                 }
+                Block::Note(text) => writeln!(out, "<p class=\"note\">{}</p>", prose(text)).unwrap(),
+                Block::Caution(text) => writeln!(out, "<p class=\"partial\">{}</p>", prose(text)).unwrap(),
+                Block::Timeline(t) => out.push_str(&t.to_html()),
+                Block::Icicle(i) => out.push_str(&i.to_html()),
                 Block::Labels { rows, .. } => {
                     out.push_str("<table>\n");
                     for (label, value) in rows {
@@ -155,7 +213,7 @@ impl Document {
                 Block::Blank => {}
             }
         }
-        html_block(&out)
+        out
     }
 
     /// The tables and label rows as CSV, figures unrounded: each table with
@@ -186,8 +244,20 @@ impl Document {
             .blocks
             .iter()
             .filter_map(|b| match b {
-                Block::Heading(text) | Block::Section(text) | Block::Banner(text) => Some(json!({ "heading": text })),
+                Block::Title(text)
+                | Block::Part(text)
+                | Block::Heading(text)
+                | Block::Section(text)
+                | Block::Banner(text) => Some(json!({ "heading": text })),
                 Block::Line { text, indent } => Some(json!({ "line": text, "indent": indent })),
+                Block::Note(text) | Block::Caution(text) => Some(json!({ "line": text, "indent": 0 })),
+                Block::Timeline(t) => Some(json!({ "timeline": {
+                    "layers": t.layers,
+                    "points": t.points,
+                    "peak_time_us": t.peak_time_us,
+                    "peak_bytes": t.peak_bytes,
+                } })),
+                Block::Icicle(i) => Some(json!({ "icicle": i.root })),
                 Block::Labels { rows, .. } => Some(json!({
                     "labels": rows
                         .iter()
@@ -205,6 +275,37 @@ impl Document {
     pub fn evcxr_display(&self) {
         crate::output::evcxr_html(&self.to_html());
     }
+
+    /// The HTML rendering as a whole page titled `title`: one file, styles
+    /// inline, no script, nothing fetched (its content security policy
+    /// forbids both), so it opens offline.
+    pub fn to_page(&self, title: &str) -> String {
+        format!(
+            "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\
+             <meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; style-src 'unsafe-inline'\">\
+             <title>{}</title><style>{STYLESHEET}</style></head>\n\
+             <body class=\"memlab-page\"><div class=\"memlab\">\n{}</div></body></html>\n",
+            escape_html(title),
+            self.html_body()
+        )
+    }
+}
+
+/// How many glyphs a timeline's sparkline takes in text.
+const SPARKLINE: usize = 64;
+
+/// Prose in HTML: escaped, and what stands between backticks set as code.
+fn prose(text: &str) -> String {
+    let parts: Vec<&str> = text.split('`').collect();
+    // An odd backtick out is text, not the start of code.
+    if parts.len().is_multiple_of(2) {
+        return escape_html(text);
+    }
+    parts
+        .iter()
+        .enumerate()
+        .map(|(i, part)| if i % 2 == 1 { format!("<code>{}</code>", escape_html(part)) } else { escape_html(part) })
+        .collect()
 }
 
 /// A report that describes itself as a [`Document`]: what every memlab

@@ -6,10 +6,12 @@
 
 mod cell;
 mod document;
+mod drawing;
 mod table;
 
 pub use cell::{Amount, Cell};
 pub use document::{Document, Render};
+pub use drawing::{FlameNode, Icicle, Point, Timeline};
 pub use table::{Column, Layout, Table};
 
 use std::collections::BTreeMap;

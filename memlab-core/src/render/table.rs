@@ -117,6 +117,12 @@ impl Table {
         self
     }
 
+    /// [`collapsed_after`](Self::collapsed_after) the rows a list of sites
+    /// shows at first: twenty.
+    pub fn collapsed(self) -> Table {
+        self.collapsed_after(20)
+    }
+
     /// A row of cells, one per column (missing cells are empty).
     pub fn row<C: Into<Cell>>(&mut self, cells: impl IntoIterator<Item = C>) -> &mut Table {
         self.push(cells, 0, false)

@@ -374,7 +374,8 @@ impl Render for OomReport {
                     Column::new("where allocated", Layout::Text).max_width(90),
                     Column::new("blocks", Layout::Figure),
                     Column::new("bytes", Layout::Figure).min_width(9),
-                ]);
+                ])
+                .collapsed();
                 for s in sites {
                     table.row([Cell::text(&s.site), Cell::count(s.blocks), b(s.bytes)]);
                 }

@@ -1,0 +1,362 @@
+//! The drawings of the HTML pages, as SVG drawn in Rust: memory over time
+//! stacked by layer (a timeline) and what was live by call stack (an
+//! icicle graph). Each is a block of a [`Document`](super::Document); in
+//! text a timeline is a one-line sparkline and an icicle graph its heaviest
+//! frames. The page has no script: hovering uses the browser's own
+//! tooltips (SVG `<title>`), styled by the one stylesheet.
+
+use std::fmt::Write;
+
+use serde::Serialize;
+
+use super::{escape_html, Cell};
+
+/// One point of a device's timeline: the moment a bucket of events peaked.
+#[derive(Clone, Debug, Serialize)]
+pub struct Point {
+    /// Microseconds since the recording began.
+    pub time_us: f64,
+    /// The bytes allocated to tensors then (on CUDA as they asked for
+    /// them, see the export's `Level::allocated`).
+    pub allocated: i64,
+    /// Per layer (see [`Timeline::layers`]): its bytes then.
+    pub layers: Vec<i64>,
+}
+
+/// A node of the icicle graph: a frame and the bytes live under it.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct FlameNode {
+    /// `function (file:line)`, or `all` at the root.
+    pub name: String,
+    /// Bytes live at the peak under this frame.
+    pub bytes: u64,
+    /// Callees, largest first.
+    pub children: Vec<FlameNode>,
+}
+
+/// Memory over time on one device, stacked by layer, with its peak marked.
+#[derive(Clone, Debug)]
+pub struct Timeline {
+    /// What the drawing shows, for screen readers (`memory over time on cuda:0`).
+    pub label: String,
+    /// The layers, bottom first.
+    pub layers: Vec<String>,
+    /// The points, in time order.
+    pub points: Vec<Point>,
+    /// When the peak was, in microseconds since the recording began.
+    pub peak_time_us: f64,
+    /// The bytes at the peak.
+    pub peak_bytes: i64,
+    /// Whether older events were dropped (the drawing says so).
+    pub partial: bool,
+}
+
+/// What was live by call stack: an icicle graph, outermost frame on top.
+#[derive(Clone, Debug)]
+pub struct Icicle {
+    /// The root (`all`) and its callees.
+    pub root: FlameNode,
+    /// Whether allocations from before the history are missing (the drawing
+    /// says so).
+    pub partial: bool,
+}
+
+/// Layer colours, bottom first: grey for memory from before the history, a
+/// qualitative palette for the sites, light grey for the rest.
+const COLOURS: [&str; 10] =
+    ["#b8b8b8", "#4e79a7", "#f28e2b", "#59a14f", "#e15759", "#76b7b2", "#edc948", "#b07aa1", "#ff9da7", "#d9d9d9"];
+
+fn colour(layer: usize, layers: usize) -> &'static str {
+    if layer == 0 {
+        COLOURS[0]
+    } else if layer == layers - 1 {
+        COLOURS[9]
+    } else {
+        COLOURS[1 + (layer - 1) % 8]
+    }
+}
+
+const WIDTH: f64 = 960.0;
+const HEIGHT: f64 = 280.0;
+const LEFT: f64 = 70.0;
+
+fn timeline_svg(d: &Timeline) -> String {
+    let mut out = String::new();
+    let (t0, t1) = (d.points.first().map_or(0.0, |p| p.time_us), d.points.last().map_or(1.0, |p| p.time_us));
+    let span = (t1 - t0).max(1.0);
+    let top = d.peak_bytes.max(1) as f64;
+    let plot = WIDTH - LEFT - 10.0;
+    let x = |t: f64| LEFT + (t - t0) / span * plot;
+    let y = |b: f64| 10.0 + (1.0 - b / top) * (HEIGHT - 40.0);
+    write!(
+        out,
+        "<svg class=\"timeline\" width=\"{WIDTH}\" height=\"{HEIGHT}\" viewBox=\"0 0 {WIDTH} {HEIGHT}\" role=\"img\" \
+         aria-label=\"{}\">",
+        escape_html(&d.label)
+    )
+    .unwrap();
+    // Axes: bytes at the peak and at zero, time at both ends.
+    write!(
+        out,
+        "<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{}</text><text x=\"{}\" y=\"{}\" text-anchor=\"end\">0</text>\
+         <text x=\"{LEFT}\" y=\"{}\">{:.3} s</text><text x=\"{}\" y=\"{}\" text-anchor=\"end\">{:.3} s</text>",
+        LEFT - 6.0,
+        y(top) + 4.0,
+        Cell::bytes(d.peak_bytes),
+        LEFT - 6.0,
+        y(0.0),
+        HEIGHT - 8.0,
+        t0 / 1e6,
+        WIDTH - 10.0,
+        HEIGHT - 8.0,
+        t1 / 1e6
+    )
+    .unwrap();
+    if d.partial {
+        write!(
+            out,
+            "<text class=\"partial\" x=\"{:.1}\" y=\"22\">partial: older events were dropped</text>",
+            LEFT + 6.0
+        )
+        .unwrap();
+    }
+    // Stacked areas, bottom first.
+    let mut below = vec![0i64; d.points.len()];
+    for (layer, name) in d.layers.iter().enumerate() {
+        let above: Vec<i64> = d.points.iter().zip(&below).map(|(p, b)| b + p.layers[layer].max(0)).collect();
+        if above.iter().zip(&below).all(|(a, b)| a == b) {
+            continue;
+        }
+        let mut points = String::new();
+        for (p, a) in d.points.iter().zip(&above) {
+            write!(points, "{:.1},{:.1} ", x(p.time_us), y(*a as f64)).unwrap();
+        }
+        for (p, b) in d.points.iter().zip(&below).rev() {
+            write!(points, "{:.1},{:.1} ", x(p.time_us), y(*b as f64)).unwrap();
+        }
+        let most = d.points.iter().map(|p| p.layers[layer]).max().unwrap_or(0);
+        write!(
+            out,
+            "<polygon class=\"layer\" points=\"{}\" fill=\"{}\"><title>{} (at most {})</title></polygon>",
+            points.trim_end(),
+            colour(layer, d.layers.len()),
+            escape_html(name),
+            Cell::bytes(most)
+        )
+        .unwrap();
+        below = above;
+    }
+    // The peak.
+    let px = x(d.peak_time_us);
+    write!(
+        out,
+        "<line class=\"peak\" x1=\"{px:.1}\" x2=\"{px:.1}\" y1=\"{:.1}\" y2=\"{:.1}\" stroke=\"#c00\" stroke-dasharray=\"4 3\"/>\
+         <text x=\"{:.1}\" y=\"{:.1}\" fill=\"#c00\">peak {}</text>",
+        y(top) - 4.0,
+        y(0.0),
+        (px + 4.0).min(WIDTH - 120.0),
+        y(top) + 12.0,
+        Cell::bytes(d.peak_bytes)
+    )
+    .unwrap();
+    // Hover targets: one column per point, its tooltip the figures then.
+    for (i, p) in d.points.iter().enumerate() {
+        let left = if i == 0 { x(p.time_us) } else { (x(d.points[i - 1].time_us) + x(p.time_us)) / 2.0 };
+        let right = d.points.get(i + 1).map_or(x(p.time_us), |n| (x(p.time_us) + x(n.time_us)) / 2.0);
+        let mut tip = format!("{:.3} s: {} allocated", p.time_us / 1e6, Cell::bytes(p.allocated));
+        let mut parts: Vec<(usize, i64)> = p.layers.iter().copied().enumerate().filter(|(_, b)| *b > 0).collect();
+        parts.sort_by_key(|p| std::cmp::Reverse(p.1));
+        for (layer, bytes) in parts.iter().take(5) {
+            write!(tip, "\n{}  {}", Cell::bytes(*bytes), d.layers[*layer]).unwrap();
+        }
+        write!(
+            out,
+            "<rect class=\"hover\" x=\"{left:.1}\" y=\"10\" width=\"{:.1}\" height=\"{:.1}\" fill=\"transparent\">\
+             <title>{}</title></rect>",
+            (right - left).max(1.0),
+            HEIGHT - 40.0,
+            escape_html(&tip)
+        )
+        .unwrap();
+    }
+    out.push_str("</svg>\n<ul class=\"legend\">");
+    for (layer, name) in d.layers.iter().enumerate() {
+        write!(
+            out,
+            "<li><span style=\"background:{}\"></span>{}</li>",
+            colour(layer, d.layers.len()),
+            escape_html(name)
+        )
+        .unwrap();
+    }
+    out.push_str("</ul>\n");
+    out
+}
+
+fn icicle_svg(icicle: &Icicle) -> String {
+    let (root, partial) = (&icicle.root, icicle.partial);
+    const ROW: f64 = 18.0;
+    fn depth(n: &FlameNode) -> usize {
+        1 + n.children.iter().map(depth).max().unwrap_or(0)
+    }
+    let rows = depth(root);
+    let height = rows as f64 * ROW + 2.0;
+    let mut out = format!(
+        "<svg class=\"flame\" width=\"{WIDTH}\" height=\"{height}\" viewBox=\"0 0 {WIDTH} {height}\" role=\"img\" \
+         aria-label=\"memory live at the peak by call stack\">"
+    );
+    fn draw(out: &mut String, n: &FlameNode, x: f64, width: f64, row: usize, total: u64) {
+        if width < 0.5 {
+            return;
+        }
+        let y = row as f64 * ROW;
+        let hue = 20 + (n.name.bytes().fold(0u32, |h, b| h.wrapping_mul(31).wrapping_add(b as u32)) % 40) as i32;
+        let tip = format!(
+            "{}\n{} ({:.1}% of the peak's recorded allocations)",
+            n.name,
+            Cell::bytes(n.bytes),
+            n.bytes as f64 * 100.0 / total.max(1) as f64
+        );
+        write!(
+            out,
+            "<g class=\"frame\"><title>{}</title><rect x=\"{x:.1}\" y=\"{y:.1}\" width=\"{:.1}\" height=\"{:.1}\" \
+             fill=\"hsl({hue},85%,62%)\" stroke=\"#fff\"/>",
+            escape_html(&tip),
+            width,
+            ROW - 1.0
+        )
+        .unwrap();
+        let chars = ((width - 6.0) / 7.0) as usize;
+        if chars >= 4 {
+            let text: String = if n.name.chars().count() > chars {
+                n.name.chars().take(chars - 1).chain(std::iter::once('…')).collect()
+            } else {
+                n.name.clone()
+            };
+            write!(out, "<text x=\"{:.1}\" y=\"{:.1}\">{}</text>", x + 3.0, y + 13.0, escape_html(&text)).unwrap();
+        }
+        out.push_str("</g>");
+        let mut at = x;
+        for c in &n.children {
+            let w = width * c.bytes as f64 / n.bytes.max(1) as f64;
+            draw(out, c, at, w, row + 1, total);
+            at += w;
+        }
+    }
+    draw(&mut out, root, 0.0, WIDTH, 0, root.bytes);
+    if partial {
+        // Over the root row, whose text says only `all`.
+        write!(
+            out,
+            "<text class=\"partial\" x=\"{:.1}\" y=\"13\" text-anchor=\"end\">partial: \
+                     allocations made before the history's first event are not here</text>",
+            WIDTH - 6.0
+        )
+        .unwrap();
+    }
+    out.push_str("</svg>\n");
+    out
+}
+
+/// Sparkline glyphs, lowest first.
+const SPARKS: [char; 8] = ['▁', '▂', '▃', '▄', '▅', '▆', '▇', '█'];
+
+impl Timeline {
+    /// The text form: the allocated bytes over time as a sparkline of at
+    /// most `width` glyphs (each the highest level of its stretch), then the
+    /// span and the peak.
+    pub(super) fn to_text(&self, width: usize) -> String {
+        let top = self.peak_bytes.max(1) as f64;
+        let n = self.points.len();
+        let columns = n.min(width).max(1);
+        let line: String = (0..columns)
+            .map(|c| {
+                let stretch = &self.points[c * n / columns..((c + 1) * n / columns).max(c * n / columns + 1).min(n)];
+                let most = stretch.iter().map(|p| p.allocated).max().unwrap_or(0).max(0) as f64;
+                SPARKS[(((most / top) * (SPARKS.len() - 1) as f64).round() as usize).min(SPARKS.len() - 1)]
+            })
+            .collect();
+        let (t0, t1) = (self.points.first().map_or(0.0, |p| p.time_us), self.points.last().map_or(0.0, |p| p.time_us));
+        format!(
+            "{line}\n{:.3} s to {:.3} s; peak {} at {:.3} s{}\n",
+            t0 / 1e6,
+            t1 / 1e6,
+            Cell::Bytes(self.peak_bytes),
+            self.peak_time_us / 1e6,
+            if self.partial { " (partial: older events were dropped)" } else { "" }
+        )
+    }
+
+    pub(super) fn to_html(&self) -> String {
+        timeline_svg(self)
+    }
+}
+
+impl Icicle {
+    /// The text form: the frames that hold at least a twentieth of the
+    /// root's bytes, indented by depth, with their bytes.
+    pub(super) fn to_text(&self) -> String {
+        fn walk(out: &mut String, n: &FlameNode, depth: usize, floor: u64) {
+            writeln!(out, "{:>10}  {}{}", Cell::bytes(n.bytes).to_string(), "  ".repeat(depth), n.name).unwrap();
+            for c in n.children.iter().filter(|c| c.bytes >= floor) {
+                walk(out, c, depth + 1, floor);
+            }
+        }
+        let mut out = String::new();
+        walk(&mut out, &self.root, 0, (self.root.bytes / 20).max(1));
+        if self.partial {
+            out.push_str("(partial: allocations made before the history's first event are not here)\n");
+        }
+        out
+    }
+
+    pub(super) fn to_html(&self) -> String {
+        icicle_svg(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn point(time_us: f64, allocated: i64) -> Point {
+        Point { time_us, allocated, layers: vec![allocated] }
+    }
+
+    #[test]
+    fn a_timeline_reads_as_a_sparkline() {
+        let timeline = Timeline {
+            label: "memory over time on cpu".into(),
+            layers: vec!["site".into()],
+            points: (0..8).map(|i| point(i as f64 * 1e6, i << 20)).collect(),
+            peak_time_us: 7e6,
+            peak_bytes: 7 << 20,
+            partial: false,
+        };
+        assert_eq!(timeline.to_text(64), "▁▂▃▄▅▆▇█\n0.000 s to 7.000 s; peak 7.00M at 7.000 s\n");
+        // Narrower than the points: each glyph is the highest of its stretch.
+        assert_eq!(timeline.to_text(4).lines().next(), Some("▂▄▆█"));
+        let svg = timeline.to_html();
+        assert!(svg.starts_with("<svg class=\"timeline\"") && svg.contains("aria-label=\"memory over time on cpu\""));
+        assert_eq!(svg.matches("<rect class=\"hover\"").count(), 8, "one hover target per point");
+    }
+
+    #[test]
+    fn an_icicle_lists_its_heavy_frames() {
+        let leaf = |name: &str, bytes: u64| FlameNode { name: name.into(), bytes, children: Vec::new() };
+        let icicle = Icicle {
+            root: FlameNode {
+                name: "all".into(),
+                bytes: 100 << 10,
+                children: vec![leaf("step (src/a.rs:3)", 96 << 10), leaf("tiny (src/a.rs:9)", 4 << 10)],
+            },
+            partial: true,
+        };
+        assert_eq!(
+            icicle.to_text(),
+            "   100.00K  all\n    96.00K    step (src/a.rs:3)\n\
+             (partial: allocations made before the history's first event are not here)\n"
+        );
+        assert_eq!(icicle.to_html().matches("<g class=\"frame\">").count(), 3);
+    }
+}
