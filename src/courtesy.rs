@@ -11,4 +11,4 @@
 //! go back (out of memory) stays valid on the CPU, and `restore` can be
 //! called again.
 
-pub use crate::tools::courtesy::{YieldCounts, YieldReport};
+pub use crate::tools::courtesy::{Stayed, YieldCounts, YieldReport};

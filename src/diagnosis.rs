@@ -40,7 +40,7 @@ pub struct NamedHolder {
     /// Its name (the first of its views, with how many more there are).
     pub name: String,
     /// What it is.
-    pub kind: crate::named::TensorKind,
+    pub kind: memlab_core::TensorKind,
     /// Its bytes.
     pub bytes: u64,
 }
@@ -241,7 +241,7 @@ mod tests {
         let holders = Holders {
             named: vec![NamedHolder {
                 name: "model.fc.weight".into(),
-                kind: crate::named::TensorKind::Parameter,
+                kind: memlab_core::TensorKind::Parameter,
                 bytes: 40 * gib,
             }],
             ..Holders::default()

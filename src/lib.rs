@@ -108,9 +108,10 @@ pub use memlab_macros::profile;
 pub use memlab_macros::profile_every;
 
 pub use memlab_core::render::Render;
+pub use memlab_core::TensorKind;
 pub use memlab_core::{Device, Error, Result};
 pub use memlab_tch::{clear_registry, register_tensor, register_var_store, Recording};
-pub use named::{register_optimizer, Model, RegisteredOptimizer, TensorKind};
+pub use named::{register_optimizer, Model, RegisteredOptimizer};
 
 /// Gives each report type (which describes itself as a `Document`, see
 /// [`Render`]) its `Display`: the text rendering, what `{}` prints.
@@ -263,7 +264,7 @@ pub mod gpu {
 /// let kept = tch::Tensor::zeros([1024], (tch::Kind::Float, tch::Device::Cpu));
 /// let log = memlab::track!(tracker);
 /// assert_eq!(log.changes[0].bytes, 4096);
-/// assert!(log.to_text().contains("+ 1 × other 4.00K"), "{log}");
+/// assert!(log.to_text().contains("+ 1 × unnamed 4.00K"), "{log}");
 /// # drop(kept);
 /// ```
 #[macro_export]

@@ -10,4 +10,4 @@
 //! named with [`optimizer`](crate::TrainingMonitor::optimizer) is shown beside it,
 //! labelled as one.
 
-pub use crate::tools::monitor::IterationRecord;
+pub use crate::tools::monitor::{IterationRecord, TensorBytes};

@@ -12,4 +12,4 @@
 //! [`Recording`](crate::Recording) with backtraces was started before the tracker, the
 //! innermost of the user's frames.
 
-pub use crate::tools::tracker::{global_tracker, CallSite, StorageChange, StorageKind, TrackEntry};
+pub use crate::tools::tracker::{global_tracker, CallSite, StorageChange, TrackEntry};

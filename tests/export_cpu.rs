@@ -67,7 +67,7 @@ fn a_cpu_recording_opens_in_pytorchs_reader() {
     let files = summary["files"].as_array().unwrap();
     assert!(files.iter().any(|f| f == "export_cpu.rs"), "the user's .rs file in the frames: {files:?}");
     let categories = summary["categories"].as_array().unwrap();
-    for c in ["parameter", "gradient", "optimizer_state", "other"] {
+    for c in ["parameter", "gradient", "optimizer_state", "unnamed"] {
         assert!(categories.iter().any(|x| x == c), "category {c}: {categories:?}");
     }
     assert_eq!(summary["partial"], false);

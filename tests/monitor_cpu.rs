@@ -7,7 +7,8 @@ mod common;
 use std::sync::{Arc, Mutex};
 
 use common::serial;
-use memlab::{Device, TrainingMonitor};
+use memlab::monitor::TensorBytes;
+use memlab::{Device, TensorKind, TrainingMonitor};
 use tch::nn::{self, Module, OptimizerConfig};
 use tch::{Kind, Tensor};
 
@@ -43,7 +44,8 @@ fn records_weights_gradients_and_feature_maps() {
     let r = monitor.record_stats().expect("a record").clone();
     assert_eq!((r.epoch, r.iteration, r.device), (1, 1, Some(Device::Cpu)));
     assert_eq!(r.weights, PARAMS);
-    assert_eq!(r.weight_rows, vec![("fc.bias".to_string(), 512), ("fc.weight".to_string(), 256 * 128 * 4)]);
+    let rows: Vec<(&str, TensorKind, i64)> = r.weight_rows.iter().map(|r| (r.name.as_str(), r.kind, r.bytes)).collect();
+    assert_eq!(rows, [("fc.bias", TensorKind::Parameter, 512), ("fc.weight", TensorKind::Parameter, 256 * 128 * 4)]);
     assert_eq!(r.gradients, PARAMS);
     assert_eq!(r.optimizer_state_estimate, Some(2 * PARAMS));
     // Adam's two moment buffers stay allocated besides weights and gradients.
@@ -121,7 +123,7 @@ fn csv_files_append_with_one_header() {
     drop(monitor);
     let variables = std::fs::read_to_string(dir.join("memlab_variables.csv")).unwrap();
     let tail: Vec<&str> = variables.lines().skip(1 + 2 * 4 + 4).collect();
-    assert_eq!(tail, ["1,2,cpu,fc.bias,weight,0", "1,2,cpu,fc.bias,gradient,0"], "{variables}");
+    assert_eq!(tail, ["1,2,cpu,fc.bias,parameter,0", "1,2,cpu,fc.bias,gradient,0"], "{variables}");
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -202,8 +204,9 @@ fn report_snapshot() {
     (r.epoch, r.iteration, r.device) = (2, 7, Some(Device::Cuda(0)));
     (r.peak_reserved, r.current_reserved) = (96 << 20, 64 << 20);
     (r.peak_allocated, r.current_allocated) = (80 << 20, 40 << 20);
-    r.weight_rows = vec![("fc.bias".into(), 512), ("fc.weight".into(), 131_072)];
-    r.gradient_rows = r.weight_rows.clone();
+    let row = |name: &str, kind, bytes| TensorBytes { name: name.into(), kind, bytes };
+    r.weight_rows = vec![row("fc.bias", TensorKind::Parameter, 512), row("fc.weight", TensorKind::Parameter, 131_072)];
+    r.gradient_rows = vec![row("fc.bias", TensorKind::Gradient, 512), row("fc.weight", TensorKind::Gradient, 131_072)];
     (r.weights, r.gradients) = (131_584, 131_584);
     r.optimizer_state_measured = r.current_allocated - r.weights - r.gradients;
     r.optimizer_state_estimate = Some(2 * r.weights);

@@ -39,7 +39,13 @@ fn step(net: &impl Module, opt: &mut nn::Optimizer) {
 }
 
 fn state_rows(report: &MemReport) -> Vec<&Row> {
-    report.device(Device::Cpu).unwrap().rows.iter().filter(|r| r.kind == RowKind::OptimizerState).collect()
+    report
+        .device(Device::Cpu)
+        .unwrap()
+        .rows
+        .iter()
+        .filter(|r| r.kind == RowKind::Named(memlab::TensorKind::OptimizerState))
+        .collect()
 }
 
 fn assert_rows_add_up(report: &MemReport) {
@@ -263,7 +269,12 @@ fn the_monitor_measures_the_state_exactly_and_writes_it_to_csv() {
     assert_eq!(r.optimizer_state, Some(2 * params), "{r}");
     assert_eq!(r.optimizer_state_estimate, None, "the estimate only stands in for a missing optimizer");
     assert_eq!(r.optimizer_state_rows.len(), 8);
-    assert!(r.optimizer_state_rows.contains(&("body.weight.exp_avg_sq".to_string(), HIDDEN * IN * 4)), "{r}");
+    let state = memlab::monitor::TensorBytes {
+        name: "body.weight.exp_avg_sq".into(),
+        kind: memlab::TensorKind::OptimizerState,
+        bytes: HIDDEN * IN * 4,
+    };
+    assert!(r.optimizer_state_rows.contains(&state), "{r}");
     assert!(r.to_string().contains("Optimizer state............"), "{r}");
     assert!(r.to_string().contains("Other kept tensors"), "{r}");
     // Without the optimizer, the estimate is back, labelled as one.

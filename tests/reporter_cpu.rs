@@ -39,7 +39,7 @@ fn parameters_and_gradients_by_name() {
     let w = row(&report, "fc.weight");
     assert_eq!(
         (w.kind, w.shape.as_slice(), w.dtype, w.bytes),
-        (RowKind::Parameter, &[1024, 1024][..], "Float", 4 << 20)
+        (RowKind::Named(memlab::TensorKind::Parameter), &[1024, 1024][..], "Float", 4 << 20)
     );
     assert_eq!(row(&report, "fc.bias").bytes, 4096);
     assert_eq!(cpu(&report).named_bytes, (4 << 20) + 4096);
@@ -50,9 +50,47 @@ fn parameters_and_gradients_by_name() {
     linear.forward(&x).sum(Kind::Float).backward();
     let report = MemReporter::new(&vs).report().unwrap();
     let g = row(&report, "fc.weight.grad");
-    assert_eq!((g.kind, g.bytes), (RowKind::Gradient, 4 << 20));
+    assert_eq!((g.kind, g.bytes), (RowKind::Named(memlab::TensorKind::Gradient), 4 << 20));
     assert_eq!(row(&report, "fc.bias.grad").bytes, 4096);
     assert_rows_add_up(&report);
+}
+
+/// A var store's variables that tch does not train (running statistics)
+/// are buffers in every tool; a frozen parameter stays a parameter.
+#[test]
+fn buffers_are_told_from_parameters_in_every_tool() {
+    use memlab::TensorKind::{Buffer, Parameter};
+    let _s = serial();
+    let vs = nn::VarStore::new(tch::Device::Cpu);
+    let _fc = nn::linear(vs.root() / "fc", 16, 16, Default::default());
+    let _mean = (vs.root() / "bn").zeros_no_train("running_mean", &[16]);
+    let report = MemReporter::new(&vs).report().unwrap();
+    assert_eq!(row(&report, "bn.running_mean").kind, RowKind::Named(Buffer), "{report}");
+    assert_eq!(row(&report, "fc.weight").kind, RowKind::Named(Parameter), "{report}");
+    let json: serde_json::Value = serde_json::from_str(&report.to_json()).unwrap();
+    let kinds: Vec<&str> =
+        json["devices"][0]["rows"].as_array().unwrap().iter().map(|r| r["kind"].as_str().unwrap()).collect();
+    assert!(kinds.contains(&"buffer") && kinds.contains(&"parameter"), "{kinds:?}");
+
+    // The training monitor's weights say the same, in its records and files.
+    let dir = std::env::temp_dir().join(format!("memlab_buffers_{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut monitor = memlab::TrainingMonitor::new(&vs).device(Device::Cpu).print_period(0).csv_dir(&dir);
+    let record = monitor.record_stats().unwrap();
+    let kind_of = |name: &str| record.weight_rows.iter().find(|r| r.name == name).map(|r| r.kind);
+    assert_eq!((kind_of("bn.running_mean"), kind_of("fc.bias")), (Some(Buffer), Some(Parameter)));
+    drop(monitor);
+    let variables = std::fs::read_to_string(dir.join("memlab_variables.csv")).unwrap();
+    assert!(variables.contains(",bn.running_mean,buffer,64\n"), "{variables}");
+    assert!(variables.contains(",fc.weight,parameter,1024\n"), "{variables}");
+    std::fs::remove_dir_all(&dir).ok();
+
+    // Freezing trains nothing, but the variables stay parameters.
+    let mut vs = vs;
+    vs.freeze();
+    let report = MemReporter::new(&vs).report().unwrap();
+    assert_eq!(row(&report, "fc.weight").kind, RowKind::Named(Parameter), "{report}");
+    assert_eq!(row(&report, "bn.running_mean").kind, RowKind::Named(Buffer), "{report}");
 }
 
 #[test]

@@ -37,13 +37,13 @@ fn logs_what_appeared_and_disappeared() {
     let second = memlab::track!(tracker).to_text();
     let growth = second.lines().filter(|l| l.starts_with("  +")).collect::<Vec<_>>();
     assert_eq!(growth.len(), 1, "{second}");
-    assert!(growth[0].starts_with("  + 2 × other 16.00K, allocated at tracker_cpu::grow"), "{second}");
+    assert!(growth[0].starts_with("  + 2 × unnamed 16.00K, allocated at tracker_cpu::grow"), "{second}");
     assert!(growth[0].contains("let entry = floats(2048);"), "{second}");
     assert!(!second.contains("  -"), "nothing went away: {second}");
 
     cache.clear();
     let third = memlab::track!(tracker).to_text();
-    assert!(third.contains("  - 2 × other 16.00K"), "{third}");
+    assert!(third.contains("  - 2 × unnamed 16.00K"), "{third}");
     memlab::profiler::set_output(memlab::profiler::Output::Stdout);
     memlab::clear_registry();
 }
@@ -60,7 +60,7 @@ fn log_file_and_a_bad_path() {
     memlab::track!(tracker);
     let log = std::fs::read_to_string(&path).unwrap();
     assert_eq!(log.lines().filter(|l| l.starts_with('[')).count(), 2, "{log}");
-    assert!(log.contains("  + 1 × other 400.00B"), "{log}");
+    assert!(log.contains("  + 1 × unnamed 400.00B"), "{log}");
     std::fs::remove_file(&path).unwrap();
 
     let mut broken = Tracker::new().device(Device::Cpu).log_file("/nonexistent/dir/track.log");
@@ -90,7 +90,7 @@ fn with_backtraces_unnamed_storages_name_their_caller() {
     let kept = allocate_unprofiled();
     let text = memlab::track!(tracker).to_text();
     println!("{text}");
-    let line = text.lines().find(|l| l.starts_with("  + 1 × other 16.00K")).unwrap_or_else(|| panic!("{text}"));
+    let line = text.lines().find(|l| l.starts_with("  + 1 × unnamed 16.00K")).unwrap_or_else(|| panic!("{text}"));
     // The innermost of the user's frames: the helper that made the tensor.
     assert!(line.contains("allocated at floats at ") && line.contains("tests/common/mod.rs:"), "{line}");
     drop((kept, tracker, recording));

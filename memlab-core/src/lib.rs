@@ -10,6 +10,7 @@ mod error;
 pub mod events;
 pub mod export;
 pub mod hash;
+pub mod kind;
 pub mod oom;
 pub mod output;
 pub mod process;
@@ -24,6 +25,7 @@ pub mod time;
 pub use backend::{Backend, ScriptedBackend};
 pub use device::{Device, DeviceSelector, ParseDeviceError};
 pub use error::{Error, Result};
+pub use kind::TensorKind;
 pub use report::{reset, Column, FunctionReport, LineReport, Report};
 pub use stats::{DeviceStats, RawStats, Stat, StatArray};
 

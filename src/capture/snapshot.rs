@@ -11,16 +11,8 @@ use memlab_core::hash::FastMap;
 use memlab_core::events::{self, Action, Event};
 use memlab_core::{Device, Result};
 
-use crate::named::{Model, TensorKind};
-
-fn category(kind: TensorKind) -> Category {
-    match kind {
-        TensorKind::Parameter => Category::Parameter,
-        TensorKind::Gradient => Category::Gradient,
-        TensorKind::OptimizerState => Category::OptimizerState,
-        TensorKind::Tensor => Category::Other,
-    }
-}
+use crate::named::Model;
+use memlab_core::TensorKind;
 
 pub(crate) fn capture(sources: &Model) -> Result<Snapshot> {
     let (history, stats) = events::history();
@@ -70,7 +62,7 @@ pub(crate) fn capture(sources: &Model) -> Result<Snapshot> {
                 let alive = live_seq.get(&key) == Some(&e.seq);
                 let kind = names.get(&key).filter(|_| alive).or_else(|| seen.get(&e.seq)).copied();
                 traces[index]
-                    .push(TraceEntry { category: Some(kind.map_or(Category::Other, category)), ..entry(e, f) });
+                    .push(TraceEntry { category: Some(kind.map_or(Category::Unnamed, Category::from)), ..entry(e, f) });
             }
             Action::FreeRequested => {
                 let f = allocated.get(&key).cloned().unwrap_or_default();

@@ -8,6 +8,7 @@ use memlab_core::sync::LockExt;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
+use memlab_core::TensorKind;
 use memlab_core::{Device, Error, Result};
 use memlab_tch::optimizer::{tensor_impl, OptimizerKind};
 use memlab_tch::registry;
@@ -18,44 +19,6 @@ use tch::Tensor;
 
 pub(crate) mod gradients;
 pub(crate) mod seen;
-
-/// What a named tensor is to the model: the one vocabulary of memlab's
-/// tools. JSON and CSV name a kind by [`as_str`](TensorKind::as_str)
-/// (`optimizer_state`); text by its `Display` (`optimizer state`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum TensorKind {
-    /// A variable of a var store.
-    Parameter,
-    /// The gradient of one.
-    Gradient,
-    /// A tensor added or registered by name.
-    Tensor,
-    /// A tensor of an optimizer's state (`fc.weight.exp_avg`).
-    OptimizerState,
-}
-
-impl TensorKind {
-    /// The kind as JSON and CSV name it (`optimizer_state`).
-    pub fn as_str(self) -> &'static str {
-        match self {
-            TensorKind::Parameter => "parameter",
-            TensorKind::Gradient => "gradient",
-            TensorKind::Tensor => "tensor",
-            TensorKind::OptimizerState => "optimizer_state",
-        }
-    }
-}
-
-/// The kind as text names it (`optimizer state`).
-impl std::fmt::Display for TensorKind {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            TensorKind::OptimizerState => "optimizer state",
-            other => other.as_str(),
-        })
-    }
-}
 
 /// An optimizer's state as read when it was given: its tensors by name, and
 /// the variables it holds no state for, with why.
@@ -551,7 +514,7 @@ impl Model {
     /// (`TensorKind::Tensor`). Gradients are the visitor's to read: one call into
     /// libtorch gives a tensor's facts and its gradient's.
     pub(crate) fn for_each(&self, mut visit: impl FnMut(&str, &Tensor, TensorKind) -> Result<()>) -> Result<()> {
-        self.for_each_variable(|name, tensor| visit(name, tensor, TensorKind::Parameter))?;
+        self.for_each_variable(&mut visit)?;
         self.for_each_state(|name, tensor| visit(name, tensor, TensorKind::OptimizerState))?;
         for (name, tensor) in self.tensors() {
             visit(&name, &tensor, TensorKind::Tensor)?;
@@ -582,7 +545,10 @@ impl Model {
     }
 
     /// Like [`for_each`](Self::for_each), the variables only.
-    pub(crate) fn for_each_variable(&self, mut visit: impl FnMut(&str, &Tensor) -> Result<()>) -> Result<()> {
+    pub(crate) fn for_each_variable(
+        &self,
+        mut visit: impl FnMut(&str, &Tensor, TensorKind) -> Result<()>,
+    ) -> Result<()> {
         if let Some(e) = &self.error {
             return Err(e.clone());
         }
@@ -600,11 +566,13 @@ impl Model {
                     }
                 }
             };
+            let trainable = trainable(&variables);
             let mut names: Vec<&String> = variables.named_variables.keys().collect();
             names.sort();
             for name in names {
                 let full = if prefix.is_empty() { name.clone() } else { format!("{prefix}.{name}") };
-                visit(&full, &variables.named_variables[name])?;
+                let tensor = &variables.named_variables[name];
+                visit(&full, tensor, variable_kind(&trainable, tensor))?;
             }
         }
         Ok(())
@@ -616,7 +584,7 @@ impl Model {
     /// gradients), not as an escape.
     pub(crate) fn model_addresses(&self) -> Result<HashSet<(Device, u64)>> {
         let mut out = HashSet::new();
-        self.for_each_variable(|_, tensor| {
+        self.for_each_variable(|_, tensor, _| {
             let (main, grad) = memlab_tch::storage::storages(tensor)?;
             out.extend(std::iter::once(main).chain(grad).filter_map(|i| i.device.map(|d| (d, i.data_ptr))));
             Ok(())
@@ -682,6 +650,21 @@ impl Model {
             gradients::remember(seen);
         }
         Ok(named)
+    }
+}
+
+/// The storages of a var store's trainable variables.
+pub(crate) fn trainable(variables: &Variables) -> HashSet<u64> {
+    variables.trainable_variables.iter().filter_map(|v| memlab_tch::storage_info(&v.tensor).ok()?.storage_id).collect()
+}
+
+/// What a variable of a var store is, given its store's [`trainable`]
+/// storages: a parameter if tch trains it, else a buffer (a variable whose
+/// storage cannot be read counts as a parameter).
+pub(crate) fn variable_kind(trainable: &HashSet<u64>, tensor: &Tensor) -> TensorKind {
+    match memlab_tch::storage_info(tensor).ok().and_then(|i| i.storage_id) {
+        Some(id) if !trainable.contains(&id) => TensorKind::Buffer,
+        _ => TensorKind::Parameter,
     }
 }
 

@@ -10,7 +10,8 @@ use tch::nn::VarStore;
 use tch::Tensor;
 
 use crate::attribution::site_label;
-use crate::named::{Model, TensorKind};
+use crate::named::Model;
+use memlab_core::TensorKind;
 
 /// A tensor moved to the CPU, and where it came from.
 struct Moved {
@@ -96,7 +97,8 @@ impl Courtesy {
         let mut out = Vec::new();
         self.sources.for_each(|name, tensor, kind| {
             let part = match kind {
-                TensorKind::Parameter => Part::Parameter,
+                // A var store's variables, trained or not, move as its parameters.
+                TensorKind::Parameter | TensorKind::Buffer => Part::Parameter,
                 TensorKind::OptimizerState => Part::OptimizerState,
                 TensorKind::Gradient | TensorKind::Tensor => Part::Tensor,
             };
@@ -192,7 +194,7 @@ impl Courtesy {
             let live = events::live();
             report.stayed = by_site(live.iter().filter(|a| a.device != Device::Cpu))
                 .into_iter()
-                .map(|g| (g.device, site_label(&g).to_string(), g.bytes))
+                .map(|g| Stayed { device: g.device, site: site_label(&g).to_string(), bytes: g.bytes })
                 .collect();
         }
         Ok(report)
@@ -284,8 +286,21 @@ pub struct YieldReport {
     pub devices: BTreeMap<Device, YieldCounts>,
     /// Tensors moved to the CPU.
     pub moved: usize,
-    /// With a recording on: what stayed allocated, by device and site.
-    pub stayed: Vec<(Device, String, u64)>,
+    /// With a recording on: what stayed allocated, by device and site,
+    /// largest first.
+    pub stayed: Vec<Stayed>,
+}
+
+/// Memory that stayed on a CUDA device when the tensors moved: what one
+/// allocation site holds there.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Stayed {
+    /// The device.
+    pub device: Device,
+    /// Where it was allocated: the user's frame or profiled statement.
+    pub site: String,
+    /// Its bytes.
+    pub bytes: u64,
 }
 
 displayed_as_text!(YieldReport);
@@ -341,7 +356,7 @@ impl Render for YieldReport {
                 Column::new("allocated at", Layout::Code),
             ])
             .collapsed();
-            for (_, site, bytes) in self.stayed.iter().filter(|(d, _, _)| d == device) {
+            for Stayed { site, bytes, .. } in self.stayed.iter().filter(|s| s.device == *device) {
                 sites.row([Cell::bytes(*bytes), Cell::code(site)]);
             }
             if !sites.is_empty() {

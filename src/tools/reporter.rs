@@ -9,22 +9,20 @@ use tch::nn::VarStore;
 use tch::Tensor;
 
 use crate::attribution::{attribute, site_label};
-use crate::named::{Model, Named, TensorKind};
+use crate::named::{Model, Named};
+use memlab_core::TensorKind;
 
-/// What a row of the report is.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
-#[serde(rename_all = "snake_case")]
+/// What a row of the report is: a named tensor of one of the kinds every
+/// tool names, or what accounts for the rest of the allocator's figure.
+/// JSON and CSV write each by [`as_str`](RowKind::as_str): a named tensor by
+/// its kind's name (`optimizer_state`), the others by their own.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RowKind {
-    /// A variable of a var store.
-    Parameter,
-    /// The gradient of a variable.
-    Gradient,
-    /// A tensor added or registered by name.
-    Tensor,
-    /// A tensor of an optimizer's state, named after its parameter and
-    /// libtorch's name for it: `fc.weight.exp_avg`, `fc.weight.exp_avg_sq`,
-    /// `fc.weight.momentum_buffer`, …
-    OptimizerState,
+    /// A named tensor: a parameter, a buffer, a gradient, optimizer state
+    /// (named after its parameter and libtorch's name for it:
+    /// `fc.weight.exp_avg`, `fc.weight.momentum_buffer`, …) or a tensor
+    /// added or registered by name.
+    Named(TensorKind),
     /// A storage that several named tensors view, or that one named tensor
     /// views only part of: its bytes, once. The views follow it as rows of
     /// their own kind, named `name(->storage #N)`, with their own size, not
@@ -44,19 +42,23 @@ pub enum RowKind {
 }
 
 impl RowKind {
-    /// The kind as CSV and JSON name it (`optimizer_state`).
+    /// The kind as CSV and JSON name it (`optimizer_state`, `unnamed`).
     pub fn as_str(self) -> &'static str {
         match self {
-            RowKind::Parameter => "parameter",
-            RowKind::Gradient => "gradient",
-            RowKind::Tensor => "tensor",
-            RowKind::OptimizerState => "optimizer_state",
+            RowKind::Named(kind) => kind.as_str(),
             RowKind::Storage => "storage",
             RowKind::External => "external",
-            RowKind::Unnamed => "unnamed",
+            RowKind::Unnamed => memlab_core::kind::UNNAMED,
             RowKind::Unattributed => "unattributed",
             RowKind::Rounding => "rounding",
         }
+    }
+}
+
+/// Written by its name, as in CSV.
+impl Serialize for RowKind {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> std::result::Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.as_str())
     }
 }
 
@@ -251,12 +253,7 @@ fn section(device: Device, named: &mut Named, live: Option<&[events::LiveAllocat
     let (mut rows, mut external) = (Vec::new(), Vec::new());
     let mut named_elements = 0u64;
     let mut shared = 0;
-    let kind_of = |kind: TensorKind| match kind {
-        TensorKind::Parameter => RowKind::Parameter,
-        TensorKind::Gradient => RowKind::Gradient,
-        TensorKind::Tensor => RowKind::Tensor,
-        TensorKind::OptimizerState => RowKind::OptimizerState,
-    };
+    let kind_of = RowKind::Named;
     for storage in named.take_storages(device) {
         let out = if storage.from_allocator { &mut rows } else { &mut external };
         if storage.from_allocator {
@@ -463,12 +460,15 @@ impl Render for MemReport {
 #[cfg(test)]
 mod tests {
     use super::RowKind;
+    use memlab_core::TensorKind;
 
     #[test]
     fn csv_names_kinds_as_json_does() {
         use RowKind::*;
-        for kind in [Parameter, Gradient, Tensor, OptimizerState, Storage, External, Unnamed, Unattributed, Rounding] {
+        let named = TensorKind::ALL.map(Named);
+        for kind in named.into_iter().chain([Storage, External, Unnamed, Unattributed, Rounding]) {
             assert_eq!(serde_json::to_value(kind).unwrap(), kind.as_str(), "{kind:?}");
         }
+        assert_eq!(Named(TensorKind::OptimizerState).as_str(), "optimizer_state");
     }
 }

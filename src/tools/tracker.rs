@@ -16,7 +16,8 @@ use serde::Serialize;
 
 use memlab_tch::Recording;
 
-use crate::named::{Model, TensorKind};
+use crate::named::Model;
+use memlab_core::TensorKind;
 
 /// Where `track!()` was called.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -29,34 +30,19 @@ pub struct CallSite {
     pub function: &'static str,
 }
 
-/// What a storage is, for grouping.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize)]
-#[serde(rename_all = "snake_case")]
-pub enum StorageKind {
-    /// A variable of a registered var store.
-    Parameter,
-    /// A gradient of one.
-    Gradient,
-    /// A tensor of an optimizer's state.
-    OptimizerState,
-    /// Anything else: registered tensors and unnamed allocations.
-    Other,
+/// What a storage is, as text names it: its kind, or `unnamed`.
+fn kind_label(kind: Option<TensorKind>) -> String {
+    kind.map_or_else(|| memlab_core::kind::UNNAMED.to_string(), |k| k.to_string())
 }
 
-impl StorageKind {
-    fn label(self) -> &'static str {
-        match self {
-            StorageKind::Parameter => "parameter",
-            StorageKind::Gradient => "gradient",
-            StorageKind::OptimizerState => "optimizer state",
-            StorageKind::Other => "other",
-        }
-    }
+/// A storage's kind as JSON names it: its kind, or `unnamed`.
+fn serialize_kind<S: serde::Serializer>(kind: &Option<TensorKind>, s: S) -> std::result::Result<S::Ok, S::Error> {
+    s.serialize_str(kind.map_or(memlab_core::kind::UNNAMED, TensorKind::as_str))
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
 struct Group {
-    kind: StorageKind,
+    kind: Option<TensorKind>,
     shape: Option<Vec<i64>>,
     dtype: &'static str,
     site: Option<String>,
@@ -102,8 +88,10 @@ pub struct StorageChange {
     pub appeared: bool,
     /// How many.
     pub count: u64,
-    /// What they are.
-    pub kind: StorageKind,
+    /// What they are: a kind of named tensor, or `None` for memory no named
+    /// tensor holds (`unnamed` in text and JSON).
+    #[serde(serialize_with = "serialize_kind")]
+    pub kind: Option<TensorKind>,
     /// Their shape and dtype, for named storages.
     pub shape: Option<Vec<i64>>,
     /// Their dtype (`Float`), for named storages; empty otherwise.
@@ -251,17 +239,12 @@ impl Tracker {
             // A storage is grouped as its first view (the tensor that made it
             // known); it counts once, whatever views it has.
             let first = &storage.views[0];
-            let kind = match first.kind {
-                TensorKind::Parameter => StorageKind::Parameter,
-                TensorKind::Gradient => StorageKind::Gradient,
-                TensorKind::Tensor => StorageKind::Other,
-                TensorKind::OptimizerState => StorageKind::OptimizerState,
-            };
-            let group = Group { kind, shape: Some(first.shape.clone()), dtype: first.dtype, site: None };
+            let group =
+                Group { kind: Some(first.kind), shape: Some(first.shape.clone()), dtype: first.dtype, site: None };
             add(storage.data_ptr, Entry { group, bytes: storage.nbytes });
         }
         for a in events::live().into_iter().filter(|a| a.device == device) {
-            let group = Group { kind: StorageKind::Other, shape: None, dtype: "", site: a.site() };
+            let group = Group { kind: None, shape: None, dtype: "", site: a.site() };
             add(a.address, Entry { group, bytes: a.size });
         }
         Ok(out)
@@ -318,7 +301,7 @@ impl Render for TrackEntry {
             if let Some(shape) = &change.shape {
                 line.push_str(&format!("{shape:?} {} ", change.dtype));
             }
-            line.push_str(&format!("{} {}", change.kind.label(), Cell::bytes(change.bytes)));
+            line.push_str(&format!("{} {}", kind_label(change.kind), Cell::bytes(change.bytes)));
             if let Some(site) = &change.site {
                 line.push_str(&format!(", allocated at {site}"));
             }

@@ -118,7 +118,10 @@ fn courtesy_moves_adam_state_and_training_goes_on_bit_identically() {
     // The state is named and exact on the GPU too.
     let report = memlab::MemReporter::new(&vs_a).optimizer(&opt_a).device(Device::Cuda(0)).report().unwrap();
     let rows = &report.device(Device::Cuda(0)).unwrap().rows;
-    let state: Vec<_> = rows.iter().filter(|r| r.kind == memlab::reporter::RowKind::OptimizerState).collect();
+    let state: Vec<_> = rows
+        .iter()
+        .filter(|r| r.kind == memlab::reporter::RowKind::Named(memlab::TensorKind::OptimizerState))
+        .collect();
     assert_eq!(state.len(), 32);
     assert!(state.iter().all(|r| r.bytes == 4096 * 4096 * 4), "{report}");
     assert!(rows.iter().any(|r| r.name == "l0.weight.exp_avg_sq"), "{report}");
@@ -145,7 +148,7 @@ fn courtesy_moves_adam_state_and_training_goes_on_bit_identically() {
     let state_a: i64 = after.devices[0]
         .rows
         .iter()
-        .filter(|r| r.kind == memlab::reporter::RowKind::OptimizerState)
+        .filter(|r| r.kind == memlab::reporter::RowKind::Named(memlab::TensorKind::OptimizerState))
         .map(|r| r.bytes)
         .sum();
     assert_eq!(state_a, 2 * GIB as i64, "the state came back to the GPU");

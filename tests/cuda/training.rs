@@ -70,7 +70,8 @@ fn training_monitor_on_cuda() {
         println!("{r}");
         assert_eq!(r.device, Some(Device::Cuda(0)), "the monitor follows the GPU by default");
         assert_eq!((r.weights, r.gradients), (PARAMS, PARAMS), "{r}");
-        assert_eq!(r.weight_rows, vec![("fc.bias".to_string(), 512), ("fc.weight".to_string(), 256 * 128 * 4)]);
+        let rows: Vec<(&str, i64)> = r.weight_rows.iter().map(|r| (r.name.as_str(), r.bytes)).collect();
+        assert_eq!(rows, [("fc.bias", 512), ("fc.weight", 256 * 128 * 4)]);
         assert_eq!(r.current_allocated, allocated(), "the allocator, read again");
         assert!(r.peak_reserved >= r.current_reserved && r.current_reserved >= r.current_allocated, "{r}");
         // Adam's two moments, besides the input and cuBLAS's workspace.

@@ -44,6 +44,11 @@ mod tests {
         assert_eq!(SegmentType::Large.to_string(), "large");
         assert_eq!(serde_json::to_string(&Category::OptimizerState).unwrap(), "\"optimizer_state\"");
         assert_eq!(Category::from_name("weights"), None);
+        // A named tensor's category has its kind's name; unnamed memory has one name too.
+        for kind in crate::TensorKind::ALL {
+            assert_eq!(Category::from(kind).as_str(), kind.as_str());
+        }
+        assert_eq!(Category::Unnamed.as_str(), crate::kind::UNNAMED);
     }
 
     #[test]

@@ -127,16 +127,47 @@ snapshot_names! {
 }
 
 snapshot_names! {
-    /// What an allocation is, as memory_viz colours it.
+    /// What an allocation is, as memory_viz colours it: memlab's kinds of
+    /// named tensor ([`TensorKind`](crate::TensorKind), by the same names)
+    /// and `unnamed`, then the categories of PyTorch's memory profiler, which
+    /// its own snapshots carry.
     Category {
-        /// A model's parameter.
+        /// A trainable variable of a var store.
         Parameter => "parameter",
+        /// A variable of a var store that is not trained.
+        Buffer => "buffer",
         /// A gradient.
         Gradient => "gradient",
         /// Optimizer state.
         OptimizerState => "optimizer_state",
-        /// Anything else.
-        Other => "other",
+        /// A tensor added or registered by name.
+        Tensor => "tensor",
+        /// Memory no named tensor holds (memlab).
+        Unnamed => "unnamed",
+        /// A model's input (PyTorch's profiler).
+        Input => "input",
+        /// A short-lived tensor (PyTorch's profiler).
+        Temporary => "temporary",
+        /// A forward activation kept for backward (PyTorch's profiler).
+        Activation => "activation",
+        /// Autograd's own bookkeeping (PyTorch's profiler).
+        AutogradDetail => "autograd_detail",
+        /// Not categorised (PyTorch's profiler).
+        Unknown => "unknown",
+    }
+}
+
+/// A named tensor's category: its kind, by the same name.
+impl From<crate::TensorKind> for Category {
+    fn from(kind: crate::TensorKind) -> Category {
+        use crate::TensorKind;
+        match kind {
+            TensorKind::Parameter => Category::Parameter,
+            TensorKind::Buffer => Category::Buffer,
+            TensorKind::Gradient => Category::Gradient,
+            TensorKind::OptimizerState => Category::OptimizerState,
+            TensorKind::Tensor => Category::Tensor,
+        }
     }
 }
 

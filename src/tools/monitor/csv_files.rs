@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use memlab_core::Device;
 
-use super::{IterationRecord, Row};
+use super::{IterationRecord, Row, TensorBytes};
 
 const ITERATION_HEADER: [&str; 14] = [
     "epoch",
@@ -157,20 +157,21 @@ impl CsvFiles {
         w.write_all(b"\n")?;
         // Variables: a row when a variable's bytes change (every variable at
         // the first record), and a 0-byte row when a gradient goes away.
-        for (rows, kind, last) in [
-            (&r.weight_rows, "weight", &mut self.last_weights),
-            (&r.gradient_rows, "gradient", &mut self.last_gradients),
-            (&r.optimizer_state_rows, "optimizer_state", &mut self.last_states),
+        for (rows, last) in [
+            (&r.weight_rows, &mut self.last_weights),
+            (&r.gradient_rows, &mut self.last_gradients),
+            (&r.optimizer_state_rows, &mut self.last_states),
         ] {
             // Most records repeat the rows of the one before.
             if rows == last {
                 continue;
             }
-            let before: HashMap<&str, i64> = last.iter().map(|(n, b)| (n.as_str(), *b)).collect();
-            let now: HashSet<&str> = rows.iter().map(|(n, _)| n.as_str()).collect();
-            let changed = rows.iter().filter(|(n, b)| before.get(n.as_str()) != Some(b)).map(|(n, b)| (n, *b));
-            let gone = last.iter().filter(|(n, _)| !now.contains(n.as_str())).map(|(n, _)| (n, 0));
-            for (name, bytes) in changed.chain(gone) {
+            let before: HashMap<&str, i64> = last.iter().map(|r| (r.name.as_str(), r.bytes)).collect();
+            let now: HashSet<&str> = rows.iter().map(|r| r.name.as_str()).collect();
+            let changed = rows.iter().filter(|r| before.get(r.name.as_str()) != Some(&r.bytes)).map(|r| (r, r.bytes));
+            let gone = last.iter().filter(|r| !now.contains(r.name.as_str())).map(|r| (r, 0));
+            for (TensorBytes { name, kind, .. }, bytes) in changed.chain(gone) {
+                let kind = kind.as_str();
                 let w = &mut self.variables;
                 w.write_field(digits.of(r.epoch as i64))?;
                 w.write_field(digits.of(r.iteration as i64))?;

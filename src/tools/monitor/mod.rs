@@ -11,7 +11,7 @@ use memlab_core::events::SpanKind;
 use memlab_core::hash::FastSet;
 use memlab_core::profiler::PeakWatch;
 use memlab_core::render::{Cell, Document, Render};
-use memlab_core::{Device, Error, Result};
+use memlab_core::{Device, Error, Result, TensorKind};
 
 use tch::nn::{VarStore, Variables};
 
@@ -23,6 +23,18 @@ use memlab_tch::optimizer::StepOptimizer;
 use memlab_tch::BACKEND;
 
 use crate::named::{Model, OptimizerStates};
+
+/// A named tensor's bytes in a record.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct TensorBytes {
+    /// Its name (`fc.weight`; `fc.weight.exp_avg` for optimizer state).
+    pub name: String,
+    /// What it is: a parameter or a buffer among the weights, a gradient,
+    /// optimizer state.
+    pub kind: TensorKind,
+    /// Its storage's bytes.
+    pub bytes: i64,
+}
 
 /// The memory of one recorded iteration. Byte counts are exact unless the
 /// field's name says `estimate`.
@@ -45,17 +57,17 @@ pub struct IterationRecord {
     pub current_allocated: i64,
     /// Bytes of the model's weights, in total and per variable.
     pub weights: i64,
-    /// Per variable: name and bytes.
-    pub weight_rows: Vec<(String, i64)>,
+    /// Per variable (a parameter or a buffer): its name and bytes.
+    pub weight_rows: Vec<TensorBytes>,
     /// Bytes of the weights' gradients, in total and per variable.
     pub gradients: i64,
-    /// Per variable: name and bytes of its gradient.
-    pub gradient_rows: Vec<(String, i64)>,
+    /// Per variable: the name and bytes of its gradient.
+    pub gradient_rows: Vec<TensorBytes>,
     /// With [`TrainingMonitor::record_stats_with`]: the bytes of the
     /// optimizer's state on the device, read from the optimizer (exact).
     pub optimizer_state: Option<i64>,
-    /// Per state tensor (`fc.weight.exp_avg`): name and bytes.
-    pub optimizer_state_rows: Vec<(String, i64)>,
+    /// Per state tensor (`fc.weight.exp_avg`): its name and bytes.
+    pub optimizer_state_rows: Vec<TensorBytes>,
     /// Allocated bytes besides weights and gradients that stay between
     /// iterations: the optimizer's state and anything else the loop keeps.
     pub optimizer_state_measured: i64,
@@ -103,6 +115,9 @@ pub struct TrainingMonitor {
     csv_files: Option<CsvFiles>,
     /// Each var store's variable names, sorted; sorted again when they change.
     names: Vec<Vec<String>>,
+    /// Each var store's trainable storages (parameters; the rest are
+    /// buffers), read again when its variables' storages change.
+    trainable: Vec<Trainable>,
     /// Storages counted in the record being made (reused from record to record).
     seen: FastSet<u64>,
     /// The rows of a record no longer kept, to be filled again.
@@ -144,6 +159,7 @@ impl TrainingMonitor {
             csv_failed: false,
             csv_files: None,
             names: Vec::new(),
+            trainable: Vec::new(),
             seen: HashSet::default(),
             spare_rows: Default::default(),
             epoch: 1,
@@ -239,7 +255,8 @@ impl TrainingMonitor {
     /// adam.backward_step(&model.forward(&x).mean(Kind::Float));
     /// let record = monitor.record_stats_with(&adam).unwrap();
     /// assert_eq!(record.optimizer_state, Some(2 * (64 * 10 + 10) * 4)); // two moments
-    /// assert_eq!(record.optimizer_state_rows[0], ("fc.bias.exp_avg".to_string(), 10 * 4));
+    /// assert_eq!(record.optimizer_state_rows[0].name, "fc.bias.exp_avg");
+    /// assert_eq!(record.optimizer_state_rows[0].bytes, 10 * 4);
     /// ```
     pub fn record_stats_with(&mut self, optimizer: &tch::nn::Optimizer) -> Option<&IterationRecord> {
         self.record(Some(optimizer))
@@ -337,8 +354,9 @@ impl TrainingMonitor {
         let (mut weight_rows, mut gradient_rows, mut state_rows) = std::mem::take(&mut self.spare_rows);
         let (mut n_weights, mut n_gradients) = (0, 0);
         self.names.resize_with(self.var_stores.len(), Vec::new);
+        self.trainable.resize_with(self.var_stores.len(), Trainable::default);
         self.seen.clear();
-        for (variables, names) in self.var_stores.iter().zip(&mut self.names) {
+        for ((variables, names), trainable) in self.var_stores.iter().zip(&mut self.names).zip(&mut self.trainable) {
             let variables = variables.locked();
             let vars = &variables.named_variables;
             // One lookup per variable; the names are sorted again only when
@@ -351,22 +369,24 @@ impl TrainingMonitor {
                     names.iter().map(|n| &vars[n]).collect()
                 }
             };
-            for (name, tensor) in names.iter().zip(tensors) {
-                let (param, grad) = storages(tensor)?;
+            let infos = tensors.iter().map(|t| storages(t)).collect::<Result<Vec<_>>>()?;
+            trainable.refresh(&variables, infos.iter().map(|(param, _)| param.storage_id));
+            for (name, (param, grad)) in names.iter().zip(infos) {
                 if param.device == Some(self.device) && param.storage_id.is_none_or(|id| self.seen.insert(id)) {
-                    put_row(&mut weight_rows, &mut n_weights, name, param.nbytes as i64);
+                    let kind = trainable.kind(param.storage_id);
+                    put_row(&mut weight_rows, &mut n_weights, name, kind, param.nbytes as i64);
                 }
                 if let Some(grad) = grad.filter(|g| g.device == Some(self.device)) {
                     if grad.storage_id.is_none_or(|id| self.seen.insert(id)) {
-                        put_row(&mut gradient_rows, &mut n_gradients, name, grad.nbytes as i64);
+                        put_row(&mut gradient_rows, &mut n_gradients, name, TensorKind::Gradient, grad.nbytes as i64);
                     }
                 }
             }
         }
         weight_rows.truncate(n_weights);
         gradient_rows.truncate(n_gradients);
-        record.weights = weight_rows.iter().map(|r| r.1).sum();
-        record.gradients = gradient_rows.iter().map(|r| r.1).sum();
+        record.weights = weight_rows.iter().map(|r| r.bytes).sum();
+        record.gradients = gradient_rows.iter().map(|r| r.bytes).sum();
         (record.weight_rows, record.gradient_rows) = (weight_rows, gradient_rows);
         record.optimizer_state_measured = record.current_allocated - record.weights - record.gradients;
         match optimizer {
@@ -378,11 +398,11 @@ impl TrainingMonitor {
                 for (name, tensor) in &states.tensors {
                     let (info, _) = storages(tensor)?;
                     if info.device == Some(self.device) && info.storage_id.is_none_or(|id| self.seen.insert(id)) {
-                        put_row(&mut state_rows, &mut n_states, name, info.nbytes as i64);
+                        put_row(&mut state_rows, &mut n_states, name, TensorKind::OptimizerState, info.nbytes as i64);
                     }
                 }
                 state_rows.truncate(n_states);
-                record.optimizer_state = Some(state_rows.iter().map(|r| r.1).sum());
+                record.optimizer_state = Some(state_rows.iter().map(|r| r.bytes).sum());
                 record.optimizer_state_rows = state_rows;
             }
             None => {
@@ -445,20 +465,56 @@ impl Drop for TrainingMonitor {
 }
 
 /// A variable's name and bytes.
-type Row = (String, i64);
+type Row = TensorBytes;
 
 /// Sets row `*n` of `rows` to (`name`, `bytes`), reusing the row's string
 /// when there is one, and counts it.
-fn put_row(rows: &mut Vec<Row>, n: &mut usize, name: &str, bytes: i64) {
+fn put_row(rows: &mut Vec<Row>, n: &mut usize, name: &str, kind: TensorKind, bytes: i64) {
     match rows.get_mut(*n) {
         Some(row) => {
-            row.0.clear();
-            row.0.push_str(name);
-            row.1 = bytes;
+            row.name.clear();
+            row.name.push_str(name);
+            row.kind = kind;
+            row.bytes = bytes;
         }
-        None => rows.push((name.to_string(), bytes)),
+        None => rows.push(TensorBytes { name: name.to_string(), kind, bytes }),
     }
     *n += 1;
+}
+
+/// A var store's trainable storages, as tch lists them (the named walk's
+/// rule: a variable is a parameter if tch trains it, else a buffer), kept
+/// while the store's storages stay the same: a training loop reads them
+/// once, not at every record.
+#[derive(Default)]
+struct Trainable {
+    /// The storages of every variable when these were read, added up (a
+    /// change of any storage, or of how many, changes the sum).
+    storages: u64,
+    /// How many trainable variables tch listed then.
+    count: usize,
+    /// Their storages.
+    ids: HashSet<u64>,
+}
+
+impl Trainable {
+    /// Reads the trainable storages again if the variables' `storages` (in
+    /// order) or the trainable list changed since the last read.
+    fn refresh(&mut self, variables: &Variables, storages: impl Iterator<Item = Option<u64>>) {
+        let sum = storages.fold(0u64, |sum, id| sum.wrapping_mul(31).wrapping_add(id.unwrap_or(1)));
+        if sum != self.storages || variables.trainable_variables.len() != self.count || self.count == 0 {
+            self.ids = crate::named::trainable(variables);
+            (self.storages, self.count) = (sum, variables.trainable_variables.len());
+        }
+    }
+
+    /// What the variable on `storage` is.
+    fn kind(&self, storage: Option<u64>) -> TensorKind {
+        match storage {
+            Some(id) if !self.ids.contains(&id) => TensorKind::Buffer,
+            _ => TensorKind::Parameter,
+        }
+    }
 }
 
 displayed_as_text!(IterationRecord);
@@ -487,18 +543,19 @@ impl Render for IterationRecord {
             }
         }
         doc.blank().label(WIDTH, "Weights", Cell::bytes(self.weights));
-        for (name, bytes) in &self.weight_rows {
-            doc.label(WIDTH, format!("  {name}"), Cell::bytes(*bytes));
+        for TensorBytes { name, kind, bytes } in &self.weight_rows {
+            let buffer = if *kind == TensorKind::Buffer { " (buffer)" } else { "" };
+            doc.label(WIDTH, format!("  {name}{buffer}"), Cell::bytes(*bytes));
         }
         doc.blank().label(WIDTH, "Weight gradients", Cell::bytes(self.gradients));
-        for (name, bytes) in &self.gradient_rows {
+        for TensorBytes { name, bytes, .. } in &self.gradient_rows {
             doc.label(WIDTH, format!("  {name} grad"), Cell::bytes(*bytes));
         }
         doc.blank();
         match self.optimizer_state {
             Some(state) => {
                 doc.label(WIDTH, "Optimizer state", Cell::bytes(state));
-                for (name, bytes) in &self.optimizer_state_rows {
+                for TensorBytes { name, bytes, .. } in &self.optimizer_state_rows {
                     doc.label(WIDTH, format!("  {name}"), Cell::bytes(*bytes));
                 }
                 doc.label(WIDTH, "Other kept tensors", Cell::bytes(self.optimizer_state_measured - state));
