@@ -21,6 +21,7 @@ fn main() {
     println!("cargo:rerun-if-env-changed=LIBTORCH_CXX11_ABI");
     println!("cargo:rerun-if-env-changed=LIBTORCH_USE_PYTORCH");
     println!("cargo:rerun-if-env-changed=DOCS_RS");
+    write_action_checks();
 
     // Documentation builds (docs.rs, or `--features doc-only`) have no
     // libtorch: there is nothing to compile or link, only Rust to document.
@@ -108,6 +109,40 @@ fn main() {
 
 /// The version of the libtorch whose headers are in `include`: its
 /// `torch/headeronly/version.h` (2.11 and later), else `torch/version.h`.
+/// Writes `action_checks.rs` for src/ffi.rs: a compile-time check that each
+/// action of the header's `enum memlab_action` is the variant of
+/// `memlab_core::events::Action` of the same name and code, and that the
+/// two have as many, so that the one enum holds from the header up.
+fn write_action_checks() {
+    let header = std::fs::read_to_string("cpp/memlab_shim.h").expect("memlab-tch: read cpp/memlab_shim.h");
+    let body = header
+        .split_once("enum memlab_action {")
+        .and_then(|(_, rest)| rest.split_once("};"))
+        .map(|(body, _)| body)
+        .expect("memlab-tch: cpp/memlab_shim.h declares enum memlab_action");
+    let mut checks = String::new();
+    let mut count = 0;
+    for line in body.lines().map(str::trim).filter(|l| l.starts_with("MEMLAB_ACTION_")) {
+        let (name, code) = line
+            .trim_end_matches(',')
+            .split_once('=')
+            .unwrap_or_else(|| panic!("memlab-tch: `{line}` in enum memlab_action has no explicit code"));
+        let (name, code) = (name.trim().trim_start_matches("MEMLAB_ACTION_"), code.trim());
+        let variant: String = name.split('_').map(|w| w[..1].to_string() + &w[1..].to_ascii_lowercase()).collect();
+        checks.push_str(&format!(
+            "const _: () = assert!(\n    memlab_core::events::Action::{variant} as i32 == {code},\n    \
+             \"memlab_shim.h's MEMLAB_ACTION_{name} is {code}: memlab_core::events::Action::{variant} must be too\"\n);\n"
+        ));
+        count += 1;
+    }
+    checks.push_str(&format!(
+        "const _: () = assert!(\n    memlab_core::events::Action::ALL.len() == {count},\n    \
+         \"memlab_shim.h's enum memlab_action has {count} actions: memlab_core::events::Action must have as many\"\n);\n"
+    ));
+    let out = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR")).join("action_checks.rs");
+    std::fs::write(&out, checks).unwrap_or_else(|e| panic!("memlab-tch: write {}: {e}", out.display()));
+}
+
 fn libtorch_version(include: &Path) -> Result<LibtorchVersion, String> {
     let candidates =
         [include.join("torch/headeronly/version.h"), include.join("torch/csrc/api/include/torch/version.h")];

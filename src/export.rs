@@ -13,5 +13,5 @@
 pub use crate::tools::export::Exporter;
 pub use memlab_core::export::{
     Block, BlockState, Category, DeviceTimeline, FlameNode, HtmlReport, Level, Oom, PeakRow, Point, Sample, Segment,
-    SegmentType, Snapshot, SnapshotFrame, SnapshotInfo, Stack, Trace, TraceAction, TraceEntry,
+    SegmentType, Snapshot, SnapshotFrame, SnapshotInfo, Stack, Trace, TraceEntry,
 };

@@ -156,17 +156,7 @@ pub mod testing {
 /// The hook the shim calls for every event. Runs inside libtorch's allocator
 /// (on CUDA under its lock): it only records, and never unwinds.
 extern "C" fn on_event(code: i32, device: i32, address: u64, size: u64, stream: u64) {
-    let action = match code {
-        ffi::ACTION_ALLOC => Action::Alloc,
-        ffi::ACTION_FREE_REQUESTED => Action::FreeRequested,
-        ffi::ACTION_FREE_COMPLETED => Action::FreeCompleted,
-        ffi::ACTION_SEGMENT_ALLOC => Action::SegmentAlloc,
-        ffi::ACTION_SEGMENT_FREE => Action::SegmentFree,
-        ffi::ACTION_SEGMENT_MAP => Action::SegmentMap,
-        ffi::ACTION_SEGMENT_UNMAP => Action::SegmentUnmap,
-        ffi::ACTION_OOM => Action::Oom,
-        _ => return,
-    };
+    let Some(action) = Action::from_code(code) else { return };
     let _ = std::panic::catch_unwind(|| {
         if device == ffi::EVENT_DEVICE_CPU {
             // The CPU's counters move under the recorder's lock, with the

@@ -10,15 +10,9 @@ use std::mem::{offset_of, size_of};
 
 use memlab_core::stats::{array_index, FIELD_TABLE, N_FIELDS};
 
-/// `enum memlab_action`.
-pub const ACTION_ALLOC: i32 = 0;
-pub const ACTION_FREE_REQUESTED: i32 = 1;
-pub const ACTION_FREE_COMPLETED: i32 = 2;
-pub const ACTION_SEGMENT_ALLOC: i32 = 3;
-pub const ACTION_SEGMENT_FREE: i32 = 4;
-pub const ACTION_OOM: i32 = 5;
-pub const ACTION_SEGMENT_MAP: i32 = 6;
-pub const ACTION_SEGMENT_UNMAP: i32 = 7;
+// `enum memlab_action` is memlab_core::events::Action, code for code: the
+// build reads the header and checks each of its actions here.
+include!(concat!(env!("OUT_DIR"), "/action_checks.rs"));
 
 // What memlab reads of tch's private layout, beside the header it mirrors.
 // `tch::nn::Optimizer` keeps libtorch's `torch::optim::Optimizer*` in a

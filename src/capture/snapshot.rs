@@ -4,7 +4,7 @@
 //! allocation's category named by the walk over the model.
 
 use memlab_core::export::{
-    Block, BlockState, Category, Frames, Segment, SegmentType, Snapshot, SnapshotInfo, Stack, TraceAction, TraceEntry,
+    Block, BlockState, Category, Frames, Segment, SegmentType, Snapshot, SnapshotInfo, Stack, TraceEntry,
 };
 use memlab_core::hash::FastMap;
 
@@ -46,7 +46,7 @@ pub(crate) fn capture(sources: &Model) -> Result<Snapshot> {
         let Some(index) = index_of(e.device) else { continue };
         let key = (e.device, e.address);
         let entry = |e: &Event, frames: Stack| TraceEntry {
-            action: e.action.into(),
+            action: e.action,
             addr: Some(e.address),
             size: e.size,
             stream: e.stream,
@@ -70,7 +70,7 @@ pub(crate) fn capture(sources: &Model) -> Result<Snapshot> {
                 if e.device == Device::Cpu {
                     // The CPU frees at once: its free completes with the request.
                     allocated.remove(&key);
-                    traces[index].push(TraceEntry { action: TraceAction::FreeCompleted, ..entry(e, f) });
+                    traces[index].push(TraceEntry { action: Action::FreeCompleted, ..entry(e, f) });
                 }
             }
             Action::FreeCompleted => {

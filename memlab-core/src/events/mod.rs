@@ -30,32 +30,89 @@ pub use timeline::{
 
 use crate::device::Device;
 
-/// What happened to a block of memory.
+/// What happened to a block of memory: the one vocabulary of allocator
+/// events, from the C++ shim's `enum memlab_action` (each variant's value is
+/// its code there; memlab-tch's build checks the header against this enum)
+/// to the traces of PyTorch's snapshot, which name each as
+/// [`as_str`](Action::as_str) does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
+#[repr(i32)]
 pub enum Action {
     /// A tensor's memory was allocated.
-    Alloc,
+    Alloc = 0,
     /// A tensor's memory was given back (for CUDA: the caching allocator got it back).
-    FreeRequested,
+    FreeRequested = 1,
     /// CUDA only: the block can be reused (the streams that used it are done).
-    FreeCompleted,
+    FreeCompleted = 2,
     /// CUDA only: the caching allocator obtained a segment from the device.
-    SegmentAlloc,
+    SegmentAlloc = 3,
     /// CUDA only: the caching allocator returned a segment to the device.
-    SegmentFree,
+    SegmentFree = 4,
     /// CUDA only, with expandable segments: the caching allocator mapped
     /// more of a segment's pages (`address` and `size`: the range mapped).
-    SegmentMap,
+    SegmentMap = 6,
     /// CUDA only, with expandable segments: it unmapped a range of a
     /// segment's pages, giving them back to the device.
-    SegmentUnmap,
+    SegmentUnmap = 7,
     /// An allocation failed for lack of memory; `size` is what was asked for,
     /// `address` what the device still had free: the driver's figure (CUDA);
     /// on the CPU the kernel's `MemAvailable`, or what the address-space or
     /// cgroup limit left where that is less (0 where unknown). The caller
     /// still gets libtorch's error.
-    Oom,
+    Oom = 5,
+}
+
+impl Action {
+    /// Every action, in the order of their codes.
+    pub const ALL: &'static [Action] = &[
+        Action::Alloc,
+        Action::FreeRequested,
+        Action::FreeCompleted,
+        Action::SegmentAlloc,
+        Action::SegmentFree,
+        Action::Oom,
+        Action::SegmentMap,
+        Action::SegmentUnmap,
+    ];
+
+    /// The action the shim's `code` stands for (`enum memlab_action`).
+    #[inline]
+    pub fn from_code(code: i32) -> Option<Action> {
+        Action::ALL.get(usize::try_from(code).ok()?).copied()
+    }
+
+    /// The name PyTorch's snapshot gives it (`free_requested`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::Alloc => "alloc",
+            Action::FreeRequested => "free_requested",
+            Action::FreeCompleted => "free_completed",
+            Action::SegmentAlloc => "segment_alloc",
+            Action::SegmentFree => "segment_free",
+            Action::SegmentMap => "segment_map",
+            Action::SegmentUnmap => "segment_unmap",
+            Action::Oom => "oom",
+        }
+    }
+
+    /// The action PyTorch's snapshot names `name`, if any.
+    pub fn from_name(name: &str) -> Option<Action> {
+        Action::ALL.iter().copied().find(|a| a.as_str() == name)
+    }
+}
+
+/// As PyTorch's snapshot names it.
+impl std::fmt::Display for Action {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl PartialEq<&str> for Action {
+    fn eq(&self, other: &&str) -> bool {
+        self.as_str() == *other
+    }
 }
 
 /// One observed allocator event.

@@ -4,8 +4,8 @@
 //! trace events (JSON for ui.perfetto.dev and chrome://tracing), and one
 //! self-contained HTML page. Capturing them from a live process is the
 //! `memlab` crate's; the models, their vocabulary (the enums of
-//! [`TraceAction`], [`BlockState`], [`SegmentType`], [`Category`], written as
-//! PyTorch writes them) and the walk of a history into counters are here, so
+//! [`BlockState`], [`SegmentType`], [`Category`], and the events'
+//! [`Action`](crate::events::Action), written as PyTorch writes them) and the walk of a history into counters are here, so
 //! that a program without libtorch can build, write and later read them.
 //!
 //! The models are plain data whose fields mirror the files (PyTorch's
@@ -18,8 +18,7 @@ mod trace;
 
 pub use html::{DeviceTimeline, FlameNode, HtmlReport, PeakRow, Point};
 pub use snapshot::{
-    Block, BlockState, Category, Frames, Segment, SegmentType, Snapshot, SnapshotFrame, SnapshotInfo, Stack,
-    TraceAction, TraceEntry,
+    Block, BlockState, Category, Frames, Segment, SegmentType, Snapshot, SnapshotFrame, SnapshotInfo, Stack, TraceEntry,
 };
 pub use trace::{Anchor, Level, Oom, Sample, Trace};
 
@@ -34,12 +33,14 @@ mod tests {
 
     #[test]
     fn the_vocabulary_is_written_as_pytorch_writes_it() {
-        for action in TraceAction::ALL {
+        for action in Action::ALL {
             let json = serde_json::to_string(action).unwrap();
             assert_eq!(json, format!("\"{action}\""));
-            assert_eq!(TraceAction::from_name(action.as_str()), Some(*action));
+            assert_eq!(Action::from_name(action.as_str()), Some(*action));
+            assert_eq!(Action::from_code(*action as i32), Some(*action));
         }
-        assert_eq!(TraceAction::ALL.len(), 8);
+        assert_eq!(Action::ALL.len(), 8);
+        assert_eq!((Action::from_code(8), Action::from_code(-1)), (None, None));
         assert_eq!(BlockState::ActivePendingFree, "active_pending_free");
         assert_eq!(SegmentType::Large.to_string(), "large");
         assert_eq!(serde_json::to_string(&Category::OptimizerState).unwrap(), "\"optimizer_state\"");
@@ -62,7 +63,7 @@ mod tests {
             stream: 0,
             time_us: 1,
             frames: frames.clone(),
-            category: (action == TraceAction::Alloc).then_some(Category::Parameter),
+            category: (action == Action::Alloc).then_some(Category::Parameter),
             device_free: None,
         };
         let snapshot = Snapshot {
@@ -84,7 +85,7 @@ mod tests {
                     frames: frames.clone(),
                 }],
             }],
-            device_traces: vec![vec![entry(TraceAction::Alloc, 1024), entry(TraceAction::FreeRequested, 1024)]],
+            device_traces: vec![vec![entry(Action::Alloc, 1024), entry(Action::FreeRequested, 1024)]],
             memlab: SnapshotInfo { devices: vec!["cuda:0".into()], partial: false, dropped: 0, recorded: 2 },
         };
         let pickle = snapshot.to_pickle().unwrap();

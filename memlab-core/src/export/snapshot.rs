@@ -105,28 +105,6 @@ snapshot_names! {
 }
 
 snapshot_names! {
-    /// What a trace entry records.
-    TraceAction {
-        /// A tensor's block was allocated.
-        Alloc => "alloc",
-        /// A block was freed (CUDA: its streams may still use it).
-        FreeRequested => "free_requested",
-        /// A freed block is free for reuse.
-        FreeCompleted => "free_completed",
-        /// The allocator obtained a segment from the device.
-        SegmentAlloc => "segment_alloc",
-        /// The allocator gave a segment back.
-        SegmentFree => "segment_free",
-        /// An expandable segment grew.
-        SegmentMap => "segment_map",
-        /// An expandable segment shrank.
-        SegmentUnmap => "segment_unmap",
-        /// A request failed for want of memory.
-        Oom => "oom",
-    }
-}
-
-snapshot_names! {
     /// What an allocation is, as memory_viz colours it: memlab's kinds of
     /// named tensor ([`TensorKind`](crate::TensorKind), by the same names)
     /// and `unnamed`, then the categories of PyTorch's memory profiler, which
@@ -167,21 +145,6 @@ impl From<crate::TensorKind> for Category {
             TensorKind::Gradient => Category::Gradient,
             TensorKind::OptimizerState => Category::OptimizerState,
             TensorKind::Tensor => Category::Tensor,
-        }
-    }
-}
-
-impl From<Action> for TraceAction {
-    fn from(action: Action) -> TraceAction {
-        match action {
-            Action::Alloc => TraceAction::Alloc,
-            Action::FreeRequested => TraceAction::FreeRequested,
-            Action::FreeCompleted => TraceAction::FreeCompleted,
-            Action::SegmentAlloc => TraceAction::SegmentAlloc,
-            Action::SegmentFree => TraceAction::SegmentFree,
-            Action::SegmentMap => TraceAction::SegmentMap,
-            Action::SegmentUnmap => TraceAction::SegmentUnmap,
-            Action::Oom => TraceAction::Oom,
         }
     }
 }
@@ -230,7 +193,7 @@ pub struct Segment {
 #[derive(Clone, Debug, Serialize)]
 pub struct TraceEntry {
     /// What happened.
-    pub action: TraceAction,
+    pub action: Action,
     /// The block's address (absent for `oom`).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub addr: Option<u64>,
