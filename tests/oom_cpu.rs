@@ -149,6 +149,9 @@ fn a_failed_request_is_reported_before_the_error_arrives_and_training_goes_on() 
     assert_eq!(json["diagnosis"]["requested"], 1u64 << 48);
     assert_eq!(json["number"], report.number);
     assert_eq!(json["holders"]["named_bytes"], h.named_bytes);
+    // The HTML sibling is a whole page that opens on its own, content security policy included.
+    let page = std::fs::read_to_string(&report.files[2]).unwrap();
+    assert!(page.starts_with("<!DOCTYPE html>") && page.contains("default-src 'none'"), "{}", &page[..200]);
     let text = std::fs::read_to_string(&report.files[0]).unwrap();
     for needle in [
         "Verdict: the request alone exceeds the device",
