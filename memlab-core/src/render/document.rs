@@ -177,10 +177,10 @@ impl Document {
         let mut out = String::new();
         for b in &self.blocks {
             match b {
-                Block::Title(text) => writeln!(out, "<h1>{}</h1>", escape_html(text)).unwrap(),
-                Block::Part(text) => writeln!(out, "<h2>{}</h2>", escape_html(text)).unwrap(),
+                Block::Title(text) => writeln!(out, "<h1>{}</h1>", prose(text)).unwrap(),
+                Block::Part(text) => writeln!(out, "<h2>{}</h2>", prose(text)).unwrap(),
                 Block::Heading(text) | Block::Section(text) | Block::Banner(text) => {
-                    writeln!(out, "<h3>{}</h3>", escape_html(text)).unwrap()
+                    writeln!(out, "<h3>{}</h3>", prose(text)).unwrap()
                 }
                 Block::Line { text, indent: 0 } => writeln!(out, "<p>{}</p>", prose(text)).unwrap(),
                 Block::Line { text, indent } => {
@@ -294,7 +294,8 @@ impl Document {
 /// How many glyphs a timeline's sparkline takes in text.
 const SPARKLINE: usize = 64;
 
-/// Prose in HTML: escaped, and what stands between backticks set as code.
+/// Prose and titles in HTML: escaped, and what stands between backticks
+/// set as code (a dispose scope's heading shows the scope's name so).
 fn prose(text: &str) -> String {
     let parts: Vec<&str> = text.split('`').collect();
     // An odd backtick out is text, not the start of code.
@@ -391,5 +392,15 @@ mod tests {
                 {"table": {"columns": ["name", "bytes"], "rows": [["fc.weight", 4096]], "notes": []}},
             ])
         );
+    }
+
+    #[test]
+    fn backticks_set_code_in_html() {
+        let mut doc = Document::new();
+        doc.heading("DisposeScope `step` <1>").line("raise `Settings::capacity`").line("an odd ` stays");
+        let html = doc.to_html();
+        assert!(html.contains("<h3>DisposeScope <code>step</code> &lt;1&gt;</h3>"), "{html}");
+        assert!(html.contains("<p>raise <code>Settings::capacity</code></p>\n<p>an odd ` stays</p>"), "{html}");
+        assert_eq!(doc.to_text(), "DisposeScope `step` <1>\nraise `Settings::capacity`\nan odd ` stays\n");
     }
 }
