@@ -1,4 +1,4 @@
-"""The step of examples/bench_recording.rs in PyTorch: a 4-layer 256-wide MLP,
+"""The step of benches/recording.rs in PyTorch: a 4-layer 256-wide MLP,
 batch 64, forward + backward + SGD step, timed plain and under
 torch.cuda.memory._record_memory_history (stacks "python" and "all"), the
 history PyTorch's memory_viz reads. Prints a Markdown table like the Rust

@@ -1,11 +1,18 @@
-//! Benchmark of the line profiler: the cost of one statement probe, and the
-//! slowdown of a profiled training step against the same step unprofiled, for
-//! a small and a large MLP, on the CPU and (when there is one) on CUDA.
+//! The line profiler's cost: one statement probe, and the slowdown of a
+//! profiled training step against the same step unprofiled, for a small and a
+//! large MLP, on the CPU and (when there is one) on CUDA.
 //!
-//!     bash scripts/env.sh; cargo run --release --example bench_profiler
+//!     source scripts/env.sh && cargo bench --bench profiler
 //!
-//! Prints Markdown tables (the figures in BENCHMARKS.md come from here).
-//! Timings are medians over alternating rounds, so drift hits both sides.
+//! Prints Markdown tables (the profiler's figures in BENCHMARKS.md come from
+//! here). A probe costs the difference between a profiled loop and the same
+//! loop plain, and a slowdown is a ratio of the profiled step's median to the
+//! plain step's, both taken over alternating rounds so that drift hits both
+//! sides; a harness times one closure at a time and cannot pair them, so this
+//! benchmark keeps its own `main`.
+//!
+//! Without `--bench` (`cargo test --benches` runs it so) every measurement
+//! runs one short round to show that it works.
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -13,7 +20,10 @@ use std::time::{Duration, Instant};
 use tch::nn::{self, Module, OptimizerConfig};
 use tch::{Device, Kind, Tensor};
 
+/// Probes per timed loop.
 const PROBES: u64 = 200_000;
+/// Probes per loop in a short check (test mode).
+const CHECK_PROBES: u64 = 1_000;
 
 macro_rules! probe_loop {
     ($(#[$attr:meta])* $name:ident) => {
@@ -93,20 +103,20 @@ fn time(mut f: impl FnMut()) -> Duration {
 
 /// Per-probe cost in ns: (best round, median round), each the profiled loop's
 /// time per iteration minus the plain loop's.
-fn probe_cost(device: &str, profiled: fn(u64) -> u64) -> (f64, f64) {
+fn probe_cost(device: &str, profiled: fn(u64) -> u64, probes: u64, rounds: usize) -> (f64, f64) {
     let (mut plain, mut prof) = (Vec::new(), Vec::new());
-    for _ in 0..15 {
+    for _ in 0..rounds {
         plain.push(time(|| {
-            black_box(plain_loop(black_box(PROBES)));
+            black_box(plain_loop(black_box(probes)));
         }));
         prof.push(time(|| {
-            black_box(profiled(black_box(PROBES)));
+            black_box(profiled(black_box(probes)));
         }));
     }
-    let per_probe = |p: Duration, q: Duration| (q.as_secs_f64() - p.as_secs_f64()) / PROBES as f64 * 1e9;
+    let per_probe = |p: Duration, q: Duration| (q.as_secs_f64() - p.as_secs_f64()) / probes as f64 * 1e9;
     let best = per_probe(*plain.iter().min().unwrap(), *prof.iter().min().unwrap());
     let (p, q) = (median(plain), median(prof));
-    eprintln!("probe loop on {device}: plain {p:?}, profiled {q:?} for {PROBES} probes");
+    eprintln!("probe loop on {device}: plain {p:?}, profiled {q:?} for {probes} probes");
     (best, per_probe(p, q))
 }
 
@@ -161,18 +171,25 @@ fn step_slowdown(device: Device, widths: &[i64], batch: i64, steps: usize, round
 }
 
 fn main() {
+    // `cargo bench` passes `--bench`; `cargo test --benches` does not.
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let measuring = args.iter().any(|a| a == "--bench") && !args.iter().any(|a| a == "--test");
+    let (probes, probe_rounds) = if measuring { (PROBES, 15) } else { (CHECK_PROBES, 1) };
     memlab::profiler::set_print_at_exit(false);
     let cuda = memlab::gpu::cuda_is_available();
+    if !measuring {
+        println!("test mode: one short round per measurement (`cargo bench --bench profiler` measures)\n");
+    }
     println!("## Statement probe\n");
     println!("| device | probe cost, best round (ns) | probe cost, median round (ns) |");
     println!("|---|---:|---:|");
-    let (best, median) = probe_cost("cpu", cpu_loop);
+    let (best, median) = probe_cost("cpu", cpu_loop, probes, probe_rounds);
     println!("| cpu | {best:.1} | {median:.1} |");
     if cuda {
         // A first CUDA allocation initialises the caching allocator, so the
         // probes read real statistics rather than the "no allocator yet" zeros.
         let _warm = Tensor::zeros([1], (Kind::Float, Device::Cuda(0)));
-        let (best, median) = probe_cost("cuda:0", cuda_loop);
+        let (best, median) = probe_cost("cuda:0", cuda_loop, probes, probe_rounds);
         println!("| cuda:0 | {best:.1} | {median:.1} |");
     }
 
@@ -218,6 +235,7 @@ fn main() {
     }
     for case in cases {
         let Case { device, name, widths, batch, steps, rounds } = case;
+        let (steps, rounds) = if measuring { (steps, rounds) } else { (1, 1) };
         let measured = match device {
             Device::Cuda(i) => memlab::Device::Cuda(i),
             _ => memlab::Device::Cpu,

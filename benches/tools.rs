@@ -1,9 +1,11 @@
-//! Benchmark of the training-loop tools on a small training step (a
-//! 256-256-10 MLP, batch 64, Adam), on CUDA when there is one (else the CPU).
-//! Target: `TrainingMonitor::record_stats()` and `StepLogger::log` each add at
-//! most 1% to the step on the GPU.
+//! The training-loop tools on a small training step (a 256-256-10 MLP, batch
+//! 64, Adam), on CUDA when there is one (else the CPU). Target:
+//! `TrainingMonitor::record_stats()` and `StepLogger::log` each add at most 1%
+//! to the step on the GPU.
 //!
-//! Two measurements, printed as Markdown tables:
+//!     source scripts/env.sh && cargo bench --bench tools [-- ROUNDS]
+//!
+//! Two measurements in rounds, printed as Markdown tables:
 //!
 //! 1. The host time each tool spends per step, timed around its own calls
 //!    (for the logger: the whole `log` call minus the step inside it). On a
@@ -16,9 +18,14 @@
 //!    sampler thread competing with the step), but carries the noise of the
 //!    step itself.
 //!
-//! A third table gives the parts a logged step is made of.
+//! Both compare loops timed in the same rounds, which a harness timing one
+//! closure at a time cannot do, so this benchmark has its own `main`. Then
+//! divan times the parts a logged step is made of, one call at a time (the
+//! `logged_step` benchmarks; the CUDA driver's and NVML's only with CUDA).
+//! The command line gives `ROUNDS`, so divan takes no options from it.
 //!
-//!     cargo run --release --example bench_tools [-- ROUNDS]
+//! Without `--bench` (`cargo test --benches` runs it so) it runs one round
+//! and each part once, to show that they work.
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -39,30 +46,110 @@ fn quartiles(v: &mut [f64]) -> (f64, f64) {
     (v[v.len() / 4], v[v.len() * 3 / 4])
 }
 
-/// The median time of one call of `f`, over `n` calls, in µs.
-fn per_call(n: usize, mut f: impl FnMut()) -> f64 {
-    let mut t: Vec<f64> = (0..n)
-        .map(|_| {
-            let s = Instant::now();
-            f();
-            s.elapsed().as_secs_f64() * 1e6
-        })
-        .collect();
-    median(&mut t)
+/// The training step the tools watch.
+struct Training {
+    vs: nn::VarStore,
+    net: nn::Sequential,
+    opt: nn::Optimizer,
+    x: Tensor,
+    y: Tensor,
+}
+
+impl Training {
+    fn new(device: Device) -> Training {
+        let vs = nn::VarStore::new(device);
+        let net = nn::seq()
+            .add(nn::linear(vs.root() / "fc1", 256, 256, Default::default()))
+            .add_fn(|x| x.relu())
+            .add(nn::linear(vs.root() / "fc2", 256, 10, Default::default()));
+        let opt = nn::Adam::default().build(&vs, 1e-3).expect("an optimizer");
+        let x = Tensor::randn([64, 256], (Kind::Float, device));
+        let y = Tensor::randint(10, [64], (Kind::Int64, device));
+        Training { vs, net, opt, x, y }
+    }
+
+    fn step(&mut self) {
+        self.opt.backward_step(&self.net.forward(&self.x).cross_entropy_for_logits(&self.y));
+    }
+}
+
+/// The parts of a logged step. Most take about a microsecond, timed in 1,000
+/// samples of 10 calls; NVML's takes tens, timed in 200 samples of one.
+mod logged_step {
+    use std::hint::black_box;
+
+    use divan::Bencher;
+
+    /// The resident set (`rss()`, a read of `/proc/self/statm`).
+    #[divan::bench(sample_count = 1000, sample_size = 10)]
+    fn rss() -> u64 {
+        memlab::logger::rss()
+    }
+
+    /// All of the allocator's statistics (`raw_stats`) of the device the
+    /// logger measures.
+    #[divan::bench(sample_count = 1000, sample_size = 10)]
+    fn raw_stats(bencher: Bencher) {
+        let device = memlab::gpu::auto_device();
+        bencher.bench_local(|| black_box(memlab_tch::raw_stats(device)));
+    }
+
+    /// The driver's free and total memory (`driver_memory(0)`, cuMemGetInfo),
+    /// which only the logger's sampler thread reads.
+    #[divan::bench(sample_count = 1000, sample_size = 10)]
+    fn cuda_driver_memory() {
+        _ = black_box(memlab::gpu::driver_memory(0));
+    }
+
+    /// This process's GPU memory from NVML (`process_gpu_memory(0)`), which
+    /// the sampler thread reads every 100 ms.
+    #[divan::bench(sample_count = 200, sample_size = 1)]
+    fn cuda_process_gpu_memory() {
+        _ = black_box(memlab::gpu::process_gpu_memory(0));
+    }
+
+    /// `TrainingMonitor::record_stats` with no step between two calls.
+    #[divan::bench(sample_count = 1000, sample_size = 10)]
+    fn record_stats_without_a_step(bencher: Bencher) {
+        // Trained first, so that there are gradients and optimizer state.
+        let mut training = super::Training::new(tch::Device::cuda_if_available());
+        for _ in 0..20 {
+            training.step();
+        }
+        let mut monitor = memlab::TrainingMonitor::new(&training.vs).print_period(0);
+        for _ in 0..20 {
+            monitor.record_stats();
+        }
+        bencher.bench_local(|| {
+            black_box(monitor.record_stats());
+        });
+    }
+
+    /// `StepLogger::log` of an empty closure.
+    #[divan::bench(sample_count = 1000, sample_size = 10)]
+    fn log_of_an_empty_closure(bencher: Bencher) {
+        let mut logger = memlab::StepLogger::new();
+        logger.stop();
+        for _ in 0..20 {
+            logger.log("warm-up", || ());
+        }
+        bencher.bench_local(|| logger.log("empty", || ()));
+    }
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let rounds: usize = std::env::args().nth(1).map(|a| a.parse()).transpose()?.unwrap_or(61);
+    // `cargo bench` passes `--bench` (after ROUNDS); `cargo test --benches` does not.
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let measuring = args.iter().any(|a| a == "--bench") && !args.iter().any(|a| a == "--test");
+    let rounds: usize = if measuring {
+        args.iter().find(|a| !a.starts_with("--")).map(|a| a.parse()).transpose()?.unwrap_or(61)
+    } else {
+        println!("test mode: one round, each part once (`cargo bench --bench tools` measures)\n");
+        1
+    };
     memlab::profiler::set_output(memlab::profiler::Output::Sink(Box::new(|_| {})));
     let device = Device::cuda_if_available();
-    let vs = nn::VarStore::new(device);
-    let net = nn::seq()
-        .add(nn::linear(vs.root() / "fc1", 256, 256, Default::default()))
-        .add_fn(|x| x.relu())
-        .add(nn::linear(vs.root() / "fc2", 256, 10, Default::default()));
-    let mut opt = nn::Adam::default().build(&vs, 1e-3)?;
-    let x = Tensor::randn([64, 256], (Kind::Float, device));
-    let y = Tensor::randint(10, [64], (Kind::Int64, device));
+    let Training { vs, net, mut opt, x, y } = Training::new(device);
     let sync = || {
         if let Device::Cuda(i) = device {
             tch::Cuda::synchronize(i as i64);
@@ -166,28 +253,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // The parts of a logged step.
     println!();
-    println!("| part of a logged step | median per call |");
-    println!("|---|---:|");
-    let mdev = memlab::gpu::auto_device();
-    println!("| resident set (`rss()`) | {:.2} µs |", per_call(2000, || _ = black_box(memlab::logger::rss())));
-    println!(
-        "| allocator statistics (`raw_stats({mdev})`) | {:.2} µs |",
-        per_call(2000, || _ = black_box(memlab_tch::raw_stats(mdev)))
-    );
-    if let Device::Cuda(i) = device {
-        println!(
-            "| driver free/total (`driver_memory({i})`) | {:.2} µs |",
-            per_call(2000, || _ = black_box(memlab::gpu::driver_memory(i)))
-        );
-        println!(
-            "| NVML process memory (`process_gpu_memory({i})`, sampler thread, every 100 ms) | {:.2} µs |",
-            per_call(50, || _ = black_box(memlab::gpu::process_gpu_memory(i)))
-        );
+    let mut divan = divan::Divan::default();
+    if !device.is_cuda() {
+        divan = divan.skip_regex("cuda_");
     }
-    println!(
-        "| `TrainingMonitor::record_stats` with no step between | {:.2} µs |",
-        per_call(2000, || _ = black_box(monitor.record_stats()))
-    );
-    println!("| `StepLogger::log` of an empty closure | {:.2} µs |", per_call(2000, || logger.log("empty", || ())));
+    if measuring {
+        divan.run_benches();
+    } else {
+        divan.test_benches();
+    }
     Ok(())
 }

@@ -3,13 +3,19 @@
 //! building and writing each format, and the HTML report's rendering in
 //! headless Chromium when it is installed. Prints a table.
 //!
-//!     cargo run --release --example bench_export [-- EVENTS [deep]]
+//!     source scripts/env.sh && cargo bench --bench export [-- EVENTS [deep]]
 //!
 //! By default the allocations come from one call site. With `deep`, they come
 //! from 8,192 distinct call stacks, each 13 frames of the user's code deeper
 //! than the loop (two functions calling each other by the bits of a counter),
 //! so the exports build and name thousands of stacks, as a real model's
 //! layers and steps give them.
+//!
+//! Each figure is one timing of a step that takes a large fraction of a
+//! second, and the table also gives the files' sizes, so this benchmark keeps
+//! its own `main` rather than a harness's repeated samples. Without `--bench`
+//! (`cargo test --benches` runs it so) it records 10,000 events and leaves
+//! out the rendering, to show that it works.
 
 use std::process::Command;
 use std::time::Instant;
@@ -63,8 +69,17 @@ fn secs(start: Instant) -> f64 {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     memlab::profiler::set_print_at_exit(false);
-    let events: usize = std::env::args().nth(1).map(|a| a.parse()).transpose()?.unwrap_or(1_000_000);
-    let deep = std::env::args().nth(2).is_some_and(|a| a == "deep");
+    // `cargo bench` passes `--bench` (after EVENTS and deep); `cargo test --benches` does not.
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let measuring = args.iter().any(|a| a == "--bench") && !args.iter().any(|a| a == "--test");
+    let positional: Vec<&String> = args.iter().filter(|a| !a.starts_with("--")).collect();
+    let (events, deep) = if measuring {
+        let events = positional.first().map(|a| a.parse()).transpose()?.unwrap_or(1_000_000);
+        (events, positional.get(1).is_some_and(|a| *a == "deep"))
+    } else {
+        println!("test mode: 10,000 events, no rendering (`cargo bench --bench export` measures)\n");
+        (10_000, false)
+    };
     let settings = memlab::events::Settings::default().capacity(events + 1000).backtraces(true);
     let recording = memlab::Recording::start(settings)?;
     let mut kept = Vec::new();
@@ -113,9 +128,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("| {name} | {build:.2} | {write:.2} | {:.1} MB |", *bytes as f64 / 1e6);
     }
     // Rendering: headless Chromium loading the page and laying it out, less
-    // the same browser on an empty page.
+    // the same browser on an empty page. Test mode leaves it out.
     let chromium = ["chromium", "chromium-browser", "google-chrome"]
         .into_iter()
+        .filter(|_| measuring)
         .find(|c| Command::new(c).arg("--version").output().is_ok_and(|o| o.status.success()));
     match chromium {
         Some(browser) => {
@@ -136,7 +152,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
             println!("\nHTML report in headless Chromium: {page:.2} s to load and lay out, {base:.2} s for an empty page (best of 3): {:.2} s for the report", page - base);
         }
-        None => println!("\nno chromium on PATH: the rendering time is not measured"),
+        None if measuring => println!("\nno chromium on PATH: the rendering time is not measured"),
+        None => {}
     }
     std::fs::remove_dir_all(&dir)?;
     drop((kept, recording));
