@@ -19,6 +19,7 @@ const PER_COPY: &[(&str, &str, &str)] = &[
     ("memlab-tch/src/driver.rs", "PAGE", "the page size, the same in every copy"),
     ("memlab-tch/src/driver.rs", "STATM", "this copy's open /proc/self/statm"),
     ("memlab-tch/src/lib.rs", "COUNT", "the device count, the same in every copy"),
+    ("memlab-tch/src/optimizer.rs", "LAYOUT", "how libtorch lays out a tensor handle, the same in every copy"),
     ("src/tools/oom/capture.rs", "IDENTITY", "the host's name and the process's start, the same in every copy"),
     ("src/tools/logger.rs", "TOTAL", "the host's memory, the same in every copy"),
     ("src/tools/batch_size.rs", "SEARCHES", "the panic hook it wraps is this copy's standard library's"),

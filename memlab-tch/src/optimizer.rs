@@ -9,6 +9,7 @@
 use memlab_core::sync::LockExt;
 use std::ffi::c_void;
 use std::mem::{align_of, size_of, transmute_copy};
+use std::sync::atomic::{AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 
 use memlab_core::{Error, Result};
@@ -175,12 +176,39 @@ pub struct OptimizerState {
 }
 
 /// The `TensorImpl` address of `tensor`: what optimizer states are keyed by,
-/// and the same for every shallow clone of a variable.
+/// and the same for every shallow clone of a variable (a var store's
+/// variable and tch's trainable copy of it), whatever device its data moves
+/// to.
+///
+/// An `at::Tensor` holds one word, its intrusive pointer to the
+/// `TensorImpl` (`at::TensorBase::impl_`), so the address is read from the
+/// handle itself, without a call into libtorch: walks over thousands of
+/// variables pay a load each. The first read in a process is checked against
+/// libtorch's own accessor; should a libtorch ever lay the tensor out
+/// otherwise, every read asks libtorch.
 pub fn tensor_impl(tensor: &Tensor) -> Result<u64> {
-    let mut out = 0u64;
-    // SAFETY: `as_ptr` is tch's live at::Tensor; the shim writes one word.
-    ffi::check(unsafe { ffi::memlab_tensor_impl(tensor.as_ptr().cast(), &mut out) })?;
-    Ok(out)
+    const UNKNOWN: u8 = 0;
+    const FIRST_WORD: u8 = 1;
+    const ASK: u8 = 2;
+    static LAYOUT: AtomicU8 = AtomicU8::new(UNKNOWN);
+    let asked = || {
+        let mut out = 0u64;
+        // SAFETY: `as_ptr` is tch's live at::Tensor; the shim writes one word.
+        ffi::check(unsafe { ffi::memlab_tensor_impl(tensor.as_ptr().cast(), &mut out) }).map(|()| out)
+    };
+    // SAFETY: `as_ptr` points at the live at::Tensor this handle owns, an
+    // object at least one word long and aligned for it; reading that word
+    // reads the pointer it holds.
+    let word = unsafe { std::ptr::read(tensor.as_ptr().cast::<u64>()) };
+    match LAYOUT.load(Ordering::Relaxed) {
+        FIRST_WORD => Ok(word),
+        ASK => asked(),
+        _ => {
+            let address = asked()?;
+            LAYOUT.store(if address == word { FIRST_WORD } else { ASK }, Ordering::Relaxed);
+            Ok(address)
+        }
+    }
 }
 
 /// The state of `optimizer`, which was built on one of `stores` (the
@@ -321,7 +349,29 @@ fn classify(
 
 #[cfg(test)]
 mod tests {
-    use super::{classify, Layout};
+    use super::{classify, tensor_impl, Layout};
+    use crate::ffi;
+
+    /// What libtorch's own accessor says.
+    fn asked(tensor: &tch::Tensor) -> u64 {
+        let mut out = 0u64;
+        // SAFETY: a live tensor; the shim writes one word.
+        ffi::check(unsafe { ffi::memlab_tensor_impl(tensor.as_ptr().cast(), &mut out) }).unwrap();
+        out
+    }
+
+    #[test]
+    fn a_tensor_is_told_by_its_impl_without_asking_libtorch() {
+        let t = tch::Tensor::zeros([4, 4], (tch::Kind::Float, tch::Device::Cpu));
+        // The first read checks the layout; every later one is a load.
+        for tensor in
+            [&t, &t.shallow_clone(), &t.view([16]), &t.detach(), &tch::Tensor::ones([1], tch::kind::FLOAT_CPU)]
+        {
+            assert_eq!(tensor_impl(tensor).unwrap(), asked(tensor));
+        }
+        assert_eq!(tensor_impl(&t).unwrap(), tensor_impl(&t.shallow_clone()).unwrap(), "a shallow clone is the same");
+        assert_ne!(tensor_impl(&t).unwrap(), tensor_impl(&t.view([16])).unwrap(), "a view is another tensor");
+    }
 
     const ARC: usize = 0x5555_0000_1000;
     const OTHER_ARC: usize = 0x5555_0000_2000;

@@ -8,6 +8,7 @@ use memlab_core::sync::LockExt;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 
+use memlab_core::hash::FastSet;
 use memlab_core::TensorKind;
 use memlab_core::{Device, Error, Result};
 use memlab_tch::optimizer::{tensor_impl, OptimizerKind};
@@ -566,13 +567,13 @@ impl Model {
                     }
                 }
             };
-            let trainable = trainable(&variables);
+            let trainable = Trainable::of(&variables);
             let mut names: Vec<&String> = variables.named_variables.keys().collect();
             names.sort();
             for name in names {
                 let full = if prefix.is_empty() { name.clone() } else { format!("{prefix}.{name}") };
                 let tensor = &variables.named_variables[name];
-                visit(&full, tensor, variable_kind(&trainable, tensor))?;
+                visit(&full, tensor, trainable.kind(tensor))?;
             }
         }
         Ok(())
@@ -653,18 +654,35 @@ impl Model {
     }
 }
 
-/// The storages of a var store's trainable variables.
-pub(crate) fn trainable(variables: &Variables) -> HashSet<u64> {
-    variables.trainable_variables.iter().filter_map(|v| memlab_tch::storage_info(&v.tensor).ok()?.storage_id).collect()
+/// Which variables of a var store tch trains.
+#[derive(Default)]
+pub(crate) enum Trainable {
+    /// All of them (tch lists as many trainable variables as the store
+    /// has): the common case, told without looking at any.
+    #[default]
+    All,
+    /// Those whose tensors (`TensorImpl`s) are these: tch's list, whose
+    /// entries are shallow clones of the variables.
+    These(FastSet<u64>),
 }
 
-/// What a variable of a var store is, given its store's [`trainable`]
-/// storages: a parameter if tch trains it, else a buffer (a variable whose
-/// storage cannot be read counts as a parameter).
-pub(crate) fn variable_kind(trainable: &HashSet<u64>, tensor: &Tensor) -> TensorKind {
-    match memlab_tch::storage_info(tensor).ok().and_then(|i| i.storage_id) {
-        Some(id) if !trainable.contains(&id) => TensorKind::Buffer,
-        _ => TensorKind::Parameter,
+impl Trainable {
+    /// What `variables` holds.
+    pub(crate) fn of(variables: &Variables) -> Trainable {
+        if variables.trainable_variables.len() >= variables.named_variables.len() {
+            return Trainable::All;
+        }
+        Trainable::These(variables.trainable_variables.iter().filter_map(|v| tensor_impl(&v.tensor).ok()).collect())
+    }
+
+    /// What `tensor`, a variable of the store, is: a parameter if tch trains
+    /// it, else a buffer (a variable that cannot be told counts as a
+    /// parameter).
+    pub(crate) fn kind(&self, tensor: &Tensor) -> TensorKind {
+        match self {
+            Trainable::These(ids) if tensor_impl(tensor).is_ok_and(|id| !ids.contains(&id)) => TensorKind::Buffer,
+            _ => TensorKind::Parameter,
+        }
     }
 }
 

@@ -79,7 +79,17 @@ impl Action {
     /// The action the shim's `code` stands for (`enum memlab_action`).
     #[inline]
     pub fn from_code(code: i32) -> Option<Action> {
-        Action::ALL.get(usize::try_from(code).ok()?).copied()
+        Some(match code {
+            0 => Action::Alloc,
+            1 => Action::FreeRequested,
+            2 => Action::FreeCompleted,
+            3 => Action::SegmentAlloc,
+            4 => Action::SegmentFree,
+            5 => Action::Oom,
+            6 => Action::SegmentMap,
+            7 => Action::SegmentUnmap,
+            _ => return None,
+        })
     }
 
     /// The name PyTorch's snapshot gives it (`free_requested`).

@@ -14,6 +14,7 @@ use memlab_core::render::{Cell, Document, Render};
 use memlab_core::{Device, Error, Result, TensorKind};
 
 use tch::nn::{VarStore, Variables};
+use tch::Tensor;
 
 use memlab_tch::storage::storages;
 
@@ -22,7 +23,7 @@ use csv_files::CsvFiles;
 use memlab_tch::optimizer::StepOptimizer;
 use memlab_tch::BACKEND;
 
-use crate::named::{Model, OptimizerStates};
+use crate::named::{Model, OptimizerStates, Trainable};
 
 /// A named tensor's bytes in a record.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
@@ -117,7 +118,7 @@ pub struct TrainingMonitor {
     names: Vec<Vec<String>>,
     /// Each var store's trainable storages (parameters; the rest are
     /// buffers), read again when its variables' storages change.
-    trainable: Vec<Trainable>,
+    trainable: Vec<StoreKinds>,
     /// Storages counted in the record being made (reused from record to record).
     seen: FastSet<u64>,
     /// The rows of a record no longer kept, to be filled again.
@@ -354,7 +355,7 @@ impl TrainingMonitor {
         let (mut weight_rows, mut gradient_rows, mut state_rows) = std::mem::take(&mut self.spare_rows);
         let (mut n_weights, mut n_gradients) = (0, 0);
         self.names.resize_with(self.var_stores.len(), Vec::new);
-        self.trainable.resize_with(self.var_stores.len(), Trainable::default);
+        self.trainable.resize_with(self.var_stores.len(), StoreKinds::default);
         self.seen.clear();
         for ((variables, names), trainable) in self.var_stores.iter().zip(&mut self.names).zip(&mut self.trainable) {
             let variables = variables.locked();
@@ -369,11 +370,11 @@ impl TrainingMonitor {
                     names.iter().map(|n| &vars[n]).collect()
                 }
             };
-            let infos = tensors.iter().map(|t| storages(t)).collect::<Result<Vec<_>>>()?;
-            trainable.refresh(&variables, infos.iter().map(|(param, _)| param.storage_id));
-            for (name, (param, grad)) in names.iter().zip(infos) {
+            trainable.refresh(&variables);
+            for (name, tensor) in names.iter().zip(tensors) {
+                let (param, grad) = storages(tensor)?;
                 if param.device == Some(self.device) && param.storage_id.is_none_or(|id| self.seen.insert(id)) {
-                    let kind = trainable.kind(param.storage_id);
+                    let kind = trainable.kind(tensor);
                     put_row(&mut weight_rows, &mut n_weights, name, kind, param.nbytes as i64);
                 }
                 if let Some(grad) = grad.filter(|g| g.device == Some(self.device)) {
@@ -482,38 +483,31 @@ fn put_row(rows: &mut Vec<Row>, n: &mut usize, name: &str, kind: TensorKind, byt
     *n += 1;
 }
 
-/// A var store's trainable storages, as tch lists them (the named walk's
-/// rule: a variable is a parameter if tch trains it, else a buffer), kept
-/// while the store's storages stay the same: a training loop reads them
-/// once, not at every record.
+/// A var store's trainable tensors (the named walk's rule: a variable is a
+/// parameter if tch trains it, else a buffer), read again only when a list
+/// changes length: a variable's tensor stays the same object wherever its
+/// data moves, and tch never removes one.
 #[derive(Default)]
-struct Trainable {
-    /// The storages of every variable when these were read, added up (a
-    /// change of any storage, or of how many, changes the sum).
-    storages: u64,
-    /// How many trainable variables tch listed then.
-    count: usize,
-    /// Their storages.
-    ids: HashSet<u64>,
+struct StoreKinds {
+    /// How many variables and trainable variables the store had when read.
+    counts: Option<(usize, usize)>,
+    /// What tch trains.
+    trainable: Trainable,
 }
 
-impl Trainable {
-    /// Reads the trainable storages again if the variables' `storages` (in
-    /// order) or the trainable list changed since the last read.
-    fn refresh(&mut self, variables: &Variables, storages: impl Iterator<Item = Option<u64>>) {
-        let sum = storages.fold(0u64, |sum, id| sum.wrapping_mul(31).wrapping_add(id.unwrap_or(1)));
-        if sum != self.storages || variables.trainable_variables.len() != self.count || self.count == 0 {
-            self.ids = crate::named::trainable(variables);
-            (self.storages, self.count) = (sum, variables.trainable_variables.len());
+impl StoreKinds {
+    /// Reads the trainable tensors again if the store's lists changed length.
+    fn refresh(&mut self, variables: &Variables) {
+        let counts = (variables.named_variables.len(), variables.trainable_variables.len());
+        if self.counts != Some(counts) {
+            self.trainable = Trainable::of(variables);
+            self.counts = Some(counts);
         }
     }
 
-    /// What the variable on `storage` is.
-    fn kind(&self, storage: Option<u64>) -> TensorKind {
-        match storage {
-            Some(id) if !self.ids.contains(&id) => TensorKind::Buffer,
-            _ => TensorKind::Parameter,
-        }
+    /// What `tensor`, a variable of the store, is.
+    fn kind(&self, tensor: &Tensor) -> TensorKind {
+        self.trainable.kind(tensor)
     }
 }
 
