@@ -125,7 +125,7 @@ fn tracker_on_cuda() {
     println!("{second}");
     let growth: Vec<&str> = second.lines().filter(|l| l.starts_with("  +")).collect();
     assert_eq!(growth.len(), 1, "{second}");
-    assert!(growth[0].starts_with("  + 2 × other 16.00K, allocated at cuda::training::cuda_grow"), "{second}");
+    assert!(growth[0].starts_with("  + 2 × unnamed 16.00K, allocated at cuda::training::cuda_grow"), "{second}");
     assert!(growth[0].contains("let entry = floats(2048);"), "{second}");
 
     let x = Tensor::randn([8, 32], (Kind::Float, GPU));
@@ -138,7 +138,7 @@ fn tracker_on_cuda() {
     cache.clear();
     let fourth = memlab::track!(tracker).to_text();
     println!("{fourth}");
-    assert!(fourth.contains("  - 2 × other 16.00K"), "{fourth}");
+    assert!(fourth.contains("  - 2 × unnamed 16.00K"), "{fourth}");
     memlab::profiler::set_output(memlab::profiler::Output::Stdout);
     memlab::clear_registry();
 }
