@@ -130,7 +130,7 @@ fn write_action_checks() {
         let (name, code) = (name.trim().trim_start_matches("MEMLAB_ACTION_"), code.trim());
         let variant: String = name.split('_').map(|w| w[..1].to_string() + &w[1..].to_ascii_lowercase()).collect();
         checks.push_str(&format!(
-            "const _: () = assert!(\n    memlab_core::events::Action::{variant} as i32 == {code},\n    \
+            "const _: () = assert!(\n    memlab_core::events::Action::{variant}.code() == {code},\n    \
              \"memlab_shim.h's MEMLAB_ACTION_{name} is {code}: memlab_core::events::Action::{variant} must be too\"\n);\n"
         ));
         count += 1;

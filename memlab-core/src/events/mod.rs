@@ -31,36 +31,35 @@ pub use timeline::{
 use crate::device::Device;
 
 /// What happened to a block of memory: the one vocabulary of allocator
-/// events, from the C++ shim's `enum memlab_action` (each variant's value is
-/// its code there; memlab-tch's build checks the header against this enum)
-/// to the traces of PyTorch's snapshot, which name each as
-/// [`as_str`](Action::as_str) does.
+/// events, from the C++ shim's `enum memlab_action` (each variant stands
+/// for its [`code`](Action::code) there; memlab-tch's build checks the
+/// header against this enum) to the traces of PyTorch's snapshot, which name
+/// each as [`as_str`](Action::as_str) does.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
 #[serde(rename_all = "snake_case")]
-#[repr(i32)]
 pub enum Action {
     /// A tensor's memory was allocated.
-    Alloc = 0,
+    Alloc,
     /// A tensor's memory was given back (for CUDA: the caching allocator got it back).
-    FreeRequested = 1,
+    FreeRequested,
     /// CUDA only: the block can be reused (the streams that used it are done).
-    FreeCompleted = 2,
+    FreeCompleted,
     /// CUDA only: the caching allocator obtained a segment from the device.
-    SegmentAlloc = 3,
+    SegmentAlloc,
     /// CUDA only: the caching allocator returned a segment to the device.
-    SegmentFree = 4,
+    SegmentFree,
     /// CUDA only, with expandable segments: the caching allocator mapped
     /// more of a segment's pages (`address` and `size`: the range mapped).
-    SegmentMap = 6,
+    SegmentMap,
     /// CUDA only, with expandable segments: it unmapped a range of a
     /// segment's pages, giving them back to the device.
-    SegmentUnmap = 7,
+    SegmentUnmap,
     /// An allocation failed for lack of memory; `size` is what was asked for,
     /// `address` what the device still had free: the driver's figure (CUDA);
     /// on the CPU the kernel's `MemAvailable`, or what the address-space or
     /// cgroup limit left where that is less (0 where unknown). The caller
     /// still gets libtorch's error.
-    Oom = 5,
+    Oom,
 }
 
 impl Action {
@@ -75,6 +74,20 @@ impl Action {
         Action::SegmentMap,
         Action::SegmentUnmap,
     ];
+
+    /// The shim's code for the action (`enum memlab_action`).
+    pub const fn code(self) -> i32 {
+        match self {
+            Action::Alloc => 0,
+            Action::FreeRequested => 1,
+            Action::FreeCompleted => 2,
+            Action::SegmentAlloc => 3,
+            Action::SegmentFree => 4,
+            Action::Oom => 5,
+            Action::SegmentMap => 6,
+            Action::SegmentUnmap => 7,
+        }
+    }
 
     /// The action the shim's `code` stands for (`enum memlab_action`).
     #[inline]

@@ -37,7 +37,7 @@ mod tests {
             let json = serde_json::to_string(action).unwrap();
             assert_eq!(json, format!("\"{action}\""));
             assert_eq!(Action::from_name(action.as_str()), Some(*action));
-            assert_eq!(Action::from_code(*action as i32), Some(*action));
+            assert_eq!(Action::from_code(action.code()), Some(*action));
         }
         assert_eq!(Action::ALL.len(), 8);
         assert_eq!((Action::from_code(8), Action::from_code(-1)), (None, None));
