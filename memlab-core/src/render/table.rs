@@ -412,7 +412,9 @@ impl Table {
                 continue;
             }
             let sum = hidden.iter().try_fold(0i64, |sum, r| match r[i] {
-                Cell::Bytes(n) | Cell::SharedBytes(n) => Some(sum.saturating_add(n)),
+                Cell::Bytes(n) => Some(sum.saturating_add(n)),
+                // A view's bytes are its storage's, which another row counts.
+                Cell::SharedBytes(_) => Some(sum),
                 Cell::BytesIn { bytes, .. } => Some(sum.saturating_add(bytes)),
                 _ => None,
             });
