@@ -33,7 +33,7 @@ struct Sizes {
     rounds: usize,
 }
 
-const MEASURE: Sizes = Sizes { probes: 200_000, allocations: 20_000, scopes: 5_000, rounds: 9 };
+const MEASURE: Sizes = Sizes { probes: 200_000, allocations: 200_000, scopes: 5_000, rounds: 9 };
 const CHECK: Sizes = Sizes { probes: 1_000, allocations: 100, scopes: 10, rounds: 1 };
 
 macro_rules! probe_loop {

@@ -64,28 +64,92 @@ impl fmt::Debug for StatementRef {
     }
 }
 
+/// What an event reads of its thread, in one thread-local that needs no
+/// initialization and no destructor: reading it is a plain load on every
+/// thread, at every moment of its life (a free in a thread-exit destructor
+/// included), so the allocator's hook reads it once and never fails.
+struct Here {
+    /// memlab's number for the thread (0 until first asked).
+    number: Cell<u64>,
+    /// The profiled statement running.
+    statement: Cell<Option<StatementRef>>,
+    /// The innermost dispose scope open (the top of `SCOPES`).
+    scope: Cell<Option<u64>>,
+}
+
 thread_local! {
-    static STATEMENT: Cell<Option<StatementRef>> = const { Cell::new(None) };
+    static HERE: Here = const {
+        Here { number: Cell::new(0), statement: Cell::new(None), scope: Cell::new(None) }
+    };
     static SCOPES: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
+}
+
+/// Where the calling thread is, as an event records it.
+#[derive(Clone, Copy)]
+pub(crate) struct Whereabouts {
+    pub thread: u64,
+    pub scope: Option<u64>,
+    pub statement: Option<StatementRef>,
+}
+
+/// The calling thread's number, innermost dispose scope and statement, read
+/// in one access.
+#[inline]
+pub(crate) fn whereabouts() -> Whereabouts {
+    HERE.try_with(|here| Whereabouts {
+        thread: number_of(here),
+        scope: here.scope.get(),
+        statement: here.statement.get(),
+    })
+    .unwrap_or(Whereabouts { thread: 0, scope: None, statement: None })
+}
+
+/// memlab's number for the calling thread (see [`super::thread_number`]).
+pub(crate) fn thread_number() -> u64 {
+    HERE.try_with(number_of).unwrap_or(0)
+}
+
+#[inline]
+fn number_of(here: &Here) -> u64 {
+    match here.number.get() {
+        0 => {
+            let number = next_thread_number();
+            here.number.set(number);
+            number
+        }
+        number => number,
+    }
+}
+
+#[cold]
+fn next_thread_number() -> u64 {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    crate::process::process_wide! {
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+    }
+    NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
 /// The profiled statement running on this thread, if any.
 pub fn current_statement() -> Option<StatementRef> {
-    STATEMENT.try_with(Cell::get).ok().flatten()
+    HERE.try_with(|here| here.statement.get()).ok().flatten()
 }
 
 /// Sets the running statement; returns the one it replaces.
 pub(crate) fn set_statement(statement: Option<StatementRef>) -> Option<StatementRef> {
-    STATEMENT.try_with(|s| s.replace(statement)).ok().flatten()
+    HERE.try_with(|here| here.statement.replace(statement)).ok().flatten()
 }
 
 /// The innermost dispose scope open on this thread.
 pub(crate) fn innermost_scope() -> Option<u64> {
-    SCOPES.try_with(|s| s.borrow().last().copied()).ok().flatten()
+    HERE.try_with(|here| here.scope.get()).ok().flatten()
 }
 
 pub(crate) fn push_scope(id: u64) {
-    let _ = SCOPES.try_with(|s| s.borrow_mut().push(id));
+    let _ = SCOPES.try_with(|s| {
+        s.borrow_mut().push(id);
+        set_innermost(s.borrow().last().copied());
+    });
 }
 
 /// Removes `id` wherever it is (scopes should close innermost first, but a
@@ -96,5 +160,10 @@ pub(crate) fn remove_scope(id: u64) {
         if let Some(pos) = s.iter().rposition(|x| *x == id) {
             s.remove(pos);
         }
+        set_innermost(s.last().copied());
     });
+}
+
+fn set_innermost(scope: Option<u64>) {
+    let _ = HERE.try_with(|here| here.scope.set(scope));
 }

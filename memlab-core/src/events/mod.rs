@@ -399,16 +399,7 @@ pub fn unwind_cache_stats() -> (u64, u64, u64) {
 /// A small number for the calling thread, stable for its lifetime: 1 for the
 /// first thread that asks, 2 for the next, and so on.
 pub fn thread_number() -> u64 {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    crate::process::process_wide! {
-        static NEXT: AtomicU64 = AtomicU64::new(1);
-    }
-    thread_local! {
-        static NUMBER: u64 = NEXT.fetch_add(1, Ordering::Relaxed);
-    }
-    // 0 on a thread whose thread-locals are gone (a free in a destructor at
-    // thread exit): no panic inside an allocator's hook.
-    NUMBER.try_with(|n| *n).unwrap_or(0)
+    context::thread_number()
 }
 
 #[cfg(test)]

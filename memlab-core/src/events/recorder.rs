@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::clock::{is_active, now_ns, set_active, start};
 use super::context::{self, StatementRef};
-use super::{thread_number, Action, Backtrace, Event};
+use super::{Action, Backtrace, Event};
 use crate::device::Device;
 
 /// How the recorder works.
@@ -195,8 +195,39 @@ struct Recorder {
     dropped: u64,
     /// Allocations left out of the live set for want of memory to grow it.
     untracked: u64,
-    live: FastMap<(Device, u64), LiveAllocation>,
+    /// By device and address: what the live set keeps of each allocation.
+    live: FastMap<(Device, u64), Held>,
     scopes: FastMap<u64, Account>,
+}
+
+/// What the live set keeps of an allocation: a [`LiveAllocation`] without
+/// the device and address its key holds. Every allocation event writes one,
+/// so it is kept small.
+#[derive(Clone)]
+struct Held {
+    size: u64,
+    seq: u64,
+    time_ns: u64,
+    thread: u64,
+    scope: Option<u64>,
+    statement: Option<StatementRef>,
+    backtrace: Option<Arc<Backtrace>>,
+}
+
+impl Held {
+    fn at(&self, (device, address): (Device, u64)) -> LiveAllocation {
+        LiveAllocation {
+            device,
+            address,
+            size: self.size,
+            seq: self.seq,
+            time_ns: self.time_ns,
+            thread: self.thread,
+            scope: self.scope,
+            statement: self.statement,
+            backtrace: self.backtrace.clone(),
+        }
+    }
 }
 
 crate::process::process_wide! {
@@ -352,9 +383,7 @@ pub fn record_counted(device: Device, action: Action, address: u64, size: u64, s
     // Nothing from here to `count()` under the lock can panic (every
     // thread-local is read with `try_with`): the event is counted once.
     let time_ns = now_ns();
-    let thread = thread_number();
-    let scope = context::innermost_scope();
-    let statement = context::current_statement();
+    let context::Whereabouts { thread, scope, statement } = context::whereabouts();
     // Allocations, and failed requests: the frames of the failing call.
     let backtrace = (matches!(action, Action::Alloc | Action::Oom) && BACKTRACES.load(Ordering::Relaxed))
         .then(|| Arc::new(Backtrace::capture()));
@@ -370,17 +399,7 @@ pub fn record_counted(device: Device, action: Action, address: u64, size: u64, s
                     counts.created += 1;
                     counts.created_bytes += size;
                 }
-                let live = LiveAllocation {
-                    device,
-                    address,
-                    size,
-                    seq,
-                    time_ns,
-                    thread,
-                    scope,
-                    statement,
-                    backtrace: backtrace.clone(),
-                };
+                let live = Held { size, seq, time_ns, thread, scope, statement, backtrace: backtrace.clone() };
                 // Growing the live set can fail when memory runs out: the
                 // allocation then goes untracked (and is counted), rather
                 // than the process aborting inside the allocator.
@@ -471,7 +490,7 @@ fn stats_of(r: &Recorder) -> Stats {
 
 /// Everything allocated now, oldest first (empty while recording is off).
 pub fn live() -> Vec<LiveAllocation> {
-    let mut all: Vec<LiveAllocation> = with(|r| r.live.values().cloned().collect());
+    let mut all: Vec<LiveAllocation> = with(|r| r.live.iter().map(|(key, held)| held.at(*key)).collect());
     all.sort_by_key(|l| l.seq);
     all
 }
@@ -484,7 +503,7 @@ pub fn live_seqs(keys: &[(Device, u64)]) -> Vec<Option<u64>> {
 
 /// The live allocation at `address` on `device`, if recording saw it made.
 pub fn attribute(device: Device, address: u64) -> Option<LiveAllocation> {
-    with(|r| r.live.get(&(device, address)).cloned())
+    with(|r| r.live.get(&(device, address)).map(|held| held.at((device, address))))
 }
 
 /// Opens a dispose scope on this thread and returns its id. Recording must be
@@ -537,18 +556,18 @@ pub fn scope_close(id: u64, model: &HashSet<(Device, u64)>) -> ScopeOutcome {
         let mut devices = account.devices;
         let mut escaped: Vec<LiveAllocation> = Vec::new();
         let mut model_state: Vec<LiveAllocation> = Vec::new();
-        for live in r.live.values_mut().filter(|l| l.scope == Some(id)) {
-            let counts = devices.entry(live.device).or_default();
-            if model.contains(&(live.device, live.address)) {
+        for (&key, live) in r.live.iter_mut().filter(|(_, l)| l.scope == Some(id)) {
+            let counts = devices.entry(key.0).or_default();
+            if model.contains(&key) {
                 counts.model_state += 1;
                 counts.model_state_bytes += live.size;
                 live.scope = None;
-                model_state.push(live.clone());
+                model_state.push(live.at(key));
             } else {
                 counts.escaped += 1;
                 counts.escaped_bytes += live.size;
                 live.scope = parent;
-                escaped.push(live.clone());
+                escaped.push(live.at(key));
             }
         }
         escaped.sort_by_key(|l| l.seq);
