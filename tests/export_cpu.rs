@@ -73,7 +73,7 @@ fn a_cpu_recording_opens_in_pytorchs_reader() {
     assert_eq!(summary["partial"], false);
 
     // The profiled statement names its line in the innermost user frame.
-    let cpu = snapshot.memlab.devices.iter().position(|d| d == "cpu").unwrap();
+    let cpu = snapshot.devices().iter().position(|d| d == "cpu").unwrap();
     let line = line_of("let logits = net.forward(&x);");
     let logits = snapshot.device_traces[cpu]
         .iter()
@@ -102,7 +102,7 @@ fn a_helper_called_from_a_profiled_statement_keeps_its_own_line() {
     let recording = memlab::Recording::start(memlab::events::Settings::default().backtraces(true)).unwrap();
     let buffer = calls_a_helper();
     let snapshot = Exporter::registered().snapshot().unwrap();
-    let cpu = snapshot.memlab.devices.iter().position(|d| d == "cpu").unwrap();
+    let cpu = snapshot.devices().iter().position(|d| d == "cpu").unwrap();
     let alloc = snapshot.device_traces[cpu]
         .iter()
         .find(|e| e.action == "alloc" && e.size == 777 * 4)
@@ -125,7 +125,8 @@ fn a_bounded_history_says_the_data_is_partial() {
     let recording = memlab::Recording::start(memlab::events::Settings::default().capacity(4)).unwrap();
     let tensors: Vec<Tensor> = (0..10).map(|_| floats(64)).collect();
     let snapshot = Exporter::registered().snapshot().unwrap();
-    assert!(snapshot.memlab.partial && snapshot.memlab.dropped >= 6, "{:?}", snapshot.memlab);
+    let info = snapshot.memlab.as_ref().expect("memlab's notes");
+    assert!(info.partial && info.dropped >= 6, "{info:?}");
     let path = temp("partial.pickle");
     snapshot.write_pickle(&path).unwrap();
     let summary: serde_json::Value = serde_json::from_str(&python(&["-c", VALIDATE, path.to_str().unwrap()])).unwrap();
@@ -371,7 +372,7 @@ fn the_trace_has_calls_steps_iterations_and_readings() {
 
     // Gradients of earlier steps died before the export (Adam's zero_grad
     // frees them): the walks at the logged steps named them.
-    let cpu = snapshot.memlab.devices.iter().position(|d| d == "cpu").unwrap();
+    let cpu = snapshot.devices().iter().position(|d| d == "cpu").unwrap();
     let entries = &snapshot.device_traces[cpu];
     let dead_gradient = entries.iter().enumerate().any(|(i, e)| {
         e.action == "alloc"
@@ -420,7 +421,7 @@ fn a_failed_cpu_request_is_an_oom_event_and_the_error_still_arrives() {
     assert_eq!(trace.ooms.len(), 1);
     assert_eq!((trace.ooms[0].requested, trace.ooms[0].device_free), (1 << 48, Some(oom.address)));
     let snapshot = Exporter::registered().snapshot().unwrap();
-    let cpu = snapshot.memlab.devices.iter().position(|d| d == "cpu").unwrap();
+    let cpu = snapshot.devices().iter().position(|d| d == "cpu").unwrap();
     let entry = snapshot.device_traces[cpu].iter().find(|e| e.action == "oom").expect("an oom entry");
     assert_eq!((entry.size, entry.device_free), (1 << 48, Some(oom.address)));
     assert_eq!(entry.frames.first().map(|f| f.line), Some(line));

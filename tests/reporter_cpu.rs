@@ -232,7 +232,7 @@ fn one_model_names_memory_for_every_tool_as_their_own_builders_do() {
     // The exporter: the snapshot's categories are the model's, as its own builders give them.
     let categories = |exporter: memlab::export::Exporter| {
         let snapshot = exporter.snapshot().unwrap();
-        let cpu = snapshot.memlab.devices.iter().position(|d| d == "cpu").unwrap();
+        let cpu = snapshot.devices().iter().position(|d| d == "cpu").unwrap();
         let allocs = snapshot.device_traces[cpu].iter().filter(|e| e.action == "alloc");
         allocs.map(|e| (e.size, e.category.map_or("none", |c| c.as_str()))).collect::<Vec<_>>()
     };

@@ -65,6 +65,14 @@ pub enum Error {
     /// it is not an optimizer memlab knows how to read.
     #[error("memlab cannot read this optimizer's state: {0}")]
     Optimizer(String),
+    /// A file is not a memory snapshot memlab can read.
+    #[error("cannot read {file}: {why}")]
+    UnreadableSnapshot {
+        /// The file.
+        file: String,
+        /// What is wrong with it, and what to do.
+        why: String,
+    },
     /// Reading or writing failed.
     #[error("could not {what}: {source}")]
     Io {

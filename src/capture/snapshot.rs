@@ -151,11 +151,11 @@ pub(crate) fn capture(sources: &Model) -> Result<Snapshot> {
     Ok(Snapshot {
         segments,
         device_traces: traces,
-        memlab: SnapshotInfo {
+        memlab: Some(SnapshotInfo {
             devices,
             partial: stats.dropped > 0 || stats.untracked > 0,
             dropped: stats.dropped,
             recorded: stats.recorded,
-        },
+        }),
     })
 }

@@ -18,7 +18,7 @@ use memlab_core::export::{HtmlReport, Snapshot, Trace};
 /// let recording = memlab::Recording::start(memlab::events::Settings::default())?;
 /// let kept = Tensor::ones([256], (Kind::Float, Device::Cpu));
 /// let snapshot = memlab::export::Exporter::registered().snapshot()?;
-/// let cpu = snapshot.memlab.devices.iter().position(|d| d == "cpu").unwrap();
+/// let cpu = snapshot.devices().iter().position(|d| d == "cpu").unwrap();
 /// assert!(snapshot.device_traces[cpu].iter().any(|e| e.action == "alloc" && e.size == 1024));
 /// let path = std::env::temp_dir().join(format!("memlab-doc-{}.pickle", std::process::id()));
 /// snapshot.write_pickle(&path)?; // opens in pytorch.org/memory_viz

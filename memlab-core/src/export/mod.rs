@@ -13,10 +13,13 @@
 
 mod html;
 mod pickle;
+mod read;
 mod snapshot;
 mod trace;
+mod unpickle;
 
 pub use html::{DeviceTimeline, FlameNode, HtmlReport, PeakRow, Point};
+pub use read::SnapshotFile;
 pub use snapshot::{
     Block, BlockState, Category, Frames, Segment, SegmentType, Snapshot, SnapshotFrame, SnapshotInfo, Stack, TraceEntry,
 };
@@ -86,7 +89,7 @@ mod tests {
                 }],
             }],
             device_traces: vec![vec![entry(Action::Alloc, 1024), entry(Action::FreeRequested, 1024)]],
-            memlab: SnapshotInfo { devices: vec!["cuda:0".into()], partial: false, dropped: 0, recorded: 2 },
+            memlab: Some(SnapshotInfo { devices: vec!["cuda:0".into()], partial: false, dropped: 0, recorded: 2 }),
         };
         let pickle = snapshot.to_pickle().unwrap();
         let text = String::from_utf8_lossy(&pickle);

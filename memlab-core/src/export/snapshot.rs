@@ -239,11 +239,24 @@ pub struct Snapshot {
     pub segments: Vec<Segment>,
     /// Per device (see [`SnapshotInfo::devices`]): its events, oldest first.
     pub device_traces: Vec<Vec<TraceEntry>>,
-    /// memlab's notes on the data.
-    pub memlab: SnapshotInfo,
+    /// memlab's notes on the data: `None` in PyTorch's own snapshots.
+    pub memlab: Option<SnapshotInfo>,
 }
 
 impl Snapshot {
+    /// The device of each index of `device_traces` (and of a segment's
+    /// `device`): memlab's names (`cuda:0`, …, `cpu`), or for PyTorch's own
+    /// snapshots, which trace CUDA devices only, `cuda:N` for index N.
+    pub fn devices(&self) -> Vec<String> {
+        match &self.memlab {
+            Some(info) => info.devices.clone(),
+            None => {
+                let segments = self.segments.iter().map(|s| s.device + 1).max().unwrap_or(0);
+                (0..self.device_traces.len().max(segments)).map(|i| format!("cuda:{i}")).collect()
+            }
+        }
+    }
+
     /// The snapshot as a pickle, as `torch.cuda.memory._dump_snapshot`
     /// writes it.
     pub fn to_pickle(&self) -> Result<Vec<u8>> {
@@ -257,17 +270,19 @@ impl Snapshot {
                     p.list(|p| trace.iter().for_each(|e| entry(p, e)));
                 }
             });
-            p.str("memlab");
-            p.dict(|p| {
-                p.str("devices");
-                p.list(|p| self.memlab.devices.iter().for_each(|d| p.str(d)));
-                p.str("partial");
-                p.bool(self.memlab.partial);
-                p.str("dropped");
-                p.int(self.memlab.dropped.into());
-                p.str("recorded");
-                p.int(self.memlab.recorded.into());
-            });
+            if let Some(memlab) = &self.memlab {
+                p.str("memlab");
+                p.dict(|p| {
+                    p.str("devices");
+                    p.list(|p| memlab.devices.iter().for_each(|d| p.str(d)));
+                    p.str("partial");
+                    p.bool(memlab.partial);
+                    p.str("dropped");
+                    p.int(memlab.dropped.into());
+                    p.str("recorded");
+                    p.int(memlab.recorded.into());
+                });
+            }
         });
         Ok(p.finish())
     }

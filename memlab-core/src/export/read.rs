@@ -1,0 +1,617 @@
+//! Reading a memory snapshot back: memlab's pickles and PyTorch's own
+//! (`torch.cuda.memory._dump_snapshot`), protocols 2 to 5, into the same
+//! [`Snapshot`] model the writer writes.
+//!
+//! Keys the model has no place for are counted, not refused: PyTorch adds
+//! keys between versions (`allocator_settings`, `external_annotations`,
+//! `compile_context`, `user_metadata`, …). A file without `segments` or
+//! `device_traces` is not a snapshot and is refused, as is any pickle that
+//! builds objects (see [`unpickle`](super::unpickle)).
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::io::{Read, Seek};
+use std::path::Path;
+use std::rc::Rc;
+use std::sync::Arc;
+
+use super::snapshot::{
+    Block, BlockState, Category, Segment, SegmentType, Snapshot, SnapshotFrame, SnapshotInfo, Stack,
+};
+use super::unpickle::{self, Dict, Fault, List, Shaper, Strings, Value};
+use super::TraceEntry;
+use crate::events::Action;
+use crate::hash::FastMap;
+use crate::{Error, Result};
+
+/// A snapshot read from a file, with what the reader left out.
+#[derive(Clone, Debug)]
+#[non_exhaustive]
+pub struct SnapshotFile {
+    /// The snapshot.
+    pub snapshot: Snapshot,
+    /// The pickle's protocol (2 to 5).
+    pub protocol: u8,
+    /// Keys the model has no place for, by where they occur
+    /// (`device_traces[][].compile_context`), with how often: read past.
+    pub ignored: BTreeMap<String, u64>,
+}
+
+impl Snapshot {
+    /// Reads a snapshot pickle: memlab's, or one PyTorch's
+    /// `torch.cuda.memory._dump_snapshot` wrote. Files of gigabytes are read
+    /// through a buffer, twice, never whole into memory.
+    pub fn read_pickle(path: impl AsRef<Path>) -> Result<SnapshotFile> {
+        let path = path.as_ref();
+        let unreadable = |why: String| Error::UnreadableSnapshot { file: path.display().to_string(), why };
+        let meta = std::fs::metadata(path).map_err(|e| unreadable(io_why(&e)))?;
+        if meta.is_dir() {
+            return Err(unreadable("it is a directory; give a snapshot's file (a .pickle)".into()));
+        }
+        let file = File::open(path).map_err(|e| unreadable(io_why(&e)))?;
+        read(file).map_err(unreadable)
+    }
+
+    /// Reads a snapshot pickle from memory (see [`read_pickle`](Self::read_pickle)).
+    pub fn from_pickle(bytes: &[u8]) -> Result<SnapshotFile> {
+        read(std::io::Cursor::new(bytes)).map_err(|why| Error::UnreadableSnapshot { file: "the pickle".into(), why })
+    }
+}
+
+fn io_why(e: &std::io::Error) -> String {
+    match e.kind() {
+        std::io::ErrorKind::NotFound => "no such file".into(),
+        std::io::ErrorKind::PermissionDenied => "permission denied".into(),
+        _ => e.to_string(),
+    }
+}
+
+/// The keys the reader knows, interned before reading so that the shaper
+/// compares ids, not text.
+struct Keys {
+    action: u32,
+    addr: u32,
+    size: u32,
+    stream: u32,
+    time_us: u32,
+    frames: u32,
+    category: u32,
+    device_free: u32,
+    filename: u32,
+    line: u32,
+    name: u32,
+}
+
+impl Keys {
+    fn new(strings: &mut Strings) -> Keys {
+        let mut k = |s| strings.intern(s);
+        Keys {
+            action: k("action"),
+            addr: k("addr"),
+            size: k("size"),
+            stream: k("stream"),
+            time_us: k("time_us"),
+            frames: k("frames"),
+            category: k("category"),
+            device_free: k("device_free"),
+            filename: k("filename"),
+            line: k("line"),
+            name: k("name"),
+        }
+    }
+}
+
+/// Builds the trace entries and the stacks as the pickle is read.
+struct Builder {
+    keys: Keys,
+    /// Trace entries by [`Value::Shaped`] index; `None` for an action the
+    /// model does not know (PyTorch's `snapshot`, say), which is counted.
+    entries: Vec<Option<TraceEntry>>,
+    stacks: Stacks,
+    empty: Stack,
+    ignored: BTreeMap<String, u64>,
+    /// Ignored keys and actions of trace entries, by id: counted without
+    /// their text, named at the end.
+    ignored_entry_keys: FastMap<u32, u64>,
+    ignored_actions: FastMap<u32, u64>,
+}
+
+impl Builder {
+    /// Sets `items` in `entry`; false when its action is not one the model knows.
+    fn apply(
+        &mut self,
+        strings: &Strings,
+        entry: &mut TraceEntry,
+        items: Vec<(Value, Value)>,
+    ) -> std::result::Result<bool, String> {
+        let k = &self.keys;
+        let mut known = true;
+        for (key, value) in items {
+            let Some(key) = key.as_str() else { return Err("a trace entry has a key that is not a string".into()) };
+            let number = |what: &str| {
+                value.as_u64().ok_or_else(|| format!("a trace entry's `{what}` is {}, not a count", value.kind()))
+            };
+            if key == k.action {
+                let name = value.as_str().ok_or("a trace entry's `action` is not a string")?;
+                match Action::from_name(strings.text(name)) {
+                    Some(action) => entry.action = action,
+                    None => {
+                        *self.ignored_actions.entry(name).or_default() += 1;
+                        known = false;
+                    }
+                }
+            } else if key == k.addr {
+                entry.addr = Some(number("addr")?);
+            } else if key == k.size {
+                entry.size = number("size")?;
+            } else if key == k.stream {
+                entry.stream = number("stream")?;
+            } else if key == k.time_us {
+                entry.time_us = number("time_us")?;
+            } else if key == k.device_free {
+                entry.device_free = Some(number("device_free")?);
+            } else if key == k.frames {
+                entry.frames = self.stacks.of(strings, k, &value)?;
+            } else if key == k.category {
+                // PyTorch's profiler may leave it None.
+                entry.category = value.as_str().and_then(|c| Category::from_name(strings.text(c)));
+            } else {
+                *self.ignored_entry_keys.entry(key).or_default() += 1;
+            }
+        }
+        Ok(known)
+    }
+}
+
+impl Shaper for Builder {
+    fn shape(
+        &mut self,
+        strings: &Strings,
+        items: &mut Vec<(Value, Value)>,
+    ) -> std::result::Result<Option<Value>, String> {
+        // A trace entry: a dict with `action` and `size` (a segment has no action).
+        let has = |key| items.iter().any(|(k, _)| k.as_str() == Some(key));
+        if !(has(self.keys.action) && has(self.keys.size)) {
+            return Ok(None);
+        }
+        let mut entry = TraceEntry {
+            action: Action::Alloc,
+            addr: None,
+            size: 0,
+            stream: 0,
+            time_us: 0,
+            frames: self.empty.clone(),
+            category: None,
+            device_free: None,
+        };
+        let known = self.apply(strings, &mut entry, std::mem::take(items))?;
+        self.entries.push(known.then_some(entry));
+        Ok(Some(Value::Shaped((self.entries.len() - 1) as u32)))
+    }
+
+    fn extend(
+        &mut self,
+        strings: &Strings,
+        shaped: u32,
+        items: Vec<(Value, Value)>,
+    ) -> std::result::Result<(), String> {
+        let Some(mut entry) = self.entries[shaped as usize].take() else { return Ok(()) };
+        let known = self.apply(strings, &mut entry, items)?;
+        self.entries[shaped as usize] = known.then_some(entry);
+        Ok(())
+    }
+}
+
+/// Stacks, each distinct one built once: by the list's identity when the
+/// pickle shares the list (memlab's files), else by its frames.
+#[derive(Default)]
+struct Stacks {
+    /// Frames by (file, line, function) ids.
+    frame_ids: FastMap<(u32, u32, u32), u32>,
+    frames: Vec<(u32, u32, u32)>,
+    by_frames: FastMap<Box<[u32]>, Stack>,
+    /// Shared lists, kept alive here so that their address names them.
+    by_list: FastMap<usize, (List, Stack)>,
+    /// Shared frame dicts likewise.
+    by_dict: FastMap<usize, (Dict, u32)>,
+    scratch: Vec<u32>,
+}
+
+impl Stacks {
+    fn of(&mut self, strings: &Strings, k: &Keys, value: &Value) -> std::result::Result<Stack, String> {
+        let list = match value {
+            Value::List(list) => list,
+            Value::Tuple(items) => return self.build(strings, k, items),
+            Value::None => return Ok(Arc::from(Vec::new())),
+            other => return Err(format!("`frames` is {}, not a list", other.kind())),
+        };
+        let shared = Rc::strong_count(list) > 1;
+        if shared {
+            if let Some((_, stack)) = self.by_list.get(&(Rc::as_ptr(list) as usize)) {
+                return Ok(stack.clone());
+            }
+        }
+        let stack = self.build(strings, k, &list.borrow())?;
+        if shared {
+            self.by_list.insert(Rc::as_ptr(list) as usize, (list.clone(), stack.clone()));
+        }
+        Ok(stack)
+    }
+
+    fn build(&mut self, strings: &Strings, k: &Keys, items: &[Value]) -> std::result::Result<Stack, String> {
+        let mut ids = std::mem::take(&mut self.scratch);
+        ids.clear();
+        for item in items {
+            ids.push(self.frame(k, item)?);
+        }
+        let stack = match self.by_frames.get(ids.as_slice()) {
+            Some(stack) => stack.clone(),
+            None => {
+                let stack: Stack = ids
+                    .iter()
+                    .map(|&id| {
+                        let (file, line, name) = self.frames[id as usize];
+                        SnapshotFrame { filename: strings.text(file).into(), line, name: strings.text(name).into() }
+                    })
+                    .collect::<Vec<_>>()
+                    .into();
+                self.by_frames.insert(ids.as_slice().into(), stack.clone());
+                stack
+            }
+        };
+        self.scratch = ids;
+        Ok(stack)
+    }
+
+    fn frame(&mut self, k: &Keys, item: &Value) -> std::result::Result<u32, String> {
+        let Value::Dict(dict) = item else { return Err(format!("a frame is {}, not a dict", item.kind())) };
+        let shared = Rc::strong_count(dict) > 1;
+        if shared {
+            if let Some((_, id)) = self.by_dict.get(&(Rc::as_ptr(dict) as usize)) {
+                return Ok(*id);
+            }
+        }
+        let (mut file, mut line, mut name) = (None, 0u32, None);
+        for (key, value) in dict.borrow().iter() {
+            match key.as_str() {
+                Some(key) if key == k.filename => file = value.as_str(),
+                Some(key) if key == k.name => name = value.as_str(),
+                Some(key) if key == k.line => line = value.as_u64().and_then(|l| u32::try_from(l).ok()).unwrap_or(0),
+                _ => {}
+            }
+        }
+        let (Some(file), Some(name)) = (file, name) else {
+            return Err("a frame without `filename` or `name`".into());
+        };
+        let next = self.frames.len() as u32;
+        let id = *self.frame_ids.entry((file, line, name)).or_insert(next);
+        if id == next {
+            self.frames.push((file, line, name));
+        }
+        if shared {
+            self.by_dict.insert(Rc::as_ptr(dict) as usize, (dict.clone(), id));
+        }
+        Ok(id)
+    }
+}
+
+fn read<R: Read + Seek>(source: R) -> std::result::Result<SnapshotFile, String> {
+    let mut strings = Strings::default();
+    let keys = Keys::new(&mut strings);
+    let mut builder = Builder {
+        keys,
+        entries: Vec::new(),
+        stacks: Stacks::default(),
+        empty: Arc::from(Vec::new()),
+        ignored: BTreeMap::new(),
+        ignored_entry_keys: FastMap::default(),
+        ignored_actions: FastMap::default(),
+    };
+    let pickle = unpickle::read(source, strings, &mut builder).map_err(|f: Fault| f.to_string())?;
+    let strings = pickle.strings;
+    let Value::Dict(top) = pickle.value else {
+        return Err(format!(
+            "not a memory snapshot: the pickle holds {}, not the dict of `segments` and `device_traces` that \
+             torch.cuda.memory._dump_snapshot writes",
+            pickle.value.kind()
+        ));
+    };
+    let top = std::mem::take(&mut *top.borrow_mut());
+    let mut segments = None;
+    let mut traces = None;
+    let mut memlab = None;
+    for (key, value) in top {
+        let Some(key) = key.as_str().map(|k| strings.text(k)) else { continue };
+        match key {
+            "segments" => segments = Some(value),
+            "device_traces" => traces = Some(value),
+            "memlab" => memlab = Some(value),
+            other => *builder.ignored.entry(other.to_string()).or_default() += 1,
+        }
+    }
+    let (Some(segments), Some(traces)) = (segments, traces) else {
+        return Err(
+            "not a memory snapshot: the pickle's dict has no `segments` or no `device_traces` (a snapshot from \
+             torch.cuda.memory._dump_snapshot or memlab has both)"
+                .into(),
+        );
+    };
+    let segments = read_segments(&strings, &mut builder, &segments)?;
+    let device_traces = read_traces(&strings, &mut builder, &traces)?;
+    let memlab = memlab.map(|m| read_info(&strings, &mut builder, &m)).transpose()?;
+    let mut ignored = builder.ignored;
+    for (key, count) in builder.ignored_entry_keys {
+        *ignored.entry(format!("device_traces[][].{}", strings.text(key))).or_default() += count;
+    }
+    for (action, count) in builder.ignored_actions {
+        *ignored.entry(format!("device_traces[][].action={}", strings.text(action))).or_default() += count;
+    }
+    Ok(SnapshotFile { snapshot: Snapshot { segments, device_traces, memlab }, protocol: pickle.protocol, ignored })
+}
+
+/// The items of a dict value, keys as text.
+fn items<'v>(strings: &'v Strings, value: &Value, what: &str) -> std::result::Result<Vec<(&'v str, Value)>, String> {
+    let Value::Dict(dict) = value else { return Err(format!("{what} is {}, not a dict", value.kind())) };
+    Ok(dict.borrow().iter().filter_map(|(k, v)| Some((strings.text(k.as_str()?), v.clone()))).collect())
+}
+
+fn list_of(value: &Value, what: &str) -> std::result::Result<Vec<Value>, String> {
+    match value {
+        Value::List(list) => Ok(list.borrow().clone()),
+        Value::Tuple(items) => Ok(items.to_vec()),
+        other => Err(format!("{what} is {}, not a list", other.kind())),
+    }
+}
+
+fn count(value: &Value, what: &str) -> std::result::Result<u64, String> {
+    value.as_u64().ok_or_else(|| format!("{what} is {}, not a count", value.kind()))
+}
+
+fn text<'s>(strings: &'s Strings, value: &Value, what: &str) -> std::result::Result<&'s str, String> {
+    value.as_str().map(|s| strings.text(s)).ok_or_else(|| format!("{what} is {}, not a string", value.kind()))
+}
+
+fn read_segments(strings: &Strings, b: &mut Builder, value: &Value) -> std::result::Result<Vec<Segment>, String> {
+    let mut segments = Vec::new();
+    for segment in list_of(value, "`segments`")? {
+        let mut s = Segment {
+            device: 0,
+            address: 0,
+            total_size: 0,
+            stream: 0,
+            segment_type: SegmentType::Large,
+            allocated_size: 0,
+            active_size: 0,
+            requested_size: 0,
+            is_expandable: false,
+            blocks: Vec::new(),
+        };
+        let (mut allocated, mut active, mut requested, mut blocks) = (None, None, None, None);
+        for (key, value) in items(strings, &segment, "a segment")? {
+            let what = || format!("a segment's `{key}`");
+            match key {
+                "device" => s.device = count(&value, &what())? as usize,
+                "address" => s.address = count(&value, &what())?,
+                "total_size" => s.total_size = count(&value, &what())?,
+                "stream" => s.stream = count(&value, &what())?,
+                "allocated_size" => allocated = Some(count(&value, &what())?),
+                "active_size" => active = Some(count(&value, &what())?),
+                "requested_size" => requested = Some(count(&value, &what())?),
+                "is_expandable" => s.is_expandable = matches!(value, Value::Bool(true)),
+                "segment_type" => {
+                    let name = text(strings, &value, &what())?;
+                    s.segment_type = SegmentType::from_name(name)
+                        .ok_or_else(|| format!("a segment's type is `{name}`, not `small` or `large`"))?;
+                }
+                "blocks" => blocks = Some(value),
+                other => *b.ignored.entry(format!("segments[].{other}")).or_default() += 1,
+            }
+        }
+        let blocks = blocks.ok_or("a segment without `blocks`")?;
+        // Blocks of older PyTorch versions have no address: they follow
+        // each other from the segment's.
+        let mut next = s.address;
+        for block in list_of(&blocks, "a segment's `blocks`")? {
+            let mut address = None;
+            let (mut size, mut block_requested, mut state, mut frames) = (None, None, None, None);
+            for (key, value) in items(strings, &block, "a block")? {
+                let what = || format!("a block's `{key}`");
+                match key {
+                    "address" => address = Some(count(&value, &what())?),
+                    "size" => size = Some(count(&value, &what())?),
+                    "requested_size" => block_requested = Some(count(&value, &what())?),
+                    "state" => {
+                        let name = text(strings, &value, &what())?;
+                        state =
+                            Some(BlockState::from_name(name).ok_or_else(|| format!("a block's state is `{name}`"))?);
+                    }
+                    "frames" => frames = Some(b.stacks.of(strings, &b.keys, &value)?),
+                    other => *b.ignored.entry(format!("segments[].blocks[].{other}")).or_default() += 1,
+                }
+            }
+            let size = size.ok_or("a block without `size`")?;
+            let state = state.ok_or("a block without `state`")?;
+            let address = address.unwrap_or(next);
+            next = address + size;
+            let requested = block_requested.unwrap_or(if state == BlockState::Inactive { 0 } else { size });
+            s.blocks.push(Block {
+                address,
+                size,
+                requested_size: requested,
+                state,
+                frames: frames.unwrap_or_else(|| Arc::from(Vec::new())),
+            });
+        }
+        // Older snapshots leave out the sums; they follow from the blocks.
+        let sum = |f: &dyn Fn(&Block) -> u64| s.blocks.iter().map(f).sum::<u64>();
+        s.allocated_size = allocated
+            .unwrap_or_else(|| sum(&|bl: &Block| if bl.state == BlockState::ActiveAllocated { bl.size } else { 0 }));
+        s.active_size =
+            active.unwrap_or_else(|| sum(&|bl: &Block| if bl.state == BlockState::Inactive { 0 } else { bl.size }));
+        s.requested_size = requested.unwrap_or_else(|| sum(&|bl: &Block| bl.requested_size));
+        segments.push(s);
+    }
+    Ok(segments)
+}
+
+fn read_traces(strings: &Strings, b: &mut Builder, value: &Value) -> std::result::Result<Vec<Vec<TraceEntry>>, String> {
+    let mut traces = Vec::new();
+    for trace in list_of(value, "`device_traces`")? {
+        let Value::List(list) = trace else {
+            return Err(format!("a device's trace is {}, not a list", trace.kind()));
+        };
+        let list = std::mem::take(&mut *list.borrow_mut());
+        let mut entries = Vec::with_capacity(list.len());
+        for item in list {
+            let index = match item {
+                Value::Shaped(index) => index,
+                // A dict the pickle shares was not shaped as it was read.
+                Value::Dict(dict) => match b.shape(strings, &mut dict.borrow().clone())? {
+                    Some(Value::Shaped(index)) => index,
+                    _ => return Err("a trace entry without `action` or `size`".into()),
+                },
+                other => return Err(format!("a trace entry is {}, not a dict", other.kind())),
+            };
+            // Entries of unknown actions were counted and are left out.
+            if let Some(entry) = b.entries[index as usize].take() {
+                entries.push(entry);
+            }
+        }
+        traces.push(entries);
+    }
+    Ok(traces)
+}
+
+fn read_info(strings: &Strings, b: &mut Builder, value: &Value) -> std::result::Result<SnapshotInfo, String> {
+    let mut info = SnapshotInfo { devices: Vec::new(), partial: false, dropped: 0, recorded: 0 };
+    for (key, value) in items(strings, value, "`memlab`")? {
+        match key {
+            "devices" => {
+                info.devices = list_of(&value, "`memlab.devices`")?
+                    .iter()
+                    .map(|d| text(strings, d, "a device").map(String::from))
+                    .collect::<std::result::Result<_, _>>()?;
+            }
+            "partial" => info.partial = matches!(value, Value::Bool(true)),
+            "dropped" => info.dropped = count(&value, "`memlab.dropped`")?,
+            "recorded" => info.recorded = count(&value, "`memlab.recorded`")?,
+            other => *b.ignored.entry(format!("memlab.{other}")).or_default() += 1,
+        }
+    }
+    Ok(info)
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+
+    use super::*;
+
+    fn fixture(name: &str) -> PathBuf {
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures").join(name)
+    }
+
+    #[test]
+    fn pytorch_snapshots_read_with_their_extra_keys_counted() {
+        let file = Snapshot::read_pickle(fixture("leaky.pickle")).unwrap();
+        let s = &file.snapshot;
+        assert_eq!(file.protocol, 4);
+        assert!(s.memlab.is_none());
+        assert_eq!((s.segments.len(), s.device_traces.len()), (15, 1));
+        let trace = &s.device_traces[0];
+        assert_eq!(trace.len(), 487);
+        let count = |a: Action| trace.iter().filter(|e| e.action == a).count();
+        assert_eq!(
+            [Action::Alloc, Action::FreeRequested, Action::FreeCompleted, Action::SegmentAlloc].map(count),
+            [184, 146, 146, 11]
+        );
+        assert_eq!(file.ignored.get("device_traces[][].compile_context"), Some(&487));
+        assert_eq!(file.ignored.get("segments[].segment_pool_id"), Some(&15));
+        assert!(file.ignored.contains_key("allocator_settings"));
+        let first = &trace[0];
+        assert_eq!((first.addr, first.size, first.time_us), (Some(139883191910912), 524288, 1795489044207495));
+        assert_eq!(first.frames[0].name, "leaky_or_fixed");
+        assert_eq!(first.frames[0].line, 78);
+        assert_eq!(s.devices(), ["cuda:0"]);
+        // The segments add up as PyTorch wrote them.
+        let segment = &s.segments[0];
+        assert_eq!(segment.blocks.iter().map(|b| b.size).sum::<u64>(), segment.total_size);
+    }
+
+    #[test]
+    fn every_protocol_reads_the_same() {
+        let read = |name| Snapshot::read_pickle(fixture(name)).unwrap();
+        let (p4, p2, p5) = (read("mlp.pickle"), read("mlp_protocol2.pickle"), read("mlp_protocol5.pickle"));
+        assert_eq!((p4.protocol, p2.protocol, p5.protocol), (4, 2, 5));
+        for other in [&p2, &p5] {
+            assert_eq!(format!("{:?}", other.snapshot), format!("{:?}", p4.snapshot));
+            assert_eq!(other.ignored, p4.ignored);
+        }
+    }
+
+    #[test]
+    fn memlab_snapshots_read_back_as_written() {
+        let frames: Stack =
+            Arc::from(vec![SnapshotFrame { filename: "src/train.rs".into(), line: 7, name: "step".into() }]);
+        let entry = |action, addr, size, time_us| TraceEntry {
+            action,
+            addr: Some(addr),
+            size,
+            stream: 0,
+            time_us,
+            frames: frames.clone(),
+            category: (action == Action::Alloc).then_some(Category::Gradient),
+            device_free: None,
+        };
+        let written = Snapshot {
+            segments: vec![Segment {
+                device: 0,
+                address: 1 << 63,
+                total_size: 2 << 20,
+                stream: 7,
+                segment_type: SegmentType::Small,
+                allocated_size: 512,
+                active_size: 512,
+                requested_size: 500,
+                is_expandable: true,
+                blocks: vec![Block {
+                    address: 1 << 63,
+                    size: 512,
+                    requested_size: 500,
+                    state: BlockState::ActiveAllocated,
+                    frames: frames.clone(),
+                }],
+            }],
+            device_traces: vec![
+                vec![entry(Action::Alloc, 1 << 63, 512, 3), entry(Action::SegmentMap, 4096, 1 << 21, 4)],
+                vec![entry(Action::Alloc, 64, 100, 5), entry(Action::FreeRequested, 64, 100, 6)],
+            ],
+            memlab: Some(SnapshotInfo {
+                devices: vec!["cuda:0".into(), "cpu".into()],
+                partial: true,
+                dropped: 3,
+                recorded: 7,
+            }),
+        };
+        let read = Snapshot::from_pickle(&written.to_pickle().unwrap()).unwrap();
+        assert_eq!(format!("{:?}", read.snapshot), format!("{written:?}"));
+        assert!(read.ignored.is_empty(), "{:?}", read.ignored);
+        // The stack shared in the file is one stack read back.
+        assert!(Arc::ptr_eq(&read.snapshot.device_traces[0][0].frames, &read.snapshot.device_traces[1][1].frames));
+    }
+
+    #[test]
+    fn what_is_not_a_snapshot_is_refused_with_the_reason() {
+        let err = |bytes: &[u8]| Snapshot::from_pickle(bytes).unwrap_err().to_string();
+        // pickle.dumps([1, 2], protocol=4)
+        assert!(err(b"\x80\x04\x95\x09\x00\x00\x00\x00\x00\x00\x00]\x94(K\x01K\x02e.").contains("holds a list"));
+        // pickle.dumps({"segments": []}, protocol=4)
+        let no_traces = b"\x80\x04\x95\x11\x00\x00\x00\x00\x00\x00\x00}\x94\x8c\x08segments\x94]\x94s.";
+        assert!(err(no_traces).contains("no `segments` or no `device_traces`"), "{}", err(no_traces));
+        let dir = std::env::temp_dir();
+        let e = Snapshot::read_pickle(&dir).unwrap_err().to_string();
+        assert!(e.contains("is a directory"), "{e}");
+        let e = Snapshot::read_pickle(dir.join("memlab-no-such.pickle")).unwrap_err().to_string();
+        assert!(e.ends_with("no such file"), "{e}");
+    }
+}
