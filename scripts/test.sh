@@ -9,6 +9,13 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 cd "$MEMLAB_ROOT"
 cargo test --release --workspace "$@"
+# The command-line tool needs no libtorch to build or run: its tests again,
+# with the torch venv off PATH and LD_LIBRARY_PATH.
+(
+  PATH="$(printf '%s' "$PATH" | tr ':' '\n' | grep -vxF "$MEMLAB_VENV/bin" | paste -sd:)"
+  unset LD_LIBRARY_PATH LIBTORCH_USE_PYTORCH
+  cargo test --release -p memlab-cli
+)
 # The backend with its optional parts left out: their calls say which feature they need.
 cargo test --release -p memlab-tch --no-default-features --lib
 cargo clippy --release --workspace --all-targets -- -D warnings

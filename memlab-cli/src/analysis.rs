@@ -1,0 +1,408 @@
+//! A snapshot's history replayed, device by device: the peaks and when they
+//! happened, what was live at the allocated peak by category and by site,
+//! and how much of the history the file holds.
+//!
+//! The replay starts from what the file proves was live before its first
+//! event (blocks the trace frees without having seen them allocated, and
+//! blocks of the final segments the trace never touches) and applies every
+//! event. A block is released where the allocator releases it: at
+//! `free_completed` when the trace has those (CUDA), else at `free_requested`
+//! (memlab's CPU). Reserved bytes follow the segment events, starting from
+//! the final segments less what the trace added. At the end the replayed
+//! figures are checked against the final segments.
+//!
+//! Allocated bytes are counted as the tensors asked for them: a trace's
+//! `alloc` and `free` carry the size requested (the caching allocator
+//! rounds its blocks up from it, and the final segments give each block's
+//! `requested_size`). Reserved bytes include that rounding.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt;
+
+use memlab_core::events::Action;
+use memlab_core::export::{BlockState, Snapshot, SnapshotFile, SnapshotFrame, Stack, TraceEntry};
+use serde::Serialize;
+
+/// Where an allocation was made: the innermost frame of the program's own
+/// code (a frame of PyTorch, the standard libraries or C++ is skipped).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+pub struct Site {
+    /// The function.
+    pub function: String,
+    /// The source file, as the frames name it.
+    pub file: String,
+    /// The line.
+    pub line: u32,
+}
+
+impl Site {
+    /// The site of a stack (innermost frame first): its first frame of the
+    /// program's own code, else its innermost frame.
+    pub fn of(frames: &[SnapshotFrame]) -> Option<Site> {
+        let frame = frames.iter().find(|f| !is_library(&f.filename)).or_else(|| frames.first())?;
+        Some(Site { function: frame.name.clone(), file: frame.filename.clone(), line: frame.line })
+    }
+
+    /// The file's last two components: enough to know it in a table.
+    pub fn short_file(&self) -> &str {
+        let mut cut = self.file.len();
+        for _ in 0..2 {
+            match self.file[..cut].rfind('/') {
+                Some(i) => cut = i,
+                None => return &self.file,
+            }
+        }
+        &self.file[cut + 1..]
+    }
+}
+
+impl fmt::Display for Site {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{} ({}:{})", self.function, self.short_file(), self.line)
+    }
+}
+
+/// Whether a frame's file is library code rather than the program's own.
+fn is_library(file: &str) -> bool {
+    const PARTS: [&str; 7] = [
+        "/site-packages/",
+        "/dist-packages/",
+        "/lib/python",
+        "/.cargo/registry/",
+        "/.cargo/git/",
+        "/rustc/",
+        "/torch/",
+    ];
+    const NATIVE: [&str; 6] = [".cpp", ".cc", ".cu", ".cuh", ".h", ".hpp"];
+    file.is_empty()
+        || file == "??"
+        || file.starts_with('<')
+        || PARTS.iter().any(|p| file.contains(p))
+        || NATIVE.iter().any(|e| file.ends_with(e))
+}
+
+/// Bytes and the blocks that hold them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Bytes {
+    /// Bytes.
+    pub bytes: u64,
+    /// Blocks (allocations).
+    pub blocks: u64,
+}
+
+impl Bytes {
+    fn add(&mut self, size: u64) {
+        self.bytes += size;
+        self.blocks += 1;
+    }
+}
+
+/// A moment of the history and the device's figures then.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct Moment {
+    /// Bytes allocated then, as the tensors asked for them.
+    pub allocated: u64,
+    /// Bytes reserved by the allocator then (`None` on the CPU, which
+    /// reserves nothing, or where the file cannot tell).
+    pub reserved: Option<u64>,
+    /// How many of the device's events had happened (0: before the first).
+    pub event: u64,
+    /// Microseconds after the device's first event.
+    pub time_us: u64,
+}
+
+/// Bytes live at the peak of one category.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct CategoryShare {
+    /// The category (`parameter`, `activation`, …), or `uncategorized`.
+    pub category: String,
+    /// What it held.
+    #[serde(flatten)]
+    pub held: Bytes,
+}
+
+/// Bytes live at the peak of one site.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct SiteShare {
+    /// The site; `None` for allocations without a stack.
+    pub site: Option<Site>,
+    /// Whether these are blocks allocated before the history (with no stack
+    /// in the final segments either).
+    pub before_history: bool,
+    /// What it held.
+    #[serde(flatten)]
+    pub held: Bytes,
+}
+
+/// A failed allocation in the history.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct OomAt {
+    /// Bytes asked for.
+    pub requested: u64,
+    /// What the device had free, as the allocator saw it.
+    pub device_free: Option<u64>,
+    /// Microseconds after the device's first event.
+    pub time_us: u64,
+}
+
+/// One device's history, replayed.
+#[derive(Clone, Debug, Serialize)]
+pub struct DeviceSummary {
+    /// The device (`cuda:0`, `cpu`).
+    pub device: String,
+    /// Events in its history.
+    pub events: u64,
+    /// Microseconds from its first event to its last.
+    pub span_us: u64,
+    /// The allocated peak (the first moment it was reached).
+    pub peak: Moment,
+    /// The reserved peak, where the device reserves.
+    pub reserved_peak: Option<Moment>,
+    /// The figures after the last event, as the final segments give them.
+    pub end: Moment,
+    /// Blocks live before the history's first event.
+    pub before: Bytes,
+    /// Why the history is partial (events are missing); empty when it is not.
+    pub partial: Vec<String>,
+    /// What was live at the peak, by category, largest first.
+    pub by_category: Vec<CategoryShare>,
+    /// What was live at the peak, by site, largest first.
+    pub by_site: Vec<SiteShare>,
+    /// Failed allocations.
+    pub ooms: Vec<OomAt>,
+}
+
+impl DeviceSummary {
+    /// Reserved but unallocated bytes at the allocated peak, where known.
+    pub fn unallocated_at_peak(&self) -> Option<u64> {
+        self.peak.reserved.map(|r| r.saturating_sub(self.peak.allocated))
+    }
+}
+
+/// The summary of a snapshot file.
+#[derive(Clone, Debug, Serialize)]
+pub struct Summary {
+    /// The file.
+    pub file: String,
+    /// Who wrote it: `memlab` or `pytorch`.
+    pub writer: &'static str,
+    /// Its pickle protocol.
+    pub protocol: u8,
+    /// One per device with events or segments.
+    pub devices: Vec<DeviceSummary>,
+    /// Keys the reader read past, by where they occur, with how often.
+    pub ignored: BTreeMap<String, u64>,
+}
+
+impl Summary {
+    /// Replays every device of `file`, read from `path`.
+    pub fn of(path: &str, file: &SnapshotFile) -> Summary {
+        let s = &file.snapshot;
+        let names = s.devices();
+        let devices = (0..names.len().max(s.device_traces.len()))
+            .filter_map(|index| {
+                let name = names.get(index).cloned().unwrap_or_else(|| format!("device {index}"));
+                replay(s, index, name)
+            })
+            .collect();
+        Summary {
+            file: path.to_string(),
+            writer: if s.memlab.is_some() { "memlab" } else { "pytorch" },
+            protocol: file.protocol,
+            devices,
+            ignored: file.ignored.clone(),
+        }
+    }
+}
+
+/// Where a live block came from.
+#[derive(Clone)]
+enum Origin {
+    /// The trace's event at this index.
+    Event(usize),
+    /// Before the history; the final segment's stack for it, if it lived on.
+    Before(Option<Stack>),
+}
+
+fn replay(s: &Snapshot, index: usize, device: String) -> Option<DeviceSummary> {
+    let empty = Vec::new();
+    let trace: &Vec<TraceEntry> = s.device_traces.get(index).unwrap_or(&empty);
+    let segments: Vec<_> = s.segments.iter().filter(|seg| seg.device == index).collect();
+    if trace.is_empty() && segments.is_empty() {
+        return None;
+    }
+    let cpu = device == "cpu";
+    // The action that gives a block back: CUDA's `free_completed` where the
+    // trace has them.
+    let release = if trace.iter().any(|e| e.action == Action::FreeCompleted) {
+        Action::FreeCompleted
+    } else {
+        Action::FreeRequested
+    };
+    // What lived before: blocks whose first event frees them, and blocks of
+    // the final segments the trace never touches.
+    let mut first: HashMap<u64, Action> = HashMap::new();
+    let mut start: HashMap<u64, (u64, Origin)> = HashMap::new();
+    let mut missing_frees = Bytes::default();
+    for e in trace {
+        let Some(addr) = e.addr else { continue };
+        if !matches!(e.action, Action::Alloc | Action::FreeRequested | Action::FreeCompleted) {
+            continue;
+        }
+        let first_action = *first.entry(addr).or_insert(e.action);
+        if first_action != Action::Alloc && e.action == release && !start.contains_key(&addr) {
+            start.insert(addr, (e.size, Origin::Before(None)));
+            missing_frees.add(e.size);
+        }
+    }
+    let live_blocks = || segments.iter().flat_map(|seg| &seg.blocks).filter(|b| b.state != BlockState::Inactive);
+    for block in live_blocks() {
+        if !first.contains_key(&block.address) {
+            let frames = (!block.frames.is_empty()).then(|| block.frames.clone());
+            start.insert(block.address, (block.requested_size, Origin::Before(frames)));
+        }
+    }
+    let before = start.values().fold(Bytes::default(), |mut b, (size, _)| {
+        b.add(*size);
+        b
+    });
+    // Reserved: the final segments less what the trace added.
+    let final_reserved: u64 = segments.iter().map(|seg| seg.total_size).sum();
+    let mut net: i128 = 0;
+    for e in trace {
+        match e.action {
+            Action::SegmentAlloc | Action::SegmentMap => net += i128::from(e.size),
+            Action::SegmentFree | Action::SegmentUnmap => net -= i128::from(e.size),
+            _ => {}
+        }
+    }
+    let mut partial = Vec::new();
+    if let Some(info) = s.memlab.as_ref().filter(|i| i.partial) {
+        partial.push(format!(
+            "memlab's recording dropped {} of its {} events (its history is bounded: raise `Settings::capacity`)",
+            info.dropped, info.recorded
+        ));
+    }
+    if missing_frees.blocks > 0 {
+        partial.push(format!(
+            "the history frees {} block(s) ({} bytes) it never saw allocated: it starts after they were (PyTorch \
+             keeps the last `max_entries` events)",
+            missing_frees.blocks, missing_frees.bytes
+        ));
+    }
+    let start_reserved = i128::from(final_reserved) - net;
+    let reserved_known = !cpu && start_reserved >= 0;
+    if !cpu && start_reserved < 0 {
+        partial.push("the segment events add up to more than the final segments: reserved bytes are unknown".into());
+    }
+    let t0 = trace.first().map_or(0, |e| e.time_us);
+    let when = |i: usize| trace.get(i).map_or(0, |e| e.time_us.saturating_sub(t0));
+
+    // First pass: the peaks.
+    let mut live = start.clone();
+    let mut allocated: u64 = before.bytes;
+    let mut reserved: i128 = start_reserved;
+    let reserved_now = |r: i128| reserved_known.then_some(r.max(0) as u64);
+    let mut peak = Moment { allocated, reserved: reserved_now(reserved), event: 0, time_us: 0 };
+    let mut reserved_peak = peak;
+    let mut peak_index = 0usize;
+    let mut ooms = Vec::new();
+    for (i, e) in trace.iter().enumerate() {
+        apply(e, i, release, &mut live, &mut allocated, &mut reserved);
+        if e.action == Action::Oom {
+            ooms.push(OomAt { requested: e.size, device_free: e.device_free, time_us: when(i) });
+        }
+        if allocated > peak.allocated {
+            peak = Moment { allocated, reserved: reserved_now(reserved), event: i as u64 + 1, time_us: when(i) };
+            peak_index = i + 1;
+        }
+        if reserved_known && reserved > i128::from(reserved_peak.reserved.unwrap_or(0)) {
+            reserved_peak =
+                Moment { allocated, reserved: reserved_now(reserved), event: i as u64 + 1, time_us: when(i) };
+        }
+    }
+    // The replay's end against the final segments.
+    let final_allocated: u64 = live_blocks().map(|b| b.requested_size).sum();
+    if allocated != final_allocated {
+        partial.push(format!(
+            "the replayed history ends with {allocated} bytes allocated where the final segments hold {final_allocated}"
+        ));
+    }
+    let end = Moment {
+        allocated: final_allocated,
+        reserved: (!cpu).then_some(final_reserved),
+        event: trace.len() as u64,
+        time_us: when(trace.len().saturating_sub(1)),
+    };
+
+    // Second pass: what was live at the peak.
+    let mut live = start;
+    let (mut allocated, mut reserved) = (before.bytes, start_reserved);
+    for (i, e) in trace.iter().enumerate().take(peak_index) {
+        apply(e, i, release, &mut live, &mut allocated, &mut reserved);
+    }
+    let mut categories: HashMap<String, Bytes> = HashMap::new();
+    let mut sites: HashMap<(Option<Site>, bool), Bytes> = HashMap::new();
+    let mut site_of_stack: HashMap<usize, Option<Site>> = HashMap::new();
+    for (size, origin) in live.values() {
+        let (category, frames) = match origin {
+            Origin::Event(i) => (trace[*i].category.map(|c| c.as_str()), Some(&trace[*i].frames)),
+            Origin::Before(frames) => (None, frames.as_ref()),
+        };
+        categories.entry(category.unwrap_or("uncategorized").to_string()).or_default().add(*size);
+        let site = match frames {
+            Some(frames) => site_of_stack.entry(frames.as_ptr() as usize).or_insert_with(|| Site::of(frames)).clone(),
+            None => None,
+        };
+        let before_history = site.is_none() && matches!(origin, Origin::Before(_));
+        sites.entry((site, before_history)).or_default().add(*size);
+    }
+    let mut by_category: Vec<CategoryShare> =
+        categories.into_iter().map(|(category, held)| CategoryShare { category, held }).collect();
+    by_category.sort_by(|a, b| b.held.bytes.cmp(&a.held.bytes).then_with(|| a.category.cmp(&b.category)));
+    let mut by_site: Vec<SiteShare> =
+        sites.into_iter().map(|((site, before_history), held)| SiteShare { site, before_history, held }).collect();
+    by_site.sort_by(|a, b| b.held.bytes.cmp(&a.held.bytes).then_with(|| a.site.cmp(&b.site)));
+
+    Some(DeviceSummary {
+        device,
+        events: trace.len() as u64,
+        span_us: when(trace.len().saturating_sub(1)),
+        peak,
+        reserved_peak: reserved_known.then_some(reserved_peak),
+        end,
+        before,
+        partial,
+        by_category,
+        by_site,
+        ooms,
+    })
+}
+
+fn apply(
+    e: &TraceEntry,
+    i: usize,
+    release: Action,
+    live: &mut HashMap<u64, (u64, Origin)>,
+    allocated: &mut u64,
+    reserved: &mut i128,
+) {
+    match e.action {
+        Action::Alloc => {
+            if let Some(addr) = e.addr {
+                if let Some((old, _)) = live.insert(addr, (e.size, Origin::Event(i))) {
+                    *allocated -= old;
+                }
+                *allocated += e.size;
+            }
+        }
+        a if a == release => {
+            if let Some((old, _)) = e.addr.and_then(|addr| live.remove(&addr)) {
+                *allocated -= old;
+            }
+        }
+        Action::SegmentAlloc | Action::SegmentMap => *reserved += i128::from(e.size),
+        Action::SegmentFree | Action::SegmentUnmap => *reserved -= i128::from(e.size),
+        _ => {}
+    }
+}
