@@ -16,7 +16,7 @@ case "$MEMLAB_TORCH_VERSION" in
     return 1 2>/dev/null || exit 1
     ;;
 esac
-MEMLAB_VENV="${MEMLAB_VENV:-$MEMLAB_DEFAULT_VENV}"
+export MEMLAB_VENV="${MEMLAB_VENV:-$MEMLAB_DEFAULT_VENV}"
 # The CUDA runtime's crt/ headers, which memlab's CUDA event hook compiles
 # against: both torch versions are built on CUDA 13.0, whose crt is 13.0.88.
 MEMLAB_CUDA_CRT_VERSION="13.0.88"

@@ -80,6 +80,24 @@ fn a_cpu_recording_opens_in_pytorchs_reader() {
         .find(|e| e.action == "alloc" && e.frames.first().is_some_and(|f| f.line == line))
         .unwrap_or_else(|| panic!("an allocation at line {line}"));
     assert!(logits.frames[0].name.contains("leaky_step"), "{:?}", logits.frames[0]);
+
+    // What the page needs beyond PyTorch's keys reads back as written: the
+    // names of what was alive at export, the line profile as data, libtorch.
+    let read = memlab::export::Snapshot::read_pickle(&path).unwrap();
+    assert_eq!(format!("{:?}", read.snapshot), format!("{snapshot:?}"));
+    assert!(read.ignored.is_empty(), "{:?}", read.ignored);
+    let info = read.snapshot.memlab.as_ref().unwrap();
+    assert_eq!(info.libtorch.as_deref(), Some(memlab::optimizer::libtorch_version()));
+    let profile = info.profile.as_ref().expect("a profiled function ran");
+    assert_eq!(profile.function("leaky_step").unwrap().calls, 3);
+    assert_eq!(profile.clone().filter("leaky_step").to_text(), memlab::report().filter("leaky_step").to_text());
+    let weight = &vs.variables()["fc.weight"];
+    let named: Vec<_> = read.snapshot.device_traces[cpu]
+        .iter()
+        .filter(|e| e.tensor.as_deref().is_some_and(|t| t.ends_with("fc.weight")))
+        .collect();
+    assert_eq!(named.len(), 1, "one allocation named, the weight's own");
+    assert_eq!((named[0].addr, named[0].size), (Some(weight.data_ptr() as u64), 32 * 32 * 4));
     drop((extra, kept, recording));
     std::fs::remove_file(&path).ok();
     memlab::clear_registry();

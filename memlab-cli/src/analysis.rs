@@ -20,7 +20,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 
 use memlab_core::events::Action;
-use memlab_core::export::{BlockState, Snapshot, SnapshotFile, SnapshotFrame, Stack, TraceEntry};
+use memlab_core::export::{Block, BlockState, Snapshot, SnapshotFile, SnapshotFrame, Stack, TraceEntry};
 use serde::Serialize;
 
 /// Where an allocation was made: the innermost frame of the program's own
@@ -188,6 +188,8 @@ pub struct Summary {
     pub writer: &'static str,
     /// Its pickle protocol.
     pub protocol: u8,
+    /// The libtorch the recording ran on, where the file says (memlab's do).
+    pub libtorch: Option<String>,
     /// One per device with events or segments.
     pub devices: Vec<DeviceSummary>,
     /// Keys the reader read past, by where they occur, with how often.
@@ -209,6 +211,7 @@ impl Summary {
             file: path.to_string(),
             writer: if s.memlab.is_some() { "memlab" } else { "pytorch" },
             protocol: file.protocol,
+            libtorch: s.memlab.as_ref().and_then(|m| m.libtorch.clone()),
             devices,
             ignored: file.ignored.clone(),
         }
@@ -217,51 +220,90 @@ impl Summary {
 
 /// Where a live block came from.
 #[derive(Clone)]
-enum Origin {
+pub enum Origin {
     /// The trace's event at this index.
     Event(usize),
     /// Before the history; the final segment's stack for it, if it lived on.
     Before(Option<Stack>),
 }
 
+/// A live block: its bytes (as requested) and where it came from.
+pub type Live = HashMap<u64, (u64, Origin)>;
+
+/// One device's trace and what was live before its first event.
+pub struct Start<'s> {
+    /// The device's events.
+    pub trace: &'s [TraceEntry],
+    /// The action that gives a block back: CUDA's `free_completed` where
+    /// the trace has them, else `free_requested`.
+    pub release: Action,
+    /// What was live before the first event.
+    pub live: Live,
+    /// Of that, the blocks the trace frees without having seen them made.
+    pub missing_frees: Bytes,
+}
+
+impl<'s> Start<'s> {
+    /// Device `index` of `s`.
+    pub fn of(s: &'s Snapshot, index: usize) -> Start<'s> {
+        let trace: &[TraceEntry] = s.device_traces.get(index).map_or(&[], |t| t.as_slice());
+        let release = if trace.iter().any(|e| e.action == Action::FreeCompleted) {
+            Action::FreeCompleted
+        } else {
+            Action::FreeRequested
+        };
+        // Blocks whose first event frees them, and blocks of the final
+        // segments the trace never touches.
+        let mut first: HashMap<u64, Action> = HashMap::new();
+        let mut live: Live = HashMap::new();
+        let mut missing_frees = Bytes::default();
+        for e in trace {
+            let Some(addr) = e.addr else { continue };
+            if !matches!(e.action, Action::Alloc | Action::FreeRequested | Action::FreeCompleted) {
+                continue;
+            }
+            let first_action = *first.entry(addr).or_insert(e.action);
+            if first_action != Action::Alloc && e.action == release && !live.contains_key(&addr) {
+                live.insert(addr, (e.size, Origin::Before(None)));
+                missing_frees.add(e.size);
+            }
+        }
+        for block in live_blocks(s, index) {
+            if !first.contains_key(&block.address) {
+                let frames = (!block.frames.is_empty()).then(|| block.frames.clone());
+                live.insert(block.address, (block.requested_size, Origin::Before(frames)));
+            }
+        }
+        Start { trace, release, live, missing_frees }
+    }
+
+    /// The live set after the first `events` events.
+    pub fn live_after(&self, events: usize) -> Live {
+        let mut live = self.live.clone();
+        let (mut allocated, mut reserved) = (0u64, 0i128);
+        for (i, e) in self.trace.iter().enumerate().take(events) {
+            apply(e, i, self.release, &mut live, &mut allocated, &mut reserved);
+        }
+        live
+    }
+}
+
+/// The blocks of device `index`'s final segments that are not free.
+fn live_blocks(s: &Snapshot, index: usize) -> impl Iterator<Item = &Block> {
+    s.segments
+        .iter()
+        .filter(move |seg| seg.device == index)
+        .flat_map(|seg| &seg.blocks)
+        .filter(|b| b.state != BlockState::Inactive)
+}
+
 fn replay(s: &Snapshot, index: usize, device: String) -> Option<DeviceSummary> {
-    let empty = Vec::new();
-    let trace: &Vec<TraceEntry> = s.device_traces.get(index).unwrap_or(&empty);
     let segments: Vec<_> = s.segments.iter().filter(|seg| seg.device == index).collect();
+    let Start { trace, release, live: start, missing_frees } = Start::of(s, index);
     if trace.is_empty() && segments.is_empty() {
         return None;
     }
     let cpu = device == "cpu";
-    // The action that gives a block back: CUDA's `free_completed` where the
-    // trace has them.
-    let release = if trace.iter().any(|e| e.action == Action::FreeCompleted) {
-        Action::FreeCompleted
-    } else {
-        Action::FreeRequested
-    };
-    // What lived before: blocks whose first event frees them, and blocks of
-    // the final segments the trace never touches.
-    let mut first: HashMap<u64, Action> = HashMap::new();
-    let mut start: HashMap<u64, (u64, Origin)> = HashMap::new();
-    let mut missing_frees = Bytes::default();
-    for e in trace {
-        let Some(addr) = e.addr else { continue };
-        if !matches!(e.action, Action::Alloc | Action::FreeRequested | Action::FreeCompleted) {
-            continue;
-        }
-        let first_action = *first.entry(addr).or_insert(e.action);
-        if first_action != Action::Alloc && e.action == release && !start.contains_key(&addr) {
-            start.insert(addr, (e.size, Origin::Before(None)));
-            missing_frees.add(e.size);
-        }
-    }
-    let live_blocks = || segments.iter().flat_map(|seg| &seg.blocks).filter(|b| b.state != BlockState::Inactive);
-    for block in live_blocks() {
-        if !first.contains_key(&block.address) {
-            let frames = (!block.frames.is_empty()).then(|| block.frames.clone());
-            start.insert(block.address, (block.requested_size, Origin::Before(frames)));
-        }
-    }
     let before = start.values().fold(Bytes::default(), |mut b, (size, _)| {
         b.add(*size);
         b
@@ -322,7 +364,7 @@ fn replay(s: &Snapshot, index: usize, device: String) -> Option<DeviceSummary> {
         }
     }
     // The replay's end against the final segments.
-    let final_allocated: u64 = live_blocks().map(|b| b.requested_size).sum();
+    let final_allocated: u64 = live_blocks(s, index).map(|b| b.requested_size).sum();
     if allocated != final_allocated {
         partial.push(format!(
             "the replayed history ends with {allocated} bytes allocated where the final segments hold {final_allocated}"
@@ -379,14 +421,8 @@ fn replay(s: &Snapshot, index: usize, device: String) -> Option<DeviceSummary> {
     })
 }
 
-fn apply(
-    e: &TraceEntry,
-    i: usize,
-    release: Action,
-    live: &mut HashMap<u64, (u64, Origin)>,
-    allocated: &mut u64,
-    reserved: &mut i128,
-) {
+/// Applies event `i` (`e`) to the live set and the levels.
+pub fn apply(e: &TraceEntry, i: usize, release: Action, live: &mut Live, allocated: &mut u64, reserved: &mut i128) {
     match e.action {
         Action::Alloc => {
             if let Some(addr) = e.addr {

@@ -3,12 +3,16 @@
 //! libtorch, and says what they hold.
 //!
 //!     memlab summary SNAPSHOT [--json]
+//!     memlab view SNAPSHOT [-o FILE.html] [--json]
+//!     memlab diff A B [--html FILE.html] [--json]
 //!
 //! Bad input (a missing, empty, truncated or non-snapshot file, a pickle that
 //! builds objects) gets one line on standard error and exit code 2.
 
 mod analysis;
+mod diff;
 mod summary;
+mod view;
 
 use std::process::ExitCode;
 
@@ -35,6 +39,34 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// The self-contained HTML report: the summary, then per device memory
+    /// over time stacked by site, what was live at the peak by call stack
+    /// and by site.
+    View {
+        /// A snapshot pickle: memlab's, or torch.cuda.memory._dump_snapshot's.
+        snapshot: String,
+        /// Where to write the page (default: the snapshot's name with .html).
+        #[arg(short = 'o', long = "output", value_name = "FILE.html")]
+        output: Option<String>,
+        /// Print the summary as JSON too, with where the page went.
+        #[arg(long)]
+        json: bool,
+    },
+    /// What changed between two runs, per device: the peaks, and what was
+    /// live at the peak by category and by site (new, gone, grown, shrunk),
+    /// largest change first.
+    Diff {
+        /// The first run's snapshot.
+        a: String,
+        /// The second run's snapshot.
+        b: String,
+        /// Also write the comparison as a self-contained HTML page.
+        #[arg(long, value_name = "FILE.html")]
+        html: Option<String>,
+        /// Print the comparison as JSON (every row, exact figures).
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn main() -> ExitCode {
@@ -57,6 +89,42 @@ fn run(command: Command) -> Result<(), String> {
                 println!("{}", serde_json::to_string_pretty(&summary).map_err(|e| e.to_string())?);
             } else {
                 print!("{}", summary.to_text());
+            }
+            Ok(())
+        }
+        Command::View { snapshot, output, json } => {
+            let file = Snapshot::read_pickle(&snapshot).map_err(|e| e.to_string())?;
+            let summary = analysis::Summary::of(&snapshot, &file);
+            let output = output.unwrap_or_else(|| {
+                let path = std::path::Path::new(&snapshot);
+                path.with_extension("html").to_string_lossy().into_owned()
+            });
+            let page = view::page(&snapshot, &file, &summary);
+            std::fs::write(&output, &page).map_err(|e| format!("cannot write {output}: {e}"))?;
+            if json {
+                let value = serde_json::json!({ "page": output, "bytes": page.len(), "summary": summary });
+                println!("{}", serde_json::to_string_pretty(&value).map_err(|e| e.to_string())?);
+            } else {
+                println!("wrote {output} ({}): open it in a browser", memlab_core::render::Cell::bytes(page.len()));
+            }
+            Ok(())
+        }
+        Command::Diff { a, b, html, json } => {
+            // One file at a time: only its summary is kept.
+            let summary = |path: &str| -> Result<analysis::Summary, String> {
+                let file = Snapshot::read_pickle(path).map_err(|e| e.to_string())?;
+                Ok(analysis::Summary::of(path, &file))
+            };
+            let (sa, sb) = (summary(&a)?, summary(&b)?);
+            let diff = diff::Diff::of(&sa, &sb);
+            if let Some(html) = &html {
+                let page = diff.document().to_page("memlab diff");
+                std::fs::write(html, page).map_err(|e| format!("cannot write {html}: {e}"))?;
+            }
+            if json {
+                println!("{}", serde_json::to_string_pretty(&diff).map_err(|e| e.to_string())?);
+            } else {
+                print!("{}", diff.to_text());
             }
             Ok(())
         }

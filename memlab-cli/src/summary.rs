@@ -144,7 +144,10 @@ impl Render for Summary {
         let writer = if self.writer == "memlab" { "memlab's snapshot" } else { "PyTorch's snapshot" };
         doc.title(format!("memlab summary: {}", self.file));
         let ignored: u64 = self.ignored.values().sum();
-        let mut about = format!("{writer}, pickle protocol {}", self.protocol);
+        let mut about = match &self.libtorch {
+            Some(libtorch) => format!("{writer} (libtorch {libtorch}), pickle protocol {}", self.protocol),
+            None => format!("{writer}, pickle protocol {}", self.protocol),
+        };
         if ignored > 0 {
             about += &format!("; {} keys read past ({} kinds, listed by --json)", ignored, self.ignored.len());
         }

@@ -151,13 +151,21 @@ fn a_partial_memlab_history_says_so() {
         time_us: addr,
         frames: std::sync::Arc::from(Vec::new()),
         category: None,
+        tensor: None,
         device_free: None,
     };
     // The history lost the allocation of block 64: it frees it unseen.
     let snapshot = Snapshot {
         segments: vec![],
         device_traces: vec![vec![entry(Action::FreeRequested, 64, 100), entry(Action::Alloc, 128, 40)]],
-        memlab: Some(SnapshotInfo { devices: vec!["cpu".into()], partial: true, dropped: 5, recorded: 7 }),
+        memlab: Some(SnapshotInfo {
+            devices: vec!["cpu".into()],
+            partial: true,
+            dropped: 5,
+            recorded: 7,
+            libtorch: None,
+            profile: None,
+        }),
     };
     let path = temp("partial.pickle");
     snapshot.write_pickle(&path).unwrap();
@@ -203,8 +211,18 @@ fn bad_input_gets_one_clear_line_and_exit_code_2() {
         .collect();
     inputs.push((std::env::temp_dir().to_str().unwrap().to_string(), "is a directory".into()));
     inputs.push((temp("missing.pickle").to_str().unwrap().to_string(), "no such file".into()));
+    let page = temp("bad.html");
+    let (page, good) = (page.to_str().unwrap(), fixture("leaky.pickle"));
+    let good = good.to_str().unwrap();
     for (path, why) in inputs {
-        for args in [vec!["summary", path.as_str()], vec!["summary", path.as_str(), "--json"]] {
+        let p = path.as_str();
+        for args in [
+            vec!["summary", p],
+            vec!["summary", p, "--json"],
+            vec!["view", p, "-o", page],
+            vec!["diff", good, p],
+            vec!["diff", p, good, "--json"],
+        ] {
             let out = memlab(&args);
             let err = String::from_utf8_lossy(&out.stderr);
             assert_eq!(out.status.code(), Some(2), "{args:?}: {err}");
@@ -214,4 +232,121 @@ fn bad_input_gets_one_clear_line_and_exit_code_2() {
             assert!(!err.contains("panicked"), "{err}");
         }
     }
+}
+
+#[path = "../../tests/common/chromium.rs"]
+#[allow(dead_code)]
+mod chromium;
+
+/// Opens `path` in headless Chromium: no console errors, no content
+/// security policy violations; returns the page's text.
+fn look_at(path: &Path) -> Option<String> {
+    let mut browser = chromium::Browser::launch(1100, 900)?;
+    let mut page = browser.open(&format!("file://{}", path.display()));
+    assert_eq!(page.console_errors(), Vec::<String>::new(), "no console errors or CSP violations");
+    Some(page.eval("document.body.innerText").as_str().unwrap_or_default().to_string())
+}
+
+#[test]
+fn diff_of_the_leaky_and_the_fixed_run_names_the_leaking_line_first() {
+    let (fixed, leaky) = (fixture("fixed.pickle"), fixture("leaky.pickle"));
+    let diff = json(&["diff", fixed.to_str().unwrap(), leaky.to_str().unwrap(), "--json"]);
+    let device = &diff["devices"][0];
+    let first = &device["sites"][0];
+    assert_eq!(first["name"], "leaky_or_fixed (fixtures/make_snapshots.py:79)", "{first}");
+    assert_eq!(first["kind"], "grown");
+    // The change is B's bytes less A's, as each run's summary gives them.
+    let at = |file: &Path, site: &str| -> u64 {
+        let s = json(&["summary", file.to_str().unwrap(), "--json"]);
+        s["devices"][0]["by_site"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|x| x["site"]["line"] == 79 && x["site"]["function"] == site)
+            .map_or(0, |x| x["bytes"].as_u64().unwrap())
+    };
+    let (a, b) = (at(&fixed, "leaky_or_fixed"), at(&leaky, "leaky_or_fixed"));
+    assert_eq!((first["a"]["bytes"].as_u64(), first["b"]["bytes"].as_u64()), (Some(a), Some(b)));
+    assert_eq!(first["change"].as_i64(), Some(b as i64 - a as i64));
+    let peak =
+        |file: &Path| json(&["summary", file.to_str().unwrap(), "--json"])["devices"][0]["peak"]["allocated"].clone();
+    assert_eq!((&device["peak"]["a"], &device["peak"]["b"]), (&peak(&fixed), &peak(&leaky)));
+    // The other way round, the same line first, shrunk.
+    let back = json(&["diff", leaky.to_str().unwrap(), fixed.to_str().unwrap(), "--json"]);
+    assert_eq!(back["devices"][0]["sites"][0]["name"], first["name"]);
+    assert_eq!(back["devices"][0]["sites"][0]["kind"], "shrunk");
+    // Text, and a page that passes the browser's checks.
+    let html = temp("diff.html");
+    let text =
+        stdout(&memlab(&["diff", fixed.to_str().unwrap(), leaky.to_str().unwrap(), "--html", html.to_str().unwrap()]));
+    assert!(text.contains("+13.07M    3.01M  16.08M  grown  leaky_or_fixed (fixtures/make_snapshots.py:79)"), "{text}");
+    if let Some(page) = look_at(&html) {
+        assert!(page.contains("leaky_or_fixed (fixtures/make_snapshots.py:79)"), "{page}");
+    }
+}
+
+#[test]
+fn view_writes_one_page_that_passes_the_browsers_checks() {
+    for name in ["leaky.pickle", "memlab_cpu.pickle"] {
+        let html = temp(&format!("{name}.html"));
+        let out = json(&["view", fixture(name).to_str().unwrap(), "-o", html.to_str().unwrap(), "--json"]);
+        assert_eq!(out["page"], html.to_str().unwrap());
+        let page = std::fs::read_to_string(&html).unwrap();
+        assert_eq!(out["bytes"].as_u64(), Some(page.len() as u64));
+        assert!(page.starts_with("<!DOCTYPE html>") && page.contains("Content-Security-Policy"), "a whole page");
+        assert!(!page.contains("<script"), "no script");
+        for part in ["memory over time", "live at the peak, by call stack"] {
+            assert!(page.contains(part), "{name}: {part}");
+        }
+        if name == "leaky.pickle" {
+            // PyTorch's files lack memlab's parts: one line says so.
+            assert!(page.contains("Not in this file") && page.contains("PyTorch&#39;s snapshots do not carry them"));
+            assert!(!page.contains("named at export") && !page.contains("Line profile"));
+        } else {
+            // memlab's carry the names, the line profile and libtorch's version.
+            assert!(!page.contains("Not in this file"), "{name}");
+            assert!(page.contains("model.fc1.weight (named at export)"), "the walk's names");
+            assert!(page.contains("Line profile") && page.contains("history.push(logits);"), "the profile");
+            assert!(page.contains("(libtorch 2.11.0)"), "the version");
+        }
+        if let Some(text) = look_at(&html) {
+            assert!(text.contains("peak allocated"), "{text}");
+        }
+    }
+}
+
+#[test]
+fn synthetic_snapshots_read_as_pytorch_reads_them() {
+    // The generator is this package's example; cargo builds it for the tests.
+    let deps = std::env::current_exe().unwrap();
+    let synth = deps.parent().unwrap().parent().unwrap().join("examples/synthetic_snapshot");
+    assert!(synth.exists(), "{} is built by cargo test", synth.display());
+    let path = temp("synthetic.pickle");
+    let out = Command::new(&synth).args([path.to_str().unwrap(), "--size", "1M", "--seed", "3"]).output().unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let summary = json(&["summary", path.to_str().unwrap(), "--json"]);
+    let device = &summary["devices"][0];
+    assert_eq!(device["partial"].as_array().unwrap().len(), 0, "{}", device["partial"]);
+    assert_eq!(summary["writer"], "pytorch");
+    // PyTorch's own reader, where the project's venv has torch.
+    let Some(venv) = std::env::var_os("MEMLAB_VENV") else {
+        assert!(std::env::var_os("CI").is_none(), "CI runs the tests with scripts/env.sh's MEMLAB_VENV");
+        eprintln!("skipped: MEMLAB_VENV is not set (source scripts/env.sh) to run torch.cuda._memory_viz");
+        return;
+    };
+    let python = Path::new(&venv).join("bin/python3");
+    let out = Command::new(&python)
+        .args(["-m", "torch.cuda._memory_viz", "stats", path.to_str().unwrap()])
+        .env_remove("LD_LIBRARY_PATH")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    let segments = summary_segments(&path);
+    assert!(stdout.contains(&format!("segments: {segments}")), "{stdout}");
+}
+
+/// How many segments memlab's reader finds in `path`.
+fn summary_segments(path: &Path) -> usize {
+    memlab_core::export::Snapshot::read_pickle(path).unwrap().snapshot.segments.len()
 }

@@ -30,6 +30,14 @@ impl serde::Serialize for Device {
     }
 }
 
+/// Reads what `Serialize` writes (`cpu`, `cuda:N`).
+impl<'de> serde::Deserialize<'de> for Device {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> std::result::Result<Self, D::Error> {
+        let s = <std::borrow::Cow<'de, str>>::deserialize(deserializer)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
 impl FromStr for Device {
     type Err = ParseDeviceError;
 

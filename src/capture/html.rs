@@ -227,7 +227,7 @@ pub(crate) fn capture(sources: &Model, profile: Report) -> Result<HtmlReport> {
     // CUDA devices first, then the CPU, as PyTorch's snapshot numbers them.
     devices.sort_by_key(|d| d.device == Device::Cpu);
     let profile = profile.functions.iter().any(|f| f.calls > 0).then_some(profile);
-    Ok(HtmlReport { devices, partial: stats.dropped > 0, profile })
+    Ok(HtmlReport { devices, partial: stats.dropped > 0, named: true, profile })
 }
 
 fn sort_flame(node: &mut FlameNode) {

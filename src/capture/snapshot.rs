@@ -12,7 +12,7 @@ use memlab_core::events::{self, Action, Event};
 use memlab_core::{Device, Result};
 
 use crate::named::Model;
-use memlab_core::TensorKind;
+use memlab_core::{Report, TensorKind};
 
 pub(crate) fn capture(sources: &Model) -> Result<Snapshot> {
     let (history, stats) = events::history();
@@ -26,11 +26,11 @@ pub(crate) fn capture(sources: &Model) -> Result<Snapshot> {
     };
     // Names of what is alive now, by where its storage starts.
     let named = sources.collect()?;
-    let mut names: FastMap<(Device, u64), TensorKind> = FastMap::default();
+    let mut names: FastMap<(Device, u64), (TensorKind, &str)> = FastMap::default();
     for device in std::iter::once(Device::Cpu).chain((0..cuda_devices).map(Device::Cuda)) {
         for storage in named.storages(device) {
             if let Some(view) = storage.views.first() {
-                names.insert((device, storage.data_ptr), view.kind);
+                names.insert((device, storage.data_ptr), (view.kind, view.name.as_str()));
             }
         }
     }
@@ -53,6 +53,7 @@ pub(crate) fn capture(sources: &Model) -> Result<Snapshot> {
             time_us: e.time_ns / 1000,
             frames,
             category: None,
+            tensor: None,
             device_free: None,
         };
         match e.action {
@@ -60,9 +61,13 @@ pub(crate) fn capture(sources: &Model) -> Result<Snapshot> {
                 let f = frames.of(e.backtrace.as_deref(), e.statement.as_ref());
                 allocated.insert(key, f.clone());
                 let alive = live_seq.get(&key) == Some(&e.seq);
-                let kind = names.get(&key).filter(|_| alive).or_else(|| seen.get(&e.seq)).copied();
-                traces[index]
-                    .push(TraceEntry { category: Some(kind.map_or(Category::Unnamed, Category::from)), ..entry(e, f) });
+                let named = names.get(&key).filter(|_| alive);
+                let kind = named.map(|(kind, _)| kind).or_else(|| seen.get(&e.seq)).copied();
+                traces[index].push(TraceEntry {
+                    category: Some(kind.map_or(Category::Unnamed, Category::from)),
+                    tensor: named.map(|(_, name)| (*name).into()),
+                    ..entry(e, f)
+                });
             }
             Action::FreeRequested => {
                 let f = allocated.get(&key).cloned().unwrap_or_default();
@@ -156,6 +161,8 @@ pub(crate) fn capture(sources: &Model) -> Result<Snapshot> {
             partial: stats.dropped > 0 || stats.untracked > 0,
             dropped: stats.dropped,
             recorded: stats.recorded,
+            libtorch: Some(memlab_tch::libtorch_version().to_string()),
+            profile: Some(Report::collect()).filter(|p| p.functions.iter().any(|f| f.calls > 0)),
         }),
     })
 }

@@ -34,7 +34,9 @@ fn a_cuda_snapshot_opens_in_pytorchs_reader() {
     let recording = memlab::Recording::start(memlab::events::Settings::default().backtraces(true)).unwrap();
     let kept: Vec<Tensor> = (0..4).map(|i| floats(1 << (10 + 2 * i))).collect();
     drop(floats(1 << 20));
-    let snapshot = memlab::export::Exporter::registered().snapshot().unwrap();
+    let vs = tch::nn::VarStore::new(tch::Device::Cuda(0));
+    let _fc = tch::nn::linear(vs.root() / "fc", 64, 64, Default::default());
+    let snapshot = memlab::export::Exporter::new(&vs).snapshot().unwrap();
     let stats = memlab::stats::device_stats(Device::Cuda(0)).unwrap();
     let cuda: Vec<_> = snapshot.segments.iter().filter(|s| s.device == 0).collect();
     let reserved: u64 = cuda.iter().map(|s| s.total_size).sum();
@@ -61,8 +63,16 @@ fn a_cuda_snapshot_opens_in_pytorchs_reader() {
     let all_segments: u64 = snapshot.segments.iter().map(|s| s.total_size).sum();
     let total = stats_view.lines().find(|l| l.starts_with("total_reserved:")).unwrap_or_default();
     assert!(total.contains(&bytes_as_pytorch_prints(all_segments)), "{total} vs {all_segments}\n{stats_view}");
+    // Read back: as written, the weight named at its address, libtorch's version.
+    let read = memlab::export::Snapshot::read_pickle(&path).unwrap();
+    assert_eq!(format!("{:?}", read.snapshot), format!("{snapshot:?}"));
+    let weight = &vs.variables()["fc.weight"];
+    let named = read.snapshot.device_traces[0].iter().find(|e| e.tensor.as_deref() == Some("fc.weight")).unwrap();
+    assert_eq!((named.addr, named.size), (Some(weight.data_ptr() as u64), 64 * 64 * 4));
+    let info = read.snapshot.memlab.as_ref().unwrap();
+    assert_eq!(info.libtorch.as_deref(), Some(memlab::optimizer::libtorch_version()));
     std::fs::remove_file(&path).ok();
-    drop((kept, recording));
+    drop((kept, recording, vs));
 }
 
 #[test]

@@ -63,6 +63,9 @@ pub struct HtmlReport {
     pub devices: Vec<DeviceTimeline>,
     /// Whether the recording's bounded history dropped events.
     pub partial: bool,
+    /// Whether tensors were named by the walk over named tensors at export
+    /// (memlab's recordings): the tables then say where names come from.
+    pub named: bool,
     /// The line profiler's report, when a profiled function ran.
     pub profile: Option<crate::report::Report>,
 }
@@ -109,10 +112,12 @@ impl Render for HtmlReport {
                  frame for its bytes.",
             );
             doc.icicle(Icicle { root: d.flame.clone(), partial: self.partial });
-            doc.part(format!("{}: live at the peak", d.device)).note(
+            doc.part(format!("{}: live at the peak", d.device)).note(if self.named {
                 "Names come from the walk over the named tensors at export, for allocations still alive then; \
-                 the rest are listed by where they were made.",
-            );
+                 the rest are listed by where they were made."
+            } else {
+                "Listed by where they were made (the innermost frame of each call stack)."
+            });
             let mut table = Table::new(vec![
                 Column::new("bytes", Layout::Figure),
                 Column::new("blocks", Layout::Figure),

@@ -67,6 +67,7 @@ mod tests {
             time_us: 1,
             frames: frames.clone(),
             category: (action == Action::Alloc).then_some(Category::Parameter),
+            tensor: None,
             device_free: None,
         };
         let snapshot = Snapshot {
@@ -89,7 +90,14 @@ mod tests {
                 }],
             }],
             device_traces: vec![vec![entry(Action::Alloc, 1024), entry(Action::FreeRequested, 1024)]],
-            memlab: Some(SnapshotInfo { devices: vec!["cuda:0".into()], partial: false, dropped: 0, recorded: 2 }),
+            memlab: Some(SnapshotInfo {
+                devices: vec!["cuda:0".into()],
+                partial: false,
+                dropped: 0,
+                recorded: 2,
+                libtorch: None,
+                profile: None,
+            }),
         };
         let pickle = snapshot.to_pickle().unwrap();
         let text = String::from_utf8_lossy(&pickle);

@@ -15,6 +15,8 @@ const EMPTY_LIST: u8 = b']';
 const APPENDS: u8 = b'e';
 const NEWTRUE: u8 = 0x88;
 const NEWFALSE: u8 = 0x89;
+const NONE: u8 = b'N';
+const BINFLOAT: u8 = b'G';
 const BININT1: u8 = b'K';
 const BININT2: u8 = b'M';
 const BININT: u8 = b'J';
@@ -97,6 +99,35 @@ impl Pickler {
         self.out.push(if v { NEWTRUE } else { NEWFALSE });
     }
 
+    /// A float (big-endian, as Python's pickler writes it).
+    pub(super) fn float(&mut self, v: f64) {
+        self.out.push(BINFLOAT);
+        self.out.extend_from_slice(&v.to_be_bytes());
+    }
+
+    /// A JSON value as Python would hold it: `None`, bools, ints, floats,
+    /// strings, lists and dicts.
+    pub(super) fn json(&mut self, v: &serde_json::Value) {
+        use serde_json::Value as J;
+        match v {
+            J::Null => self.out.push(NONE),
+            J::Bool(b) => self.bool(*b),
+            J::Number(n) => match (n.as_i64(), n.as_u64(), n.as_f64()) {
+                (Some(i), _, _) => self.int(i.into()),
+                (_, Some(u), _) => self.int(u.into()),
+                (_, _, f) => self.float(f.unwrap_or(f64::NAN)),
+            },
+            J::String(s) => self.str(s),
+            J::Array(items) => self.list(|p| items.iter().for_each(|item| p.json(item))),
+            J::Object(items) => self.dict(|p| {
+                for (key, value) in items {
+                    p.str(key);
+                    p.json(value);
+                }
+            }),
+        }
+    }
+
     /// A string, written once and referenced after.
     pub(super) fn str(&mut self, s: &str) {
         if let Some(&i) = self.strings.get(s) {
@@ -175,6 +206,22 @@ mod tests {
                 &[PROTO, 4, EMPTY_LIST, MARK, BININT1, 7, BININT2, 44, 1, BININT, 255, 255, 255, 255][..],
                 &[LONG1, 6, 0, 0, 0, 0, 0, 1],
                 &[SHORT_BINUNICODE, 2, b'a', b'b', MEMOIZE, BINGET, 0, APPENDS, STOP],
+            ]
+            .concat()
+        );
+    }
+
+    #[test]
+    fn json_values_as_python_holds_them() {
+        let mut p = Pickler::new();
+        p.json(&serde_json::json!([null, true, 1.5, -2, "x"]));
+        let bytes = p.finish();
+        assert_eq!(
+            bytes,
+            [
+                &[PROTO, 4, EMPTY_LIST, MARK, NONE, NEWTRUE, BINFLOAT][..],
+                &1.5f64.to_be_bytes(),
+                &[BININT, 254, 255, 255, 255, SHORT_BINUNICODE, 1, b'x', MEMOIZE, APPENDS, STOP],
             ]
             .concat()
         );

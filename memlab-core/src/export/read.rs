@@ -76,6 +76,7 @@ struct Keys {
     time_us: u32,
     frames: u32,
     category: u32,
+    tensor: u32,
     device_free: u32,
     filename: u32,
     line: u32,
@@ -93,6 +94,7 @@ impl Keys {
             time_us: k("time_us"),
             frames: k("frames"),
             category: k("category"),
+            tensor: k("tensor"),
             device_free: k("device_free"),
             filename: k("filename"),
             line: k("line"),
@@ -155,6 +157,9 @@ impl Builder {
             } else if key == k.category {
                 // PyTorch's profiler may leave it None.
                 entry.category = value.as_str().and_then(|c| Category::from_name(strings.text(c)));
+            } else if key == k.tensor {
+                let name = value.as_str().ok_or("a trace entry's `tensor` is not a string")?;
+                entry.tensor = Some(strings.text(name).into());
             } else {
                 *self.ignored_entry_keys.entry(key).or_default() += 1;
             }
@@ -182,6 +187,7 @@ impl Shaper for Builder {
             time_us: 0,
             frames: self.empty.clone(),
             category: None,
+            tensor: None,
             device_free: None,
         };
         let known = self.apply(strings, &mut entry, std::mem::take(items))?;
@@ -483,7 +489,8 @@ fn read_traces(strings: &Strings, b: &mut Builder, value: &Value) -> std::result
 }
 
 fn read_info(strings: &Strings, b: &mut Builder, value: &Value) -> std::result::Result<SnapshotInfo, String> {
-    let mut info = SnapshotInfo { devices: Vec::new(), partial: false, dropped: 0, recorded: 0 };
+    let mut info =
+        SnapshotInfo { devices: Vec::new(), partial: false, dropped: 0, recorded: 0, libtorch: None, profile: None };
     for (key, value) in items(strings, value, "`memlab`")? {
         match key {
             "devices" => {
@@ -495,10 +502,44 @@ fn read_info(strings: &Strings, b: &mut Builder, value: &Value) -> std::result::
             "partial" => info.partial = matches!(value, Value::Bool(true)),
             "dropped" => info.dropped = count(&value, "`memlab.dropped`")?,
             "recorded" => info.recorded = count(&value, "`memlab.recorded`")?,
+            "libtorch" => info.libtorch = Some(text(strings, &value, "`memlab.libtorch`")?.to_string()),
+            "profile" => {
+                let json = to_json(strings, &value)?;
+                info.profile = Some(
+                    serde_json::from_value(json).map_err(|e| format!("`memlab.profile` is not a line profile: {e}"))?,
+                );
+            }
             other => *b.ignored.entry(format!("memlab.{other}")).or_default() += 1,
         }
     }
     Ok(info)
+}
+
+/// A plain value (`None`, bools, numbers, strings, lists, dicts with string
+/// keys) as JSON.
+fn to_json(strings: &Strings, value: &Value) -> std::result::Result<serde_json::Value, String> {
+    use serde_json::Value as J;
+    Ok(match value {
+        Value::None => J::Null,
+        Value::Bool(b) => J::Bool(*b),
+        Value::Int(i) => J::from(*i),
+        Value::UInt(u) => J::from(*u),
+        Value::Float(f) => serde_json::Number::from_f64(*f).map_or(J::Null, J::Number),
+        Value::Str(s) => J::String(strings.text(*s).to_string()),
+        Value::List(_) | Value::Tuple(_) => J::Array(
+            list_of(value, "a list")?
+                .iter()
+                .map(|v| to_json(strings, v))
+                .collect::<std::result::Result<_, String>>()?,
+        ),
+        Value::Dict(_) => J::Object(
+            items(strings, value, "a dict")?
+                .into_iter()
+                .map(|(k, v)| Ok((k.to_string(), to_json(strings, &v)?)))
+                .collect::<std::result::Result<_, String>>()?,
+        ),
+        other => return Err(format!("the line profile holds {}, which plain data has not", other.kind())),
+    })
 }
 
 #[cfg(test)]
@@ -549,6 +590,32 @@ mod tests {
         }
     }
 
+    /// A line profile with a line that ran (every figure distinct) and one
+    /// that did not.
+    fn profile() -> crate::report::Report {
+        let stats: serde_json::Map<String, serde_json::Value> = crate::stats::FIELDS
+            .iter()
+            .enumerate()
+            .map(|(i, f)| (f.name.to_string(), (i as i64 * 1000 - 7).into()))
+            .collect();
+        let json = serde_json::json!({
+            "columns": ["allocated_bytes.all.current", "increment", "hits"],
+            "functions": [{
+                "name": "train::step", "trait": null, "file": "src/train.rs", "device": "cuda:0", "calls": 3,
+                "error": null,
+                "lines": [
+                    {"line": 7, "code": "fn step() {", "hits": 3, "increment": 4096, "increment_total": -12288,
+                     "ooms": 1, "stats": stats},
+                    {"line": 8, "code": "    // nothing", "hits": 0, "stats": null},
+                ],
+            }],
+        });
+        let report = crate::report::Report::from_json(&json.to_string()).unwrap();
+        // What it writes is what it read.
+        assert_eq!(serde_json::from_str::<serde_json::Value>(&report.to_json()).unwrap(), json);
+        report
+    }
+
     #[test]
     fn memlab_snapshots_read_back_as_written() {
         let frames: Stack =
@@ -561,6 +628,7 @@ mod tests {
             time_us,
             frames: frames.clone(),
             category: (action == Action::Alloc).then_some(Category::Gradient),
+            tensor: (action == Action::Alloc && addr == 64).then(|| "fc.weight".into()),
             device_free: None,
         };
         let written = Snapshot {
@@ -591,10 +659,15 @@ mod tests {
                 partial: true,
                 dropped: 3,
                 recorded: 7,
+                libtorch: Some("2.11.0".into()),
+                profile: Some(profile()),
             }),
         };
         let read = Snapshot::from_pickle(&written.to_pickle().unwrap()).unwrap();
         assert_eq!(format!("{:?}", read.snapshot), format!("{written:?}"));
+        assert_eq!(read.snapshot.device_traces[1][0].tensor.as_deref(), Some("fc.weight"));
+        let info = read.snapshot.memlab.as_ref().unwrap();
+        assert_eq!(info.profile.as_ref().unwrap().to_json(), profile().to_json());
         assert!(read.ignored.is_empty(), "{:?}", read.ignored);
         // The stack shared in the file is one stack read back.
         assert!(Arc::ptr_eq(&read.snapshot.device_traces[0][0].frames, &read.snapshot.device_traces[1][1].frames));

@@ -211,6 +211,11 @@ pub struct TraceEntry {
     /// each `StepLogger` step or `TrainingMonitor` record that saw it alive).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub category: Option<Category>,
+    /// For `alloc`: the tensor's name (`fc1.weight`, the first of its views)
+    /// when the walk over named tensors at export found this allocation
+    /// still alive then. memlab's key `tensor`; PyTorch's snapshots have none.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub tensor: Option<Box<str>>,
     /// For `oom`: what the device still had free (the CPU: the host's
     /// available memory, 0 where unknown).
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -230,6 +235,11 @@ pub struct SnapshotInfo {
     pub dropped: u64,
     /// How many events the recording saw.
     pub recorded: u64,
+    /// The libtorch the recording ran on (`2.11.0`).
+    pub libtorch: Option<String>,
+    /// The line profile at export, when a profiled function ran: the data
+    /// (not a rendering), so a reader renders it as the program would have.
+    pub profile: Option<crate::report::Report>,
 }
 
 /// A PyTorch memory snapshot of memlab's recording.
@@ -260,6 +270,8 @@ impl Snapshot {
     /// The snapshot as a pickle, as `torch.cuda.memory._dump_snapshot`
     /// writes it.
     pub fn to_pickle(&self) -> Result<Vec<u8>> {
+        let profile = self.memlab.as_ref().and_then(|m| m.profile.as_ref()).map(serde_json::to_value);
+        let profile = profile.transpose().map_err(|e| Error::Backend(format!("the line profile as data: {e}")))?;
         let mut p = Pickler::new();
         p.dict(|p| {
             p.str("segments");
@@ -281,6 +293,15 @@ impl Snapshot {
                     p.int(memlab.dropped.into());
                     p.str("recorded");
                     p.int(memlab.recorded.into());
+                    if let Some(libtorch) = &memlab.libtorch {
+                        p.str("libtorch");
+                        p.str(libtorch);
+                    }
+                    if let Some(profile) = &profile {
+                        // As plain dicts and lists, which Python reads too.
+                        p.str("profile");
+                        p.json(profile);
+                    }
                 });
             }
         });
@@ -366,6 +387,10 @@ fn entry(p: &mut Pickler, e: &TraceEntry) {
         if let Some(category) = e.category {
             p.key("category");
             p.key(category.as_str());
+        }
+        if let Some(tensor) = &e.tensor {
+            p.key("tensor");
+            p.str(tensor);
         }
         if let Some(free) = e.device_free {
             p.key("device_free");

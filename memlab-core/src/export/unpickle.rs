@@ -34,8 +34,8 @@ pub(crate) enum Value {
     UInt(u64),
     /// An integer beyond 64 bits, or below -2^63: kept as unreadable.
     Huge,
-    /// A float (no snapshot key needs its value).
-    Float,
+    /// A float.
+    Float(f64),
     /// An interned string (see [`Strings`]).
     Str(u32),
     /// Bytes (their content is never needed).
@@ -72,7 +72,7 @@ impl Value {
             Value::None => "None",
             Value::Bool(_) => "a boolean",
             Value::Int(_) | Value::UInt(_) | Value::Huge => "an integer",
-            Value::Float => "a float",
+            Value::Float(_) => "a float",
             Value::Str(_) => "a string",
             Value::Bytes => "bytes",
             Value::List(_) => "a list",
@@ -594,8 +594,8 @@ impl<S: Shaper> Machine<'_, S> {
                     self.stack.push(v);
                 }
                 op::BINFLOAT => {
-                    input.bytes(8)?;
-                    self.stack.push(Value::Float);
+                    let bytes = input.bytes(8)?;
+                    self.stack.push(Value::Float(f64::from_be_bytes(bytes.try_into().expect("8 bytes"))));
                 }
                 op::FRAME => {
                     input.bytes(8)?;

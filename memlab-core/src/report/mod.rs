@@ -7,6 +7,8 @@ mod document;
 mod export;
 
 use crate::sync::LockExt;
+use std::borrow::Cow;
+use std::collections::BTreeMap;
 use std::fmt;
 use std::str::FromStr;
 
@@ -101,8 +103,9 @@ impl FromStr for Column {
 pub struct LineReport {
     /// The line number in the source file.
     pub line: u32,
-    /// The source text of the line, as it was compiled.
-    pub code: &'static str,
+    /// The source text of the line, as it was compiled (borrowed from the
+    /// program; owned when the report was read from a file).
+    pub code: Cow<'static, str>,
     /// The figures, or `None` for a line with no statement or one that never ran.
     pub stats: Option<LineStats>,
 }
@@ -124,8 +127,8 @@ impl serde::Serialize for LineReport {
             stats: Option<()>,
         }
         match &self.stats {
-            Some(stats) => Line { line: self.line, code: self.code, stats }.serialize(serializer),
-            None => Silent { line: self.line, code: self.code, hits: 0, stats: None }.serialize(serializer),
+            Some(stats) => Line { line: self.line, code: &self.code, stats }.serialize(serializer),
+            None => Silent { line: self.line, code: &self.code, hits: 0, stats: None }.serialize(serializer),
         }
     }
 }
@@ -141,7 +144,7 @@ pub struct FunctionReport {
     #[serde(rename = "trait")]
     pub trait_name: Option<String>,
     /// Its source file.
-    pub file: &'static str,
+    pub file: Cow<'static, str>,
     /// The device it was last measured on.
     pub device: Option<Device>,
     /// Completed calls covered by the figures.
@@ -161,14 +164,14 @@ impl FunctionReport {
             .enumerate()
             .map(|(i, code)| LineReport {
                 line: meta.first_line + i as u32,
-                code,
+                code: Cow::Borrowed(*code),
                 stats: table.lines.get(i).cloned().flatten(),
             })
             .collect();
         FunctionReport {
             name: site.name().to_string(),
             trait_name: site.trait_name().map(str::to_string),
-            file: meta.file,
+            file: Cow::Borrowed(meta.file),
             device,
             calls: table.calls,
             error,
@@ -234,7 +237,7 @@ impl Report {
                 FunctionReport::new(site, table, device, error)
             })
             .collect();
-        functions.sort_by(|a, b| a.name.cmp(&b.name).then(a.file.cmp(b.file)));
+        functions.sort_by(|a, b| a.name.cmp(&b.name).then(a.file.cmp(&b.file)));
         Report { functions, columns: default_columns() }
     }
 
@@ -303,6 +306,87 @@ impl Report {
     /// The whole model as JSON, all statistics included.
     pub fn to_json(&self) -> String {
         serde_json::to_string_pretty(self).expect("a report always serialises")
+    }
+
+    /// A report read back from the JSON [`to_json`](Self::to_json) writes
+    /// (the line profile of memlab's snapshots too): it renders as the
+    /// program's own did.
+    pub fn from_json(json: &str) -> Result<Report> {
+        serde_json::from_str(json).map_err(|e| {
+            Error::InvalidArgument(format!("not the JSON of a line profile ({e}): give what `Report::to_json` wrote"))
+        })
+    }
+}
+
+/// Reads what [`Report`]'s `Serialize` writes; a line that ran must carry
+/// every figure (a missing one would read as a wrong zero).
+impl<'de> serde::Deserialize<'de> for Report {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> std::result::Result<Self, D::Error> {
+        use serde::de::Error as _;
+        #[derive(serde::Deserialize)]
+        struct ReportData {
+            columns: Vec<String>,
+            functions: Vec<FunctionData>,
+        }
+        #[derive(serde::Deserialize)]
+        struct FunctionData {
+            name: String,
+            #[serde(rename = "trait")]
+            trait_name: Option<String>,
+            file: String,
+            device: Option<Device>,
+            calls: u64,
+            error: Option<String>,
+            lines: Vec<LineData>,
+        }
+        #[derive(serde::Deserialize)]
+        struct LineData {
+            line: u32,
+            code: String,
+            hits: u64,
+            increment: Option<i64>,
+            increment_total: Option<i64>,
+            ooms: Option<u64>,
+            stats: Option<BTreeMap<String, i64>>,
+        }
+        let data = ReportData::deserialize(deserializer)?;
+        let columns =
+            data.columns.iter().map(|c| c.parse()).collect::<Result<Vec<Column>>>().map_err(D::Error::custom)?;
+        let mut functions = Vec::with_capacity(data.functions.len());
+        for f in data.functions {
+            let mut lines = Vec::with_capacity(f.lines.len());
+            for l in f.lines {
+                let stats = match l.stats {
+                    None => None,
+                    Some(by_name) => {
+                        let lacks =
+                            |what: &str| D::Error::custom(format!("line {} of {} has no {what}", l.line, f.name));
+                        let mut values = [0; crate::stats::N_FIELDS];
+                        for (value, field) in values.iter_mut().zip(FIELDS.iter()) {
+                            *value = *by_name.get(field.name).ok_or_else(|| lacks(field.name))?;
+                        }
+                        Some(LineStats {
+                            hits: l.hits,
+                            values,
+                            increment: l.increment.ok_or_else(|| lacks("increment"))?,
+                            increment_total: l.increment_total.ok_or_else(|| lacks("increment_total"))?,
+                            ooms: l.ooms.ok_or_else(|| lacks("ooms"))?,
+                        })
+                    }
+                };
+                lines.push(LineReport { line: l.line, code: Cow::Owned(l.code), stats });
+            }
+            functions.push(FunctionReport {
+                name: f.name,
+                trait_name: f.trait_name,
+                file: Cow::Owned(f.file),
+                device: f.device,
+                calls: f.calls,
+                error: f.error,
+                lines,
+            });
+        }
+        Ok(Report { columns, functions })
     }
 }
 
