@@ -140,6 +140,24 @@ fn summary_of_memlabs_own_snapshot_has_categories() {
 }
 
 #[test]
+fn summary_of_memlabs_cuda_snapshot_agrees_with_the_walk_and_the_program() {
+    let summary = json(&["summary", fixture("memlab_cuda.pickle").to_str().unwrap(), "--json"]);
+    assert_eq!((summary["writer"].as_str(), summary["libtorch"].as_str()), (Some("memlab"), Some("2.11.0")));
+    let cuda = &summary["devices"][0];
+    assert_eq!(cuda["device"], "cuda:0");
+    let (peak, at) = peak_by_walking_back("memlab_cuda.pickle");
+    assert_eq!((&cuda["peak"]["allocated"], &cuda["peak"]["event"]), (&peak.into(), &at.into()));
+    // The program's own report, from the allocator's counters, printed
+    // "cuda:0: peak 76.70M allocated" for this run.
+    assert_eq!(peak, 80_425_120);
+    // Reserved at the end: the final segments, every byte.
+    let s = memlab_core::export::Snapshot::read_pickle(fixture("memlab_cuda.pickle")).unwrap().snapshot;
+    let reserved: u64 = s.segments.iter().filter(|seg| seg.device == 0).map(|seg| seg.total_size).sum();
+    assert_eq!(cuda["end"]["reserved"], reserved);
+    assert_eq!(cuda["partial"].as_array().unwrap().len(), 0);
+}
+
+#[test]
 fn a_partial_memlab_history_says_so() {
     use memlab_core::events::Action;
     use memlab_core::export::{Snapshot, SnapshotInfo, TraceEntry};
