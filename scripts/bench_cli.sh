@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# The command-line tool at scale: generates two synthetic snapshots in
+# PyTorch's schema (memlab-cli/examples/synthetic_snapshot.rs; SIZE each,
+# 1G by default), then times `memlab summary` and `memlab view` of the first
+# and `memlab diff` of both with /usr/bin/time -v (wall clock, peak resident
+# set), and headless Chromium's screenshot of the page against an empty
+# page's. Prints a Markdown table.
+#
+#     bash scripts/bench_cli.sh [SIZE]
+#
+# Needs no libtorch; the files go to target/bench-cli/ (about 2 GB at 1G).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+size="${1:-1G}"
+cargo build --release -p memlab-cli --bins --examples >&2
+dir=target/bench-cli
+mkdir -p "$dir"
+memlab="$PWD/target/release/memlab"
+synth="$PWD/target/release/examples/synthetic_snapshot"
+cd "$dir"
+"$synth" a.pickle --size "$size" --seed 1 >&2
+"$synth" b.pickle --size "$size" --seed 2 --grow 7 >&2
+
+timed() {
+  /usr/bin/time -v "$@" > out.txt 2> time.txt
+  local wall rss
+  wall=$(awk -F': ' '/Elapsed \(wall clock\)/ { n = split($2, t, ":"); s = 0; for (i = 1; i <= n; i++) s = s * 60 + t[i]; print s }' time.txt)
+  rss=$(awk -F': ' '/Maximum resident set size/ { printf "%.0f", $2 / 1024 }' time.txt)
+  echo "$wall $rss"
+}
+
+shot() {
+  local start end
+  start=$(date +%s.%N)
+  timeout 120 chromium --headless --no-sandbox --disable-gpu --hide-scrollbars --window-size=1100,3000 \
+    --screenshot="$PWD/shot.png" "file://$PWD/$1" > /dev/null 2>&1
+  end=$(date +%s.%N)
+  printf '%.2f' "$(echo "$end - $start" | bc)"
+}
+
+read -r s_wall s_rss < <(timed "$memlab" summary a.pickle)
+read -r v_wall v_rss < <(timed "$memlab" view a.pickle -o a.html)
+read -r d_wall d_rss < <(timed "$memlab" diff a.pickle b.pickle)
+echo '<!doctype html><title>empty</title>' > empty.html
+# Layout time: the median of three screenshots of each, alternating.
+empty=(); page=()
+for _ in 1 2 3; do empty+=("$(shot empty.html)"); page+=("$(shot a.html)"); done
+median() { printf '%s\n' "$@" | sort -n | sed -n 2p; }
+
+a_bytes=$(stat -c %s a.pickle)
+b_bytes=$(stat -c %s b.pickle)
+events=$("$memlab" summary a.pickle --json | python3 -c 'import json,sys; print(json.load(sys.stdin)["devices"][0]["events"])')
+echo
+echo "Snapshots: a.pickle $a_bytes bytes ($events events), b.pickle $b_bytes bytes; $(nproc) cores."
+echo
+echo "| command | wall clock | peak RSS |"
+echo "|---|---:|---:|"
+echo "| memlab summary a.pickle | ${s_wall} s | ${s_rss} MiB |"
+echo "| memlab view a.pickle | ${v_wall} s | ${v_rss} MiB |"
+echo "| memlab diff a.pickle b.pickle | ${d_wall} s | ${d_rss} MiB |"
+echo
+echo "| page | bytes | Chromium screenshot, median of 3 |"
+echo "|---|---:|---:|"
+echo "| empty page | $(stat -c %s empty.html) | $(median "${empty[@]}") s |"
+echo "| a.html | $(stat -c %s a.html) | $(median "${page[@]}") s |"
