@@ -90,10 +90,10 @@ fn main() -> Result<(), Box<dyn Error>> {
     }
 
     let exporter = memlab::export::Exporter::registered();
+    // memlab_snapshot.pickle, memlab_trace.json, memlab_report.html (with
+    // _rank{N} in each name where MEMLAB_RANK, RANK or LOCAL_RANK is set).
+    let written = exporter.write_files(&out)?;
     let report = exporter.html_report()?;
-    report.write(out.join("memlab_report.html"))?;
-    exporter.snapshot()?.write_pickle(out.join("memlab_snapshot.pickle"))?;
-    exporter.trace()?.write_json(out.join("memlab_trace.json"))?;
     for d in &report.devices {
         println!(
             "{}: peak {} allocated; the largest at the peak:",
@@ -104,7 +104,9 @@ fn main() -> Result<(), Box<dyn Error>> {
             println!("  {:>10}  {}", memlab::render::Cell::bytes(row.bytes), row.label);
         }
     }
-    println!("wrote memlab_report.html, memlab_snapshot.pickle and memlab_trace.json to {}", out.display());
+    let names: Vec<String> =
+        written.iter().filter_map(|p| p.file_name()).map(|n| n.to_string_lossy().into_owned()).collect();
+    println!("wrote {} to {}", names.join(", "), out.display());
     drop((history, recording));
     Ok(())
 }

@@ -145,6 +145,7 @@ pub mod monitor;
 mod named;
 pub mod oom;
 pub mod reporter;
+pub mod run;
 mod tools;
 pub mod tracker;
 

@@ -87,7 +87,13 @@ fn a_cpu_recording_opens_in_pytorchs_reader() {
     assert_eq!(format!("{:?}", read.snapshot), format!("{snapshot:?}"));
     assert!(read.ignored.is_empty(), "{:?}", read.ignored);
     let info = read.snapshot.memlab.as_ref().unwrap();
-    assert_eq!(info.libtorch.as_deref(), Some(memlab::optimizer::libtorch_version()));
+    let run = info.run.as_ref().unwrap();
+    assert_eq!(run.libtorch.as_deref(), Some(memlab::optimizer::libtorch_version()));
+    assert_eq!((run.pid, run.devices.len()), (std::process::id(), 0));
+    // The clock's zero on the wall clock: before now, and since the process began.
+    let now_us = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_micros() as u64;
+    let started_us = run.process_start.expect("/proc tells") * 1_000_000;
+    assert!(started_us <= run.clock_zero_unix_us + 1_000_000 && run.clock_zero_unix_us <= now_us, "{run:?}");
     let profile = info.profile.as_ref().expect("a profiled function ran");
     assert_eq!(profile.function("leaky_step").unwrap().calls, 3);
     assert_eq!(profile.clone().filter("leaky_step").to_text(), memlab::report().filter("leaky_step").to_text());

@@ -154,6 +154,10 @@ pub struct DeviceSummary {
     pub events: u64,
     /// Microseconds from its first event to its last.
     pub span_us: u64,
+    /// The first event's time as the file gives it: in memlab's files
+    /// microseconds since the process's clock zero (`run.clock_zero_unix_us`),
+    /// in PyTorch's since the Unix epoch.
+    pub first_us: u64,
     /// The allocated peak (the first moment it was reached).
     pub peak: Moment,
     /// The reserved peak, where the device reserves.
@@ -188,8 +192,9 @@ pub struct Summary {
     pub writer: &'static str,
     /// Its pickle protocol.
     pub protocol: u8,
-    /// The libtorch the recording ran on, where the file says (memlab's do).
-    pub libtorch: Option<String>,
+    /// The process that wrote it, where the file says (memlab's do): rank,
+    /// host, libtorch's version, the wall-clock time of its clock zero.
+    pub run: Option<memlab_core::run::RunInfo>,
     /// One per device with events or segments.
     pub devices: Vec<DeviceSummary>,
     /// Keys the reader read past, by where they occur, with how often.
@@ -211,7 +216,7 @@ impl Summary {
             file: path.to_string(),
             writer: if s.memlab.is_some() { "memlab" } else { "pytorch" },
             protocol: file.protocol,
-            libtorch: s.memlab.as_ref().and_then(|m| m.libtorch.clone()),
+            run: s.memlab.as_ref().and_then(|m| m.run.clone()),
             devices,
             ignored: file.ignored.clone(),
         }
@@ -410,6 +415,7 @@ fn replay(s: &Snapshot, index: usize, device: String) -> Option<DeviceSummary> {
         device,
         events: trace.len() as u64,
         span_us: when(trace.len().saturating_sub(1)),
+        first_us: t0,
         peak,
         reserved_peak: reserved_known.then_some(reserved_peak),
         end,

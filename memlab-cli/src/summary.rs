@@ -144,8 +144,16 @@ impl Render for Summary {
         let writer = if self.writer == "memlab" { "memlab's snapshot" } else { "PyTorch's snapshot" };
         doc.title(format!("memlab summary: {}", self.file));
         let ignored: u64 = self.ignored.values().sum();
-        let mut about = match &self.libtorch {
-            Some(libtorch) => format!("{writer} (libtorch {libtorch}), pickle protocol {}", self.protocol),
+        let mut about = match &self.run {
+            Some(run) => {
+                let mut who: Vec<String> = run.libtorch.iter().map(|l| format!("libtorch {l}")).collect();
+                if let Some(rank) = run.rank {
+                    let of = run.world_size.map(|n| format!(" of {n}")).unwrap_or_default();
+                    who.push(format!("rank {rank}{of}"));
+                }
+                who.extend(run.host.iter().map(|h| format!("on {h}")));
+                format!("{writer} ({}), pickle protocol {}", who.join(", "), self.protocol)
+            }
             None => format!("{writer}, pickle protocol {}", self.protocol),
         };
         if ignored > 0 {

@@ -17,6 +17,7 @@ pub mod process;
 pub mod profiler;
 pub mod render;
 pub mod report;
+pub mod run;
 pub mod sites;
 pub mod stats;
 pub mod sync;

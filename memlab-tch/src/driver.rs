@@ -82,6 +82,28 @@ pub fn process_gpu_memory(index: usize) -> Result<Option<u64>> {
     Err(feature_off("nvml", "this process's GPU memory from NVML"))
 }
 
+/// The UUID of CUDA device `index` as `nvidia-smi -L` prints it
+/// (`GPU-8c3f…`), from the driver: the same device has the same UUID in every
+/// process, whatever `CUDA_VISIBLE_DEVICES` numbers it there.
+///
+/// Needs the `cuda-driver` feature (on by default); a build without it
+/// returns [`Error::DriverUnavailable`] naming the feature.
+pub fn device_uuid(index: usize) -> Result<String> {
+    #[cfg(feature = "cuda-driver")]
+    return usable(index).and_then(|()| cuda::uuid(index));
+    #[cfg(not(feature = "cuda-driver"))]
+    let _ = index;
+    #[cfg(not(feature = "cuda-driver"))]
+    Err(feature_off("cuda-driver", "the CUDA driver's device UUIDs"))
+}
+
+/// `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` of a UUID's 16 bytes.
+#[cfg_attr(not(feature = "cuda-driver"), allow(dead_code))]
+fn uuid_text(bytes: [u8; 16]) -> String {
+    let hex: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    format!("GPU-{}-{}-{}-{}-{}", &hex[..8], &hex[8..12], &hex[12..16], &hex[16..20], &hex[20..])
+}
+
 /// The CUDA driver through cudarc, loaded at run time (feature `cuda-driver`).
 #[cfg(feature = "cuda-driver")]
 mod cuda {
@@ -151,6 +173,21 @@ mod cuda {
         let ctx = unsafe { result::primary_ctx::retain(device) }.map_err(|e| e.to_string())?;
         known.push((ordinal, Ctx(ctx)));
         Ok(ctx)
+    }
+
+    pub(super) fn uuid(index: usize) -> Result<String> {
+        driver()?;
+        let run = || -> std::result::Result<String, String> {
+            let ordinal = i32::try_from(index).map_err(|e| e.to_string())?;
+            let device = result::device::get(ordinal).map_err(|e| e.to_string())?;
+            let uuid = result::device::get_uuid(device).map_err(|e| e.to_string())?;
+            Ok(super::uuid_text(uuid.bytes.map(|b| b as u8)))
+        };
+        match catch_unwind(AssertUnwindSafe(run)) {
+            Ok(Ok(uuid)) => Ok(uuid),
+            Ok(Err(e)) => Err(no_gpu(format!("device {index}: {e}"))),
+            Err(_) => Err(no_gpu("the CUDA driver library is missing a function memlab needs")),
+        }
     }
 
     pub(super) fn memory(index: usize) -> Result<DriverMemory> {
@@ -392,6 +429,12 @@ fn cgroup_memory_at(root: &std::path::Path, membership: &str) -> Option<(u64, u6
 
 #[cfg(test)]
 mod host_tests {
+    #[test]
+    fn uuids_print_as_nvidia_smi_does() {
+        let bytes = [0x8c, 0x3f, 0x01, 0x02, 0xab, 0xcd, 0x12, 0x34, 0x56, 0x78, 0x9a, 0xbc, 0xde, 0xf0, 0x00, 0xff];
+        assert_eq!(super::uuid_text(bytes), "GPU-8c3f0102-abcd-1234-5678-9abcdef000ff");
+    }
+
     #[test]
     fn host_memory_is_read_from_the_kernel() {
         let (available, total) = super::host_memory().expect("Linux has /proc/meminfo");

@@ -50,8 +50,8 @@ memlab_core::inventory::submit! {
 }
 
 pub use driver::{
-    address_space, cgroup_memory, driver_memory, host_memory, host_name, process_gpu_memory, process_start,
-    resident_set, DriverMemory,
+    address_space, cgroup_memory, device_uuid, driver_memory, host_memory, host_name, process_gpu_memory,
+    process_start, resident_set, DriverMemory,
 };
 pub use events::{testing as events_testing, Recording};
 pub use registry::{clear_registry, register_tensor, register_var_store, WeakTensor};

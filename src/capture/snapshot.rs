@@ -161,7 +161,7 @@ pub(crate) fn capture(sources: &Model) -> Result<Snapshot> {
             partial: stats.dropped > 0 || stats.untracked > 0,
             dropped: stats.dropped,
             recorded: stats.recorded,
-            libtorch: Some(memlab_tch::libtorch_version().to_string()),
+            run: Some(crate::run::this_process()),
             profile: Some(Report::collect()).filter(|p| p.functions.iter().any(|f| f.calls > 0)),
         }),
     })

@@ -42,5 +42,6 @@ pub(crate) fn history_with_anchors() -> Result<(Vec<Event>, events::Stats, BTree
 
 pub(crate) fn capture() -> Result<Trace> {
     let (history, stats, anchors) = history_with_anchors()?;
-    Trace::from_history(&history, &stats, &anchors)
+    let trace = Trace::from_history(&history, &stats, &anchors)?;
+    Ok(Trace { run: Some(crate::run::this_process()), ..trace })
 }

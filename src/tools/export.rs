@@ -85,4 +85,23 @@ impl Exporter {
     pub fn trace(&self) -> Result<Trace> {
         trace::capture()
     }
+
+    /// Writes the three files into `dir` (made if missing) under their
+    /// default names, `memlab_snapshot.pickle`, `memlab_trace.json` and
+    /// `memlab_report.html`, each with `_rank{N}` before its extension when
+    /// the process has a rank (see [`crate::run`]), so that the ranks of a
+    /// run can write into one directory and `memlab merge` read them all.
+    /// Returns the paths written.
+    pub fn write_files(&self, dir: impl AsRef<std::path::Path>) -> Result<Vec<std::path::PathBuf>> {
+        let dir = dir.as_ref();
+        std::fs::create_dir_all(dir).map_err(|e| memlab_core::Error::io(format!("make {}", dir.display()), e))?;
+        let rank = crate::run::this_process().file_suffix();
+        let path = |stem: &str, extension: &str| dir.join(format!("{stem}{rank}.{extension}"));
+        let (snapshot, trace, page) =
+            (path("memlab_snapshot", "pickle"), path("memlab_trace", "json"), path("memlab_report", "html"));
+        self.snapshot()?.write_pickle(&snapshot)?;
+        self.trace()?.write_json(&trace)?;
+        self.html_report()?.write(&page)?;
+        Ok(vec![snapshot, trace, page])
+    }
 }

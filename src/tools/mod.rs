@@ -14,4 +14,5 @@ pub(crate) mod model_size;
 pub(crate) mod monitor;
 pub(crate) mod oom;
 pub(crate) mod reporter;
+pub(crate) mod run;
 pub(crate) mod tracker;

@@ -70,7 +70,11 @@ fn a_cuda_snapshot_opens_in_pytorchs_reader() {
     let named = read.snapshot.device_traces[0].iter().find(|e| e.tensor.as_deref() == Some("fc.weight")).unwrap();
     assert_eq!((named.addr, named.size), (Some(weight.data_ptr() as u64), 64 * 64 * 4));
     let info = read.snapshot.memlab.as_ref().unwrap();
-    assert_eq!(info.libtorch.as_deref(), Some(memlab::optimizer::libtorch_version()));
+    let run = info.run.as_ref().unwrap();
+    assert_eq!(run.libtorch.as_deref(), Some(memlab::optimizer::libtorch_version()));
+    assert_eq!(run.devices[0].device, "cuda:0");
+    let uuid = run.devices[0].uuid.as_deref().expect("the driver's UUID");
+    assert!(uuid.starts_with("GPU-") && uuid.len() == 40, "{uuid}");
     std::fs::remove_file(&path).ok();
     drop((kept, recording, vs));
 }

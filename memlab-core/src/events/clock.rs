@@ -3,19 +3,31 @@
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
-use std::time::Instant;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 crate::process::process_wide! {
     /// Set while someone holds the recorder (see [`super::retain`]).
     static ACTIVE: AtomicBool = AtomicBool::new(false);
 }
 
+crate::process::process_wide! {
+    /// The clock's zero, and the wall-clock time then.
+    static START: OnceLock<(Instant, SystemTime)> = OnceLock::new();
+}
+
 /// When the clock started: the first time anything read it.
 pub(super) fn start() -> Instant {
-    crate::process::process_wide! {
-        static START: OnceLock<Instant> = OnceLock::new();
-    }
-    *START.get_or_init(Instant::now)
+    START.get_or_init(|| (Instant::now(), SystemTime::now())).0
+}
+
+/// The wall-clock time of the recorder's clock zero, in microseconds since
+/// the Unix epoch: what turns the times of memlab's events, spans and
+/// exports (microseconds since that zero) into times other processes share.
+/// Read together with the zero itself, so the two differ by well under a
+/// microsecond; starts the clock if nothing read it yet.
+pub fn zero_unix_us() -> u64 {
+    let wall = START.get_or_init(|| (Instant::now(), SystemTime::now())).1;
+    wall.duration_since(UNIX_EPOCH).map_or(0, |d| d.as_micros() as u64)
 }
 
 /// The recorder's clock: nanoseconds since it was first turned on.

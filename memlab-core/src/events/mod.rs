@@ -17,7 +17,7 @@ mod unwind;
 use crate::sync::LockExt;
 use std::sync::Arc;
 
-pub use clock::is_active;
+pub use clock::{is_active, zero_unix_us};
 pub use context::{current_statement, StatementRef};
 pub use recorder::{
     attribute, current_settings, history, history_with, live, live_seqs, record, record_counted, recorded, release,

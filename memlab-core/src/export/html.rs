@@ -106,6 +106,7 @@ impl Render for HtmlReport {
                 peak_time_us: d.peak_time_us,
                 peak_bytes: d.peak_bytes,
                 partial: self.partial,
+                scale: None,
             });
             doc.part(format!("{}: live at the peak, by call stack", d.device)).note(
                 "The allocations live at the peak that the recording saw made, outermost frame on top; hover a \

@@ -95,7 +95,7 @@ mod tests {
                 partial: false,
                 dropped: 0,
                 recorded: 2,
-                libtorch: None,
+                run: None,
                 profile: None,
             }),
         };

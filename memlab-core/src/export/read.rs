@@ -490,7 +490,7 @@ fn read_traces(strings: &Strings, b: &mut Builder, value: &Value) -> std::result
 
 fn read_info(strings: &Strings, b: &mut Builder, value: &Value) -> std::result::Result<SnapshotInfo, String> {
     let mut info =
-        SnapshotInfo { devices: Vec::new(), partial: false, dropped: 0, recorded: 0, libtorch: None, profile: None };
+        SnapshotInfo { devices: Vec::new(), partial: false, dropped: 0, recorded: 0, run: None, profile: None };
     for (key, value) in items(strings, value, "`memlab`")? {
         match key {
             "devices" => {
@@ -502,7 +502,10 @@ fn read_info(strings: &Strings, b: &mut Builder, value: &Value) -> std::result::
             "partial" => info.partial = matches!(value, Value::Bool(true)),
             "dropped" => info.dropped = count(&value, "`memlab.dropped`")?,
             "recorded" => info.recorded = count(&value, "`memlab.recorded`")?,
-            "libtorch" => info.libtorch = Some(text(strings, &value, "`memlab.libtorch`")?.to_string()),
+            "run" => {
+                let json = to_json(strings, &value)?;
+                info.run = Some(serde_json::from_value(json).map_err(|e| format!("`memlab.run` is not a run: {e}"))?);
+            }
             "profile" => {
                 let json = to_json(strings, &value)?;
                 info.profile = Some(
@@ -659,7 +662,16 @@ mod tests {
                 partial: true,
                 dropped: 3,
                 recorded: 7,
-                libtorch: Some("2.11.0".into()),
+                run: Some(crate::run::RunInfo {
+                    rank: Some(1),
+                    world_size: Some(2),
+                    host: Some("node7".into()),
+                    pid: 4242,
+                    process_start: Some(1_795_000_000),
+                    clock_zero_unix_us: 1_795_000_012_345_678,
+                    libtorch: Some("2.11.0".into()),
+                    devices: vec![crate::run::DeviceId { device: "cuda:0".into(), uuid: Some("GPU-8c3f".into()) }],
+                }),
                 profile: Some(profile()),
             }),
         };

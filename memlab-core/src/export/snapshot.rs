@@ -235,8 +235,10 @@ pub struct SnapshotInfo {
     pub dropped: u64,
     /// How many events the recording saw.
     pub recorded: u64,
-    /// The libtorch the recording ran on (`2.11.0`).
-    pub libtorch: Option<String>,
+    /// The process that wrote the file: rank, host, pid, the wall-clock
+    /// time of its clock zero (the traces' `time_us` count from it),
+    /// libtorch's version, its CUDA devices' UUIDs.
+    pub run: Option<crate::run::RunInfo>,
     /// The line profile at export, when a profiled function ran: the data
     /// (not a rendering), so a reader renders it as the program would have.
     pub profile: Option<crate::report::Report>,
@@ -270,8 +272,11 @@ impl Snapshot {
     /// The snapshot as a pickle, as `torch.cuda.memory._dump_snapshot`
     /// writes it.
     pub fn to_pickle(&self) -> Result<Vec<u8>> {
+        let as_data = |what: &str, e: serde_json::Error| Error::Backend(format!("{what} as data: {e}"));
         let profile = self.memlab.as_ref().and_then(|m| m.profile.as_ref()).map(serde_json::to_value);
-        let profile = profile.transpose().map_err(|e| Error::Backend(format!("the line profile as data: {e}")))?;
+        let profile = profile.transpose().map_err(|e| as_data("the line profile", e))?;
+        let run = self.memlab.as_ref().and_then(|m| m.run.as_ref()).map(serde_json::to_value);
+        let run = run.transpose().map_err(|e| as_data("the run", e))?;
         let mut p = Pickler::new();
         p.dict(|p| {
             p.str("segments");
@@ -293,9 +298,9 @@ impl Snapshot {
                     p.int(memlab.dropped.into());
                     p.str("recorded");
                     p.int(memlab.recorded.into());
-                    if let Some(libtorch) = &memlab.libtorch {
-                        p.str("libtorch");
-                        p.str(libtorch);
+                    if let Some(run) = &run {
+                        p.str("run");
+                        p.json(run);
                     }
                     if let Some(profile) = &profile {
                         // As plain dicts and lists, which Python reads too.

@@ -107,6 +107,9 @@ pub struct Trace {
     /// allocator's figures but no event says which, so `allocated` cannot be
     /// told from `active`).
     pub partial: bool,
+    /// The process that wrote it (rank, host, the wall-clock time of time
+    /// zero, …), written as the document's `otherData.run`.
+    pub run: Option<crate::run::RunInfo>,
 }
 
 /// The allocator's figures of one device, read consistently with the history:
@@ -196,7 +199,7 @@ impl Trace {
             })
             .collect();
         let partial = stats.dropped > 0 || timeline_dropped > 0 || waiting_unseen;
-        Ok(Trace { counters, ooms, spans, readings, partial })
+        Ok(Trace { counters, ooms, spans, readings, partial, run: None })
     }
 }
 
@@ -230,9 +233,22 @@ fn span_category(kind: SpanKind) -> &'static str {
 impl Trace {
     /// Writes the trace-event JSON document to `out`, one event per line.
     pub fn write_to(&self, out: &mut impl std::io::Write) -> std::io::Result<()> {
-        let name = if self.partial { "memlab (partial: the history dropped events)" } else { "memlab" };
+        let used: Vec<String> = self.counters.keys().map(Device::to_string).collect();
+        let used: Vec<&str> = used.iter().map(String::as_str).collect();
+        let mut name = match self.run.as_ref().filter(|r| r.rank.is_some()) {
+            Some(run) => format!("memlab {}", run.label_with(&used)),
+            None => "memlab".to_string(),
+        };
+        if self.partial {
+            name += " (partial: the history dropped events)";
+        }
+        let name = name.as_str();
         write!(out, "{{\"displayTimeUnit\":\"ms\",")?;
-        write!(out, "\"otherData\":{{\"producer\":\"memlab\",\"partial\":{}}},", self.partial)?;
+        write!(out, "\"otherData\":{{\"producer\":\"memlab\",\"partial\":{}", self.partial)?;
+        if let Some(run) = &self.run {
+            write!(out, ",\"run\":{}", serde_json::to_string(run).map_err(std::io::Error::other)?)?;
+        }
+        write!(out, "}},")?;
         writeln!(out, "\"traceEvents\":[")?;
         write!(
             out,

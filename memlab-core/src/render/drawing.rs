@@ -49,6 +49,35 @@ pub struct Timeline {
     pub peak_bytes: i64,
     /// Whether older events were dropped (the drawing says so).
     pub partial: bool,
+    /// The scale to draw on, when several timelines share one (the ranks of
+    /// a merged run); `None`: the points' own times and the peak.
+    pub scale: Option<Scale>,
+}
+
+/// One scale for several timelines: the time the axis spans and the bytes
+/// at its top.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Scale {
+    /// The axis's start, in microseconds.
+    pub from_us: f64,
+    /// Its end, in microseconds.
+    pub to_us: f64,
+    /// The bytes at the top.
+    pub top_bytes: i64,
+}
+
+impl Timeline {
+    /// The time the axis spans and the bytes at its top.
+    fn bounds(&self) -> (f64, f64, i64) {
+        match self.scale {
+            Some(s) => (s.from_us, s.to_us, s.top_bytes.max(self.peak_bytes)),
+            None => (
+                self.points.first().map_or(0.0, |p| p.time_us),
+                self.points.last().map_or(1.0, |p| p.time_us),
+                self.peak_bytes,
+            ),
+        }
+    }
 }
 
 /// What was live by call stack: an icicle graph, outermost frame on top.
@@ -82,9 +111,9 @@ const LEFT: f64 = 70.0;
 
 fn timeline_svg(d: &Timeline) -> String {
     let mut out = String::new();
-    let (t0, t1) = (d.points.first().map_or(0.0, |p| p.time_us), d.points.last().map_or(1.0, |p| p.time_us));
+    let (t0, t1, top) = d.bounds();
     let span = (t1 - t0).max(1.0);
-    let top = d.peak_bytes.max(1) as f64;
+    let top = top.max(1) as f64;
     let plot = WIDTH - LEFT - 10.0;
     let x = |t: f64| LEFT + (t - t0) / span * plot;
     let y = |b: f64| 10.0 + (1.0 - b / top) * (HEIGHT - 40.0);
@@ -102,7 +131,7 @@ fn timeline_svg(d: &Timeline) -> String {
          <text x=\"{LEFT}\" y=\"{}\">{:.3} s</text><text x=\"{}\" y=\"{}\" text-anchor=\"end\">{:.3} s</text>",
         LEFT - 6.0,
         y(top) + 4.0,
-        Cell::bytes(d.peak_bytes),
+        Cell::bytes(top as i64),
         LEFT - 6.0,
         y(0.0),
         HEIGHT - 8.0,
@@ -266,7 +295,8 @@ impl Timeline {
     /// most `width` glyphs (each the highest level of its stretch), then the
     /// span and the peak.
     pub(super) fn to_text(&self, width: usize) -> String {
-        let top = self.peak_bytes.max(1) as f64;
+        let (t0, t1, top) = self.bounds();
+        let top = top.max(1) as f64;
         let n = self.points.len();
         let columns = n.min(width).max(1);
         let line: String = (0..columns)
@@ -276,7 +306,6 @@ impl Timeline {
                 SPARKS[(((most / top) * (SPARKS.len() - 1) as f64).round() as usize).min(SPARKS.len() - 1)]
             })
             .collect();
-        let (t0, t1) = (self.points.first().map_or(0.0, |p| p.time_us), self.points.last().map_or(0.0, |p| p.time_us));
         format!(
             "{line}\n{:.3} s to {:.3} s; peak {} at {:.3} s{}\n",
             t0 / 1e6,
@@ -332,8 +361,14 @@ mod tests {
             peak_time_us: 7e6,
             peak_bytes: 7 << 20,
             partial: false,
+            scale: None,
         };
         assert_eq!(timeline.to_text(64), "▁▂▃▄▅▆▇█\n0.000 s to 7.000 s; peak 7.00M at 7.000 s\n");
+        // On a scale shared with a timeline twice as high and long.
+        let shared =
+            Timeline { scale: Some(Scale { from_us: 0.0, to_us: 14e6, top_bytes: 14 << 20 }), ..timeline.clone() };
+        assert_eq!(shared.to_text(64), "▁▂▂▃▃▄▄▅\n0.000 s to 14.000 s; peak 7.00M at 7.000 s\n");
+        assert!(shared.to_html().contains(">14.00M</text>") && shared.to_html().contains(">14.000 s</text>"));
         // Narrower than the points: each glyph is the highest of its stretch.
         assert_eq!(timeline.to_text(4).lines().next(), Some("▂▄▆█"));
         let svg = timeline.to_html();

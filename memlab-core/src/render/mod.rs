@@ -11,7 +11,7 @@ mod table;
 
 pub use cell::{Amount, Cell};
 pub use document::{Document, Render};
-pub use drawing::{FlameNode, Icicle, Point, Timeline};
+pub use drawing::{FlameNode, Icicle, Point, Scale, Timeline};
 pub use table::{Column, Layout, Table};
 
 use std::collections::BTreeMap;

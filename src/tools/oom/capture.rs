@@ -80,6 +80,10 @@ impl OomReport {
             host,
             process_start,
             time: memlab_core::time::utc_now(),
+            time_unix_us: std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_micros() as u64),
+            run: crate::run::this_process(),
             thread: FailingThread { number: failure.thread, name: std::thread::current().name().map(str::to_string) },
             diagnosis,
             stream: failure.stream,

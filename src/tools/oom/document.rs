@@ -53,6 +53,13 @@ pub struct OomReport {
     pub process_start: Option<String>,
     /// When, in UTC (`YYYY-MM-DD HH:MM:SS.mmm`).
     pub time: String,
+    /// When, in microseconds since the Unix epoch (what `memlab merge`
+    /// places the failure by).
+    pub time_unix_us: u64,
+    /// The process among the run's: rank and world size, libtorch's
+    /// version, the CUDA devices' UUIDs, the wall-clock time of the
+    /// recording's clock zero.
+    pub run: memlab_core::run::RunInfo,
     /// The failing thread.
     pub thread: FailingThread,
     /// The request, the figures and the verdict.
@@ -95,7 +102,7 @@ fn file_safe(name: &str) -> String {
 
 impl OomReport {
     /// The reports' common file name, without extension:
-    /// `memlab_oom_<host>_<start>_<pid>_<n>`.
+    /// `memlab_oom_<host>_<start>_<pid>_<n>`, then `_rank<N>` for a rank.
     fn base_name(&self) -> String {
         let start = self.process_start.as_deref().map_or_else(
             || "unknown".to_string(),
@@ -109,7 +116,8 @@ impl OomReport {
                 })
             },
         );
-        format!("memlab_oom_{}_{start}_{}_{}", file_safe(&self.host), self.pid, self.number)
+        let rank = self.run.file_suffix();
+        format!("memlab_oom_{}_{start}_{}_{}{rank}", file_safe(&self.host), self.pid, self.number)
     }
 
     /// Writes the text report and its JSON first, then, while a recording
@@ -268,6 +276,11 @@ impl Render for OomReport {
         doc.line(format!("{} UTC, {thread}", self.time));
         let started = self.process_start.as_deref().map(|s| format!(", started {s} UTC")).unwrap_or_default();
         doc.line(format!("process {} on {}{started}", self.pid, self.host));
+        if let Some(rank) = self.run.rank {
+            let of = self.run.world_size.map(|n| format!(" of {n}")).unwrap_or_default();
+            let libtorch = self.run.libtorch.as_deref().map(|l| format!(", libtorch {l}")).unwrap_or_default();
+            doc.line(format!("rank {rank}{of}{libtorch}"));
+        }
         if self.partial {
             doc.line("This report is partial: memory did not suffice for all of it (see \"Left out\" below).");
         }

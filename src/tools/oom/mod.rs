@@ -160,6 +160,8 @@ impl OomRecorder {
             Error::io(format!("keep {bytes} of address space aside for out-of-memory reports (give a smaller OomRecorder::reserve)"), e)
         })?;
         memlab_tch::oom::prepare_failure_path();
+        // Read now, while memory is plentiful: every report carries it.
+        let _ = crate::run::this_process();
         *CONFIG.locked() = Some(Config { dir, max_reports: self.max_reports });
         DISARMED.store(false, Ordering::Relaxed);
         named::gradients::keep(true);
