@@ -2,19 +2,19 @@
 //! `torch.cuda.memory._dump_snapshot` pickles, protocols 2 to 5) without
 //! libtorch, and says what they hold.
 //!
-//!     memlab summary SNAPSHOT [--json]
-//!     memlab view SNAPSHOT [-o FILE.html] [--json]
-//!     memlab diff A B [--html FILE.html] [--json]
+//! ```text
+//! memlab summary SNAPSHOT [--json]
+//! memlab view SNAPSHOT [-o FILE.html] [--json]
+//! memlab diff A B [--html FILE.html] [--json]
+//! memlab merge FILES… -o DIR [--offset RANK=µs]… [--json]
+//! ```
 //!
 //! Bad input (a missing, empty, truncated or non-snapshot file, a pickle that
 //! builds objects) gets one line on standard error and exit code 2.
 
-mod analysis;
-mod diff;
-mod summary;
-mod view;
-
 use std::process::ExitCode;
+
+use memlab_cli::{analysis, diff, merge, view};
 
 use clap::{Parser, Subcommand};
 use memlab_core::export::Snapshot;
@@ -67,6 +67,27 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// The files of several processes (ranks) in one Perfetto trace and one
+    /// page: per-rank peaks (the highest marked), which rank ran out of
+    /// memory and why, each rank's memory over time on one time axis (clocks
+    /// aligned by the wall clock each file recorded), and what differed at
+    /// the peaks.
+    Merge {
+        /// Snapshots (memlab's or PyTorch's; a rank from `rankN` in the
+        /// name), memlab's trace JSONs and out-of-memory report JSONs.
+        #[arg(required = true)]
+        files: Vec<String>,
+        /// The directory to write merged_trace.json and merged.html in.
+        #[arg(short = 'o', long = "output", value_name = "DIR")]
+        output: String,
+        /// Microseconds to add to every time of a rank whose host's clock is
+        /// off (repeat for several ranks).
+        #[arg(long = "offset", value_name = "RANK=µs")]
+        offsets: Vec<String>,
+        /// Print the table of ranks and the failures as JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn main() -> ExitCode {
@@ -106,6 +127,17 @@ fn run(command: Command) -> Result<(), String> {
                 println!("{}", serde_json::to_string_pretty(&value).map_err(|e| e.to_string())?);
             } else {
                 println!("wrote {output} ({}): open it in a browser", memlab_core::render::Cell::bytes(page.len()));
+            }
+            Ok(())
+        }
+        Command::Merge { files, output, offsets, json } => {
+            let offsets = offsets.iter().map(|o| merge::parse_offset(o)).collect::<Result<_, _>>()?;
+            let options = merge::Options { out: output.into(), offsets };
+            let merged = merge::merge(&files, &options)?;
+            if json {
+                println!("{}", serde_json::to_string_pretty(&merged).map_err(|e| e.to_string())?);
+            } else {
+                print!("{}", merged.to_text());
             }
             Ok(())
         }

@@ -142,7 +142,7 @@ fn summary_of_memlabs_own_snapshot_has_categories() {
 #[test]
 fn summary_of_memlabs_cuda_snapshot_agrees_with_the_walk_and_the_program() {
     let summary = json(&["summary", fixture("memlab_cuda.pickle").to_str().unwrap(), "--json"]);
-    assert_eq!((summary["writer"].as_str(), summary["libtorch"].as_str()), (Some("memlab"), Some("2.11.0")));
+    assert_eq!((summary["writer"].as_str(), summary["run"]["libtorch"].as_str()), (Some("memlab"), Some("2.11.0")));
     let cuda = &summary["devices"][0];
     assert_eq!(cuda["device"], "cuda:0");
     let (peak, at) = peak_by_walking_back("memlab_cuda.pickle");
@@ -181,7 +181,7 @@ fn a_partial_memlab_history_says_so() {
             partial: true,
             dropped: 5,
             recorded: 7,
-            libtorch: None,
+            run: None,
             profile: None,
         }),
     };
@@ -325,7 +325,7 @@ fn view_writes_one_page_that_passes_the_browsers_checks() {
             assert!(!page.contains("Not in this file"), "{name}");
             assert!(page.contains("model.fc1.weight (named at export)"), "the walk's names");
             assert!(page.contains("Line profile") && page.contains("history.push(logits);"), "the profile");
-            assert!(page.contains("(libtorch 2.11.0)"), "the version");
+            assert!(page.contains("(libtorch 2.11.0"), "the version");
         }
         if let Some(text) = look_at(&html) {
             assert!(text.contains("peak allocated"), "{text}");
@@ -367,4 +367,72 @@ fn synthetic_snapshots_read_as_pytorch_reads_them() {
 /// How many segments memlab's reader finds in `path`.
 fn summary_segments(path: &Path) -> usize {
     memlab_core::export::Snapshot::read_pickle(path).unwrap().snapshot.segments.len()
+}
+
+#[test]
+fn merge_of_two_ranks_marks_the_higher_peak_and_what_differed() {
+    // PyTorch's files, ranks from their names: the leaky run as rank 0.
+    let (r0, r1) = (temp("snapshot_rank0.pickle"), temp("snapshot_rank1.pickle"));
+    std::fs::copy(fixture("leaky.pickle"), &r0).unwrap();
+    std::fs::copy(fixture("fixed.pickle"), &r1).unwrap();
+    let out = temp("merged");
+    let (r0, r1, dir) = (r0.to_str().unwrap(), r1.to_str().unwrap(), out.to_str().unwrap());
+    let merged = json(&["merge", r1, r0, "-o", dir, "--json"]);
+    let ranks = merged["ranks"].as_array().unwrap();
+    assert_eq!((ranks[0]["rank"].as_u64(), ranks[1]["rank"].as_u64()), (Some(0), Some(1)), "rank order");
+    // Each peak is the one `summary` finds; the higher marked.
+    let peak = |file: &str| json(&["summary", file, "--json"])["devices"][0]["peak"]["allocated"].clone();
+    let device = |r: usize| ranks[r]["devices"][0].clone();
+    assert_eq!((device(0)["allocated"].clone(), device(1)["allocated"].clone()), (peak(r0), peak(r1)));
+    assert_eq!((device(0)["highest"].as_bool(), device(1)["highest"].as_bool()), (Some(true), Some(false)));
+    assert_eq!(merged["ooms"].as_array().unwrap().len(), 0);
+    // The leaking line differs most between the ranks at their peaks.
+    let page = std::fs::read_to_string(out.join("merged.html")).unwrap();
+    let sites = &page[page.find("cuda:0, by site").unwrap()..];
+    let first_row = sites.split("</tr>").nth(1).unwrap();
+    assert!(first_row.contains("13.07M") && first_row.contains("make_snapshots.py:79"), "{first_row}");
+    if let Some(text) = look_at(&out.join("merged.html")) {
+        assert!(text.contains("highest") && text.contains("rank 1"), "{text}");
+    }
+    // The trace: a process per rank, PyTorch's wall-clock times on one axis from zero.
+    let trace: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(out.join("merged_trace.json")).unwrap()).unwrap();
+    let events = trace["traceEvents"].as_array().unwrap();
+    let names: Vec<&str> =
+        events.iter().filter(|e| e["name"] == "process_name").map(|e| e["args"]["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["rank 0", "rank 1"]);
+    let first = events.iter().filter_map(|e| e["ts"].as_f64()).fold(f64::MAX, f64::min);
+    assert_eq!(first, 0.0, "the earliest event is the axis's zero");
+
+    // --offset moves one rank by exactly that.
+    let shifted = json(&["merge", r0, r1, "-o", dir, "--json", "--offset", "1=250000"]);
+    let at = |m: &serde_json::Value| m["ranks"][1]["devices"][0]["at_us"].as_i64().unwrap();
+    assert_eq!(at(&shifted) - at(&merged), 250_000);
+    assert_eq!(shifted["ranks"][1]["offset_us"], 250_000);
+}
+
+#[test]
+fn merge_refuses_what_it_cannot_place_with_one_line() {
+    let text = temp("notes.json");
+    std::fs::write(&text, "{\"a\": 1}").unwrap();
+    let garbage = temp("garbage.bin");
+    std::fs::write(&garbage, "not json").unwrap();
+    let leaky = fixture("leaky.pickle");
+    let (leaky, dir) = (leaky.to_str().unwrap(), temp("merge-bad"));
+    let dir = dir.to_str().unwrap();
+    for (args, why) in [
+        (vec![text.to_str().unwrap()], "neither a trace"),
+        (vec![garbage.to_str().unwrap()], "neither a snapshot pickle nor JSON"),
+        (vec![leaky, "--offset", "1"], "write RANK=MICROSECONDS"),
+        (vec![leaky, "--offset", "4=10"], "no file is of rank 4"),
+        (vec![leaky, "/no/such/file.pickle"], "No such file"),
+    ] {
+        let mut all = vec!["merge", "-o", dir];
+        all.extend(args.iter().copied());
+        let out = memlab(&all);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{all:?}: {err}");
+        assert!(err.contains(why), "{all:?}: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{all:?}: {err}");
+    }
 }

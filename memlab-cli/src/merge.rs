@@ -1,0 +1,848 @@
+//! `memlab merge FILES… -o DIR`: the files of several processes (ranks) in
+//! one Perfetto trace and one page. Snapshots, trace JSONs and out-of-memory
+//! report JSONs are grouped by the process that wrote them (memlab's files
+//! say which: `run`), or, for PyTorch's snapshots, by the rank in the file's
+//! name (`snapshot_rank3.pickle`). Each file's times count from its own clock
+//! zero; memlab's files give the wall-clock time of that zero
+//! (`run.clock_zero_unix_us`) and PyTorch's times are wall-clock already, so
+//! every event is placed on one axis by the wall clock, and `--offset
+//! RANK=µs` corrects a rank whose host's clock is off.
+
+use std::collections::BTreeMap;
+use std::io::{BufWriter, Read, Write};
+use std::path::{Path, PathBuf};
+
+use memlab_core::events::Action;
+use memlab_core::export::{Snapshot, SnapshotFile};
+use memlab_core::render::{Cell, Column, Document, Layout, Point, Render, Scale, Table, Timeline};
+use memlab_core::run::RunInfo;
+use serde::Serialize;
+use serde_json::{json, Value};
+
+use crate::analysis::{self, Start, Summary};
+
+/// The most points a device's timeline on the page has.
+const PAGE_POINTS: usize = 400;
+/// The most counter samples a snapshot's device gives the merged trace.
+const TRACE_POINTS: usize = 10_000;
+/// Rows of the table of what differs between ranks at their peaks.
+const DIFFERENCE_ROWS: usize = 40;
+
+/// Where the merged files go, and the clock corrections.
+pub struct Options {
+    /// The directory of `merged_trace.json` and `merged.html`.
+    pub out: PathBuf,
+    /// Microseconds added to every time of a rank.
+    pub offsets: BTreeMap<u32, i64>,
+}
+
+/// The merge: one row per process and device, the failures, and where the
+/// files went. `--json` prints it.
+#[derive(Clone, Debug, Serialize)]
+pub struct Merged {
+    /// The wall-clock time of the merged axis's zero (the earliest event of
+    /// any file), in microseconds since the Unix epoch.
+    pub origin_unix_us: i64,
+    /// One per process, in rank order.
+    pub ranks: Vec<RankRow>,
+    /// Every out-of-memory failure, earliest first.
+    pub ooms: Vec<OomRow>,
+    /// The merged trace (ui.perfetto.dev).
+    pub trace: String,
+    /// The page.
+    pub page: String,
+}
+
+/// One process of the run.
+#[derive(Clone, Debug, Serialize)]
+pub struct RankRow {
+    /// Its rank, where known.
+    pub rank: Option<u32>,
+    /// `rank 1 (host, cuda:0)`: its process's name in the merged trace.
+    pub label: String,
+    /// What memlab's files say of it (none for PyTorch's snapshots).
+    pub run: Option<RunInfo>,
+    /// Its files.
+    pub files: Vec<String>,
+    /// The correction given with `--offset`, in microseconds.
+    pub offset_us: i64,
+    /// Its devices' peaks.
+    pub devices: Vec<DevicePeak>,
+}
+
+/// A device's peak in one process.
+#[derive(Clone, Debug, Serialize)]
+pub struct DevicePeak {
+    /// `cuda:0`, `cpu`.
+    pub device: String,
+    /// The device's UUID, where the file gives it.
+    pub uuid: Option<String>,
+    /// The allocated peak, as tensors asked for their bytes.
+    pub allocated: u64,
+    /// The reserved peak, where the device reserves and the file says.
+    pub reserved: Option<u64>,
+    /// When the allocated peak was, in microseconds on the merged axis.
+    pub at_us: i64,
+    /// Whether it is the highest allocated peak of its kind of device (CUDA
+    /// or CPU) over all processes.
+    pub highest: bool,
+    /// What it was read from: `snapshot`, `trace` (the counters), or
+    /// `out-of-memory report` (the figures when the request failed).
+    pub source: &'static str,
+}
+
+/// An out-of-memory failure of one process.
+#[derive(Clone, Debug, Serialize)]
+pub struct OomRow {
+    /// The process's rank, where known.
+    pub rank: Option<u32>,
+    /// The process, as the table names it.
+    pub label: String,
+    /// The device.
+    pub device: String,
+    /// Bytes asked for.
+    pub requested: u64,
+    /// Why it failed (`not_enough_free`, `fragmentation`, …), where a report says.
+    pub verdict: Option<String>,
+    /// The profiled statement that was running, where a report says.
+    pub statement: Option<String>,
+    /// When, in microseconds on the merged axis.
+    pub at_us: i64,
+    /// The file that told.
+    pub file: String,
+}
+
+/// A file read.
+enum Input {
+    Snapshot(Box<SnapshotFile>),
+    Trace(Value),
+    Oom(Value),
+}
+
+/// What one process's files hold, once read.
+struct Part {
+    rank: Option<u32>,
+    run: Option<RunInfo>,
+    files: Vec<String>,
+    offset_us: i64,
+    /// Per device: its summary and the wall-clock base of its times.
+    snapshot: Option<(Summary, Vec<Levels>)>,
+    /// The trace's events.
+    trace: Option<Vec<Value>>,
+    /// Out-of-memory reports, with their file.
+    ooms: Vec<(String, Value)>,
+    /// Its name in the table and the trace, once every file is read.
+    label: String,
+}
+
+/// One device's allocated (and reserved) bytes over time, at most a given
+/// number of points, each the highest of its stretch of events.
+struct Levels {
+    device: String,
+    /// (time as the file gives it, allocated, reserved).
+    points: Vec<(i64, u64, Option<u64>)>,
+}
+
+impl Part {
+    /// Microseconds to add to a time of `file_time` kind to put it on the
+    /// wall clock: memlab's files count from their clock zero.
+    fn base_us(&self) -> i64 {
+        self.run.as_ref().map_or(0, |r| r.clock_zero_unix_us as i64) + self.offset_us
+    }
+
+    /// `rank 1 (host, cuda:0)`, naming the devices the files have data of.
+    fn name(&self) -> String {
+        match (&self.run, self.rank) {
+            (Some(run), _) => {
+                let mut used: Vec<String> = Vec::new();
+                if let Some((summary, _)) = &self.snapshot {
+                    used.extend(summary.devices.iter().filter(|d| d.events > 0).map(|d| d.device.clone()));
+                }
+                if let Some(events) = &self.trace {
+                    used.extend(trace_levels(events).into_iter().map(|l| l.device));
+                }
+                used.sort();
+                used.dedup();
+                run.label_with(&used.iter().map(String::as_str).collect::<Vec<_>>())
+            }
+            (None, Some(rank)) => format!("rank {rank}"),
+            (None, None) => format!("process of {}", self.files[0]),
+        }
+    }
+}
+
+/// Reads `files` and writes the merged trace and page into `options.out`.
+pub fn merge(files: &[String], options: &Options) -> Result<Merged, String> {
+    if files.is_empty() {
+        return Err(
+            "nothing to merge: give the snapshots, trace JSONs and out-of-memory report JSONs of the ranks".into()
+        );
+    }
+    let mut parts: Vec<Part> = Vec::new();
+    for path in files {
+        let input = read(path)?;
+        let (run, rank) = match &input {
+            Input::Snapshot(file) => {
+                let run = file.snapshot.memlab.as_ref().and_then(|m| m.run.clone());
+                let rank = run.as_ref().and_then(|r| r.rank).or_else(|| rank_in_name(path));
+                (run, rank)
+            }
+            Input::Trace(doc) => {
+                let run = run_of(&doc["otherData"]["run"], path)?;
+                let rank = run.as_ref().and_then(|r| r.rank).or_else(|| rank_in_name(path));
+                (run, rank)
+            }
+            Input::Oom(doc) => {
+                let run = run_of(&doc["run"], path)?;
+                let rank = run.as_ref().and_then(|r| r.rank).or_else(|| rank_in_name(path));
+                (run, rank)
+            }
+        };
+        // One part per process: memlab's files by host and pid, the others by rank.
+        let same = |p: &Part| match (&p.run, &run) {
+            (Some(a), Some(b)) => a.host == b.host && a.pid == b.pid && a.rank == b.rank,
+            (None, None) => rank.is_some() && p.rank == rank,
+            _ => false,
+        };
+        let at = match parts.iter().position(same) {
+            Some(at) => at,
+            None => {
+                let offset_us = rank.and_then(|r| options.offsets.get(&r).copied()).unwrap_or(0);
+                parts.push(Part {
+                    rank,
+                    run,
+                    files: Vec::new(),
+                    offset_us,
+                    snapshot: None,
+                    trace: None,
+                    ooms: Vec::new(),
+                    label: String::new(),
+                });
+                parts.len() - 1
+            }
+        };
+        let part = &mut parts[at];
+        part.files.push(path.clone());
+        // A process may leave several of a kind (an out-of-memory report's
+        // snapshot beside the final export): the longest history is kept.
+        match input {
+            Input::Snapshot(file) => {
+                let summary = Summary::of(path, &file);
+                let events = |s: &Summary| s.devices.iter().map(|d| d.events).sum::<u64>();
+                if part.snapshot.as_ref().is_none_or(|(kept, _)| events(&summary) > events(kept)) {
+                    let levels = snapshot_levels(&file.snapshot, TRACE_POINTS);
+                    part.snapshot = Some((summary, levels));
+                }
+            }
+            Input::Trace(mut doc) => {
+                let events = match doc.get_mut("traceEvents").map(Value::take) {
+                    Some(Value::Array(events)) => events,
+                    _ => return Err(format!("cannot read {path}: its `traceEvents` is not a list")),
+                };
+                if part.trace.as_ref().is_none_or(|kept| events.len() > kept.len()) {
+                    part.trace = Some(events);
+                }
+            }
+            Input::Oom(doc) => part.ooms.push((path.clone(), doc)),
+        }
+    }
+    for rank in options.offsets.keys() {
+        if !parts.iter().any(|p| p.rank == Some(*rank)) {
+            return Err(format!("--offset {rank}=…: no file is of rank {rank}"));
+        }
+    }
+    parts.sort_by_key(|p| (p.rank.is_none(), p.rank, p.files[0].clone()));
+    for p in &mut parts {
+        p.label = p.name();
+    }
+
+    let origin = parts.iter().filter_map(first_us).min().unwrap_or(0);
+    let mut ranks: Vec<RankRow> = parts.iter().map(|p| rank_row(p, origin)).collect();
+    mark_highest(&mut ranks);
+    let mut ooms: Vec<OomRow> = parts.iter().flat_map(|p| oom_rows(p, origin)).collect();
+    ooms.sort_by_key(|o| o.at_us);
+
+    std::fs::create_dir_all(&options.out)
+        .map_err(|e| format!("cannot make the directory {}: {e}", options.out.display()))?;
+    let trace_path = options.out.join("merged_trace.json");
+    write_trace(&trace_path, &parts, origin).map_err(|e| format!("cannot write {}: {e}", trace_path.display()))?;
+    let page_path = options.out.join("merged.html");
+    let merged = Merged {
+        origin_unix_us: origin,
+        ranks,
+        ooms,
+        trace: trace_path.to_string_lossy().into_owned(),
+        page: page_path.to_string_lossy().into_owned(),
+    };
+    let page = Page { merged: &merged, parts: &parts }.document().to_page("memlab merge");
+    std::fs::write(&page_path, page).map_err(|e| format!("cannot write {}: {e}", page_path.display()))?;
+    Ok(merged)
+}
+
+/// Parses `RANK=MICROSECONDS`.
+pub fn parse_offset(text: &str) -> Result<(u32, i64), String> {
+    let (rank, us) =
+        text.split_once('=').ok_or_else(|| format!("--offset {text}: write RANK=MICROSECONDS, e.g. 1=-2500"))?;
+    let rank = rank.trim().parse().map_err(|_| format!("--offset {text}: {rank:?} is not a rank (0, 1, …)"))?;
+    let us = us.trim().parse().map_err(|_| format!("--offset {text}: {us:?} is not a number of microseconds"))?;
+    Ok((rank, us))
+}
+
+fn read(path: &str) -> Result<Input, String> {
+    let cannot = |e: std::io::Error| format!("cannot read {path}: {e}");
+    let mut file = std::fs::File::open(path).map_err(cannot)?;
+    if file.metadata().map_err(cannot)?.is_dir() {
+        return Err(format!("cannot read {path}: it is a directory; give the files themselves"));
+    }
+    let mut first = [0u8; 1];
+    let n = file.read(&mut first).map_err(cannot)?;
+    if n == 0 {
+        return Err(format!("cannot read {path}: the file is empty"));
+    }
+    if first[0] == 0x80 {
+        return Snapshot::read_pickle(path).map(|f| Input::Snapshot(Box::new(f))).map_err(|e| e.to_string());
+    }
+    let text = std::fs::read_to_string(path).map_err(cannot)?;
+    let doc: Value = serde_json::from_str(&text).map_err(|e| {
+        format!("cannot read {path}: neither a snapshot pickle nor JSON ({e}); give memlab's or PyTorch's snapshots, memlab's trace JSONs and out-of-memory report JSONs")
+    })?;
+    if doc.get("traceEvents").is_some() {
+        Ok(Input::Trace(doc))
+    } else if doc.get("diagnosis").is_some() {
+        Ok(Input::Oom(doc))
+    } else {
+        Err(format!(
+            "cannot read {path}: a JSON document that is neither a trace (no `traceEvents`) nor an out-of-memory report (no `diagnosis`)"
+        ))
+    }
+}
+
+fn run_of(value: &Value, path: &str) -> Result<Option<RunInfo>, String> {
+    if value.is_null() {
+        return Ok(None);
+    }
+    serde_json::from_value(value.clone())
+        .map(Some)
+        .map_err(|e| format!("cannot read {path}: its `run` is not a run ({e})"))
+}
+
+/// The rank a file's name gives: the digits after its last `rank`
+/// (`snapshot_rank3.pickle`, `rank-3.json`).
+fn rank_in_name(path: &str) -> Option<u32> {
+    let name = Path::new(path).file_name()?.to_str()?.to_ascii_lowercase();
+    let after = &name[name.rfind("rank")? + 4..];
+    let digits: String = after.trim_start_matches(['_', '-', '=']).chars().take_while(char::is_ascii_digit).collect();
+    digits.parse().ok()
+}
+
+/// Each device's allocated and reserved bytes over a snapshot's history,
+/// at most `points` points per device (each the highest of its stretch).
+fn snapshot_levels(s: &Snapshot, points: usize) -> Vec<Levels> {
+    let names = s.devices();
+    let mut out = Vec::new();
+    for (index, device) in names.iter().enumerate() {
+        let start = Start::of(s, index);
+        if start.trace.is_empty() {
+            continue;
+        }
+        let mut live = start.live.clone();
+        let mut allocated: u64 = live.values().map(|(size, _)| size).sum();
+        // Reserved: the final segments less what the trace added.
+        let end: i128 = s.segments.iter().filter(|seg| seg.device == index).map(|seg| i128::from(seg.total_size)).sum();
+        let added: i128 = start
+            .trace
+            .iter()
+            .map(|e| match e.action {
+                Action::SegmentAlloc | Action::SegmentMap => i128::from(e.size),
+                Action::SegmentFree | Action::SegmentUnmap => -i128::from(e.size),
+                _ => 0,
+            })
+            .sum();
+        let mut reserved = end - added;
+        let reserves = device.starts_with("cuda");
+        let per = start.trace.len().div_ceil(points).max(1);
+        let mut levels: Vec<(i64, u64, Option<u64>)> = Vec::new();
+        for (i, e) in start.trace.iter().enumerate() {
+            analysis::apply(e, i, start.release, &mut live, &mut allocated, &mut reserved);
+            let r = reserves.then(|| u64::try_from(reserved).unwrap_or(0));
+            if i % per == 0 {
+                levels.push((e.time_us as i64, allocated, r));
+            } else if let Some(last) = levels.last_mut() {
+                if allocated > last.1 {
+                    *last = (e.time_us as i64, allocated, r.max(last.2));
+                } else {
+                    last.2 = r.max(last.2);
+                }
+            }
+        }
+        out.push(Levels { device: device.clone(), points: levels });
+    }
+    out
+}
+
+/// A trace's counter samples of one device (`cuda:0 memory`) as levels.
+fn trace_levels(events: &[Value]) -> Vec<Levels> {
+    let mut by_device: BTreeMap<String, Vec<(i64, u64, Option<u64>)>> = BTreeMap::new();
+    for e in events {
+        let Some(device) = e["name"].as_str().and_then(|n| n.strip_suffix(" memory")) else { continue };
+        if e["ph"] != "C" {
+            continue;
+        }
+        let (Some(ts), Some(allocated)) = (e["ts"].as_f64(), e["args"]["allocated"].as_u64()) else { continue };
+        by_device.entry(device.to_string()).or_default().push((ts as i64, allocated, e["args"]["reserved"].as_u64()));
+    }
+    by_device.into_iter().map(|(device, points)| Levels { device, points }).collect()
+}
+
+/// The earliest wall-clock time a part's files give.
+fn first_us(p: &Part) -> Option<i64> {
+    let base = p.base_us();
+    let from_snapshot = p
+        .snapshot
+        .iter()
+        .flat_map(|(s, _)| &s.devices)
+        .filter(|d| d.events > 0)
+        .map(|d| base + d.first_us as i64)
+        .min();
+    let from_trace = p.trace.as_ref().and_then(|events| {
+        events.iter().filter(|e| e["ph"] != "M").filter_map(|e| e["ts"].as_f64()).map(|ts| base + ts as i64).min()
+    });
+    let from_ooms = p.ooms.iter().filter_map(|(_, doc)| doc["time_unix_us"].as_i64()).map(|t| t + p.offset_us).min();
+    [from_snapshot, from_trace, from_ooms].into_iter().flatten().min()
+}
+
+fn rank_row(p: &Part, origin: i64) -> RankRow {
+    let base = p.base_us();
+    let uuid = |device: &str| {
+        p.run.as_ref().and_then(|r| r.devices.iter().find(|d| d.device == device).and_then(|d| d.uuid.clone()))
+    };
+    let mut devices: Vec<DevicePeak> = Vec::new();
+    if let Some((summary, _)) = &p.snapshot {
+        for d in summary.devices.iter().filter(|d| d.events > 0) {
+            devices.push(DevicePeak {
+                device: d.device.clone(),
+                uuid: uuid(&d.device),
+                allocated: d.peak.allocated,
+                reserved: d.reserved_peak.map(|m| m.reserved.unwrap_or(0)),
+                at_us: base + (d.first_us + d.peak.time_us) as i64 - origin,
+                highest: false,
+                source: "snapshot",
+            });
+        }
+    }
+    if let Some(events) = &p.trace {
+        for levels in trace_levels(events) {
+            if devices.iter().any(|d| d.device == levels.device) {
+                continue;
+            }
+            let Some(&(ts, allocated, _)) = levels.points.iter().max_by_key(|(ts, a, _)| (*a, std::cmp::Reverse(*ts)))
+            else {
+                continue;
+            };
+            devices.push(DevicePeak {
+                device: levels.device.clone(),
+                uuid: uuid(&levels.device),
+                allocated,
+                reserved: levels.points.iter().filter_map(|(_, _, r)| *r).max(),
+                at_us: base + ts - origin,
+                highest: false,
+                source: "trace",
+            });
+        }
+    }
+    for (_, doc) in &p.ooms {
+        let d = &doc["diagnosis"];
+        let Some(device) = d["device"].as_str() else { continue };
+        if devices.iter().any(|x| x.device == device) {
+            continue;
+        }
+        let figures = &d["figures"];
+        devices.push(DevicePeak {
+            device: device.to_string(),
+            uuid: uuid(device),
+            allocated: figures["allocated"].as_u64().unwrap_or(0),
+            reserved: figures["reserved"].as_u64().filter(|_| device.starts_with("cuda")),
+            at_us: doc["time_unix_us"].as_i64().unwrap_or(origin) + p.offset_us - origin,
+            highest: false,
+            source: "out-of-memory report",
+        });
+    }
+    devices.sort_by(|a, b| a.device.cmp(&b.device));
+    RankRow {
+        rank: p.rank,
+        label: p.label.clone(),
+        run: p.run.clone(),
+        files: p.files.clone(),
+        offset_us: p.offset_us,
+        devices,
+    }
+}
+
+/// Marks the highest allocated peak among CUDA devices, and among CPUs.
+fn mark_highest(ranks: &mut [RankRow]) {
+    for cuda in [true, false] {
+        let kind = |d: &DevicePeak| d.device.starts_with("cuda") == cuda;
+        let top = ranks.iter().flat_map(|r| &r.devices).filter(|d| kind(d)).map(|d| d.allocated).max();
+        let Some(top) = top.filter(|t| *t > 0) else { continue };
+        for d in ranks.iter_mut().flat_map(|r| &mut r.devices).filter(|d| kind(d) && d.allocated == top) {
+            d.highest = true;
+        }
+    }
+}
+
+fn oom_rows(p: &Part, origin: i64) -> Vec<OomRow> {
+    let mut rows: Vec<OomRow> = p
+        .ooms
+        .iter()
+        .map(|(file, doc)| {
+            let d = &doc["diagnosis"];
+            OomRow {
+                rank: p.rank,
+                label: p.label.clone(),
+                device: d["device"].as_str().unwrap_or("?").to_string(),
+                requested: d["requested"].as_u64().unwrap_or(0),
+                verdict: d["verdict"].as_str().map(str::to_string),
+                statement: doc["statement"].as_str().map(str::to_string),
+                at_us: doc["time_unix_us"].as_i64().unwrap_or(origin) + p.offset_us - origin,
+                file: file.clone(),
+            }
+        })
+        .collect();
+    // Failures only a snapshot tells of (PyTorch's, or memlab's without a report).
+    if rows.is_empty() {
+        if let Some((summary, _)) = &p.snapshot {
+            for d in &summary.devices {
+                for o in &d.ooms {
+                    rows.push(OomRow {
+                        rank: p.rank,
+                        label: p.label.clone(),
+                        device: d.device.clone(),
+                        requested: o.requested,
+                        verdict: None,
+                        statement: None,
+                        at_us: p.base_us() + (d.first_us + o.time_us) as i64 - origin,
+                        file: summary.file.clone(),
+                    });
+                }
+            }
+        }
+    }
+    rows
+}
+
+/// Microseconds as the trace-event format writes them.
+fn micros(us: i64) -> Value {
+    json!(us)
+}
+
+fn write_trace(path: &Path, parts: &[Part], origin: i64) -> std::io::Result<()> {
+    let mut out = BufWriter::new(std::fs::File::create(path)?);
+    write!(
+        out,
+        "{{\"displayTimeUnit\":\"ms\",\"otherData\":{}",
+        json!({ "producer": "memlab merge", "origin_unix_us": origin })
+    )?;
+    writeln!(out, ",\"traceEvents\":[")?;
+    let mut first = true;
+    let mut emit = |out: &mut BufWriter<std::fs::File>, event: &Value| -> std::io::Result<()> {
+        if !first {
+            out.write_all(b",")?;
+        }
+        first = false;
+        serde_json::to_writer(&mut *out, event)?;
+        out.write_all(b"\n")
+    };
+    for (index, p) in parts.iter().enumerate() {
+        let pid = index as u64 + 1;
+        let shift = p.base_us() - origin;
+        emit(
+            &mut out,
+            &json!({"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": p.label.clone()}}),
+        )?;
+        emit(
+            &mut out,
+            &json!({"name": "process_sort_index", "ph": "M", "pid": pid, "tid": 0, "args": {"sort_index": index}}),
+        )?;
+        let traced: Vec<String> = match &p.trace {
+            Some(events) => {
+                for e in events {
+                    if e["ph"] == "M" && e["name"] == "process_name" {
+                        continue;
+                    }
+                    let mut e = e.clone();
+                    e["pid"] = json!(pid);
+                    if let Some(ts) = e["ts"].as_f64() {
+                        e["ts"] = json!(ts + shift as f64);
+                    }
+                    emit(&mut out, &e)?;
+                }
+                trace_levels(events).into_iter().map(|l| l.device).collect()
+            }
+            None => Vec::new(),
+        };
+        // A device only the snapshot tells of: its levels as counters.
+        if let Some((_, levels)) = &p.snapshot {
+            for l in levels.iter().filter(|l| !traced.contains(&l.device)) {
+                let name = format!("{} memory (snapshot: the highest of each stretch of events)", l.device);
+                for &(ts, allocated, reserved) in &l.points {
+                    let mut args = json!({ "allocated": allocated });
+                    if let Some(r) = reserved {
+                        args["reserved"] = json!(r);
+                    }
+                    emit(
+                        &mut out,
+                        &json!({"name": name, "ph": "C", "ts": micros(ts + shift), "pid": pid, "tid": 0, "args": args}),
+                    )?;
+                }
+            }
+        }
+        for (_, doc) in &p.ooms {
+            let d = &doc["diagnosis"];
+            let name = format!(
+                "out of memory on {}: {} asked ({})",
+                d["device"].as_str().unwrap_or("?"),
+                Cell::bytes(d["requested"].as_u64().unwrap_or(0)),
+                d["verdict"].as_str().unwrap_or("no verdict")
+            );
+            let ts = doc["time_unix_us"].as_i64().unwrap_or(origin) + p.offset_us - origin;
+            emit(
+                &mut out,
+                &json!({"name": name, "ph": "i", "s": "p", "ts": micros(ts), "pid": pid, "tid": 0,
+                        "args": {"statement": doc["statement"], "verdict": d["verdict"]}}),
+            )?;
+        }
+    }
+    writeln!(out, "]}}")?;
+    out.flush()
+}
+
+/// Seconds on the merged axis.
+fn seconds(us: i64) -> String {
+    format!("{:+.3} s", us as f64 / 1e6)
+}
+
+/// The table of peaks and the lines of the failures: the page's first
+/// parts, and what the command prints.
+fn peaks_and_failures(doc: &mut Document, m: &Merged) {
+    doc.part("Peaks").note(
+        "Per process and device: the allocated peak (as tensors asked for their bytes), the reserved peak, and \
+         when; the highest allocated peak of the CUDA devices and of the CPUs is marked.",
+    );
+    let mut table = Table::new(vec![
+        Column::new("process", Layout::Text),
+        Column::new("device", Layout::Text),
+        Column::new("peak allocated", Layout::Figure),
+        Column::new("peak reserved", Layout::Figure),
+        Column::new("when", Layout::Figure),
+        Column::new("", Layout::Text),
+        Column::new("from", Layout::Text),
+    ]);
+    for r in &m.ranks {
+        for d in &r.devices {
+            let failed = m.ooms.iter().any(|o| o.label == r.label && o.device == d.device);
+            let mut marks: Vec<&str> = Vec::new();
+            if d.highest {
+                marks.push("highest");
+            }
+            if failed {
+                marks.push("out of memory");
+            }
+            table.row([
+                Cell::text(&r.label),
+                Cell::text(&d.device),
+                Cell::bytes(d.allocated),
+                d.reserved.map_or_else(|| Cell::text(""), Cell::bytes),
+                Cell::text(seconds(d.at_us)),
+                Cell::text(marks.join(", ")),
+                Cell::text(d.source),
+            ]);
+        }
+    }
+    doc.table(table);
+
+    doc.part("Out of memory");
+    if m.ooms.is_empty() {
+        doc.line("No process ran out of memory.");
+    }
+    for o in &m.ooms {
+        let verdict = o.verdict.as_deref().map(|v| format!("; verdict: {}", v.replace('_', " "))).unwrap_or_default();
+        let statement = o.statement.as_deref().map(|s| format!("; while running {s}")).unwrap_or_default();
+        doc.line(format!(
+            "{} ran out of memory on {} at {}: {} asked{verdict}{statement}.",
+            o.label,
+            o.device,
+            seconds(o.at_us),
+            Cell::bytes(o.requested)
+        ));
+    }
+}
+
+/// What `memlab merge` prints: the peaks, the failures, where the files went.
+impl Render for Merged {
+    fn document(&self) -> Document {
+        let mut doc = Document::new();
+        doc.title(format!("memlab merge: {} processes", self.ranks.len()));
+        peaks_and_failures(&mut doc, self);
+        doc.blank();
+        doc.line(format!("wrote {} (open it in ui.perfetto.dev) and {}", self.trace, self.page));
+        doc
+    }
+}
+
+/// The page: the table of peaks, the failures, each process's memory over
+/// time on one axis, and what differed at the peaks.
+struct Page<'a> {
+    merged: &'a Merged,
+    parts: &'a [Part],
+}
+
+impl Render for Page<'_> {
+    fn document(&self) -> Document {
+        let m = self.merged;
+        let mut doc = Document::new();
+        doc.title(format!("memlab merge: {} processes", m.ranks.len()));
+        doc.line(
+            "Times are seconds on one axis: each file's clock zero placed by the wall clock its process recorded \
+             (PyTorch's snapshots are on the wall clock already), from the earliest event of any file.",
+        );
+        let offsets: Vec<String> =
+            m.ranks.iter().filter(|r| r.offset_us != 0).map(|r| format!("{}: {:+} µs", r.label, r.offset_us)).collect();
+        if !offsets.is_empty() {
+            doc.line(format!("Corrected with --offset: {}.", offsets.join("; ")));
+        }
+
+        peaks_and_failures(&mut doc, m);
+
+        // Every process's timeline on one scale.
+        let end = m.ranks.iter().flat_map(|r| &r.devices).map(|d| d.at_us).max().unwrap_or(0);
+        let mut timelines: Vec<(String, Vec<Point>, i64, i64)> = Vec::new();
+        for (p, r) in self.parts.iter().zip(&m.ranks) {
+            let base = p.base_us() - m.origin_unix_us;
+            let mut levels: Vec<Levels> =
+                p.snapshot.as_ref().map(|(_, l)| l.iter().map(copy).collect()).unwrap_or_default();
+            if let Some(events) = &p.trace {
+                for l in trace_levels(events) {
+                    if !levels.iter().any(|x| x.device == l.device) {
+                        levels.push(l);
+                    }
+                }
+            }
+            for l in levels {
+                let stretch = l.points.len().div_ceil(PAGE_POINTS).max(1);
+                let points: Vec<Point> = l
+                    .points
+                    .chunks(stretch)
+                    .map(|c| {
+                        let top = c.iter().max_by_key(|(_, a, _)| *a).expect("a chunk is not empty");
+                        Point { time_us: (base + top.0) as f64, allocated: top.1 as i64, layers: vec![top.1 as i64] }
+                    })
+                    .collect();
+                // The first point at the highest level, as the table's peak.
+                let peak =
+                    points.iter().rev().max_by_key(|p| p.allocated).map_or((0, 0.0), |p| (p.allocated, p.time_us));
+                timelines.push((format!("{}: {}", r.label, l.device), points, peak.0, peak.1 as i64));
+            }
+        }
+        let last = timelines.iter().flat_map(|(_, p, _, _)| p.last()).map(|p| p.time_us as i64).max().unwrap_or(end);
+        let top = timelines.iter().map(|t| t.2).max().unwrap_or(0);
+        doc.part("Memory over time").note(
+            "Each process's allocated bytes on one time axis and one scale (each point the highest of its stretch \
+             of events); hover for the figures.",
+        );
+        for (label, points, peak_bytes, peak_at) in timelines {
+            doc.heading(label.clone());
+            doc.timeline(Timeline {
+                label: format!("memory over time of {label}"),
+                layers: vec!["allocated".into()],
+                points,
+                peak_time_us: peak_at as f64,
+                peak_bytes,
+                partial: false,
+                scale: Some(Scale { from_us: 0.0, to_us: last.max(1) as f64, top_bytes: top }),
+            });
+        }
+
+        differences(&mut doc, self.parts, &m.ranks);
+        doc
+    }
+}
+
+fn copy(l: &Levels) -> Levels {
+    Levels { device: l.device.clone(), points: l.points.clone() }
+}
+
+/// What was live at each process's peak, by category and by site, the rows
+/// that differ most between processes first (snapshots only: traces carry
+/// no sites).
+fn differences(doc: &mut Document, parts: &[Part], ranks: &[RankRow]) {
+    let with: Vec<(&RankRow, &Summary)> =
+        parts.iter().zip(ranks).filter_map(|(p, r)| p.snapshot.as_ref().map(|(s, _)| (r, s))).collect();
+    doc.part("What differed at the peaks");
+    if with.len() < 2 {
+        doc.line("Needs the snapshots of two processes or more: traces and reports do not say what was live by site.");
+        return;
+    }
+    let mut devices: Vec<String> = with.iter().flat_map(|(_, s)| s.devices.iter().map(|d| d.device.clone())).collect();
+    devices.sort();
+    devices.dedup();
+    for device in devices {
+        for by_site in [false, true] {
+            // Per row name: each process's bytes at its peak on this device.
+            let mut rows: BTreeMap<String, Vec<u64>> = BTreeMap::new();
+            for (i, (_, s)) in with.iter().enumerate() {
+                let Some(d) = s.devices.iter().find(|d| d.device == device) else { continue };
+                let shares: Vec<(String, u64)> = if by_site {
+                    d.by_site.iter().map(|x| (site_name(x), x.held.bytes)).collect()
+                } else {
+                    d.by_category.iter().map(|x| (x.category.clone(), x.held.bytes)).collect()
+                };
+                for (name, bytes) in shares {
+                    rows.entry(name).or_insert_with(|| vec![0; with.len()])[i] += bytes;
+                }
+            }
+            if rows.is_empty() {
+                continue;
+            }
+            let mut rows: Vec<(String, Vec<u64>)> = rows.into_iter().collect();
+            let spread = |v: &[u64]| v.iter().max().unwrap_or(&0) - v.iter().min().unwrap_or(&0);
+            rows.sort_by(|a, b| spread(&b.1).cmp(&spread(&a.1)).then_with(|| a.0.cmp(&b.0)));
+            doc.heading(format!("{device}, by {}", if by_site { "site" } else { "category" }));
+            let mut columns = vec![Column::new("spread", Layout::Figure)];
+            columns.extend(with.iter().map(|(r, _)| Column::new(&r.label, Layout::Figure)));
+            columns.push(Column::new(if by_site { "site" } else { "category" }, Layout::Text));
+            let mut table = Table::new(columns).collapsed_after(15);
+            for (name, bytes) in rows.into_iter().take(DIFFERENCE_ROWS) {
+                let mut cells = vec![Cell::bytes(spread(&bytes))];
+                cells.extend(bytes.iter().map(|b| Cell::bytes(*b)));
+                cells.push(Cell::text(name));
+                table.row(cells);
+            }
+            doc.table(table);
+        }
+    }
+}
+
+fn site_name(x: &analysis::SiteShare) -> String {
+    match &x.site {
+        Some(site) => site.to_string(),
+        None if x.before_history => "(allocated before the history began)".into(),
+        None => "(no stack recorded)".into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ranks_in_file_names_and_offsets() {
+        assert_eq!(rank_in_name("out/snapshot_rank3.pickle"), Some(3));
+        assert_eq!(rank_in_name("trace-rank-12.json"), Some(12));
+        assert_eq!(rank_in_name("RANK1.pickle"), Some(1));
+        assert_eq!(rank_in_name("snapshot.pickle"), None);
+        assert_eq!(rank_in_name("ranking.pickle"), None);
+        assert_eq!(parse_offset("1=-2500"), Ok((1, -2500)));
+        assert!(parse_offset("1").unwrap_err().contains("RANK=MICROSECONDS"));
+        assert!(parse_offset("x=3").unwrap_err().contains("is not a rank"));
+    }
+}

@@ -1,0 +1,199 @@
+//! Several processes of one run: two children of this test binary run as
+//! ranks 0 and 1 on the CPU (`MEMLAB_RANK`, `WORLD_SIZE`), write their files
+//! under the default names into one directory, rank 1 running out of memory
+//! on the way; `memlab merge` puts them in one trace and one page. Both
+//! children block on a pipe the parent writes to at one moment, then call a
+//! profiled function: the two calls land within a millisecond of each other
+//! on the merged axis, whenever each process's clock started.
+
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use common::chromium::Browser;
+use common::{child, floats};
+use memlab::export::Exporter;
+use memlab::OomRecorder;
+use memlab_cli::merge::{merge, Options};
+use tch::{Kind, Tensor};
+
+const CHILD: &str = "rank_child";
+/// What a child prints when it is about to wait for the parent's byte.
+const READY: &str = "memlab-test: ready";
+
+#[memlab::profile(device = "cpu")]
+fn marker() -> usize {
+    let t = floats(16);
+    t.numel()
+}
+
+/// The body of each rank: holds 8 MiB (rank 0) or 2 MiB (rank 1), waits for
+/// the parent's byte, calls `marker`; rank 1 then asks for 2^48 bytes, which
+/// fails and is reported; both write their files.
+#[test]
+fn rank_child() {
+    if !child(CHILD) {
+        return;
+    }
+    let run = memlab::run::this_process();
+    let rank = run.rank.expect("the parent sets MEMLAB_RANK");
+    assert_eq!(run.world_size, Some(2));
+    let dir = PathBuf::from(std::env::var("MEMLAB_TEST_DIR").unwrap());
+    OomRecorder::new(&dir).arm().unwrap();
+    let recording = memlab::Recording::start(memlab::events::Settings::default()).unwrap();
+    let held = floats(if rank == 0 { 2 << 20 } else { 512 << 10 });
+    println!("{READY}");
+    std::io::stdout().flush().unwrap();
+    // Unbuffered: one byte of the pipe the other rank reads too.
+    let mut stdin = std::fs::File::from(std::os::fd::AsFd::as_fd(&std::io::stdin()).try_clone_to_owned().unwrap());
+    let mut go = [0u8];
+    stdin.read_exact(&mut go).unwrap();
+    // When this process woke, on the wall clock: the scheduler may wake the
+    // two ranks some milliseconds apart on a busy machine.
+    let woke = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_micros();
+    assert_eq!(marker(), 16);
+    std::fs::write(dir.join(format!("woke_rank{rank}.txt")), woke.to_string()).unwrap();
+    if rank == 1 {
+        assert!(Tensor::f_empty([1i64 << 46], (Kind::Float, tch::Device::Cpu)).is_err());
+    }
+    drop(held);
+    let written = Exporter::registered().write_files(&dir).unwrap();
+    let suffix = format!("_rank{rank}.");
+    assert!(written.iter().all(|p| p.to_str().unwrap().contains(&suffix)), "{written:?}");
+    drop(recording);
+}
+
+fn spawn(rank: u32, dir: &Path, stdin: std::io::PipeReader) -> Child {
+    let mut command = Command::new(std::env::current_exe().unwrap());
+    command
+        .args(["--exact", CHILD, "--nocapture", "--test-threads=1"])
+        .env("MEMLAB_CHILD", CHILD)
+        .env("MEMLAB_RANK", rank.to_string())
+        .env("WORLD_SIZE", "2")
+        .env("MEMLAB_TEST_DIR", dir)
+        .stdin(stdin)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for var in ["MEMLAB_DISABLE", "MEMLAB_PRINT_AT_EXIT", "MEMLAB_OOM_DIR", "RANK", "LOCAL_RANK"] {
+        command.env_remove(var);
+    }
+    command.spawn().unwrap()
+}
+
+/// Waits (a minute at most) until the child says it is ready; its output
+/// is read on by a thread after that, so it never blocks on a full pipe.
+fn wait_ready(child: &mut Child) {
+    let out = BufReader::new(child.stdout.take().unwrap());
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in out.lines().map_while(Result::ok) {
+            // libtest may print "test rank_child ... " before it on the same line.
+            if line.contains(READY) {
+                let _ = tx.send(());
+            }
+        }
+    });
+    if rx.recv_timeout(std::time::Duration::from_secs(60)).is_err() {
+        let _ = child.kill();
+        panic!("the child did not get ready within a minute");
+    }
+}
+
+#[test]
+fn two_ranks_merge_into_one_trace_and_page() {
+    if std::env::var_os("MEMLAB_CHILD").is_some() {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("memlab-ranks-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    // Rank 1 starts first: the two clocks start apart.
+    // One pipe is both children's standard input.
+    let (reader, mut writer) = std::io::pipe().unwrap();
+    let mut one = spawn(1, &dir, reader.try_clone().unwrap());
+    wait_ready(&mut one);
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let mut zero = spawn(0, &dir, reader);
+    wait_ready(&mut zero);
+    // Both are blocked reading it: one write wakes them at one moment.
+    std::thread::sleep(std::time::Duration::from_millis(100));
+    writer.write_all(b"gg").unwrap();
+    drop(writer);
+    for (rank, child) in [(0, zero), (1, one)] {
+        let out = child.wait_with_output().unwrap();
+        assert!(out.status.success(), "rank {rank}: {}", String::from_utf8_lossy(&out.stderr));
+    }
+
+    let mut files: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "pickle" || e == "json"))
+        .map(|p| p.to_str().unwrap().to_string())
+        .collect();
+    files.sort();
+    let names: Vec<&str> = files.iter().map(|f| Path::new(f).file_name().unwrap().to_str().unwrap()).collect();
+    for name in ["memlab_snapshot_rank0.pickle", "memlab_trace_rank0.json", "memlab_snapshot_rank1.pickle"] {
+        assert!(names.contains(&name), "{name} in {names:?}");
+    }
+    let oom_json =
+        files.iter().find(|f| f.contains("memlab_oom_") && f.ends_with("_rank1.json")).expect("rank 1's report");
+    let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(oom_json).unwrap()).unwrap();
+
+    let out = dir.join("merged");
+    let merged = merge(&files, &Options { out: out.clone(), offsets: Default::default() }).unwrap();
+    // One row per rank, in rank order; rank 0's higher CPU peak marked.
+    assert_eq!(merged.ranks.iter().map(|r| r.rank).collect::<Vec<_>>(), [Some(0), Some(1)]);
+    let cpu = |rank: usize| merged.ranks[rank].devices.iter().find(|d| d.device == "cpu").unwrap().clone();
+    let (cpu0, cpu1) = (cpu(0), cpu(1));
+    assert!(cpu0.allocated >= 8 << 20 && cpu1.allocated >= 2 << 20 && cpu1.allocated < 8 << 20, "{cpu0:?} {cpu1:?}");
+    assert!(cpu0.highest && !cpu1.highest);
+    // Rank 1's failure, with its report's verdict and statement.
+    assert_eq!(merged.ooms.len(), 1, "{:?}", merged.ooms);
+    let oom = &merged.ooms[0];
+    assert_eq!((oom.rank, oom.device.as_str(), oom.requested), (Some(1), "cpu", 1u64 << 48));
+    assert_eq!(oom.verdict.as_deref(), report["diagnosis"]["verdict"].as_str());
+    assert!(oom.verdict.is_some());
+
+    // The trace: a process per rank; the two marker calls at one moment.
+    let trace: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&merged.trace).unwrap()).unwrap();
+    let events = trace["traceEvents"].as_array().unwrap();
+    let process = |pid: u64| {
+        events.iter().find(|e| e["name"] == "process_name" && e["pid"] == pid).unwrap()["args"]["name"].clone()
+    };
+    assert!(process(1).as_str().unwrap().starts_with("rank 0 ("), "{}", process(1));
+    assert!(process(2).as_str().unwrap().starts_with("rank 1 ("), "{}", process(2));
+    let marker_at = |pid: u64| {
+        events
+            .iter()
+            .find(|e| e["ph"] == "X" && e["pid"] == pid && e["name"].as_str().is_some_and(|n| n.ends_with("marker")))
+            .unwrap_or_else(|| panic!("rank {}'s marker call in the merged trace", pid - 1))["ts"]
+            .as_f64()
+            .unwrap()
+    };
+    // The two calls are as far apart on the merged axis as the two ranks
+    // woke apart on the wall clock, within a millisecond (each call began a
+    // few microseconds after its rank woke).
+    let woke = |rank: u32| -> f64 {
+        let text = std::fs::read_to_string(dir.join(format!("woke_rank{rank}.txt"))).unwrap();
+        (text.parse::<i64>().unwrap() - merged.origin_unix_us) as f64
+    };
+    let (t0, t1) = (marker_at(1), marker_at(2));
+    let (w0, w1) = (woke(0), woke(1));
+    println!("marker calls at {t0:.0} and {t1:.0} µs; the ranks woke at {w0:.0} and {w1:.0} µs");
+    assert!(((t0 - t1) - (w0 - w1)).abs() < 1000.0, "merged {t0} {t1}, woke {w0} {w1}");
+    assert!((t0 - w0).abs() < 1000.0 && (t1 - w1).abs() < 1000.0, "merged {t0} {t1}, woke {w0} {w1}");
+    assert!(events.iter().any(|e| e["ph"] == "i" && e["pid"] == 2), "rank 1's failure as an instant");
+
+    // The page, as a person sees it.
+    let page = std::fs::read_to_string(&merged.page).unwrap();
+    assert!(page.contains("rank 1") && page.contains("ran out of memory on cpu"), "the failure's line");
+    if let Some(mut browser) = Browser::launch(1100, 1400) {
+        let mut tab = browser.open(&format!("file://{}", merged.page));
+        assert_eq!(tab.console_errors(), Vec::<String>::new(), "no console errors or CSP violations");
+        let text = tab.eval("document.body.innerText").as_str().unwrap_or_default().to_string();
+        assert!(text.contains("highest") && text.contains("out of memory"), "{text}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
