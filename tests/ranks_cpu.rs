@@ -188,7 +188,10 @@ fn two_ranks_merge_into_one_trace_and_page() {
 
     // The page, as a person sees it.
     let page = std::fs::read_to_string(&merged.page).unwrap();
-    assert!(page.contains("rank 1") && page.contains("ran out of memory on cpu"), "the failure's line");
+    let verdict = report["diagnosis"]["verdict"].as_str().unwrap().replace('_', " ");
+    assert!(page.contains("ran out of memory on cpu") && page.contains(&format!("verdict: {verdict}")), "{page}");
+    let statement = oom.statement.as_deref().expect("the recorder names the statement");
+    assert!(statement.contains("ranks_cpu.rs"), "{statement}");
     if let Some(mut browser) = Browser::launch(1100, 1400) {
         let mut tab = browser.open(&format!("file://{}", merged.page));
         assert_eq!(tab.console_errors(), Vec::<String>::new(), "no console errors or CSP violations");

@@ -104,7 +104,9 @@ pub struct OomRow {
     pub requested: u64,
     /// Why it failed (`not_enough_free`, `fragmentation`, …), where a report says.
     pub verdict: Option<String>,
-    /// The profiled statement that was running, where a report says.
+    /// Where it failed, where a report says: the profiled statement that
+    /// was running, else the innermost frame of the program's own code
+    /// (`function (file:line)`).
     pub statement: Option<String>,
     /// When, in microseconds on the merged axis.
     pub at_us: i64,
@@ -502,7 +504,13 @@ fn oom_rows(p: &Part, origin: i64) -> Vec<OomRow> {
                 device: d["device"].as_str().unwrap_or("?").to_string(),
                 requested: d["requested"].as_u64().unwrap_or(0),
                 verdict: d["verdict"].as_str().map(str::to_string),
-                statement: doc["statement"].as_str().map(str::to_string),
+                statement: doc["statement"].as_str().map(str::to_string).or_else(|| {
+                    let f = &doc["frames"][0];
+                    let file = f["file"].as_str()?;
+                    let short =
+                        file.rsplit('/').take(2).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("/");
+                    Some(format!("{} ({short}:{})", f["function"].as_str()?, f["line"].as_u64()?))
+                }),
                 at_us: doc["time_unix_us"].as_i64().unwrap_or(origin) + p.offset_us - origin,
                 file: file.clone(),
             }
@@ -666,7 +674,7 @@ fn peaks_and_failures(doc: &mut Document, m: &Merged) {
     }
     for o in &m.ooms {
         let verdict = o.verdict.as_deref().map(|v| format!("; verdict: {}", v.replace('_', " "))).unwrap_or_default();
-        let statement = o.statement.as_deref().map(|s| format!("; while running {s}")).unwrap_or_default();
+        let statement = o.statement.as_deref().map(|s| format!("; at {s}")).unwrap_or_default();
         doc.line(format!(
             "{} ran out of memory on {} at {}: {} asked{verdict}{statement}.",
             o.label,

@@ -436,3 +436,82 @@ fn merge_refuses_what_it_cannot_place_with_one_line() {
         assert_eq!(err.trim_end().lines().count(), 1, "{all:?}: {err}");
     }
 }
+
+#[test]
+fn merge_tells_processes_on_one_gpu_apart_and_keeps_a_process_on_two() {
+    use memlab_core::events::Action;
+    use memlab_core::export::{Snapshot, SnapshotInfo, TraceEntry};
+    use memlab_core::run::{DeviceId, RunInfo};
+    let entry = |action, addr, size, time_us| TraceEntry {
+        action,
+        addr: Some(addr),
+        size,
+        stream: 0,
+        time_us,
+        frames: std::sync::Arc::from(Vec::new()),
+        category: None,
+        tensor: None,
+        device_free: None,
+    };
+    let gpu = |i: usize, uuid: &str| DeviceId { device: format!("cuda:{i}"), uuid: Some(uuid.into()) };
+    let write = |name: &str, pid: u32, zero: u64, devices: Vec<DeviceId>, traces: Vec<Vec<TraceEntry>>| {
+        let mut names: Vec<String> = devices.iter().map(|d| d.device.clone()).collect();
+        names.push("cpu".into());
+        let run = RunInfo { pid, host: Some("node".into()), clock_zero_unix_us: zero, devices, ..RunInfo::default() };
+        let snapshot = Snapshot {
+            segments: vec![],
+            device_traces: traces,
+            memlab: Some(SnapshotInfo {
+                devices: names,
+                partial: false,
+                dropped: 0,
+                recorded: 0,
+                run: Some(run),
+                profile: None,
+            }),
+        };
+        let path = temp(name);
+        snapshot.write_pickle(&path).unwrap();
+        path.to_str().unwrap().to_string()
+    };
+    // Process 100 drives two GPUs; process 200 shares the first (same UUID),
+    // its clock started 100 µs later.
+    let a = write(
+        "a.pickle",
+        100,
+        1_000_000_000,
+        vec![gpu(0, "GPU-x"), gpu(1, "GPU-y")],
+        vec![
+            vec![entry(Action::Alloc, 64, 1000, 10), entry(Action::FreeRequested, 64, 1000, 20)],
+            vec![entry(Action::Alloc, 64, 3000, 15), entry(Action::FreeRequested, 64, 3000, 25)],
+            vec![],
+        ],
+    );
+    let b = write(
+        "b.pickle",
+        200,
+        1_000_000_100,
+        vec![gpu(0, "GPU-x")],
+        vec![vec![entry(Action::Alloc, 64, 2000, 5), entry(Action::FreeRequested, 64, 2000, 30)], vec![]],
+    );
+    let dir = temp("merge-gpus");
+    let merged = json(&["merge", &b, &a, "-o", dir.to_str().unwrap(), "--json"]);
+    let ranks = merged["ranks"].as_array().unwrap();
+    let labels: Vec<&str> = ranks.iter().map(|r| r["label"].as_str().unwrap()).collect();
+    assert_eq!(labels, ["pid 100 (node, cuda:0, cuda:1)", "pid 200 (node, cuda:0)"]);
+    let peak = |r: usize, d: usize| {
+        let d = &ranks[r]["devices"][d];
+        (
+            d["device"].as_str().unwrap(),
+            d["uuid"].as_str().unwrap(),
+            d["allocated"].as_u64().unwrap(),
+            d["at_us"].as_i64().unwrap(),
+            d["highest"].as_bool().unwrap(),
+        )
+    };
+    // On one axis from process 100's first event: 200's clock zero is 100 µs later.
+    assert_eq!(peak(0, 0), ("cuda:0", "GPU-x", 1000, 0, false));
+    assert_eq!(peak(0, 1), ("cuda:1", "GPU-y", 3000, 5, true));
+    assert_eq!(peak(1, 0), ("cuda:0", "GPU-x", 2000, 95, false));
+    assert_eq!(merged["origin_unix_us"], 1_000_000_010);
+}
