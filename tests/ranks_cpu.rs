@@ -140,6 +140,10 @@ fn two_ranks_merge_into_one_trace_and_page() {
     let oom_json =
         files.iter().find(|f| f.contains("memlab_oom_") && f.ends_with("_rank1.json")).expect("rank 1's report");
     let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(oom_json).unwrap()).unwrap();
+    // The report says which process of the run failed, in its text and JSON.
+    assert_eq!((report["run"]["rank"].as_u64(), report["run"]["world_size"].as_u64()), (Some(1), Some(2)));
+    let text = std::fs::read_to_string(oom_json.replace(".json", ".txt")).unwrap();
+    assert!(text.contains("rank 1 of 2; libtorch ") && text.contains("recording's clock zero"), "{text}");
 
     let out = dir.join("merged");
     let merged = merge(&files, &Options { out: out.clone(), offsets: Default::default() }).unwrap();

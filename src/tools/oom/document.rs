@@ -276,11 +276,22 @@ impl Render for OomReport {
         doc.line(format!("{} UTC, {thread}", self.time));
         let started = self.process_start.as_deref().map(|s| format!(", started {s} UTC")).unwrap_or_default();
         doc.line(format!("process {} on {}{started}", self.pid, self.host));
+        // Which process of the run, for `memlab merge` and for people.
+        let mut run: Vec<String> = Vec::new();
         if let Some(rank) = self.run.rank {
             let of = self.run.world_size.map(|n| format!(" of {n}")).unwrap_or_default();
-            let libtorch = self.run.libtorch.as_deref().map(|l| format!(", libtorch {l}")).unwrap_or_default();
-            doc.line(format!("rank {rank}{of}{libtorch}"));
+            run.push(format!("rank {rank}{of}"));
         }
+        run.extend(self.run.libtorch.as_deref().map(|l| format!("libtorch {l}")));
+        for d in &self.run.devices {
+            run.push(format!("{} {}", d.device, d.uuid.as_deref().unwrap_or("(no UUID)")));
+        }
+        let zero = self.run.clock_zero_unix_us;
+        run.push(format!(
+            "recording's clock zero {} UTC",
+            memlab_core::time::utc(zero / 1_000_000, ((zero / 1000) % 1000) as u32)
+        ));
+        doc.line(run.join("; "));
         if self.partial {
             doc.line("This report is partial: memory did not suffice for all of it (see \"Left out\" below).");
         }
