@@ -16,6 +16,7 @@ use libtorch_version::LibtorchVersion;
 fn main() {
     println!("cargo:rerun-if-changed=cpp/memlab_shim.cpp");
     println!("cargo:rerun-if-changed=cpp/memlab_shim.h");
+    println!("cargo:rerun-if-changed=cpp/memlab_state.h");
     println!("cargo:rerun-if-changed=src/libtorch_version.rs");
     println!("cargo:rerun-if-env-changed=DEP_TCH_LIBTORCH_LIB");
     println!("cargo:rerun-if-env-changed=LIBTORCH_CXX11_ABI");
@@ -66,6 +67,8 @@ fn main() {
         .include(include.join("torch/csrc/api/include"))
         .define("_GLIBCXX_USE_CXX11_ABI", cxx11_abi().as_str())
         .define("GLOG_USE_GLOG_EXPORT", None)
+        // Who made an anchor, for the warning a copy of another ABI gives.
+        .define("MEMLAB_MADE_BY", format!("\"memlab-tch {}\"", env!("CARGO_PKG_VERSION")).as_str())
         .flag_if_supported("-Wno-unused-parameter")
         .file("cpp/memlab_shim.cpp");
     let with_cuda = lib_dir.join("libtorch_cuda.so").exists();

@@ -9,3 +9,16 @@
 
 pub use crate::tools::run::this_process;
 pub use memlab_core::run::{rank_from_env, DeviceId, RunInfo, RANK_VARIABLES, WORLD_SIZE_VARIABLE};
+
+/// How many copies of memlab share this process's state, this one included:
+/// 1 for a program that links memlab once. A notebook (evcxr) compiles every
+/// cell into a library of its own with memlab linked in, and a process may
+/// load two plugins that each carry memlab: every copy finds the first one's
+/// state through libtorch when it loads (the counting CPU allocator and its
+/// figures, recordings, profiled functions, the OOM recorder, settings), so
+/// any copy reports what all of them did.
+///
+/// ```
+/// assert!(memlab::run::copies() >= 1);
+/// ```
+pub use memlab_tch::copies;

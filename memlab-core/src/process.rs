@@ -1,24 +1,37 @@
 //! Process-wide state, in one place. Everything memlab keeps for the whole
 //! process (the recorder and its clock, the hooks' and the sampler's
 //! switches, the registry, the OOM recorder's configuration and reserve, the
-//! profiler's settings and peak ledgers, the sinks) lives in one table owned
-//! by this module. Code reaches a value through a [`Shared`] handle, declared
-//! with [`process_wide!`](crate::process::process_wide) beside the code that uses it,
-//! which finds the value in the table the first time and remembers where it
-//! is (one atomic load on every later use).
+//! profiler's settings, sites and peak ledgers, the sinks) lives in one table.
+//! Code reaches a value through a [`Shared`] handle, declared with
+//! [`process_wide!`](crate::process::process_wide) beside the code that uses
+//! it, which finds the value in the table the first time and remembers where
+//! it is (one atomic load on every later use).
 //!
 //! The table is keyed by the value's name (its module path and static's
 //! name) and its type, so two handles of one name and type reach one value,
 //! and a handle of another type never reads a value it does not describe.
-//! The handles are how a later change makes several copies of memlab in one
-//! process (a notebook's cells, plugins) share one state: it hands every
-//! copy the same table. What stays per copy is what may: caches of facts
-//! that are the same for every copy (the driver's handles, resolved frames,
-//! page size), thread-locals and constant tables.
+//!
+//! **One table per process, however many copies of memlab are linked.** A
+//! notebook compiles every cell into a library of its own with memlab inside
+//! it, and two plugins may each carry one: each copy has its own statics. The
+//! table is reached through a C ABI ([`TableAbi`]): the first copy that needs
+//! it offers its own at the process's anchor (a place every copy can reach,
+//! which the backend provides through [`Anchor`]; the libtorch backend's is
+//! held by libtorch's dispatcher), and every later copy uses the one it finds
+//! there. Values made by one copy are used by the others, so a value is
+//! shared only between copies that agree on its type: same name, same
+//! `TypeId` (which differs between builds of different sources or
+//! compilers), same size and alignment. Thread-locals that must be the same
+//! for every copy go through [`Shared`] too (see [`ThreadLocal`]).
+//!
+//! What stays per copy is what may: caches of facts that are the same for
+//! every copy (the driver's handles, resolved frames, page size), thread-locals
+//! of the copy's own code and constant tables.
 
-use std::any::{Any, TypeId};
+use std::any::TypeId;
+use std::ffi::c_void;
 use std::ops::Deref;
-use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU32, Ordering};
 use std::sync::Mutex;
 
 use crate::sync::LockExt;
@@ -112,48 +125,246 @@ macro_rules! __process_wide {
 #[doc(inline)]
 pub use crate::__process_wide as process_wide;
 
-struct Entry {
-    name: &'static str,
-    type_id: TypeId,
-    value: &'static (dyn Any + Send + Sync),
+/// The version of [`TableAbi`]: a copy that finds a table of another version
+/// at the anchor keeps its own, and says so.
+pub const TABLE_ABI: u32 = 1;
+
+/// A value's type as copies compare it: a hash of its `TypeId`, its size and
+/// its alignment.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TypeKey {
+    hash: u64,
+    size: usize,
+    align: usize,
 }
 
-/// Every process-wide value made so far. A value is never removed: it
-/// lives as long as the process, like the statics it stands for.
+impl TypeKey {
+    fn of<T: 'static>() -> TypeKey {
+        use std::hash::{Hash, Hasher};
+        let mut hasher = crate::hash::FastHasher::default();
+        TypeId::of::<T>().hash(&mut hasher);
+        TypeKey { hash: hasher.finish(), size: std::mem::size_of::<T>(), align: std::mem::align_of::<T>() }
+    }
+}
+
+/// Makes a value for the table: its address, or null when making it
+/// panicked. `init` is the copy's `fn() -> T`.
+type Make = unsafe extern "C" fn(init: *const ()) -> *const ();
+/// Drops a value `Make` made that lost a race to another thread's.
+type Unmake = unsafe extern "C" fn(value: *const ());
+/// Receives each name of [`TableAbi::names`] (UTF-8, not NUL-terminated).
+type EachName = unsafe extern "C" fn(context: *mut c_void, name: *const u8, len: usize);
+
+/// The table of process-wide values as every copy of memlab reaches it: a C
+/// ABI, so that copies built apart (by other compilers, other versions)
+/// never depend on each other's Rust layouts except for values whose
+/// [`TypeKey`] agrees.
+#[repr(C)]
+pub struct TableAbi {
+    /// [`TABLE_ABI`] of the copy that made it.
+    pub abi: u32,
+    find_or_make: unsafe extern "C" fn(
+        name: *const u8,
+        len: usize,
+        key: TypeKey,
+        make: Make,
+        unmake: Unmake,
+        init: *const (),
+    ) -> *const (),
+    names: unsafe extern "C" fn(each: EachName, context: *mut c_void),
+}
+
+/// Where the copies of memlab in a process meet: the backend submits one
+/// (`inventory::submit!`); its `slot` returns the process's slot for the
+/// table, or `None` when the backend found none it can share (it then says
+/// why itself).
+pub struct Anchor {
+    /// The slot, the same for every copy that shares the process's state.
+    pub slot: fn() -> Option<&'static AtomicPtr<TableAbi>>,
+    /// Why this copy cannot share the process's state, if it cannot: said
+    /// once, as a warning, when the copy first reaches its table.
+    pub problem: fn() -> Option<String>,
+}
+inventory::collect!(Anchor);
+
+struct Entry {
+    name: Box<str>,
+    key: TypeKey,
+    value: *const (),
+}
+
+// SAFETY: values are `Send + Sync` (the handles require it); the table only
+// hands out their addresses.
+unsafe impl Send for Entry {}
+
+/// This copy's table, used when it is the first copy, or the only one, or
+/// when the table at the anchor is of another version. A value is never
+/// removed: it lives as long as the process, like the statics it stands for.
 static TABLE: Mutex<Vec<Entry>> = Mutex::new(Vec::new());
 
-fn lookup<T: Send + Sync + 'static>(table: &[Entry], name: &str) -> Option<&'static T> {
-    let type_id = TypeId::of::<T>();
-    table.iter().find(|e| e.type_id == type_id && e.name == name).and_then(|e| e.value.downcast_ref::<T>())
+static OWN: TableAbi = TableAbi { abi: TABLE_ABI, find_or_make: own_find_or_make, names: own_names };
+
+fn lookup(table: &[Entry], name: &str, key: TypeKey) -> Option<*const ()> {
+    table.iter().find(|e| e.key == key && &*e.name == name).map(|e| e.value)
 }
 
-/// The value of `name` and type `T`, made with `init` when the table has
-/// none. `init` runs outside the table's lock (it may use other handles);
+/// The value of `name` and type `key`, made with `make(init)` when the table
+/// has none. `make` runs outside the table's lock (it may use other handles);
 /// of two threads that made it at once, the first to take the lock wins and
 /// the other's value is dropped outside it. Under the lock only Rust's
 /// allocator is asked for memory (the table's growth), never libtorch's, so
 /// an allocator hook that finds a value cannot wait on code that allocates
 /// through libtorch.
-fn find_or_make<T: Send + Sync + 'static>(name: &'static str, init: fn() -> T) -> &'static T {
-    if let Some(value) = lookup::<T>(&TABLE.locked(), name) {
+unsafe extern "C" fn own_find_or_make(
+    name: *const u8,
+    len: usize,
+    key: TypeKey,
+    make: Make,
+    unmake: Unmake,
+    init: *const (),
+) -> *const () {
+    // SAFETY: the caller passes a UTF-8 name of `len` bytes.
+    let name = unsafe { std::str::from_utf8_unchecked(std::slice::from_raw_parts(name, len)) };
+    if let Some(value) = lookup(&TABLE.locked(), name, key) {
         return value;
     }
-    let made = Box::new(init());
+    // SAFETY: `make` and `init` come together from the caller's copy.
+    let made = unsafe { make(init) };
+    if made.is_null() {
+        return made;
+    }
     let mut table = TABLE.locked();
-    if let Some(value) = lookup::<T>(&table, name) {
+    if let Some(value) = lookup(&table, name, key) {
         drop(table);
-        drop(made);
+        // SAFETY: `made` came from `make`, and nobody else saw it.
+        unsafe { unmake(made) };
         return value;
     }
-    let value: &'static T = Box::leak(made);
-    table.push(Entry { name, type_id: TypeId::of::<T>(), value });
-    value
+    table.push(Entry { name: name.into(), key, value: made });
+    made
+}
+
+unsafe extern "C" fn own_names(each: EachName, context: *mut c_void) {
+    let names: Vec<Box<str>> = TABLE.locked().iter().map(|e| e.name.clone()).collect();
+    for name in names {
+        // SAFETY: the caller's `each` takes a name and its context.
+        unsafe { each(context, name.as_ptr(), name.len()) };
+    }
+}
+
+/// The table this copy uses: the process's, found at the anchor the first
+/// time, or its own.
+fn table() -> &'static TableAbi {
+    static CHOSEN: AtomicPtr<TableAbi> = AtomicPtr::new(std::ptr::null_mut());
+    let chosen = CHOSEN.load(Ordering::Acquire);
+    if !chosen.is_null() {
+        // SAFETY: only `&'static TableAbi`s are stored.
+        return unsafe { &*chosen };
+    }
+    let found = choose();
+    CHOSEN.store(found as *const TableAbi as *mut TableAbi, Ordering::Release);
+    // Now that the table is chosen, the output layer can reach its sinks.
+    for anchor in inventory::iter::<Anchor> {
+        if let Some(problem) = (anchor.problem)() {
+            crate::output::warn(&problem);
+        }
+    }
+    if let Some(abi) = foreign_table() {
+        crate::output::warn(&format!(
+            "memlab: another copy of memlab in this process keeps its state in a table of version {abi}; this \
+             copy (version {TABLE_ABI}) keeps its own, so the two report apart: build every part of the program \
+             with one memlab version"
+        ));
+    }
+    found
+}
+
+#[cold]
+fn choose() -> &'static TableAbi {
+    let own = &OWN as *const TableAbi as *mut TableAbi;
+    let Some(slot) = inventory::iter::<Anchor>.into_iter().find_map(|anchor| (anchor.slot)()) else {
+        return &OWN;
+    };
+    let found = match slot.compare_exchange(std::ptr::null_mut(), own, Ordering::AcqRel, Ordering::Acquire) {
+        Ok(_) => return &OWN,
+        // SAFETY: a slot holds only `&'static TableAbi`s of copies that stay
+        // loaded (a copy whose values others use is never unloaded).
+        Err(theirs) => unsafe { &*theirs },
+    };
+    if found.abi == TABLE_ABI {
+        found
+    } else {
+        FOREIGN_TABLE.store(found.abi, Ordering::Relaxed);
+        &OWN
+    }
+}
+
+/// The [`TABLE_ABI`] of another copy's table found at the anchor, which this
+/// copy could not share (0: none).
+static FOREIGN_TABLE: AtomicU32 = AtomicU32::new(0);
+
+/// When another copy of memlab in this process keeps a table of another
+/// version, so that this copy keeps its own: that version.
+pub fn foreign_table() -> Option<u32> {
+    match FOREIGN_TABLE.load(Ordering::Relaxed) {
+        0 => None,
+        abi => Some(abi),
+    }
+}
+
+unsafe extern "C" fn make_value<T>(init: *const ()) -> *const () {
+    // SAFETY: `find_or_make` passes the `fn() -> T` it was given.
+    let init: fn() -> T = unsafe { std::mem::transmute::<*const (), fn() -> T>(init) };
+    // Nothing may unwind into the table's code, which may be another copy's.
+    match std::panic::catch_unwind(init) {
+        Ok(value) => Box::into_raw(Box::new(value)) as *const (),
+        Err(_) => std::ptr::null(),
+    }
+}
+
+unsafe extern "C" fn unmake_value<T>(value: *const ()) {
+    // SAFETY: `value` came from `make_value::<T>`'s box.
+    drop(unsafe { Box::from_raw(value as *mut T) });
+}
+
+/// The value of `name` and type `T`, made with `init` when the process's
+/// table has none.
+fn find_or_make<T: Send + Sync + 'static>(name: &'static str, init: fn() -> T) -> &'static T {
+    let table = table();
+    // SAFETY: the table's functions take these arguments as documented on
+    // `TableAbi`; `make_value::<T>` and `init` agree on `T`.
+    let value = unsafe {
+        (table.find_or_make)(
+            name.as_ptr(),
+            name.len(),
+            TypeKey::of::<T>(),
+            make_value::<T>,
+            unmake_value::<T>,
+            init as *const (),
+        )
+    };
+    if value.is_null() {
+        panic!("memlab: making the process-wide value {name} panicked");
+    }
+    // SAFETY: values of this name and key are `T`s (the key holds `T`'s
+    // TypeId), made by `make_value::<T>` in a copy that agrees on `T`, kept
+    // for the rest of the process and never handed out mutably.
+    unsafe { &*(value as *const T) }
 }
 
 /// The names of the process-wide values made so far, in the order they
 /// were made.
-pub fn names() -> Vec<&'static str> {
-    TABLE.locked().iter().map(|e| e.name).collect()
+pub fn names() -> Vec<String> {
+    unsafe extern "C" fn push(context: *mut c_void, name: *const u8, len: usize) {
+        // SAFETY: `names` below passes its Vec; the table passes a name of `len` bytes.
+        let (out, bytes) = unsafe { (&mut *(context as *mut Vec<String>), std::slice::from_raw_parts(name, len)) };
+        out.push(String::from_utf8_lossy(bytes).into_owned());
+    }
+    let mut out: Vec<String> = Vec::new();
+    // SAFETY: `push` takes the Vec passed as its context.
+    unsafe { (table().names)(push, &mut out as *mut Vec<String> as *mut c_void) };
+    out
 }
 
 #[cfg(test)]
@@ -168,7 +379,7 @@ mod tests {
         A.fetch_add(1, Ordering::Relaxed);
         assert_eq!(B.load(Ordering::Relaxed), 6, "B found A's value, not a new one");
         assert!(std::ptr::eq(Shared::value(&A), Shared::value(&B)));
-        assert_eq!(names().iter().filter(|n| **n == "process::tests::one").count(), 1);
+        assert_eq!(names().iter().filter(|n| *n == "process::tests::one").count(), 1);
     }
 
     #[test]
@@ -211,6 +422,6 @@ mod tests {
     fn the_macro_names_a_value_after_its_module() {
         NAMED.fetch_add(1, Ordering::Relaxed);
         assert_eq!(Shared::name(&NAMED), "memlab_core::process::tests::NAMED");
-        assert!(names().contains(&"memlab_core::process::tests::NAMED"));
+        assert!(names().iter().any(|n| n == "memlab_core::process::tests::NAMED"));
     }
 }

@@ -2,6 +2,11 @@
 //! compile time (name, file, source lines, options) and the per-line figures
 //! gathered at run time. Every site registers itself through `inventory`, so
 //! reports can list profiled functions that never ran.
+//!
+//! A process may hold the same function more than once: a notebook compiles
+//! the items of earlier cells again into each new cell's library, each with a
+//! static site of its own. The figures of a function (its path and its source
+//! text) are one table for the whole process, whichever copy's site ran.
 
 use crate::sync::LockExt;
 use std::sync::{Mutex, MutexGuard, OnceLock};
@@ -137,13 +142,64 @@ pub(crate) struct SiteState {
 pub struct Site {
     pub(crate) meta: SiteMeta,
     name: OnceLock<(String, Option<String>)>,
+    /// The function's figures in the process's table, found on first use.
+    shared: OnceLock<&'static Shared>,
+}
+
+/// The figures of one function, shared by every copy's site of it.
+#[derive(Debug)]
+struct Shared {
+    /// The site that registered the function first: reports show its meta.
+    first: &'static Site,
+    /// The copies whose site of the function joined (see `copy_id`).
+    copies: Mutex<Vec<usize>>,
     state: Mutex<Option<SiteState>>,
+}
+
+crate::process::process_wide! {
+    /// Every function with a registered site, in the order they registered.
+    static FUNCTIONS: Mutex<Vec<&'static Shared>> = Mutex::new(Vec::new());
+}
+
+/// An id of the copy of memlab this code belongs to: the address of a static
+/// of its own.
+fn copy_id() -> usize {
+    static MARK: u8 = 0;
+    &MARK as *const u8 as usize
 }
 
 impl Site {
     /// A site for the function `meta` describes.
     pub const fn new(meta: SiteMeta) -> Self {
-        Site { meta, name: OnceLock::new(), state: Mutex::new(None) }
+        Site { meta, name: OnceLock::new(), shared: OnceLock::new() }
+    }
+
+    /// The function's figures in the process's table: this copy's site joins
+    /// another copy's site of the same function (same path, same source
+    /// text), or registers the function.
+    fn shared(&'static self) -> &'static Shared {
+        self.shared.get_or_init(|| {
+            let copy = copy_id();
+            let mut functions = FUNCTIONS.locked();
+            let same = |f: &&&'static Shared| {
+                f.first.name() == self.name()
+                    && f.first.trait_name() == self.trait_name()
+                    && f.first.meta.source == self.meta.source
+            };
+            for function in functions.iter().filter(same) {
+                let mut copies = function.copies.locked();
+                // Two sites of one copy are two functions (a test's scripted
+                // sites may share a name); another copy's is the same one.
+                if !copies.contains(&copy) {
+                    copies.push(copy);
+                    return function;
+                }
+            }
+            let function: &'static Shared =
+                Box::leak(Box::new(Shared { first: self, copies: Mutex::new(vec![copy]), state: Mutex::new(None) }));
+            functions.push(function);
+            function
+        })
     }
 
     /// The function's path, e.g. `my_crate::model::Net::forward`, without
@@ -168,13 +224,13 @@ impl Site {
         &self.meta
     }
 
-    pub(crate) fn state(&self) -> MutexGuard<'_, Option<SiteState>> {
+    pub(crate) fn state(&'static self) -> MutexGuard<'static, Option<SiteState>> {
         // Figures only grow by merging whole records, so a panic elsewhere
         // while the lock was held leaves nothing inconsistent behind.
-        self.state.locked()
+        self.shared().state.locked()
     }
 
-    pub(crate) fn with_state<R>(&self, f: impl FnOnce(&mut SiteState) -> R) -> R {
+    pub(crate) fn with_state<R>(&'static self, f: impl FnOnce(&mut SiteState) -> R) -> R {
         f(self.state().get_or_insert_with(SiteState::default))
     }
 
@@ -235,9 +291,23 @@ pub struct Registered(pub &'static Site);
 
 inventory::collect!(Registered);
 
-/// Every profiled function linked into this program.
+/// Every profiled function of the process, each once: those linked into
+/// this copy of memlab's program and those other copies registered, each by
+/// the site that registered it first.
 pub fn sites() -> impl Iterator<Item = &'static Site> {
-    inventory::iter::<Registered>.into_iter().map(|r| r.0)
+    register_this_copy();
+    let functions: Vec<&'static Site> = FUNCTIONS.locked().iter().map(|f| f.first).collect();
+    functions.into_iter()
+}
+
+/// Registers the sites linked into this copy with the process (once per copy).
+pub(crate) fn register_this_copy() {
+    static REGISTERED: std::sync::Once = std::sync::Once::new();
+    REGISTERED.call_once(|| {
+        for registered in inventory::iter::<Registered> {
+            registered.0.shared();
+        }
+    });
 }
 
 /// Turns the type name of the marker item nested in a profiled function into

@@ -10,6 +10,7 @@
 // Built only when the CUDA headers are found (memlab's scripts install them).
 
 #include "memlab_shim.h"
+#include "memlab_state.h"
 
 #include <ATen/ops/empty.h>
 #include <c10/cuda/CUDACachingAllocator.h>
@@ -22,8 +23,7 @@
 
 namespace {
 
-std::atomic<memlab_event_hook> g_cuda_hook{nullptr};
-std::atomic<bool> g_attached{false};
+using memlab::state;
 
 // memlab's action (enum memlab_action); -1 = not forwarded.
 int32_t action_code(c10::CachingDeviceAllocator::TraceEntry::Action action) {
@@ -51,7 +51,7 @@ int32_t action_code(c10::CachingDeviceAllocator::TraceEntry::Action action) {
 }
 
 void forward(const c10::CachingDeviceAllocator::TraceEntry& entry) {
-  memlab_event_hook hook = g_cuda_hook.load(std::memory_order_relaxed);
+  memlab_event_hook hook = state().cuda_hook.load(std::memory_order_relaxed);
   int32_t code = action_code(entry.action_);
   if (hook != nullptr && code >= 0) {
     hook(code, static_cast<int32_t>(entry.device_), static_cast<uint64_t>(entry.addr_),
@@ -74,8 +74,11 @@ extern "C" char* memlab_cuda_watch_ooms(int32_t* attached) {
   if (!allocator->initialized()) {
     return nullptr;
   }
-  static std::once_flag once;
-  std::call_once(once, [] {
+  // Once for the process: one observer, so one report per failure however
+  // many copies of memlab watch.
+  auto& st = state();
+  std::lock_guard<std::mutex> one_at_a_time(st.attaching);
+  if (!st.oom_observer_attached.load()) {
     // libtorch calls observers on the failing thread after its allocator let
     // the lock go, then throws its OutOfMemoryError. `alloc_size` is the
     // rounded size of the segment it tried to reserve.
@@ -89,7 +92,8 @@ extern "C" char* memlab_cuda_watch_ooms(int32_t* attached) {
           }
           memlab_tch_on_oom(static_cast<int32_t>(device), alloc_size, device_free, device_total, stream);
         });
-  });
+    st.oom_observer_attached.store(true);
+  }
   *attached = 1;
   MEMLAB_CATCH
 }
@@ -140,15 +144,17 @@ extern "C" char* memlab_cuda_snapshot(struct memlab_segment* segments, int64_t s
 
 extern "C" char* memlab_cuda_set_event_hook(memlab_event_hook hook) {
   MEMLAB_TRY
-  if (hook != nullptr && !g_attached.load()) {
+  auto& st = state();
+  std::lock_guard<std::mutex> one_at_a_time(st.attaching);
+  if (hook != nullptr && !st.tracker_attached.load()) {
     auto* allocator = c10::getDeviceAllocator(c10::DeviceType::CUDA);
     if (!allocator->initialized()) {
       // The first CUDA allocation creates the per-device allocators.
       at::empty({1}, at::TensorOptions().device(c10::DeviceType::CUDA));
     }
     c10::cuda::CUDACachingAllocator::attachAllocatorTraceTracker(&forward);
-    g_attached.store(true);
+    st.tracker_attached.store(true);
   }
-  g_cuda_hook.store(hook);
+  st.cuda_hook.store(hook);
   MEMLAB_CATCH
 }

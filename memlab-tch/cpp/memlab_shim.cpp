@@ -13,6 +13,10 @@
 #include <torch/optim/sgd.h>
 
 #include "memlab_shim.h"
+#include "memlab_state.h"
+
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <torch/library.h>
 
 #include <atomic>
 #include <cstdint>
@@ -106,54 +110,7 @@ struct Header {
 };
 static_assert(sizeof(Header) <= kHeader, "header fits its slot");
 
-struct Counter {
-  std::atomic<int64_t> current{0};
-  std::atomic<int64_t> peak{0};
-  std::atomic<int64_t> allocated{0};
-  std::atomic<int64_t> freed{0};
-
-  void add(int64_t n) {
-    int64_t now = current.fetch_add(n, std::memory_order_relaxed) + n;
-    int64_t seen = peak.load(std::memory_order_relaxed);
-    while (now > seen && !peak.compare_exchange_weak(seen, now, std::memory_order_relaxed)) {
-    }
-    allocated.fetch_add(n, std::memory_order_relaxed);
-  }
-  void sub(int64_t n) {
-    current.fetch_sub(n, std::memory_order_relaxed);
-    freed.fetch_add(n, std::memory_order_relaxed);
-  }
-  // Reads the four counters; with `reset`, the peak restarts from the level.
-  void read(int64_t* out, bool reset) {
-    int64_t level = current.load(std::memory_order_relaxed);
-    out[MEMLAB_COUNTER_CURRENT] = level;
-    out[MEMLAB_COUNTER_PEAK] = peak.load(std::memory_order_relaxed);
-    if (reset) {
-      // A plain store, not an exchange: a block allocated and freed again
-      // between the load and the store would be missed, which is the same
-      // window libtorch's CUDA allocator has between reading and resetting.
-      peak.store(level, std::memory_order_relaxed);
-    }
-    out[MEMLAB_COUNTER_ALLOCATED] = allocated.load(std::memory_order_relaxed);
-    out[MEMLAB_COUNTER_FREED] = freed.load(std::memory_order_relaxed);
-  }
-  void reset_peak() { peak.store(current.load(std::memory_order_relaxed), std::memory_order_relaxed); }
-  // Sets the running totals to zero and returns, in their slots of `out`,
-  // what they held: nothing counted in between is lost.
-  void take_accumulated(int64_t* out) {
-    out[MEMLAB_COUNTER_CURRENT] = 0;
-    out[MEMLAB_COUNTER_PEAK] = 0;
-    out[MEMLAB_COUNTER_ALLOCATED] = allocated.exchange(0, std::memory_order_relaxed);
-    out[MEMLAB_COUNTER_FREED] = freed.exchange(0, std::memory_order_relaxed);
-  }
-};
-
-Counter g_bytes;
-Counter g_blocks;
-// Requests the inner allocator could not serve (the CPU's `num_ooms`).
-std::atomic<int64_t> g_ooms{0};
-
-std::atomic<memlab_event_hook> g_cpu_hook{nullptr};
+using memlab::state;
 
 // Counts one allocation or free. While a hook is set, the hook counts it
 // (memlab_cpu_count), under the lock with which it records the event, so
@@ -161,7 +118,7 @@ std::atomic<memlab_event_hook> g_cpu_hook{nullptr};
 // held; without a hook the counters move at once.
 template <typename Count>
 void count_and_report(Count count, int32_t action, uint64_t address, uint64_t size) {
-  if (memlab_event_hook hook = g_cpu_hook.load(std::memory_order_relaxed)) {
+  if (memlab_event_hook hook = state().cpu_hook.load(std::memory_order_relaxed)) {
     hook(action, MEMLAB_EVENT_DEVICE_CPU, address, size, 0);
   } else {
     count();
@@ -176,8 +133,8 @@ void counting_delete(void* data) {
   Header h = *header;
   count_and_report(
       [&] {
-        g_bytes.sub(static_cast<int64_t>(h.size));
-        g_blocks.sub(1);
+        state().bytes.sub(static_cast<int64_t>(h.size));
+        state().blocks.sub(1);
       },
       MEMLAB_ACTION_FREE_REQUESTED, reinterpret_cast<uint64_t>(data), h.size);
   if (h.deleter != nullptr) {
@@ -205,7 +162,7 @@ struct CountingCpuAllocator final : c10::Allocator {
       failed = std::current_exception();
     }
     if (failed) {
-      g_ooms.fetch_add(1, std::memory_order_relaxed);
+      state().ooms.fetch_add(1, std::memory_order_relaxed);
       // The request failed for lack of memory: say so (outside the handler,
       // with the error kept), then let libtorch's error go on to the caller
       // unchanged. memlab_tch_on_oom records the failure as an event: it
@@ -220,8 +177,8 @@ struct CountingCpuAllocator final : c10::Allocator {
     char* data = base + kHeader;
     count_and_report(
         [&] {
-          g_bytes.add(static_cast<int64_t>(n));
-          g_blocks.add(1);
+          state().bytes.add(static_cast<int64_t>(n));
+          state().blocks.add(1);
         },
         MEMLAB_ACTION_ALLOC, reinterpret_cast<uint64_t>(data), n);
     return {data, data, &counting_delete, cpu};
@@ -236,28 +193,54 @@ struct CountingCpuAllocator final : c10::Allocator {
   }
 };
 
-// Never destroyed: libtorch may free CPU tensors during its own teardown.
-CountingCpuAllocator* const g_counting = new CountingCpuAllocator();
-std::atomic<bool> g_installed{false};
-std::atomic<bool> g_declined{false};
+// This copy's anchor and state: the process's, or its own.
+memlab_anchor* g_anchor = nullptr;
+memlab::State* g_state = nullptr;
+// An anchor of another ABI found at load, and why looking for one failed.
+const memlab_anchor* g_foreign = nullptr;
+const char* g_anchor_error = nullptr;
 
-char* install_counting_allocator() {
-  MEMLAB_TRY
-  if (g_installed.load()) {
+// Beside a memlab of another anchor ABI, which counts CPU memory (or chose
+// not to), this copy installs no allocator of its own: chained, each would
+// count the other's headers. The error that says so; NULL otherwise.
+char* beside_foreign() {
+  if (g_foreign == nullptr) {
     return nullptr;
   }
-  c10::Allocator* current = c10::GetCPUAllocator();
-  if (current != g_counting) {
-    g_counting->inner = current;
-    c10::SetCPUAllocator(g_counting, /*priority=*/0);
+  std::string message = std::string("another memlab (") + g_foreign->made_by + ", anchor ABI " +
+                        std::to_string(g_foreign->abi) + ") keeps the CPU allocator of this process; this one (" +
+                        MEMLAB_MADE_BY + ", anchor ABI " + std::to_string(MEMLAB_ANCHOR_ABI) +
+                        ") cannot share its figures: build every part of the program with one memlab version";
+  return error_copy(message.c_str());
+}
+
+// Installs the process's counting allocator (made, never destroyed, by the
+// copy that made the anchor: libtorch may free CPU tensors during its own
+// teardown) as libtorch's CPU allocator, wrapping the one in place.
+char* install_counting_allocator() {
+  MEMLAB_TRY
+  if (char* beside = beside_foreign()) {
+    return beside;
   }
-  if (c10::GetCPUAllocator() != g_counting) {
-    g_declined.store(true);
+  auto& st = state();
+  std::lock_guard<std::mutex> one_at_a_time(st.installing);
+  if (st.installed.load()) {
+    return nullptr;
+  }
+  // Of the maker's copy; the anchor's ABI fixes its layout.
+  auto* counting = static_cast<CountingCpuAllocator*>(st.counting);
+  c10::Allocator* current = c10::GetCPUAllocator();
+  if (current != counting) {
+    counting->inner = current;
+    c10::SetCPUAllocator(counting, /*priority=*/0);
+  }
+  if (c10::GetCPUAllocator() != counting) {
+    st.declined.store(true);
     return error_copy(
         "another CPU allocator with a higher priority is registered with libtorch; "
         "memlab cannot count CPU tensors while it is in place");
   }
-  g_installed.store(true);
+  st.installed.store(true);
   MEMLAB_CATCH
 }
 
@@ -289,23 +272,100 @@ int env_flag(const char* name) {
   return -1;
 }
 
-// Installed when the program loads (before main), before any tensor exists,
-// so that every CPU tensor is counted. MEMLAB_CPU_ALLOCATOR=0 (or false/no/off)
-// opts out; memlab_cpu_install can still install it later, and counts only
-// what is allocated after that.
-// The value of MEMLAB_CPU_ALLOCATOR that turned the counting allocator off
-// at load, for the error that says so ("" when it was not turned off).
-std::string g_turned_off_with;
+// ---------------------------------------------------------------------------
+// The anchor (see struct memlab_anchor in memlab_shim.h).
 
-const bool g_installed_at_load = [] {
+// The kernel of memlab::process_anchor, registered by the copy that made the
+// process's anchor: that anchor's address.
+int64_t process_anchor_address() {
+  return reinterpret_cast<int64_t>(g_anchor);
+}
+
+void make_own_anchor() {
+  auto* st = new memlab::State();
+  st->counting = new CountingCpuAllocator();
+  g_anchor = new memlab_anchor{MEMLAB_ANCHOR_ABI, sizeof(memlab_anchor), MEMLAB_MADE_BY, nullptr, st, 1, 0};
+  g_state = st;
+}
+
+// Finds the process's anchor through libtorch's dispatcher, or makes one and
+// registers it there. Runs while this copy loads, under the loader's lock, so
+// two copies never meet here at once.
+void meet() {
+  try {
+    auto found = c10::Dispatcher::singleton().findSchema({"memlab::process_anchor", ""});
+    if (found.has_value()) {
+      auto* other = reinterpret_cast<memlab_anchor*>(found->typed<int64_t()>().call());
+      if (other != nullptr && other->abi == MEMLAB_ANCHOR_ABI && other->size == sizeof(memlab_anchor)) {
+        __atomic_fetch_add(&other->copies, 1, __ATOMIC_RELAXED);
+        g_anchor = other;
+        g_state = static_cast<memlab::State*>(other->shim);
+        return;
+      }
+      g_foreign = other;
+      make_own_anchor();
+      return;
+    }
+    make_own_anchor();
+    // Never destroyed: destroying it would take the operator away again.
+    auto* library = new torch::Library(torch::Library::FRAGMENT, "memlab", std::nullopt, __FILE__, __LINE__);
+    library->def("process_anchor() -> int", &process_anchor_address);
+  } catch (const std::exception& e) {
+    if (g_anchor == nullptr) {
+      make_own_anchor();
+    }
+    g_anchor_error = error_copy(e.what());
+  } catch (...) {
+    if (g_anchor == nullptr) {
+      make_own_anchor();
+    }
+    g_anchor_error = error_copy("unknown C++ exception");
+  }
+}
+
+// Meets the other copies once. The loader runs this copy's initializers in
+// an order of its own: Rust's (MEMLAB_OOM_DIR's) may come first and reach the
+// anchor before g_loaded below runs, so every way in comes through here.
+// Before the copy's code can run on another thread, the loader has run it.
+void ensure_met() {
+  if (g_anchor == nullptr) {
+    meet();
+  }
+}
+
+// When this copy loads (before main for a program, in dlopen for a plugin):
+// meet the other copies, then, for the copy that made the state, install the
+// counting allocator before any tensor exists, so that every CPU tensor is
+// counted. MEMLAB_CPU_ALLOCATOR=0 (or false/no/off) opts out;
+// memlab_cpu_install can still install it later, and counts only what is
+// allocated after that.
+const bool g_loaded = [] {
+  ensure_met();
+  if (__atomic_load_n(&g_anchor->copies, __ATOMIC_RELAXED) > 1 || g_foreign != nullptr) {
+    // A copy that joined (the maker decided), or one beside a memlab of
+    // another ABI (which counts, or decided not to).
+    return true;
+  }
   if (env_flag("MEMLAB_CPU_ALLOCATOR") == 0) {
-    g_turned_off_with = std::getenv("MEMLAB_CPU_ALLOCATOR");
-    return false;
+    std::strncat(g_state->turned_off_with, std::getenv("MEMLAB_CPU_ALLOCATOR"), memlab::kTurnedOffWith);
+    return true;
   }
   char* error = install_counting_allocator();
   std::free(error);
-  return error == nullptr;
+  g_state->installed_at_load.store(error == nullptr);
+  return true;
 }();
+
+}  // namespace
+
+memlab::State& memlab::state() {
+  if (__builtin_expect(g_state == nullptr, 0)) {
+    ensure_met();
+  }
+  return *g_state;
+}
+
+namespace {
 
 // The CUDA allocator is registered once, when libtorch_cuda loads; looking it
 // up once spares every probe a dynamic_cast.
@@ -417,20 +477,36 @@ char* memlab_cpu_install() {
 }
 
 int32_t memlab_cpu_installed() {
-  return g_installed.load() ? 1 : 0;
+  return state().installed.load() ? 1 : 0;
 }
 
 int32_t memlab_cpu_installed_at_load() {
-  return g_installed_at_load ? 1 : 0;
+  return state().installed_at_load.load() ? 1 : 0;
+}
+
+struct memlab_anchor* memlab_process_anchor() {
+  ensure_met();
+  return g_anchor;
+}
+
+const struct memlab_anchor* memlab_foreign_anchor() {
+  return g_foreign;
+}
+
+char* memlab_anchor_error() {
+  return g_anchor_error == nullptr ? nullptr : error_copy(g_anchor_error);
 }
 
 namespace {
 
 char* cpu_missing() {
-  if (g_declined.load()) {
+  if (char* beside = beside_foreign()) {
+    return beside;
+  }
+  if (state().declined.load()) {
     return error_copy("another CPU allocator with a higher priority is registered with libtorch");
   }
-  std::string message = "it was turned off with MEMLAB_CPU_ALLOCATOR=\"" + g_turned_off_with +
+  std::string message = std::string("it was turned off with MEMLAB_CPU_ALLOCATOR=\"") + state().turned_off_with +
                         "\"; call memlab::install_cpu_allocator() or unset the variable";
   return error_copy(message.c_str());
 }
@@ -454,49 +530,52 @@ void put_cpu(int64_t* out, const int64_t* blocks, const int64_t* bytes) {
 
 // Writes the CPU fields only; the caller zero-initialises the record once.
 char* memlab_cpu_stats(int32_t reset_peaks, int64_t* out) {
-  if (!g_installed.load()) {
+  auto& st = state();
+  if (!st.installed.load()) {
     return cpu_missing();
   }
   bool reset = reset_peaks != 0;
   int64_t blocks[4];
   int64_t bytes[4];
-  g_blocks.read(blocks, reset);
-  g_bytes.read(bytes, reset);
+  st.blocks.read(blocks, reset);
+  st.bytes.read(bytes, reset);
   put_cpu(out, blocks, bytes);
-  out[MEMLAB_SLOT_NUM_OOMS] = g_ooms.load(std::memory_order_relaxed);
+  out[MEMLAB_SLOT_NUM_OOMS] = st.ooms.load(std::memory_order_relaxed);
   return nullptr;
 }
 
 void memlab_cpu_count(int32_t action, uint64_t size) {
   const auto bytes = static_cast<int64_t>(size);
+  auto& st = state();
   if (action == MEMLAB_ACTION_ALLOC) {
-    g_bytes.add(bytes);
-    g_blocks.add(1);
+    st.bytes.add(bytes);
+    st.blocks.add(1);
   } else if (action == MEMLAB_ACTION_FREE_REQUESTED) {
-    g_bytes.sub(bytes);
-    g_blocks.sub(1);
+    st.bytes.sub(bytes);
+    st.blocks.sub(1);
   }
 }
 
 // Sets the CPU's running totals to zero; writes what they held into the CPU
 // fields of `out` (levels and peaks read zero there).
 char* memlab_cpu_take_accumulated_stats(int64_t* out) {
-  if (!g_installed.load()) {
+  auto& st = state();
+  if (!st.installed.load()) {
     return cpu_missing();
   }
   int64_t blocks[4];
   int64_t bytes[4];
-  g_blocks.take_accumulated(blocks);
-  g_bytes.take_accumulated(bytes);
+  st.blocks.take_accumulated(blocks);
+  st.bytes.take_accumulated(bytes);
   put_cpu(out, blocks, bytes);
-  out[MEMLAB_SLOT_NUM_OOMS] = g_ooms.exchange(0, std::memory_order_relaxed);
+  out[MEMLAB_SLOT_NUM_OOMS] = st.ooms.exchange(0, std::memory_order_relaxed);
   return nullptr;
 }
 
 // Reports every CPU allocation and free to `hook` (NULL: to nobody). The hook
 // must not throw.
 void memlab_set_cpu_event_hook(memlab_event_hook hook) {
-  g_cpu_hook.store(hook);
+  state().cpu_hook.store(hook);
 }
 
 #ifndef MEMLAB_CUDA_EVENTS

@@ -256,6 +256,42 @@ char* memlab_cuda_allocator_initialized(int32_t* out);
 char* memlab_cuda_snapshot(struct memlab_segment* segments, int64_t segment_capacity, int64_t* segment_count,
                            struct memlab_block* blocks, int64_t block_capacity, int64_t* block_count);
 
+// Where the copies of memlab in one process meet. A process may link memlab
+// more than once (a notebook compiles each cell into a library of its own,
+// with memlab inside; two plugins may each carry one): each copy has its own
+// statics, but the process has one libtorch. The first copy to load registers
+// an operator `memlab::process_anchor() -> int` with libtorch's dispatcher,
+// which returns the address of its anchor; every later copy finds it there
+// and uses the state the anchor holds instead of its own: the counting CPU
+// allocator and its counters, the event hooks, the CUDA tracker and OOM
+// observer (attached once), and memlab-core's table of process-wide values.
+//
+// The fields up to `made_by` keep their place in every version; the rest is
+// laid out as `abi` says. A copy that finds an anchor of another ABI keeps
+// its own state (and its Rust side warns once, naming both).
+#define MEMLAB_ANCHOR_ABI 1
+
+struct memlab_anchor {
+  uint32_t abi;         // MEMLAB_ANCHOR_ABI of the copy that made it
+  uint32_t size;        // sizeof(struct memlab_anchor) in that ABI
+  const char* made_by;  // "memlab-tch <version>" of that copy
+  // ABI 1:
+  void* table;      // memlab-core's table of process-wide values; set (atomically) by the Rust side
+  void* shim;       // the shim's process-wide state (its layout is part of the ABI)
+  uint32_t copies;  // copies of memlab that joined, the maker included (atomic)
+  uint32_t reserved;
+};
+
+// This copy's anchor: the process's, or its own when it found one of another
+// ABI (or could not register one). Never NULL.
+struct memlab_anchor* memlab_process_anchor(void);
+// The anchor of another ABI that this copy found when it loaded (NULL when
+// none): only its `abi`, `size` and `made_by` may be read.
+const struct memlab_anchor* memlab_foreign_anchor(void);
+// Why this copy could not look for or register the anchor when it loaded
+// (a malloc'd message, freed with memlab_free_error), or NULL when it could.
+char* memlab_anchor_error(void);
+
 char* memlab_cpu_install(void);
 int32_t memlab_cpu_installed(void);
 int32_t memlab_cpu_installed_at_load(void);
@@ -314,6 +350,9 @@ static_assert(offsetof(struct memlab_segment, device) == 48, "memlab_segment lay
 static_assert(sizeof(struct memlab_block) == 32, "memlab_block layout");
 static_assert(offsetof(struct memlab_block, state) == 24, "memlab_block layout");
 static_assert(offsetof(struct memlab_optimizer_state, group) == 16, "memlab_optimizer_state layout");
+static_assert(sizeof(struct memlab_anchor) == 40, "memlab_anchor layout");
+static_assert(offsetof(struct memlab_anchor, table) == 16, "memlab_anchor layout");
+static_assert(offsetof(struct memlab_anchor, copies) == 32, "memlab_anchor layout");
 
 namespace memlab {
 

@@ -161,7 +161,26 @@ pub struct Block {
     pub reserved: i32,
 }
 
+/// The anchor's version (MEMLAB_ANCHOR_ABI).
+pub const MEMLAB_ANCHOR_ABI: u32 = 1;
+
+/// struct memlab_anchor
+#[repr(C)]
+#[derive(Debug)]
+pub struct MemlabAnchor {
+    pub abi: u32,
+    pub size: u32,
+    pub made_by: *const c_char,
+    pub table: *mut c_void,
+    pub shim: *mut c_void,
+    pub copies: u32,
+    pub reserved: u32,
+}
+
 // The same numbers as the header's static_asserts.
+const _: () = assert!(size_of::<MemlabAnchor>() == 40);
+const _: () = assert!(offset_of!(MemlabAnchor, table) == 16);
+const _: () = assert!(offset_of!(MemlabAnchor, copies) == 32);
 const _: () = assert!(size_of::<StorageInfo>() == 64);
 const _: () = assert!(offset_of!(StorageInfo, device_type) == 40);
 const _: () = assert!(offset_of!(StorageInfo, from_allocator) == 56);
@@ -233,6 +252,9 @@ extern "C" {
         block_capacity: i64,
         block_count: *mut i64,
     ) -> *mut c_char;
+    pub fn memlab_process_anchor() -> *mut MemlabAnchor;
+    pub fn memlab_foreign_anchor() -> *const MemlabAnchor;
+    pub fn memlab_anchor_error() -> *mut c_char;
     pub fn memlab_cpu_install() -> *mut c_char;
     pub fn memlab_cpu_installed() -> i32;
     pub fn memlab_cpu_installed_at_load() -> i32;

@@ -22,6 +22,7 @@
 //! ```
 #![deny(missing_docs)]
 
+mod anchor;
 mod driver;
 mod events;
 mod ffi;
@@ -49,6 +50,7 @@ memlab_core::inventory::submit! {
     ])
 }
 
+pub use anchor::copies;
 pub use driver::{
     address_space, cgroup_memory, device_uuid, driver_memory, host_memory, host_name, process_gpu_memory,
     process_start, resident_set, DriverMemory,

@@ -73,15 +73,49 @@ struct Here {
     number: Cell<u64>,
     /// The profiled statement running.
     statement: Cell<Option<StatementRef>>,
-    /// The innermost dispose scope open (the top of `SCOPES`).
+    /// The innermost dispose scope open (the top of the thread's scopes).
     scope: Cell<Option<u64>>,
 }
 
 thread_local! {
-    static HERE: Here = const {
+    static OWN_HERE: Here = const {
         Here { number: Cell::new(0), statement: Cell::new(None), scope: Cell::new(None) }
     };
-    static SCOPES: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
+    static OWN_SCOPES: RefCell<Vec<u64>> = const { RefCell::new(Vec::new()) };
+}
+
+/// The thread-locals of the copy of memlab that first needed them, for every
+/// copy: a statement or scope set by one copy's code is what another copy's
+/// allocator hook reads (in a notebook, the hook may be an earlier cell's).
+struct Locals {
+    here: unsafe extern "C" fn() -> *const Here,
+    scopes: unsafe extern "C" fn() -> *const RefCell<Vec<u64>>,
+}
+
+unsafe extern "C" fn own_here() -> *const Here {
+    OWN_HERE.try_with(|here| here as *const Here).unwrap_or(std::ptr::null())
+}
+
+unsafe extern "C" fn own_scopes() -> *const RefCell<Vec<u64>> {
+    OWN_SCOPES.try_with(|scopes| scopes as *const RefCell<Vec<u64>>).unwrap_or(std::ptr::null())
+}
+
+crate::process::process_wide! {
+    static LOCALS: Locals = Locals { here: own_here, scopes: own_scopes };
+}
+
+/// Runs `f` on the calling thread's `Here`; `None` when the thread-local is
+/// gone (the thread is exiting).
+#[inline]
+fn with_here<R>(f: impl FnOnce(&Here) -> R) -> Option<R> {
+    // SAFETY: the accessor returns null or the calling thread's value, which
+    // lives until the thread exits and is only used here, on this thread.
+    unsafe { (LOCALS.here)().as_ref() }.map(f)
+}
+
+fn with_scopes<R>(f: impl FnOnce(&RefCell<Vec<u64>>) -> R) -> Option<R> {
+    // SAFETY: as in `with_here`.
+    unsafe { (LOCALS.scopes)().as_ref() }.map(f)
 }
 
 /// Where the calling thread is, as an event records it.
@@ -96,17 +130,13 @@ pub(crate) struct Whereabouts {
 /// in one access.
 #[inline]
 pub(crate) fn whereabouts() -> Whereabouts {
-    HERE.try_with(|here| Whereabouts {
-        thread: number_of(here),
-        scope: here.scope.get(),
-        statement: here.statement.get(),
-    })
-    .unwrap_or(Whereabouts { thread: 0, scope: None, statement: None })
+    with_here(|here| Whereabouts { thread: number_of(here), scope: here.scope.get(), statement: here.statement.get() })
+        .unwrap_or(Whereabouts { thread: 0, scope: None, statement: None })
 }
 
 /// memlab's number for the calling thread (see [`super::thread_number`]).
 pub(crate) fn thread_number() -> u64 {
-    HERE.try_with(number_of).unwrap_or(0)
+    with_here(number_of).unwrap_or(0)
 }
 
 #[inline]
@@ -132,21 +162,21 @@ fn next_thread_number() -> u64 {
 
 /// The profiled statement running on this thread, if any.
 pub fn current_statement() -> Option<StatementRef> {
-    HERE.try_with(|here| here.statement.get()).ok().flatten()
+    with_here(|here| here.statement.get()).flatten()
 }
 
 /// Sets the running statement; returns the one it replaces.
 pub(crate) fn set_statement(statement: Option<StatementRef>) -> Option<StatementRef> {
-    HERE.try_with(|here| here.statement.replace(statement)).ok().flatten()
+    with_here(|here| here.statement.replace(statement)).flatten()
 }
 
 /// The innermost dispose scope open on this thread.
 pub(crate) fn innermost_scope() -> Option<u64> {
-    HERE.try_with(|here| here.scope.get()).ok().flatten()
+    with_here(|here| here.scope.get()).flatten()
 }
 
 pub(crate) fn push_scope(id: u64) {
-    let _ = SCOPES.try_with(|s| {
+    let _ = with_scopes(|s| {
         s.borrow_mut().push(id);
         set_innermost(s.borrow().last().copied());
     });
@@ -155,7 +185,7 @@ pub(crate) fn push_scope(id: u64) {
 /// Removes `id` wherever it is (scopes should close innermost first, but a
 /// guard moved elsewhere may not).
 pub(crate) fn remove_scope(id: u64) {
-    let _ = SCOPES.try_with(|s| {
+    let _ = with_scopes(|s| {
         let mut s = s.borrow_mut();
         if let Some(pos) = s.iter().rposition(|x| *x == id) {
             s.remove(pos);
@@ -165,5 +195,5 @@ pub(crate) fn remove_scope(id: u64) {
 }
 
 fn set_innermost(scope: Option<u64>) {
-    let _ = HERE.try_with(|here| here.scope.set(scope));
+    let _ = with_here(|here| here.scope.set(scope));
 }

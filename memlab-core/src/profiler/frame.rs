@@ -378,10 +378,24 @@ fn resolve_device(chosen: Option<DeviceSelector>, backend: &dyn Backend) -> Resu
 }
 
 /// Prints the tables of every `#[profile]` function that ran, when the process
-/// exits, unless turned off with [`config::set_print_at_exit`].
+/// exits, unless turned off with [`config::set_print_at_exit`]: once for the
+/// process, however many copies of memlab it holds. The first frame of each
+/// copy also registers the copy's sites, so that the report lists its
+/// functions that never ran.
 fn register_exit_report() {
-    static REGISTER: Once = Once::new();
-    REGISTER.call_once(|| {
+    static THIS_COPY: Once = Once::new();
+    THIS_COPY.call_once(|| {
+        crate::sites::register_this_copy();
+        EXIT_REPORT.call_once(register_atexit);
+    });
+}
+
+crate::process::process_wide! {
+    static EXIT_REPORT: Once = Once::new();
+}
+
+fn register_atexit() {
+    {
         extern "C" {
             fn atexit(callback: extern "C" fn()) -> std::ffi::c_int;
         }
@@ -398,5 +412,5 @@ fn register_exit_report() {
         unsafe {
             atexit(print_report);
         }
-    });
+    }
 }

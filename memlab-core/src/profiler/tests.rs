@@ -26,7 +26,7 @@ fn meta(device: usize, name: fn() -> &'static str) -> SiteMeta {
     }
 }
 
-fn line(site: &Site, line: u32) -> LineStats {
+fn line(site: &'static Site, line: u32) -> LineStats {
     let state = site.state();
     state.as_ref().unwrap().total.lines[(line - 10) as usize].clone().expect("the line ran")
 }

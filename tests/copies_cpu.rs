@@ -1,0 +1,267 @@
+//! One memlab per process, however many copies are linked. Two plugins that
+//! link memlab statically (`tests/copies`: one source, built as two crates)
+//! are loaded with `dlopen` into a process that links no memlab of its own,
+//! as a notebook loads its cells' libraries: 2 copies, then 10. Through every
+//! copy: one counting allocator, exact figures whichever copy made or freed a
+//! tensor, a profiled function called through some copies and reported by
+//! another as one table, a recording started in one copy seeing what another
+//! allocates (with the statement of the other's profiled function), and one
+//! OOM report per failure.
+//!
+//! This test binary uses no memlab itself, so that the plugins' copies are the
+//! only ones. It builds the plugins with cargo, then runs each scenario in a
+//! child (a fresh process: the first copy loaded makes the anchor).
+
+use std::ffi::{c_char, c_void, CStr, CString};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const HOST: &str = "MEMLAB_COPIES_HOST";
+
+fn workspace() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Builds the two plugins (release, like the suite) and returns their paths.
+fn build_plugins() -> [PathBuf; 2] {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new(cargo)
+        .current_dir(workspace())
+        .args(["build", "--release", "-p", "memlab-plugin-a", "-p", "memlab-plugin-b", "--message-format=short"])
+        .output()
+        .expect("cargo runs");
+    assert!(out.status.success(), "building the plugins failed:\n{}", String::from_utf8_lossy(&out.stderr));
+    let target = std::env::var_os("CARGO_TARGET_DIR").map_or_else(|| workspace().join("target"), PathBuf::from);
+    ["a", "b"].map(|x| {
+        let path = target.join("release").join(format!("libmemlab_plugin_{x}.so"));
+        assert!(path.exists(), "{} was built", path.display());
+        path
+    })
+}
+
+/// Runs the host in a child with `a` copies of plugin a and `b` of plugin b,
+/// each a file of its own (the loader loads one file once).
+fn run(a: usize, b: usize) {
+    let [plugin_a, plugin_b] = build_plugins();
+    let dir = std::env::temp_dir().join(format!("memlab-copies-{}-{a}-{b}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("oom")).unwrap();
+    let mut files = Vec::new();
+    for (plugin, count, name) in [(&plugin_a, a, "a"), (&plugin_b, b, "b")] {
+        for i in 0..count {
+            let file = dir.join(format!("plugin_{name}{i}.so"));
+            std::fs::copy(plugin, &file).unwrap();
+            files.push(file);
+        }
+    }
+    // Interleaved: a0 b0 a1 b1 ..., so that neither crate's copies are all first.
+    let (mut a_files, mut b_files): (Vec<_>, Vec<_>) =
+        files.into_iter().partition(|f| f.file_name().unwrap().to_string_lossy().starts_with("plugin_a"));
+    let mut order = Vec::new();
+    while !a_files.is_empty() || !b_files.is_empty() {
+        if !a_files.is_empty() {
+            order.push(a_files.remove(0));
+        }
+        if !b_files.is_empty() {
+            order.push(b_files.remove(0));
+        }
+    }
+    let list = std::env::join_paths(&order).unwrap();
+    let out = Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", "host", "--nocapture", "--test-threads=1"])
+        .env(HOST, &list)
+        .env("MEMLAB_COPIES_OOM_DIR", dir.join("oom"))
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "the host failed:\n{stdout}\n{stderr}");
+    assert!(stdout.contains("host: every check passed"), "the host ran its checks:\n{stdout}\n{stderr}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn two_copies_are_one_memlab() {
+    run(1, 1);
+}
+
+#[test]
+fn ten_copies_are_one_memlab() {
+    run(6, 4);
+}
+
+/// One loaded copy: its C functions.
+struct Copy {
+    name: String,
+    copies: extern "C" fn() -> u32,
+    installed_at_load: extern "C" fn() -> i32,
+    cpu_allocated: extern "C" fn() -> i64,
+    tensor_new: extern "C" fn(i64) -> *mut c_void,
+    tensor_free: unsafe extern "C" fn(*mut c_void),
+    work: extern "C" fn(i64) -> i64,
+    report: extern "C" fn() -> *mut c_char,
+    record_start: extern "C" fn() -> *mut c_void,
+    record_stop: unsafe extern "C" fn(*mut c_void),
+    allocations_of: extern "C" fn(u64) -> *mut c_char,
+    oom_arm: unsafe extern "C" fn(*const c_char) -> i32,
+    oom_fail: extern "C" fn() -> i32,
+    string_free: unsafe extern "C" fn(*mut c_char),
+}
+
+impl Copy {
+    fn load(path: &Path) -> Copy {
+        let c_path = CString::new(path.to_str().unwrap()).unwrap();
+        // SAFETY: a path to a library of ours; RTLD_LOCAL, as notebooks load
+        // their cells, so no copy sees another's symbols.
+        let handle = unsafe { libc::dlopen(c_path.as_ptr(), libc::RTLD_NOW | libc::RTLD_LOCAL) };
+        if handle.is_null() {
+            // SAFETY: dlerror returns the loader's last message.
+            let why = unsafe { CStr::from_ptr(libc::dlerror()) }.to_string_lossy();
+            panic!("dlopen {}: {why}", path.display());
+        }
+        let symbol = |name: &str| {
+            let c_name = CString::new(name).unwrap();
+            // SAFETY: a handle dlopen returned, and a C string.
+            let found = unsafe { libc::dlsym(handle, c_name.as_ptr()) };
+            assert!(!found.is_null(), "{} exports {name}", path.display());
+            found
+        };
+        macro_rules! symbol {
+            ($name:literal) => {{
+                let found = symbol($name);
+                // SAFETY: the plugin exports the symbol as a function of the
+                // type the field has (a pointer's size).
+                unsafe { std::mem::transmute_copy(&found) }
+            }};
+        }
+        Copy {
+            name: path.file_stem().unwrap().to_string_lossy().into_owned(),
+            copies: symbol!("plugin_copies"),
+            installed_at_load: symbol!("plugin_installed_at_load"),
+            cpu_allocated: symbol!("plugin_cpu_allocated"),
+            tensor_new: symbol!("plugin_tensor_new"),
+            tensor_free: symbol!("plugin_tensor_free"),
+            work: symbol!("plugin_work"),
+            report: symbol!("plugin_report"),
+            record_start: symbol!("plugin_record_start"),
+            record_stop: symbol!("plugin_record_stop"),
+            allocations_of: symbol!("plugin_allocations_of"),
+            oom_arm: symbol!("plugin_oom_arm"),
+            oom_fail: symbol!("plugin_oom_fail"),
+            string_free: symbol!("plugin_string_free"),
+        }
+    }
+
+    fn text(&self, text: *mut c_char) -> String {
+        assert!(!text.is_null(), "{} returned a string", self.name);
+        // SAFETY: a NUL-terminated string of the plugin's, freed once here.
+        let out = unsafe { CStr::from_ptr(text) }.to_string_lossy().into_owned();
+        unsafe { (self.string_free)(text) };
+        out
+    }
+
+    fn json(&self, text: *mut c_char) -> serde_json::Value {
+        serde_json::from_str(&self.text(text)).unwrap()
+    }
+}
+
+/// The function `name` of a report's JSON.
+fn function<'a>(report: &'a serde_json::Value, name: &str) -> Vec<&'a serde_json::Value> {
+    report["functions"].as_array().unwrap().iter().filter(|f| f["name"] == name).collect()
+}
+
+#[test]
+fn host() {
+    let Some(list) = std::env::var_os(HOST) else { return };
+    let copies: Vec<Copy> = std::env::split_paths(&list).map(|p| Copy::load(&p)).collect();
+    let n = copies.len() as u32;
+
+    // One state: every copy counts the same copies, and the counting
+    // allocator went in once, when the first copy loaded.
+    for c in &copies {
+        assert_eq!((c.copies)(), n, "{} sees every copy", c.name);
+        assert_eq!((c.installed_at_load)(), 1, "{} sees the allocator installed at load", c.name);
+    }
+
+    // Exact figures through every copy: each copy makes a tensor of its own
+    // size, and every copy reads the sum; each is freed by another copy.
+    let base = (copies[0].cpu_allocated)();
+    assert!(base >= 0);
+    let mut held = Vec::new();
+    let mut expected = 0i64;
+    for (k, c) in copies.iter().enumerate() {
+        let bytes = (1 << 20) + 4096 * k as i64;
+        held.push((c.tensor_new)(bytes));
+        expected += bytes;
+        for other in &copies {
+            assert_eq!((other.cpu_allocated)() - base, expected, "{} reads what {} made, exactly", other.name, c.name);
+        }
+    }
+    for (k, tensor) in held.into_iter().enumerate() {
+        let freeing = &copies[(k + 1) % copies.len()];
+        // SAFETY: made by a copy's tensor_new, freed once.
+        unsafe { (freeing.tensor_free)(tensor) };
+        expected -= (1 << 20) + 4096 * k as i64;
+        assert_eq!((copies[k].cpu_allocated)() - base, expected, "{} frees exactly", freeing.name);
+    }
+
+    // A profiled function called through some copies, reported by another:
+    // every copy of plugin a but the last calls `work` once; each copy of a
+    // carries its own site of it, and they are one table. Plugin b's report
+    // shows it, and its own `work`, which ran nowhere, as never called.
+    let a_copies: Vec<&Copy> = copies.iter().filter(|c| c.name.starts_with("plugin_a")).collect();
+    let b_copies: Vec<&Copy> = copies.iter().filter(|c| c.name.starts_with("plugin_b")).collect();
+    let callers = a_copies.len().max(2) - 1;
+    for c in &a_copies[..callers] {
+        assert_eq!((c.work)(3 << 20), 3 << 20);
+    }
+    for reader in [b_copies[b_copies.len() - 1], a_copies[a_copies.len() - 1]] {
+        let report = reader.json((reader.report)());
+        let a_work = function(&report, "memlab_plugin_a::work");
+        assert_eq!(a_work.len(), 1, "{}'s report has plugin a's work once: {report}", reader.name);
+        assert_eq!(a_work[0]["calls"], callers as u64, "{} counts every copy's calls", reader.name);
+        let kept = a_work[0]["lines"].as_array().unwrap().iter().filter_map(|l| l["increment"].as_i64()).max().unwrap();
+        assert_eq!(kept, 3 << 20, "the line that holds the tensor kept 3 MiB in every call");
+        let b_work = function(&report, "memlab_plugin_b::work");
+        assert_eq!(b_work.len(), 1, "{}'s report lists plugin b's work: {report}", reader.name);
+        assert_eq!(b_work[0]["calls"], 0);
+    }
+
+    // A recording started through one copy sees what another allocates, with
+    // the statement of the other's profiled function (the thread's statement
+    // is one for every copy), and is stopped through a third.
+    let recording = (a_copies[0].record_start)();
+    assert!(!recording.is_null(), "the recording started");
+    let b = b_copies[b_copies.len() - 1];
+    let plain = (b.tensor_new)(777_777);
+    // SAFETY: made above, freed once.
+    unsafe { (copies[copies.len() - 1].tensor_free)(plain) };
+    assert_eq!((b.work)(555_555), 555_555);
+    let seen = a_copies[a_copies.len() - 1].json((a_copies[a_copies.len() - 1].allocations_of)(777_777));
+    assert_eq!(seen, serde_json::json!([null]), "the recording saw b's allocation once, outside any profiled function");
+    let seen = a_copies[0].json((a_copies[0].allocations_of)(555_555));
+    assert_eq!(
+        seen,
+        serde_json::json!(["memlab_plugin_b::work"]),
+        "the recording saw b's profiled allocation with its statement"
+    );
+    // SAFETY: started above, stopped once.
+    unsafe { (b_copies[0].record_stop)(recording) };
+
+    // One OOM report per failure: armed through one copy, failing through
+    // others.
+    let dir = std::env::var("MEMLAB_COPIES_OOM_DIR").unwrap();
+    let c_dir = CString::new(dir.clone()).unwrap();
+    // SAFETY: a C string.
+    assert_eq!(unsafe { (a_copies[0].oom_arm)(c_dir.as_ptr()) }, 0);
+    let failing = [b_copies[0], a_copies[a_copies.len() - 1]];
+    for (i, c) in failing.iter().enumerate() {
+        assert_eq!((c.oom_fail)(), 1, "{}'s 2^48-byte request failed", c.name);
+        let texts = std::fs::read_dir(&dir)
+            .unwrap()
+            .filter(|e| e.as_ref().unwrap().path().extension().is_some_and(|x| x == "txt"))
+            .count();
+        assert_eq!(texts, i + 1, "one report per failure, after {}'s", c.name);
+    }
+    println!("host: every check passed with {n} copies");
+}
