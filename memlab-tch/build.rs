@@ -142,6 +142,16 @@ fn write_action_checks() {
         "const _: () = assert!(\n    memlab_core::events::Action::ALL.len() == {count},\n    \
          \"memlab_shim.h's enum memlab_action has {count} actions: memlab_core::events::Action must have as many\"\n);\n"
     ));
+    // The anchor's version, which the Rust side reports in its warnings.
+    let abi = header
+        .lines()
+        .find_map(|l| l.strip_prefix("#define MEMLAB_ANCHOR_ABI "))
+        .map(str::trim)
+        .expect("memlab-tch: cpp/memlab_shim.h defines MEMLAB_ANCHOR_ABI");
+    checks.push_str(&format!(
+        "const _: () = assert!(\n    MEMLAB_ANCHOR_ABI == {abi},\n    \
+         \"memlab_shim.h's MEMLAB_ANCHOR_ABI is {abi}: ffi::MEMLAB_ANCHOR_ABI must be too\"\n);\n"
+    ));
     let out = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR")).join("action_checks.rs");
     std::fs::write(&out, checks).unwrap_or_else(|e| panic!("memlab-tch: write {}: {e}", out.display()));
 }

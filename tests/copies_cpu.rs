@@ -40,8 +40,9 @@ fn build_plugins() -> [PathBuf; 2] {
 }
 
 /// Runs the host in a child with `a` copies of plugin a and `b` of plugin b,
-/// each a file of its own (the loader loads one file once).
-fn run(a: usize, b: usize) {
+/// each a file of its own (the loader loads one file once); `env` is added
+/// to the child's. Returns what the child wrote on standard error.
+fn run(a: usize, b: usize, env: &[(&str, &str)]) -> String {
     let [plugin_a, plugin_b] = build_plugins();
     let dir = std::env::temp_dir().join(format!("memlab-copies-{}-{a}-{b}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -71,6 +72,7 @@ fn run(a: usize, b: usize) {
         .args(["--exact", "host", "--nocapture", "--test-threads=1"])
         .env(HOST, &list)
         .env("MEMLAB_COPIES_OOM_DIR", dir.join("oom"))
+        .envs(env.iter().copied())
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -78,16 +80,28 @@ fn run(a: usize, b: usize) {
     assert!(out.status.success(), "the host failed:\n{stdout}\n{stderr}");
     assert!(stdout.contains("host: every check passed"), "the host ran its checks:\n{stdout}\n{stderr}");
     let _ = std::fs::remove_dir_all(&dir);
+    stderr.into_owned()
 }
 
 #[test]
 fn two_copies_are_one_memlab() {
-    run(1, 1);
+    run(1, 1, &[]);
 }
 
 #[test]
 fn ten_copies_are_one_memlab() {
-    run(6, 4);
+    run(6, 4, &[]);
+}
+
+/// A memlab of another anchor ABI (played by the first copy, whose anchor
+/// claims version 99): the second keeps its own state, installs no second
+/// counting allocator, and says so once, naming both versions.
+#[test]
+fn a_copy_of_another_abi_keeps_its_own_state_and_says_so_once() {
+    let stderr = run(1, 1, &[("MEMLAB_TEST_ANCHOR_ABI", "99"), ("MEMLAB_COPIES_MODE", "foreign")]);
+    let warning = "another memlab in this process (memlab-tch 0.1.0, anchor ABI 99) shares its state through an \
+                   anchor this copy (memlab-tch 0.1.0, anchor ABI 1) cannot read";
+    assert_eq!(stderr.matches(warning).count(), 1, "warned once:\n{stderr}");
 }
 
 /// One loaded copy: its C functions.
@@ -175,6 +189,9 @@ fn host() {
     let Some(list) = std::env::var_os(HOST) else { return };
     let copies: Vec<Copy> = std::env::split_paths(&list).map(|p| Copy::load(&p)).collect();
     let n = copies.len() as u32;
+    if std::env::var("MEMLAB_COPIES_MODE").is_ok_and(|m| m == "foreign") {
+        return foreign(&copies);
+    }
 
     // One state: every copy counts the same copies, and the counting
     // allocator went in once, when the first copy loaded.
@@ -264,4 +281,24 @@ fn host() {
         assert_eq!(texts, i + 1, "one report per failure, after {}'s", c.name);
     }
     println!("host: every check passed with {n} copies");
+}
+
+/// The host's checks beside a memlab of another ABI: `copies[0]` made the
+/// anchor (of ABI 99), `copies[1]` could not read it.
+fn foreign(copies: &[Copy]) {
+    let (first, other) = (&copies[0], &copies[1]);
+    assert_eq!((first.copies)(), 1);
+    assert_eq!((other.copies)(), 1, "the other copy joined nothing");
+    assert_eq!((first.installed_at_load)(), 1);
+    assert_eq!((other.installed_at_load)(), 0, "the other copy installed no second allocator");
+    // The first copy's allocator counts every CPU tensor, exactly, whoever made it.
+    let base = (first.cpu_allocated)();
+    let tensor = (other.tensor_new)(1 << 20);
+    assert_eq!((first.cpu_allocated)() - base, 1 << 20);
+    assert_eq!((other.cpu_allocated)(), -1, "the other copy has no CPU figures of its own");
+    // SAFETY: made above, freed once.
+    unsafe { (other.tensor_free)(tensor) };
+    assert_eq!((first.cpu_allocated)(), base);
+    assert_eq!((other.work)(1 << 10), 1 << 10, "the other copy still runs its code");
+    println!("host: every check passed beside another ABI");
 }

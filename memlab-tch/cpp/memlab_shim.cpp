@@ -307,6 +307,11 @@ void meet() {
       return;
     }
     make_own_anchor();
+    // Tests play a memlab of another ABI with this variable: the anchor
+    // registered here then claims that version.
+    if (const char* abi = std::getenv("MEMLAB_TEST_ANCHOR_ABI")) {
+      g_anchor->abi = static_cast<uint32_t>(std::strtoul(abi, nullptr, 10));
+    }
     // Never destroyed: destroying it would take the operator away again.
     auto* library = new torch::Library(torch::Library::FRAGMENT, "memlab", std::nullopt, __FILE__, __LINE__);
     library->def("process_anchor() -> int", &process_anchor_address);
