@@ -70,6 +70,12 @@ fn main() {
         // Who made an anchor, for the warning a copy of another ABI gives.
         .define("MEMLAB_MADE_BY", format!("\"memlab-tch {}\"", env!("CARGO_PKG_VERSION")).as_str())
         .flag_if_supported("-Wno-unused-parameter")
+        // The shim's symbols stay inside the binary that links it: calls
+        // between its functions (the allocator's path through state()) are
+        // direct and inlined rather than interposable through the PLT, and
+        // two copies of memlab loaded into one process never bind to each
+        // other's functions.
+        .flag("-fvisibility=hidden")
         .file("cpp/memlab_shim.cpp");
     let with_cuda = lib_dir.join("libtorch_cuda.so").exists();
     if with_cuda {

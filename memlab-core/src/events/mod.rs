@@ -375,8 +375,12 @@ fn is_foreign_path(path: &[u8]) -> bool {
 fn is_user_file(file: &std::path::Path) -> bool {
     let text = file.to_string_lossy();
     // libtorch's inline headers and the C library's sources (which its debug
-    // information names relative to its build directory) are not the user's.
+    // information names relative to its build directory) are not the user's;
+    // nor is Rust's standard library, named `/rustc/<commit>/library/...`, or
+    // by its path in the toolchain where rust-src is installed (code of it
+    // inlined into memlab's, such as `bool::then`, carries that path).
     !(text.starts_with("/rustc/")
+        || text.contains("/lib/rustlib/src/rust/")
         || text.starts_with("./")
         || text.contains("/torch/include/")
         || text.contains("/.cargo/registry/")
@@ -429,6 +433,9 @@ mod tests {
         let own = Path::new(env!("CARGO_MANIFEST_DIR")).join("src/events/recorder.rs");
         assert!(!is_user_file(&own), "memlab-core's own sources");
         assert!(!is_user_file(Path::new("/rustc/abc/library/core/src/ops/function.rs")));
+        assert!(!is_user_file(Path::new(
+            "/home/u/.rustup/toolchains/stable-x86_64-unknown-linux-gnu/lib/rustlib/src/rust/library/core/src/bool.rs"
+        )));
         assert!(!is_user_file(Path::new("/home/u/.cargo/registry/src/index/tch-0.24.0/src/tensor/mod.rs")));
         assert!(!is_user_file(Path::new("/v/lib/python3.12/site-packages/torch/include/c10/core/Allocator.h")));
         assert!(is_user_file(Path::new("/home/u/train/src/main.rs")));
