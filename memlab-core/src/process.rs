@@ -22,7 +22,8 @@
 //! shared only between copies that agree on its type: same name, same
 //! `TypeId` (which differs between builds of different sources or
 //! compilers), same size and alignment. Thread-locals that must be the same
-//! for every copy go through [`Shared`] too (see [`ThreadLocal`]).
+//! for every copy go through [`Shared`] too: a value holding the first
+//! copy's accessor of its thread-local (the thread's statement and scopes).
 //!
 //! What stays per copy is what may: caches of facts that are the same for
 //! every copy (the driver's handles, resolved frames, page size), thread-locals
