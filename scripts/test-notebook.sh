@@ -7,7 +7,7 @@
 # shares one memlab (see memlab::run::copies).
 #
 # Too slow for CI: the first run installs evcxr_repl (cargo install --locked,
-# about 20 minutes here; cached in target/evcxr) and builds memlab and tch for
+# 20 minutes to an hour on 2 cores; cached in target/evcxr) and builds memlab and tch for
 # the notebook (cached in target/evcxr-cells). Run it before changing how
 # memlab keeps its state.
 set -euo pipefail
@@ -17,7 +17,7 @@ cd "$MEMLAB_ROOT"
 EVCXR_VERSION="0.22.0"
 tools="$MEMLAB_ROOT/target/evcxr"
 if ! "$tools/bin/evcxr" --version 2>/dev/null | grep -qF "$EVCXR_VERSION"; then
-  echo "memlab: installing evcxr_repl $EVCXR_VERSION into target/evcxr (once; about 20 minutes)" >&2
+  echo "memlab: installing evcxr_repl $EVCXR_VERSION into target/evcxr (once; 20 minutes to an hour)" >&2
   cargo install --locked evcxr_repl --version "=$EVCXR_VERSION" --root "$tools"
 fi
 # The kernel builds the cells' dependencies with the environment env.sh set
