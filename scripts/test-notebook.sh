@@ -51,7 +51,16 @@ cells=(
   "println!(\"CHECK after {}\", memlab::stats::device_stats(memlab::Device::Cpu).unwrap().allocated_bytes.all.current);"
 )
 log="$EVCXR_TMPDIR/session.log"
+# evcxr's code analysis adds the toolchain's rust-src component when it is
+# missing. With it, the compiler quotes std's sources in its messages, which
+# the UI tests (tests/ui) do not expect: a component this run added goes again.
+had_rust_src=0
+if rustup component list --installed 2>/dev/null | grep -qx 'rust-src'; then had_rust_src=1; fi
 printf '%s\n' "${cells[@]}" | "$tools/bin/evcxr" --disable-readline 2>&1 | tee "$log"
+if [ "$had_rust_src" = 0 ] && rustup component list --installed 2>/dev/null | grep -qx 'rust-src'; then
+  echo "memlab: removing the rust-src component evcxr added (the UI tests expect messages without std's sources)" >&2
+  rustup component remove rust-src >&2 || true
+fi
 
 fail=0
 check() {
