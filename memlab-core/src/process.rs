@@ -32,7 +32,7 @@
 use std::any::TypeId;
 use std::ffi::c_void;
 use std::ops::Deref;
-use std::sync::atomic::{AtomicPtr, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::Mutex;
 
 use crate::sync::LockExt;
@@ -156,6 +156,16 @@ type Make = unsafe extern "C" fn(init: *const ()) -> *const ();
 type Unmake = unsafe extern "C" fn(value: *const ());
 /// Receives each name of [`TableAbi::names`] (UTF-8, not NUL-terminated).
 type EachName = unsafe extern "C" fn(context: *mut c_void, name: *const u8, len: usize);
+/// Finds the value of a name (`len` UTF-8 bytes) and type, or makes it with
+/// `make(init)` (see [`own_find_or_make`]).
+type FindOrMake = unsafe extern "C" fn(
+    name: *const u8,
+    len: usize,
+    key: TypeKey,
+    make: Make,
+    unmake: Unmake,
+    init: *const (),
+) -> *const ();
 
 /// The table of process-wide values as every copy of memlab reaches it: a C
 /// ABI, so that copies built apart (by other compilers, other versions)
@@ -165,24 +175,16 @@ type EachName = unsafe extern "C" fn(context: *mut c_void, name: *const u8, len:
 pub struct TableAbi {
     /// [`TABLE_ABI`] of the copy that made it.
     pub abi: u32,
-    find_or_make: unsafe extern "C" fn(
-        name: *const u8,
-        len: usize,
-        key: TypeKey,
-        make: Make,
-        unmake: Unmake,
-        init: *const (),
-    ) -> *const (),
+    find_or_make: FindOrMake,
     names: unsafe extern "C" fn(each: EachName, context: *mut c_void),
 }
 
 /// Where the copies of memlab in a process meet: the backend submits one
 /// (`inventory::submit!`); its `slot` returns the process's slot for the
-/// table, or `None` when the backend found none it can share (it then says
-/// why itself).
+/// table.
 pub struct Anchor {
     /// The slot, the same for every copy that shares the process's state.
-    pub slot: fn() -> Option<&'static AtomicPtr<TableAbi>>,
+    pub slot: fn() -> &'static AtomicPtr<TableAbi>,
     /// Why this copy cannot share the process's state, if it cannot: said
     /// once, as a warning, when the copy first reaches its table.
     pub problem: fn() -> Option<String>,
@@ -263,7 +265,7 @@ fn table() -> &'static TableAbi {
         // SAFETY: only `&'static TableAbi`s are stored.
         return unsafe { &*chosen };
     }
-    let found = choose();
+    let (found, foreign) = choose();
     CHOSEN.store(found as *const TableAbi as *mut TableAbi, Ordering::Release);
     // Now that the table is chosen, the output layer can reach its sinks.
     for anchor in inventory::iter::<Anchor> {
@@ -271,7 +273,7 @@ fn table() -> &'static TableAbi {
             crate::output::warn(&problem);
         }
     }
-    if let Some(abi) = foreign_table() {
+    if let Some(abi) = foreign {
         crate::output::warn(&format!(
             "memlab: another copy of memlab in this process keeps its state in a table of version {abi}; this \
              copy (version {TABLE_ABI}) keeps its own, so the two report apart: build every part of the program \
@@ -281,36 +283,26 @@ fn table() -> &'static TableAbi {
     found
 }
 
+/// The table this copy is to use, and the version of a table at the anchor
+/// it could not share.
 #[cold]
-fn choose() -> &'static TableAbi {
+fn choose() -> (&'static TableAbi, Option<u32>) {
     let own = &OWN as *const TableAbi as *mut TableAbi;
-    let Some(slot) = inventory::iter::<Anchor>.into_iter().find_map(|anchor| (anchor.slot)()) else {
-        return &OWN;
+    let Some(anchor) = inventory::iter::<Anchor>.into_iter().next() else {
+        return (&OWN, None);
     };
-    let found = match slot.compare_exchange(std::ptr::null_mut(), own, Ordering::AcqRel, Ordering::Acquire) {
-        Ok(_) => return &OWN,
-        // SAFETY: a slot holds only `&'static TableAbi`s of copies that stay
-        // loaded (a copy whose values others use is never unloaded).
-        Err(theirs) => unsafe { &*theirs },
-    };
-    if found.abi == TABLE_ABI {
-        found
-    } else {
-        FOREIGN_TABLE.store(found.abi, Ordering::Relaxed);
-        &OWN
-    }
-}
-
-/// The [`TABLE_ABI`] of another copy's table found at the anchor, which this
-/// copy could not share (0: none).
-static FOREIGN_TABLE: AtomicU32 = AtomicU32::new(0);
-
-/// When another copy of memlab in this process keeps a table of another
-/// version, so that this copy keeps its own: that version.
-pub fn foreign_table() -> Option<u32> {
-    match FOREIGN_TABLE.load(Ordering::Relaxed) {
-        0 => None,
-        abi => Some(abi),
+    match (anchor.slot)().compare_exchange(std::ptr::null_mut(), own, Ordering::AcqRel, Ordering::Acquire) {
+        Ok(_) => (&OWN, None),
+        Err(theirs) => {
+            // SAFETY: a slot holds only `&'static TableAbi`s of copies that
+            // stay loaded (a copy whose values others use is never unloaded).
+            let theirs: &'static TableAbi = unsafe { &*theirs };
+            if theirs.abi == TABLE_ABI {
+                (theirs, None)
+            } else {
+                (&OWN, Some(theirs.abi))
+            }
+        }
     }
 }
 

@@ -13,7 +13,6 @@ const PER_COPY: &[(&str, &str, &str)] = &[
     ("memlab-core/src/events/unwind.rs", "UNWINDER", "this copy's unwind tables, for its own code"),
     ("memlab-core/src/events/mod.rs", "RESOLVED", "a cache of resolved frames, the same in every copy"),
     ("memlab-core/src/process.rs", "CHOSEN", "the table this copy found (the process's) or keeps"),
-    ("memlab-core/src/process.rs", "FOREIGN_TABLE", "the version of a table this copy could not share"),
     ("memlab-core/src/profiler/frame.rs", "THIS_COPY", "whether this copy's first frame registered its sites"),
     ("memlab-core/src/sites.rs", "REGISTERED", "whether this copy's sites are in the process's list"),
     ("memlab-tch/src/driver.rs", "READY", "this copy's handle on the CUDA driver library"),

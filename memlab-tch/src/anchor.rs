@@ -11,12 +11,12 @@ use memlab_core::process::{Anchor, TableAbi};
 
 use crate::ffi;
 
-fn slot() -> Option<&'static AtomicPtr<TableAbi>> {
+fn slot() -> &'static AtomicPtr<TableAbi> {
     // SAFETY: the shim's anchor is never null and never freed; its `table`
     // field is touched only here, atomically, by every copy's Rust side.
     unsafe {
         let anchor = ffi::memlab_process_anchor();
-        Some(AtomicPtr::from_ptr(std::ptr::addr_of_mut!((*anchor).table).cast::<*mut TableAbi>()))
+        AtomicPtr::from_ptr(std::ptr::addr_of_mut!((*anchor).table).cast::<*mut TableAbi>())
     }
 }
 

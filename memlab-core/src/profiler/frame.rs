@@ -395,22 +395,20 @@ crate::process::process_wide! {
 }
 
 fn register_atexit() {
-    {
-        extern "C" {
-            fn atexit(callback: extern "C" fn()) -> std::ffi::c_int;
-        }
-        extern "C" fn print_report() {
-            // Nothing may unwind out of an atexit handler.
-            let _ = std::panic::catch_unwind(|| {
-                if config::print_at_exit() {
-                    crate::output::emit(&crate::render::Render::to_text(&Report::at_exit()));
-                }
-            });
-        }
-        // SAFETY: `atexit` only stores the pointer; `print_report` is a plain
-        // `extern "C"` function that lives as long as the program.
-        unsafe {
-            atexit(print_report);
-        }
+    extern "C" {
+        fn atexit(callback: extern "C" fn()) -> std::ffi::c_int;
+    }
+    extern "C" fn print_report() {
+        // Nothing may unwind out of an atexit handler.
+        let _ = std::panic::catch_unwind(|| {
+            if config::print_at_exit() {
+                crate::output::emit(&crate::render::Render::to_text(&Report::at_exit()));
+            }
+        });
+    }
+    // SAFETY: `atexit` only stores the pointer; `print_report` is a plain
+    // `extern "C"` function that lives as long as the program.
+    unsafe {
+        atexit(print_report);
     }
 }
