@@ -117,8 +117,8 @@ using memlab::state;
 // that the counters agree with the recorded events whenever that lock is
 // held; without a hook the counters move at once.
 template <typename Count>
-void count_and_report(memlab::State& st, Count count, int32_t action, uint64_t address, uint64_t size) {
-  if (memlab_event_hook hook = st.cpu_hook.load(std::memory_order_relaxed)) {
+void count_and_report(Count count, int32_t action, uint64_t address, uint64_t size) {
+  if (memlab_event_hook hook = state().cpu_hook.load(std::memory_order_relaxed)) {
     hook(action, MEMLAB_EVENT_DEVICE_CPU, address, size, 0);
   } else {
     count();
@@ -131,12 +131,10 @@ void counting_delete(void* data) {
   }
   auto* header = reinterpret_cast<Header*>(static_cast<char*>(data) - kHeader);
   Header h = *header;
-  auto& st = state();
   count_and_report(
-      st,
       [&] {
-        st.bytes.sub(static_cast<int64_t>(h.size));
-        st.blocks.sub(1);
+        state().bytes.sub(static_cast<int64_t>(h.size));
+        state().blocks.sub(1);
       },
       MEMLAB_ACTION_FREE_REQUESTED, reinterpret_cast<uint64_t>(data), h.size);
   if (h.deleter != nullptr) {
@@ -177,12 +175,10 @@ struct CountingCpuAllocator final : c10::Allocator {
     void* context = block.release_context();
     new (base) Header{n, context, deleter};
     char* data = base + kHeader;
-    auto& st = state();
     count_and_report(
-        st,
         [&] {
-          st.bytes.add(static_cast<int64_t>(n));
-          st.blocks.add(1);
+          state().bytes.add(static_cast<int64_t>(n));
+          state().blocks.add(1);
         },
         MEMLAB_ACTION_ALLOC, reinterpret_cast<uint64_t>(data), n);
     return {data, data, &counting_delete, cpu};
@@ -296,13 +292,6 @@ void make_own_anchor() {
 // registers it there. Runs while this copy loads, under the loader's lock, so
 // two copies never meet here at once.
 void meet() {
-  // Whatever failed, this copy goes on with a state of its own.
-  auto failed = [](const char* why) {
-    if (g_anchor == nullptr) {
-      make_own_anchor();
-    }
-    g_anchor_error = error_copy(why);
-  };
   try {
     auto found = c10::Dispatcher::singleton().findSchema({"memlab::process_anchor", ""});
     if (found.has_value()) {
@@ -327,9 +316,15 @@ void meet() {
     auto* library = new torch::Library(torch::Library::FRAGMENT, "memlab", std::nullopt, __FILE__, __LINE__);
     library->def("process_anchor() -> int", &process_anchor_address);
   } catch (const std::exception& e) {
-    failed(e.what());
+    if (g_anchor == nullptr) {
+      make_own_anchor();
+    }
+    g_anchor_error = error_copy(e.what());
   } catch (...) {
-    failed("unknown C++ exception");
+    if (g_anchor == nullptr) {
+      make_own_anchor();
+    }
+    g_anchor_error = error_copy("unknown C++ exception");
   }
 }
 
