@@ -372,6 +372,10 @@ fn is_foreign_path(path: &[u8]) -> bool {
 
 /// Whether a source file belongs to the user's code rather than to the
 /// standard library, a dependency (registry or git checkout) or memlab itself.
+/// Only resolving a frame asks, never an allocation event: kept out of line,
+/// so that a change here does not move the recorder's code (an extra
+/// condition here, inlined, read the CPU event 1.11 times the build without it).
+#[inline(never)]
 fn is_user_file(file: &std::path::Path) -> bool {
     let text = file.to_string_lossy();
     // libtorch's inline headers and the C library's sources (which its debug
