@@ -77,6 +77,12 @@ fn main() {
         // other's functions.
         .flag("-fvisibility=hidden")
         .file("cpp/memlab_shim.cpp");
+    // Line tables, not cc's full -g: the shim's frames only ever need a file
+    // and line, and full debug information of libtorch's headers is most of
+    // a binary's size.
+    if std::env::var("DEBUG").is_ok_and(|debug| debug != "false" && debug != "0") {
+        build.debug(false).flag("-g1");
+    }
     let with_cuda = lib_dir.join("libtorch_cuda.so").exists();
     if with_cuda {
         build.define("MEMLAB_WITH_CUDA", None);
