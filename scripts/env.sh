@@ -34,7 +34,7 @@ if [ "$(memlab_installed)" != "$MEMLAB_TORCH_VERSION $MEMLAB_CUDA_CRT_VERSION" ]
     echo "memlab: could not create a venv; install Python 3.10+ with its venv module" >&2
     return 1 2>/dev/null || exit 1
   }
-  "$MEMLAB_VENV/bin/python" -m pip install --quiet --disable-pip-version-check \
+  "$MEMLAB_VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-cache-dir \
     "torch==$MEMLAB_TORCH_VERSION" "nvidia-cuda-crt==$MEMLAB_CUDA_CRT_VERSION" || {
     echo "memlab: pip could not install torch==$MEMLAB_TORCH_VERSION" >&2
     return 1 2>/dev/null || exit 1
