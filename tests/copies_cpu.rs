@@ -43,9 +43,14 @@ fn build_plugins() -> [PathBuf; 2] {
 /// each a file of its own (the loader loads one file once); `env` is added
 /// to the child's. Returns what the child wrote on standard error.
 fn run(a: usize, b: usize, env: &[(&str, &str)]) -> String {
+    // One scenario at a time: each copies its plugins into a folder of its
+    // own, and ten copies of a plugin are the largest files the suite writes.
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     let [plugin_a, plugin_b] = build_plugins();
-    let dir = std::env::temp_dir().join(format!("memlab-copies-{}-{a}-{b}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
+    let scratch = Scratch(std::env::temp_dir().join(format!("memlab-copies-{}-{a}-{b}", std::process::id())));
+    let dir = &scratch.0;
+    let _ = std::fs::remove_dir_all(dir);
     std::fs::create_dir_all(dir.join("oom")).unwrap();
     let mut files = Vec::new();
     for (plugin, count, name) in [(&plugin_a, a, "a"), (&plugin_b, b, "b")] {
@@ -79,8 +84,16 @@ fn run(a: usize, b: usize, env: &[(&str, &str)]) -> String {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "the host failed:\n{stdout}\n{stderr}");
     assert!(stdout.contains("host: every check passed"), "the host ran its checks:\n{stdout}\n{stderr}");
-    let _ = std::fs::remove_dir_all(&dir);
     stderr.into_owned()
+}
+
+/// A scenario's folder, removed when the scenario ends, passed or failed.
+struct Scratch(PathBuf);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 #[test]
