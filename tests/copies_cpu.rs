@@ -106,6 +106,13 @@ fn ten_copies_are_one_memlab() {
     run(6, 4, &[]);
 }
 
+/// A copy loaded after backtraces were captured and resolved (a notebook's
+/// later cell): the stack is walked through its frames, and they are named.
+#[test]
+fn backtraces_go_through_a_copy_loaded_late() {
+    run(1, 1, &[("MEMLAB_COPIES_MODE", "late")]);
+}
+
 /// A memlab of another anchor ABI (played by the first copy, whose anchor
 /// claims version 99): the second keeps its own state, installs no second
 /// counting allocator, and says so once, naming both versions.
@@ -127,9 +134,10 @@ struct Copy {
     tensor_free: unsafe extern "C" fn(*mut c_void),
     work: extern "C" fn(i64) -> i64,
     report: extern "C" fn() -> *mut c_char,
-    record_start: extern "C" fn() -> *mut c_void,
+    record_start: extern "C" fn(i32) -> *mut c_void,
     record_stop: unsafe extern "C" fn(*mut c_void),
     allocations_of: extern "C" fn(u64) -> *mut c_char,
+    frames_of: extern "C" fn(u64) -> *mut c_char,
     oom_arm: unsafe extern "C" fn(*const c_char) -> i32,
     oom_fail: extern "C" fn() -> i32,
     string_free: unsafe extern "C" fn(*mut c_char),
@@ -173,6 +181,7 @@ impl Copy {
             record_start: symbol!("plugin_record_start"),
             record_stop: symbol!("plugin_record_stop"),
             allocations_of: symbol!("plugin_allocations_of"),
+            frames_of: symbol!("plugin_frames_of"),
             oom_arm: symbol!("plugin_oom_arm"),
             oom_fail: symbol!("plugin_oom_fail"),
             string_free: symbol!("plugin_string_free"),
@@ -200,9 +209,14 @@ fn function<'a>(report: &'a serde_json::Value, name: &str) -> Vec<&'a serde_json
 #[test]
 fn host() {
     let Some(list) = std::env::var_os(HOST) else { return };
-    let copies: Vec<Copy> = std::env::split_paths(&list).map(|p| Copy::load(&p)).collect();
+    let paths: Vec<PathBuf> = std::env::split_paths(&list).collect();
+    let mode = std::env::var("MEMLAB_COPIES_MODE").unwrap_or_default();
+    if mode == "late" {
+        return late(&paths);
+    }
+    let copies: Vec<Copy> = paths.iter().map(|p| Copy::load(p)).collect();
     let n = copies.len() as u32;
-    if std::env::var("MEMLAB_COPIES_MODE").is_ok_and(|m| m == "foreign") {
+    if mode == "foreign" {
         return foreign(&copies);
     }
 
@@ -260,7 +274,7 @@ fn host() {
     // A recording started through one copy sees what another allocates, with
     // the statement of the other's profiled function (the thread's statement
     // is one for every copy), and is stopped through a third.
-    let recording = (a_copies[0].record_start)();
+    let recording = (a_copies[0].record_start)(0);
     assert!(!recording.is_null(), "the recording started");
     let b = b_copies[b_copies.len() - 1];
     let plain = (b.tensor_new)(777_777);
@@ -294,6 +308,35 @@ fn host() {
         assert_eq!(texts, i + 1, "one report per failure, after {}'s", c.name);
     }
     println!("host: every check passed with {n} copies");
+}
+
+/// The host's checks of backtraces through a copy loaded after the first
+/// copy captured and resolved some: a notebook's later cells. Both copies'
+/// frames are on the stack, and the host's own below them.
+fn late(paths: &[PathBuf]) {
+    let first = Copy::load(&paths[0]);
+    let recording = (first.record_start)(1);
+    assert!(!recording.is_null(), "the recording started");
+    assert_eq!((first.work)(111_111), 111_111);
+    // Inlined frames are named without their path; `guard`'s generic
+    // arguments name the plugin's crate.
+    let has = |frames: &serde_json::Value, function: &str| {
+        frames[0].as_array().unwrap().iter().any(|f| f.as_str().unwrap().contains(function))
+    };
+    let frames = first.json((first.frames_of)(111_111));
+    assert!(has(&frames, "memlab_plugin_a::plugin_work") && has(&frames, "late"), "before: {frames}");
+
+    let second = Copy::load(&paths[1]);
+    assert_eq!((second.work)(222_222), 222_222);
+    let frames = first.json((first.frames_of)(222_222));
+    assert!(
+        has(&frames, "memlab_plugin_b::plugin_work"),
+        "the first copy names the frames of a copy loaded after it resolved others: {frames}"
+    );
+    assert!(has(&frames, "late"), "the stack was walked through the later copy's frames: {frames}");
+    // SAFETY: started above, stopped once.
+    unsafe { (second.record_stop)(recording) };
+    println!("host: every check passed with a copy loaded late");
 }
 
 /// The host's checks beside a memlab of another ABI: `copies[0]` made the

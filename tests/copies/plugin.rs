@@ -85,11 +85,12 @@ pub extern "C" fn plugin_report() -> *mut c_char {
     guard(std::ptr::null_mut(), || c_string(memlab::profiler::Report::collect().to_json()))
 }
 
-/// Starts a recording (a boxed `Recording`; null on an error).
+/// Starts a recording, with backtraces if `backtraces` is not 0 (a boxed
+/// `Recording`; null on an error).
 #[no_mangle]
-pub extern "C" fn plugin_record_start() -> *mut c_void {
+pub extern "C" fn plugin_record_start(backtraces: i32) -> *mut c_void {
     guard(std::ptr::null_mut(), || {
-        memlab::Recording::start(memlab::events::Settings::default())
+        memlab::Recording::start(memlab::events::Settings::default().backtraces(backtraces != 0))
             .map_or(std::ptr::null_mut(), |r| Box::into_raw(Box::new(r)) as *mut c_void)
     })
 }
@@ -114,6 +115,23 @@ pub extern "C" fn plugin_allocations_of(bytes: u64) -> *mut c_char {
             .iter()
             .filter(|e| e.device == Device::Cpu && e.action == memlab::events::Action::Alloc && e.size == bytes)
             .map(|e| e.statement.as_ref().map(|s| s.function()))
+            .collect();
+        c_string(serde_json::to_string(&found).unwrap_or_default())
+    })
+}
+
+/// The recorded CPU allocations of `bytes` bytes, as JSON: each one's
+/// backtrace, as the functions of its user frames, innermost first.
+#[no_mangle]
+pub extern "C" fn plugin_frames_of(bytes: u64) -> *mut c_char {
+    guard(std::ptr::null_mut(), || {
+        let (events, _) = memlab::events::history();
+        let found: Vec<Vec<String>> = events
+            .iter()
+            .filter(|e| e.device == Device::Cpu && e.action == memlab::events::Action::Alloc && e.size == bytes)
+            .map(|e| {
+                e.backtrace.as_ref().map_or_else(Vec::new, |b| b.frames().iter().map(|f| f.function.clone()).collect())
+            })
             .collect();
         c_string(serde_json::to_string(&found).unwrap_or_default())
     })

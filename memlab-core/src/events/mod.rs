@@ -9,12 +9,14 @@
 
 mod clock;
 pub(crate) mod context;
+mod loader;
 mod recorder;
 mod timeline;
 #[cfg(all(feature = "unwinder", target_os = "linux", target_arch = "x86_64"))]
 mod unwind;
 
 use crate::sync::LockExt;
+use std::path::Path;
 use std::sync::Arc;
 
 pub use clock::{is_active, zero_unix_us};
@@ -202,13 +204,28 @@ impl Frame {
         }
         // A return address points after the call; look up the call.
         let lookup = address.saturating_sub(1) as *mut std::ffi::c_void;
-        backtrace::resolve(lookup, |symbol| {
-            let (Some(file), Some(line)) = (symbol.filename(), symbol.lineno()) else { return };
+        // The loader's count before the backtrace crate first lists the
+        // libraries (it does so once, on first use).
+        static LISTED_AT: std::sync::OnceLock<Option<u64>> = std::sync::OnceLock::new();
+        let listed_at = *LISTED_AT.get_or_init(loader::changes);
+        let mut found = false;
+        let mut keep = |function: Option<String>, file: Option<&Path>, line: Option<u32>| {
+            let (Some(file), Some(line)) = (file, line) else { return };
             if is_user_file(file) {
-                let function = symbol.name().map_or_else(|| "?".to_string(), |n| format!("{n:#}"));
+                let function = function.unwrap_or_else(|| "?".to_string());
                 out.push(Frame { function, file: file.display().to_string(), line });
             }
+        };
+        backtrace::resolve(lookup, |symbol| {
+            found = true;
+            keep(symbol.name().map(|n| format!("{n:#}")), symbol.filename(), symbol.lineno());
         });
+        if !found && loader::changes() != listed_at {
+            // Perhaps a module loaded after the backtrace crate listed them.
+            for frame in loader::frames_at(lookup as u64).unwrap_or_default() {
+                keep(frame.function, frame.file.as_deref().map(Path::new), frame.line);
+            }
+        }
         out
     }
 }
@@ -413,7 +430,7 @@ pub fn thread_number() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::is_user_file;
-    use std::path::Path;
+    use super::Path;
 
     #[test]
     fn libraries_of_the_system_and_the_runtimes_are_not_read() {

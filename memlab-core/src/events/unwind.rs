@@ -26,11 +26,21 @@
 //!
 //! Stack reads are bounded by the calling thread's stack, so a broken rule
 //! ends the walk instead of reading stray memory.
+//!
+//! Modules loaded after the tables were read (a notebook's later cells, a
+//! plugin, a library torch loads on first use) are found when a walk first
+//! looks up an address outside every known module: if the loader's list has
+//! changed since it was read, it is read again and the walk repeated. That
+//! check runs on a cache miss only, so walks that hit the caches pay a load
+//! and a compare per frame. A module unloaded after being read stays in the
+//! tables until the next change is noticed; memlab's own copies, which
+//! register thread-local destructors, are never unloaded.
 
 use std::cell::RefCell;
 use std::ffi::c_void;
 use std::ops::Range;
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::Mutex;
 
 use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
 use framehop::{ExplicitModuleSectionInfo, FrameAddress, Module, Unwinder};
@@ -56,18 +66,64 @@ type Sections = &'static [u8];
 /// does it: the first capture may run inside libtorch's allocator lock, and
 /// listing modules takes the dynamic loader's lock.
 pub(crate) fn prepare() {
-    unwinder();
+    known();
 }
 
-fn unwinder() -> &'static UnwinderX86_64<Sections> {
-    static UNWINDER: OnceLock<UnwinderX86_64<Sections>> = OnceLock::new();
-    UNWINDER.get_or_init(|| {
-        let mut unwinder = UnwinderX86_64::new();
-        for module in loaded_modules() {
-            unwinder.add_module(module);
+/// What the unwinder knows of the loaded modules.
+struct Known {
+    /// The unwind rules of the modules that have tables.
+    unwinder: UnwinderX86_64<Sections>,
+    /// Every module's address range, tables or not, sorted by start.
+    ranges: Vec<Range<u64>>,
+    /// The loader's count of loads and unloads when they were read.
+    changes: Option<u64>,
+}
+
+impl Known {
+    fn covers(&self, address: u64) -> bool {
+        let after = self.ranges.partition_point(|r| r.start <= address);
+        after > 0 && self.ranges[after - 1].end > address
+    }
+}
+
+/// The newest [`Known`]. One that is replaced is leaked, not freed: another
+/// thread may be walking with it. There is one per change of the loader's
+/// list that a walk ran into, each a few kilobytes.
+static KNOWN: AtomicPtr<Known> = AtomicPtr::new(std::ptr::null_mut());
+
+fn known() -> &'static Known {
+    let current = KNOWN.load(Ordering::Acquire);
+    // SAFETY: a non-null KNOWN points at a leaked, never freed Known.
+    if current.is_null() {
+        refresh(current)
+    } else {
+        unsafe { &*current }
+    }
+}
+
+/// Reads the loaded modules again, unless another thread has since `stale`
+/// was the newest, or the loader's list is as it was when `stale` was read.
+#[cold]
+#[inline(never)]
+fn refresh(stale: *mut Known) -> &'static Known {
+    static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
+    let _turn = crate::sync::LockExt::locked(&ONE_AT_A_TIME);
+    let current = KNOWN.load(Ordering::Acquire);
+    if !current.is_null() {
+        // SAFETY: as in `known`.
+        let current_known = unsafe { &*current };
+        if current != stale || (current_known.changes.is_some() && super::loader::changes() == current_known.changes) {
+            return current_known;
         }
-        unwinder
-    })
+    }
+    let (modules, ranges, changes) = loaded_modules();
+    let mut unwinder = UnwinderX86_64::new();
+    for module in modules {
+        unwinder.add_module(module);
+    }
+    let fresh: &'static Known = Box::leak(Box::new(Known { unwinder, ranges, changes }));
+    KNOWN.store(fresh as *const Known as *mut Known, Ordering::Release);
+    fresh
 }
 
 thread_local! {
@@ -105,15 +161,34 @@ pub(crate) fn capture() -> Vec<u64> {
     let mut frames = Vec::with_capacity(MAX_FRAMES);
     let _ = CACHE.try_with(|caches| {
         let Ok(mut caches) = caches.try_borrow_mut() else { return };
-        let unwinder = unwinder();
-        let mut regs = UnwindRegsX86_64::new(pc, sp, bp);
-        let mut address = FrameAddress::InstructionPointer(pc);
-        for _ in 0..MAX_FRAMES {
-            let cache = caches[cache_of(address.address_for_lookup())].get_or_insert_with(CacheX86_64::new);
-            let Ok(Some(ret)) = unwinder.unwind_frame(address, &mut regs, cache, &mut read_stack) else { break };
-            let Some(next) = FrameAddress::from_return_address(ret) else { break };
-            frames.push(ret);
-            address = next;
+        let mut known = known();
+        // At most twice: again after reading modules loaded since the last read.
+        loop {
+            frames.clear();
+            let mut outside = false;
+            let mut regs = UnwindRegsX86_64::new(pc, sp, bp);
+            let mut address = FrameAddress::InstructionPointer(pc);
+            for _ in 0..MAX_FRAMES {
+                let lookup = address.address_for_lookup();
+                let cache = caches[cache_of(lookup)].get_or_insert_with(CacheX86_64::new);
+                let hits = cache.stats().hit_count;
+                let step = known.unwinder.unwind_frame(address, &mut regs, cache, &mut read_stack);
+                // A rule looked up (not cached) for an address outside every
+                // module: the walk may have gone wrong there.
+                outside |= cache.stats().hit_count == hits && !known.covers(lookup);
+                let Ok(Some(ret)) = step else { break };
+                let Some(next) = FrameAddress::from_return_address(ret) else { break };
+                frames.push(ret);
+                address = next;
+            }
+            if !outside {
+                break;
+            }
+            let newer = refresh(known as *const Known as *mut Known);
+            if std::ptr::eq(newer, known) {
+                break;
+            }
+            known = newer;
         }
     });
     frames
@@ -157,21 +232,59 @@ fn thread_stack() -> Option<Range<u64>> {
 }
 
 /// Every loaded ELF module that has an `.eh_frame_hdr`, with its unwind
-/// tables and code as they are mapped in memory.
-fn loaded_modules() -> Vec<Module<Sections>> {
-    let mut modules: Vec<Module<Sections>> = Vec::new();
-    unsafe extern "C" fn visit(info: *mut libc::dl_phdr_info, _size: libc::size_t, data: *mut c_void) -> libc::c_int {
-        // SAFETY: the loader passes a valid info for the duration of the
-        // call, and `data` is the Vec handed to dl_iterate_phdr below.
-        let (info, modules) = unsafe { (&*info, &mut *(data as *mut Vec<Module<Sections>>)) };
+/// tables and code as they are mapped in memory; the address ranges of every
+/// module, sorted; and the loader's count of loads and unloads.
+fn loaded_modules() -> (Vec<Module<Sections>>, Vec<Range<u64>>, Option<u64>) {
+    struct Found {
+        modules: Vec<Module<Sections>>,
+        ranges: Vec<Range<u64>>,
+        changes: Option<u64>,
+    }
+    unsafe extern "C" fn visit(info: *mut libc::dl_phdr_info, size: libc::size_t, data: *mut c_void) -> libc::c_int {
+        // SAFETY: the loader passes a valid info of `size` bytes for the
+        // duration of the call, and `data` is the Found handed to
+        // dl_iterate_phdr below.
+        let (info, found) = unsafe { (&*info, &mut *(data as *mut Found)) };
+        found.changes = super::loader::changes_of(info, size);
+        // SAFETY: `info` comes from dl_iterate_phdr.
+        if let Some(range) = unsafe { image_of(info) } {
+            found.ranges.push(range);
+        }
+        // SAFETY: as above.
         if let Some(module) = unsafe { module_of(info) } {
-            modules.push(module);
+            found.modules.push(module);
         }
         0
     }
+    let mut found = Found { modules: Vec::new(), ranges: Vec::new(), changes: None };
     // SAFETY: `visit` only reads the headers the loader passes it.
-    unsafe { libc::dl_iterate_phdr(Some(visit), &mut modules as *mut _ as *mut c_void) };
-    modules
+    unsafe { libc::dl_iterate_phdr(Some(visit), &mut found as *mut Found as *mut c_void) };
+    found.ranges.sort_by_key(|r| r.start);
+    (found.modules, found.ranges, found.changes)
+}
+
+/// The program headers of the module `info` describes.
+///
+/// # Safety
+/// `info` must come from `dl_iterate_phdr`.
+unsafe fn headers_of(info: &libc::dl_phdr_info) -> &[libc::Elf64_Phdr] {
+    if info.dlpi_phdr.is_null() {
+        return &[];
+    }
+    // SAFETY: the loader gives `dlpi_phnum` program headers at `dlpi_phdr`.
+    unsafe { std::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize) }
+}
+
+/// The addresses the module `info` describes is mapped at.
+///
+/// # Safety
+/// As for [`headers_of`].
+unsafe fn image_of(info: &libc::dl_phdr_info) -> Option<Range<u64>> {
+    // SAFETY: as the caller promises.
+    let loads = unsafe { headers_of(info) }.iter().filter(|h| h.p_type == libc::PT_LOAD);
+    let start = loads.clone().map(|h| h.p_vaddr).min()?;
+    let end = loads.map(|h| h.p_vaddr + h.p_memsz).max()?;
+    Some(info.dlpi_addr + start..info.dlpi_addr + end)
 }
 
 /// The module described by `info`, if it has unwind tables.
@@ -182,8 +295,8 @@ fn loaded_modules() -> Vec<Module<Sections>> {
 /// which for the libraries on a training process's stack is until it exits.
 unsafe fn module_of(info: &libc::dl_phdr_info) -> Option<Module<Sections>> {
     let base = info.dlpi_addr;
-    // SAFETY: the loader gives `dlpi_phnum` program headers at `dlpi_phdr`.
-    let headers = unsafe { std::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize) };
+    // SAFETY: as the caller promises.
+    let headers = unsafe { headers_of(info) };
     let loads: Vec<Range<u64>> =
         headers.iter().filter(|h| h.p_type == libc::PT_LOAD).map(|h| h.p_vaddr..h.p_vaddr + h.p_memsz).collect();
     let text = headers
