@@ -28,6 +28,9 @@ export EVCXR_TMPDIR="$MEMLAB_ROOT/target/evcxr-cells"
 mkdir -p "$EVCXR_TMPDIR"
 # No report of memlab's at exit: the checks below read what the cells print.
 export MEMLAB_PRINT_AT_EXIT=0
+# evcxr builds cells without debug information (and strips it), so their
+# frames in backtraces would have no file or line; these put line tables back.
+export CARGO_PROFILE_DEV_DEBUG=line-tables-only CARGO_PROFILE_DEV_STRIP=none
 
 # One cell per line; U+2028 separates the lines of a cell (evcxr's
 # --disable-readline reads it so).
@@ -47,6 +50,13 @@ cells=(
   "{${nl}    let report = memlab::profiler::Report::collect();${nl}    let f = report.function(\"work\").unwrap();${nl}    println!(\"CHECK calls {}\", f.calls);${nl}    println!(\"CHECK kept {}\", f.lines.iter().filter_map(|l| l.stats.as_ref()).map(|s| s.increment).max().unwrap());${nl}    println!(\"{report}\");${nl}}"
   "let mut logger = memlab::StepLogger::new().exact_ram_peak(true);"
   "let total = logger.log(\"step\", || tch::Tensor::ones([8 << 20], (tch::Kind::Float, tch::Device::Cpu)).sum(tch::Kind::Float).double_value(&[]));${nl}println!(\"CHECK step_sum {total}\");${nl}println!(\"CHECK step_peaked {}\", logger.data().unwrap().ram.peaked);"
+  # Backtraces through a later cell's code: the recording's unwinder read
+  # the modules when it started, before the cells below were loaded.
+  "let recording = memlab::Recording::start(memlab::events::Settings::default().backtraces(true)).unwrap();"
+  "fn later_cell_work() -> tch::Tensor {${nl}    tch::Tensor::zeros([777_777], (tch::Kind::Uint8, tch::Device::Cpu))${nl}}"
+  "let late = later_cell_work();"
+  "{${nl}    let (events, _) = memlab::events::history();${nl}    let frames: Vec<String> = events.iter().filter(|e| e.size == 777_777 && e.action == memlab::events::Action::Alloc).filter_map(|e| e.backtrace.as_ref()).flat_map(|b| b.frames().iter().map(|f| f.function.clone()).collect::<Vec<_>>()).collect();${nl}    println!(\"CHECK late_frame {}\", frames.iter().any(|f| f.contains(\"later_cell_work\")));${nl}    println!(\"{frames:?}\");${nl}}"
+  "drop(late);${nl}drop(recording);"
   "println!(\"CHECK copies {}\", memlab::run::copies());"
   "println!(\"CHECK after {}\", memlab::stats::device_stats(memlab::Device::Cpu).unwrap().allocated_bytes.all.current);"
 )
@@ -96,6 +106,8 @@ check kept 4194304
 # reused were resident already).
 check step_sum 8388608
 at_least step_peaked 25165824
+# The walk went through the later cell's frames and named them.
+check late_frame true
 # Every cell since memlab's first is a copy, and all of them share one state.
 check first 1
 at_least copies 5
