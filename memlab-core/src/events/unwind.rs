@@ -29,10 +29,11 @@
 //!
 //! Modules loaded after the tables were read (a notebook's later cells, a
 //! plugin, a library torch loads on first use) are found when a walk first
-//! looks up an address outside every known module: if the loader's list has
-//! changed since it was read, it is read again and the walk repeated. That
-//! check runs on a cache miss only, so walks that hit the caches pay a load
-//! and a compare per frame. A module unloaded after being read stays in the
+//! fails at an address outside every known module (framehop unwinds such a
+//! frame by its frame pointer, which code built without them does not keep):
+//! if the loader's list has changed since it was read, it is read again and
+//! the walk repeated. A complete walk ends at the outermost frame's rule and
+//! pays nothing for this. A module unloaded after being read stays in the
 //! tables until the next change is noticed; memlab's own copies, which
 //! register thread-local destructors, are never unloaded.
 
@@ -171,12 +172,17 @@ pub(crate) fn capture() -> Vec<u64> {
             for _ in 0..MAX_FRAMES {
                 let lookup = address.address_for_lookup();
                 let cache = caches[cache_of(lookup)].get_or_insert_with(CacheX86_64::new);
-                let hits = cache.stats().hit_count;
-                let step = known.unwinder.unwind_frame(address, &mut regs, cache, &mut read_stack);
-                // A rule looked up (not cached) for an address outside every
-                // module: the walk may have gone wrong there.
-                outside |= cache.stats().hit_count == hits && !known.covers(lookup);
-                let Ok(Some(ret)) = step else { break };
+                let ret = match known.unwinder.unwind_frame(address, &mut regs, cache, &mut read_stack) {
+                    Ok(Some(ret)) => ret,
+                    // The outermost frame: the walk is complete.
+                    Ok(None) => break,
+                    // A walk that fails at an address outside every module
+                    // it knows has met code loaded since they were read.
+                    Err(_) => {
+                        outside = !known.covers(lookup);
+                        break;
+                    }
+                };
                 let Some(next) = FrameAddress::from_return_address(ret) else { break };
                 frames.push(ret);
                 address = next;
