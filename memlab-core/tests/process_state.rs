@@ -10,8 +10,11 @@ use std::path::{Path, PathBuf};
 /// (file, name, why).
 const PER_COPY: &[(&str, &str, &str)] = &[
     ("memlab-core/src/process.rs", "TABLE", "the table of process-wide values itself"),
-    ("memlab-core/src/events/unwind.rs", "UNWINDER", "this copy's unwind tables, for its own code"),
+    ("memlab-core/src/events/unwind.rs", "KNOWN", "this copy's unwind tables, as it last read the modules"),
+    ("memlab-core/src/events/unwind.rs", "ONE_AT_A_TIME", "one reading of this copy's unwind tables at a time"),
     ("memlab-core/src/events/mod.rs", "RESOLVED", "a cache of resolved frames, the same in every copy"),
+    ("memlab-core/src/events/mod.rs", "LISTED_AT", "when this copy's backtrace crate listed the modules"),
+    ("memlab-core/src/events/loader.rs", "OPENED", "this copy's readers of modules its backtrace crate does not know"),
     ("memlab-core/src/process.rs", "CHOSEN", "the table this copy found (the process's) or keeps"),
     ("memlab-core/src/profiler/frame.rs", "THIS_COPY", "whether this copy's first frame registered its sites"),
     ("memlab-core/src/sites.rs", "REGISTERED", "whether this copy's sites are in the process's list"),
