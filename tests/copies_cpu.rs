@@ -73,18 +73,34 @@ fn run(a: usize, b: usize, env: &[(&str, &str)]) -> String {
         }
     }
     let list = std::env::join_paths(&order).unwrap();
-    let out = Command::new(std::env::current_exe().unwrap())
+    let oom = dir.join("oom");
+    let mut child = Command::new(std::env::current_exe().unwrap())
         .args(["--exact", "host", "--nocapture", "--test-threads=1"])
         .env(HOST, &list)
-        .env("MEMLAB_COPIES_OOM_DIR", dir.join("oom"))
-        .envs(env.iter().copied())
-        .output()
+        .env("MEMLAB_COPIES_OOM_DIR", &oom)
+        // "{oom}" in a value: the scenario's folder for reports.
+        .envs(env.iter().map(|&(k, v)| (k, v.replace("{oom}", &oom.to_string_lossy()))))
+        // Files, not pipes: a full pipe would stall the child while it is waited for.
+        .stdout(std::fs::File::create(dir.join("stdout")).unwrap())
+        .stderr(std::fs::File::create(dir.join("stderr")).unwrap())
+        .spawn()
         .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "the host failed:\n{stdout}\n{stderr}");
+    // A copy that hangs as it loads must fail the test, not stall the suite.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("the host hung for 2 minutes:\n{}", std::fs::read_to_string(dir.join("stdout")).unwrap_or_default());
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let status = child.wait().unwrap();
+    let stdout = String::from_utf8_lossy(&std::fs::read(dir.join("stdout")).unwrap()).into_owned();
+    let stderr = String::from_utf8_lossy(&std::fs::read(dir.join("stderr")).unwrap()).into_owned();
+    assert!(status.success(), "the host failed:\n{stdout}\n{stderr}");
     assert!(stdout.contains("host: every check passed"), "the host ran its checks:\n{stdout}\n{stderr}");
-    stderr.into_owned()
+    stderr
 }
 
 /// A scenario's folder, removed when the scenario ends, passed or failed.
@@ -104,6 +120,14 @@ fn two_copies_are_one_memlab() {
 #[test]
 fn ten_copies_are_one_memlab() {
     run(6, 4, &[]);
+}
+
+/// `MEMLAB_OOM_DIR` arms the OOM recorder as each copy loads, which reaches
+/// the process-wide state before the loader has run every registration of
+/// the copy: the copies are one memlab all the same.
+#[test]
+fn copies_armed_as_they_load_are_one_memlab() {
+    run(2, 1, &[("MEMLAB_OOM_DIR", "{oom}")]);
 }
 
 /// A copy loaded after backtraces were captured and resolved (a notebook's

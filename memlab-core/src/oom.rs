@@ -215,6 +215,13 @@ mod quiet {
 /// then. Threads that serve a failure path (they deliver its warnings, or
 /// watch for what it needs) start this way when the recorder is armed, so
 /// that none of their start-up can fail later for want of memory.
+///
+/// The wait is bounded (100 ms): a library that holds memlab and is
+/// loaded with `dlopen` arms the recorder from its initializer
+/// (`MEMLAB_OOM_DIR`), while the loader holds its lock, and a new thread's
+/// first thread-local with a destructor waits for that lock. Waiting for it
+/// there would hang the load; the thread then finishes starting as soon as
+/// the load is done.
 pub fn spawn_started(name: &str, f: impl FnOnce() + Send + 'static) -> std::io::Result<()> {
     let (started, running) = std::sync::mpsc::sync_channel(1);
     std::thread::Builder::new().name(name.to_string()).spawn(move || {
@@ -223,9 +230,13 @@ pub fn spawn_started(name: &str, f: impl FnOnce() + Send + 'static) -> std::io::
         let _ = started.send(());
         f();
     })?;
-    let _ = running.recv();
+    let _ = running.recv_timeout(START_WAIT);
     Ok(())
 }
+
+/// How long [`spawn_started`] waits for its thread: a thread starts in well
+/// under a millisecond unless something holds it back.
+const START_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// A device's memory when a request failed: the allocator's figures, its
 /// cache, and the driver's.

@@ -191,6 +191,26 @@ pub struct Anchor {
 }
 inventory::collect!(Anchor);
 
+/// The anchor the backend gave with [`provide_anchor`], if it did.
+static PROVIDED: AtomicPtr<Anchor> = AtomicPtr::new(std::ptr::null_mut());
+
+/// Gives this copy's anchor directly, for code that reaches process-wide
+/// state as the copy loads (an initializer: `MEMLAB_OOM_DIR` arms the
+/// recorder so). The loader runs a library's initializers in link order, and
+/// `inventory`'s registration of the anchor may come after the code that
+/// needs it: the copy would then keep a table of its own, apart from the
+/// process's.
+pub fn provide_anchor(anchor: &'static Anchor) {
+    PROVIDED.store(anchor as *const Anchor as *mut Anchor, Ordering::Release);
+}
+
+/// This copy's anchor: given directly, or registered.
+fn anchor() -> Option<&'static Anchor> {
+    let provided = PROVIDED.load(Ordering::Acquire);
+    // SAFETY: only `&'static Anchor`s are stored.
+    unsafe { provided.as_ref() }.or_else(|| inventory::iter::<Anchor>.into_iter().next())
+}
+
 struct Entry {
     name: Box<str>,
     key: TypeKey,
@@ -268,10 +288,8 @@ fn table() -> &'static TableAbi {
     let (found, foreign) = choose();
     CHOSEN.store(found as *const TableAbi as *mut TableAbi, Ordering::Release);
     // Now that the table is chosen, the output layer can reach its sinks.
-    for anchor in inventory::iter::<Anchor> {
-        if let Some(problem) = (anchor.problem)() {
-            crate::output::warn(&problem);
-        }
+    if let Some(problem) = anchor().and_then(|anchor| (anchor.problem)()) {
+        crate::output::warn(&problem);
     }
     if let Some(abi) = foreign {
         crate::output::warn(&format!(
@@ -288,7 +306,7 @@ fn table() -> &'static TableAbi {
 #[cold]
 fn choose() -> (&'static TableAbi, Option<u32>) {
     let own = &OWN as *const TableAbi as *mut TableAbi;
-    let Some(anchor) = inventory::iter::<Anchor>.into_iter().next() else {
+    let Some(anchor) = anchor() else {
         return (&OWN, None);
     };
     match (anchor.slot)().compare_exchange(std::ptr::null_mut(), own, Ordering::AcqRel, Ordering::Acquire) {

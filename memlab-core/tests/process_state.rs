@@ -16,6 +16,7 @@ const PER_COPY: &[(&str, &str, &str)] = &[
     ("memlab-core/src/events/mod.rs", "LISTED_AT", "when this copy's backtrace crate listed the modules"),
     ("memlab-core/src/events/loader.rs", "OPENED", "this copy's readers of modules its backtrace crate does not know"),
     ("memlab-core/src/process.rs", "CHOSEN", "the table this copy found (the process's) or keeps"),
+    ("memlab-core/src/process.rs", "PROVIDED", "this copy's anchor, given as it loads"),
     ("memlab-core/src/profiler/frame.rs", "THIS_COPY", "whether this copy's first frame registered its sites"),
     ("memlab-core/src/sites.rs", "REGISTERED", "whether this copy's sites are in the process's list"),
     ("memlab-tch/src/driver.rs", "READY", "this copy's handle on the CUDA driver library"),

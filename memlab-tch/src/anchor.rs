@@ -39,6 +39,10 @@ fn problem() -> Option<String> {
     })
 }
 
+/// This copy's anchor, for code that runs as the copy loads
+/// ([`memlab_core::process::provide_anchor`]); registered for everyone else.
+pub static ANCHOR: Anchor = Anchor { slot, problem };
+
 memlab_core::inventory::submit! { Anchor { slot, problem } }
 
 /// The anchor of another ABI found when this copy loaded: who made it and its ABI.

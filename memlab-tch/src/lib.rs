@@ -50,7 +50,7 @@ memlab_core::inventory::submit! {
     ])
 }
 
-pub use anchor::copies;
+pub use anchor::{copies, ANCHOR};
 pub use driver::{
     address_space, cgroup_memory, device_uuid, driver_memory, host_memory, host_name, process_gpu_memory,
     process_start, resident_set, DriverMemory,

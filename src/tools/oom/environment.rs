@@ -14,6 +14,9 @@ use crate::named;
 /// The entry the loader calls (an ELF `.init_array` entry, Mach-O's
 /// `__mod_init_func`). It runs before `main`, so it must not unwind.
 extern "C" fn at_load() {
+    // Before anything reaches process-wide state: this entry may run before
+    // the anchor's registration, and this copy must share the process's.
+    memlab_core::process::provide_anchor(&memlab_tch::ANCHOR);
     let _ = std::panic::catch_unwind(|| {
         if std::env::var_os("MEMLAB_OOM_DIR").is_some() {
             arm();
