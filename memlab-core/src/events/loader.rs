@@ -32,9 +32,35 @@ pub(crate) fn changes_of(info: &libc::dl_phdr_info, size: usize) -> Option<u64> 
     (size >= end).then(|| info.dlpi_adds.wrapping_add(info.dlpi_subs))
 }
 
+/// The program headers of the module `info` describes.
+///
+/// # Safety
+/// `info` must come from `dl_iterate_phdr`.
+#[cfg(all(target_os = "linux", target_pointer_width = "64"))]
+pub(crate) unsafe fn headers_of(info: &libc::dl_phdr_info) -> &[libc::Elf64_Phdr] {
+    if info.dlpi_phdr.is_null() {
+        return &[];
+    }
+    // SAFETY: the loader gives `dlpi_phnum` program headers at `dlpi_phdr`.
+    unsafe { std::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize) }
+}
+
+/// The addresses the module `info` describes is mapped at.
+///
+/// # Safety
+/// As for [`headers_of`].
+#[cfg(all(target_os = "linux", target_pointer_width = "64"))]
+pub(crate) unsafe fn image_of(info: &libc::dl_phdr_info) -> Option<std::ops::Range<u64>> {
+    // SAFETY: as the caller promises.
+    let loads = unsafe { headers_of(info) }.iter().filter(|h| h.p_type == libc::PT_LOAD);
+    let start = loads.clone().map(|h| h.p_vaddr).min()?;
+    let end = loads.map(|h| h.p_vaddr + h.p_memsz).max()?;
+    Some(info.dlpi_addr + start..info.dlpi_addr + end)
+}
+
 /// The file of the module mapped at `address`, and its load bias (what is
 /// added to the file's addresses where it is mapped).
-#[cfg(target_os = "linux")]
+#[cfg(all(target_os = "linux", target_pointer_width = "64"))]
 fn module_at(address: u64) -> Option<(std::path::PathBuf, u64)> {
     struct Search {
         address: u64,
@@ -44,16 +70,8 @@ fn module_at(address: u64) -> Option<(std::path::PathBuf, u64)> {
         // SAFETY: the loader passes a valid info for the duration of the
         // call, and `data` is the Search handed to dl_iterate_phdr below.
         let (info, search) = unsafe { (&*info, &mut *(data as *mut Search)) };
-        if info.dlpi_phdr.is_null() {
-            return 0;
-        }
-        // SAFETY: the loader gives `dlpi_phnum` program headers at `dlpi_phdr`.
-        let headers = unsafe { std::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize) };
-        let inside = headers.iter().any(|h| {
-            h.p_type == libc::PT_LOAD
-                && (info.dlpi_addr + h.p_vaddr..info.dlpi_addr + h.p_vaddr + h.p_memsz).contains(&search.address)
-        });
-        if !inside {
+        // SAFETY: `info` comes from dl_iterate_phdr.
+        if !unsafe { image_of(info) }.is_some_and(|image| image.contains(&search.address)) {
             return 0;
         }
         // SAFETY: a NUL-terminated path owned by the loader; empty for the program.
@@ -87,7 +105,7 @@ pub(crate) struct RawFrame {
 /// be read. For modules loaded after the symbol reader of the backtrace
 /// crate listed the libraries, which it does once: they are unknown to it.
 /// Each module's file is opened once.
-#[cfg(target_os = "linux")]
+#[cfg(all(target_os = "linux", target_pointer_width = "64"))]
 pub(crate) fn frames_at(address: u64) -> Option<Vec<RawFrame>> {
     use crate::sync::LockExt;
     use std::sync::Mutex;
@@ -114,7 +132,7 @@ pub(crate) fn frames_at(address: u64) -> Option<Vec<RawFrame>> {
 }
 
 /// Reads no module on platforms without the loader's module list.
-#[cfg(not(target_os = "linux"))]
+#[cfg(not(all(target_os = "linux", target_pointer_width = "64")))]
 pub(crate) fn frames_at(_address: u64) -> Option<Vec<RawFrame>> {
     None
 }
@@ -137,7 +155,7 @@ mod tests {
 
     /// The frames of an address in this test program, read from its file,
     /// are the ones the backtrace crate reads.
-    #[cfg(target_os = "linux")]
+    #[cfg(all(target_os = "linux", target_pointer_width = "64"))]
     #[test]
     fn frames_read_from_the_file_are_the_backtrace_crates() {
         let here = super::frames_at as *const () as u64;

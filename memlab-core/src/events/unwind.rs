@@ -95,11 +95,7 @@ static KNOWN: AtomicPtr<Known> = AtomicPtr::new(std::ptr::null_mut());
 fn known() -> &'static Known {
     let current = KNOWN.load(Ordering::Acquire);
     // SAFETY: a non-null KNOWN points at a leaked, never freed Known.
-    if current.is_null() {
-        refresh(current)
-    } else {
-        unsafe { &*current }
-    }
+    unsafe { current.as_ref() }.unwrap_or_else(|| refresh(current))
 }
 
 /// Reads the loaded modules again, unless another thread has since `stale`
@@ -253,7 +249,7 @@ fn loaded_modules() -> (Vec<Module<Sections>>, Vec<Range<u64>>, Option<u64>) {
         let (info, found) = unsafe { (&*info, &mut *(data as *mut Found)) };
         found.changes = super::loader::changes_of(info, size);
         // SAFETY: `info` comes from dl_iterate_phdr.
-        if let Some(range) = unsafe { image_of(info) } {
+        if let Some(range) = unsafe { super::loader::image_of(info) } {
             found.ranges.push(range);
         }
         // SAFETY: as above.
@@ -269,30 +265,6 @@ fn loaded_modules() -> (Vec<Module<Sections>>, Vec<Range<u64>>, Option<u64>) {
     (found.modules, found.ranges, found.changes)
 }
 
-/// The program headers of the module `info` describes.
-///
-/// # Safety
-/// `info` must come from `dl_iterate_phdr`.
-unsafe fn headers_of(info: &libc::dl_phdr_info) -> &[libc::Elf64_Phdr] {
-    if info.dlpi_phdr.is_null() {
-        return &[];
-    }
-    // SAFETY: the loader gives `dlpi_phnum` program headers at `dlpi_phdr`.
-    unsafe { std::slice::from_raw_parts(info.dlpi_phdr, info.dlpi_phnum as usize) }
-}
-
-/// The addresses the module `info` describes is mapped at.
-///
-/// # Safety
-/// As for [`headers_of`].
-unsafe fn image_of(info: &libc::dl_phdr_info) -> Option<Range<u64>> {
-    // SAFETY: as the caller promises.
-    let loads = unsafe { headers_of(info) }.iter().filter(|h| h.p_type == libc::PT_LOAD);
-    let start = loads.clone().map(|h| h.p_vaddr).min()?;
-    let end = loads.map(|h| h.p_vaddr + h.p_memsz).max()?;
-    Some(info.dlpi_addr + start..info.dlpi_addr + end)
-}
-
 /// The module described by `info`, if it has unwind tables.
 ///
 /// # Safety
@@ -302,7 +274,7 @@ unsafe fn image_of(info: &libc::dl_phdr_info) -> Option<Range<u64>> {
 unsafe fn module_of(info: &libc::dl_phdr_info) -> Option<Module<Sections>> {
     let base = info.dlpi_addr;
     // SAFETY: as the caller promises.
-    let headers = unsafe { headers_of(info) };
+    let headers = unsafe { super::loader::headers_of(info) };
     let loads: Vec<Range<u64>> =
         headers.iter().filter(|h| h.p_type == libc::PT_LOAD).map(|h| h.p_vaddr..h.p_vaddr + h.p_memsz).collect();
     let text = headers
