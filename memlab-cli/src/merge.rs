@@ -27,6 +27,12 @@ const PAGE_POINTS: usize = 400;
 const TRACE_POINTS: usize = 10_000;
 /// Rows of the table of what differs between ranks at their peaks.
 const DIFFERENCE_ROWS: usize = 40;
+/// The latest time a run can have: 3000-01-01, in microseconds since the
+/// Unix epoch. Every time a file gives (its clock zero, a time after it, a
+/// wall-clock time) and every `--offset` lies within this many microseconds
+/// of zero, or the file is refused: sums of a few such times never leave
+/// `i64`, so no time of one file can wrap another's.
+pub const LATEST_US: i64 = 32_503_680_000_000_000;
 
 /// Where the merged files go, and the clock corrections.
 pub struct Options {
@@ -47,6 +53,9 @@ pub struct Merged {
     pub ranks: Vec<RankRow>,
     /// Every out-of-memory failure, earliest first.
     pub ooms: Vec<OomRow>,
+    /// What looked wrong in the files without stopping the merge (two
+    /// processes that claim one rank), each a sentence.
+    pub warnings: Vec<String>,
     /// The merged trace (ui.perfetto.dev).
     pub trace: String,
     /// The page.
@@ -94,6 +103,8 @@ pub struct DevicePeak {
 /// An out-of-memory failure of one process.
 #[derive(Clone, Debug, Serialize)]
 pub struct OomRow {
+    /// The process's row in [`Merged::ranks`].
+    pub process: usize,
     /// The process's rank, where known.
     pub rank: Option<u32>,
     /// The process, as the table names it.
@@ -149,6 +160,7 @@ impl Part {
     /// Microseconds to add to a time of `file_time` kind to put it on the
     /// wall clock: memlab's files count from their clock zero.
     fn base_us(&self) -> i64 {
+        // Both within LATEST_US (`check_run`, `parse_offset`).
         self.run.as_ref().map_or(0, |r| r.clock_zero_unix_us as i64) + self.offset_us
     }
 
@@ -183,26 +195,29 @@ pub fn merge(files: &[String], options: &Options) -> Result<Merged, String> {
     let mut parts: Vec<Part> = Vec::new();
     for path in files {
         let input = read(path)?;
-        let (run, rank) = match &input {
+        let run = match &input {
             Input::Snapshot(file) => {
-                let run = file.snapshot.memlab.as_ref().and_then(|m| m.run.clone());
-                let rank = run.as_ref().and_then(|r| r.rank).or_else(|| rank_in_name(path));
-                (run, rank)
+                check_snapshot(&file.snapshot, path)?;
+                check_run(file.snapshot.memlab.as_ref().and_then(|m| m.run.clone()), path, "memlab.run")?
             }
-            Input::Trace(doc) => {
-                let run = run_of(&doc["otherData"]["run"], path)?;
-                let rank = run.as_ref().and_then(|r| r.rank).or_else(|| rank_in_name(path));
-                (run, rank)
-            }
+            Input::Trace(doc) => check_run(run_of(&doc["otherData"]["run"], path)?, path, "otherData.run")?,
             Input::Oom(doc) => {
-                let run = run_of(&doc["run"], path)?;
-                let rank = run.as_ref().and_then(|r| r.rank).or_else(|| rank_in_name(path));
-                (run, rank)
+                check_oom(doc, path)?;
+                check_run(run_of(&doc["run"], path)?, path, "run")?
             }
         };
-        // One part per process: memlab's files by host and pid, the others by rank.
+        let rank = run.as_ref().and_then(|r| r.rank).or_else(|| rank_in_name(path));
+        // One part per process: memlab's files by host, pid and the start of
+        // the process's clock (two containers' processes may both be pid 1
+        // on hosts of one name), the others by rank.
         let same = |p: &Part| match (&p.run, &run) {
-            (Some(a), Some(b)) => a.host == b.host && a.pid == b.pid && a.rank == b.rank,
+            (Some(a), Some(b)) => {
+                a.host == b.host
+                    && a.pid == b.pid
+                    && a.rank == b.rank
+                    && a.clock_zero_unix_us == b.clock_zero_unix_us
+                    && a.process_start == b.process_start
+            }
             (None, None) => rank.is_some() && p.rank == rank,
             _ => false,
         };
@@ -241,6 +256,7 @@ pub fn merge(files: &[String], options: &Options) -> Result<Merged, String> {
                     Some(Value::Array(events)) => events,
                     _ => return Err(format!("cannot read {path}: its `traceEvents` is not a list")),
                 };
+                check_events(&events, path)?;
                 if part.trace.as_ref().is_none_or(|kept| events.len() > kept.len()) {
                     part.trace = Some(events);
                 }
@@ -254,14 +270,11 @@ pub fn merge(files: &[String], options: &Options) -> Result<Merged, String> {
         }
     }
     parts.sort_by_key(|p| (p.rank.is_none(), p.rank, p.files[0].clone()));
-    for p in &mut parts {
-        p.label = p.name();
-    }
-
     let origin = parts.iter().filter_map(first_us).min().unwrap_or(0);
+    let warnings = name_parts(&mut parts, origin);
     let mut ranks: Vec<RankRow> = parts.iter().map(|p| rank_row(p, origin)).collect();
     mark_highest(&mut ranks);
-    let mut ooms: Vec<OomRow> = parts.iter().flat_map(|p| oom_rows(p, origin)).collect();
+    let mut ooms: Vec<OomRow> = parts.iter().enumerate().flat_map(|(i, p)| oom_rows(i, p, origin)).collect();
     ooms.sort_by_key(|o| o.at_us);
 
     std::fs::create_dir_all(&options.out)
@@ -273,6 +286,7 @@ pub fn merge(files: &[String], options: &Options) -> Result<Merged, String> {
         origin_unix_us: origin,
         ranks,
         ooms,
+        warnings,
         trace: trace_path.to_string_lossy().into_owned(),
         page: page_path.to_string_lossy().into_owned(),
     };
@@ -286,8 +300,136 @@ pub fn parse_offset(text: &str) -> Result<(u32, i64), String> {
     let (rank, us) =
         text.split_once('=').ok_or_else(|| format!("--offset {text}: write RANK=MICROSECONDS, e.g. 1=-2500"))?;
     let rank = rank.trim().parse().map_err(|_| format!("--offset {text}: {rank:?} is not a rank (0, 1, …)"))?;
-    let us = us.trim().parse().map_err(|_| format!("--offset {text}: {us:?} is not a number of microseconds"))?;
+    let us: i64 = us.trim().parse().map_err(|_| format!("--offset {text}: {us:?} is not a number of microseconds"))?;
+    if us.unsigned_abs() > LATEST_US as u64 {
+        return Err(format!(
+            "--offset {text}: a clock off by more than a thousand years is no clock a run has; give the \
+             microseconds by which the rank's host's clock is off (e.g. 1=-2500)"
+        ));
+    }
     Ok((rank, us))
+}
+
+/// What a JSON value is, for messages: `a number`, `a list`.
+fn what(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "a list",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// Refuses a trace whose events are not objects, or whose times are not
+/// times a run can have (see [`LATEST_US`]), naming the file and the event.
+fn check_events(events: &[Value], path: &str) -> Result<(), String> {
+    for (i, e) in events.iter().enumerate() {
+        if !e.is_object() {
+            return Err(format!(
+                "cannot read {path}: event {i} of its `traceEvents` is {}, not an object; give the trace JSON \
+                 memlab wrote, unchanged",
+                what(e)
+            ));
+        }
+        match e.get("ts") {
+            None => {}
+            Some(ts) if ts.as_f64().is_some_and(|t| t.abs() <= LATEST_US as f64) => {}
+            Some(ts) => {
+                return Err(format!(
+                    "cannot read {path}: event {i} of its `traceEvents` has `ts` {ts}, not a time a run can have \
+                     (microseconds after the recording's clock zero)"
+                ))
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Refuses a clock zero that is not a time a run can have.
+fn check_run(run: Option<RunInfo>, path: &str, field: &str) -> Result<Option<RunInfo>, String> {
+    match run {
+        Some(r) if r.clock_zero_unix_us > LATEST_US as u64 => Err(format!(
+            "cannot read {path}: its `{field}.clock_zero_unix_us` is {}, not a time a run can have (microseconds \
+             since 1970, before the year 3000); give the file memlab wrote, unchanged",
+            r.clock_zero_unix_us
+        )),
+        run => Ok(run),
+    }
+}
+
+/// Refuses a snapshot whose history holds a time a run cannot have.
+fn check_snapshot(s: &Snapshot, path: &str) -> Result<(), String> {
+    let names = s.devices();
+    for (device, trace) in s.device_traces.iter().enumerate() {
+        if let Some((i, e)) = trace.iter().enumerate().find(|(_, e)| e.time_us > LATEST_US as u64) {
+            return Err(format!(
+                "cannot read {path}: entry {i} of {}'s history has the time {} µs, not a time a run can have",
+                names.get(device).map_or("a device", String::as_str),
+                e.time_us
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Refuses an out-of-memory report whose time is not a time a run can have.
+fn check_oom(doc: &Value, path: &str) -> Result<(), String> {
+    match doc.get("time_unix_us") {
+        None | Some(Value::Null) => Ok(()),
+        Some(t) if t.as_i64().is_some_and(|t| (0..=LATEST_US).contains(&t)) => Ok(()),
+        Some(t) => Err(format!(
+            "cannot read {path}: its `time_unix_us` is {t}, not a time a run can have (microseconds since 1970, \
+             before the year 3000)"
+        )),
+    }
+}
+
+/// Names every part (`rank 1 (host, cuda:0)`), telling apart processes
+/// whose names would be the same (two that claim one rank on one host) by
+/// their pid, and where that is the same too (two containers), by when
+/// their clock started on the merged axis. Returns a warning for each rank
+/// claimed by several processes.
+fn name_parts(parts: &mut [Part], origin: i64) -> Vec<String> {
+    for p in parts.iter_mut() {
+        p.label = p.name();
+    }
+    let mut warnings = Vec::new();
+    let mut claimed: BTreeMap<u32, Vec<usize>> = BTreeMap::new();
+    for (i, p) in parts.iter().enumerate() {
+        if let (Some(rank), Some(_)) = (p.rank, &p.run) {
+            claimed.entry(rank).or_default().push(i);
+        }
+    }
+    for (rank, claims) in claimed.into_iter().filter(|(_, c)| c.len() > 1) {
+        let who: Vec<String> = claims
+            .iter()
+            .filter_map(|&i| parts[i].run.as_ref())
+            .map(|r| format!("pid {} on {}", r.pid, r.host.as_deref().unwrap_or("an unnamed host")))
+            .collect();
+        warnings.push(format!(
+            "{} processes claim rank {rank} ({}): each is named by its pid below; give every process of the run a \
+             rank of its own (MEMLAB_RANK, RANK, …)",
+            claims.len(),
+            who.join(", ")
+        ));
+    }
+    let twins = |parts: &mut [Part], more: &dyn Fn(&Part) -> String| {
+        let labels: Vec<String> = parts.iter().map(|p| p.label.clone()).collect();
+        for (i, p) in parts.iter_mut().enumerate() {
+            if labels.iter().filter(|l| **l == labels[i]).count() > 1 {
+                let extra = more(p);
+                p.label = match p.label.strip_suffix(')') {
+                    Some(open) => format!("{open}, {extra})"),
+                    None => format!("{} ({extra})", p.label),
+                };
+            }
+        }
+    };
+    twins(parts, &|p| p.run.as_ref().map_or_else(|| p.files[0].clone(), |r| format!("pid {}", r.pid)));
+    twins(parts, &|p| format!("clock from {}", seconds(p.base_us() - origin)));
+    warnings
 }
 
 fn read(path: &str) -> Result<Input, String> {
@@ -492,13 +634,14 @@ fn mark_highest(ranks: &mut [RankRow]) {
     }
 }
 
-fn oom_rows(p: &Part, origin: i64) -> Vec<OomRow> {
+fn oom_rows(process: usize, p: &Part, origin: i64) -> Vec<OomRow> {
     let mut rows: Vec<OomRow> = p
         .ooms
         .iter()
         .map(|(file, doc)| {
             let d = &doc["diagnosis"];
             OomRow {
+                process,
                 rank: p.rank,
                 label: p.label.clone(),
                 device: d["device"].as_str().unwrap_or("?").to_string(),
@@ -522,6 +665,7 @@ fn oom_rows(p: &Part, origin: i64) -> Vec<OomRow> {
             for d in &summary.devices {
                 for o in &d.ooms {
                     rows.push(OomRow {
+                        process,
                         rank: p.rank,
                         label: p.label.clone(),
                         device: d.device.clone(),
@@ -632,6 +776,9 @@ fn seconds(us: i64) -> String {
 /// The table of peaks and the lines of the failures: the page's first
 /// parts, and what the command prints.
 fn peaks_and_failures(doc: &mut Document, m: &Merged) {
+    for warning in &m.warnings {
+        doc.caution(format!("Warning: {warning}."));
+    }
     doc.part("Peaks").note(
         "Per process and device: the allocated peak (as tensors asked for their bytes), the reserved peak, and \
          when; the highest allocated peak of the CUDA devices and of the CPUs is marked.",
@@ -645,9 +792,9 @@ fn peaks_and_failures(doc: &mut Document, m: &Merged) {
         Column::new("", Layout::Text),
         Column::new("from", Layout::Text),
     ]);
-    for r in &m.ranks {
+    for (process, r) in m.ranks.iter().enumerate() {
         for d in &r.devices {
-            let failed = m.ooms.iter().any(|o| o.label == r.label && o.device == d.device);
+            let failed = m.ooms.iter().any(|o| o.process == process && o.device == d.device);
             let mut marks: Vec<&str> = Vec::new();
             if d.highest {
                 marks.push("highest");
