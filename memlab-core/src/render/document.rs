@@ -141,22 +141,32 @@ impl Document {
     /// The text rendering.
     pub fn to_text(&self) -> String {
         let mut out = String::new();
+        // Every block is one line of text (a table, lines of one): names in
+        // it are written with their control characters made visible.
+        let v = |text: &str| super::visible(text, false).into_owned();
         for b in &self.blocks {
             match b {
-                Block::Title(text) => writeln!(out, "{text}\n{}", "=".repeat(text.width())).unwrap(),
-                Block::Part(text) => writeln!(out, "\n{text}\n{}", "-".repeat(text.width())).unwrap(),
-                Block::Heading(text) | Block::Note(text) | Block::Caution(text) => writeln!(out, "{text}").unwrap(),
+                Block::Title(text) => {
+                    let text = v(text);
+                    writeln!(out, "{text}\n{}", "=".repeat(text.width())).unwrap()
+                }
+                Block::Part(text) => {
+                    let text = v(text);
+                    writeln!(out, "\n{text}\n{}", "-".repeat(text.width())).unwrap()
+                }
+                Block::Heading(text) | Block::Note(text) | Block::Caution(text) => writeln!(out, "{}", v(text)).unwrap(),
                 Block::Timeline(t) => out.push_str(&t.to_text(SPARKLINE)),
                 Block::Icicle(i) => out.push_str(&i.to_text()),
-                Block::Section(text) => writeln!(out, "## {text}").unwrap(),
+                Block::Section(text) => writeln!(out, "## {}", v(text)).unwrap(),
                 Block::Banner(text) => {
+                    let text = v(text);
                     let stars = "*".repeat(text.width());
                     writeln!(out, "{stars}\n{text}\n{stars}").unwrap()
                 }
-                Block::Line { text, indent } => writeln!(out, "{}{text}", " ".repeat(*indent)).unwrap(),
+                Block::Line { text, indent } => writeln!(out, "{}{}", " ".repeat(*indent), v(text)).unwrap(),
                 Block::Labels { width, rows } => {
                     for (label, value) in rows {
-                        out.push_str(&label_row(label, &value.to_string(), *width));
+                        out.push_str(&label_row(&v(label), &v(&value.to_string()), *width));
                     }
                 }
                 Block::Table(t) => out.push_str(&t.to_text()),

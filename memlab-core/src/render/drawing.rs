@@ -326,7 +326,14 @@ impl Icicle {
     /// root's bytes, indented by depth, with their bytes.
     pub(super) fn to_text(&self) -> String {
         fn walk(out: &mut String, n: &FlameNode, depth: usize, floor: u64) {
-            writeln!(out, "{:>10}  {}{}", Cell::bytes(n.bytes).to_string(), "  ".repeat(depth), n.name).unwrap();
+            writeln!(
+                out,
+                "{:>10}  {}{}",
+                Cell::bytes(n.bytes).to_string(),
+                "  ".repeat(depth),
+                super::visible(&n.name, false)
+            )
+            .unwrap();
             for c in n.children.iter().filter(|c| c.bytes >= floor) {
                 walk(out, c, depth + 1, floor);
             }

@@ -26,6 +26,28 @@ pub fn label_row(label: &str, value: &str, width: usize) -> String {
     format!("{label:.<width$}{value:>10}\n")
 }
 
+/// `text` as one line of a terminal: every control character (a newline, a
+/// carriage return, an escape sequence's ESC) written as Rust writes it in a
+/// string (`\n`, `\u{1b}`), so that a name read from a file or given by a
+/// program (a host, a site, a frame, a tensor's name) can neither forge a
+/// line of a report nor move the cursor. Tabs are kept where `keep_tabs`
+/// (source lines). What the HTML rendering's [`escape_html`] is to a page.
+pub fn visible(text: &str, keep_tabs: bool) -> std::borrow::Cow<'_, str> {
+    let hidden = |c: char| c.is_control() && !(keep_tabs && c == '\t');
+    if !text.chars().any(hidden) {
+        return std::borrow::Cow::Borrowed(text);
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if hidden(c) {
+            out.extend(c.escape_default());
+        } else {
+            out.push(c);
+        }
+    }
+    std::borrow::Cow::Owned(out)
+}
+
 /// `text` safe inside HTML elements and attribute values.
 pub fn escape_html(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
@@ -136,6 +158,10 @@ mod tests {
     fn rows_and_escapes() {
         assert_eq!(label_row("parameters", "42", 14), "parameters....        42\n");
         assert_eq!(escape_html("<a href=\"x\">'&'</a>"), "&lt;a href=&quot;x&quot;&gt;&#39;&amp;&#39;&lt;/a&gt;");
+        assert_eq!(visible("node1\nrank 9 (forged)\r\u{1b}[2J", false), "node1\\nrank 9 (forged)\\r\\u{1b}[2J");
+        assert_eq!(visible("\tlet x = 1;", true), "\tlet x = 1;");
+        assert_eq!(visible("a\tb", false), "a\\tb");
+        assert!(matches!(visible("plain ünïcode", false), std::borrow::Cow::Borrowed(_)));
         let csv = csv_string("t", &["a", "b"], [vec!["1", "x,y"]]).unwrap();
         assert_eq!(csv, "a,b\n1,\"x,y\"\n");
     }

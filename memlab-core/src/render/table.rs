@@ -185,6 +185,7 @@ impl Table {
             .map(|(i, (cell, c))| {
                 let pad = if i == 0 { indent } else { 0 };
                 let text = cell.to_string();
+                let text = super::visible(&text, matches!(cell, Cell::Code(_))).into_owned();
                 match (c.layout, c.max_width) {
                     (Layout::Text, Some(max)) => {
                         let mut parts = wrap(&text, max.saturating_sub(pad).max(1)).into_iter();
@@ -231,8 +232,12 @@ impl Table {
         let header_lines =
             if self.headed() { self.columns.iter().map(|c| c.header.len()).max().unwrap_or(0) } else { 0 };
         for line in 0..header_lines {
-            let cells: Vec<&str> =
-                self.columns.iter().map(|c| c.header.get(line).map(String::as_str).unwrap_or("")).collect();
+            let cells: Vec<std::borrow::Cow<'_, str>> = self
+                .columns
+                .iter()
+                .map(|c| super::visible(c.header.get(line).map(String::as_str).unwrap_or(""), false))
+                .collect();
+            let cells: Vec<&str> = cells.iter().map(|c| &**c).collect();
             self.write_line(&mut out, &cells, &widths);
         }
         if self.rule_under_header {
@@ -250,7 +255,7 @@ impl Table {
                     }
                 }
                 Line::Rule => writeln!(out, "{}", "-".repeat(total)).unwrap(),
-                Line::Note(text) => writeln!(out, "{text}").unwrap(),
+                Line::Note(text) => writeln!(out, "{}", super::visible(text, false)).unwrap(),
             }
         }
         out
