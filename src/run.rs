@@ -1,6 +1,9 @@
 //! Several processes of one run: which rank wrote a file. A process knows
-//! its rank from `MEMLAB_RANK`, else `RANK`, else `LOCAL_RANK` (torchrun's and
-//! most launchers' variables), and the world size from `WORLD_SIZE`. Exports
+//! its rank from the first of [`RANK_VARIABLES`] that is set (memlab's own
+//! `MEMLAB_RANK`, then torchrun's `RANK`, Open MPI's, PMIx's, PMI's, Slurm's
+//! `SLURM_PROCID`, then the local ranks), and the world size from the
+//! variable its launcher sets beside it (`WORLD_SIZE`,
+//! `OMPI_COMM_WORLD_SIZE`, `PMI_SIZE`, `SLURM_NTASKS`). Exports
 //! (the snapshot's `memlab.run`, the trace's `otherData.run`) and
 //! out-of-memory reports carry [`this_process`]'s [`RunInfo`]: the rank, the
 //! host, the process's start, the wall-clock time of the recording's clock
@@ -8,7 +11,7 @@
 //! `memlab merge` lines up the files of every rank on one time axis.
 
 pub use crate::tools::run::this_process;
-pub use memlab_core::run::{rank_from_env, DeviceId, RunInfo, RANK_VARIABLES, WORLD_SIZE_VARIABLE};
+pub use memlab_core::run::{rank_from_env, DeviceId, RankFromEnv, RunInfo, RANK_VARIABLES, WORLD_SIZE_VARIABLE};
 
 /// How many copies of memlab share this process's state, this one included:
 /// 1 for a program that links memlab once. A notebook (evcxr) compiles every

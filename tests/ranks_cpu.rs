@@ -76,8 +76,11 @@ fn spawn(rank: u32, dir: &Path, stdin: std::io::PipeReader) -> Child {
         .stdin(stdin)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    for var in ["MEMLAB_DISABLE", "MEMLAB_PRINT_AT_EXIT", "MEMLAB_OOM_DIR", "RANK", "LOCAL_RANK"] {
+    for var in ["MEMLAB_DISABLE", "MEMLAB_PRINT_AT_EXIT", "MEMLAB_OOM_DIR"] {
         command.env_remove(var);
+    }
+    for (rank, _) in memlab::run::RANK_VARIABLES.iter().skip(1) {
+        command.env_remove(rank);
     }
     command.spawn().unwrap()
 }
@@ -203,4 +206,76 @@ fn two_ranks_merge_into_one_trace_and_page() {
         assert!(text.contains("highest") && text.contains("out of memory"), "{text}");
     }
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+const PRINT_RUN: &str = "print_run_child";
+/// What a child prints before its `RunInfo`'s JSON.
+const RUN_IS: &str = "memlab-test-run: ";
+
+/// The body of [`run_under`]'s child: prints what memlab read of its rank.
+#[test]
+fn print_run_child() {
+    if !child(PRINT_RUN) {
+        return;
+    }
+    let run = memlab::run::this_process();
+    println!("{RUN_IS}{}", serde_json::to_string(&run).unwrap());
+}
+
+/// `this_process()` in a child whose environment has `env` and no other
+/// rank or world-size variable; with what it warned.
+fn run_under(env: &[(&str, &str)]) -> (memlab::run::RunInfo, String) {
+    let mut command = Command::new(std::env::current_exe().unwrap());
+    command.args(["--exact", PRINT_RUN, "--nocapture", "--test-threads=1"]).env("MEMLAB_CHILD", PRINT_RUN);
+    for (rank, size) in memlab::run::RANK_VARIABLES {
+        command.env_remove(rank);
+        if let Some(size) = size {
+            command.env_remove(size);
+        }
+    }
+    command.envs(env.iter().copied());
+    let out = command.output().unwrap();
+    let (stdout, stderr) = (common::text(&out.stdout), common::text(&out.stderr));
+    assert!(out.status.success(), "{stdout}\n{stderr}");
+    let json = stdout.lines().find_map(|l| l.split_once(RUN_IS)).map(|(_, json)| json).expect("the child printed it");
+    (serde_json::from_str(json).unwrap(), stderr)
+}
+
+/// A world size that is no number is left out on its own: the rank stays
+/// (and with it the files' `_rank1`), and the warning says what the world
+/// size should hold.
+#[test]
+fn a_bad_world_size_keeps_the_rank() {
+    if std::env::var_os("MEMLAB_CHILD").is_some() {
+        return;
+    }
+    let (run, stderr) = run_under(&[("RANK", "1"), ("WORLD_SIZE", "abc")]);
+    assert_eq!((run.rank, run.world_size, run.file_suffix().as_str()), (Some(1), None, "_rank1"), "{stderr}");
+    assert!(
+        stderr.contains("WORLD_SIZE=\"abc\" is not a whole number: set it to how many processes the run has"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("this process's rank"), "the warning speaks of the world size only: {stderr}");
+}
+
+/// Processes started by Slurm's `srun` or by an MPI launcher know their
+/// rank and world size from the launcher's own variables.
+#[test]
+fn ranks_from_slurm_and_mpi_launchers() {
+    if std::env::var_os("MEMLAB_CHILD").is_some() {
+        return;
+    }
+    let cases: [(&[(&str, &str)], (u32, Option<u32>)); 4] = [
+        (&[("SLURM_PROCID", "3"), ("SLURM_NTASKS", "4"), ("SLURM_LOCALID", "1")], (3, Some(4))),
+        // Open MPI inside a Slurm allocation: the batch script's task id is every process's.
+        (&[("SLURM_PROCID", "0"), ("OMPI_COMM_WORLD_RANK", "2"), ("OMPI_COMM_WORLD_SIZE", "8")], (2, Some(8))),
+        (&[("PMI_RANK", "5"), ("PMI_SIZE", "6")], (5, Some(6))),
+        (&[("PMIX_RANK", "7")], (7, None)),
+    ];
+    for (env, (rank, world_size)) in cases {
+        let (run, stderr) = run_under(env);
+        assert_eq!((run.rank, run.world_size), (Some(rank), world_size), "under {env:?}: {stderr}");
+        assert_eq!(run.file_suffix(), format!("_rank{rank}"));
+        assert!(!stderr.contains("memlab:"), "no warning under {env:?}: {stderr}");
+    }
 }

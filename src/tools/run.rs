@@ -8,24 +8,24 @@ use std::sync::OnceLock;
 use memlab_core::run::{rank_from_env, DeviceId, RunInfo};
 
 /// This process among the run's: what every export and out-of-memory report
-/// carries. The first call reads the environment (a rank variable that is no
-/// whole number is warned about once and left out), the host and the CUDA
+/// carries. The first call reads the environment (a rank or world-size variable that is
+/// no whole number is warned about once and left out), the host and the CUDA
 /// devices' UUIDs; later calls copy that.
 pub fn this_process() -> RunInfo {
     memlab_core::process::process_wide! {
         static ONCE: OnceLock<RunInfo> = OnceLock::new();
     }
     ONCE.get_or_init(|| {
-        let (rank, world_size) = rank_from_env().unwrap_or_else(|why| {
-            memlab_core::output::warn(&format!("memlab: {why}; files will carry no rank\n"));
-            (None, None)
-        });
+        let from_env = rank_from_env();
+        for why in &from_env.warnings {
+            memlab_core::output::warn(&format!("memlab: {why}\n"));
+        }
         let devices = (0..memlab_tch::cuda_device_count())
             .map(|i| DeviceId { device: format!("cuda:{i}"), uuid: memlab_tch::device_uuid(i).ok() })
             .collect();
         RunInfo {
-            rank,
-            world_size,
+            rank: from_env.rank,
+            world_size: from_env.world_size,
             host: memlab_tch::host_name(),
             pid: std::process::id(),
             process_start: memlab_tch::process_start(),
