@@ -137,6 +137,23 @@ fn backtraces_go_through_a_copy_loaded_late() {
     run(1, 1, &[("MEMLAB_COPIES_MODE", "late")]);
 }
 
+/// The first copy, which made the process's state and installed the
+/// counting allocator, ran only on a thread that has exited; then it is
+/// closed with `dlclose`. The other copy's tensors still go through that
+/// allocator, so the first copy must stay loaded.
+#[test]
+fn the_first_copy_stays_loaded_when_closed() {
+    run(1, 1, &[("MEMLAB_COPIES_MODE", "close-first")]);
+}
+
+/// A copy that set an output sink is closed with `dlclose`; the other
+/// copy's `profile_every` then prints to that sink, whose code must still
+/// be there.
+#[test]
+fn a_copy_whose_sink_is_set_stays_loaded_when_closed() {
+    run(1, 1, &[("MEMLAB_COPIES_MODE", "close-sink")]);
+}
+
 /// A memlab of another anchor ABI (played by the first copy, whose anchor
 /// claims version 99): the second keeps its own state, installs no second
 /// counting allocator, and says so once, naming both versions.
@@ -151,6 +168,7 @@ fn a_copy_of_another_abi_keeps_its_own_state_and_says_so_once() {
 /// One loaded copy: its C functions.
 struct Copy {
     name: String,
+    handle: usize,
     copies: extern "C" fn() -> u32,
     installed_at_load: extern "C" fn() -> i32,
     cpu_allocated: extern "C" fn() -> i64,
@@ -165,6 +183,9 @@ struct Copy {
     oom_arm: unsafe extern "C" fn(*const c_char) -> i32,
     oom_fail: extern "C" fn() -> i32,
     string_free: unsafe extern "C" fn(*mut c_char),
+    sink_set: extern "C" fn() -> i32,
+    sink_unset: extern "C" fn() -> i32,
+    printed: extern "C" fn(i64) -> i64,
 }
 
 impl Copy {
@@ -195,6 +216,7 @@ impl Copy {
         }
         Copy {
             name: path.file_stem().unwrap().to_string_lossy().into_owned(),
+            handle: handle as usize,
             copies: symbol!("plugin_copies"),
             installed_at_load: symbol!("plugin_installed_at_load"),
             cpu_allocated: symbol!("plugin_cpu_allocated"),
@@ -209,7 +231,17 @@ impl Copy {
             oom_arm: symbol!("plugin_oom_arm"),
             oom_fail: symbol!("plugin_oom_fail"),
             string_free: symbol!("plugin_string_free"),
+            sink_set: symbol!("plugin_sink_set"),
+            sink_unset: symbol!("plugin_sink_unset"),
+            printed: symbol!("plugin_printed"),
         }
+    }
+
+    /// `dlclose` of the copy: the loader unloads it unless it is pinned.
+    /// Its functions are not called after this.
+    fn close(self) {
+        // SAFETY: the handle dlopen returned, closed once.
+        assert_eq!(unsafe { libc::dlclose(self.handle as *mut c_void) }, 0, "dlclose {}", self.name);
     }
 
     fn text(&self, text: *mut c_char) -> String {
@@ -235,8 +267,11 @@ fn host() {
     let Some(list) = std::env::var_os(HOST) else { return };
     let paths: Vec<PathBuf> = std::env::split_paths(&list).collect();
     let mode = std::env::var("MEMLAB_COPIES_MODE").unwrap_or_default();
-    if mode == "late" {
-        return late(&paths);
+    match mode.as_str() {
+        "late" => return late(&paths),
+        "close-first" => return close_first(&paths),
+        "close-sink" => return close_sink(&paths),
+        _ => {}
     }
     let copies: Vec<Copy> = paths.iter().map(|p| Copy::load(p)).collect();
     let n = copies.len() as u32;
@@ -361,6 +396,46 @@ fn late(paths: &[PathBuf]) {
     // SAFETY: started above, stopped once.
     unsafe { (second.record_stop)(recording) };
     println!("host: every check passed with a copy loaded late");
+}
+
+/// The host's checks of a first copy closed after its thread exited: the
+/// second copy still counts CPU tensors exactly, through the allocator the
+/// first installed.
+fn close_first(paths: &[PathBuf]) {
+    let paths = paths.to_vec();
+    // The first copy loads, makes the state and allocates on a thread that
+    // then exits (taking its thread-locals, which would otherwise hold the
+    // copy in place).
+    let first = std::thread::spawn(move || {
+        let first = Copy::load(&paths[0]);
+        assert_eq!((first.work)(1 << 20), 1 << 20);
+        (first, paths)
+    });
+    let (first, paths) = first.join().unwrap();
+    let second = Copy::load(&paths[1]);
+    assert_eq!((second.copies)(), 2);
+    first.close();
+    let base = (second.cpu_allocated)();
+    let tensor = (second.tensor_new)(3 << 20);
+    assert_eq!((second.cpu_allocated)() - base, 3 << 20, "the second copy counts through the first's allocator");
+    // SAFETY: made above, freed once.
+    unsafe { (second.tensor_free)(tensor) };
+    assert_eq!((second.work)(1 << 20), 1 << 20);
+    println!("host: every check passed with the first copy closed");
+}
+
+/// The host's checks of a copy closed after it set the output sink: the
+/// other copy's `profile_every` report goes to that sink; setting the
+/// output again through the remaining copy still works.
+fn close_sink(paths: &[PathBuf]) {
+    let first = Copy::load(&paths[0]);
+    let second = Copy::load(&paths[1]);
+    assert_eq!((second.sink_set)(), 0);
+    second.close();
+    assert_eq!((first.printed)(4096), 4096, "the report went to the closed copy's sink");
+    assert_eq!((first.sink_unset)(), 0);
+    assert_eq!((first.printed)(4096), 4096);
+    println!("host: every check passed with the sink's copy closed");
 }
 
 /// The host's checks beside a memlab of another ABI: `copies[0]` made the

@@ -313,7 +313,8 @@ fn choose() -> (&'static TableAbi, Option<u32>) {
         Ok(_) => (&OWN, None),
         Err(theirs) => {
             // SAFETY: a slot holds only `&'static TableAbi`s of copies that
-            // stay loaded (a copy whose values others use is never unloaded).
+            // stay loaded (every copy pins itself as it meets the others:
+            // the shim's `pin_this_copy`).
             let theirs: &'static TableAbi = unsafe { &*theirs };
             if theirs.abi == TABLE_ABI {
                 (theirs, None)

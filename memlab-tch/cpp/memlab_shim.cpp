@@ -18,6 +18,8 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/library.h>
 
+#include <dlfcn.h>
+
 #include <atomic>
 #include <cstdint>
 #include <cstdlib>
@@ -288,10 +290,28 @@ void make_own_anchor() {
   g_state = st;
 }
 
+// Keeps this copy loaded for the rest of the process, whatever dlclose says
+// later. Once a copy has met the others, they run its code: the counting
+// allocator the first copy installs in libtorch, and every process-wide
+// value any copy makes or sets (an output sink, a thread-local's accessor)
+// holds functions of the copy that made it. The loader's own pins do not
+// last (a thread-local's destructor holds a library only while its thread
+// lives), so the copy pins itself: dlopen of its own file with
+// RTLD_NODELETE. A program's executable is never unloaded; for it the
+// call finds nothing to pin and does nothing.
+void pin_this_copy() {
+  Dl_info info;
+  if (dladdr(reinterpret_cast<void*>(&pin_this_copy), &info) != 0 && info.dli_fname != nullptr) {
+    // The handle is kept on purpose: the copy is never closed.
+    (void)dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD | RTLD_NODELETE);
+  }
+}
+
 // Finds the process's anchor through libtorch's dispatcher, or makes one and
 // registers it there. Runs while this copy loads, under the loader's lock, so
 // two copies never meet here at once.
 void meet() {
+  pin_this_copy();
   try {
     auto found = c10::Dispatcher::singleton().findSchema({"memlab::process_anchor", ""});
     if (found.has_value()) {

@@ -159,3 +159,40 @@ pub unsafe extern "C" fn plugin_oom_arm(dir: *const c_char) -> i32 {
 pub extern "C" fn plugin_oom_fail() -> i32 {
     guard(-1, || i32::from(Tensor::f_empty([1i64 << 46], (Kind::Float, tch::Device::Cpu)).is_err()))
 }
+
+/// What this copy's output sink received (see `plugin_sink_set`).
+static SUNK: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Sends memlab's reports to a sink of this copy's code, which counts the
+/// bytes it receives; returns 0.
+#[no_mangle]
+pub extern "C" fn plugin_sink_set() -> i32 {
+    guard(-1, || {
+        memlab::profiler::set_output(memlab::profiler::Output::Sink(Box::new(|text| {
+            SUNK.fetch_add(text.len(), std::sync::atomic::Ordering::Relaxed);
+        })));
+        0
+    })
+}
+
+/// Sends memlab's reports to standard output again; returns 0.
+#[no_mangle]
+pub extern "C" fn plugin_sink_unset() -> i32 {
+    guard(-1, || {
+        memlab::profiler::set_output(memlab::profiler::Output::Stdout);
+        0
+    })
+}
+
+#[memlab::profile_every(1, device = "cpu")]
+fn printed(bytes: i64) -> i64 {
+    let kept = Tensor::zeros([bytes], (Kind::Uint8, tch::Device::Cpu));
+    kept.numel() as i64
+}
+
+/// Calls a function that prints its line profile after every call, to the
+/// output memlab's reports go to.
+#[no_mangle]
+pub extern "C" fn plugin_printed(bytes: i64) -> i64 {
+    guard(-1, || printed(bytes))
+}
