@@ -24,8 +24,10 @@
 //!   fragmentation, other processes, or not enough free memory;
 //! - `DIR/memlab_oom_<host>_<start>_<pid>_<n>.txt` is written (the host's
 //!   name, the process's start as `YYYYMMDDTHHMMSS` UTC, its id and the
-//!   report's number: two containers that share a report volume never write
-//!   the same name, and no file is ever overwritten), with a `.json` sibling
+//!   report's number; a process that finds the name taken, by another
+//!   container's PID 1 started in the same second, writes under
+//!   `<pid>-<tag>` with a random tag: no report is lost, and no file is ever
+//!   overwritten), with a `.json` sibling
 //!   (the [`OomReport`] as data) and, while a `Recording` runs, `.html` and
 //!   `.pickle` (the recording's report and PyTorch memory snapshot); the
 //!   report is kept for [`last_oom`](crate::last_oom);

@@ -381,9 +381,13 @@ fn a_bad_memlab_oom_dir_is_warned_about_once_and_nothing_breaks() {
 
 // File names, and what is refused at arming.
 
+/// In a child: the tag a taken name gives stays with the process.
 #[test]
 fn a_report_never_replaces_a_file_of_its_name() {
-    let _s = serial();
+    if !child("a_report_never_replaces_a_file_of_its_name") {
+        check_child("a_report_never_replaces_a_file_of_its_name", &[]);
+        return;
+    }
     let out = dir("exclusive");
     OomRecorder::new(&out).max_reports(100).arm().unwrap();
     // The next report's name: the host, the process's start, the pid, the number.
@@ -393,16 +397,31 @@ fn a_report_never_replaces_a_file_of_its_name() {
     let prefix = name.strip_suffix(&format!("_{}.txt", first.number)).expect("named by its number").to_string();
     assert!(prefix.starts_with(&format!("memlab_oom_{}_", first.host)), "{name}");
     assert!(prefix.ends_with(&format!("_{}", std::process::id())), "{name}");
-    // Another process (another container with the same pid) wrote the next name first.
-    let taken = out.join(format!("{prefix}_{}.txt", first.number + 1));
-    std::fs::write(&taken, "another process's report").unwrap();
+    // Another process (another container with the same pid, started in the
+    // same second on a host of the same name) wrote the next name first.
+    let taken = [out.join(format!("{prefix}_{}.txt", first.number + 1)), out.join(format!("{prefix}_{}.json", first.number + 1))];
+    for file in &taken {
+        std::fs::write(file, "another process's report").unwrap();
+    }
     assert!(Tensor::f_empty([TOO_BIG], (Kind::Float, tch::Device::Cpu)).is_err());
     let second = memlab::last_oom().unwrap();
     assert_eq!(second.number, first.number + 1);
-    assert_eq!(std::fs::read_to_string(&taken).unwrap(), "another process's report", "left as it was");
-    assert!(second.file_errors.iter().any(|e| e.contains("exists; it is left as it is")), "{:?}", second.file_errors);
-    // The JSON sibling, a new name, is still written.
-    assert!(second.files.iter().any(|f| f.extension().is_some_and(|e| e == "json")), "{:?}", second.files);
+    for file in &taken {
+        assert_eq!(std::fs::read_to_string(file).unwrap(), "another process's report", "left as it was");
+    }
+    // This report is written whole, under this process's name with a tag.
+    assert_eq!(second.file_errors, Vec::<String>::new());
+    let names: Vec<String> = second.files.iter().map(|f| f.file_name().unwrap().to_string_lossy().into_owned()).collect();
+    assert_eq!(names.len(), 2, "{names:?}");
+    let tagged = names[0].strip_suffix(&format!("_{}.txt", second.number)).expect("named by its number");
+    let tag = tagged.strip_prefix(&format!("{prefix}-")).expect("the pid, then a tag");
+    assert!(tag.len() == 8 && tag.chars().all(|c| c.is_ascii_hexdigit()), "{names:?}");
+    assert_eq!(names[1], format!("{tagged}_{}.json", second.number));
+    // Later reports of this process keep its tag.
+    assert!(Tensor::f_empty([TOO_BIG], (Kind::Float, tch::Device::Cpu)).is_err());
+    let third = memlab::last_oom().unwrap();
+    let name = third.files[0].file_name().unwrap().to_string_lossy().into_owned();
+    assert_eq!(name, format!("{tagged}_{}.txt", third.number));
     OomRecorder::disarm();
     std::fs::remove_dir_all(&out).ok();
 }
@@ -472,4 +491,112 @@ fn find_batch_size_on_the_cpu_keeps_its_out_of_memory_panics_from_the_panic_hook
     assert_eq!(quiet, 0, "the search's out-of-memory panics reached the panic hook");
     assert_eq!(loud.unwrap().largest, None);
     assert_eq!(after, 1, "a panic for another reason is reported");
+}
+
+const TWIN: &str = "twin_child";
+
+/// The body of each twin of [`two_containers_pid_1_keep_both_reports`]:
+/// says its pid and start, waits for the parent's byte, then fails a
+/// request; its report must be written whole.
+#[test]
+fn twin_child() {
+    use std::io::{Read, Write};
+    if !child(TWIN) {
+        return;
+    }
+    let run = memlab::run::this_process();
+    println!("memlab-test: ready {} {}", run.pid, run.process_start.unwrap_or(0));
+    std::io::stdout().flush().unwrap();
+    let mut go = [0u8];
+    std::io::stdin().read_exact(&mut go).unwrap();
+    assert!(Tensor::f_empty([TOO_BIG], (Kind::Float, tch::Device::Cpu)).is_err());
+    let report = memlab::last_oom().expect("reported");
+    assert_eq!(report.file_errors, Vec::<String>::new(), "every file written");
+    assert_eq!(report.files.len(), 2, "{:?}", report.files);
+}
+
+/// Two containers sharing an output directory: each program is pid 1 in
+/// its own PID namespace, on hosts of one name, started in one second, so
+/// their reports' usual names are the same. Both reports are written
+/// whole. Needs `unshare --pid` (root); where it is missing,
+/// `a_report_never_replaces_a_file_of_its_name` plays the same collision
+/// in one process.
+#[test]
+fn two_containers_pid_1_keep_both_reports() {
+    use std::io::{BufRead, BufReader, Write};
+    use std::process::{Command, Stdio};
+    if std::env::var_os("MEMLAB_CHILD").is_some() {
+        return;
+    }
+    let works = Command::new("unshare").args(["--pid", "--fork", "true"]).stderr(Stdio::null()).status();
+    if !works.is_ok_and(|s| s.success()) {
+        assert!(std::env::var_os("CI").is_none(), "CI runs this test as root, with unshare");
+        eprintln!("unshare --pid is not available here: the collision is played in one process instead");
+        return;
+    }
+    let out = dir("containers");
+    std::fs::create_dir_all(&out).unwrap();
+    let spawn = || {
+        let mut twin = Command::new("unshare")
+            .args(["--pid", "--fork", "--kill-child"])
+            .arg(std::env::current_exe().unwrap())
+            .args(["--exact", TWIN, "--nocapture", "--test-threads=1"])
+            .env("MEMLAB_CHILD", TWIN)
+            .env("MEMLAB_OOM_DIR", &out)
+            .env_remove("MEMLAB_CPU_ALLOCATOR")
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let lines = BufReader::new(twin.stdout.take().unwrap());
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in lines.lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let ready = rx
+            .iter()
+            .find_map(|l| l.split_once("memlab-test: ready ").map(|(_, r)| r.to_string()))
+            .expect("the twin got ready");
+        (twin, ready)
+    };
+    // Until both started in one second (the usual names are then the same).
+    let twins = (0..10)
+        .find_map(|_| {
+            let (mut a, a_ready) = spawn();
+            let (mut b, b_ready) = spawn();
+            if a_ready == b_ready {
+                return Some((a, b, a_ready));
+            }
+            for t in [&mut a, &mut b] {
+                let _ = t.kill();
+                let _ = t.wait();
+            }
+            None
+        })
+        .expect("two twins started within one second");
+    let (mut a, mut b, ready) = twins;
+    assert!(ready.starts_with("1 "), "each is pid 1 in its namespace: {ready}");
+    for twin in [&mut a, &mut b] {
+        twin.stdin.take().unwrap().write_all(b"g").unwrap();
+        let status = twin.wait().unwrap();
+        let mut stderr = String::new();
+        std::io::Read::read_to_string(twin.stderr.as_mut().unwrap(), &mut stderr).unwrap();
+        assert!(status.success(), "{stderr}");
+    }
+    let texts = reports(&out, "txt");
+    let jsons = reports(&out, "json");
+    assert_eq!((texts.len(), jsons.len()), (2, 2), "both reports kept: {texts:?} {jsons:?}");
+    let zeros: Vec<u64> = jsons
+        .iter()
+        .map(|j| {
+            let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(j).unwrap()).unwrap();
+            assert_eq!(report["run"]["pid"], 1);
+            report["run"]["clock_zero_unix_us"].as_u64().unwrap()
+        })
+        .collect();
+    assert_ne!(zeros[0], zeros[1], "two processes' reports, not one twice");
+    std::fs::remove_dir_all(&out).ok();
 }

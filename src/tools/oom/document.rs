@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 
 use memlab_core::events::{self, Frame};
 use memlab_core::render::{Cell, Column, Document, Layout, Render, Table};
+use memlab_core::sync::LockExt;
 use memlab_core::{Device, Error, Result};
 use serde::Serialize;
 
@@ -100,10 +101,33 @@ fn file_safe(name: &str) -> String {
     name.chars().map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_') { c } else { '_' }).collect()
 }
 
+/// `dir/stem.extension`. Not `Path::with_extension`: a stem may hold dots
+/// (a host `node1.cluster`), which that would take for an extension.
+fn report_file(dir: &Path, stem: &str, extension: &str) -> PathBuf {
+    dir.join(format!("{stem}.{extension}"))
+}
+
+memlab_core::process::process_wide! {
+    /// This process's tag in its reports' names, once another process's
+    /// report had taken one of them: the same for every later report, so
+    /// that a process's reports stay together.
+    static TAG: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
+}
+
+/// Eight hexadecimal digits no other process can predict: std's hasher
+/// keys come from the system's random source, once per process.
+fn random_tag() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos());
+    format!("{:08x}", hasher.finish() as u32)
+}
+
 impl OomReport {
     /// The reports' common file name, without extension:
-    /// `memlab_oom_<host>_<start>_<pid>_<n>`, then `_rank<N>` for a rank.
-    fn base_name(&self) -> String {
+    /// `memlab_oom_<host>_<start>_<pid>_<n>`, then `_rank<N>` for a rank;
+    /// with a `tag`, `<pid>-<tag>`.
+    fn base_name(&self, tag: Option<&str>) -> String {
         let start = self.process_start.as_deref().map_or_else(
             || "unknown".to_string(),
             |s| {
@@ -117,7 +141,41 @@ impl OomReport {
             },
         );
         let rank = self.run.file_suffix();
-        format!("memlab_oom_{}_{start}_{}_{}{rank}", file_safe(&self.host), self.pid, self.number)
+        let tag = tag.map(|t| format!("-{t}")).unwrap_or_default();
+        format!("memlab_oom_{}_{start}_{}{tag}_{}{rank}", file_safe(&self.host), self.pid, self.number)
+    }
+
+    /// Creates the text report's file under a name no file has, and
+    /// returns the name (without extension) and the file. The name is the
+    /// usual one unless another process's report took it (two containers'
+    /// pid 1, started in one second on hosts of one name, writing to one
+    /// directory): then this process's names carry a random tag from then
+    /// on, drawn again while the name is taken. Created exclusively, so of
+    /// two processes that race for a name, one gets it and the other draws.
+    fn claim(&mut self, dir: &Path) -> Option<(String, std::fs::File)> {
+        let mut tag = TAG.locked().clone();
+        for _ in 0..16 {
+            let stem = self.base_name(tag.as_deref());
+            let path = report_file(dir, &stem, "txt");
+            match std::fs::OpenOptions::new().write(true).create_new(true).open(&path) {
+                Ok(file) => {
+                    if tag.is_some() {
+                        *TAG.locked() = tag;
+                    }
+                    return Some((stem, file));
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => tag = Some(random_tag()),
+                Err(e) => {
+                    self.file_errors.push(format!("{}: {e}", path.display()));
+                    return None;
+                }
+            }
+        }
+        self.file_errors.push(format!(
+            "{}: every name tried was taken; the report is not written to a file",
+            report_file(dir, &self.base_name(None), "txt").display()
+        ));
+        None
     }
 
     /// Writes the text report and its JSON first, then, while a recording
@@ -126,9 +184,12 @@ impl OomReport {
     /// of files. Every file is created anew (never overwriting one);
     /// failures to write are kept, never raised.
     pub(super) fn write(&mut self, dir: &Path, sources: &Model) {
-        let base = dir.join(self.base_name());
-        let (text_path, json_path) = (base.with_extension("txt"), base.with_extension("json"));
-        let mut reports = [(self.create(&text_path), text_path), (self.create(&json_path), json_path)];
+        let (stem, text_file) = match self.claim(dir) {
+            Some((stem, file)) => (stem, Some(file)),
+            None => (self.base_name(None), None),
+        };
+        let (text_path, json_path) = (report_file(dir, &stem, "txt"), report_file(dir, &stem, "json"));
+        let mut reports = [(text_file, text_path), (self.create(&json_path), json_path)];
         for (file, path) in &reports {
             if file.is_some() {
                 self.files.push(path.clone());
@@ -149,7 +210,7 @@ impl OomReport {
             ("the PyTorch memory snapshot", "pickle", crate::capture::estimate::snapshot()),
         ];
         for (part, extension, needed) in exports {
-            let path = base.with_extension(extension);
+            let path = report_file(dir, &stem, extension);
             let available = room();
             if !fits(needed, available) {
                 self.left_out.push(LeftOut {
@@ -456,5 +517,25 @@ impl Render for OomReport {
             doc.indented(2, "a larger OomRecorder::reserve (or a smaller recording) makes room for them");
         }
         doc
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_host_with_dots_keeps_the_whole_name() {
+        let dir = Path::new("/reports");
+        let stem = "memlab_oom_node1.cluster.example_20261126T061827_1_1_rank0";
+        assert_eq!(report_file(dir, stem, "json"), dir.join(format!("{stem}.json")));
+        assert_ne!(Path::new(stem).with_extension("json"), Path::new(&format!("{stem}.json")), "why not with_extension");
+    }
+
+    #[test]
+    fn tags_differ() {
+        let tags: std::collections::HashSet<String> = (0..64).map(|_| random_tag()).collect();
+        assert_eq!(tags.len(), 64);
+        assert!(tags.iter().all(|t| t.len() == 8 && t.chars().all(|c| c.is_ascii_hexdigit())));
     }
 }
