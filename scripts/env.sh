@@ -4,7 +4,12 @@
 # the venv already has the right torch, nothing is installed.
 #
 # MEMLAB_TORCH picks the torch: 2.11.0 (the default, for tch 0.24, in .venv)
-# or 2.13.0 (for tch 0.26, in .venv-2.13.0). Each venv is a few GB.
+# or 2.13.0 (for tch 0.26, in .venv-2.13.0). Each venv is a few GB. Sourced
+# again in one shell with another MEMLAB_TORCH, it switches to that torch's
+# venv, and takes the other's entries out of PATH and LD_LIBRARY_PATH.
+#
+# MEMLAB_VENV, set by you, names the venv to use (and to install torch
+# into) whatever MEMLAB_TORCH says; one this script chose is chosen again.
 
 MEMLAB_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 MEMLAB_TORCH_VERSION="${MEMLAB_TORCH:-2.11.0}"
@@ -16,7 +21,13 @@ case "$MEMLAB_TORCH_VERSION" in
     return 1 2>/dev/null || exit 1
     ;;
 esac
-export MEMLAB_VENV="${MEMLAB_VENV:-$MEMLAB_DEFAULT_VENV}"
+# MEMLAB_VENV_CHOSEN: the venv this script chose last in this shell, so that
+# a MEMLAB_VENV it exported is told from one the user set.
+if [ -z "${MEMLAB_VENV:-}" ] || [ "$MEMLAB_VENV" = "${MEMLAB_VENV_CHOSEN:-}" ]; then
+  MEMLAB_VENV="$MEMLAB_DEFAULT_VENV"
+  export MEMLAB_VENV_CHOSEN="$MEMLAB_VENV"
+fi
+export MEMLAB_VENV
 # The CUDA runtime's crt/ headers, which memlab's CUDA event hook compiles
 # against: both torch versions are built on CUDA 13.0, whose crt is 13.0.88.
 MEMLAB_CUDA_CRT_VERSION="13.0.88"
@@ -41,11 +52,26 @@ if [ "$(memlab_installed)" != "$MEMLAB_TORCH_VERSION $MEMLAB_CUDA_CRT_VERSION" ]
   }
 fi
 
-export PATH="$MEMLAB_VENV/bin:$PATH"
+# `PATH`-like $1 without the entry $2.
+memlab_without() {
+  printf '%s' "$1" | tr ':' '\n' | { grep -vxF -- "$2" || true; } | paste -sd: -
+}
+
+# What an earlier sourcing added goes, so the venv chosen now comes first
+# and alone.
+if [ -n "${MEMLAB_ADDED_PATH:-}" ]; then
+  PATH="$(memlab_without "$PATH" "$MEMLAB_ADDED_PATH")"
+fi
+if [ -n "${MEMLAB_ADDED_LIBRARY_PATH:-}" ]; then
+  LD_LIBRARY_PATH="$(memlab_without "${LD_LIBRARY_PATH:-}" "$MEMLAB_ADDED_LIBRARY_PATH")"
+fi
+export MEMLAB_ADDED_PATH="$MEMLAB_VENV/bin"
+export PATH="$MEMLAB_ADDED_PATH:$PATH"
 export LIBTORCH_USE_PYTORCH=1
 MEMLAB_TORCH_DIR="$("$MEMLAB_VENV/bin/python" - <<'PY'
 import importlib.util, os
 print(os.path.dirname(importlib.util.find_spec("torch").origin))
 PY
 )"
-export LD_LIBRARY_PATH="$MEMLAB_TORCH_DIR/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export MEMLAB_ADDED_LIBRARY_PATH="$MEMLAB_TORCH_DIR/lib"
+export LD_LIBRARY_PATH="$MEMLAB_ADDED_LIBRARY_PATH${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"

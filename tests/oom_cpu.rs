@@ -399,7 +399,10 @@ fn a_report_never_replaces_a_file_of_its_name() {
     assert!(prefix.ends_with(&format!("_{}", std::process::id())), "{name}");
     // Another process (another container with the same pid, started in the
     // same second on a host of the same name) wrote the next name first.
-    let taken = [out.join(format!("{prefix}_{}.txt", first.number + 1)), out.join(format!("{prefix}_{}.json", first.number + 1))];
+    let taken = [
+        out.join(format!("{prefix}_{}.txt", first.number + 1)),
+        out.join(format!("{prefix}_{}.json", first.number + 1)),
+    ];
     for file in &taken {
         std::fs::write(file, "another process's report").unwrap();
     }
@@ -411,7 +414,8 @@ fn a_report_never_replaces_a_file_of_its_name() {
     }
     // This report is written whole, under this process's name with a tag.
     assert_eq!(second.file_errors, Vec::<String>::new());
-    let names: Vec<String> = second.files.iter().map(|f| f.file_name().unwrap().to_string_lossy().into_owned()).collect();
+    let names: Vec<String> =
+        second.files.iter().map(|f| f.file_name().unwrap().to_string_lossy().into_owned()).collect();
     assert_eq!(names.len(), 2, "{names:?}");
     let tagged = names[0].strip_suffix(&format!("_{}.txt", second.number)).expect("named by its number");
     let tag = tagged.strip_prefix(&format!("{prefix}-")).expect("the pid, then a tag");

@@ -93,7 +93,11 @@ fn a_clock_zero_past_what_a_run_can_have_is_refused_naming_the_field() {
         trace["otherData"]["run"]["clock_zero_unix_us"] = zero.clone();
         let path = write_json("zero_rank1.json", &trace);
         let good = fixture("memlab_trace_rank0.json");
-        refused(&[good.to_str().unwrap(), &path], &[], &[&path, "`otherData.run.clock_zero_unix_us`", &zero.to_string()]);
+        refused(
+            &[good.to_str().unwrap(), &path],
+            &[],
+            &[&path, "`otherData.run.clock_zero_unix_us`", &zero.to_string()],
+        );
     }
     let mut report = read_json("memlab_oom_rank1.json");
     report["run"]["clock_zero_unix_us"] = json!(u64::MAX);
@@ -121,7 +125,10 @@ fn two_processes_that_claim_one_rank_are_told_apart_by_pid() {
     let labels: Vec<&str> = merged["ranks"].as_array().unwrap().iter().map(|r| r["label"].as_str().unwrap()).collect();
     assert_eq!(labels, ["rank 0 (vm, pid 10)", "rank 0 (vm, pid 11)"]);
     assert_eq!(merged["ooms"].as_array().unwrap().len(), 1);
-    assert_eq!((merged["ooms"][0]["process"].as_u64(), merged["ooms"][0]["label"].as_str()), (Some(1), Some(labels[1])));
+    assert_eq!(
+        (merged["ooms"][0]["process"].as_u64(), merged["ooms"][0]["label"].as_str()),
+        (Some(1), Some(labels[1]))
+    );
     let warnings = merged["warnings"].as_array().unwrap();
     assert_eq!(warnings.len(), 1, "{warnings:?}");
     assert!(warnings[0].as_str().unwrap().starts_with("2 processes claim rank 0 (pid 10 on vm, pid 11 on vm)"));
@@ -169,7 +176,9 @@ fn read_every_way(path: &Path, out: &Path) {
     }
     let companion = fixture("memlab_trace_rank0.json");
     for files in [vec![name.to_string()], vec![name.to_string(), companion.to_str().unwrap().to_string()]] {
-        if let Ok(merged) = merge::merge(&files, &merge::Options { out: out.to_path_buf(), offsets: Default::default() }) {
+        if let Ok(merged) =
+            merge::merge(&files, &merge::Options { out: out.to_path_buf(), offsets: Default::default() })
+        {
             let _ = merged.to_text();
         }
     }
@@ -193,15 +202,35 @@ fn every_input_that_once_failed_reads_or_is_refused() {
 /// One change to a file's bytes, or (JSON only) to one value of it.
 #[derive(Clone, Debug)]
 enum Mutation {
-    Flip { at: u32, bit: u8 },
-    Set { at: u32, byte: u8 },
-    Truncate { at: u32 },
-    Delete { at: u32, len: u16 },
-    Insert { at: u32, bytes: Vec<u8> },
-    Repeat { at: u32, len: u16 },
+    Flip {
+        at: u32,
+        bit: u8,
+    },
+    Set {
+        at: u32,
+        byte: u8,
+    },
+    Truncate {
+        at: u32,
+    },
+    Delete {
+        at: u32,
+        len: u16,
+    },
+    Insert {
+        at: u32,
+        bytes: Vec<u8>,
+    },
+    Repeat {
+        at: u32,
+        len: u16,
+    },
     /// The `at`-th value of the JSON document (in document order) replaced
     /// by hostile value `with`.
-    Value { at: u32, with: u8 },
+    Value {
+        at: u32,
+        with: u8,
+    },
 }
 
 /// Values a reader may not expect where it finds them.

@@ -211,7 +211,10 @@ mod tests {
         // torchrun under srun: torchrun's global rank wins over the node's task id.
         assert_eq!(read(&[("SLURM_PROCID", "1"), ("RANK", "9"), ("WORLD_SIZE", "16")]), (Some(9), Some(16)));
         // Local ranks only where no global one is set.
-        assert_eq!(read(&[("OMPI_COMM_WORLD_LOCAL_RANK", "1"), ("OMPI_COMM_WORLD_LOCAL_SIZE", "2")]), (Some(1), Some(2)));
+        assert_eq!(
+            read(&[("OMPI_COMM_WORLD_LOCAL_RANK", "1"), ("OMPI_COMM_WORLD_LOCAL_SIZE", "2")]),
+            (Some(1), Some(2))
+        );
         assert_eq!(read(&[("SLURM_LOCALID", "3")]), (Some(3), None));
         let found = rank_from(env(&[("SLURM_PROCID", "4"), ("SLURM_NTASKS", "eight")]));
         assert_eq!((found.rank, found.rank_variable, found.world_size), (Some(4), Some("SLURM_PROCID"), None));

@@ -64,12 +64,21 @@ pub fn env_flag(name: &str) -> Option<bool> {
     }
 }
 
+/// What turns a switch of the environment on ([`env_flag`]), in any case.
+pub const FLAG_ON: [&str; 4] = ["1", "true", "yes", "on"];
+/// What turns it off.
+pub const FLAG_OFF: [&str; 4] = ["0", "false", "no", "off"];
+
 fn parse_flag(text: &str) -> std::result::Result<Option<bool>, ()> {
-    match text.trim().to_ascii_lowercase().as_str() {
-        "" => Ok(None),
-        "1" | "true" | "yes" | "on" => Ok(Some(true)),
-        "0" | "false" | "no" | "off" => Ok(Some(false)),
-        _ => Err(()),
+    let text = text.trim().to_ascii_lowercase();
+    if text.is_empty() {
+        Ok(None)
+    } else if FLAG_ON.contains(&text.as_str()) {
+        Ok(Some(true))
+    } else if FLAG_OFF.contains(&text.as_str()) {
+        Ok(Some(false))
+    } else {
+        Err(())
     }
 }
 

@@ -19,7 +19,8 @@ pub use crate::report::{default_columns, set_default_columns};
 pub use crate::sites::{LineStats, Registered, Site, SiteMeta};
 pub use crate::stats::PEAK_FIELDS;
 pub use config::{
-    env_flag, is_enabled, set_enabled, set_print_at_exit, set_target_device, set_target_gpu, target_device,
+    env_flag, is_enabled, set_enabled, set_print_at_exit, set_target_device, set_target_gpu, target_device, FLAG_OFF,
+    FLAG_ON,
 };
 pub use frame::{BlockEnd, Busy, Frame, InStatement};
 pub use ledger::{reset_peaks, reset_totals, MAX_CUDA_DEVICES};

@@ -154,7 +154,9 @@ impl Document {
                     let text = v(text);
                     writeln!(out, "\n{text}\n{}", "-".repeat(text.width())).unwrap()
                 }
-                Block::Heading(text) | Block::Note(text) | Block::Caution(text) => writeln!(out, "{}", v(text)).unwrap(),
+                Block::Heading(text) | Block::Note(text) | Block::Caution(text) => {
+                    writeln!(out, "{}", v(text)).unwrap()
+                }
                 Block::Timeline(t) => out.push_str(&t.to_text(SPARKLINE)),
                 Block::Icicle(i) => out.push_str(&i.to_text()),
                 Block::Section(text) => writeln!(out, "## {}", v(text)).unwrap(),

@@ -119,7 +119,8 @@ memlab_core::process::process_wide! {
 fn random_tag() -> String {
     use std::hash::{BuildHasher, Hasher};
     let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-    hasher.write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos());
+    hasher
+        .write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos());
     format!("{:08x}", hasher.finish() as u32)
 }
 
@@ -529,7 +530,11 @@ mod tests {
         let dir = Path::new("/reports");
         let stem = "memlab_oom_node1.cluster.example_20261126T061827_1_1_rank0";
         assert_eq!(report_file(dir, stem, "json"), dir.join(format!("{stem}.json")));
-        assert_ne!(Path::new(stem).with_extension("json"), Path::new(&format!("{stem}.json")), "why not with_extension");
+        assert_ne!(
+            Path::new(stem).with_extension("json"),
+            Path::new(&format!("{stem}.json")),
+            "why not with_extension"
+        );
     }
 
     #[test]
