@@ -62,13 +62,13 @@ cells=(
 )
 log="$EVCXR_TMPDIR/session.log"
 # evcxr's code analysis adds the toolchain's rust-src component when it is
-# missing. With it, the compiler quotes std's sources in its messages, which
-# the UI tests (tests/ui) do not expect: a component this run added goes again.
+# missing: a component this run added goes again, so the toolchain is left
+# as it was found.
 had_rust_src=0
 if rustup component list --installed 2>/dev/null | grep -qx 'rust-src'; then had_rust_src=1; fi
 printf '%s\n' "${cells[@]}" | "$tools/bin/evcxr" --disable-readline 2>&1 | tee "$log"
 if [ "$had_rust_src" = 0 ] && rustup component list --installed 2>/dev/null | grep -qx 'rust-src'; then
-  echo "memlab: removing the rust-src component evcxr added (the UI tests expect messages without std's sources)" >&2
+  echo "memlab: removing the rust-src component evcxr added, as the toolchain was" >&2
   rustup component remove rust-src >&2 || true
 fi
 

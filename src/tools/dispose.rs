@@ -3,7 +3,6 @@
 
 use serde::Serialize;
 use std::collections::{BTreeMap, HashSet};
-use std::marker::PhantomData;
 
 use memlab_core::events::{self, LiveAllocation, ScopeCounts, ScopeOutcome};
 use memlab_core::profiler::PeakWatch;
@@ -69,8 +68,15 @@ pub struct DisposeScope {
     recording: Option<Recording>,
     model: Model,
     /// Scopes are per thread: the thread's stack of open scopes knows them.
-    _not_send: PhantomData<*const ()>,
+    _thread: ThreadBound,
 }
+
+/// What makes a scope stay on its thread: a raw pointer is neither `Send`
+/// nor `Sync`. A type of memlab's own rather than `PhantomData<*const ()>`,
+/// so that rustc's note on a scope sent to another thread points into
+/// memlab's source only (with the standard library's sources installed, it
+/// would also quote `PhantomData`'s definition).
+struct ThreadBound(#[allow(dead_code)] *const ());
 
 impl DisposeScope {
     /// Opens a scope named `name` on this thread (recording allocation events
@@ -97,7 +103,7 @@ impl DisposeScope {
             on_escape: OnEscape::Warn,
             recording: Some(recording),
             model: Model::registered(),
-            _not_send: PhantomData,
+            _thread: ThreadBound(std::ptr::null()),
         })
     }
 
