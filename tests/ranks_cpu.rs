@@ -265,7 +265,9 @@ fn ranks_from_slurm_and_mpi_launchers() {
     if std::env::var_os("MEMLAB_CHILD").is_some() {
         return;
     }
-    let cases: [(&[(&str, &str)], (u32, Option<u32>)); 4] = [
+    /// The launcher's variables, and the rank and world size they give.
+    type Case<'a> = (&'a [(&'a str, &'a str)], (u32, Option<u32>));
+    let cases: [Case; 4] = [
         (&[("SLURM_PROCID", "3"), ("SLURM_NTASKS", "4"), ("SLURM_LOCALID", "1")], (3, Some(4))),
         // Open MPI inside a Slurm allocation: the batch script's task id is every process's.
         (&[("SLURM_PROCID", "0"), ("OMPI_COMM_WORLD_RANK", "2"), ("OMPI_COMM_WORLD_SIZE", "8")], (2, Some(8))),

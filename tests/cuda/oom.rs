@@ -86,6 +86,8 @@ fn memlab_oom_dir_alone_reports_a_cuda_failure() {
         return;
     }
     let dir = oom_dir("environment");
+    // The child's GPU memory must not meet another test's of this process.
+    let _s = serial();
     let (_, stderr) = common::check_child(name, &[("MEMLAB_OOM_DIR", dir.to_str().unwrap())]);
     assert!(stderr.contains("memlab: out of memory on cuda:0"), "{stderr}");
     std::fs::remove_dir_all(&dir).ok();

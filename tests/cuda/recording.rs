@@ -152,6 +152,8 @@ fn expandable_segments_are_mapped_and_unmapped_in_the_events_and_the_snapshot() 
         drop(recording);
         return;
     }
+    // The child's GPU memory must not meet another test's of this process.
+    let _s = serial();
     let (stdout, _) = common::check_child(name, &[("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")]);
     println!("{stdout}");
 }
