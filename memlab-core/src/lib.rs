@@ -21,6 +21,7 @@ pub mod run;
 pub mod sites;
 pub mod stats;
 pub mod sync;
+pub mod thread;
 pub mod time;
 
 pub use backend::{Backend, ScriptedBackend};

@@ -110,7 +110,7 @@ mod later {
     pub(super) fn start() -> bool {
         let mut started = STARTED.locked();
         if !*started {
-            let spawned = crate::oom::spawn_started("memlab-warnings", || {
+            let spawned = crate::thread::spawn_started("memlab-warnings", || {
                 // The queue's first growth happens here, not when memory ran out.
                 QUEUE.locked().reserve(8);
                 loop {
@@ -152,6 +152,11 @@ mod later {
 /// Writes `text` where `target` says (`default` when unset); with
 /// `to_sink` false, a sink is not called and false is returned.
 fn write(target: &Mutex<Option<Arc<Output>>>, text: &str, default: Output, to_sink: bool) -> bool {
+    // What the process-wide table could not say when it was chosen (it
+    // comes before the sinks it holds): said first, once.
+    for warning in crate::process::take_warnings() {
+        write(&WARNINGS, &format!("{warning}\n"), Output::Stderr, true);
+    }
     if text.is_empty() {
         return true;
     }

@@ -32,7 +32,7 @@
 use std::any::TypeId;
 use std::ffi::c_void;
 use std::ops::Deref;
-use std::sync::atomic::{AtomicPtr, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 use std::sync::Mutex;
 
 use crate::sync::LockExt;
@@ -287,18 +287,59 @@ fn table() -> &'static TableAbi {
     }
     let (found, foreign) = choose();
     CHOSEN.store(found as *const TableAbi as *mut TableAbi, Ordering::Release);
-    // Now that the table is chosen, the output layer can reach its sinks.
     if let Some(problem) = anchor().and_then(|anchor| (anchor.problem)()) {
-        crate::output::warn(&problem);
+        defer_warning(problem);
     }
     if let Some(abi) = foreign {
-        crate::output::warn(&format!(
+        defer_warning(format!(
             "memlab: another copy of memlab in this process keeps its state in a table of version {abi}; this \
              copy (version {TABLE_ABI}) keeps its own, so the two report apart: build every part of the program \
              with one memlab version"
         ));
     }
     found
+}
+
+/// Warnings about this copy's table, said once: the output layer, which
+/// needs the table to reach its sinks, writes them before anything else it
+/// writes (see [`take_warnings`]); whatever it never took goes to standard
+/// error when the process exits. Kept per copy, beside the choice of table.
+static DEFERRED: Mutex<Vec<String>> = Mutex::new(Vec::new());
+/// Whether [`DEFERRED`] may hold anything: one load on the output path.
+static ANY_DEFERRED: AtomicBool = AtomicBool::new(false);
+
+fn defer_warning(text: String) {
+    let mut deferred = DEFERRED.locked();
+    if deferred.is_empty() {
+        extern "C" {
+            fn atexit(callback: extern "C" fn()) -> std::ffi::c_int;
+        }
+        // SAFETY: registers a function that writes what is left and never unwinds.
+        unsafe { atexit(warn_at_exit) };
+    }
+    deferred.push(text);
+    ANY_DEFERRED.store(true, Ordering::Release);
+}
+
+extern "C" fn warn_at_exit() {
+    let _ = std::panic::catch_unwind(|| {
+        use std::io::Write;
+        for text in take_warnings() {
+            let _ = writeln!(std::io::stderr().lock(), "{text}");
+        }
+    });
+}
+
+/// The warnings about this copy's table not said yet (another copy's state
+/// it could not share, the anchor's problem), each once: the output layer
+/// takes them before it writes anything.
+#[inline]
+pub fn take_warnings() -> Vec<String> {
+    if !ANY_DEFERRED.load(Ordering::Acquire) {
+        return Vec::new();
+    }
+    ANY_DEFERRED.store(false, Ordering::Release);
+    std::mem::take(&mut *DEFERRED.locked())
 }
 
 /// The table this copy is to use, and the version of a table at the anchor

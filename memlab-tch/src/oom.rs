@@ -219,7 +219,7 @@ pub fn watch_cuda() -> bool {
     if !WATCHER.swap(true, Ordering::Relaxed) {
         // SAFETY: registers a function that takes a lock and sets a flag.
         unsafe { libc::atexit(stop_watching) };
-        let spawned = memlab_core::oom::spawn_started("memlab-oom-watch", || {
+        let spawned = memlab_core::thread::spawn_started("memlab-oom-watch", || {
             let (mut waited, mut seen) = (Duration::ZERO, false);
             while !poll(&mut seen) {
                 // Every 10 ms at first, then every 100 ms: a process that never

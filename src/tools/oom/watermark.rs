@@ -22,7 +22,7 @@ pub(super) fn watch(share: Option<f64>) {
     if share.is_none() || readings().iter().all(Option::is_none) || RUNNING.swap(true, Ordering::Relaxed) {
         return;
     }
-    let spawned = memlab_core::oom::spawn_started("memlab-oom-watermark", || {
+    let spawned = memlab_core::thread::spawn_started("memlab-oom-watermark", || {
         let mut above = [false; 2];
         loop {
             std::thread::sleep(Duration::from_millis(100));
