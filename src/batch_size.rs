@@ -2,4 +2,295 @@
 //! within a memory budget, found by trying batch sizes, with out-of-memory
 //! failures caught so the process stays healthy.
 
-pub use crate::tools::batch_size::{BatchSearch, FirstOom, Try};
+use serde::Serialize;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+
+use memlab_core::oom::Failure;
+use memlab_core::profiler::PeakWatch;
+use memlab_core::render::{Cell, Column, Document, Layout, Render, Table};
+use memlab_core::{Device, Error, Result};
+use memlab_tch::BACKEND;
+
+use crate::diagnosis::{diagnose, Diagnosis};
+
+/// How much memory [`find_batch_size`] may use.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum Budget {
+    /// At most this many bytes allocated above what was allocated before each try.
+    Bytes(i64),
+    /// What the CUDA device has free now (driver's free bytes plus the cache's
+    /// unused bytes).
+    FreeDeviceMemory,
+}
+
+/// What [`find_batch_size`] tried and found.
+#[derive(Clone, Debug, Default, Serialize)]
+#[non_exhaustive]
+pub struct BatchSearch {
+    /// The largest batch size that ran within the budget (`None`: not even 1).
+    pub largest: Option<usize>,
+    /// The budget in bytes.
+    pub budget: i64,
+    /// Every try, in the order they ran.
+    pub tried: Vec<Try>,
+    /// The first try that ran out of memory, and why.
+    pub first_oom: Option<FirstOom>,
+}
+
+/// One try of [`find_batch_size`].
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Try {
+    /// The batch size tried.
+    pub batch_size: usize,
+    /// Its peak in bytes, or why it failed.
+    pub outcome: std::result::Result<i64, String>,
+}
+
+/// The first try that ran out of memory.
+#[derive(Clone, Debug, Serialize)]
+pub struct FirstOom {
+    /// Its batch size.
+    pub batch_size: usize,
+    /// Why it failed: the out-of-memory recorder's verdict, with its figures.
+    pub diagnosis: Diagnosis,
+}
+
+/// Finds the largest batch size in `1..=max` whose `step` stays within
+/// `budget` on `device`, by doubling and then binary search over real runs of
+/// `step` (like
+/// accelerate's `find_executable_batch_size`, but measured: a try fails when
+/// its peak exceeds the budget or when it panics or errs, e.g. CUDA out of
+/// memory). Failures are caught and the CUDA cache emptied after each try, so
+/// the process stays healthy. Any `max` works, `usize::MAX` included.
+///
+/// The out-of-memory panics of the tries are caught and not printed: a
+/// try's panic is taken for one when the allocator reported a failure of
+/// the try's device while it ran (whatever libtorch's message says), or,
+/// for failures no allocator reports (cuBLAS workspaces, say), when its
+/// message says memory ran out. Every other panic (of another thread, or a
+/// try's panic for another reason) still reaches the panic hook that was in
+/// place when the search began, which is in place again when it returns.
+pub fn find_batch_size(
+    device: Device,
+    budget: Budget,
+    max: usize,
+    mut step: impl FnMut(usize) -> std::result::Result<(), Box<dyn std::error::Error>>,
+) -> Result<BatchSearch> {
+    let budget = match budget {
+        Budget::Bytes(b) => b,
+        Budget::FreeDeviceMemory => match device {
+            Device::Cuda(i) => {
+                let (free, _) = memlab_tch::cuda_mem_info(i)?;
+                let s = memlab_tch::device_stats(device)?;
+                free as i64 + s.reserved_bytes.all.current - s.allocated_bytes.all.current
+            }
+            Device::Cpu => {
+                return Err(Error::InvalidArgument(
+                    "FreeDeviceMemory is a CUDA budget; give the CPU a Budget::Bytes".to_string(),
+                ))
+            }
+        },
+    };
+    let mut search = BatchSearch { largest: None, budget, tried: Vec::new(), first_oom: None };
+    let _quiet = quiet_oom_panics::install();
+    let mut run = |n: usize| {
+        let (outcome, oom) = try_once(device, &mut step, n);
+        if search.first_oom.is_none() {
+            search.first_oom = oom.map(|diagnosis| FirstOom { batch_size: n, diagnosis });
+        }
+        let ok = matches!(outcome, Ok(peak) if peak <= budget);
+        search.tried.push(Try { batch_size: n, outcome });
+        ok
+    };
+    // Double from 1 until a try fails, so that nothing far above the answer
+    // is tried (on the CPU a too-large try is not an error but a swap storm);
+    // then halve the gap. `fails` is the smallest size known to fail, if any.
+    let (mut fits, mut fails) = (0usize, None::<usize>);
+    let mut n = 1;
+    while n <= max {
+        if !run(n) {
+            fails = Some(n);
+            break;
+        }
+        fits = n;
+        if n == max {
+            break;
+        }
+        n = n.saturating_mul(2).min(max);
+    }
+    if let Some(mut fails) = fails {
+        while fails - fits > 1 {
+            let n = fits + (fails - fits) / 2;
+            if run(n) {
+                fits = n;
+            } else {
+                fails = n;
+            }
+        }
+    }
+    search.largest = (fits > 0).then_some(fits);
+    Ok(search)
+}
+
+/// Keeps the panics of a batch search's own out-of-memory tries from being
+/// printed. While searches run, the panic hook is a wrapper that passes every
+/// panic on to the hook that was in place before, except an out-of-memory
+/// panic raised on a thread while it runs a try; when the last search ends,
+/// that hook is put back. Panics of every other thread, and of a search's
+/// thread outside its tries, are reported as always.
+mod quiet_oom_panics {
+    use memlab_core::sync::LockExt;
+    use std::cell::Cell;
+    use std::panic::PanicHookInfo;
+    use std::sync::{Arc, Mutex};
+
+    type Hook = Arc<dyn Fn(&PanicHookInfo<'_>) + Send + Sync>;
+
+    thread_local! {
+        /// The ticket of the try this thread runs (0: none).
+        static TRYING: Cell<u64> = const { Cell::new(0) };
+    }
+
+    /// The searches running, and the hook that was in place before the first.
+    static SEARCHES: Mutex<(usize, Option<Hook>)> = Mutex::new((0, None));
+
+    /// The wrapper is in place while the guard lives.
+    pub(super) struct Installed(());
+
+    pub(super) fn install() -> Installed {
+        let mut searches = SEARCHES.locked();
+        if searches.0 == 0 {
+            let previous: Hook = Arc::from(std::panic::take_hook());
+            let passed = previous.clone();
+            std::panic::set_hook(Box::new(move |info| {
+                let ticket = TRYING.try_with(Cell::get).unwrap_or(0);
+                if !(ticket != 0 && (memlab_core::oom::try_failed(ticket) || is_oom(info))) {
+                    passed(info);
+                }
+            }));
+            searches.1 = Some(previous);
+        }
+        searches.0 += 1;
+        Installed(())
+    }
+
+    impl Drop for Installed {
+        fn drop(&mut self) {
+            let mut searches = SEARCHES.locked();
+            searches.0 -= 1;
+            if searches.0 == 0 {
+                if let Some(previous) = searches.1.take() {
+                    drop(std::panic::take_hook());
+                    std::panic::set_hook(Box::new(move |info| previous(info)));
+                }
+            }
+        }
+    }
+
+    /// Marks the calling thread as running the try with `ticket` while `f` runs.
+    pub(super) fn trying<R>(ticket: u64, f: impl FnOnce() -> R) -> R {
+        struct Reset(u64);
+        impl Drop for Reset {
+            fn drop(&mut self) {
+                let _ = TRYING.try_with(|t| t.set(self.0));
+            }
+        }
+        let _reset = Reset(TRYING.try_with(|t| t.replace(ticket)).unwrap_or(0));
+        f()
+    }
+
+    fn is_oom(info: &PanicHookInfo<'_>) -> bool {
+        let payload = info.payload();
+        let message = payload
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| payload.downcast_ref::<&str>().copied())
+            .unwrap_or("");
+        super::is_out_of_memory(message)
+    }
+}
+
+/// Whether a failure message says memory ran out (libtorch's CUDA message,
+/// and those of CUDA libraries that fail outside its allocator).
+fn is_out_of_memory(message: &str) -> bool {
+    let lower = message.to_ascii_lowercase();
+    lower.contains("out of memory") || lower.contains("outofmemory") || lower.contains("failed to allocate")
+}
+
+/// One try: its peak or why it failed, and the diagnosis of its first
+/// out-of-memory failure (kept quiet: not counted, written or printed).
+fn try_once(
+    device: Device,
+    step: &mut impl FnMut(usize) -> std::result::Result<(), Box<dyn std::error::Error>>,
+    n: usize,
+) -> (std::result::Result<i64, String>, Option<Diagnosis>) {
+    let _ = memlab_tch::empty_cache();
+    let watch = match PeakWatch::start(&BACKEND, device) {
+        Ok(watch) => watch,
+        Err(e) => return (Err(e.to_string()), None),
+    };
+    memlab_tch::oom::watch_cuda();
+    let first_failure = |failure: &Failure| diagnose(failure, None).0;
+    let (ran, oom) = memlab_core::oom::quietly(device, first_failure, |ticket| {
+        quiet_oom_panics::trying(ticket, || catch_unwind(AssertUnwindSafe(|| step(n))))
+    });
+    let measured = watch.finish().map_err(|e| e.to_string());
+    let _ = memlab_tch::empty_cache();
+    (outcome(ran, measured), oom)
+}
+
+type Ran = std::thread::Result<std::result::Result<(), Box<dyn std::error::Error>>>;
+type Measured = std::result::Result<(memlab_core::RawStats, memlab_core::RawStats), String>;
+
+fn outcome(ran: Ran, measured: Measured) -> std::result::Result<i64, String> {
+    match ran {
+        Ok(Ok(())) => {
+            let (start, end) = measured?;
+            Ok(end.to_device_stats().allocated_bytes.all.peak - start.to_device_stats().allocated_bytes.all.current)
+        }
+        Ok(Err(e)) => Err(e.to_string()),
+        Err(panic) => Err(panic
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_else(|| "the step panicked".to_string())),
+    }
+}
+
+displayed_as_text!(BatchSearch);
+
+impl Render for BatchSearch {
+    fn document(&self) -> Document {
+        let mut doc = Document::new();
+        match self.largest {
+            Some(n) => doc.heading(format!("largest batch size within {}: {n}", Cell::bytes(self.budget))),
+            None => doc.heading(format!("no batch size fits within {}", Cell::bytes(self.budget))),
+        };
+        let mut table = Table::new(vec![
+            Column::new("batch", Layout::Figure).min_width(7),
+            Column::new("peak", Layout::Figure).min_width(9),
+            Column::new("outcome", Layout::Text).max_width(100),
+        ]);
+        for Try { batch_size: n, outcome } in &self.tried {
+            match outcome {
+                Ok(peak) => {
+                    let outcome = if *peak <= self.budget { "within the budget" } else { "over the budget" };
+                    table.row([Cell::count(*n), Cell::bytes(*peak), Cell::text(outcome)])
+                }
+                Err(e) => {
+                    // libtorch's messages run on with a C++ stack trace; the first sentence says it.
+                    let first = e.split(['\n']).next().unwrap_or("").split("\\n").next().unwrap_or("");
+                    let short: String = first.chars().take(160).collect();
+                    table.row([Cell::count(*n), Cell::Empty, Cell::text(format!("failed: {short}"))])
+                }
+            };
+        }
+        doc.table(table);
+        if let Some(FirstOom { batch_size: n, diagnosis: why }) = &self.first_oom {
+            doc.blank();
+            doc.line(format!("Batch {n} ran out of memory on {}. Verdict: {}.", why.device, why.verdict.title()));
+            doc.indented(2, why.advice.clone());
+        }
+        doc
+    }
+}

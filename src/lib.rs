@@ -130,7 +130,7 @@ macro_rules! displayed_as_text {
 inventory::submit! { memlab_core::events::SourceRoot(concat!(env!("CARGO_MANIFEST_DIR"), "/src")) }
 // The out-of-memory recorder's handler, which libtorch's allocators reach
 // through the backend when a request fails (armed or not: it decides).
-inventory::submit! { memlab_core::oom::Handler(tools::oom::on_failure) }
+inventory::submit! { memlab_core::oom::Handler(oom::on_failure) }
 
 mod attribution;
 pub mod batch_size;
@@ -139,6 +139,7 @@ pub mod courtesy;
 mod diagnosis;
 pub mod dispose;
 pub mod export;
+pub mod gpu;
 pub mod logger;
 pub mod model_size;
 pub mod monitor;
@@ -146,20 +147,19 @@ mod named;
 pub mod oom;
 pub mod reporter;
 pub mod run;
-mod tools;
 pub mod tracker;
 
+pub use batch_size::{find_batch_size, Budget};
+pub use courtesy::Courtesy;
+pub use dispose::{check_step, check_step_with, check_step_with_optimizer, DisposeScope, OnEscape};
+pub use gpu::where_gpu_memory_went;
+pub use logger::StepLogger;
 pub use memlab_tch::optimizer::StepOptimizer;
-pub use tools::batch_size::{find_batch_size, Budget};
-pub use tools::courtesy::Courtesy;
-pub use tools::dispose::{check_step, check_step_with, check_step_with_optimizer, DisposeScope, OnEscape};
-pub use tools::gpu_account::where_gpu_memory_went;
-pub use tools::logger::StepLogger;
-pub use tools::model_size::measure_model;
-pub use tools::monitor::TrainingMonitor;
-pub use tools::oom::{last_oom, OomRecorder};
-pub use tools::reporter::MemReporter;
-pub use tools::tracker::Tracker;
+pub use model_size::measure_model;
+pub use monitor::TrainingMonitor;
+pub use oom::{last_oom, OomRecorder};
+pub use reporter::MemReporter;
+pub use tracker::Tracker;
 
 /// The line profiler's settings and its report, and where memlab's output
 /// goes: reports (`set_output`, standard output by default) and warnings
@@ -233,16 +233,6 @@ pub mod events {
 
     #[doc(hidden)]
     pub use memlab_core::events::unwind_cache_stats;
-}
-
-/// CUDA devices: which this process sees, the caching allocator's cache, the
-/// driver's and NVML's figures, and where a device's memory went.
-pub mod gpu {
-    pub use crate::tools::gpu_account::{GpuAccount, Part};
-    pub use memlab_tch::{
-        auto_device, built_with_cuda, cuda_device_count, cuda_is_available, cuda_mem_info, driver_memory, empty_cache,
-        process_gpu_memory, DriverMemory,
-    };
 }
 
 /// Logs the memory at this call site and what changed since the previous
@@ -319,7 +309,7 @@ pub mod testing {
 /// change in any release.
 #[doc(hidden)]
 pub mod __private {
-    pub use crate::tools::tracker::track_global;
+    pub use crate::tracker::track_global;
     pub use inventory;
     pub use memlab_core::profiler::{Frame, InStatement, Registered, Site, SiteMeta};
     pub use memlab_core::{Device, DeviceSelector};

@@ -17,4 +17,398 @@
 //! allocator and the clock, and logging every step of a training loop costs
 //! it a few microseconds.
 
-pub use crate::tools::logger::{host_memory, rss, GpuFigures, RamFigures, StepData};
+use serde::Serialize;
+use std::time::{Duration, Instant};
+
+use memlab_core::events::SpanKind;
+use memlab_core::profiler::PeakWatch;
+use memlab_core::render::{Cell, Column, Document, Layout, Render, Table};
+use memlab_core::{Backend, Device, Result};
+
+use memlab_tch::driver_memory;
+use memlab_tch::BACKEND;
+
+use memlab_tch::sampler::{latest_driver_memory, sampled_process_memory, sampled_rss, StepWindow};
+
+/// General RAM figures of one step, in bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct RamFigures {
+    /// Resident set after minus before.
+    pub consumed: i64,
+    /// How far the resident set peaked above its level after the step.
+    pub peaked: i64,
+    /// Resident set after the step.
+    pub used: u64,
+    /// The machine's memory.
+    pub total: u64,
+    /// Whether `peaked` is exact (the kernel's high-water mark) or sampled.
+    pub peak_exact: bool,
+    /// Whether `consumed` and `used` come from the background thread's
+    /// readings (at most one sampling period old) instead of readings at the
+    /// step's two ends (see [`StepLogger::exact_ram`]).
+    pub sampled: bool,
+}
+
+impl RamFigures {
+    /// How the figures were read, for the printed forms.
+    fn label(&self) -> &'static str {
+        match (self.sampled, self.peak_exact) {
+            (true, _) => "  (sampled)",
+            (false, false) => "  (peak sampled)",
+            (false, true) => "",
+        }
+    }
+}
+
+/// GPU figures of one step, in bytes.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct GpuFigures {
+    /// The CUDA device.
+    pub device: usize,
+    /// Allocated bytes after minus before (libtorch's allocator, exact).
+    pub consumed: i64,
+    /// How far allocated bytes peaked above their level after the step (exact).
+    pub peaked: i64,
+    /// Allocated bytes after the step.
+    pub used: i64,
+    /// Reserved (cached) bytes after the step.
+    pub reserved: i64,
+    /// The device's memory, from the driver (0 without one).
+    pub total: u64,
+    /// Device-wide use from the driver (all processes and contexts) at the
+    /// end of the step: the background thread's latest reading, taken at most
+    /// one sampling period (1 ms by default) before the step ended, so that
+    /// a step pays no driver call of its own.
+    pub driver_used: Option<u64>,
+    /// How far device-wide use peaked above `driver_used`, sampled during the step.
+    pub driver_peaked: Option<u64>,
+    /// This process's GPU memory, from NVML, when NVML lists it: the
+    /// background thread's latest reading, at most 100 ms old.
+    pub process_used: Option<u64>,
+}
+
+/// What one logged step measured.
+#[derive(Clone, Debug, Default, Serialize)]
+#[non_exhaustive]
+pub struct StepData {
+    /// The step's label.
+    pub label: String,
+    /// General RAM.
+    pub ram: RamFigures,
+    /// The GPU, when CUDA is available.
+    pub gpu: Option<GpuFigures>,
+    /// Wall time of the step.
+    pub time: Duration,
+}
+
+/// Logs the memory and time of steps. See the module documentation.
+///
+/// ```
+/// let mut logger = memlab::StepLogger::new().compact(true);
+/// let sum = logger.log("sum", || tch::Tensor::ones([1 << 20], (tch::Kind::Float, tch::Device::Cpu)).sum(tch::Kind::Float));
+/// let data = logger.data().unwrap();
+/// assert!(data.ram.total > 0);
+/// # drop(sum);
+/// ```
+pub struct StepLogger {
+    compact: bool,
+    exact_ram_peak: bool,
+    exact_ram: bool,
+    clear_cache: bool,
+    running: bool,
+    sample_every: Duration,
+    last: Option<StepData>,
+    context_reported: bool,
+}
+
+impl Default for StepLogger {
+    fn default() -> Self {
+        StepLogger::new()
+    }
+}
+
+impl StepLogger {
+    /// A logger that prints a report after every step (see [`stop`](Self::stop)).
+    pub fn new() -> StepLogger {
+        StepLogger {
+            compact: false,
+            exact_ram_peak: false,
+            exact_ram: false,
+            clear_cache: false,
+            running: true,
+            sample_every: Duration::from_millis(1),
+            last: None,
+            context_reported: false,
+        }
+    }
+
+    /// One line per step instead of the three-line table.
+    pub fn compact(mut self, compact: bool) -> StepLogger {
+        self.compact = compact;
+        self
+    }
+
+    /// Takes the RAM peak from the kernel's high-water mark, reset before each
+    /// step (exact, where Linux allows it; costs a few system calls a step),
+    /// instead of the background samples.
+    pub fn exact_ram_peak(mut self, exact: bool) -> StepLogger {
+        self.exact_ram_peak = exact;
+        self
+    }
+
+    /// Reads the resident set at the step's two ends, on the step's own
+    /// thread, instead of taking the background thread's latest readings
+    /// (at most one sampling period, 1 ms by default, old; the default).
+    /// Reading costs two system calls a step, some microseconds right after
+    /// a GPU step, over 1% of a millisecond-long step (see `BENCHMARKS.md`);
+    /// for steps or blocks of tens of milliseconds and more it makes no
+    /// difference either way. The kernel's own resident-set counters lag by
+    /// up to some MiB on a many-core machine anyway.
+    pub fn exact_ram(mut self, exact: bool) -> StepLogger {
+        self.exact_ram = exact;
+        self
+    }
+
+    /// Empties the CUDA cache before each step, so that `driver_used` shows
+    /// what the step really holds rather than what the cache kept.
+    pub fn clear_cache(mut self, clear: bool) -> StepLogger {
+        self.clear_cache = clear;
+        self
+    }
+
+    /// How often the background thread samples the driver and the resident set.
+    pub fn sample_every(mut self, every: Duration) -> StepLogger {
+        self.sample_every = every;
+        self
+    }
+
+    /// Prints reports again.
+    pub fn start(&mut self) {
+        self.running = true;
+    }
+
+    /// Stops printing; steps are still measured and [`data`](Self::data) still answers.
+    pub fn stop(&mut self) {
+        self.running = false;
+    }
+
+    /// The figures of the last step.
+    pub fn data(&self) -> Option<&StepData> {
+        self.last.as_ref()
+    }
+
+    /// Initialises CUDA (its context) now rather than inside the first step,
+    /// and reports once what the context took on the device. Returns those bytes.
+    ///
+    /// The context's cost is the driver's figure: it needs the `cuda-driver`
+    /// feature (on by default), and returns [`Error::DriverUnavailable`]
+    /// naming it in a build without.
+    ///
+    /// [`Error::DriverUnavailable`]: crate::Error::DriverUnavailable
+    pub fn preinit_cuda(&mut self) -> Result<u64> {
+        let index = BACKEND.current_cuda_device()?;
+        let before = driver_memory(index)?.used();
+        let warm = tch::Tensor::zeros([1], (tch::Kind::Float, tch::Device::Cuda(index)));
+        drop(warm);
+        let cost = driver_memory(index)?.used().saturating_sub(before);
+        if !self.context_reported {
+            self.context_reported = true;
+            memlab_core::output::emit(&format!(
+                "memlab StepLogger: CUDA initialised on cuda:{index}; the context and libtorch's start-up took {} of device memory\n",
+                Cell::bytes(cost)
+            ));
+        }
+        Ok(cost)
+    }
+
+    /// Runs `step` under measurement, prints a report (while started) and
+    /// keeps the figures for [`data`](Self::data).
+    pub fn log<R>(&mut self, label: &str, step: impl FnOnce() -> R) -> R {
+        let gpu = match memlab_tch::auto_device() {
+            Device::Cuda(i) => Some(i),
+            Device::Cpu => None,
+        };
+        if self.clear_cache {
+            let _ = memlab_tch::empty_cache();
+        }
+        let exact_ram_peak = self.exact_ram_peak && reset_rss_peak();
+        let read_rss = || if self.exact_ram { rss() } else { sampled_rss().unwrap_or_else(rss) };
+        let ram_before = read_rss();
+        let watch = gpu.and_then(|i| PeakWatch::start(&BACKEND, Device::Cuda(i)).ok());
+        let sampler = StepWindow::start(gpu, ram_before, self.sample_every);
+        let span_start = memlab_core::events::span_start();
+        let started = Instant::now();
+        let value = step();
+        let time = started.elapsed();
+        if memlab_core::events::is_active() {
+            // The step on the recording's timeline, and what the model's tensors are now.
+            memlab_core::events::span(SpanKind::Step, label.to_string(), span_start);
+            crate::named::seen::note(&crate::named::Model::registered());
+        }
+        let (sampled_rss_peak, sampled_driver_peak) = sampler.stop();
+
+        let ram_after = read_rss();
+        let ram_peak = if exact_ram_peak { rss_peak().max(ram_after) } else { sampled_rss_peak.max(ram_after) };
+        let ram = RamFigures {
+            consumed: ram_after as i64 - ram_before as i64,
+            peaked: ram_peak.saturating_sub(ram_after) as i64,
+            used: ram_after,
+            total: total_ram(),
+            peak_exact: exact_ram_peak,
+            sampled: !self.exact_ram,
+        };
+        let gpu = match (gpu, watch) {
+            (Some(index), Some(watch)) => watch.finish().ok().map(|(start, end)| {
+                let (before, after, reserved) = (start.allocated_bytes(), end.allocated_bytes(), end.reserved_bytes());
+                let driver = latest_driver_memory(index);
+                GpuFigures {
+                    device: index,
+                    consumed: after.current - before.current,
+                    peaked: after.peak - after.current,
+                    used: after.current,
+                    reserved: reserved.current,
+                    total: driver.map_or(0, |d| d.total),
+                    driver_used: driver.map(|d| d.used()),
+                    driver_peaked: driver.map(|d| sampled_driver_peak.saturating_sub(d.used())),
+                    process_used: sampled_process_memory(),
+                }
+            }),
+            _ => None,
+        };
+        let data = StepData { label: label.to_string(), ram, gpu, time };
+        if self.running {
+            let text = if self.compact { data.compact_line() } else { data.to_string() };
+            memlab_core::output::emit(&text);
+        }
+        self.last = Some(data);
+        value
+    }
+}
+
+impl StepData {
+    /// The one-line form.
+    pub fn compact_line(&self) -> String {
+        let mut line = format!(
+            "{}: {} | RAM {} ^{} ={} of {}",
+            self.label,
+            Cell::Duration(self.time),
+            Cell::signed_bytes(self.ram.consumed),
+            Cell::bytes(self.ram.peaked),
+            Cell::bytes(self.ram.used),
+            Cell::bytes(self.ram.total)
+        );
+        line += self.ram.label();
+        if let Some(g) = &self.gpu {
+            line += &format!(
+                " | GPU {} ^{} ={} of {}",
+                Cell::signed_bytes(g.consumed),
+                Cell::bytes(g.peaked),
+                Cell::bytes(g.used),
+                Cell::bytes(g.total)
+            );
+        }
+        line.push('\n');
+        line
+    }
+}
+
+displayed_as_text!(StepData);
+
+impl Render for StepData {
+    /// ipygpulogger's layout: a row of labels, then one row of figures for
+    /// the RAM and one for the GPU.
+    fn document(&self) -> Document {
+        let figure = || Column::new("", Layout::Figure).min_width(8);
+        let mut table = Table::new(vec![
+            Column::new("", Layout::Text),
+            figure(),
+            figure(),
+            figure(),
+            figure(),
+            Column::new("", Layout::Text),
+        ]);
+        table.row([
+            Cell::text("RAM:"),
+            Cell::text("Consumed"),
+            Cell::text("Peaked"),
+            Cell::text("Used"),
+            Cell::text("Total"),
+            Cell::text(format!("in {} ({})", Cell::Duration(self.time), self.label)),
+        ]);
+        table.row([
+            Cell::text("Gen:"),
+            Cell::bytes(self.ram.consumed),
+            Cell::bytes(self.ram.peaked),
+            Cell::bytes(self.ram.used),
+            Cell::bytes(self.ram.total),
+            Cell::text(self.ram.label().trim_start()),
+        ]);
+        match &self.gpu {
+            Some(g) => {
+                table.row([
+                    Cell::text("GPU:"),
+                    Cell::bytes(g.consumed),
+                    Cell::bytes(g.peaked),
+                    Cell::bytes(g.used),
+                    Cell::bytes(g.total),
+                    Cell::text(format!(
+                        "(cuda:{}, libtorch's allocator; reserved {})",
+                        g.device,
+                        Cell::bytes(g.reserved)
+                    )),
+                ]);
+                if let (Some(used), Some(peaked)) = (g.driver_used, g.driver_peaked) {
+                    table.note(format!(
+                        "     driver (sampled): device-wide {} used, peaked {} above{}",
+                        Cell::bytes(used),
+                        Cell::bytes(peaked),
+                        g.process_used.map(|p| format!("; this process {} (NVML)", Cell::bytes(p))).unwrap_or_default()
+                    ));
+                }
+            }
+            None => {
+                table.note("GPU: no CUDA device");
+            }
+        }
+        let mut doc = Document::new();
+        doc.table(table);
+        doc
+    }
+}
+
+/// The process's resident set in bytes (0 where /proc is not there).
+pub fn rss() -> u64 {
+    memlab_tch::resident_set()
+}
+
+/// The host's memory: what the kernel could still give (`MemAvailable`) and
+/// its total, in bytes (`None` where /proc is not there).
+pub fn host_memory() -> Option<(u64, u64)> {
+    memlab_tch::host_memory()
+}
+
+/// The resident set's high-water mark (VmHWM) in bytes.
+fn rss_peak() -> u64 {
+    status_kib("VmHWM:") * 1024
+}
+
+/// Resets the kernel's resident-set high-water mark; false where not allowed.
+fn reset_rss_peak() -> bool {
+    std::fs::write("/proc/self/clear_refs", "5").is_ok()
+}
+
+fn total_ram() -> u64 {
+    static TOTAL: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *TOTAL.get_or_init(|| host_memory().map_or(0, |(_, total)| total))
+}
+
+fn status_kib(key: &str) -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines().find(|l| l.starts_with(key)).and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        })
+        .unwrap_or(0)
+}

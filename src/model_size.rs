@@ -4,4 +4,203 @@
 //! optimizers, each from running the model once on a sample batch. (Whether
 //! a batch fits is `batch_size`'s question.)
 
-pub use crate::tools::model_size::{ModelSize, OptimizerSize};
+use serde::Serialize;
+
+use memlab_core::profiler::PeakWatch;
+use memlab_core::render::{Cell, Document, Render};
+use memlab_core::{Device, Error, Result};
+use tch::nn::{self, OptimizerConfig, VarStore};
+use tch::{Kind, Tensor};
+
+use memlab_tch::optimizer::StepOptimizer;
+use memlab_tch::BACKEND;
+
+use crate::named::OptimizerStates;
+
+/// What [`measure_model`] found. All byte counts are measured on the model's
+/// device, as its allocator counts them (on CUDA every block is rounded up to
+/// a multiple of 512 bytes); peaks are above what was allocated before each
+/// phase began. `parameter_bytes` is the storages' own size.
+#[derive(Clone, Debug, Serialize)]
+#[non_exhaustive]
+pub struct ModelSize {
+    /// The device measured.
+    pub device: Device,
+    /// Number of parameters.
+    pub parameters: u64,
+    /// Bytes of the parameters.
+    pub parameter_bytes: u64,
+    /// Peak of a forward pass without autograd.
+    pub forward_peak_no_grad: i64,
+    /// Peak of a forward pass with autograd.
+    pub forward_peak: i64,
+    /// What a forward pass with autograd leaves allocated until backward:
+    /// the activations saved for it, and the output.
+    pub activations: i64,
+    /// Peak of the backward pass, above the memory held when it began.
+    pub backward_peak: i64,
+    /// Bytes of the gradients backward created.
+    pub gradient_bytes: i64,
+    /// Each optimizer asked for, in the order asked.
+    pub optimizers: Vec<OptimizerSize>,
+}
+
+/// What one optimizer takes, measured with a real step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct OptimizerSize {
+    /// The optimizer as configured.
+    pub optimizer: StepOptimizer,
+    /// The bytes of its state after a real step, read from the optimizer
+    /// itself (the state tensors' own size, like `parameter_bytes`).
+    pub state: i64,
+    /// The memory a steady-state training step needs at its peak:
+    /// parameters, optimizer state, and the highest the step itself
+    /// (activations, gradients, temporaries) rose above them.
+    pub training_step_peak: i64,
+}
+
+/// Measures `forward` on `input` with the variables of `vs`, for the given
+/// optimizers. The model is left as it was: its weights are restored after
+/// the optimizer steps and its gradients cleared.
+///
+/// The output of `forward` is reduced with `mean()` for backward.
+pub fn measure_model(
+    vs: &VarStore,
+    forward: impl Fn(&Tensor) -> Tensor,
+    input: &Tensor,
+    optimizers: &[StepOptimizer],
+) -> Result<ModelSize> {
+    let device = memlab_tch::device_of(vs.device());
+    let variables = vs.trainable_variables();
+    let parameters: u64 = variables.iter().map(|t| t.numel() as u64).sum();
+    let parameter_bytes: u64 =
+        variables.iter().map(|t| memlab_tch::storage_info(t).map(|i| i.nbytes)).sum::<Result<u64>>()?;
+    // Copies to restore the weights from after the optimizer steps (on the
+    // CPU, `to_device` would return the tensor itself, not a copy).
+    let saved: Vec<Tensor> = variables
+        .iter()
+        .map(|t| if t.device() == tch::Device::Cpu { t.copy() } else { t.to_device(tch::Device::Cpu) })
+        .collect();
+    clear_grads(vs)?;
+
+    let (forward_peak_no_grad, _, ()) = peak_of(device, || drop(tch::no_grad(|| forward(input))))?;
+    let (forward_peak, activations, output) = peak_of(device, || forward(input))?;
+    if !output.requires_grad() {
+        return Err(Error::InvalidArgument(
+            "the forward pass's output does not require grad, so there is no backward pass to measure: \
+             give measure_model a forward that uses the var store's trainable variables (not under no_grad, \
+             and without detach)"
+                .to_string(),
+        ));
+    }
+    let (backward_peak, _, ()) = peak_of(device, || output.mean(Kind::Float).backward())?;
+    drop(output);
+    let gradient_bytes: i64 = variables
+        .iter()
+        .filter_map(memlab_tch::grad_of)
+        .map(|g| memlab_tch::storage_info(&g).map(|i| i.nbytes as i64))
+        .sum::<Result<i64>>()?;
+    clear_grads(vs)?;
+
+    let mut sizes = Vec::new();
+    for &kind in optimizers {
+        let mut opt = kind.build(vs)?;
+        // The first step creates the optimizer's state: what it holds is read
+        // from the optimizer; what it costs the allocator (block rounding
+        // included) counts towards the step's peak...
+        let before = allocated(device)?;
+        opt.backward_step(&forward(input).mean(Kind::Float));
+        opt.zero_grad();
+        let state_allocated = allocated(device)? - before;
+        let states = OptimizerStates::read(&opt, &[(String::new(), vs.variables_.clone())])?;
+        let mut seen = std::collections::HashSet::new();
+        let mut state = 0i64;
+        for (_, tensor) in &states.tensors {
+            let info = memlab_tch::storage_info(tensor)?;
+            if info.device == Some(device) && seen.insert(info.storage_id) {
+                state += info.nbytes as i64;
+            }
+        }
+        drop(states);
+        // ...the second is a steady-state step, state already there.
+        let (peak, _, ()) = peak_of(device, || opt.backward_step(&forward(input).mean(Kind::Float)))?;
+        opt.zero_grad();
+        sizes.push(OptimizerSize {
+            optimizer: kind,
+            state,
+            training_step_peak: parameter_bytes as i64 + state_allocated + peak,
+        });
+    }
+    tch::no_grad(|| {
+        for (t, s) in variables.iter().zip(&saved) {
+            let mut t = t.shallow_clone();
+            t.copy_(s);
+        }
+    });
+    Ok(ModelSize {
+        device,
+        parameters,
+        parameter_bytes,
+        forward_peak_no_grad,
+        forward_peak,
+        activations,
+        backward_peak,
+        gradient_bytes,
+        optimizers: sizes,
+    })
+}
+
+fn allocated(device: Device) -> Result<i64> {
+    Ok(memlab_tch::device_stats(device)?.allocated_bytes.all.current)
+}
+
+/// Runs `f` and returns how far allocated memory peaked above where it began,
+/// where it ended relative to that, and what `f` returned.
+fn peak_of<R>(device: Device, f: impl FnOnce() -> R) -> Result<(i64, i64, R)> {
+    let watch = PeakWatch::start(&BACKEND, device)?;
+    let value = f();
+    let (start, end) = watch.finish()?;
+    let (start, end) = (start.to_device_stats(), end.to_device_stats());
+    Ok((
+        end.allocated_bytes.all.peak - start.allocated_bytes.all.current,
+        end.allocated_bytes.all.current - start.allocated_bytes.all.current,
+        value,
+    ))
+}
+
+/// Drops the gradients of the variables of `vs` (they read as undefined
+/// again): tch offers no way to do it but an optimizer's `zero_grad`, which
+/// sets them to none (libtorch's default).
+fn clear_grads(vs: &VarStore) -> Result<()> {
+    nn::Sgd::default().build(vs, 0.0).map_err(memlab_tch::torch_error)?.zero_grad();
+    Ok(())
+}
+
+displayed_as_text!(ModelSize);
+
+impl Render for ModelSize {
+    fn document(&self) -> Document {
+        const WIDTH: usize = 44;
+        let mut doc = Document::new();
+        doc.heading(format!("Model size on {} (measured on the sample batch)", self.device));
+        doc.label(WIDTH, "parameters", self.parameters.to_string());
+        let rows = [
+            ("parameter bytes", self.parameter_bytes as i64),
+            ("forward peak, no grad", self.forward_peak_no_grad),
+            ("forward peak, with grad", self.forward_peak),
+            ("activations kept for backward (+ output)", self.activations),
+            ("backward peak", self.backward_peak),
+            ("gradients", self.gradient_bytes),
+        ];
+        for (label, bytes) in rows {
+            doc.label(WIDTH, label, Cell::bytes(bytes));
+        }
+        for o in &self.optimizers {
+            doc.label(WIDTH, format!("optimizer state, {:?}", o.optimizer), Cell::bytes(o.state));
+        }
+        for o in &self.optimizers {
+            doc.label(WIDTH, format!("training step peak, {:?}", o.optimizer), Cell::bytes(o.training_step_peak));
+        }
+        doc
+    }
+}

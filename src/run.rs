@@ -10,7 +10,6 @@
 //! zero, the libtorch version and each CUDA device's UUID, so that
 //! `memlab merge` lines up the files of every rank on one time axis.
 
-pub use crate::tools::run::this_process;
 pub use memlab_core::run::{rank_from_env, DeviceId, RankFromEnv, RunInfo, RANK_VARIABLES, WORLD_SIZE_VARIABLE};
 
 /// How many copies of memlab share this process's state, this one included:
@@ -25,3 +24,35 @@ pub use memlab_core::run::{rank_from_env, DeviceId, RankFromEnv, RunInfo, RANK_V
 /// assert!(memlab::run::copies() >= 1);
 /// ```
 pub use memlab_tch::copies;
+
+use std::sync::OnceLock;
+
+/// This process among the run's: what every export and out-of-memory report
+/// carries. The first call reads the environment (a rank or world-size variable that is
+/// no whole number is warned about once and left out), the host and the CUDA
+/// devices' UUIDs; later calls copy that.
+pub fn this_process() -> RunInfo {
+    memlab_core::process::process_wide! {
+        static ONCE: OnceLock<RunInfo> = OnceLock::new();
+    }
+    ONCE.get_or_init(|| {
+        let from_env = rank_from_env();
+        for why in &from_env.warnings {
+            memlab_core::output::warn(&format!("memlab: {why}\n"));
+        }
+        let devices = (0..memlab_tch::cuda_device_count())
+            .map(|i| DeviceId { device: format!("cuda:{i}"), uuid: memlab_tch::device_uuid(i).ok() })
+            .collect();
+        RunInfo {
+            rank: from_env.rank,
+            world_size: from_env.world_size,
+            host: memlab_tch::host_name(),
+            pid: std::process::id(),
+            process_start: memlab_tch::process_start(),
+            clock_zero_unix_us: memlab_core::events::zero_unix_us(),
+            libtorch: Some(memlab_tch::libtorch_version().to_string()),
+            devices,
+        }
+    })
+    .clone()
+}

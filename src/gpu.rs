@@ -1,7 +1,15 @@
+//! CUDA devices: which this process sees, the caching allocator's cache, the
+//! driver's and NVML's figures, and where a device's memory went.
+//!
 //! Where the GPU memory went: one call that sets the figures users see side by
 //! side (device total, what the driver says is used, what NVML says this
 //! process uses, libtorch's reserved cache, allocated bytes, named tensors)
 //! and explains every gap between them in bytes and words.
+
+pub use memlab_tch::{
+    auto_device, built_with_cuda, cuda_device_count, cuda_is_available, cuda_mem_info, driver_memory, empty_cache,
+    process_gpu_memory, DriverMemory,
+};
 
 use serde::Serialize;
 
@@ -12,7 +20,6 @@ use memlab_core::events;
 
 use crate::attribution::{attribute, site_label};
 use crate::named::Model;
-use memlab_tch::{driver_memory, process_gpu_memory};
 
 /// One part of the device's memory.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
