@@ -89,7 +89,7 @@ impl Exporter {
     /// time per device, what was live at the peak by call stack and by name,
     /// and the line profiler's tables.
     pub fn html_report(&self) -> Result<HtmlReport> {
-        html::capture(&self.sources, memlab_core::Report::collect())
+        html::capture(&self.sources)
     }
 
     /// The recording so far as trace events: each device's allocated,

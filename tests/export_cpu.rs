@@ -521,3 +521,44 @@ fn exports_while_another_thread_allocates_give_the_allocators_figures() {
     assert!(checked > 1000, "samples were checked");
     drop((kept, recording));
 }
+
+/// One builder makes the HTML report: the page of a live recording and
+/// `memlab view`'s page of the same recording's snapshot file are one page,
+/// apart from the title and the file's name.
+#[test]
+fn the_live_report_and_memlab_view_of_its_snapshot_are_one_page() {
+    let _s = serial();
+    memlab::clear_registry();
+    memlab::reset();
+    let recording = memlab::Recording::start(memlab::events::Settings::default().backtraces(true)).unwrap();
+    let vs = nn::VarStore::new(tch::Device::Cpu);
+    let net = nn::seq().add(nn::linear(vs.root() / "fc", 32, 32, Default::default()));
+    memlab::register_var_store("model", &vs);
+    let mut opt = nn::Adam::default().build(&vs, 1e-3).unwrap();
+    let mut kept = Vec::new();
+    for _ in 0..3 {
+        leaky_step(&net, &mut opt, &mut kept);
+    }
+    let exporter = Exporter::registered();
+    let path = temp("one_page.pickle");
+    exporter.snapshot().unwrap().write_pickle(&path).unwrap();
+    let live = exporter.html_report().unwrap().to_page();
+    drop((kept, recording));
+    memlab::clear_registry();
+
+    let name = path.to_str().unwrap();
+    let file = memlab_core::export::Snapshot::read_pickle(&path).unwrap();
+    let summary = memlab_cli::analysis::Summary::of(name, &file);
+    let viewed = memlab_cli::view::page(name, &file, &summary);
+    let live = live.replacen("<title>memlab report</title>", "<title>TITLE</title>", 1);
+    let viewed = viewed.replacen(&format!("<title>memlab: {name}</title>"), "<title>TITLE</title>", 1);
+    let live = live.replace("this process&#39;s recording", "FILE");
+    let viewed = viewed.replace(name, "FILE");
+    assert!(live.contains("model.fc.weight (named at export)") && live.contains("leaky_step (tests/export_cpu.rs:"));
+    if live != viewed {
+        let at = live.bytes().zip(viewed.bytes()).position(|(a, b)| a != b).unwrap_or(live.len().min(viewed.len()));
+        let around = |page: &str| page[at.saturating_sub(200)..(at + 200).min(page.len())].to_string();
+        panic!("the pages differ at byte {at}:\nlive:   {}\nviewed: {}", around(&live), around(&viewed));
+    }
+    std::fs::remove_file(&path).ok();
+}

@@ -4,8 +4,8 @@
 //! files ([`merge`]). The binary is a thin layer of arguments over these;
 //! tests drive them directly. No libtorch.
 
-pub mod analysis;
 pub mod diff;
 pub mod merge;
-pub mod summary;
 pub mod view;
+
+pub use memlab_core::export::{analysis, summary};

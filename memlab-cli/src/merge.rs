@@ -649,9 +649,7 @@ fn oom_rows(process: usize, p: &Part, origin: i64) -> Vec<OomRow> {
                 verdict: d["verdict"].as_str().map(str::to_string),
                 statement: doc["statement"].as_str().map(str::to_string).or_else(|| {
                     let f = &doc["frames"][0];
-                    let file = f["file"].as_str()?;
-                    let short =
-                        file.rsplit('/').take(2).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("/");
+                    let short = analysis::short_path(f["file"].as_str()?);
                     Some(format!("{} ({short}:{})", f["function"].as_str()?, f["line"].as_u64()?))
                 }),
                 at_us: doc["time_unix_us"].as_i64().unwrap_or(origin) + p.offset_us - origin,

@@ -17,6 +17,8 @@ const PER_COPY: &[(&str, &str, &str)] = &[
     ("memlab-core/src/events/loader.rs", "OPENED", "this copy's readers of modules its backtrace crate does not know"),
     ("memlab-core/src/process.rs", "CHOSEN", "the table this copy found (the process's) or keeps"),
     ("memlab-core/src/process.rs", "PROVIDED", "this copy's anchor, given as it loads"),
+    ("memlab-core/src/process.rs", "DEFERRED", "the warnings about this copy's choice of table, said once"),
+    ("memlab-core/src/process.rs", "ANY_DEFERRED", "whether this copy has such warnings left to say"),
     ("memlab-core/src/profiler/frame.rs", "THIS_COPY", "whether this copy's first frame registered its sites"),
     ("memlab-core/src/sites.rs", "REGISTERED", "whether this copy's sites are in the process's list"),
     ("memlab-tch/src/driver.rs", "READY", "this copy's handle on the CUDA driver library"),
@@ -26,9 +28,9 @@ const PER_COPY: &[(&str, &str, &str)] = &[
     ("memlab-tch/src/driver.rs", "STATM", "this copy's open /proc/self/statm"),
     ("memlab-tch/src/lib.rs", "COUNT", "the device count, the same in every copy"),
     ("memlab-tch/src/optimizer.rs", "LAYOUT", "how libtorch lays out a tensor handle, the same in every copy"),
-    ("src/tools/oom/capture.rs", "IDENTITY", "the host's name and the process's start, the same in every copy"),
-    ("src/tools/logger.rs", "TOTAL", "the host's memory, the same in every copy"),
-    ("src/tools/batch_size.rs", "SEARCHES", "the panic hook it wraps is this copy's standard library's"),
+    ("src/oom/capture.rs", "IDENTITY", "the host's name and the process's start, the same in every copy"),
+    ("src/logger.rs", "TOTAL", "the host's memory, the same in every copy"),
+    ("src/batch_size.rs", "SEARCHES", "the panic hook it wraps is this copy's standard library's"),
 ];
 
 /// Types whose statics hold state that can change.

@@ -4,7 +4,7 @@
 //! allocation's category named by the walk over the model.
 
 use memlab_core::export::{
-    Block, BlockState, Category, Frames, Segment, SegmentType, Snapshot, SnapshotInfo, Stack, TraceEntry,
+    Block, BlockState, Category, Frames, Segment, SegmentType, Snapshot, SnapshotFrame, SnapshotInfo, Stack, TraceEntry,
 };
 use memlab_core::hash::FastMap;
 
@@ -13,6 +13,9 @@ use memlab_core::{Device, Result};
 
 use crate::named::Model;
 use memlab_core::{Report, TensorKind};
+
+/// The site of an allocation whose backtrace has no frame of the user's code.
+const OUTSIDE: &str = "outside the user's code (libtorch's own threads and workspaces, such as backward's)";
 
 pub(crate) fn capture(sources: &Model) -> Result<Snapshot> {
     let (history, stats) = events::history();
@@ -39,6 +42,9 @@ pub(crate) fn capture(sources: &Model) -> Result<Snapshot> {
     let seen = crate::named::seen::by_event();
 
     let mut frames = Frames::default();
+    // An allocation whose backtrace holds no frame of the user's code.
+    let outside: Stack =
+        std::sync::Arc::from(vec![SnapshotFrame { filename: String::new(), line: 0, name: OUTSIDE.to_string() }]);
     let mut traces: Vec<Vec<TraceEntry>> = vec![Vec::new(); cuda_devices + 1];
     // The frames of each allocation, for its frees.
     let mut allocated: FastMap<(Device, u64), Stack> = FastMap::default();
@@ -58,7 +64,10 @@ pub(crate) fn capture(sources: &Model) -> Result<Snapshot> {
         };
         match e.action {
             Action::Alloc => {
-                let f = frames.of(e.backtrace.as_deref(), e.statement.as_ref());
+                let mut f = frames.of(e.backtrace.as_deref(), e.statement.as_ref());
+                if f.is_empty() && e.backtrace.is_some() {
+                    f = outside.clone();
+                }
                 allocated.insert(key, f.clone());
                 let alive = live_seq.get(&key) == Some(&e.seq);
                 let named = names.get(&key).filter(|_| alive);

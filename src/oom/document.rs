@@ -224,8 +224,7 @@ impl OomReport {
             }
             let Some(file) = self.create(&path) else { continue };
             let written = if extension == "html" {
-                crate::capture::html::capture(&sources, memlab_core::Report::collect())
-                    .and_then(|r| write_to(file, r.to_page().as_bytes()))
+                crate::capture::html::capture(&sources).and_then(|r| write_to(file, r.to_page().as_bytes()))
             } else {
                 crate::capture::snapshot::capture(&sources)
                     .and_then(|s| s.to_pickle())

@@ -11,14 +11,17 @@
 //! The models are plain data whose fields mirror the files (PyTorch's
 //! snapshot fixes most of them): build them with struct expressions.
 
+pub mod analysis;
 mod html;
 mod pickle;
 mod read;
 mod snapshot;
+pub mod summary;
 mod trace;
 mod unpickle;
 
 pub use html::{DeviceTimeline, FlameNode, HtmlReport, PeakRow, Point};
+pub use pickle::PROTOCOL as PICKLE_PROTOCOL;
 pub use read::SnapshotFile;
 pub use snapshot::{
     Block, BlockState, Category, Frames, Segment, SegmentType, Snapshot, SnapshotFrame, SnapshotInfo, Stack, TraceEntry,

@@ -7,6 +7,8 @@
 use crate::hash::FastMap;
 
 const PROTO: u8 = 0x80;
+/// The pickle protocol memlab writes its snapshots in.
+pub const PROTOCOL: u8 = 4;
 const STOP: u8 = b'.';
 const MARK: u8 = b'(';
 const EMPTY_DICT: u8 = b'}';
@@ -40,7 +42,7 @@ pub(super) struct Pickler {
 impl Pickler {
     pub(super) fn new() -> Pickler {
         Pickler {
-            out: vec![PROTO, 4],
+            out: vec![PROTO, PROTOCOL],
             memo: 0,
             strings: FastMap::default(),
             statics: FastMap::default(),

@@ -37,6 +37,16 @@ pub struct SnapshotFile {
     pub ignored: BTreeMap<String, u64>,
 }
 
+impl SnapshotFile {
+    /// `snapshot` as the file memlab writes of it would read back: pickle
+    /// protocol [`PICKLE_PROTOCOL`](super::PICKLE_PROTOCOL), nothing read
+    /// past. A live capture's report is built from this, as `memlab view`'s
+    /// is from the file.
+    pub fn of(snapshot: Snapshot) -> SnapshotFile {
+        SnapshotFile { snapshot, protocol: super::pickle::PROTOCOL, ignored: BTreeMap::new() }
+    }
+}
+
 impl Snapshot {
     /// Reads a snapshot pickle: memlab's, or one PyTorch's
     /// `torch.cuda.memory._dump_snapshot` wrote. Files of gigabytes are read

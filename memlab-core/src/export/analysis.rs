@@ -19,8 +19,8 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fmt;
 
-use memlab_core::events::Action;
-use memlab_core::export::{Block, BlockState, Snapshot, SnapshotFile, SnapshotFrame, Stack, TraceEntry};
+use crate::events::Action;
+use crate::export::{Block, BlockState, Snapshot, SnapshotFile, SnapshotFrame, Stack, TraceEntry};
 use serde::Serialize;
 
 /// Where an allocation was made: the innermost frame of the program's own
@@ -43,21 +43,36 @@ impl Site {
         Some(Site { function: frame.name.clone(), file: frame.filename.clone(), line: frame.line })
     }
 
-    /// The file's last two components: enough to know it in a table.
+    /// The file as tables name it (see [`short_path`]).
     pub fn short_file(&self) -> &str {
-        let mut cut = self.file.len();
-        for _ in 0..2 {
-            match self.file[..cut].rfind('/') {
-                Some(i) => cut = i,
-                None => return &self.file,
-            }
-        }
-        &self.file[cut + 1..]
+        short_path(&self.file)
     }
 }
 
+/// A source path as every report names it, short enough for a table: from
+/// its crate's folder on (`src/train.rs`, `tests/step.rs`), else its last
+/// two components (`proj/train.py`).
+pub fn short_path(file: &str) -> &str {
+    if let Some(at) = ["/src/", "/tests/", "/examples/", "/benches/"].iter().filter_map(|dir| file.rfind(dir)).max() {
+        return &file[at + 1..];
+    }
+    let mut cut = file.len();
+    for _ in 0..2 {
+        match file[..cut].rfind('/') {
+            Some(i) => cut = i,
+            None => return file,
+        }
+    }
+    &file[cut + 1..]
+}
+
 impl fmt::Display for Site {
+    /// `function (file:line)`; a site without a file (memlab's label for
+    /// allocations outside the user's code) is its name.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.file.is_empty() {
+            return f.write_str(&self.function);
+        }
         write!(f, "{} ({}:{})", self.function, self.short_file(), self.line)
     }
 }
@@ -194,7 +209,7 @@ pub struct Summary {
     pub protocol: u8,
     /// The process that wrote it, where the file says (memlab's do): rank,
     /// host, libtorch's version, the wall-clock time of its clock zero.
-    pub run: Option<memlab_core::run::RunInfo>,
+    pub run: Option<crate::run::RunInfo>,
     /// One per device with events or segments.
     pub devices: Vec<DeviceSummary>,
     /// Keys the reader read past, by where they occur, with how often.
@@ -446,5 +461,21 @@ pub fn apply(e: &TraceEntry, i: usize, release: Action, live: &mut Live, allocat
         Action::SegmentAlloc | Action::SegmentMap => *reserved += i128::from(e.size),
         Action::SegmentFree | Action::SegmentUnmap => *reserved -= i128::from(e.size),
         _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::short_path;
+
+    #[test]
+    fn one_way_to_shorten_a_path() {
+        assert_eq!(short_path("/home/u/proj/src/model/train.rs"), "src/model/train.rs");
+        assert_eq!(short_path("/home/u/proj/tests/step.rs"), "tests/step.rs");
+        // The innermost crate folder: a crate inside another's tests.
+        assert_eq!(short_path("/w/memlab/tests/copies/src/lib.rs"), "src/lib.rs");
+        assert_eq!(short_path("/home/u/proj/train.py"), "proj/train.py");
+        assert_eq!(short_path("train.py"), "train.py");
+        assert_eq!(short_path("a/b.py"), "a/b.py");
     }
 }

@@ -2,9 +2,9 @@
 
 use std::time::Duration;
 
-use memlab_core::render::{Cell, Column, Document, Layout, Render, Table};
+use crate::render::{Cell, Column, Document, Layout, Render, Table};
 
-use crate::analysis::{DeviceSummary, Moment, Summary};
+use super::analysis::{DeviceSummary, Moment, Summary};
 
 /// Sites shown per device (`--json` has them all).
 pub const SITES: usize = 10;
