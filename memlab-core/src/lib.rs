@@ -9,19 +9,31 @@ pub mod device;
 mod error;
 pub mod events;
 pub mod export;
-pub mod hash;
 pub mod kind;
 pub mod oom;
-pub mod output;
-pub mod process;
 pub mod profiler;
 pub mod render;
 pub mod report;
 pub mod run;
-pub mod sites;
 pub mod stats;
+
+// memlab's own plumbing, public because memlab's other crates use it (and
+// every copy of memlab must reach the same process-wide state through it),
+// not API: process-wide state, the output layer, the profiler's site
+// tables, the fast hasher, locks, threads and time stamps.
+#[doc(hidden)]
+pub mod hash;
+#[doc(hidden)]
+pub mod output;
+#[doc(hidden)]
+pub mod process;
+#[doc(hidden)]
+pub mod sites;
+#[doc(hidden)]
 pub mod sync;
+#[doc(hidden)]
 pub mod thread;
+#[doc(hidden)]
 pub mod time;
 
 pub use backend::{Backend, ScriptedBackend};
