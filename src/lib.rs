@@ -108,7 +108,7 @@ pub use memlab_macros::profile;
 pub use memlab_macros::profile_every;
 
 pub use memlab_core::render::Render;
-pub use memlab_core::TensorKind;
+pub use memlab_core::{DType, TensorKind};
 pub use memlab_core::{Device, Error, Result};
 pub use memlab_tch::{clear_registry, register_tensor, register_var_store, Recording};
 pub use named::{register_optimizer, Model, RegisteredOptimizer};
@@ -206,7 +206,7 @@ pub mod render {
 pub mod stats {
     pub use memlab_core::{DeviceStats, ParseDeviceError, Stat, StatArray};
     pub use memlab_tch::{
-        cpu_allocator_installed, cpu_allocator_installed_at_load, device_stats, install_cpu_allocator,
+        cpu_allocator_installed, cpu_allocator_installed_at_load, device_stats, dtype, install_cpu_allocator,
         reset_accumulated_stats, reset_peak_stats, storage_info, Layout, StorageInfo, WeakTensor,
     };
 }

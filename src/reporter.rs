@@ -10,7 +10,7 @@
 
 use memlab_core::events;
 use memlab_core::render::{csv_string, Cell, Column, Document, Layout, Render, Table};
-use memlab_core::{Device, Result};
+use memlab_core::{DType, Device, Result};
 use serde::Serialize;
 use tch::nn::VarStore;
 use tch::Tensor;
@@ -80,8 +80,8 @@ pub struct Row {
     pub name: String,
     /// The tensor's shape (empty for the other kinds).
     pub shape: Vec<i64>,
-    /// The element type (empty for the other kinds).
-    pub dtype: &'static str,
+    /// The element type (`None` for the other kinds).
+    pub dtype: Option<DType>,
     /// Elements (for blocks: how many).
     pub count: u64,
     /// Bytes: a storage's bytes for a tensor that is its whole storage and for
@@ -272,7 +272,7 @@ fn section(device: Device, named: &mut Named, live: Option<&[events::LiveAllocat
                 kind: if storage.from_allocator { kind_of(view.kind) } else { RowKind::External },
                 name: view.name,
                 shape: view.shape,
-                dtype: view.dtype,
+                dtype: Some(view.dtype),
                 count: view.numel,
                 bytes: storage.nbytes as i64,
                 counted: storage.from_allocator,
@@ -287,7 +287,7 @@ fn section(device: Device, named: &mut Named, live: Option<&[events::LiveAllocat
             name: format!("{label}: {views} view{}", if views == 1 { "" } else { "s" }),
             // A storage is a flat buffer of elements.
             shape: vec![(storage.nbytes / storage.element_size) as i64],
-            dtype: storage.views[0].dtype,
+            dtype: Some(storage.views[0].dtype),
             count: storage.nbytes / storage.element_size,
             bytes: storage.nbytes as i64,
             counted: storage.from_allocator,
@@ -297,7 +297,7 @@ fn section(device: Device, named: &mut Named, live: Option<&[events::LiveAllocat
                 kind: kind_of(view.kind),
                 name: format!("{}(->{label})", view.name),
                 shape: view.shape,
-                dtype: view.dtype,
+                dtype: Some(view.dtype),
                 count: view.numel,
                 bytes: view.own_bytes as i64,
                 counted: false,
@@ -308,7 +308,7 @@ fn section(device: Device, named: &mut Named, live: Option<&[events::LiveAllocat
         kind,
         name,
         shape: Vec::new(),
-        dtype: "",
+        dtype: None,
         count,
         bytes,
         counted: true,
@@ -362,7 +362,7 @@ impl MemReport {
                     r.kind.as_str().to_string(),
                     r.name.clone(),
                     r.shape.iter().map(i64::to_string).collect::<Vec<_>>().join("x"),
-                    r.dtype.to_string(),
+                    r.dtype.map(|d| d.to_string()).unwrap_or_default(),
                     r.count.to_string(),
                     r.bytes.to_string(),
                     r.counted.to_string(),
@@ -407,7 +407,12 @@ impl Render for MemReport {
             ])
             .with_header_rule();
             let add = |table: &mut Table, r: &Row| {
-                let cells = [Cell::text(&r.name), Cell::text(shape(r)), Cell::text(r.dtype.to_string()), bytes(r)];
+                let cells = [
+                    Cell::text(&r.name),
+                    Cell::text(shape(r)),
+                    Cell::text(r.dtype.map(|d| d.to_string()).unwrap_or_default()),
+                    bytes(r),
+                ];
                 table.indented_row(if is_view(r) { 2 } else { 0 }, cells);
             };
             let (inside, outside): (Vec<&Row>, Vec<&Row>) = d.rows.iter().partition(|r| r.kind != RowKind::External);

@@ -22,7 +22,7 @@ use std::time::Instant;
 
 use memlab_core::events;
 use memlab_core::render::{Cell, Document, Render};
-use memlab_core::{Device, Error, Result};
+use memlab_core::{DType, Device, Error, Result};
 use serde::Serialize;
 
 use memlab_tch::Recording;
@@ -55,7 +55,7 @@ fn serialize_kind<S: serde::Serializer>(kind: &Option<TensorKind>, s: S) -> std:
 struct Group {
     kind: Option<TensorKind>,
     shape: Option<Vec<i64>>,
-    dtype: &'static str,
+    dtype: Option<DType>,
     site: Option<String>,
 }
 
@@ -105,8 +105,8 @@ pub struct StorageChange {
     pub kind: Option<TensorKind>,
     /// Their shape and dtype, for named storages.
     pub shape: Option<Vec<i64>>,
-    /// Their dtype (`Float`), for named storages; empty otherwise.
-    pub dtype: &'static str,
+    /// Their dtype (`Float`), for named storages.
+    pub dtype: Option<DType>,
     /// Their bytes together.
     pub bytes: u64,
     /// Where unnamed ones were allocated, when memlab saw it.
@@ -250,12 +250,16 @@ impl Tracker {
             // A storage is grouped as its first view (the tensor that made it
             // known); it counts once, whatever views it has.
             let first = &storage.views[0];
-            let group =
-                Group { kind: Some(first.kind), shape: Some(first.shape.clone()), dtype: first.dtype, site: None };
+            let group = Group {
+                kind: Some(first.kind),
+                shape: Some(first.shape.clone()),
+                dtype: Some(first.dtype),
+                site: None,
+            };
             add(storage.data_ptr, Entry { group, bytes: storage.nbytes });
         }
         for a in events::live().into_iter().filter(|a| a.device == device) {
-            let group = Group { kind: None, shape: None, dtype: "", site: a.site() };
+            let group = Group { kind: None, shape: None, dtype: None, site: a.site() };
             add(a.address, Entry { group, bytes: a.size });
         }
         Ok(out)
@@ -310,7 +314,7 @@ impl Render for TrackEntry {
         for change in &self.changes {
             let mut line = format!("{} {} × ", if change.appeared { "+" } else { "-" }, change.count);
             if let Some(shape) = &change.shape {
-                line.push_str(&format!("{shape:?} {} ", change.dtype));
+                line.push_str(&format!("{shape:?} {} ", change.dtype.map(DType::as_str).unwrap_or_default()));
             }
             line.push_str(&format!("{} {}", kind_label(change.kind), Cell::bytes(change.bytes)));
             if let Some(site) = &change.site {

@@ -75,7 +75,7 @@ fn check(config: impl OptimizerConfig, slots: &[&str]) {
     let mut found: Vec<(String, i64)> = rows.iter().map(|r| (r.name.clone(), r.bytes)).collect();
     found.sort();
     assert_eq!(found, expected, "{report}");
-    assert!(rows.iter().all(|r| r.counted && r.dtype == "Float"), "{report}");
+    assert!(rows.iter().all(|r| r.counted && r.dtype == Some(memlab::DType::Float)), "{report}");
     // The state's total is the stated multiple of the parameters' bytes.
     let params: i64 = parameters().iter().map(|(_, n)| n * 4).sum();
     let state: i64 = rows.iter().map(|r| r.bytes).sum();

@@ -39,7 +39,7 @@ fn parameters_and_gradients_by_name() {
     let w = row(&report, "fc.weight");
     assert_eq!(
         (w.kind, w.shape.as_slice(), w.dtype, w.bytes),
-        (RowKind::Named(memlab::TensorKind::Parameter), &[1024, 1024][..], "Float", 4 << 20)
+        (RowKind::Named(memlab::TensorKind::Parameter), &[1024, 1024][..], Some(memlab::DType::Float), 4 << 20)
     );
     assert_eq!(row(&report, "fc.bias").bytes, 4096);
     assert_eq!(cpu(&report).named_bytes, (4 << 20) + 4096);
@@ -251,4 +251,29 @@ fn one_model_names_memory_for_every_tool_as_their_own_builders_do() {
     let broken = memlab::Model::new().var_store("model", &vs).optimizer(&lost);
     assert!(MemReporter::of(broken.clone()).report().is_err());
     assert!(memlab::export::Exporter::of(broken).snapshot().is_err());
+}
+
+/// A tensor's element type is one typed value in every report, named as
+/// tch names its `Kind`.
+#[test]
+fn element_types_are_typed_and_named_as_tch_names_them() {
+    use memlab::DType;
+    let _s = serial();
+    for (kind, dtype) in [
+        (Kind::Float, DType::Float),
+        (Kind::BFloat16, DType::BFloat16),
+        (Kind::Int64, DType::Int64),
+        (Kind::Bool, DType::Bool),
+        (Kind::Half, DType::Half),
+        (Kind::Uint8, DType::Uint8),
+    ] {
+        assert_eq!(memlab::stats::dtype(kind), dtype);
+        assert_eq!(dtype.to_string(), format!("{kind:?}"));
+        let t = Tensor::zeros([4], (kind, tch::Device::Cpu));
+        let report = MemReporter::default().tensor("t", &t).report().unwrap();
+        assert_eq!(row(&report, "t").dtype, Some(dtype));
+        let json: serde_json::Value = serde_json::from_str(&report.to_json()).unwrap();
+        let rows = json["devices"][0]["rows"].as_array().unwrap();
+        assert!(rows.iter().any(|r| r["name"] == "t" && r["dtype"] == dtype.as_str()), "{json}");
+    }
 }

@@ -6,6 +6,7 @@
 
 mod backend;
 pub mod device;
+mod dtype;
 mod error;
 pub mod events;
 pub mod export;
@@ -38,6 +39,7 @@ pub mod time;
 
 pub use backend::{Backend, ScriptedBackend};
 pub use device::{Device, DeviceSelector, ParseDeviceError};
+pub use dtype::DType;
 pub use error::{Error, Result};
 pub use kind::TensorKind;
 pub use report::{reset, Column, FunctionReport, LineReport, Report};

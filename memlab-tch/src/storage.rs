@@ -2,7 +2,7 @@
 //! that storage holds, where, and in what layout. Views share a storage, so
 //! two tensors with the same `storage_id` occupy the memory only once.
 
-use memlab_core::{Device, Error, Result};
+use memlab_core::{DType, Device, Error, Result};
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -122,8 +122,8 @@ pub fn storages(tensor: &tch::Tensor) -> Result<(StorageInfo, Option<StorageInfo
 pub struct Facts {
     /// The storage.
     pub info: StorageInfo,
-    /// The element type, as tch's `Kind` names it.
-    pub dtype: &'static str,
+    /// The element type.
+    pub dtype: DType,
     /// The shape.
     pub shape: Vec<i64>,
 }
@@ -142,7 +142,7 @@ pub fn facts(tensor: &tch::Tensor, with_grad: bool) -> Result<(Facts, Option<Fac
     let convert = |raw: &ffi::TensorFacts, shape_of: &dyn Fn() -> Vec<i64>| -> Result<Facts> {
         let ndim = raw.ndim.max(0) as usize;
         let shape = if ndim <= ffi::MAX_DIMS { raw.dims[..ndim].to_vec() } else { shape_of() };
-        Ok(Facts { info: from_raw(&raw.storage)?, dtype: dtype_name(raw.dtype), shape })
+        Ok(Facts { info: from_raw(&raw.storage)?, dtype: DType::from_code(raw.dtype), shape })
     };
     let main = convert(&main, &|| tensor.size())?;
     let grad = if with_grad && grad.storage.has_storage != ffi::NO_GRADIENT {
@@ -153,25 +153,10 @@ pub fn facts(tensor: &tch::Tensor, with_grad: bool) -> Result<(Facts, Option<Fac
     Ok((main, grad))
 }
 
-/// The name tch's `Kind` gives a libtorch scalar type.
-fn dtype_name(code: i32) -> &'static str {
-    const NAMES: [&str; 16] = [
-        "Uint8",
-        "Int8",
-        "Int16",
-        "Int",
-        "Int64",
-        "Half",
-        "Float",
-        "Double",
-        "ComplexHalf",
-        "ComplexFloat",
-        "ComplexDouble",
-        "Bool",
-        "QInt8",
-        "QUInt8",
-        "QInt32",
-        "BFloat16",
-    ];
-    usize::try_from(code).ok().and_then(|i| NAMES.get(i)).copied().unwrap_or("Other")
+/// The element type of tch's `kind`, as memlab's reports name it (by
+/// name: tch keeps `Kind`'s libtorch code to itself, and its variants
+/// differ between tch releases).
+pub fn dtype(kind: tch::Kind) -> DType {
+    let name = format!("{kind:?}");
+    DType::NAMED.into_iter().find(|d| d.as_str() == name).unwrap_or(DType::Other)
 }

@@ -710,7 +710,7 @@ pub(crate) struct View {
     pub(crate) kind: TensorKind,
     pub(crate) name: String,
     pub(crate) shape: Vec<i64>,
-    pub(crate) dtype: &'static str,
+    pub(crate) dtype: memlab_core::DType,
     pub(crate) numel: u64,
     /// The tensor's own size: elements × element size.
     pub(crate) own_bytes: u64,
