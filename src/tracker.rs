@@ -332,12 +332,23 @@ impl Default for Tracker {
     }
 }
 
-/// The tracker `track!()` without an argument uses.
-pub fn global_tracker() -> std::sync::MutexGuard<'static, Option<Tracker>> {
-    memlab_core::process::process_wide! {
-        static GLOBAL: Mutex<Option<Tracker>> = Mutex::new(None);
-    }
-    GLOBAL.locked()
+memlab_core::process::process_wide! {
+    /// The tracker `track!()` without an argument uses, made on first use.
+    static GLOBAL: Mutex<Option<Tracker>> = Mutex::new(None);
+}
+
+/// Makes `tracker` the one `track!()` without an argument uses (by
+/// default a `Tracker::new()`, made on its first use), and returns the one
+/// it used before, if it had made one. memlab's lock stays with memlab.
+///
+/// ```
+/// let quiet = memlab::Tracker::new().device(memlab::Device::Cpu).stdout(false);
+/// memlab::tracker::set_global_tracker(quiet);
+/// let entry = memlab::track!(); // logged, not printed
+/// assert_eq!(entry.device, memlab::Device::Cpu);
+/// ```
+pub fn set_global_tracker(tracker: Tracker) -> Option<Tracker> {
+    GLOBAL.locked().replace(tracker)
 }
 
 /// Logs `site` with the global tracker (creating it on first use). The
@@ -347,7 +358,7 @@ pub fn global_tracker() -> std::sync::MutexGuard<'static, Option<Tracker>> {
 #[doc(hidden)]
 pub fn track_global(site: CallSite) -> TrackEntry {
     let (entry, print) = {
-        let mut global = global_tracker();
+        let mut global = GLOBAL.locked();
         let tracker = global.get_or_insert_with(Tracker::new);
         (tracker.record(site), tracker.stdout)
     };
