@@ -1,6 +1,27 @@
 //! "Will it fit?": the largest batch size whose real training step stays
 //! within a memory budget, found by trying batch sizes, with out-of-memory
 //! failures caught so the process stays healthy.
+//!
+//! ```rust,no_run
+//! let search = memlab::find_batch_size(memlab::Device::Cpu, memlab::Budget::Bytes(2 << 30), 4096, |batch| {
+//!     // one real training step with `batch` samples
+//!     Ok(())
+//! })?;
+//! println!("{search}");
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! [`find_batch_size`] binary-searches the largest
+//! batch whose real step stays within a byte budget or the free CUDA memory,
+//! catching out-of-memory failures so the process stays healthy; it keeps its
+//! own out-of-memory panics quiet and lets every other panic reach your panic
+//! hook. Its deliberate failures are neither counted nor written by the
+//! out-of-memory recorder: its result says why its first failing batch failed
+//! ([`BatchSearch::first_oom`], the same verdict). While one of its tries runs,
+//! every failure on its device is taken as the try's, on any thread (the
+//! autograd engine runs a CUDA backward pass on threads of its own).
+//! [`model_size`](crate::model_size) measures what one batch takes.
+//! `cargo run --release --example model_size`.
 
 use serde::Serialize;
 use std::panic::{catch_unwind, AssertUnwindSafe};

@@ -1,15 +1,42 @@
 //! `Courtesy`: give the GPU back without a checkpoint.
 //!
-//! [`Courtesy::yield_memory`](crate::Courtesy::yield_memory) moves the CUDA tensors of the var stores and
-//! tensors it knows (and their gradients) to the CPU in place, with
-//! `set_data`, so every handle to them (layers, an `nn::Optimizer`) stays
-//! valid; then it empties the CUDA cache and says how many bytes the devices
-//! got back and what stayed. [`Courtesy::yield_memory_with`](crate::Courtesy::yield_memory_with) moves an
-//! optimizer's state (Adam's moments, momentum buffers) too, in place, so
-//! training goes on bit-identically. [`Courtesy::restore`](crate::Courtesy::restore), or dropping the guard,
-//! moves everything back. Nothing is lost on failure: a tensor that cannot
-//! go back (out of memory) stays valid on the CPU, and `restore` can be
-//! called again.
+//! ```rust,no_run
+//! use tch::nn::{self, OptimizerConfig};
+//!
+//! let vs = nn::VarStore::new(tch::Device::Cuda(0));
+//! let mut adam = nn::Adam::default().build(&vs, 1e-3).unwrap();
+//! let mut courtesy = memlab::Courtesy::new().var_store(&vs);
+//! println!("{}", courtesy.yield_memory_with(&mut adam)?); // weights, gradients, Adam's moments to the CPU
+//! // ... someone else uses the GPU ...
+//! courtesy.restore()?;                                     // back, bit for bit
+//! # Ok::<(), memlab::Error>(())
+//! ```
+//!
+//! [`Courtesy::yield_memory`](crate::Courtesy::yield_memory) moves the CUDA
+//! tensors of the var stores and tensors it knows (and their gradients) to the
+//! CPU in place, with `set_data`, so every handle to them (layers, an
+//! `nn::Optimizer`) stays valid and training goes on bit-identically; then it
+//! empties the CUDA cache and says how many bytes the devices got back and what
+//! stayed. [`Courtesy::yield_memory_with`](crate::Courtesy::yield_memory_with)
+//! moves the optimizer's state too (Adam's moments, momentum buffers), in place:
+//! tch keeps it inside libtorch's C++ optimizer, and memlab reads it under the
+//! borrow, as the reporter does; `yield_memory()` moves only the var stores and
+//! tensors. [`Courtesy::restore`](crate::Courtesy::restore), or dropping the
+//! guard, moves everything back.
+//!
+//! The report says what each part gave back, device by device
+//! (`cargo run --release --example courtesy`, on an H100):
+//!
+//! ```text
+//! Courtesy: moved 24 tensor(s) to the CPU
+//! device  parameters  gradients  optimizer state    tensors      moved  reserved before  reserved after   returned  still allocated
+//! cuda:0      32.09M     32.09M           64.19M      0.00B    128.38M          230.00M          86.00M    144.00M           67.00M
+//! ```
+//!
+//! What stays allocated belongs to tensors memlab was not given (the batch,
+//! activations, cuBLAS workspaces). Nothing is lost on failure: if the GPU is
+//! full when restoring, a tensor that cannot go back stays valid and usable on
+//! the CPU, and `restore()` can be called again.
 
 use serde::Serialize;
 use std::collections::BTreeMap;

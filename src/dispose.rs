@@ -1,12 +1,74 @@
 //! Dispose scopes: which tensors outlived a stretch of code that should have
-//! left nothing behind.
+//! left nothing behind, and where they came from.
 //!
 //! In Rust, ownership frees tensors; what goes wrong is that something keeps
 //! them: a loss accumulated with its graph, a cache that grows every step, a
-//! tensor pushed into a `Vec`. A [`DisposeScope`] sees every allocation made
-//! on its thread while it is the innermost scope, and when it closes it
-//! reports those still alive (with where they were allocated), except the
-//! ones it was told to [`keep`](crate::DisposeScope::keep).
+//! tensor pushed into a `Vec`:
+//!
+//! ```rust
+//! use tch::{Kind, Tensor};
+//!
+//! let scope = memlab::DisposeScope::new("validation")?;
+//! let mut history = Vec::new();
+//! for _ in 0..3 {
+//!     let batch = Tensor::ones([256], (Kind::Float, tch::Device::Cpu));
+//!     history.push(&batch * 2.0); // kept by mistake
+//! }
+//! let report = scope.finish();        // or let it drop: it warns on stderr
+//! assert_eq!(report.escaped_bytes(memlab::Device::Cpu), 3 * 1024);
+//! # Ok::<(), memlab::Error>(())
+//! ```
+//!
+//! A [`DisposeScope`] sees every allocation made on its thread while it is the
+//! innermost scope, and when it closes it reports those still alive (with where
+//! they were allocated), except the ones it was told to keep:
+//! `scope.keep(&t)` ([`keep`](crate::DisposeScope::keep)) exempts a tensor
+//! meant to escape (it moves to the enclosing scope), `scope.detach(&t)` frees
+//! it from every scope; nested scopes hand their escapes outwards (to the
+//! nearest scope still open). A scope belongs to the thread that opened it (it
+//! is not `Send`). `.on_escape(OnEscape::Fail)` panics, for tests;
+//! `memlab::check_step(|| step())` runs a step and lets a test assert
+//! `.assert_no_escapes()` and `.assert_peak_below(device, bytes)`.
+//!
+//! # Model state is not a leak
+//!
+//! A training step replaces the model's gradients every time (`backward_step`
+//! sets them to none, backward makes new ones): those are the model's state, not
+//! leaks. Scopes list new gradients of registered var stores, or of the var store
+//! named with `DisposeScope::model(&vs)` / `memlab::check_step_with(&vs, || step())`,
+//! as replaced model state, apart from the escapes:
+//!
+//! ```rust
+//! use tch::nn::{self, Module, OptimizerConfig};
+//! use tch::{Kind, Tensor};
+//!
+//! let vs = nn::VarStore::new(tch::Device::Cpu);
+//! let net = nn::linear(vs.root(), 64, 8, Default::default());
+//! let mut opt = nn::Adam::default().build(&vs, 1e-3)?;
+//! let x = Tensor::ones([16, 64], (Kind::Float, tch::Device::Cpu));
+//! opt.backward_step(&net.forward(&x).mean(Kind::Float)); // the first step creates Adam's state
+//! let check = memlab::check_step_with(&vs, || opt.backward_step(&net.forward(&x).mean(Kind::Float)))?;
+//! check.assert_no_escapes();
+//! assert_eq!(check.scope.model_state.len(), 2); // new gradients of the weight and the bias
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! The optimizer's state is model state too: Adam's moments, created by the
+//! first step, would otherwise look like a leak. Give the optimizer to the check
+//! (`memlab::check_step_with_optimizer(&vs, &mut opt, |opt| opt.backward_step(&loss))`),
+//! close a scope with `scope.finish_with(&opt)`, or register it where it is
+//! built with `memlab::register_optimizer`.
+//!
+//! # Requirements
+//!
+//! Scopes need memlab's counting CPU allocator: with it turned off
+//! (`MEMLAB_CPU_ALLOCATOR=0`, see "Allocator figures" in the crate docs) they
+//! return an error rather than a silent zero. Scopes read gradients, so run them
+//! on the thread that steps the model, or between steps (see the "Threads"
+//! section of [`crate::oom`]).
+//!
+//! `cargo run --release --example leak_hunt` catches the classic validation-loop
+//! leak (`total_loss = total_loss + loss` with autograd on) by its line.
 
 use serde::Serialize;
 use std::collections::{BTreeMap, HashSet};

@@ -1,10 +1,23 @@
 //! CUDA devices: which this process sees, the caching allocator's cache, the
 //! driver's and NVML's figures, and where a device's memory went.
 //!
-//! Where the GPU memory went: one call that sets the figures users see side by
-//! side (device total, what the driver says is used, what NVML says this
-//! process uses, libtorch's reserved cache, allocated bytes, named tensors)
-//! and explains every gap between them in bytes and words.
+//! ```rust,no_run
+//! print!("{}", memlab::where_gpu_memory_went(0)?);
+//! # Ok::<(), memlab::Error>(())
+//! ```
+//!
+//! Where the GPU memory went: one call,
+//! [`where_gpu_memory_went`], sets the figures
+//! users see side by side (device total, what the driver says is used, what
+//! NVML says this process uses, libtorch's reserved cache, allocated bytes,
+//! named tensors), nvidia-smi's figures beside libtorch's, and explains every
+//! gap between them in bytes and words: free memory, other processes, this
+//! process's CUDA context and libraries (NVML's figure minus libtorch's cache),
+//! the cache's fragmentation and free blocks, allocations no registered model
+//! owns (by line while recording), block rounding, and the named tensors. The
+//! parts add up to the device's total. It reads gradients: call it on the
+//! thread that steps the model, or between steps (see the "Threads" section of
+//! [`crate::oom`]). `cargo run --release --example gpu_memory`.
 
 pub use memlab_tch::{
     auto_device, built_with_cuda, cuda_device_count, cuda_is_available, cuda_mem_info, driver_memory, empty_cache,

@@ -3,6 +3,9 @@
 
 /// Profiles the memory of a function line by line.
 ///
+/// Put `#[memlab::profile]` on any function or method; every statement of it,
+/// including those inside loops, `if`s and `match` arms, gets a row:
+///
 /// ```
 /// #[memlab::profile]
 /// fn make_weights() -> tch::Tensor {
@@ -18,6 +21,36 @@
 /// assert_eq!(line.increment, 4 << 20); // shown as +4.00M
 /// ```
 ///
+/// # The table
+///
+/// When the program exits, memlab prints a table per profiled function. This
+/// is the training loop of the demo (`bash scripts/demo.sh`) on the CPU:
+///
+/// ```text
+/// ## train_mlp::train  (cpu, 1 call)
+///
+/// active_bytes  reserved_bytes  allocated_bytes  increment  hits  line  code
+///          all             all              all
+///         peak            peak          current
+///        7.02M           7.02M            7.02M      0.00B     1    46  fn train(model: &Mlp, opt: &mut nn::Optimizer, data: &Tensor, labels: &Tensor, steps: usize) -> f64 {
+///        7.02M           7.02M            7.02M      0.00B     1    47      let mut last_loss = f64::NAN;
+///        7.02M           7.02M            7.02M      0.00B     1    48      for _ in 0..steps {
+///       27.09M          27.09M           26.60M     +1.51M     5    49          let logits = model.forward(data);
+///       26.61M          26.61M           26.61M    +10.01K     5    50          let loss = logits.cross_entropy_for_logits(labels);
+///       33.10M          33.10M           25.10M    +16.55M     5    51          opt.backward_step(&loss);
+///       25.10M          25.10M           25.10M      0.00B     5    52          last_loss = loss.double_value(&[]);
+///       25.10M          25.10M           25.09M    -10.00K     5    53      }
+///       25.09M          25.09M           25.09M      0.00B     1    54      last_loss
+///       25.09M          25.09M           25.09M      0.00B     1    55  }
+/// ```
+///
+/// Each statement shows what it kept; what a block's locals free when it ends
+/// (here `logits` and `loss`, every iteration) shows on its closing brace.
+/// The first `backward_step` keeps +16.55M: the gradients (6.02M) and Adam's
+/// two moment buffers (12.04M) appear, and the step's 1.51M of activations
+/// go. Every figure is read from the allocator, so it is exact to the byte
+/// (the CSV and JSON exports carry the bytes).
+///
 /// # What a row means
 ///
 /// Every statement of the function, and of the blocks inside it (loop bodies,
@@ -31,15 +64,16 @@
 /// - `*.current` columns: the level right after it;
 /// - running totals (`*.allocated`, `*.freed`, `num_*`): how much they grew
 ///   during it;
-/// - `increment`: the change of `allocated_bytes.all.current` over one run,
-///   the figure that tells which line keeps memory; `increment_total` sums it
-///   over all runs (a line in a loop that keeps 1 MiB per iteration shows
-///   `+1.00M` and a total of `+N.00M`);
+/// - `increment`: the change of `allocated_bytes.all.current` over one run
+///   (the largest of the runs), the figure that tells which line keeps memory;
+///   `increment_total` sums it over all runs (a line in a loop that keeps
+///   1 MiB per iteration shows `+1.00M` and a total of `+N.00M`);
+/// - `hits`: how often the line ran. Lines that never ran stay blank;
 /// - `ooms`: requests the allocator could not serve while the statement ran,
 ///   all runs together (the change of `num_ooms`, which the counting CPU
 ///   allocator keeps as well). A function's table shows this column as soon
-///   as one of its statements ran out of memory; the statement's own `Err`
-///   still reaches the caller.
+///   as one of its statements ran out of memory, whatever the columns
+///   chosen; the statement's own `Err` still reaches the caller.
 ///
 /// The signature line shows the state at entry. What a block's locals free
 /// when it ends (the function body, a loop body, an `if` arm, …) counts on the
@@ -59,18 +93,40 @@
 /// erase an enclosing peak. Reading `*.peak` statistics yourself while
 /// profiled code runs shows only the peak since the last probe.
 ///
+/// # Columns and renderings
+///
+/// Any key of `torch.cuda.memory_stats()` can be a column, and so can
+/// `increment`, `increment_total`, `hits` and `ooms`
+/// ([`profiler::set_default_columns`] sets them for every report):
+///
+/// ```rust,no_run
+/// use memlab::Render;
+///
+/// let report = memlab::report().with_columns(&["requested_bytes.all.peak", "increment_total", "hits"])?;
+/// println!("{report}");                               // text
+/// std::fs::write("profile.html", report.to_html())?;  // HTML; report.evcxr_display() in notebooks
+/// std::fs::write("profile.csv", report.to_csv()?)?;   // every statistic of every line, in bytes
+/// std::fs::write("profile.json", report.to_json())?;
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// [`report()`] returns the figures at any time; [`reset()`] clears them.
+///
 /// # Options
 ///
 /// - `#[profile(device = "cuda:1")]`: the device to measure: `"cpu"`,
 ///   `"cuda"` (the current CUDA device at each call), `"cuda:N"` or `"auto"`
 ///   (the current CUDA device when CUDA is available, else the CPU). Without
-///   it the function follows [`profiler::set_target_device`], whose default is `auto`.
+///   it the function follows [`profiler::set_target_device`] (or
+///   [`profiler::set_target_gpu`]), whose default is `auto`.
 /// - `#[profile(crate = my_reexport::memlab)]`: where to find memlab when the
 ///   crate re-exports it under another path.
+/// - [`profile_every`] (`#[memlab::profile_every(10)]`) also prints the table
+///   of the last 10 calls every 10 calls.
 ///
 /// The tables of all `#[profile]` functions print when the process exits
-/// (turn it off with [`profiler::set_print_at_exit`] or `MEMLAB_PRINT_AT_EXIT=0`), and
-/// [`report()`] returns them at any time.
+/// (turn it off with [`profiler::set_print_at_exit`] or `MEMLAB_PRINT_AT_EXIT=0`).
+/// Where tables and warnings go, and how to turn every probe off: [`profiler`].
 ///
 /// # Threads and async
 ///
@@ -164,12 +220,39 @@ pub use tracker::Tracker;
 /// The line profiler's settings and its report, and where memlab's output
 /// goes: reports (`set_output`, standard output by default) and warnings
 /// (`set_warnings`, standard error by default); no tool prints by itself.
+/// What the figures of a report mean is in the docs of
+/// [`profile`].
+///
+/// - `set_print_at_exit(false)` (or `MEMLAB_PRINT_AT_EXIT=0`) keeps the table
+///   printed at exit quiet.
+/// - `set_output(Output::Sink(..))` sends tables elsewhere (a sink runs with
+///   no memlab lock held, so it may call memlab itself), and
+///   `set_warnings(..)` does the same for warnings.
+/// - `set_enabled(false)` (or `MEMLAB_DISABLE=1`) turns every probe off.
+/// - `set_target_device` / `set_target_gpu` change the device every function
+///   without a `device` option measures: by default the current CUDA device
+///   when CUDA is available, else the CPU.
+/// - `set_default_columns` sets the columns of every report that does not
+///   choose its own.
+///
+/// Environment variables that switch something on or off all read the same
+/// way: `1`/`true`/`yes`/`on` and `0`/`false`/`no`/`off`, in any case;
+/// anything else is warned about once on stderr and ignored. A call
+/// (`set_enabled`, `set_print_at_exit`) wins over the variable whenever it is
+/// made.
+///
+/// ```
+/// use memlab::profiler::{self, Output};
+///
+/// profiler::set_print_at_exit(false);
+/// profiler::set_output(Output::Sink(Box::new(|_text| { /* a log, a file */ })));
+/// ```
 pub mod profiler {
     pub use memlab_core::profiler::{
         default_columns, is_enabled, set_default_columns, set_enabled, set_output, set_print_at_exit,
         set_target_device, set_target_gpu, set_warnings, target_device, LineStats, Output,
     };
-    pub use memlab_core::{Column, DeviceSelector, FunctionReport, LineReport, Report};
+    pub use memlab_core::{DeviceSelector, FunctionReport, LineReport, ProfileColumn, Report};
 }
 
 /// What memlab reads of tch's optimizers: their classes and the tensors of
@@ -207,7 +290,7 @@ pub mod stats {
     pub use memlab_core::{DeviceStats, ParseDeviceError, Stat, StatArray};
     pub use memlab_tch::{
         cpu_allocator_installed, cpu_allocator_installed_at_load, device_stats, dtype, install_cpu_allocator,
-        reset_accumulated_stats, reset_peak_stats, storage_info, Layout, StorageInfo, WeakTensor,
+        reset_accumulated_stats, reset_peak_stats, storage_info, StorageInfo, StorageLayout, WeakTensor,
     };
 }
 

@@ -1,12 +1,142 @@
-//! `MemReporter`: what occupies memory, by name.
+//! `MemReporter`: what occupies memory, by name, every byte accounted for.
 //!
-//! It walks the var stores and tensors it was given (or that were registered),
-//! counts each storage once (views share one), adds gradients as
-//! `<name>.grad`, and sets the total against the allocator's own figure. Every
-//! byte the allocator holds lands in a row: named storages, unnamed live
-//! allocations (listed with where they were allocated while a
-//! [`Recording`](crate::Recording) or dispose scope is on), what could not be
-//! attributed, and on CUDA the rounding to the allocator's block sizes.
+//! ```rust
+//! use tch::nn;
+//!
+//! let vs = nn::VarStore::new(tch::Device::Cpu);
+//! let _fc = nn::linear(vs.root() / "fc", 1024, 1024, Default::default());
+//! memlab::register_var_store("model", &vs);            // held weakly
+//! let report = memlab::MemReporter::registered().report()?; // or MemReporter::new(&vs)
+//! println!("{report}");
+//! # Ok::<(), memlab::Error>(())
+//! ```
+//!
+//! It walks the var stores and tensors it was given (or that were registered)
+//! and sets the total against the allocator's own figure: the rows of each
+//! device add up to the allocator's allocated bytes. Every byte the allocator
+//! holds lands in a row: named storages; then the live allocations no named
+//! tensor owns, grouped by the statement or backtrace that allocated them while
+//! a [`Recording`](crate::Recording) or dispose scope is on; what could not be
+//! attributed; and on CUDA the rounding to the allocator's block sizes.
+//!
+//! Every storage is counted once: a storage that several named tensors view (a
+//! tied weight, LSTM weights flattened into one buffer) gets a row of its own,
+//! `storage #N: K views`, with its bytes, and each view follows as
+//! `name(->storage #N)` with its own size in parentheses, not added again.
+//! Gradients appear as `name.grad`, sparse tensors as their indices and values.
+//! Memory libtorch's allocator never allocated (`Tensor::from_blob`) is listed
+//! below the total, outside the allocator's figures.
+//!
+//! The report prints with `{}`, and also renders with `to_html()`, `to_csv()`,
+//! `to_json()` and `evcxr_display()`. `bash scripts/demo.sh` aside,
+//! `cargo run --release --example mem_report` shows it before and after a
+//! backward pass, and after an Adam step.
+//!
+//! # One model for every tool
+//!
+//! What a tool names memory after is a [`Model`]: the registry
+//! (`Model::registered()`), or var stores, named tensors and optimizers given to
+//! it. Describe it once and give it to each tool; the tools' own `var_store`,
+//! `tensor` and `optimizer` methods add to theirs:
+//!
+//! ```rust
+//! # use tch::nn;
+//! # let vs = nn::VarStore::new(tch::Device::Cpu);
+//! # let kv_cache = tch::Tensor::zeros([1024], (tch::Kind::Float, tch::Device::Cpu));
+//! let model = memlab::Model::new().var_store("model", &vs).tensor("kv_cache", &kv_cache);
+//! let report = memlab::MemReporter::of(model.clone()).report()?;
+//! let exporter = memlab::export::Exporter::of(model.clone()); // the same names in the exports
+//! let courtesy = memlab::Courtesy::of(model);                 // the same tensors move
+//! # drop((report, exporter, courtesy));
+//! # Ok::<(), memlab::Error>(())
+//! ```
+//!
+//! # Optimizer state
+//!
+//! tch keeps an optimizer's state inside libtorch's C++ object, out of reach of
+//! its API; give the optimizer to the reporter and memlab reads it, naming each
+//! tensor after its parameter and libtorch's name for it (`exp_avg`,
+//! `exp_avg_sq`, `max_exp_avg_sq` with amsgrad, `momentum_buffer`,
+//! `square_avg`, `grad_avg`), with exact bytes:
+//!
+//! ```rust
+//! use tch::nn::{self, Module, OptimizerConfig};
+//!
+//! let vs = nn::VarStore::new(tch::Device::Cpu);
+//! let encoder = nn::linear(vs.root() / "encoder", 1024, 1024, Default::default());
+//! memlab::register_var_store("model", &vs);
+//! let mut adam = nn::Adam::default().build(&vs, 1e-3).unwrap();
+//! let x = tch::Tensor::ones([8, 1024], (tch::Kind::Float, tch::Device::Cpu));
+//! adam.backward_step(&encoder.forward(&x).sum(tch::Kind::Float));
+//! let report = memlab::MemReporter::registered().optimizer(&adam).report()?;
+//! println!("{report}");
+//! # use memlab::Render;
+//! # assert_eq!(report.to_text().matches(".exp_avg").count(), 4);
+//! # Ok::<(), memlab::Error>(())
+//! ```
+//! ```text
+//! Storage on cpu
+//! name                                                                          shape  dtype          bytes
+//! ---------------------------------------------------------------------------------------------------------
+//! model.encoder.bias                                                           [1024]  Float          4.00K
+//! model.encoder.bias.grad                                                      [1024]  Float          4.00K
+//! model.encoder.weight                                                   [1024, 1024]  Float          4.00M
+//! model.encoder.weight.grad                                              [1024, 1024]  Float          4.00M
+//! model.encoder.bias.exp_avg                                                   [1024]  Float          4.00K
+//! model.encoder.bias.exp_avg_sq                                                [1024]  Float          4.00K
+//! model.encoder.weight.exp_avg                                           [1024, 1024]  Float          4.00M
+//! model.encoder.weight.exp_avg_sq                                        [1024, 1024]  Float          4.00M
+//! not named (activations, temporaries, workspaces): a memlab::Recording                              32.00K
+//!     lists them by site
+//! ---------------------------------------------------------------------------------------------------------
+//! named: 16.02M in 4198400 elements; allocated on cpu: 16.05M (every byte above)
+//!
+//! Optimizer Adam: 4 state tensor(s), listed above by name
+//! ```
+//!
+//! The optimizer is only borrowed for the call (tch frees it when it drops, and
+//! every step changes its state), so the report shows the state as of that call.
+//! It must have been built on a var store the reporter knows (given or
+//! registered): that is where the names come from, and an optimizer built on
+//! another store is an error that says so. Adam, AdamW, SGD and RMSprop are read
+//! (tch builds no other). Parameters with no state yet (before the first step,
+//! frozen, plain SGD) and variables created after the optimizer (tch takes them
+//! in at its next step) are listed below the table rather than guessed.
+//!
+//! To have every tool that works from the registry name the state
+//! (`MemReporter::registered()`, `track!()`, `where_gpu_memory_went`,
+//! `Courtesy::new()`, dispose scopes, the out-of-memory recorder), register the
+//! optimizer where you build it:
+//!
+//! ```rust
+//! # use tch::nn::{self, Module, OptimizerConfig};
+//! # use tch::{Device, Kind, Tensor};
+//! # fn train_step(model: &nn::Linear, opt: &mut nn::Optimizer) {
+//! #     let x = Tensor::ones([4, 8], (Kind::Float, Device::Cpu));
+//! #     opt.backward_step(&model.forward(&x).sum(Kind::Float));
+//! # }
+//! # let vs = nn::VarStore::new(Device::Cpu);
+//! # let model = nn::linear(vs.root() / "fc", 8, 8, Default::default());
+//! # memlab::register_var_store("model", &vs);
+//! # let batches: Vec<Tensor> = (0..2).map(|_| Tensor::ones([4, 8], (Kind::Float, Device::Cpu))).collect();
+//! let mut opt = memlab::register_optimizer(nn::Adam::default().build(&vs, 1e-3)?)?;
+//! for batch in &batches {
+//!     opt.backward_step(&model.forward(batch).sum(Kind::Float)); // registers the state the step made
+//! }
+//! // Code written for `&mut nn::Optimizer` runs inside `with_mut`:
+//! opt.with_mut(|opt| train_step(&model, opt));
+//! assert_eq!(opt.registered_states(), 4); // Adam's two moments of the weight and the bias
+//! # memlab::clear_registry();
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! [`register_optimizer`](crate::register_optimizer) takes the optimizer and
+//! gives back a [`RegisteredOptimizer`](crate::RegisteredOptimizer): the same
+//! optimizer (it derefs to tch's, for reading), whose step methods register the
+//! state libtorch creates at the first step. memlab reads the optimizer only
+//! there, on the thread that steps it: reading its state while a step changes it
+//! on another thread would race with libtorch (see the "Threads" section of
+//! [`crate::oom`] for which reads race with a step).
 
 use memlab_core::events;
 use memlab_core::render::{csv_string, Cell, Column, Document, Layout, Render, Table};

@@ -1,14 +1,40 @@
-//! Several processes of one run: which rank wrote a file. A process knows
-//! its rank from the first of [`RANK_VARIABLES`] that is set (memlab's own
-//! `MEMLAB_RANK`, then torchrun's `RANK`, Open MPI's, PMIx's, PMI's, Slurm's
-//! `SLURM_PROCID`, then the local ranks), and the world size from the
-//! variable its launcher sets beside it (`WORLD_SIZE`,
-//! `OMPI_COMM_WORLD_SIZE`, `PMI_SIZE`, `SLURM_NTASKS`). Exports
-//! (the snapshot's `memlab.run`, the trace's `otherData.run`) and
-//! out-of-memory reports carry [`this_process`]'s [`RunInfo`]: the rank, the
-//! host, the process's start, the wall-clock time of the recording's clock
-//! zero, the libtorch version and each CUDA device's UUID, so that
-//! `memlab merge` lines up the files of every rank on one time axis.
+//! Several processes of one run: which rank wrote a file.
+//!
+//! Training that outgrows one GPU runs one process per GPU (ranks). A process
+//! knows its rank from the first of [`RANK_VARIABLES`] that is set, and the
+//! world size from the variable its launcher sets beside it:
+//!
+//! | launcher | rank | world size |
+//! |---|---|---|
+//! | memlab's own | `MEMLAB_RANK` | `WORLD_SIZE` |
+//! | torchrun and most launchers | `RANK` | `WORLD_SIZE` |
+//! | Open MPI (`mpirun`) | `OMPI_COMM_WORLD_RANK` | `OMPI_COMM_WORLD_SIZE` |
+//! | PMIx | `PMIX_RANK` | (none) |
+//! | MPICH, Intel MPI (PMI) | `PMI_RANK` | `PMI_SIZE` |
+//! | Slurm (`srun`) | `SLURM_PROCID` | `SLURM_NTASKS` |
+//! | local ranks, last | `LOCAL_RANK`, `OMPI_COMM_WORLD_LOCAL_RANK`, `SLURM_LOCALID` | `WORLD_SIZE`, `OMPI_COMM_WORLD_LOCAL_SIZE`, (none) |
+//!
+//! Global ranks come before local ones, and an MPI launcher's before Slurm's:
+//! `mpirun` inside a Slurm job gives every process the batch script's
+//! `SLURM_PROCID`, and torchrun under `srun` gives each node's processes the
+//! node's. A rank or world size that is not a whole number is warned about
+//! once and left out, each on its own: `RANK=1 WORLD_SIZE=abc` keeps rank 1.
+//!
+//! [`this_process`] says what memlab read. Every export and out-of-memory
+//! report then carries its [`RunInfo`]: the rank, the host, the pid and the
+//! process's start, the wall-clock time of the recording's clock zero, the
+//! libtorch version and each CUDA device's UUID (`memlab.run` in the snapshot,
+//! `otherData.run` in the trace, `run` in the report's JSON), so that
+//! `memlab merge` lines up the files of every rank on one time axis. File
+//! names get `_rank{N}`: `Exporter::write_files(dir)` writes
+//! `memlab_snapshot_rank1.pickle`, `memlab_trace_rank1.json` and
+//! `memlab_report_rank1.html`, and the report of a failure is
+//! `memlab_oom_<host>_<start>_<pid>_<n>_rank1.txt` (and `.json`).
+//!
+//! `examples/ranks.rs` is one rank of such a run, and
+//! `bash scripts/ranks.sh DIR [N]` runs N of them and merges their files; the
+//! merge, and what it prints, is in the docs of the `memlab` command
+//! (`memlab-cli`).
 
 pub use memlab_core::run::{rank_from_env, DeviceId, RankFromEnv, RunInfo, RANK_VARIABLES, WORLD_SIZE_VARIABLE};
 

@@ -1,16 +1,35 @@
 //! The call-site tracker behind `memlab::track!()`: at each call it logs when
 //! and where it was called, how much the live tensors and the allocator hold,
 //! and which storages appeared (`+`) or disappeared (`-`) since the previous
-//! call, grouped by kind, shape and dtype, with where unnamed ones were
-//! allocated. Put one call before and one after a step, or one per batch, and
+//! call. Put one call before and one after a step, or one per batch, and
 //! the log says what grew between them.
 //!
-//! Named storages come from the registered var stores and tensors (see
-//! [`register_var_store`](crate::register_var_store)); every other live
+//! ```rust,no_run
+//! memlab::track!();        // logs the call site, totals, and every storage as `+`
+//! // ... batch 1 ...
+//! memlab::track!();        // `+`/`-`: what appeared or went away since the last call
+//! ```
+//!
+//! Each call logs a timestamp, the file, line and function, the bytes of live
+//! tensors and the allocator's figure, then the storages that appeared or
+//! disappeared, grouped by kind (parameter, buffer, gradient, optimizer state,
+//! tensor, or unnamed), shape and dtype.
+//!
+//! Named storages come from the registered var stores, tensors and optimizers
+//! (see [`register_var_store`](crate::register_var_store)); every other live
 //! allocation comes from the event recorder, which a tracker keeps on. An
 //! unnamed storage shows the profiled statement that allocated it or, when a
-//! [`Recording`] with backtraces was started before the tracker, the
-//! innermost of the user's frames.
+//! [`Recording`] with backtraces was started before the
+//! tracker
+//! (`let _r = memlab::Recording::start(memlab::events::Settings::default().backtraces(true))?;`),
+//! the innermost of the user's frames, profiled or not.
+//!
+//! `memlab::Tracker::new().log_file("track.log")` and `track!(tracker)` log to
+//! a file as well; `tracker.clear_cache()` empties the CUDA cache. The tracker
+//! reads gradients: call it on the thread that steps the model, or between
+//! steps (see the "Threads" section of [`crate::oom`]).
+//! `cargo run --release --example track` finds a list that keeps every batch's
+//! logits.
 
 use memlab_core::sync::LockExt;
 use std::collections::{BTreeMap, HashMap};

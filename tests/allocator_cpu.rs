@@ -6,7 +6,7 @@ mod common;
 
 use common::serial;
 
-use memlab::{stats::Layout, Device};
+use memlab::{stats::StorageLayout, Device};
 use tch::{Kind, Tensor};
 
 fn cpu() -> memlab::stats::DeviceStats {
@@ -69,7 +69,7 @@ fn views_share_their_storage() {
     assert_eq!(v.nbytes, 4 << 20, "a view keeps its whole storage alive");
     assert_eq!((v.numel, v.element_size), (2 * 1024, 4));
     assert_eq!(v.data_ptr, b.data_ptr);
-    assert_eq!((v.device, v.layout), (Some(Device::Cpu), Layout::Strided));
+    assert_eq!((v.device, v.layout), (Some(Device::Cpu), StorageLayout::Strided));
     let copy = view.copy();
     let c = memlab::stats::storage_info(&copy).unwrap();
     assert_ne!(c.storage_id, b.storage_id);
@@ -82,7 +82,7 @@ fn sparse_tensors_have_no_storage_of_their_own() {
     let dense = Tensor::eye(4, (Kind::Float, tch::Device::Cpu));
     let sparse = dense.to_sparse_sparse_dim(2);
     let s = memlab::stats::storage_info(&sparse).unwrap();
-    assert_eq!(s.layout, Layout::SparseCoo);
+    assert_eq!(s.layout, StorageLayout::SparseCoo);
     assert_eq!(s.storage_id, None);
     let values = memlab::stats::storage_info(&sparse.values()).unwrap();
     assert_eq!(values.nbytes, 4 * 4);

@@ -48,8 +48,8 @@ fn stat(s: &LineStats, name: &str) -> i64 {
 }
 
 fn index_of(name: &str) -> usize {
-    match name.parse::<memlab::profiler::Column>().unwrap() {
-        memlab::profiler::Column::Stat(i) => i,
+    match name.parse::<memlab::profiler::ProfileColumn>().unwrap() {
+        memlab::profiler::ProfileColumn::Stat(i) => i,
         other => panic!("{other:?} is not a statistic"),
     }
 }

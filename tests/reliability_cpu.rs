@@ -206,7 +206,7 @@ fn user_resets_keep_the_running_lines_figures() {
     let kept = resets_inside_a_line();
     let f = memlab::report().function("resets_inside_a_line").unwrap().clone();
     let stat = |code: &str, name: &str| {
-        let column: memlab::profiler::Column = name.parse().unwrap();
+        let column: memlab::profiler::ProfileColumn = name.parse().unwrap();
         column.value(f.find(code).unwrap().stats.as_ref().unwrap())
     };
     assert_eq!(stat("spike_then_reset_peaks()", "allocated_bytes.all.peak"), base + 4 * MIB);

@@ -42,7 +42,7 @@ pub use device::{Device, DeviceSelector, ParseDeviceError};
 pub use dtype::DType;
 pub use error::{Error, Result};
 pub use kind::TensorKind;
-pub use report::{reset, Column, FunctionReport, LineReport, Report};
+pub use report::{reset, FunctionReport, LineReport, ProfileColumn, Report};
 pub use stats::{DeviceStats, RawStats, Stat, StatArray};
 
 #[doc(hidden)]

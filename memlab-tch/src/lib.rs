@@ -57,7 +57,7 @@ pub use driver::{
 };
 pub use events::{testing as events_testing, Recording};
 pub use registry::{clear_registry, register_tensor, register_var_store, WeakTensor};
-pub use storage::{dtype, storage_info, Layout, StorageInfo};
+pub use storage::{dtype, storage_info, StorageInfo, StorageLayout};
 
 /// The libtorch backend of memlab's profiler.
 #[derive(Debug, Default, Clone, Copy)]

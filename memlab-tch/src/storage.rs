@@ -10,7 +10,7 @@ use crate::ffi;
 
 /// How a tensor lays out its elements.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Layout {
+pub enum StorageLayout {
     /// Dense, with strides.
     Strided,
     /// Sparse COO: the memory is that of its indices and values tensors.
@@ -38,7 +38,7 @@ pub struct StorageInfo {
     /// Where the storage lives; `None` for devices memlab does not measure (e.g. `meta`).
     pub device: Option<Device>,
     /// The tensor's layout.
-    pub layout: Layout,
+    pub layout: StorageLayout,
     /// Whether the storage's memory came from the allocator memlab reads
     /// (the counting CPU allocator, the CUDA caching allocator). `false` for
     /// memory libtorch was handed (`Tensor::from_blob`) or CPU tensors made
@@ -63,10 +63,10 @@ fn from_raw(raw: &ffi::StorageInfo) -> Result<StorageInfo> {
         _ => None,
     };
     let layout = match raw.layout {
-        ffi::LAYOUT_STRIDED => Layout::Strided,
-        ffi::LAYOUT_SPARSE_COO => Layout::SparseCoo,
-        ffi::LAYOUT_SPARSE_COMPRESSED => Layout::SparseCompressed,
-        _ => Layout::Other,
+        ffi::LAYOUT_STRIDED => StorageLayout::Strided,
+        ffi::LAYOUT_SPARSE_COO => StorageLayout::SparseCoo,
+        ffi::LAYOUT_SPARSE_COMPRESSED => StorageLayout::SparseCompressed,
+        _ => StorageLayout::Other,
     };
     let count = |v: i64| u64::try_from(v).map_err(|_| Error::Backend(format!("negative size {v} reported")));
     Ok(StorageInfo {

@@ -2,13 +2,67 @@
 //! gradients, optimizer state, feature maps — printed every few iterations
 //! and appended to CSV files.
 //!
-//! Call [`record_stats`](crate::TrainingMonitor::record_stats) after each iteration
-//! and [`epoch_end`](crate::TrainingMonitor::epoch_end) after each epoch. Everything
-//! is measured from the allocator and the model's storages; the optimizer's
-//! state, which tch keeps inside its C++ optimizer, is measured as what stays
-//! allocated besides weights and gradients, and an estimate for the optimizer
-//! named with [`optimizer`](crate::TrainingMonitor::optimizer) is shown beside it,
-//! labelled as one.
+//! ```rust,no_run
+//! # use tch::nn::OptimizerConfig;
+//! # let vs = tch::nn::VarStore::new(tch::Device::Cpu);
+//! let mut adam = tch::nn::Adam::default().build(&vs, 1e-3).unwrap();
+//! let mut monitor = memlab::TrainingMonitor::new(&vs)
+//!     .print_period(10)                             // a report every 10 iterations
+//!     .csv_dir("memlab_csv");                       // memlab_iterations.csv, memlab_variables.csv
+//! for epoch in 0..3 {
+//!     for batch in 0..100 {
+//!         // ... forward, backward, adam.step() ...
+//!         monitor.record_stats_with(&adam);         // the optimizer's state, exact, tensor by tensor
+//!     }
+//!     monitor.epoch_end();
+//! }
+//! ```
+//!
+//! Call [`record_stats_with`](crate::TrainingMonitor::record_stats_with) or
+//! [`record_stats`](crate::TrainingMonitor::record_stats) after each iteration
+//! and [`epoch_end`](crate::TrainingMonitor::epoch_end) after each epoch.
+//! Everything is measured from the allocator and the model's storages. Each
+//! record has the peak and current reserved ("cached") and allocated bytes, the
+//! weights and their gradients in total and per variable, what stays allocated
+//! besides them, and the feature maps: how far the iteration's peak rose above
+//! what it started with. Calling
+//! [`mark_backward`](crate::TrainingMonitor::mark_backward) right before the
+//! backward pass splits that into the feature maps forward kept and the
+//! intermediate gradients of backward.
+//!
+//! With `record_stats_with(&opt)` the record also has the optimizer's state,
+//! read from the optimizer tensor by tensor (`fc.weight.exp_avg`; tch keeps it
+//! inside its C++ optimizer, and memlab reads it under the borrow), and what
+//! else stays allocated. With `record_stats()` only the total besides weights
+//! and gradients is known, and [`optimizer`](crate::TrainingMonitor::optimizer)
+//! (`.optimizer(StepOptimizer::Adam)`) adds an estimate of the state, labelled
+//! as one. From `cargo run --release --example monitor` (CPU):
+//!
+//! ```text
+//! Optimizer state.................................     4.09M
+//!   fc1.bias.exp_avg..............................     4.00K
+//!   fc1.bias.exp_avg_sq...........................     4.00K
+//!   fc1.weight.exp_avg............................     2.00M
+//!   fc1.weight.exp_avg_sq.........................     2.00M
+//!   fc2.bias.exp_avg..............................    40.00B
+//!   fc2.bias.exp_avg_sq...........................    40.00B
+//!   fc2.weight.exp_avg............................    40.00K
+//!   fc2.weight.exp_avg_sq.........................    40.00K
+//! Other kept tensors..............................   257.00K
+//! ```
+//!
+//! `memlab_iterations.csv` gets a row per iteration (an `optimizer_state`
+//! column, empty without an optimizer); `memlab_variables.csv` a row whenever a
+//! variable's weight, gradient or state tensor changes size (all of them at the
+//! first record), its `kind` named as every memlab report names it
+//! (`parameter` or `buffer`, `gradient`, `optimizer_state`), so a large model
+//! does not write hundreds of unchanged rows a step. Rows are written at least
+//! once a second, at each epoch's end and when the monitor is dropped (also by
+//! a panic). A CSV directory that cannot be written is reported once; training
+//! goes on.
+//!
+//! Records read gradients: take them on the thread that steps the model, or
+//! between steps (see the "Threads" section of [`crate::oom`]).
 
 use memlab_core::sync::LockExt;
 use serde::Serialize;

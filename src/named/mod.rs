@@ -13,7 +13,7 @@ use memlab_core::TensorKind;
 use memlab_core::{Device, Error, Result};
 use memlab_tch::optimizer::{tensor_impl, OptimizerKind};
 use memlab_tch::registry;
-use memlab_tch::storage::{facts, Facts, Layout};
+use memlab_tch::storage::{facts, Facts, StorageLayout};
 use memlab_tch::WeakTensor;
 use tch::nn::{Optimizer, VarStore, Variables};
 use tch::Tensor;
@@ -757,12 +757,12 @@ impl Named {
         };
         let tensor = || source.get();
         match info.layout {
-            Layout::SparseCoo => {
+            StorageLayout::SparseCoo => {
                 let tensor = tensor();
                 part(self, "indices", tensor.f_internal_indices())?;
                 return part(self, "values", tensor.f_internal_values());
             }
-            Layout::SparseCompressed => {
+            StorageLayout::SparseCompressed => {
                 // CSR and BSR keep compressed rows; CSC and BSC compressed columns.
                 let tensor = tensor();
                 if tensor.f_crow_indices().is_ok() {
@@ -774,7 +774,7 @@ impl Named {
                 }
                 return part(self, "values", tensor.f_values());
             }
-            Layout::Strided | Layout::Other => {}
+            StorageLayout::Strided | StorageLayout::Other => {}
         }
         let Some(storage) = info.storage_id else {
             return Err(Error::InvalidArgument(format!(

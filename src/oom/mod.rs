@@ -2,100 +2,198 @@
 //! CUDA allocator fails, memlab writes what was asked, what held the memory
 //! and why the request failed, before the error reaches the caller.
 //!
-//! Arm it once, with [`OomRecorder::arm`](crate::OomRecorder::arm) or `MEMLAB_OOM_DIR=dir` (read as
-//! the program loads). Until a request fails it costs nothing: the allocators
-//! call in only on failure. Then, on the failing thread:
+//! ```rust,no_run
+//! memlab::OomRecorder::new("oom_reports").arm()?;   // or run with MEMLAB_OOM_DIR=oom_reports
+//! let _recording = memlab::Recording::start(memlab::events::Settings::default().backtraces(true))?; // optional
+//! // ... train; a request that fails still returns libtorch's error ...
+//! if let Some(report) = memlab::last_oom() {
+//!     println!("{}", report.diagnosis.verdict.title());
+//! }
+//! # Ok::<(), memlab::Error>(())
+//! ```
+//!
+//! Arm it once, with [`OomRecorder::arm`](crate::OomRecorder::arm) or
+//! `MEMLAB_OOM_DIR=dir` (read as the program loads). Until a request fails it
+//! costs nothing: the counting CPU allocator and an observer on the CUDA
+//! caching allocator call in only then. Then, on the failing thread, before the
+//! error reaches your code:
 //!
 //! - the reserve (see below) is given back, so that what follows cannot fail
 //!   for want of memory;
-//! - the facts are taken first: the request (as the allocator saw it), the
-//!   device, the profiled statement running and the failing call's Rust
-//!   frames, the allocator's figures and its cache's free blocks, the
-//!   driver's (or, for the CPU, the kernel's and the process's limits')
-//!   figures;
-//! - what holds the memory is named by a walk over the registered var
-//!   stores, optimizer state and tensors that waits for no lock (tch holds a
-//!   var store's lock while `set_device`, `load` and `copy` allocate: a store
-//!   held then is listed as busy) and never asks libtorch for a gradient
-//!   (gradients are named from the walks before, see below); the rest is
-//!   listed by the site that allocated it while a [`Recording`](crate::Recording)
-//!   runs;
-//! - a [`Verdict`] with its figures: the request alone exceeds the device,
-//!   fragmentation, other processes, or not enough free memory;
-//! - `DIR/memlab_oom_<host>_<start>_<pid>_<n>.txt` is written (the host's
-//!   name, the process's start as `YYYYMMDDTHHMMSS` UTC, its id and the
-//!   report's number; a process that finds the name taken, by another
-//!   container's PID 1 started in the same second, writes under
-//!   `<pid>-<tag>` with a random tag: no report is lost, and no file is ever
-//!   overwritten), with a `.json` sibling
-//!   (the [`OomReport`] as data) and, while a `Recording` runs, `.html` and
-//!   `.pickle` (the recording's report and PyTorch memory snapshot); the
-//!   report is kept for [`last_oom`];
+//! - the facts are taken first: the request, as the allocator saw it (on CUDA
+//!   rounded to the segment it tried to reserve, and said so), the device, the
+//!   thread's current stream, the profiled statement that was running and the
+//!   Rust frames of the failing call; the allocator's figures: allocated,
+//!   reserved, free in the cache, its largest free block and the fragmentation
+//!   (free in the cache minus the largest free block, and its share of free);
+//!   the driver's free and total, this process's and other processes' use
+//!   (NVML), or why one could not be read (for the CPU, the kernel's and the
+//!   process's limits' figures);
+//! - what holds the memory is named: the registered var stores, gradients,
+//!   optimizer state and tensors by name (largest first, exact bytes), by a
+//!   walk that waits for no lock and never asks libtorch for a gradient (see
+//!   "Threads" below), and the rest by the site that allocated it while a
+//!   [`Recording`](crate::Recording) runs, with its frames;
+//! - a [`Verdict`] with its figures and what to do: **the request alone
+//!   exceeds the device** (a shape bug), **fragmentation** (free in the cache
+//!   ≥ the request, but no block that large:
+//!   `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`, `empty_cache`),
+//!   **other processes hold the memory**, or **not enough free memory**
+//!   (naming the largest holders to shrink);
+//! - `DIR/memlab_oom_<host>_<start>_<pid>_<n>.txt` is written, named after the
+//!   host, the process's start (`YYYYMMDDTHHMMSS`, UTC), its id and the
+//!   report's number. Two containers sharing a report volume may both be PID 1,
+//!   started in one second on hosts of one name: the name is created
+//!   exclusively, and a process that finds its name taken writes under
+//!   `<pid>-<tag>` (eight random hexadecimal digits, kept for its later
+//!   reports), so no report is lost and no file is ever overwritten. Beside it
+//!   go `.json` (the [`OomReport`] as data, verdict included, for other tools)
+//!   and, while a `Recording` runs, `.html` and `.pickle` (the recording's
+//!   report and PyTorch memory snapshot); the report is kept for
+//!   [`last_oom`]. With a rank (see [`crate::run`]) the name ends in
+//!   `_rank{N}`;
 //! - a one-paragraph summary goes to memlab's warnings (standard error by
-//!   default). A sink set with `set_warnings` runs later, on a thread of
-//!   memlab's, never inside the allocator.
+//!   default).
 //!
-//! The failing call still returns libtorch's error (`f_` calls an `Err`,
-//! others a panic), and the process goes on. At most
-//! [`max_reports`](crate::OomRecorder::max_reports) reports are written per process
+//! `cargo run --release --example oom -- --out DIR` trains a small attention
+//! model whose scores hide a shape bug; at step 3 a batch of long sequences asks
+//! for 512 GiB. From the CPU run:
+//!
+//! ```text
+//! memlab: out of memory on cpu: 512.00G requested, 22.21G free on cpu at oom::Attention::forward (examples/oom.rs:46): let scores = q.unsqueeze(2).f_mul(&k.unsqueeze(1))?.sum_dim_intlist(-1, false, Kind::Float);. Verdict: the request alone exceeds the device. Report: DIR/memlab_oom_vm_20261123T144519_3753_1.txt (and .json, .html, .pickle).
+//! step 3: failed: Internal torch error: [enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: you tried to allocate 549755813952 bytes. Error code 12 (Cannot allocate memory)
+//!   memlab's verdict: the request alone exceeds the device
+//! step 4: loss 0.03531
+//! ...
+//! continued after OOM
+//! ```
+//!
+//! and the report begins:
+//!
+//! ```text
+//! Requested...................................   512.00G
+//!   549755813888 bytes, as asked
+//! While running oom::Attention::forward (examples/oom.rs:46): let scores = q.unsqueeze(2).f_mul(&k.unsqueeze(1))?.sum_dim_intlist(-1, false, Kind::Float);
+//! The failing call, innermost first:
+//!   forward at .../examples/oom.rs:46
+//!   train_step at .../examples/oom.rs:54
+//!   main at .../examples/oom.rs:85
+//!
+//! Verdict: the request alone exceeds the device
+//! The request alone (512.00G, 549755813888 bytes: 137438953472 float32 elements) is larger than all of cpu (23.54G): no amount of freeing makes it fit. Look at the shape of the tensor made on this line: ...
+//! ```
+//!
+//! The failing call still gets its `Err` (`f_` calls; a panic for calls
+//! without `f_`), and the process goes on. A second failure writes a second
+//! report, up to [`max_reports`](crate::OomRecorder::max_reports) per process
 //! (3 by default), so a retry loop cannot fill a disk; later failures are
-//! counted ([`ooms_seen`]). [`find_batch_size`](crate::find_batch_size)'s
-//! deliberate failures neither count nor print: it keeps their verdicts.
-//! (While one of its tries runs, failures on its device are taken as the
-//! try's on every thread: the autograd engine runs a CUDA backward pass on
-//! threads of its own.)
+//! counted ([`ooms_seen`]). The line profile marks the failing line in its
+//! `ooms` column. [`find_batch_size`](crate::find_batch_size)'s deliberate
+//! failures are neither counted nor written: its result says why its first
+//! failing batch failed (`BatchSearch::first_oom`, the same verdict). (While
+//! one of its tries runs, every failure on its device is taken as the try's,
+//! on any thread: the autograd engine runs a CUDA backward pass on threads of
+//! its own.)
 //!
-//! # When the host's memory runs out
-//!
-//! A CPU request can fail because the host has no memory left, or because
-//! the process reached its address-space limit (`ulimit -v`, `RLIMIT_AS`,
-//! common on shared clusters and under batch schedulers). Writing a report
-//! takes memory too, exactly when there is none. So arming does beforehand
-//! what the failure path needs: it keeps a reserve of address space aside
-//! ([`OomRecorder::reserve`](crate::OomRecorder::reserve), 64 MiB by default: a mapping no page backs,
-//! which costs no memory, only room under an address-space limit) and gives
-//! it back when a request fails; it starts the threads it needs and reads
-//! the program's unwind tables and debug information. The failure path is
-//! bounded: before each part that grows with the recording (the unnamed
-//! holders by site, the HTML report, the snapshot) it compares an estimate
-//! of what the part takes with the memory left, and leaves the part out
-//! when it would not fit: the report then says so ([`OomReport::left_out`],
-//! and the text report is marked partial when one of its own sections is
-//! missing). The text report itself is written first. After the report the
-//! reserve is taken again.
-//!
-//! Under a cgroup's memory limit (containers, Kubernetes, Slurm), nothing
-//! fails that could be reported: at the limit the kernel's out-of-memory
-//! killer ends the process (SIGKILL) without asking anyone. What memlab
-//! offers there is a warning before it happens: while the recorder is armed
-//! by [`arm`](crate::OomRecorder::arm) (`MEMLAB_OOM_DIR` alone does not start it)
-//! and a cgroup memory limit (or an address-space limit) applies, a thread
-//! of memlab's reads the use ten times a second and warns once when it
-//! crosses [`watermark`](crate::OomRecorder::watermark) (90% of the limit by
-//! default), with the figures, and again after the use fell back and rose
-//! again.
+//! What it never does: wait for a lock that code allocating tensor memory may
+//! hold (the walk over var stores and memlab's registry only tries their locks,
+//! since tch holds a store's lock while `set_device`, `load` and `copy`
+//! allocate; a store held then is listed as busy), or run your code inside the
+//! allocator (a warnings sink set with `set_warnings` gets the summary later,
+//! from a thread of memlab's). A directory that cannot be written is an error
+//! from `arm()`; a bad `MEMLAB_OOM_DIR` is one warning on standard error, and
+//! the program runs on.
 //!
 //! # Which failures can be seen
 //!
-//! Every failed request of the counting CPU allocator; on CUDA, every failed
-//! request of libtorch's caching allocator once memlab's observer is attached
-//! to it, which libtorch allows only after the first CUDA allocation. Arming
-//! attaches it then, or at once when CUDA memory was allocated already (or
-//! with [`init_cuda`](crate::OomRecorder::init_cuda)); a failure in the first
-//! milliseconds of CUDA use can be missed, and the reports count those
-//! ([`OomReport::missed_before`]). Memory that CUDA libraries take outside
-//! libtorch's allocator (cuBLAS and cuDNN workspaces, the CUDA context)
-//! fails without any observer being told: those failures are not recorded.
+//! Every failed request of memlab's counting CPU allocator; on CUDA, every
+//! failed request of libtorch's caching allocator once memlab's observer is
+//! attached. libtorch attaches observers only to an allocator that exists,
+//! which happens at the first CUDA allocation: arming attaches it at once when
+//! CUDA memory was allocated already; otherwise a thread asks libtorch every
+//! 10 ms (every 100 ms after ten seconds; the question never initialises CUDA)
+//! and attaches it one look after the allocator appears, so a failure in the
+//! first milliseconds of CUDA use can be missed (the report counts, per device,
+//! those the allocator had counted before: [`OomReport::missed_before`]).
+//! [`init_cuda(true)`](crate::OomRecorder::init_cuda) initialises CUDA at
+//! arming so that nothing is missed. The free memory of the cache that a report
+//! shows is what could serve the request: free blocks of its stream and of its
+//! pool (small or large blocks). Memory CUDA libraries take outside libtorch's
+//! allocator (cuBLAS and cuDNN workspaces, the CUDA context itself) fails
+//! without telling any observer: such failures are not recorded.
+//!
+//! # When the host's memory runs out
+//!
+//! A CPU request fails when the host has no memory left, or when the process
+//! reaches its address-space limit (`ulimit -v`, `RLIMIT_AS`, common on shared
+//! clusters and under batch schedulers). Writing a report takes memory too,
+//! exactly when there is none, so arming does beforehand what the failure path
+//! needs, and the failure path is bounded:
+//!
+//! - a **reserve** of address space is kept aside
+//!   ([`reserve(bytes)`](crate::OomRecorder::reserve), 64 MiB by default, 0
+//!   for none): a mapping no page backs, so it costs no memory, only room
+//!   under an address-space limit. A failure gives it back before anything
+//!   else, and takes it again after the report, as far as the report's own
+//!   memory allows without taking what the program had left;
+//! - the threads the failure path uses are started, and the program's unwind
+//!   tables and debug information read, at arming (libraries that hold no code
+//!   of yours, libtorch's and the system's, are never read);
+//! - the text report and its JSON are written first. Before each part that
+//!   grows with the recording (the unnamed holders by site, the HTML report,
+//!   the snapshot) the recorder compares an estimate of what it takes (an upper
+//!   estimate, measured per event and per live allocation: see BENCHMARKS.md)
+//!   with what the process can still obtain, and leaves it out when it would
+//!   not fit. The report then lists it under "Left out", with both figures
+//!   ([`OomReport::left_out`]), and says "This report is partial" when a
+//!   section of its own is missing;
+//! - the report's figures are those of the limit: under `ulimit -v` "free" is
+//!   the limit minus the process's mapped address space, "total" the limit, and
+//!   a request larger than the limit is the verdict "the request alone exceeds
+//!   the device".
+//!
+//! Tested in child processes with the address space limited to what they map
+//! plus 8, 32 and 256 MiB, armed and not, with a recording of a million events
+//! and without: the failing call gets its `Err`, the process trains on, and the
+//! report is written (with a million events, the HTML and the snapshot are left
+//! out and listed; with a hundred thousand and 256 MiB they are written).
+//!
+//! Under a **cgroup memory limit** (containers, Kubernetes, Slurm) nothing fails
+//! that could be reported: at the limit the kernel's out-of-memory killer ends
+//! the process with SIGKILL, asking no one. What memlab offers there is a
+//! warning before it happens: while the recorder is armed by
+//! [`arm`](crate::OomRecorder::arm) (`MEMLAB_OOM_DIR` alone does not start it)
+//! and a cgroup memory limit (or an address-space limit) applies, a thread of
+//! memlab's reads the use ten times a second and warns once when it crosses
+//! [`watermark(Some(share))`](crate::OomRecorder::watermark) (90% of the limit
+//! by default; `None` turns it off), and again after the use fell back and rose
+//! again:
+//!
+//! ```text
+//! memlab: this process's cgroup uses 92% of the cgroup's memory limit (memory.max) (7.36G of 8.00G). At the limit the kernel's out-of-memory killer ends the process without a failed request, so no out-of-memory report can be written: free memory, or raise the limit.
+//! ```
 //!
 //! # Threads
 //!
-//! The handler runs on whatever thread failed, possibly an autograd thread
-//! while a backward pass writes gradients. It never asks libtorch for a
-//! parameter's gradient (that races with the backward pass, in plain tch as
-//! well): it names the gradients that the last walk outside a handler saw
-//! (a report, an export, a monitor's record, or a step of a
-//! [`RegisteredOptimizer`](crate::RegisteredOptimizer)), held weakly; a
-//! gradient made since is counted among the unnamed bytes.
+//! The handler runs on whatever thread failed, possibly an autograd thread while
+//! a backward pass writes gradients on another. Reading a parameter's gradient
+//! then races with libtorch (plain tch's `grad()` would too), so the handler
+//! never asks libtorch for one: it names the gradients the last walk outside a
+//! handler saw (a report, an export, a monitor's record, a step of a
+//! [`RegisteredOptimizer`](crate::RegisteredOptimizer)), held weakly by name; a
+//! gradient made since (every step's `zero_grad` sets them to none) counts
+//! among the unnamed bytes, by site while a recording runs.
+//!
+//! Which memlab reads race with a concurrent `backward_step` on another thread:
+//!
+//! - walks that read gradients: `MemReporter` reports, `where_gpu_memory_went`,
+//!   exports, `TrainingMonitor` records, `track!()`, dispose scopes and
+//!   `check_step` (run them on the thread that steps, or between steps);
+//! - reading an optimizer's state: `MemReporter::optimizer(&opt)` and the like
+//!   borrow it, so the borrow checker keeps them from overlapping a step;
+//!   registered optimizers are read only by their own step methods;
+//! - nothing else: allocation events, the line profiler, allocator figures and
+//!   the out-of-memory handler read no tensor that a step writes.
 
 pub use crate::diagnosis::{Diagnosis, Holders, NamedHolder, NamedRest, SiteHolder};
 pub use memlab_core::oom::{CacheFree, DeviceMemory, HostLimit, MemoryFigures, Verdict};

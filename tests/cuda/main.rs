@@ -48,8 +48,8 @@ fn line<'a>(f: &'a FunctionReport, code: &str) -> &'a LineStats {
 }
 
 fn stat(s: &LineStats, name: &str) -> i64 {
-    match name.parse::<memlab::profiler::Column>().unwrap() {
-        memlab::profiler::Column::Stat(i) => s.values[i],
+    match name.parse::<memlab::profiler::ProfileColumn>().unwrap() {
+        memlab::profiler::ProfileColumn::Stat(i) => s.values[i],
         other => panic!("{other:?}"),
     }
 }

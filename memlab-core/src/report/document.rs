@@ -5,11 +5,11 @@
 
 use std::fmt::Write;
 
-use super::{Column, FunctionReport, Report};
+use super::{FunctionReport, ProfileColumn, Report};
 use crate::render::{Cell, Column as TableColumn, Document, Layout, Render, Table};
 
 /// A figure of `column`: bytes (signed for increments) or a count.
-pub(super) fn cell(column: &Column, value: i64) -> Cell {
+pub(super) fn cell(column: &ProfileColumn, value: i64) -> Cell {
     match (column.is_bytes(), column.signed()) {
         (true, true) => Cell::SignedBytes(value),
         (true, false) => Cell::Bytes(value),
@@ -63,12 +63,12 @@ impl Render for Report {
 
 /// A function's lines as a table: the chosen statistics (their names split
 /// at the dots over up to three header rows), the line number and the code.
-fn table(f: &FunctionReport, columns: &[Column]) -> Table {
+fn table(f: &FunctionReport, columns: &[ProfileColumn]) -> Table {
     // A function that ran out of memory says where, whatever the columns.
     let had_oom = f.lines.iter().any(|l| l.stats.as_ref().is_some_and(|s| s.ooms > 0));
-    let with_ooms: Vec<Column>;
-    let columns = if had_oom && !columns.contains(&Column::Ooms) {
-        with_ooms = columns.iter().copied().chain([Column::Ooms]).collect();
+    let with_ooms: Vec<ProfileColumn>;
+    let columns = if had_oom && !columns.contains(&ProfileColumn::Ooms) {
+        with_ooms = columns.iter().copied().chain([ProfileColumn::Ooms]).collect();
         &with_ooms[..]
     } else {
         columns
@@ -104,10 +104,10 @@ mod tests {
 
     #[test]
     fn figures_of_each_column_kind() {
-        let text = |c: &Column, v: i64| cell(c, v).to_string();
-        assert_eq!(text(&Column::Increment, 4 << 20), "+4.00M");
-        assert_eq!(text(&Column::Increment, -(4 << 20)), "-4.00M");
-        assert_eq!(text(&Column::Increment, 0), "0.00B");
-        assert_eq!(text(&Column::Hits, 12), "12");
+        let text = |c: &ProfileColumn, v: i64| cell(c, v).to_string();
+        assert_eq!(text(&ProfileColumn::Increment, 4 << 20), "+4.00M");
+        assert_eq!(text(&ProfileColumn::Increment, -(4 << 20)), "-4.00M");
+        assert_eq!(text(&ProfileColumn::Increment, 0), "0.00B");
+        assert_eq!(text(&ProfileColumn::Hits, 12), "12");
     }
 }

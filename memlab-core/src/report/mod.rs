@@ -19,7 +19,7 @@ use crate::stats::{field_index, FIELDS};
 
 /// One column of a report.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum Column {
+pub enum ProfileColumn {
     /// A field of `torch.cuda.memory_stats()`, by index in [`FIELDS`].
     Stat(usize),
     /// The largest change of allocated bytes over one run of the line.
@@ -34,11 +34,11 @@ pub enum Column {
     Ooms,
 }
 
-impl Column {
+impl ProfileColumn {
     /// The columns reports show unless told otherwise: the peak of active and of
     /// reserved bytes while the line ran, allocated bytes after it, its
     /// increment, and its hit count.
-    pub fn defaults() -> Vec<Column> {
+    pub fn defaults() -> Vec<ProfileColumn> {
         ["active_bytes.all.peak", "reserved_bytes.all.peak", "allocated_bytes.all.current", "increment", "hits"]
             .iter()
             .map(|n| n.parse().expect("default column names are valid"))
@@ -48,49 +48,49 @@ impl Column {
     /// The column's name as it is parsed.
     pub fn name(&self) -> &'static str {
         match self {
-            Column::Stat(i) => FIELDS[*i].name,
-            Column::Increment => "increment",
-            Column::IncrementTotal => "increment_total",
-            Column::Hits => "hits",
-            Column::Ooms => "ooms",
+            ProfileColumn::Stat(i) => FIELDS[*i].name,
+            ProfileColumn::Increment => "increment",
+            ProfileColumn::IncrementTotal => "increment_total",
+            ProfileColumn::Hits => "hits",
+            ProfileColumn::Ooms => "ooms",
         }
     }
 
     /// Whether the column counts bytes (as opposed to allocations, calls, …).
     pub fn is_bytes(&self) -> bool {
         match self {
-            Column::Stat(i) => FIELDS[*i].name.contains("_bytes") || FIELDS[*i].name == "max_split_size",
-            Column::Increment | Column::IncrementTotal => true,
-            Column::Hits | Column::Ooms => false,
+            ProfileColumn::Stat(i) => FIELDS[*i].name.contains("_bytes") || FIELDS[*i].name == "max_split_size",
+            ProfileColumn::Increment | ProfileColumn::IncrementTotal => true,
+            ProfileColumn::Hits | ProfileColumn::Ooms => false,
         }
     }
 
     /// The column's value in a line's record.
     pub fn value(&self, stats: &LineStats) -> i64 {
         match self {
-            Column::Stat(i) => stats.values[*i],
-            Column::Increment => stats.increment,
-            Column::IncrementTotal => stats.increment_total,
-            Column::Hits => stats.hits as i64,
-            Column::Ooms => stats.ooms as i64,
+            ProfileColumn::Stat(i) => stats.values[*i],
+            ProfileColumn::Increment => stats.increment,
+            ProfileColumn::IncrementTotal => stats.increment_total,
+            ProfileColumn::Hits => stats.hits as i64,
+            ProfileColumn::Ooms => stats.ooms as i64,
         }
     }
 
     fn signed(&self) -> bool {
-        matches!(self, Column::Increment | Column::IncrementTotal)
+        matches!(self, ProfileColumn::Increment | ProfileColumn::IncrementTotal)
     }
 }
 
-impl FromStr for Column {
+impl FromStr for ProfileColumn {
     type Err = Error;
 
     fn from_str(s: &str) -> Result<Self> {
         match s.trim() {
-            "increment" => Ok(Column::Increment),
-            "increment_total" => Ok(Column::IncrementTotal),
-            "hits" => Ok(Column::Hits),
-            "ooms" => Ok(Column::Ooms),
-            name => field_index(name).map(Column::Stat).ok_or_else(|| Error::UnknownStat(name.to_string())),
+            "increment" => Ok(ProfileColumn::Increment),
+            "increment_total" => Ok(ProfileColumn::IncrementTotal),
+            "hits" => Ok(ProfileColumn::Hits),
+            "ooms" => Ok(ProfileColumn::Ooms),
+            name => field_index(name).map(ProfileColumn::Stat).ok_or_else(|| Error::UnknownStat(name.to_string())),
         }
     }
 }
@@ -211,12 +211,15 @@ impl FunctionReport {
 pub struct Report {
     /// The columns tables show.
     #[serde(serialize_with = "column_names")]
-    columns: Vec<Column>,
+    columns: Vec<ProfileColumn>,
     /// The functions, sorted by name.
     pub functions: Vec<FunctionReport>,
 }
 
-fn column_names<S: serde::Serializer>(columns: &[Column], serializer: S) -> std::result::Result<S::Ok, S::Error> {
+fn column_names<S: serde::Serializer>(
+    columns: &[ProfileColumn],
+    serializer: S,
+) -> std::result::Result<S::Ok, S::Error> {
     serializer.collect_seq(columns.iter().map(|c| c.name()))
 }
 
@@ -262,7 +265,7 @@ impl Report {
     }
 
     /// The columns shown.
-    pub fn columns(&self) -> &[Column] {
+    pub fn columns(&self) -> &[ProfileColumn] {
         &self.columns
     }
 
@@ -351,7 +354,7 @@ impl<'de> serde::Deserialize<'de> for Report {
         }
         let data = ReportData::deserialize(deserializer)?;
         let columns =
-            data.columns.iter().map(|c| c.parse()).collect::<Result<Vec<Column>>>().map_err(D::Error::custom)?;
+            data.columns.iter().map(|c| c.parse()).collect::<Result<Vec<ProfileColumn>>>().map_err(D::Error::custom)?;
         let mut functions = Vec::with_capacity(data.functions.len());
         for f in data.functions {
             let mut lines = Vec::with_capacity(f.lines.len());
@@ -432,19 +435,19 @@ pub fn reset() {
 }
 
 crate::process::process_wide! {
-    static COLUMNS: std::sync::Mutex<Option<Vec<Column>>> = std::sync::Mutex::new(None);
+    static COLUMNS: std::sync::Mutex<Option<Vec<ProfileColumn>>> = std::sync::Mutex::new(None);
 }
 
 /// Sets the columns of every report that does not choose its own: names of
 /// `torch.cuda.memory_stats()` keys (`reserved_bytes.large_pool.peak`, …) or
 /// `increment`, `increment_total`, `hits`.
 pub fn set_default_columns<S: AsRef<str>>(names: &[S]) -> Result<()> {
-    let columns = names.iter().map(|n| n.as_ref().parse()).collect::<Result<Vec<Column>>>()?;
+    let columns = names.iter().map(|n| n.as_ref().parse()).collect::<Result<Vec<ProfileColumn>>>()?;
     *COLUMNS.locked() = Some(columns);
     Ok(())
 }
 
 /// The columns reports use by default.
-pub fn default_columns() -> Vec<Column> {
-    COLUMNS.locked().clone().unwrap_or_else(Column::defaults)
+pub fn default_columns() -> Vec<ProfileColumn> {
+    COLUMNS.locked().clone().unwrap_or_else(ProfileColumn::defaults)
 }
