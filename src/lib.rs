@@ -208,6 +208,7 @@ pub mod tracker;
 pub use batch_size::{find_batch_size, Budget};
 pub use courtesy::Courtesy;
 pub use dispose::{check_step, check_step_with, check_step_with_optimizer, DisposeScope, OnEscape};
+pub use export::Exporter;
 pub use gpu::where_gpu_memory_went;
 pub use logger::StepLogger;
 pub use memlab_tch::optimizer::StepOptimizer;
