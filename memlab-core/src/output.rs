@@ -153,9 +153,12 @@ mod later {
 /// `to_sink` false, a sink is not called and false is returned.
 fn write(target: &Mutex<Option<Arc<Output>>>, text: &str, default: Output, to_sink: bool) -> bool {
     // What the process-wide table could not say when it was chosen (it
-    // comes before the sinks it holds): said first, once.
-    for warning in crate::process::take_warnings() {
-        write(&WARNINGS, &format!("{warning}\n"), Output::Stderr, true);
+    // comes before the sinks it holds): said first, once, by a caller that
+    // may run a sink (never from an allocator's failure path).
+    if to_sink {
+        for warning in crate::process::take_warnings() {
+            write(&WARNINGS, &format!("{warning}\n"), Output::Stderr, true);
+        }
     }
     if text.is_empty() {
         return true;
