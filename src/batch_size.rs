@@ -32,7 +32,8 @@ use memlab_core::render::{Cell, Column, Document, Layout, Render, Table};
 use memlab_core::{Device, Error, Result};
 use memlab_tch::BACKEND;
 
-use crate::diagnosis::{diagnose, Diagnosis};
+use crate::diagnosis::diagnose;
+use memlab_core::oom::Diagnosis;
 
 /// How much memory [`find_batch_size`] may use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]

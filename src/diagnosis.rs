@@ -1,95 +1,12 @@
 //! Why a request failed, in figures and words: the device's memory at the
 //! failure, the [`Verdict`], and advice that names the figures and the
-//! largest holders. A shared layer: the out-of-memory recorder writes it in
+//! largest holders (the model of both, [`Diagnosis`], is `memlab_core`'s). A shared layer: the out-of-memory recorder writes it in
 //! its reports, the batch-size search keeps it for its first failing try.
 
-use serde::Serialize;
-
-use memlab_core::events::Frame;
-use memlab_core::oom::{DeviceMemory, Failure, MemoryFigures, Serving, Verdict};
-use memlab_core::render::{Cell, Document, Render};
+use memlab_core::oom::{DeviceMemory, Diagnosis, Failure, Holders, MemoryFigures, Serving, Verdict, SMALL_SEGMENT};
+use memlab_core::render::Cell;
 use memlab_core::Device;
 use memlab_tch::BACKEND;
-
-/// The segment libtorch's CUDA allocator reserves for a small request.
-pub(crate) const SMALL_SEGMENT: u64 = 2 << 20;
-
-/// Why a request failed: the request, the device's figures then, and the verdict.
-#[derive(Clone, Debug, Serialize)]
-#[non_exhaustive]
-pub struct Diagnosis {
-    /// Where.
-    pub device: Device,
-    /// The bytes the allocator tried to obtain (see [`rounded`](Self::rounded)).
-    pub requested: u64,
-    /// True on CUDA: `requested` is the caching allocator's rounding of the
-    /// request to the segment it tried to reserve, not the tensor's bytes.
-    pub rounded: bool,
-    /// The device's memory at the failure.
-    pub figures: MemoryFigures,
-    /// Why it failed.
-    pub verdict: Verdict,
-    /// The verdict in words, with its figures and what to do.
-    pub advice: String,
-}
-
-/// A named storage holding memory when the request failed.
-#[derive(Clone, Debug, Serialize)]
-#[non_exhaustive]
-pub struct NamedHolder {
-    /// Its name (the first of its views, with how many more there are).
-    pub name: String,
-    /// What it is.
-    pub kind: memlab_core::TensorKind,
-    /// Its bytes.
-    pub bytes: u64,
-}
-
-/// Unnamed live allocations from one site.
-#[derive(Clone, Debug, Serialize)]
-#[non_exhaustive]
-pub struct SiteHolder {
-    /// The user's frame or profiled statement that made them.
-    pub site: String,
-    /// Their bytes.
-    pub bytes: u64,
-    /// How many.
-    pub blocks: u64,
-    /// The user's frames of one of them, innermost first, when recorded with backtraces.
-    pub frames: Vec<Frame>,
-}
-
-/// Named storages beyond those a report lists.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
-pub struct NamedRest {
-    /// How many.
-    pub count: usize,
-    /// Their bytes.
-    pub bytes: u64,
-}
-
-/// What held the device's memory when the request failed.
-#[derive(Clone, Debug, Default, Serialize)]
-#[non_exhaustive]
-pub struct Holders {
-    /// Bytes of the named storages.
-    pub named_bytes: u64,
-    /// The largest named storages, largest first.
-    pub named: Vec<NamedHolder>,
-    /// Named storages beyond those listed.
-    pub named_rest: NamedRest,
-    /// Var stores (or the registry) the walk passed by because a lock on
-    /// them was held, by this thread or another.
-    pub busy: Vec<String>,
-    /// Allocated bytes no named storage accounts for.
-    pub not_named: i64,
-    /// While a recording runs: the unnamed allocations by site, largest
-    /// first (`None` also when memory did not suffice to list them: see
-    /// [`OomReport::left_out`](crate::oom::OomReport::left_out)).
-    pub by_site: Option<Vec<SiteHolder>>,
-    /// CUDA: what the allocator added by rounding blocks up (part of `not_named`).
-    pub rounding: i64,
-}
 
 /// The figures of `failure`'s device and the verdict; with the holders,
 /// advice that names the largest of them.
@@ -207,20 +124,10 @@ fn advice(failure: &Failure, f: &MemoryFigures, verdict: Verdict, holders: Optio
     }
 }
 
-displayed_as_text!(Diagnosis);
-
-impl Render for Diagnosis {
-    fn document(&self) -> Document {
-        let mut doc = Document::new();
-        doc.heading(format!("Verdict: {}", self.verdict.title()));
-        doc.line(self.advice.clone());
-        doc
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use memlab_core::oom::NamedHolder;
 
     #[test]
     fn advice_names_the_figures_of_each_verdict() {

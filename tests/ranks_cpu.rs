@@ -160,7 +160,7 @@ fn two_ranks_merge_into_one_trace_and_page() {
     assert_eq!(merged.ooms.len(), 1, "{:?}", merged.ooms);
     let oom = &merged.ooms[0];
     assert_eq!((oom.rank, oom.device.as_str(), oom.requested), (Some(1), "cpu", 1u64 << 48));
-    assert_eq!(oom.verdict.as_deref(), report["diagnosis"]["verdict"].as_str());
+    assert_eq!(oom.verdict.map(|v| v.as_str()), report["diagnosis"]["verdict"].as_str());
     assert!(oom.verdict.is_some());
 
     // The trace: a process per rank; the two marker calls at one moment.

@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 
 use memlab_core::events::Action;
 use memlab_core::export::{Snapshot, SnapshotFile};
+use memlab_core::oom::{OomReport, Verdict};
 use memlab_core::render::{Cell, Column, Document, Layout, Point, Render, Scale, Table, Timeline};
 use memlab_core::run::RunInfo;
 use serde::Serialize;
@@ -113,8 +114,8 @@ pub struct OomRow {
     pub device: String,
     /// Bytes asked for.
     pub requested: u64,
-    /// Why it failed (`not_enough_free`, `fragmentation`, …), where a report says.
-    pub verdict: Option<String>,
+    /// Why it failed, where a report says.
+    pub verdict: Option<Verdict>,
     /// Where it failed, where a report says: the profiled statement that
     /// was running, else the innermost frame of the program's own code
     /// (`function (file:line)`).
@@ -129,7 +130,7 @@ pub struct OomRow {
 enum Input {
     Snapshot(Box<SnapshotFile>),
     Trace(Value),
-    Oom(Value),
+    Oom(Box<OomReport>),
 }
 
 /// What one process's files hold, once read.
@@ -143,7 +144,7 @@ struct Part {
     /// The trace's events.
     trace: Option<Vec<Value>>,
     /// Out-of-memory reports, with their file.
-    ooms: Vec<(String, Value)>,
+    ooms: Vec<(String, OomReport)>,
     /// Its name in the table and the trace, once every file is read.
     label: String,
 }
@@ -201,9 +202,9 @@ pub fn merge(files: &[String], options: &Options) -> Result<Merged, String> {
                 check_run(file.snapshot.memlab.as_ref().and_then(|m| m.run.clone()), path, "memlab.run")?
             }
             Input::Trace(doc) => check_run(run_of(&doc["otherData"]["run"], path)?, path, "otherData.run")?,
-            Input::Oom(doc) => {
-                check_oom(doc, path)?;
-                check_run(run_of(&doc["run"], path)?, path, "run")?
+            Input::Oom(report) => {
+                check_oom(report, path)?;
+                check_run(Some(report.run.clone()), path, "run")?
             }
         };
         let rank = run.as_ref().and_then(|r| r.rank).or_else(|| rank_in_name(path));
@@ -261,7 +262,7 @@ pub fn merge(files: &[String], options: &Options) -> Result<Merged, String> {
                     part.trace = Some(events);
                 }
             }
-            Input::Oom(doc) => part.ooms.push((path.clone(), doc)),
+            Input::Oom(report) => part.ooms.push((path.clone(), *report)),
         }
     }
     for rank in options.offsets.keys() {
@@ -375,15 +376,20 @@ fn check_snapshot(s: &Snapshot, path: &str) -> Result<(), String> {
 }
 
 /// Refuses an out-of-memory report whose time is not a time a run can have.
-fn check_oom(doc: &Value, path: &str) -> Result<(), String> {
-    match doc.get("time_unix_us") {
-        None | Some(Value::Null) => Ok(()),
-        Some(t) if t.as_i64().is_some_and(|t| (0..=LATEST_US).contains(&t)) => Ok(()),
-        Some(t) => Err(format!(
+fn check_oom(report: &OomReport, path: &str) -> Result<(), String> {
+    match report.time_unix_us {
+        t if t <= LATEST_US as u64 => Ok(()),
+        t => Err(format!(
             "cannot read {path}: its `time_unix_us` is {t}, not a time a run can have (microseconds since 1970, \
              before the year 3000)"
         )),
     }
+}
+
+/// When `report`'s request failed, in microseconds since the Unix epoch
+/// (within [`LATEST_US`]: `check_oom`).
+fn oom_us(report: &OomReport) -> i64 {
+    report.time_unix_us as i64
 }
 
 /// Names every part (`rank 1 (host, cuda:0)`), telling apart processes
@@ -453,7 +459,9 @@ fn read(path: &str) -> Result<Input, String> {
     if doc.get("traceEvents").is_some() {
         Ok(Input::Trace(doc))
     } else if doc.get("diagnosis").is_some() {
-        Ok(Input::Oom(doc))
+        OomReport::from_json(&text)
+            .map(|report| Input::Oom(Box::new(report)))
+            .map_err(|e| format!("cannot read {path}: {e}"))
     } else {
         Err(format!(
             "cannot read {path}: a JSON document that is neither a trace (no `traceEvents`) nor an out-of-memory report (no `diagnosis`)"
@@ -551,7 +559,7 @@ fn first_us(p: &Part) -> Option<i64> {
     let from_trace = p.trace.as_ref().and_then(|events| {
         events.iter().filter(|e| e["ph"] != "M").filter_map(|e| e["ts"].as_f64()).map(|ts| base + ts as i64).min()
     });
-    let from_ooms = p.ooms.iter().filter_map(|(_, doc)| doc["time_unix_us"].as_i64()).map(|t| t + p.offset_us).min();
+    let from_ooms = p.ooms.iter().map(|(_, report)| oom_us(report) + p.offset_us).min();
     [from_snapshot, from_trace, from_ooms].into_iter().flatten().min()
 }
 
@@ -594,19 +602,20 @@ fn rank_row(p: &Part, origin: i64) -> RankRow {
             });
         }
     }
-    for (_, doc) in &p.ooms {
-        let d = &doc["diagnosis"];
-        let Some(device) = d["device"].as_str() else { continue };
+    for (_, report) in &p.ooms {
+        let d = &report.diagnosis;
+        let device = d.device.to_string();
         if devices.iter().any(|x| x.device == device) {
             continue;
         }
-        let figures = &d["figures"];
         devices.push(DevicePeak {
-            device: device.to_string(),
-            uuid: uuid(device),
-            allocated: figures["allocated"].as_u64().unwrap_or(0),
-            reserved: figures["reserved"].as_u64().filter(|_| device.starts_with("cuda")),
-            at_us: doc["time_unix_us"].as_i64().unwrap_or(origin) + p.offset_us - origin,
+            uuid: uuid(&device),
+            allocated: u64::try_from(d.figures.allocated).unwrap_or(0),
+            reserved: u64::try_from(d.figures.reserved)
+                .ok()
+                .filter(|_| matches!(d.device, memlab_core::Device::Cuda(_))),
+            device,
+            at_us: oom_us(report) + p.offset_us - origin,
             highest: false,
             source: "out-of-memory report",
         });
@@ -638,21 +647,20 @@ fn oom_rows(process: usize, p: &Part, origin: i64) -> Vec<OomRow> {
     let mut rows: Vec<OomRow> = p
         .ooms
         .iter()
-        .map(|(file, doc)| {
-            let d = &doc["diagnosis"];
+        .map(|(file, report)| {
+            let d = &report.diagnosis;
             OomRow {
                 process,
                 rank: p.rank,
                 label: p.label.clone(),
-                device: d["device"].as_str().unwrap_or("?").to_string(),
-                requested: d["requested"].as_u64().unwrap_or(0),
-                verdict: d["verdict"].as_str().map(str::to_string),
-                statement: doc["statement"].as_str().map(str::to_string).or_else(|| {
-                    let f = &doc["frames"][0];
-                    let short = analysis::short_path(f["file"].as_str()?);
-                    Some(format!("{} ({short}:{})", f["function"].as_str()?, f["line"].as_u64()?))
+                device: d.device.to_string(),
+                requested: d.requested,
+                verdict: Some(d.verdict),
+                statement: report.statement.clone().or_else(|| {
+                    let f = report.frames.first()?;
+                    Some(format!("{} ({}:{})", f.function, analysis::short_path(&f.file), f.line))
                 }),
-                at_us: doc["time_unix_us"].as_i64().unwrap_or(origin) + p.offset_us - origin,
+                at_us: oom_us(report) + p.offset_us - origin,
                 file: file.clone(),
             }
         })
@@ -746,19 +754,15 @@ fn write_trace(path: &Path, parts: &[Part], origin: i64) -> std::io::Result<()> 
                 }
             }
         }
-        for (_, doc) in &p.ooms {
-            let d = &doc["diagnosis"];
-            let name = format!(
-                "out of memory on {}: {} asked ({})",
-                d["device"].as_str().unwrap_or("?"),
-                Cell::bytes(d["requested"].as_u64().unwrap_or(0)),
-                d["verdict"].as_str().unwrap_or("no verdict")
-            );
-            let ts = doc["time_unix_us"].as_i64().unwrap_or(origin) + p.offset_us - origin;
+        for (_, report) in &p.ooms {
+            let d = &report.diagnosis;
+            let name =
+                format!("out of memory on {}: {} asked ({})", d.device, Cell::bytes(d.requested), d.verdict.as_str());
+            let ts = oom_us(report) + p.offset_us - origin;
             emit(
                 &mut out,
                 &json!({"name": name, "ph": "i", "s": "p", "ts": micros(ts), "pid": pid, "tid": 0,
-                        "args": {"statement": doc["statement"], "verdict": d["verdict"]}}),
+                        "args": {"statement": report.statement, "verdict": d.verdict}}),
             )?;
         }
     }
@@ -818,7 +822,7 @@ fn peaks_and_failures(doc: &mut Document, m: &Merged) {
         doc.line("No process ran out of memory.");
     }
     for o in &m.ooms {
-        let verdict = o.verdict.as_deref().map(|v| format!("; verdict: {}", v.replace('_', " "))).unwrap_or_default();
+        let verdict = o.verdict.map(|v| format!("; verdict: {}", v.as_str().replace('_', " "))).unwrap_or_default();
         let statement = o.statement.as_deref().map(|s| format!("; at {s}")).unwrap_or_default();
         doc.line(format!(
             "{} ran out of memory on {} at {}: {} asked{verdict}{statement}.",

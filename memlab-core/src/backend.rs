@@ -65,7 +65,7 @@ pub struct Serving {
 }
 
 /// The free blocks of a device's cache.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[non_exhaustive]
 pub struct CacheFree {
     /// Bytes of the cache's free (inactive) blocks.
@@ -83,7 +83,7 @@ impl CacheFree {
 }
 
 /// A device's memory as its driver (or, for the CPU, the kernel) counts it.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[non_exhaustive]
 pub struct DeviceMemory {
     /// Free bytes: what this process could still obtain.
@@ -113,7 +113,7 @@ impl DeviceMemory {
 }
 
 /// A limit on what a process may use of the host's memory.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum HostLimit {
     /// The address-space limit (`ulimit -v`, `RLIMIT_AS`): free is the

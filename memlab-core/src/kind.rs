@@ -8,7 +8,7 @@ use std::fmt;
 /// [`as_str`](TensorKind::as_str) (`optimizer_state`); text by its
 /// `Display` (`optimizer state`). Memory no named tensor holds is
 /// "unnamed" wherever memlab writes it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum TensorKind {
     /// A trainable variable of a var store.

@@ -11,10 +11,9 @@ use memlab_core::oom::Failure;
 use memlab_core::{Backend, Device};
 use memlab_tch::BACKEND;
 
-use super::{FailingThread, Holders, LeftOut, NamedHolder, OomReport, SiteHolder};
+use super::{FailingThread, Holders, LeftOut, NamedHolder, NamedRest, OomReport, SiteHolder};
 use crate::attribution::{attribute, site_label};
 use crate::diagnosis::diagnose;
-use crate::diagnosis::NamedRest;
 use crate::named::{self, Model};
 
 /// Holders listed by name and by site (each); the rest are added up.
@@ -47,63 +46,61 @@ fn identity() -> &'static (String, Option<String>) {
     })
 }
 
-impl OomReport {
-    /// Takes the facts of `failure` and writes the report's files in `dir`.
-    pub(super) fn capture(failure: &Failure, number: u64, dir: &Path) -> OomReport {
-        // On the failing thread: its stack is the failing call's (memlab's
-        // own frames are left out when resolved).
-        let backtrace = failure.backtrace.clone().unwrap_or_else(|| Arc::new(Backtrace::capture()));
-        let sources = Model::registered_now();
-        let mut left_out = Vec::new();
-        // Listing the unnamed allocations by site copies the live set.
-        let live = events::stats().live as u64;
-        let by_site = events::is_active().then(|| crate::capture::estimate::by_site(live));
-        let available = room();
-        let with_sites = match by_site {
-            Some(needed) if !fits(needed, available) => {
-                left_out.push(LeftOut {
-                    part: "the unnamed holders by site".to_string(),
-                    file: None,
-                    needed_estimate: needed,
-                    available: available.unwrap_or(0),
-                });
-                false
-            }
-            _ => true,
-        };
-        let holders = holders(failure.device, &sources, with_sites);
-        let (diagnosis, missing) = diagnose(failure, Some(&holders));
-        let (host, process_start) = identity().clone();
-        let mut report = OomReport {
-            number,
-            pid: std::process::id(),
-            host,
-            process_start,
-            time: memlab_core::time::utc_now(),
-            time_unix_us: std::time::SystemTime::now()
-                .duration_since(std::time::UNIX_EPOCH)
-                .map_or(0, |d| d.as_micros() as u64),
-            run: crate::run::this_process(),
-            thread: FailingThread { number: failure.thread, name: std::thread::current().name().map(str::to_string) },
-            diagnosis,
-            stream: failure.stream,
-            statement: failure.statement.map(|s| s.to_string()),
-            frames: backtrace.frames().to_vec(),
-            holders,
-            missing,
-            missed_before: match failure.device {
-                Device::Cuda(i) => memlab_tch::oom::ooms_before_watching(i),
-                Device::Cpu => None,
-            },
-            reserve: failure.reserve,
-            partial: !left_out.is_empty(),
-            left_out,
-            files: Vec::new(),
-            file_errors: Vec::new(),
-        };
-        report.write(dir, &sources);
-        report
-    }
+/// Takes the facts of `failure` and writes the report's files in `dir`.
+pub(super) fn capture(failure: &Failure, number: u64, dir: &Path) -> OomReport {
+    // On the failing thread: its stack is the failing call's (memlab's
+    // own frames are left out when resolved).
+    let backtrace = failure.backtrace.clone().unwrap_or_else(|| Arc::new(Backtrace::capture()));
+    let sources = Model::registered_now();
+    let mut left_out = Vec::new();
+    // Listing the unnamed allocations by site copies the live set.
+    let live = events::stats().live as u64;
+    let by_site = events::is_active().then(|| crate::capture::estimate::by_site(live));
+    let available = room();
+    let with_sites = match by_site {
+        Some(needed) if !fits(needed, available) => {
+            left_out.push(LeftOut {
+                part: "the unnamed holders by site".to_string(),
+                file: None,
+                needed_estimate: needed,
+                available: available.unwrap_or(0),
+            });
+            false
+        }
+        _ => true,
+    };
+    let holders = holders(failure.device, &sources, with_sites);
+    let (diagnosis, missing) = diagnose(failure, Some(&holders));
+    let (host, process_start) = identity().clone();
+    let mut report = OomReport {
+        number,
+        pid: std::process::id(),
+        host,
+        process_start,
+        time: memlab_core::time::utc_now(),
+        time_unix_us: std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_micros() as u64),
+        run: crate::run::this_process(),
+        thread: FailingThread { number: failure.thread, name: std::thread::current().name().map(str::to_string) },
+        diagnosis,
+        stream: failure.stream,
+        statement: failure.statement.map(|s| s.to_string()),
+        frames: backtrace.frames().to_vec(),
+        holders,
+        missing,
+        missed_before: match failure.device {
+            Device::Cuda(i) => memlab_tch::oom::ooms_before_watching(i),
+            Device::Cpu => None,
+        },
+        reserve: failure.reserve,
+        partial: !left_out.is_empty(),
+        left_out,
+        files: Vec::new(),
+        file_errors: Vec::new(),
+    };
+    super::files::write(&mut report, dir, &sources);
+    report
 }
 
 /// What holds `device`'s memory, named without waiting for any lock.

@@ -195,12 +195,14 @@
 //! - nothing else: allocation events, the line profiler, allocator figures and
 //!   the out-of-memory handler read no tensor that a step writes.
 
-pub use crate::diagnosis::{Diagnosis, Holders, NamedHolder, NamedRest, SiteHolder};
-pub use memlab_core::oom::{CacheFree, DeviceMemory, HostLimit, MemoryFigures, Verdict};
+pub use memlab_core::oom::{
+    CacheFree, DeviceMemory, Diagnosis, FailingThread, Holders, HostLimit, LeftOut, MemoryFigures, NamedHolder,
+    NamedRest, OomReport, SiteHolder, Verdict,
+};
 
 mod capture;
-mod document;
 mod environment;
+mod files;
 mod watermark;
 
 use memlab_core::sync::LockExt;
@@ -214,8 +216,6 @@ use memlab_core::{Backend, Error, Result};
 use memlab_tch::BACKEND;
 
 use crate::named;
-
-pub use document::{FailingThread, LeftOut, OomReport};
 
 /// Reports written per process unless [`OomRecorder::max_reports`] says otherwise.
 pub const DEFAULT_MAX_REPORTS: usize = 3;
@@ -418,7 +418,7 @@ pub(crate) fn on_failure(failure: &Failure) {
         }
         return;
     }
-    let report = Arc::new(OomReport::capture(failure, number, &config.dir));
+    let report = Arc::new(capture::capture(failure, number, &config.dir));
     let summary = report.summary();
     {
         // Reports of two threads may finish out of order: the last is the highest number.

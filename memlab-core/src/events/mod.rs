@@ -176,7 +176,7 @@ pub struct Backtrace {
 }
 
 /// A frame of the user's code: function, source file and line.
-#[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct Frame {
     /// The function, as the debug information names it (`train::step`).
     pub function: String,

@@ -20,6 +20,20 @@ use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::events::LiveAllocation;
 
+/// Gives each report type (which describes itself as a `Document`, see
+/// [`Render`]) its `Display`: the text rendering, what `{}` prints.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! displayed_as_text {
+    ($($report:ty),* $(,)?) => {$(
+        impl std::fmt::Display for $report {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(&$crate::render::Render::to_text(self))
+            }
+        }
+    )*};
+}
+
 /// `label` followed by dots up to `width`, then `value` right-aligned in ten
 /// columns: the rows of the summaries (`parameters............  1.00M`).
 pub fn label_row(label: &str, value: &str, width: usize) -> String {

@@ -9,7 +9,6 @@ mod export;
 use crate::sync::LockExt;
 use std::borrow::Cow;
 use std::collections::BTreeMap;
-use std::fmt;
 use std::str::FromStr;
 
 use crate::device::Device;
@@ -393,12 +392,7 @@ impl<'de> serde::Deserialize<'de> for Report {
     }
 }
 
-/// The text rendering ([`Render::to_text`](crate::render::Render::to_text)).
-impl fmt::Display for Report {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&crate::render::Render::to_text(self))
-    }
-}
+crate::displayed_as_text!(Report);
 
 /// A function name as a user writes it, read the way paths are displayed.
 struct Query {

@@ -1,8 +1,10 @@
 //! Out-of-memory failures, backend-free: what a backend reports when a
 //! request fails ([`Failure`]), the figures of the device at that moment
-//! ([`MemoryFigures`], read through a [`Backend`]), and why the request
+//! ([`MemoryFigures`], read through a [`Backend`]), why the request
 //! failed ([`Verdict`]), decided from those numbers alone so that every
-//! verdict can be tested with a scripted backend.
+//! verdict can be tested with a scripted backend, and the report the
+//! `memlab` crate's recorder writes ([`OomReport`], which `memlab merge`
+//! reads back).
 //!
 //! Backends call the [`Handler`]s that crates submit (with `inventory`) on
 //! the thread whose request failed, before the allocator's error reaches
@@ -12,7 +14,12 @@
 
 use std::sync::Arc;
 
+mod report;
+
 pub use crate::backend::{CacheFree, DeviceMemory, HostLimit, Serving};
+pub use report::{
+    Diagnosis, FailingThread, Holders, LeftOut, NamedHolder, NamedRest, OomReport, SiteHolder, SMALL_SEGMENT,
+};
 
 use crate::backend::Backend;
 use crate::device::Device;
@@ -212,7 +219,7 @@ mod quiet {
 
 /// A device's memory when a request failed: the allocator's figures, its
 /// cache, and the driver's.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[non_exhaustive]
 pub struct MemoryFigures {
     /// Bytes of live tensors (`allocated_bytes.all.current`).
@@ -269,7 +276,7 @@ impl MemoryFigures {
 }
 
 /// Why a request failed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Verdict {
     /// The request alone is larger than the device (or what this process may
@@ -306,6 +313,16 @@ impl Verdict {
             }
         }
         Verdict::NotEnoughFree
+    }
+
+    /// The verdict as JSON names it (`request_exceeds_device`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Verdict::RequestExceedsDevice => "request_exceeds_device",
+            Verdict::Fragmentation => "fragmentation",
+            Verdict::OtherProcesses => "other_processes",
+            Verdict::NotEnoughFree => "not_enough_free",
+        }
     }
 
     /// A short name: `request exceeds the device`, `fragmentation`, …

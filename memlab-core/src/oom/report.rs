@@ -1,26 +1,107 @@
-//! The report of a failure as a document: its fields, its text (and HTML)
-//! rendering, its JSON, and the files it is written to.
+//! The out-of-memory report as a file model: what the recorder writes
+//! (`memlab_oom_….json`, and its text) and what `memlab merge` reads back.
+//! The `memlab` crate fills it on the failing thread and writes its files;
+//! everything here is data, its renderings and its reading.
 
 use std::path::{Path, PathBuf};
 
-use memlab_core::events::{self, Frame};
-use memlab_core::render::{Cell, Column, Document, Layout, Render, Table};
-use memlab_core::sync::LockExt;
-use memlab_core::{Device, Error, Result};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
-use super::capture::{fits, room};
-use super::{Diagnosis, Holders};
-use crate::diagnosis::SMALL_SEGMENT;
-use crate::named::Model;
+use super::{MemoryFigures, Verdict};
+use crate::device::Device;
+use crate::error::{Error, Result};
+use crate::events::Frame;
+use crate::render::{Cell, Column, Document, Layout, Render, Table};
+use crate::run::RunInfo;
+
+/// The segment libtorch's CUDA allocator reserves for a small request
+/// (one of at most 1 MiB): a failure of this size was in the small pool.
+pub const SMALL_SEGMENT: u64 = 2 << 20;
+
+/// Why a request failed: the request, the device's figures then, and the verdict.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Diagnosis {
+    /// Where.
+    pub device: Device,
+    /// The bytes the allocator tried to obtain (see [`rounded`](Self::rounded)).
+    pub requested: u64,
+    /// True on CUDA: `requested` is the caching allocator's rounding of the
+    /// request to the segment it tried to reserve, not the tensor's bytes.
+    pub rounded: bool,
+    /// The device's memory at the failure.
+    pub figures: MemoryFigures,
+    /// Why it failed.
+    pub verdict: Verdict,
+    /// The verdict in words, with its figures and what to do.
+    pub advice: String,
+}
+
+/// A named storage holding memory when the request failed.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct NamedHolder {
+    /// Its name (the first of its views, with how many more there are).
+    pub name: String,
+    /// What it is.
+    pub kind: crate::TensorKind,
+    /// Its bytes.
+    pub bytes: u64,
+}
+
+/// Unnamed live allocations from one site.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct SiteHolder {
+    /// The user's frame or profiled statement that made them.
+    pub site: String,
+    /// Their bytes.
+    pub bytes: u64,
+    /// How many.
+    pub blocks: u64,
+    /// The user's frames of one of them, innermost first, when recorded with backtraces.
+    #[serde(default)]
+    pub frames: Vec<Frame>,
+}
+
+/// Named storages beyond those a report lists.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NamedRest {
+    /// How many.
+    pub count: usize,
+    /// Their bytes.
+    pub bytes: u64,
+}
+
+/// What held the device's memory when the request failed.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+pub struct Holders {
+    /// Bytes of the named storages.
+    pub named_bytes: u64,
+    /// The largest named storages, largest first.
+    #[serde(default)]
+    pub named: Vec<NamedHolder>,
+    /// Named storages beyond those listed.
+    pub named_rest: NamedRest,
+    /// Var stores (or the registry) the walk passed by because a lock on
+    /// them was held, by this thread or another.
+    #[serde(default)]
+    pub busy: Vec<String>,
+    /// Allocated bytes no named storage accounts for.
+    pub not_named: i64,
+    /// While a recording runs: the unnamed allocations by site, largest
+    /// first (`None` also when memory did not suffice to list them: see
+    /// [`OomReport::left_out`]).
+    #[serde(default)]
+    pub by_site: Option<Vec<SiteHolder>>,
+    /// CUDA: what the allocator added by rounding blocks up (part of `not_named`).
+    pub rounding: i64,
+}
 
 /// A part of a report that memory did not suffice for.
-#[derive(Clone, Debug, Serialize)]
-#[non_exhaustive]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct LeftOut {
     /// What was left out: a section of the text report, or a file.
     pub part: String,
     /// The file it would have been, for files.
+    #[serde(default)]
     pub file: Option<PathBuf>,
     /// What it would have taken, estimated from the recording's size (an
     /// upper estimate; see BENCHMARKS.md).
@@ -31,17 +112,17 @@ pub struct LeftOut {
 }
 
 /// The thread a request failed on.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct FailingThread {
     /// memlab's number for it (as in the recording's events).
     pub number: u64,
     /// Its name, if it has one.
+    #[serde(default)]
     pub name: Option<String>,
 }
 
 /// One out-of-memory failure, as the recorder wrote it.
-#[derive(Clone, Debug, Serialize)]
-#[non_exhaustive]
+#[derive(Clone, Debug, Serialize, Deserialize)]
 pub struct OomReport {
     /// Its number in this process (1 for the first).
     pub number: u64,
@@ -51,6 +132,7 @@ pub struct OomReport {
     pub host: String,
     /// When the process started, in UTC (`YYYY-MM-DD HH:MM:SS`), where the
     /// kernel tells.
+    #[serde(default)]
     pub process_start: Option<String>,
     /// When, in UTC (`YYYY-MM-DD HH:MM:SS.mmm`).
     pub time: String,
@@ -60,39 +142,42 @@ pub struct OomReport {
     /// The process among the run's: rank and world size, libtorch's
     /// version, the CUDA devices' UUIDs, the wall-clock time of the
     /// recording's clock zero.
-    pub run: memlab_core::run::RunInfo,
+    pub run: RunInfo,
     /// The failing thread.
     pub thread: FailingThread,
     /// The request, the figures and the verdict.
     pub diagnosis: Diagnosis,
     /// CUDA: the failing thread's current stream.
+    #[serde(default)]
     pub stream: Option<u64>,
     /// The profiled statement that was running, if any.
+    #[serde(default)]
     pub statement: Option<String>,
     /// The user's Rust frames of the failing call, innermost first.
+    #[serde(default)]
     pub frames: Vec<Frame>,
     /// What held the memory.
     pub holders: Holders,
     /// Why a driver figure is missing, where one is.
+    #[serde(default)]
     pub missing: Vec<String>,
     /// CUDA failures the allocator counted before memlab's observer was on.
+    #[serde(default)]
     pub missed_before: Option<u64>,
     /// Address space the reserve gave back for this report.
     pub reserve: u64,
     /// Whether a section of the text report was left out for want of memory.
+    #[serde(default)]
     pub partial: bool,
     /// What memory did not suffice for: sections and files.
+    #[serde(default)]
     pub left_out: Vec<LeftOut>,
     /// The files written.
+    #[serde(default)]
     pub files: Vec<PathBuf>,
     /// Files that could not be written, and why.
+    #[serde(default)]
     pub file_errors: Vec<String>,
-}
-
-/// Writes `bytes` into `file`, a report's file created for them.
-fn write_to(mut file: std::fs::File, bytes: &[u8]) -> Result<()> {
-    use std::io::Write;
-    file.write_all(bytes).map_err(|e| Error::io("write an out-of-memory report's file", e))
 }
 
 /// `name` with only what file names take everywhere: letters, digits, `.`,
@@ -101,34 +186,11 @@ fn file_safe(name: &str) -> String {
     name.chars().map(|c| if c.is_ascii_alphanumeric() || matches!(c, '.' | '-' | '_') { c } else { '_' }).collect()
 }
 
-/// `dir/stem.extension`. Not `Path::with_extension`: a stem may hold dots
-/// (a host `node1.cluster`), which that would take for an extension.
-fn report_file(dir: &Path, stem: &str, extension: &str) -> PathBuf {
-    dir.join(format!("{stem}.{extension}"))
-}
-
-memlab_core::process::process_wide! {
-    /// This process's tag in its reports' names, once another process's
-    /// report had taken one of them: the same for every later report, so
-    /// that a process's reports stay together.
-    static TAG: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
-}
-
-/// Eight hexadecimal digits no other process can predict: std's hasher
-/// keys come from the system's random source, once per process.
-fn random_tag() -> String {
-    use std::hash::{BuildHasher, Hasher};
-    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-    hasher
-        .write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos());
-    format!("{:08x}", hasher.finish() as u32)
-}
-
 impl OomReport {
     /// The reports' common file name, without extension:
     /// `memlab_oom_<host>_<start>_<pid>_<n>`, then `_rank<N>` for a rank;
     /// with a `tag`, `<pid>-<tag>`.
-    fn base_name(&self, tag: Option<&str>) -> String {
+    pub fn file_stem(&self, tag: Option<&str>) -> String {
         let start = self.process_start.as_deref().map_or_else(
             || "unknown".to_string(),
             |s| {
@@ -146,143 +208,27 @@ impl OomReport {
         format!("memlab_oom_{}_{start}_{}{tag}_{}{rank}", file_safe(&self.host), self.pid, self.number)
     }
 
-    /// Creates the text report's file under a name no file has, and
-    /// returns the name (without extension) and the file. The name is the
-    /// usual one unless another process's report took it (two containers'
-    /// pid 1, started in one second on hosts of one name, writing to one
-    /// directory): then this process's names carry a random tag from then
-    /// on, drawn again while the name is taken. Created exclusively, so of
-    /// two processes that race for a name, one gets it and the other draws.
-    fn claim(&mut self, dir: &Path) -> Option<(String, std::fs::File)> {
-        let mut tag = TAG.locked().clone();
-        for _ in 0..16 {
-            let stem = self.base_name(tag.as_deref());
-            let path = report_file(dir, &stem, "txt");
-            match std::fs::OpenOptions::new().write(true).create_new(true).open(&path) {
-                Ok(file) => {
-                    if tag.is_some() {
-                        *TAG.locked() = tag;
-                    }
-                    return Some((stem, file));
-                }
-                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => tag = Some(random_tag()),
-                Err(e) => {
-                    self.file_errors.push(format!("{}: {e}", path.display()));
-                    return None;
-                }
-            }
-        }
-        self.file_errors.push(format!(
-            "{}: every name tried was taken; the report is not written to a file",
-            report_file(dir, &self.base_name(None), "txt").display()
-        ));
-        None
-    }
-
-    /// Writes the text report and its JSON first, then, while a recording
-    /// runs, its HTML report and PyTorch snapshot where the memory left
-    /// suffices for them, then the text and JSON again with the final list
-    /// of files. Every file is created anew (never overwriting one);
-    /// failures to write are kept, never raised.
-    pub(super) fn write(&mut self, dir: &Path, sources: &Model) {
-        let (stem, text_file) = match self.claim(dir) {
-            Some((stem, file)) => (stem, Some(file)),
-            None => (self.base_name(None), None),
-        };
-        let (text_path, json_path) = (report_file(dir, &stem, "txt"), report_file(dir, &stem, "json"));
-        let mut reports = [(text_file, text_path), (self.create(&json_path), json_path)];
-        for (file, path) in &reports {
-            if file.is_some() {
-                self.files.push(path.clone());
-            }
-        }
-        for busy in sources.busy() {
-            if !self.holders.busy.contains(&busy) {
-                self.holders.busy.push(busy);
-            }
-        }
-        self.rewrite(&mut reports);
-        if !events::is_active() {
-            return;
-        }
-        let sources = Model::registered_now();
-        let exports = [
-            ("the HTML report", "html", crate::capture::estimate::html()),
-            ("the PyTorch memory snapshot", "pickle", crate::capture::estimate::snapshot()),
-        ];
-        for (part, extension, needed) in exports {
-            let path = report_file(dir, &stem, extension);
-            let available = room();
-            if !fits(needed, available) {
-                self.left_out.push(LeftOut {
-                    part: part.to_string(),
-                    file: Some(path),
-                    needed_estimate: needed,
-                    available: available.unwrap_or(0),
-                });
-                continue;
-            }
-            let Some(file) = self.create(&path) else { continue };
-            let written = if extension == "html" {
-                crate::capture::html::capture(&sources).and_then(|r| write_to(file, r.to_page().as_bytes()))
-            } else {
-                crate::capture::snapshot::capture(&sources)
-                    .and_then(|s| s.to_pickle())
-                    .and_then(|bytes| write_to(file, &bytes))
-            };
-            match written {
-                Ok(()) => self.files.push(path),
-                Err(e) => {
-                    let _ = std::fs::remove_file(&path);
-                    self.file_errors.push(format!("{}: {e}", path.display()));
-                }
-            }
-        }
-        for busy in sources.busy() {
-            if !self.holders.busy.contains(&busy) {
-                self.holders.busy.push(busy);
-            }
-        }
-        self.rewrite(&mut reports);
-    }
-
-    /// Creates `path` for this report; `None`, with the reason kept, when it
-    /// cannot be created or exists already (a report never replaces a file).
-    fn create(&mut self, path: &Path) -> Option<std::fs::File> {
-        match std::fs::OpenOptions::new().write(true).create_new(true).open(path) {
-            Ok(file) => Some(file),
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                self.file_errors.push(format!("{}: a file of that name exists; it is left as it is", path.display()));
-                None
-            }
-            Err(e) => {
-                self.file_errors.push(format!("{}: {e}", path.display()));
-                None
-            }
-        }
-    }
-
-    /// Writes the text report and its JSON (from the start) into the files
-    /// made for them; a file that cannot be written is left out from then on,
-    /// with the reason kept.
-    fn rewrite(&mut self, reports: &mut [(Option<std::fs::File>, PathBuf); 2]) {
-        use std::io::{Seek, Write};
-        let contents = [self.to_text(), self.to_json()];
-        for ((file, path), text) in reports.iter_mut().zip(contents) {
-            let Some(open) = file.as_mut() else { continue };
-            let done = open.set_len(0).and_then(|()| open.rewind()).and_then(|()| open.write_all(text.as_bytes()));
-            if let Err(e) = done {
-                *file = None;
-                self.files.retain(|f| f != path);
-                self.file_errors.push(format!("{}: {e}", path.display()));
-            }
-        }
-    }
-
     /// The report as JSON: every field of [`OomReport`], the verdict as
     /// `snake_case` (`request_exceeds_device`, ...).
     pub fn to_json(&self) -> String {
         serde_json::to_string_pretty(self).unwrap_or_default()
+    }
+
+    /// A report read back from the JSON [`to_json`](Self::to_json) writes
+    /// (the `.json` beside every text report).
+    pub fn from_json(json: &str) -> Result<OomReport> {
+        serde_json::from_str(json).map_err(|e| {
+            Error::InvalidArgument(format!(
+                "not an out-of-memory report memlab wrote ({e}); give the report's `.json` file, unchanged"
+            ))
+        })
+    }
+
+    /// The report in the JSON file `path`.
+    pub fn read(path: impl AsRef<Path>) -> Result<OomReport> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path).map_err(|e| Error::io(format!("read {}", path.display()), e))?;
+        OomReport::from_json(&text)
     }
 
     /// The one paragraph the recorder prints.
@@ -321,7 +267,7 @@ impl OomReport {
     }
 }
 
-displayed_as_text!(OomReport);
+crate::displayed_as_text!(OomReport);
 
 impl Render for OomReport {
     fn document(&self) -> Document {
@@ -350,7 +296,7 @@ impl Render for OomReport {
         let zero = self.run.clock_zero_unix_us;
         run.push(format!(
             "recording's clock zero {} UTC",
-            memlab_core::time::utc(zero / 1_000_000, ((zero / 1000) % 1000) as u32)
+            crate::time::utc(zero / 1_000_000, ((zero / 1000) % 1000) as u32)
         ));
         doc.line(run.join("; "));
         if self.partial {
@@ -520,26 +466,55 @@ impl Render for OomReport {
     }
 }
 
+crate::displayed_as_text!(Diagnosis);
+
+impl Render for Diagnosis {
+    fn document(&self) -> Document {
+        let mut doc = Document::new();
+        doc.heading(format!("Verdict: {}", self.verdict.title()));
+        doc.line(self.advice.clone());
+        doc
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_host_with_dots_keeps_the_whole_name() {
-        let dir = Path::new("/reports");
-        let stem = "memlab_oom_node1.cluster.example_20261126T061827_1_1_rank0";
-        assert_eq!(report_file(dir, stem, "json"), dir.join(format!("{stem}.json")));
-        assert_ne!(
-            Path::new(stem).with_extension("json"),
-            Path::new(&format!("{stem}.json")),
-            "why not with_extension"
-        );
+    /// The report memlab's CPU run wrote for rank 1 (`fixtures/`).
+    fn fixture() -> OomReport {
+        OomReport::read(concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/memlab_oom_rank1.json")).unwrap()
     }
 
     #[test]
-    fn tags_differ() {
-        let tags: std::collections::HashSet<String> = (0..64).map(|_| random_tag()).collect();
-        assert_eq!(tags.len(), 64);
-        assert!(tags.iter().all(|t| t.len() == 8 && t.chars().all(|c| c.is_ascii_hexdigit())));
+    fn a_report_reads_back_as_it_was_written() {
+        let report = fixture();
+        assert_eq!((report.number, report.pid, report.run.rank), (1, 9137, Some(1)));
+        assert_eq!((report.diagnosis.device, report.diagnosis.requested), (Device::Cpu, 1 << 48));
+        assert_eq!(report.diagnosis.verdict, Verdict::RequestExceedsDevice);
+        let again = OomReport::from_json(&report.to_json()).unwrap();
+        assert_eq!(again.to_json(), report.to_json());
+        assert_eq!(again.to_text(), report.to_text());
+        let as_written: serde_json::Value = serde_json::from_str(
+            &std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/memlab_oom_rank1.json"))
+                .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(serde_json::from_str::<serde_json::Value>(&report.to_json()).unwrap(), as_written, "nothing lost");
+    }
+
+    #[test]
+    fn a_file_that_is_not_a_report_is_refused_saying_what_to_give() {
+        let e = OomReport::from_json(r#"{"number": 1}"#).unwrap_err().to_string();
+        assert!(e.contains("not an out-of-memory report memlab wrote") && e.contains("missing field"), "{e}");
+    }
+
+    #[test]
+    fn verdicts_have_one_name() {
+        for v in
+            [Verdict::RequestExceedsDevice, Verdict::Fragmentation, Verdict::OtherProcesses, Verdict::NotEnoughFree]
+        {
+            assert_eq!(serde_json::to_string(&v).unwrap(), format!("\"{}\"", v.as_str()));
+        }
     }
 }

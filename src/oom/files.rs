@@ -1,0 +1,200 @@
+//! A report's files: the text and JSON of the model (`memlab_core`'s
+//! [`OomReport`]), then, while a recording runs, its HTML report and
+//! snapshot, under names no other report (of this process or another) has.
+
+use std::path::{Path, PathBuf};
+
+use memlab_core::events;
+use memlab_core::oom::{LeftOut, OomReport};
+use memlab_core::render::Render;
+use memlab_core::sync::LockExt;
+use memlab_core::{Error, Result};
+
+use super::capture::{fits, room};
+use crate::named::Model;
+
+/// Writes `bytes` into `file`, a report's file created for them.
+fn write_to(mut file: std::fs::File, bytes: &[u8]) -> Result<()> {
+    use std::io::Write;
+    file.write_all(bytes).map_err(|e| Error::io("write an out-of-memory report's file", e))
+}
+
+/// `dir/stem.extension`. Not `Path::with_extension`: a stem may hold dots
+/// (a host `node1.cluster`), which that would take for an extension.
+fn report_file(dir: &Path, stem: &str, extension: &str) -> PathBuf {
+    dir.join(format!("{stem}.{extension}"))
+}
+
+memlab_core::process::process_wide! {
+    /// This process's tag in its reports' names, once another process's
+    /// report had taken one of them: the same for every later report, so
+    /// that a process's reports stay together.
+    static TAG: std::sync::Mutex<Option<String>> = std::sync::Mutex::new(None);
+}
+
+/// Eight hexadecimal digits no other process can predict: std's hasher
+/// keys come from the system's random source, once per process.
+fn random_tag() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher
+        .write_u128(std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default().as_nanos());
+    format!("{:08x}", hasher.finish() as u32)
+}
+
+/// Creates the text report's file under a name no file has, and
+/// returns the name (without extension) and the file. The name is the
+/// usual one unless another process's report took it (two containers'
+/// pid 1, started in one second on hosts of one name, writing to one
+/// directory): then this process's names carry a random tag from then
+/// on, drawn again while the name is taken. Created exclusively, so of
+/// two processes that race for a name, one gets it and the other draws.
+fn claim(report: &mut OomReport, dir: &Path) -> Option<(String, std::fs::File)> {
+    let mut tag = TAG.locked().clone();
+    for _ in 0..16 {
+        let stem = report.file_stem(tag.as_deref());
+        let path = report_file(dir, &stem, "txt");
+        match std::fs::OpenOptions::new().write(true).create_new(true).open(&path) {
+            Ok(file) => {
+                if tag.is_some() {
+                    *TAG.locked() = tag;
+                }
+                return Some((stem, file));
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => tag = Some(random_tag()),
+            Err(e) => {
+                report.file_errors.push(format!("{}: {e}", path.display()));
+                return None;
+            }
+        }
+    }
+    report.file_errors.push(format!(
+        "{}: every name tried was taken; the report is not written to a file",
+        report_file(dir, &report.file_stem(None), "txt").display()
+    ));
+    None
+}
+
+/// Writes the text report and its JSON first, then, while a recording
+/// runs, its HTML report and PyTorch snapshot where the memory left
+/// suffices for them, then the text and JSON again with the final list
+/// of files. Every file is created anew (never overwriting one);
+/// failures to write are kept, never raised.
+pub(super) fn write(report: &mut OomReport, dir: &Path, sources: &Model) {
+    let (stem, text_file) = match claim(report, dir) {
+        Some((stem, file)) => (stem, Some(file)),
+        None => (report.file_stem(None), None),
+    };
+    let (text_path, json_path) = (report_file(dir, &stem, "txt"), report_file(dir, &stem, "json"));
+    let mut reports = [(text_file, text_path), (create(report, &json_path), json_path)];
+    for (file, path) in &reports {
+        if file.is_some() {
+            report.files.push(path.clone());
+        }
+    }
+    for busy in sources.busy() {
+        if !report.holders.busy.contains(&busy) {
+            report.holders.busy.push(busy);
+        }
+    }
+    rewrite(report, &mut reports);
+    if !events::is_active() {
+        return;
+    }
+    let sources = Model::registered_now();
+    let exports = [
+        ("the HTML report", "html", crate::capture::estimate::html()),
+        ("the PyTorch memory snapshot", "pickle", crate::capture::estimate::snapshot()),
+    ];
+    for (part, extension, needed) in exports {
+        let path = report_file(dir, &stem, extension);
+        let available = room();
+        if !fits(needed, available) {
+            report.left_out.push(LeftOut {
+                part: part.to_string(),
+                file: Some(path),
+                needed_estimate: needed,
+                available: available.unwrap_or(0),
+            });
+            continue;
+        }
+        let Some(file) = create(report, &path) else { continue };
+        let written = if extension == "html" {
+            crate::capture::html::capture(&sources).and_then(|r| write_to(file, r.to_page().as_bytes()))
+        } else {
+            crate::capture::snapshot::capture(&sources)
+                .and_then(|s| s.to_pickle())
+                .and_then(|bytes| write_to(file, &bytes))
+        };
+        match written {
+            Ok(()) => report.files.push(path),
+            Err(e) => {
+                let _ = std::fs::remove_file(&path);
+                report.file_errors.push(format!("{}: {e}", path.display()));
+            }
+        }
+    }
+    for busy in sources.busy() {
+        if !report.holders.busy.contains(&busy) {
+            report.holders.busy.push(busy);
+        }
+    }
+    rewrite(report, &mut reports);
+}
+
+/// Creates `path` for this report; `None`, with the reason kept, when it
+/// cannot be created or exists already (a report never replaces a file).
+fn create(report: &mut OomReport, path: &Path) -> Option<std::fs::File> {
+    match std::fs::OpenOptions::new().write(true).create_new(true).open(path) {
+        Ok(file) => Some(file),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            report.file_errors.push(format!("{}: a file of that name exists; it is left as it is", path.display()));
+            None
+        }
+        Err(e) => {
+            report.file_errors.push(format!("{}: {e}", path.display()));
+            None
+        }
+    }
+}
+
+/// Writes the text report and its JSON (from the start) into the files
+/// made for them; a file that cannot be written is left out from then on,
+/// with the reason kept.
+fn rewrite(report: &mut OomReport, reports: &mut [(Option<std::fs::File>, PathBuf); 2]) {
+    use std::io::{Seek, Write};
+    let contents = [report.to_text(), report.to_json()];
+    for ((file, path), text) in reports.iter_mut().zip(contents) {
+        let Some(open) = file.as_mut() else { continue };
+        let done = open.set_len(0).and_then(|()| open.rewind()).and_then(|()| open.write_all(text.as_bytes()));
+        if let Err(e) = done {
+            *file = None;
+            report.files.retain(|f| f != path);
+            report.file_errors.push(format!("{}: {e}", path.display()));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_host_with_dots_keeps_the_whole_name() {
+        let dir = Path::new("/reports");
+        let stem = "memlab_oom_node1.cluster.example_20261126T061827_1_1_rank0";
+        assert_eq!(report_file(dir, stem, "json"), dir.join(format!("{stem}.json")));
+        assert_ne!(
+            Path::new(stem).with_extension("json"),
+            Path::new(&format!("{stem}.json")),
+            "why not with_extension"
+        );
+    }
+
+    #[test]
+    fn tags_differ() {
+        let tags: std::collections::HashSet<String> = (0..64).map(|_| random_tag()).collect();
+        assert_eq!(tags.len(), 64);
+        assert!(tags.iter().all(|t| t.len() == 8 && t.chars().all(|c| c.is_ascii_hexdigit())));
+    }
+}
