@@ -9,16 +9,18 @@
 //! RANK=µs` corrects a rank whose host's clock is off.
 
 use std::collections::BTreeMap;
-use std::io::{BufWriter, Read, Write};
+use std::io::{BufWriter, Read};
 use std::path::{Path, PathBuf};
 
 use memlab_core::events::Action;
-use memlab_core::export::{Snapshot, SnapshotFile};
+use memlab_core::export::{
+    InstantScope, Phase, Snapshot, SnapshotFile, TraceArgs, TraceEvent, TraceFile, TraceInfo, TraceWriter,
+};
 use memlab_core::oom::{OomReport, Verdict};
 use memlab_core::render::{Cell, Column, Document, Layout, Point, Render, Scale, Table, Timeline};
 use memlab_core::run::RunInfo;
+use serde::de::IgnoredAny;
 use serde::Serialize;
-use serde_json::{json, Value};
 
 use crate::analysis::{self, Start, Summary};
 
@@ -129,7 +131,7 @@ pub struct OomRow {
 /// A file read.
 enum Input {
     Snapshot(Box<SnapshotFile>),
-    Trace(Value),
+    Trace(Box<TraceFile>),
     Oom(Box<OomReport>),
 }
 
@@ -141,8 +143,8 @@ struct Part {
     offset_us: i64,
     /// Per device: its summary and the wall-clock base of its times.
     snapshot: Option<(Summary, Vec<Levels>)>,
-    /// The trace's events.
-    trace: Option<Vec<Value>>,
+    /// The trace.
+    trace: Option<TraceFile>,
     /// Out-of-memory reports, with their file.
     ooms: Vec<(String, OomReport)>,
     /// Its name in the table and the trace, once every file is read.
@@ -173,8 +175,8 @@ impl Part {
                 if let Some((summary, _)) = &self.snapshot {
                     used.extend(summary.devices.iter().filter(|d| d.events > 0).map(|d| d.device.clone()));
                 }
-                if let Some(events) = &self.trace {
-                    used.extend(trace_levels(events).into_iter().map(|l| l.device));
+                if let Some(trace) = &self.trace {
+                    used.extend(trace_levels(&trace.events).into_iter().map(|l| l.device));
                 }
                 used.sort();
                 used.dedup();
@@ -201,7 +203,7 @@ pub fn merge(files: &[String], options: &Options) -> Result<Merged, String> {
                 check_snapshot(&file.snapshot, path)?;
                 check_run(file.snapshot.memlab.as_ref().and_then(|m| m.run.clone()), path, "memlab.run")?
             }
-            Input::Trace(doc) => check_run(run_of(&doc["otherData"]["run"], path)?, path, "otherData.run")?,
+            Input::Trace(trace) => check_run(trace.info.run.clone(), path, "otherData.run")?,
             Input::Oom(report) => {
                 check_oom(report, path)?;
                 check_run(Some(report.run.clone()), path, "run")?
@@ -252,14 +254,10 @@ pub fn merge(files: &[String], options: &Options) -> Result<Merged, String> {
                     part.snapshot = Some((summary, levels));
                 }
             }
-            Input::Trace(mut doc) => {
-                let events = match doc.get_mut("traceEvents").map(Value::take) {
-                    Some(Value::Array(events)) => events,
-                    _ => return Err(format!("cannot read {path}: its `traceEvents` is not a list")),
-                };
-                check_events(&events, path)?;
-                if part.trace.as_ref().is_none_or(|kept| events.len() > kept.len()) {
-                    part.trace = Some(events);
+            Input::Trace(trace) => {
+                check_events(&trace.events, path)?;
+                if part.trace.as_ref().is_none_or(|kept| trace.events.len() > kept.events.len()) {
+                    part.trace = Some(*trace);
                 }
             }
             Input::Oom(report) => part.ooms.push((path.clone(), *report)),
@@ -311,36 +309,18 @@ pub fn parse_offset(text: &str) -> Result<(u32, i64), String> {
     Ok((rank, us))
 }
 
-/// What a JSON value is, for messages: `a number`, `a list`.
-fn what(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "a list",
-        Value::Object(_) => "an object",
-    }
-}
-
-/// Refuses a trace whose events are not objects, or whose times are not
-/// times a run can have (see [`LATEST_US`]), naming the file and the event.
-fn check_events(events: &[Value], path: &str) -> Result<(), String> {
+/// Refuses a trace whose times are not times a run can have (see
+/// [`LATEST_US`]), naming the file and the event.
+fn check_events(events: &[TraceEvent], path: &str) -> Result<(), String> {
     for (i, e) in events.iter().enumerate() {
-        if !e.is_object() {
-            return Err(format!(
-                "cannot read {path}: event {i} of its `traceEvents` is {}, not an object; give the trace JSON \
-                 memlab wrote, unchanged",
-                what(e)
-            ));
-        }
-        match e.get("ts") {
+        match e.ts {
             None => {}
-            Some(ts) if ts.as_f64().is_some_and(|t| t.abs() <= LATEST_US as f64) => {}
+            Some(ts) if ts.abs() <= LATEST_US as f64 => {}
             Some(ts) => {
                 return Err(format!(
-                    "cannot read {path}: event {i} of its `traceEvents` has `ts` {ts}, not a time a run can have \
-                     (microseconds after the recording's clock zero)"
+                    "cannot read {path}: event {i} of its `traceEvents` has `ts` {}, not a time a run can have \
+                     (microseconds after the recording's clock zero)",
+                    serde_json::Value::from(ts)
                 ))
             }
         }
@@ -453,12 +433,13 @@ fn read(path: &str) -> Result<Input, String> {
         return Snapshot::read_pickle(path).map(|f| Input::Snapshot(Box::new(f))).map_err(|e| e.to_string());
     }
     let text = std::fs::read_to_string(path).map_err(cannot)?;
-    let doc: Value = serde_json::from_str(&text).map_err(|e| {
+    serde_json::from_str::<IgnoredAny>(&text).map_err(|e| {
         format!("cannot read {path}: neither a snapshot pickle nor JSON ({e}); give memlab's or PyTorch's snapshots, memlab's trace JSONs and out-of-memory report JSONs")
     })?;
-    if doc.get("traceEvents").is_some() {
-        Ok(Input::Trace(doc))
-    } else if doc.get("diagnosis").is_some() {
+    let kind = serde_json::from_str::<JsonKind>(&text).unwrap_or(JsonKind { trace: None, diagnosis: None });
+    if kind.trace.is_some() {
+        TraceFile::from_json(&text).map(|t| Input::Trace(Box::new(t))).map_err(|e| format!("cannot read {path}: {e}"))
+    } else if kind.diagnosis.is_some() {
         OomReport::from_json(&text)
             .map(|report| Input::Oom(Box::new(report)))
             .map_err(|e| format!("cannot read {path}: {e}"))
@@ -469,13 +450,12 @@ fn read(path: &str) -> Result<Input, String> {
     }
 }
 
-fn run_of(value: &Value, path: &str) -> Result<Option<RunInfo>, String> {
-    if value.is_null() {
-        return Ok(None);
-    }
-    serde_json::from_value(value.clone())
-        .map(Some)
-        .map_err(|e| format!("cannot read {path}: its `run` is not a run ({e})"))
+/// Which of memlab's JSON files a document is: the key only it has.
+#[derive(serde::Deserialize)]
+struct JsonKind {
+    #[serde(rename = "traceEvents")]
+    trace: Option<IgnoredAny>,
+    diagnosis: Option<IgnoredAny>,
 }
 
 /// The rank a file's name gives: the digits after its last `rank`
@@ -533,15 +513,13 @@ fn snapshot_levels(s: &Snapshot, points: usize) -> Vec<Levels> {
 }
 
 /// A trace's counter samples of one device (`cuda:0 memory`) as levels.
-fn trace_levels(events: &[Value]) -> Vec<Levels> {
+fn trace_levels(events: &[TraceEvent]) -> Vec<Levels> {
     let mut by_device: BTreeMap<String, Vec<(i64, u64, Option<u64>)>> = BTreeMap::new();
-    for e in events {
-        let Some(device) = e["name"].as_str().and_then(|n| n.strip_suffix(" memory")) else { continue };
-        if e["ph"] != "C" {
-            continue;
-        }
-        let (Some(ts), Some(allocated)) = (e["ts"].as_f64(), e["args"]["allocated"].as_u64()) else { continue };
-        by_device.entry(device.to_string()).or_default().push((ts as i64, allocated, e["args"]["reserved"].as_u64()));
+    for e in events.iter().filter(|e| e.ph == Phase::Counter) {
+        let Some(device) = e.name.strip_suffix(" memory") else { continue };
+        let bytes = |n: Option<i64>| n.and_then(|n| u64::try_from(n).ok());
+        let (Some(ts), Some(allocated)) = (e.ts, bytes(e.args.allocated)) else { continue };
+        by_device.entry(device.to_string()).or_default().push((ts as i64, allocated, bytes(e.args.reserved)));
     }
     by_device.into_iter().map(|(device, points)| Levels { device, points }).collect()
 }
@@ -556,8 +534,8 @@ fn first_us(p: &Part) -> Option<i64> {
         .filter(|d| d.events > 0)
         .map(|d| base + d.first_us as i64)
         .min();
-    let from_trace = p.trace.as_ref().and_then(|events| {
-        events.iter().filter(|e| e["ph"] != "M").filter_map(|e| e["ts"].as_f64()).map(|ts| base + ts as i64).min()
+    let from_trace = p.trace.as_ref().and_then(|trace| {
+        trace.events.iter().filter(|e| e.ph != Phase::Metadata).filter_map(|e| e.ts).map(|ts| base + ts as i64).min()
     });
     let from_ooms = p.ooms.iter().map(|(_, report)| oom_us(report) + p.offset_us).min();
     [from_snapshot, from_trace, from_ooms].into_iter().flatten().min()
@@ -582,8 +560,8 @@ fn rank_row(p: &Part, origin: i64) -> RankRow {
             });
         }
     }
-    if let Some(events) = &p.trace {
-        for levels in trace_levels(events) {
+    if let Some(trace) = &p.trace {
+        for levels in trace_levels(&trace.events) {
             if devices.iter().any(|d| d.device == levels.device) {
                 continue;
             }
@@ -688,53 +666,43 @@ fn oom_rows(process: usize, p: &Part, origin: i64) -> Vec<OomRow> {
     rows
 }
 
-/// Microseconds as the trace-event format writes them.
-fn micros(us: i64) -> Value {
-    json!(us)
-}
-
+/// Writes the merged trace: each part a process, its times moved onto the
+/// merged axis.
 fn write_trace(path: &Path, parts: &[Part], origin: i64) -> std::io::Result<()> {
-    let mut out = BufWriter::new(std::fs::File::create(path)?);
-    write!(
-        out,
-        "{{\"displayTimeUnit\":\"ms\",\"otherData\":{}",
-        json!({ "producer": "memlab merge", "origin_unix_us": origin })
-    )?;
-    writeln!(out, ",\"traceEvents\":[")?;
-    let mut first = true;
-    let mut emit = |out: &mut BufWriter<std::fs::File>, event: &Value| -> std::io::Result<()> {
-        if !first {
-            out.write_all(b",")?;
-        }
-        first = false;
-        serde_json::to_writer(&mut *out, event)?;
-        out.write_all(b"\n")
+    let info = TraceInfo {
+        producer: "memlab merge".into(),
+        partial: parts.iter().any(|p| p.trace.as_ref().is_some_and(|t| t.info.partial)),
+        run: None,
+        origin_unix_us: Some(origin),
     };
+    let mut w = TraceWriter::start(BufWriter::new(std::fs::File::create(path)?), &info)?;
     for (index, p) in parts.iter().enumerate() {
         let pid = index as u64 + 1;
         let shift = p.base_us() - origin;
-        emit(
-            &mut out,
-            &json!({"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": p.label.clone()}}),
-        )?;
-        emit(
-            &mut out,
-            &json!({"name": "process_sort_index", "ph": "M", "pid": pid, "tid": 0, "args": {"sort_index": index}}),
-        )?;
+        let in_process = |mut e: TraceEvent<'static>| {
+            e.pid = pid;
+            e
+        };
+        let args = |name: Option<String>, sort_index: Option<u64>| TraceArgs {
+            name: name.map(Into::into),
+            sort_index,
+            ..TraceArgs::default()
+        };
+        w.event(&in_process(TraceEvent::new(Phase::Metadata, "process_name").with(args(Some(p.label.clone()), None))))?;
+        w.event(&in_process(
+            TraceEvent::new(Phase::Metadata, "process_sort_index").with(args(None, Some(index as u64))),
+        ))?;
         let traced: Vec<String> = match &p.trace {
-            Some(events) => {
-                for e in events {
-                    if e["ph"] == "M" && e["name"] == "process_name" {
+            Some(trace) => {
+                for e in &trace.events {
+                    if e.ph == Phase::Metadata && e.name == "process_name" {
                         continue;
                     }
-                    let mut e = e.clone();
-                    e["pid"] = json!(pid);
-                    if let Some(ts) = e["ts"].as_f64() {
-                        e["ts"] = json!(ts + shift as f64);
-                    }
-                    emit(&mut out, &e)?;
+                    let mut e = in_process(e.clone());
+                    e.ts = e.ts.map(|ts| ts + shift as f64);
+                    w.event(&e)?;
                 }
-                trace_levels(events).into_iter().map(|l| l.device).collect()
+                trace_levels(&trace.events).into_iter().map(|l| l.device).collect()
             }
             None => Vec::new(),
         };
@@ -743,14 +711,13 @@ fn write_trace(path: &Path, parts: &[Part], origin: i64) -> std::io::Result<()> 
             for l in levels.iter().filter(|l| !traced.contains(&l.device)) {
                 let name = format!("{} memory (snapshot: the highest of each stretch of events)", l.device);
                 for &(ts, allocated, reserved) in &l.points {
-                    let mut args = json!({ "allocated": allocated });
-                    if let Some(r) = reserved {
-                        args["reserved"] = json!(r);
-                    }
-                    emit(
-                        &mut out,
-                        &json!({"name": name, "ph": "C", "ts": micros(ts + shift), "pid": pid, "tid": 0, "args": args}),
-                    )?;
+                    let args = TraceArgs {
+                        allocated: i64::try_from(allocated).ok(),
+                        reserved: reserved.and_then(|r| i64::try_from(r).ok()),
+                        ..TraceArgs::default()
+                    };
+                    let e = TraceEvent::new(Phase::Counter, name.clone()).at((ts + shift) as f64).with(args);
+                    w.event(&in_process(e))?;
                 }
             }
         }
@@ -759,15 +726,14 @@ fn write_trace(path: &Path, parts: &[Part], origin: i64) -> std::io::Result<()> 
             let name =
                 format!("out of memory on {}: {} asked ({})", d.device, Cell::bytes(d.requested), d.verdict.as_str());
             let ts = oom_us(report) + p.offset_us - origin;
-            emit(
-                &mut out,
-                &json!({"name": name, "ph": "i", "s": "p", "ts": micros(ts), "pid": pid, "tid": 0,
-                        "args": {"statement": report.statement, "verdict": d.verdict}}),
-            )?;
+            let args =
+                TraceArgs { statement: report.statement.clone(), verdict: Some(d.verdict), ..TraceArgs::default() };
+            let mut e = in_process(TraceEvent::new(Phase::Instant, name).at(ts as f64).with(args));
+            e.s = Some(InstantScope::Process);
+            w.event(&e)?;
         }
     }
-    writeln!(out, "]}}")?;
-    out.flush()
+    w.finish().map(drop)
 }
 
 /// Seconds on the merged axis.
@@ -877,8 +843,8 @@ impl Render for Page<'_> {
             let base = p.base_us() - m.origin_unix_us;
             let mut levels: Vec<Levels> =
                 p.snapshot.as_ref().map(|(_, l)| l.iter().map(copy).collect()).unwrap_or_default();
-            if let Some(events) = &p.trace {
-                for l in trace_levels(events) {
+            if let Some(trace) = &p.trace {
+                for l in trace_levels(&trace.events) {
                     if !levels.iter().any(|x| x.device == l.device) {
                         levels.push(l);
                     }

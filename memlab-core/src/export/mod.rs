@@ -26,7 +26,9 @@ pub use read::SnapshotFile;
 pub use snapshot::{
     Block, BlockState, Category, Frames, Segment, SegmentType, Snapshot, SnapshotFrame, SnapshotInfo, Stack, TraceEntry,
 };
-pub use trace::{Anchor, Level, Oom, Sample, Trace};
+pub use trace::{
+    Anchor, InstantScope, Level, Oom, Phase, Sample, Trace, TraceArgs, TraceEvent, TraceFile, TraceInfo, TraceWriter,
+};
 
 #[cfg(test)]
 mod tests {
