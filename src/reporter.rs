@@ -482,8 +482,9 @@ impl MemReport {
         self.devices.iter().find(|d| d.device == device)
     }
 
-    /// One CSV row per report row, bytes unrounded.
-    pub fn to_csv(&self) -> Result<String> {
+    /// One CSV row per report row, bytes unrounded (what
+    /// [`Render::to_csv`] gives).
+    fn rows_csv(&self) -> Result<String> {
         let mut rows = Vec::new();
         for d in &self.devices {
             for r in &d.rows {
@@ -502,11 +503,6 @@ impl MemReport {
         let header = ["device", "kind", "name", "shape", "dtype", "count", "bytes", "counted"];
         csv_string("the memory report", &header, rows)
     }
-
-    /// The report as JSON.
-    pub fn to_json(&self) -> String {
-        serde_json::to_string_pretty(self).expect("the report serialises")
-    }
 }
 
 /// Whether `row` is a view listed under its storage's row.
@@ -517,6 +513,11 @@ fn is_view(row: &Row) -> bool {
 displayed_as_text!(MemReport);
 
 impl Render for MemReport {
+    /// One CSV row per report row (storages and their views), bytes unrounded.
+    fn to_csv(&self) -> Result<String> {
+        self.rows_csv()
+    }
+
     fn document(&self) -> Document {
         let mut doc = Document::new();
         for d in &self.devices {

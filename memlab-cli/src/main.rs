@@ -107,7 +107,7 @@ fn run(command: Command) -> Result<(), String> {
             let file = Snapshot::read_pickle(&snapshot).map_err(|e| e.to_string())?;
             let summary = analysis::Summary::of(&snapshot, &file);
             if json {
-                println!("{}", serde_json::to_string_pretty(&summary).map_err(|e| e.to_string())?);
+                println!("{}", summary.to_json());
             } else {
                 print!("{}", summary.to_text());
             }
@@ -135,7 +135,7 @@ fn run(command: Command) -> Result<(), String> {
             let options = merge::Options { out: output.into(), offsets };
             let merged = merge::merge(&files, &options)?;
             if json {
-                println!("{}", serde_json::to_string_pretty(&merged).map_err(|e| e.to_string())?);
+                println!("{}", merged.to_json());
             } else {
                 print!("{}", merged.to_text());
             }
@@ -154,7 +154,7 @@ fn run(command: Command) -> Result<(), String> {
                 std::fs::write(html, page).map_err(|e| format!("cannot write {html}: {e}"))?;
             }
             if json {
-                println!("{}", serde_json::to_string_pretty(&diff).map_err(|e| e.to_string())?);
+                println!("{}", diff.to_json());
             } else {
                 print!("{}", diff.to_text());
             }

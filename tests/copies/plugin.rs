@@ -82,7 +82,7 @@ pub extern "C" fn plugin_work(bytes: i64) -> i64 {
 /// The line profile of every profiled function, as JSON, as this copy sees it.
 #[no_mangle]
 pub extern "C" fn plugin_report() -> *mut c_char {
-    guard(std::ptr::null_mut(), || c_string(memlab::profiler::Report::collect().to_json()))
+    guard(std::ptr::null_mut(), || c_string(memlab::Render::to_json(&memlab::profiler::Report::collect())))
 }
 
 /// Starts a recording, with backtraces if `backtraces` is not 0 (a boxed

@@ -560,6 +560,7 @@ mod tests {
     use std::path::PathBuf;
 
     use super::*;
+    use crate::render::Render;
 
     fn fixture(name: &str) -> PathBuf {
         Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures").join(name)

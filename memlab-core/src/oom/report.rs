@@ -208,14 +208,9 @@ impl OomReport {
         format!("memlab_oom_{}_{start}_{}{tag}_{}{rank}", file_safe(&self.host), self.pid, self.number)
     }
 
-    /// The report as JSON: every field of [`OomReport`], the verdict as
-    /// `snake_case` (`request_exceeds_device`, ...).
-    pub fn to_json(&self) -> String {
-        serde_json::to_string_pretty(self).unwrap_or_default()
-    }
-
-    /// A report read back from the JSON [`to_json`](Self::to_json) writes
-    /// (the `.json` beside every text report).
+    /// A report read back from the JSON [`Render::to_json`] writes (the
+    /// `.json` beside every text report: every field, the verdict as
+    /// `snake_case`, `request_exceeds_device`).
     pub fn from_json(json: &str) -> Result<OomReport> {
         serde_json::from_str(json).map_err(|e| {
             Error::InvalidArgument(format!(

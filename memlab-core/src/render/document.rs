@@ -322,9 +322,9 @@ fn prose(text: &str) -> String {
 }
 
 /// A report that describes itself as a [`Document`]: what every memlab
-/// report implements, so each renders as text, HTML and in a notebook the
-/// same way. Bring it into scope (`use memlab::Render;`) to call these on a
-/// report; `{}` prints the text without it.
+/// report implements, so each renders as text, HTML, CSV, JSON and in a
+/// notebook the same way. Bring it into scope (`use memlab::Render;`) to
+/// call these on a report; `{}` prints the text without it.
 pub trait Render {
     /// The report's document.
     fn document(&self) -> Document;
@@ -338,6 +338,25 @@ pub trait Render {
     /// notebook, a browser or a saved file.
     fn to_html(&self) -> String {
         self.document().to_html()
+    }
+
+    /// The report's tables as CSV, figures unrounded: the document's tables
+    /// and label rows ([`Document::to_csv`]), or, for a report that is one
+    /// table at heart (the line profile, the storage report), its own rows
+    /// with every field.
+    fn to_csv(&self) -> Result<String> {
+        self.document().to_csv()
+    }
+
+    /// The report's data as JSON, every figure exact: its own fields (its
+    /// `Serialize`), not the rendering. What memlab's files hold where
+    /// a report is one.
+    fn to_json(&self) -> String
+    where
+        Self: serde::Serialize + Sized,
+    {
+        // Plain data with string keys: serialising cannot fail.
+        serde_json::to_string_pretty(self).expect("a report serialises")
     }
 
     /// Shows the HTML rendering in an evcxr (Rust Jupyter) notebook cell.
@@ -404,6 +423,34 @@ mod tests {
                 {"table": {"columns": ["name", "bytes"], "rows": [["fc.weight", 4096]], "notes": []}},
             ])
         );
+    }
+
+    #[test]
+    fn a_report_renders_in_every_format_from_one_document_and_its_data() {
+        #[derive(serde::Serialize)]
+        struct Held {
+            name: &'static str,
+            bytes: u64,
+        }
+        impl Render for Held {
+            fn document(&self) -> Document {
+                let mut table =
+                    Table::new(vec![Column::new("name", Layout::Text), Column::new("bytes", Layout::Figure)]);
+                table.row([Cell::text(self.name), Cell::bytes(self.bytes)]);
+                let mut doc = Document::new();
+                doc.heading("held").table(table);
+                doc
+            }
+        }
+        let held = Held { name: "fc.weight", bytes: 4096 };
+        assert_eq!(held.to_text(), "held\nname       bytes\nfc.weight  4.00K\n");
+        assert_eq!(held.to_csv().unwrap(), "name,bytes\nfc.weight,4096\n", "the tables, figures unrounded");
+        assert_eq!(
+            held.to_json(),
+            "{\n  \"name\": \"fc.weight\",\n  \"bytes\": 4096\n}",
+            "the data, not the rendering"
+        );
+        assert!(held.to_html().contains("<td class=\"text\">fc.weight</td><td>4.00K</td>"), "{}", held.to_html());
     }
 
     #[test]

@@ -43,6 +43,11 @@ pub(super) fn dedented(f: &FunctionReport) -> Vec<&str> {
 /// One section per function that ran (its table, or why it was not
 /// measured), then a line naming the profiled functions that never ran.
 impl Render for Report {
+    /// Every line that ran, one CSV row each, with all statistics in bytes or counts.
+    fn to_csv(&self) -> crate::error::Result<String> {
+        super::export::csv(self)
+    }
+
     fn document(&self) -> Document {
         let mut doc = Document::new();
         for f in &self.functions {

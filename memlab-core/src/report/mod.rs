@@ -300,17 +300,7 @@ impl Report {
         self
     }
 
-    /// Every line that ran, one CSV row each, with all statistics in bytes or counts.
-    pub fn to_csv(&self) -> Result<String> {
-        export::csv(self)
-    }
-
-    /// The whole model as JSON, all statistics included.
-    pub fn to_json(&self) -> String {
-        serde_json::to_string_pretty(self).expect("a report always serialises")
-    }
-
-    /// A report read back from the JSON [`to_json`](Self::to_json) writes
+    /// A report read back from the JSON [`Render::to_json`](crate::render::Render::to_json) writes
     /// (the line profile of memlab's snapshots too): it renders as the
     /// program's own did.
     pub fn from_json(json: &str) -> Result<Report> {
