@@ -389,7 +389,7 @@ pub mod testing {
 pub mod __private {
     pub use crate::tracker::track_global;
     pub use inventory;
-    pub use memlab_core::profiler::{Frame, InStatement, Registered, Site, SiteMeta};
+    pub use memlab_core::profiler::{Frame, InStatement, ProfiledFn, ProfiledFnMeta, Registered};
     pub use memlab_core::{Device, DeviceSelector};
 
     /// The path of the function a marker item is nested in (see `track!`).
@@ -400,14 +400,14 @@ pub mod __private {
 
     /// Starts a profiled call measured through libtorch's allocators.
     #[inline]
-    pub fn enter(site: &'static Site) -> Frame {
+    pub fn enter(site: &'static ProfiledFn) -> Frame {
         Frame::enter(site, &memlab_tch::BACKEND)
     }
 
     /// Starts a profiled call of an `async fn`: its frame is `Sync`, so the
     /// body's future stays `Send`.
     #[inline]
-    pub fn enter_async(site: &'static Site) -> Frame<std::sync::atomic::AtomicBool> {
+    pub fn enter_async(site: &'static ProfiledFn) -> Frame<std::sync::atomic::AtomicBool> {
         Frame::enter(site, &memlab_tch::BACKEND)
     }
 }

@@ -20,8 +20,8 @@ pub mod stats;
 
 // memlab's own plumbing, public because memlab's other crates use it (and
 // every copy of memlab must reach the same process-wide state through it),
-// not API: process-wide state, the output layer, the profiler's site
-// tables, the fast hasher, locks, threads and time stamps.
+// not API: process-wide state, the output layer, the profiler's tables
+// of profiled functions, the fast hasher, locks, threads and time stamps.
 #[doc(hidden)]
 pub mod hash;
 #[doc(hidden)]
@@ -29,7 +29,7 @@ pub mod output;
 #[doc(hidden)]
 pub mod process;
 #[doc(hidden)]
-pub mod sites;
+pub mod profiled;
 #[doc(hidden)]
 pub mod sync;
 #[doc(hidden)]

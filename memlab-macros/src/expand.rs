@@ -71,7 +71,7 @@ pub fn profile(options: Options, item: TokenStream) -> TokenStream {
     let enter = if function.sig.asyncness.is_some() { quote!(enter_async) } else { quote!(enter) };
     let setup = quote! {
         fn __memlab_here() {}
-        static __MEMLAB_SITE: #krate::__private::Site = #krate::__private::Site::new(#krate::__private::SiteMeta {
+        static __MEMLAB_FN: #krate::__private::ProfiledFn = #krate::__private::ProfiledFn::new(#krate::__private::ProfiledFnMeta {
             name: || ::core::any::type_name_of_val(&__memlab_here),
             file: ::core::file!(),
             first_line: #first_line_lit,
@@ -80,8 +80,8 @@ pub fn profile(options: Options, item: TokenStream) -> TokenStream {
             device: #device,
             every: #every,
         });
-        #krate::__private::inventory::submit! { #krate::__private::Registered(&__MEMLAB_SITE) }
-        let #frame = #krate::__private::#enter(&__MEMLAB_SITE);
+        #krate::__private::inventory::submit! { #krate::__private::Registered(&__MEMLAB_FN) }
+        let #frame = #krate::__private::#enter(&__MEMLAB_FN);
     };
     // An `async fn` body runs in pieces, one per poll, interleaved with other
     // code on the same thread: its statement must be the thread's only while

@@ -5,41 +5,41 @@
 use std::cell::{Cell, RefCell};
 use std::fmt;
 
-use crate::sites::Site;
+use crate::profiled::ProfiledFn;
 
 /// A statement of a profiled function: the function and the source line.
 #[derive(Clone, Copy)]
 pub struct StatementRef {
-    site: &'static Site,
+    function: &'static ProfiledFn,
     /// The source line.
     pub line: u32,
 }
 
 impl StatementRef {
-    pub(crate) fn new(site: &'static Site, line: u32) -> Self {
-        StatementRef { site, line }
+    pub(crate) fn new(function: &'static ProfiledFn, line: u32) -> Self {
+        StatementRef { function, line }
     }
 
     /// The function's path.
     pub fn function(&self) -> &'static str {
-        self.site.name()
+        self.function.name()
     }
 
     /// The source file.
     pub fn file(&self) -> &'static str {
-        self.site.meta().file
+        self.function.meta().file
     }
 
     /// The statement's source text (trimmed), as compiled.
     pub fn code(&self) -> &'static str {
-        let meta = self.site.meta();
+        let meta = self.function.meta();
         meta.source.get(self.line.saturating_sub(meta.first_line) as usize).map_or("", |l| l.trim())
     }
 }
 
 impl PartialEq for StatementRef {
     fn eq(&self, other: &Self) -> bool {
-        std::ptr::eq(self.site, other.site) && self.line == other.line
+        std::ptr::eq(self.function, other.function) && self.line == other.line
     }
 }
 
@@ -47,7 +47,7 @@ impl Eq for StatementRef {}
 
 impl std::hash::Hash for StatementRef {
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
-        (self.site as *const Site).hash(state);
+        (self.function as *const ProfiledFn).hash(state);
         self.line.hash(state);
     }
 }

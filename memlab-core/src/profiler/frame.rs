@@ -16,8 +16,8 @@ use crate::device::{Device, DeviceSelector};
 use crate::error::{Error, Result};
 use crate::events::context::{self, StatementRef};
 use crate::events::{self, SpanKind};
+use crate::profiled::ProfiledFn;
 use crate::report::Report;
-use crate::sites::Site;
 use crate::stats::RawStats;
 
 struct Open {
@@ -26,7 +26,7 @@ struct Open {
     /// The fields the backend fills for `device`, and the peak fields among them.
     fields: &'static [usize],
     peaks: &'static [usize],
-    /// Index in the site's table of the statement being measured; `None`
+    /// Index in the function's table of the statement being measured; `None`
     /// before the first statement.
     line: Option<usize>,
     /// Two sample buffers used in turn: `samples[before]` was taken when the
@@ -95,7 +95,7 @@ impl Busy for AtomicBool {
 /// profiled call adds little to the stack: deep recursion stays possible.
 #[must_use = "a profiled call ends when its Frame is dropped"]
 pub struct Frame<B: Busy = Cell<bool>> {
-    site: &'static Site,
+    function: &'static ProfiledFn,
     backend: &'static dyn Backend,
     /// Set while a method works on `open`: a probe re-entered from inside a
     /// probe (an allocator hook, say) finds it set and does nothing.
@@ -115,15 +115,15 @@ pub struct Frame<B: Busy = Cell<bool>> {
 unsafe impl Sync for Frame<AtomicBool> {}
 
 impl<B: Busy> Frame<B> {
-    /// Starts a profiled call of `site`, measuring through `backend`.
-    pub fn enter(site: &'static Site, backend: &'static dyn Backend) -> Frame<B> {
-        let mut frame = Frame { site, backend, busy: B::default(), open: UnsafeCell::new(None), caller: None };
+    /// Starts a profiled call of `function`, measuring through `backend`.
+    pub fn enter(function: &'static ProfiledFn, backend: &'static dyn Backend) -> Frame<B> {
+        let mut frame = Frame { function, backend, busy: B::default(), open: UnsafeCell::new(None), caller: None };
         if !config::is_enabled() {
             return frame;
         }
-        frame.caller = Some(context::set_statement(Some(StatementRef::new(site, site.meta.signature_line))));
+        frame.caller = Some(context::set_statement(Some(StatementRef::new(function, function.meta.signature_line))));
         register_exit_report();
-        let opened = resolve_device(site.meta.device, backend).and_then(|device| {
+        let opened = resolve_device(function.meta.device, backend).and_then(|device| {
             let mut open = pool::take();
             if open.device != device {
                 // A CPU sample fills only the CPU fields: start from zeros.
@@ -149,15 +149,15 @@ impl<B: Busy> Frame<B> {
         });
         match opened {
             Ok(open) => {
-                site.with_state(|state| {
+                function.with_state(|state| {
                     state.device = Some(open.device);
                     state.error = None;
-                    let signature = site.line_index(site.meta.signature_line);
-                    site.record_entry(state, signature, &open.samples[0], open.fields);
+                    let signature = function.line_index(function.meta.signature_line);
+                    function.record_entry(state, signature, &open.samples[0], open.fields);
                 });
                 *frame.open.get_mut() = Some(open);
             }
-            Err(e) => site.with_state(|state| state.error = Some(e.to_string())),
+            Err(e) => function.with_state(|state| state.error = Some(e.to_string())),
         }
         frame
     }
@@ -181,16 +181,16 @@ impl<B: Busy> Frame<B> {
     pub fn line(&self, line: u32) {
         self.with_open(|slot| {
             let Some(open) = slot.as_mut() else { return };
-            context::set_statement(Some(StatementRef::new(self.site, line)));
+            context::set_statement(Some(StatementRef::new(self.function, line)));
             // The entry sample already opened the first statement's interval.
-            let Some(running) = open.line.replace(self.site.line_index(line)) else { return };
+            let Some(running) = open.line.replace(self.function.line_index(line)) else { return };
             let fields = open.fields;
             match open.step(self.backend, true) {
                 Ok((before, after)) => {
-                    self.site.with_state(|state| self.site.record_run(state, running, before, after, fields))
+                    self.function.with_state(|state| self.function.record_run(state, running, before, after, fields))
                 }
                 Err(e) => {
-                    self.site.with_state(|state| state.error = Some(e.to_string()));
+                    self.function.with_state(|state| state.error = Some(e.to_string()));
                     if let Some(open) = slot.take() {
                         pool::give(open);
                     }
@@ -251,15 +251,15 @@ impl<B: Busy> Drop for Frame<B> {
             context::set_statement(caller);
         }
         let Some(mut open) = self.open.get_mut().take() else { return };
-        let every = self.site.meta.every as u64;
+        let every = self.function.meta.every as u64;
         let (running, fields, started) = (open.line, open.fields, open.started_ns);
         let read = open.step(self.backend, false);
         if let Some(start) = started {
-            events::span(SpanKind::Call, self.site.name(), start);
+            events::span(SpanKind::Call, self.function.name(), start);
         }
-        let due = self.site.with_state(|state| {
+        let due = self.function.with_state(|state| {
             match (read, running) {
-                (Ok((before, after)), Some(running)) => self.site.record_run(state, running, before, after, fields),
+                (Ok((before, after)), Some(running)) => self.function.record_run(state, running, before, after, fields),
                 (Ok(_), None) => {}
                 (Err(e), _) => state.error = Some(e.to_string()),
             }
@@ -269,7 +269,7 @@ impl<B: Busy> Drop for Frame<B> {
         });
         pool::give(open);
         if due {
-            crate::output::emit(&crate::render::Render::to_text(&Report::window_of(self.site)));
+            crate::output::emit(&crate::render::Render::to_text(&Report::window_of(self.function)));
         }
     }
 }
@@ -380,12 +380,12 @@ fn resolve_device(chosen: Option<DeviceSelector>, backend: &dyn Backend) -> Resu
 /// Prints the tables of every `#[profile]` function that ran, when the process
 /// exits, unless turned off with [`config::set_print_at_exit`]: once for the
 /// process, however many copies of memlab it holds. The first frame of each
-/// copy also registers the copy's sites, so that the report lists its
+/// copy also registers the copy's functions, so that the report lists its
 /// functions that never ran.
 fn register_exit_report() {
     static THIS_COPY: Once = Once::new();
     THIS_COPY.call_once(|| {
-        crate::sites::register_this_copy();
+        crate::profiled::register_this_copy();
         EXIT_REPORT.call_once(register_atexit);
     });
 }

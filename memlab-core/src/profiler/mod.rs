@@ -15,8 +15,8 @@ mod tests;
 mod watch;
 
 pub use crate::output::{emit, set_output, set_warnings, Output};
+pub use crate::profiled::{LineStats, ProfiledFn, ProfiledFnMeta, Registered};
 pub use crate::report::{default_columns, set_default_columns};
-pub use crate::sites::{LineStats, Registered, Site, SiteMeta};
 pub use crate::stats::PEAK_FIELDS;
 pub use config::{
     env_flag, is_enabled, set_enabled, set_print_at_exit, set_target_device, set_target_gpu, target_device, FLAG_OFF,

@@ -3,7 +3,7 @@
 
 use crate::backend::{Backend, ScriptedBackend};
 use crate::device::Device;
-use crate::profiler::{reset_peaks, reset_totals, Frame, LineStats, Site, SiteMeta};
+use crate::profiler::{reset_peaks, reset_totals, Frame, LineStats, ProfiledFn, ProfiledFnMeta};
 use crate::stats::DeviceSelector;
 use crate::stats::RawStats;
 use crate::stats::{field_index, ALLOCATED_BYTES_CURRENT};
@@ -14,8 +14,8 @@ static SCRIPT: ScriptedBackend = ScriptedBackend::new(8);
 
 const SOURCE: &[&str] = &["fn f() {", "  a", "  b", "  c", "  d", "}"];
 
-fn meta(device: usize, name: fn() -> &'static str) -> SiteMeta {
-    SiteMeta {
+fn meta(device: usize, name: fn() -> &'static str) -> ProfiledFnMeta {
+    ProfiledFnMeta {
         name,
         file: "scripted.rs",
         first_line: 10,
@@ -26,8 +26,8 @@ fn meta(device: usize, name: fn() -> &'static str) -> SiteMeta {
     }
 }
 
-fn line(site: &'static Site, line: u32) -> LineStats {
-    let state = site.state();
+fn line(function: &'static ProfiledFn, line: u32) -> LineStats {
+    let state = function.state();
     state.as_ref().unwrap().total.lines[(line - 10) as usize].clone().expect("the line ran")
 }
 
@@ -37,10 +37,10 @@ fn stat(stats: &LineStats, name: &str) -> i64 {
 
 #[test]
 fn a_callers_line_keeps_the_peak_its_callee_reset() {
-    static OUTER: std::sync::OnceLock<Site> = std::sync::OnceLock::new();
-    static INNER: std::sync::OnceLock<Site> = std::sync::OnceLock::new();
-    let outer = OUTER.get_or_init(|| Site::new(meta(1, || "t::outer::__memlab_here")));
-    let inner = INNER.get_or_init(|| Site::new(meta(1, || "t::inner::__memlab_here")));
+    static OUTER: std::sync::OnceLock<ProfiledFn> = std::sync::OnceLock::new();
+    static INNER: std::sync::OnceLock<ProfiledFn> = std::sync::OnceLock::new();
+    let outer = OUTER.get_or_init(|| ProfiledFn::new(meta(1, || "t::outer::__memlab_here")));
+    let inner = INNER.get_or_init(|| ProfiledFn::new(meta(1, || "t::inner::__memlab_here")));
     let gpu = Device::Cuda(1);
     {
         let frame: Frame = Frame::enter(outer, &SCRIPT);
@@ -71,11 +71,11 @@ fn a_callers_line_keeps_the_peak_its_callee_reset() {
 
 #[test]
 fn user_resets_inside_a_line_keep_its_figures() {
-    static SITE: std::sync::OnceLock<Site> = std::sync::OnceLock::new();
-    let site = SITE.get_or_init(|| Site::new(meta(2, || "t::resets::__memlab_here")));
+    static FUNCTION: std::sync::OnceLock<ProfiledFn> = std::sync::OnceLock::new();
+    let function = FUNCTION.get_or_init(|| ProfiledFn::new(meta(2, || "t::resets::__memlab_here")));
     let gpu = Device::Cuda(2);
     {
-        let frame: Frame = Frame::enter(site, &SCRIPT);
+        let frame: Frame = Frame::enter(function, &SCRIPT);
         frame.line(11);
         SCRIPT.alloc(gpu, 500);
         SCRIPT.free(gpu, 500);
@@ -84,7 +84,7 @@ fn user_resets_inside_a_line_keep_its_figures() {
         reset_totals(&SCRIPT, gpu).unwrap();
         SCRIPT.alloc(gpu, 32);
     }
-    let l = line(site, 11);
+    let l = line(function, 11);
     assert_eq!(stat(&l, "allocated_bytes.all.peak"), 500, "the peak before the reset is kept");
     assert_eq!(stat(&l, "allocated_bytes.all.allocated"), 500 + 64 + 32, "totals before the reset are kept");
     assert_eq!(stat(&l, "allocated_bytes.all.freed"), 500);

@@ -13,7 +13,7 @@ use std::str::FromStr;
 
 use crate::device::Device;
 use crate::error::{Error, Result};
-use crate::sites::{display_path, sites, LineStats, Site, Table};
+use crate::profiled::{display_path, profiled_fns, LineStats, ProfiledFn, Table};
 use crate::stats::{field_index, FIELDS};
 
 /// One column of a report.
@@ -155,8 +155,8 @@ pub struct FunctionReport {
 }
 
 impl FunctionReport {
-    fn new(site: &Site, table: Table, device: Option<Device>, error: Option<String>) -> Self {
-        let meta = site.meta();
+    fn new(function: &ProfiledFn, table: Table, device: Option<Device>, error: Option<String>) -> Self {
+        let meta = function.meta();
         let lines = meta
             .source
             .iter()
@@ -168,8 +168,8 @@ impl FunctionReport {
             })
             .collect();
         FunctionReport {
-            name: site.name().to_string(),
-            trait_name: site.trait_name().map(str::to_string),
+            name: function.name().to_string(),
+            trait_name: function.trait_name().map(str::to_string),
             file: Cow::Borrowed(meta.file),
             device,
             calls: table.calls,
@@ -225,18 +225,18 @@ fn column_names<S: serde::Serializer>(
 impl Report {
     /// Every profiled function linked into the program, called or not.
     pub fn collect() -> Report {
-        Report::from_sites(sites(), |_| true)
+        Report::from_functions(profiled_fns(), |_| true)
     }
 
-    fn from_sites(all: impl Iterator<Item = &'static Site>, keep: impl Fn(&Site) -> bool) -> Report {
+    fn from_functions(all: impl Iterator<Item = &'static ProfiledFn>, keep: impl Fn(&ProfiledFn) -> bool) -> Report {
         let mut functions: Vec<FunctionReport> = all
             .filter(|s| keep(s))
-            .map(|site| {
-                let (table, device, error) = match site.state().as_ref() {
+            .map(|function| {
+                let (table, device, error) = match function.state().as_ref() {
                     Some(st) => (st.total.clone(), st.device, st.error.clone()),
                     None => (Table::default(), None, None),
                 };
-                FunctionReport::new(site, table, device, error)
+                FunctionReport::new(function, table, device, error)
             })
             .collect();
         functions.sort_by(|a, b| a.name.cmp(&b.name).then(a.file.cmp(&b.file)));
@@ -245,14 +245,14 @@ impl Report {
 
     /// The `#[profile]` functions (not `profile_every` ones), for printing at exit.
     pub(crate) fn at_exit() -> Report {
-        Report::from_sites(sites(), |s| s.meta().every == 0)
+        Report::from_functions(profiled_fns(), |s| s.meta().every == 0)
     }
 
-    /// The calls of `site` since `profile_every` last printed; starts a new window.
-    pub(crate) fn window_of(site: &'static Site) -> Report {
+    /// The calls of `function` since `profile_every` last printed; starts a new window.
+    pub(crate) fn window_of(function: &'static ProfiledFn) -> Report {
         let (table, device, error) =
-            site.with_state(|st| (std::mem::take(&mut st.window), st.device, st.error.clone()));
-        let function = FunctionReport::new(site, table, device, error);
+            function.with_state(|st| (std::mem::take(&mut st.window), st.device, st.error.clone()));
+        let function = FunctionReport::new(function, table, device, error);
         Report { functions: vec![function], columns: default_columns() }
     }
 
@@ -413,8 +413,8 @@ impl Query {
 
 /// Clears the figures of every profiled function.
 pub fn reset() {
-    for site in sites() {
-        *site.state() = None;
+    for function in profiled_fns() {
+        *function.state() = None;
     }
 }
 

@@ -1,12 +1,13 @@
 //! A profiled function as the program knows it: what the macro captured at
 //! compile time (name, file, source lines, options) and the per-line figures
-//! gathered at run time. Every site registers itself through `inventory`, so
+//! gathered at run time. Every one registers itself through `inventory`, so
 //! reports can list profiled functions that never ran.
 //!
 //! A process may hold the same function more than once: a notebook compiles
 //! the items of earlier cells again into each new cell's library, each with a
-//! static site of its own. The figures of a function (its path and its source
-//! text) are one table for the whole process, whichever copy's site ran.
+//! static [`ProfiledFn`] of its own. The figures of a function (its path and
+//! its source text) are one table for the whole process, whichever copy's
+//! static ran.
 
 use crate::sync::LockExt;
 use std::sync::{Mutex, MutexGuard, OnceLock};
@@ -16,7 +17,7 @@ use crate::stats::{FieldKind, RawStats, ALLOCATED_BYTES_CURRENT, FIELDS, NUM_OOM
 
 /// What `#[memlab::profile]` knows about a function when it compiles it.
 #[derive(Debug)]
-pub struct SiteMeta {
+pub struct ProfiledFnMeta {
     /// Returns the type name of an item nested in the function; the function's
     /// path is that name without its last segment.
     pub name: fn() -> &'static str,
@@ -110,7 +111,7 @@ impl LineStats {
     }
 }
 
-/// Per-line figures of one site.
+/// Per-line figures of one function.
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Table {
     pub(crate) calls: u64,
@@ -139,25 +140,25 @@ pub(crate) struct SiteState {
 
 /// A profiled function. The macro puts one in a `static` inside the function.
 #[derive(Debug)]
-pub struct Site {
-    pub(crate) meta: SiteMeta,
+pub struct ProfiledFn {
+    pub(crate) meta: ProfiledFnMeta,
     name: OnceLock<(String, Option<String>)>,
     /// The function's figures in the process's table, found on first use.
     shared: OnceLock<&'static Shared>,
 }
 
-/// The figures of one function, shared by every copy's site of it.
+/// The figures of one function, shared by every copy's static of it.
 #[derive(Debug)]
 struct Shared {
-    /// The site that registered the function first: reports show its meta.
-    first: &'static Site,
-    /// The copies whose site of the function joined (see `copy_id`).
+    /// The static that registered the function first: reports show its meta.
+    first: &'static ProfiledFn,
+    /// The copies whose static of the function joined (see `copy_id`).
     copies: Mutex<Vec<usize>>,
     state: Mutex<Option<SiteState>>,
 }
 
 crate::process::process_wide! {
-    /// Every function with a registered site, in the order they registered.
+    /// Every function with a registered static, in the order they registered.
     static FUNCTIONS: Mutex<Vec<&'static Shared>> = Mutex::new(Vec::new());
 }
 
@@ -168,14 +169,14 @@ fn copy_id() -> usize {
     &MARK as *const u8 as usize
 }
 
-impl Site {
-    /// A site for the function `meta` describes.
-    pub const fn new(meta: SiteMeta) -> Self {
-        Site { meta, name: OnceLock::new(), shared: OnceLock::new() }
+impl ProfiledFn {
+    /// The static of the function `meta` describes.
+    pub const fn new(meta: ProfiledFnMeta) -> Self {
+        ProfiledFn { meta, name: OnceLock::new(), shared: OnceLock::new() }
     }
 
-    /// The function's figures in the process's table: this copy's site joins
-    /// another copy's site of the same function (same path, same source
+    /// The function's figures in the process's table: this copy's static joins
+    /// another copy's static of the same function (same path, same source
     /// text), or registers the function.
     fn shared(&'static self) -> &'static Shared {
         self.shared.get_or_init(|| {
@@ -188,8 +189,8 @@ impl Site {
             };
             for function in functions.iter().filter(same) {
                 let mut copies = function.copies.locked();
-                // Two sites of one copy are two functions (a test's scripted
-                // sites may share a name); another copy's is the same one.
+                // Two statics of one copy are two functions (a test's scripted
+                // ones may share a name); another copy's is the same one.
                 if !copies.contains(&copy) {
                     copies.push(copy);
                     return function;
@@ -220,7 +221,7 @@ impl Site {
     }
 
     /// What the macro captured.
-    pub fn meta(&self) -> &SiteMeta {
+    pub fn meta(&self) -> &ProfiledFnMeta {
         &self.meta
     }
 
@@ -234,7 +235,7 @@ impl Site {
         f(self.state().get_or_insert_with(SiteState::default))
     }
 
-    /// Index in the site's line table of source line `line`.
+    /// Index in the function's line table of source line `line`.
     pub(crate) fn line_index(&self, line: u32) -> usize {
         line.saturating_sub(self.meta.first_line) as usize
     }
@@ -285,22 +286,22 @@ static CUMULATIVE: [i64; N_FIELDS] = {
     out
 };
 
-/// How a site registers itself for reports.
+/// How a function registers itself for reports.
 #[derive(Debug)]
-pub struct Registered(pub &'static Site);
+pub struct Registered(pub &'static ProfiledFn);
 
 inventory::collect!(Registered);
 
 /// Every profiled function of the process, each once: those linked into
 /// this copy of memlab's program and those other copies registered, each by
-/// the site that registered it first.
-pub fn sites() -> impl Iterator<Item = &'static Site> {
+/// the static that registered it first.
+pub fn profiled_fns() -> impl Iterator<Item = &'static ProfiledFn> {
     register_this_copy();
-    let functions: Vec<&'static Site> = FUNCTIONS.locked().iter().map(|f| f.first).collect();
+    let functions: Vec<&'static ProfiledFn> = FUNCTIONS.locked().iter().map(|f| f.first).collect();
     functions.into_iter()
 }
 
-/// Registers the sites linked into this copy with the process (once per copy).
+/// Registers the functions linked into this copy with the process (once per copy).
 pub(crate) fn register_this_copy() {
     static REGISTERED: std::sync::Once = std::sync::Once::new();
     REGISTERED.call_once(|| {
@@ -428,7 +429,7 @@ mod tests {
 
     #[test]
     fn a_run_reports_levels_peaks_and_growth() {
-        let site = Site::new(SiteMeta {
+        let function = ProfiledFn::new(ProfiledFnMeta {
             name: || "t::f::__memlab_here",
             file: "t.rs",
             first_line: 1,
@@ -446,7 +447,7 @@ mod tests {
         after.0[cur + 2] = 1300;
         (before.0[NUM_OOMS], after.0[NUM_OOMS]) = (2, 3); // one request failed
         let mut state = SiteState::default();
-        site.record_run(&mut state, 0, &before, &after, &crate::stats::ALL_FIELDS);
+        function.record_run(&mut state, 0, &before, &after, &crate::stats::ALL_FIELDS);
         let s = state.total.lines[0].as_ref().unwrap();
         assert_eq!((s.values[cur], s.values[cur + 1], s.values[cur + 2]), (40, 500, 300));
         assert_eq!((s.increment, s.hits, s.ooms), (-60, 1, 1));
