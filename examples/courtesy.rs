@@ -36,7 +36,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
     println!("loss after 5 steps: {:.6}", train(&mut adam, 5));
 
-    let mut courtesy = memlab::Courtesy::only().var_store(&vs);
+    let mut courtesy = memlab::Courtesy::of(&vs);
     // The optimizer is borrowed for the call; restore() needs only the guard.
     let report = courtesy.yield_memory_with(&mut adam)?;
     print!("{report}");

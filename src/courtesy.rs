@@ -5,7 +5,7 @@
 //!
 //! let vs = nn::VarStore::new(tch::Device::Cuda(0));
 //! let mut adam = nn::Adam::default().build(&vs, 1e-3).unwrap();
-//! let mut courtesy = memlab::Courtesy::new().var_store(&vs);
+//! let mut courtesy = memlab::Courtesy::of(&vs);
 //! println!("{}", courtesy.yield_memory_with(&mut adam)?); // weights, gradients, Adam's moments to the CPU
 //! // ... someone else uses the GPU ...
 //! courtesy.restore()?;                                     // back, bit for bit
@@ -43,7 +43,6 @@ use std::collections::BTreeMap;
 
 use memlab_core::render::{by_site, Cell, Column, Document, Layout, Render, Table};
 use memlab_core::{events, Device, Error, Result};
-use tch::nn::VarStore;
 use tch::Tensor;
 
 use crate::attribution::site_label;
@@ -76,7 +75,7 @@ enum Part {
 ///
 /// let vs = nn::VarStore::new(tch::Device::Cuda(0));
 /// let _layer = nn::linear(vs.root() / "fc", 4096, 4096, Default::default());
-/// let mut courtesy = memlab::Courtesy::new().var_store(&vs);
+/// let mut courtesy = memlab::Courtesy::of(&vs);
 /// let report = courtesy.yield_memory()?;   // the GPU is free for someone else
 /// println!("{report}");
 /// courtesy.restore()?;                      // and back, to go on training
@@ -88,6 +87,8 @@ pub struct Courtesy {
     moved: Vec<Moved>,
 }
 
+crate::named::names_memory_after_its_model!(Courtesy, sources);
+
 impl Default for Courtesy {
     fn default() -> Self {
         Courtesy::new()
@@ -96,9 +97,16 @@ impl Default for Courtesy {
 
 impl Courtesy {
     /// A Courtesy over every registered var store and tensor (see
-    /// [`register_var_store`](crate::register_var_store)), plus what is added.
+    /// [`register_var_store`](crate::register_var_store)), plus what is
+    /// added: [`registered`](Self::registered).
     pub fn new() -> Courtesy {
-        Courtesy { sources: Model::registered(), moved: Vec::new() }
+        Courtesy::registered()
+    }
+
+    /// A Courtesy over every registered var store and tensor (see
+    /// [`register_var_store`](crate::register_var_store)), plus what is added.
+    pub fn registered() -> Courtesy {
+        Courtesy::of(Model::registered())
     }
 
     /// A Courtesy over only what is added to it (not the registry).
@@ -106,22 +114,10 @@ impl Courtesy {
         Courtesy::of(Model::new())
     }
 
-    /// A Courtesy over `model`: its variables, tensors, their gradients and
-    /// its optimizers' state move.
-    pub fn of(model: Model) -> Courtesy {
-        Courtesy { sources: model, moved: Vec::new() }
-    }
-
-    /// Adds a var store to the model: its variables and their gradients move.
-    pub fn var_store(mut self, vs: &VarStore) -> Courtesy {
-        self.sources.add_store("", vs);
-        self
-    }
-
-    /// Adds a tensor (and its gradient, if it has one) to the model.
-    pub fn tensor(mut self, name: impl Into<String>, tensor: &Tensor) -> Courtesy {
-        self.sources.add_tensor(name, tensor);
-        self
+    /// A Courtesy over `model` (or a var store, `of(&vs)`): its variables,
+    /// tensors, their gradients and its optimizers' state move.
+    pub fn of(model: impl Into<Model>) -> Courtesy {
+        Courtesy { sources: model.into(), moved: Vec::new() }
     }
 
     /// Whether tensors are on the CPU now, waiting for [`restore`](Self::restore).
@@ -172,7 +168,7 @@ impl Courtesy {
     /// let vs = nn::VarStore::new(tch::Device::Cuda(0));
     /// let _layer = nn::linear(vs.root() / "fc", 4096, 4096, Default::default());
     /// let mut adam = nn::Adam::default().build(&vs, 1e-3).unwrap();
-    /// let mut courtesy = memlab::Courtesy::only().var_store(&vs);
+    /// let mut courtesy = memlab::Courtesy::of(&vs);
     /// println!("{}", courtesy.yield_memory_with(&mut adam)?);
     /// courtesy.restore()?;
     /// # Ok::<(), memlab::Error>(())

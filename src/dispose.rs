@@ -140,6 +140,8 @@ pub struct DisposeScope {
     _thread: ThreadBound,
 }
 
+crate::named::names_memory_after_its_model!(DisposeScope, model);
+
 /// What makes a scope stay on its thread: a raw pointer is neither `Send`
 /// nor `Sync`. A type of memlab's own rather than `PhantomData<*const ()>`,
 /// so that rustc's note on a scope sent to another thread points into
@@ -176,17 +178,28 @@ impl DisposeScope {
         })
     }
 
-    /// Treats the variables of `vs` and their gradients as the model's state:
-    /// new ones alive when the scope closes are listed as replaced model
-    /// state, not as escapes. (Registered var stores count without this.)
-    pub fn model(mut self, vs: &VarStore) -> Self {
-        self.model.add_store("", vs);
-        self
+    /// Opens a scope named `name` whose model is `model` (or a var store,
+    /// `of(name, &vs)`), in place of the registry: its variables, their
+    /// gradients and its optimizer state are the model's state, and new ones
+    /// alive when the scope closes are listed as replaced model state, not
+    /// as escapes. [`new`](Self::new) takes the registry; either adds what
+    /// `var_store`, `tensor` and `optimizer` give.
+    pub fn of(name: impl Into<String>, model: impl Into<Model>) -> Result<DisposeScope> {
+        let mut scope = DisposeScope::new(name)?;
+        scope.model = model.into();
+        Ok(scope)
     }
 
-    /// Treats `model` (its variables, tensors, gradients and optimizer state)
-    /// as the model's state, in place of the registry: new tensors of it
-    /// alive when the scope closes are listed as replaced model state.
+    /// Adds the variables of `vs` and their gradients to the scope's model.
+    #[deprecated(note = "write `.var_store(\"\", &vs)`, as every tool that names memory has it")]
+    pub fn model(self, vs: &VarStore) -> Self {
+        self.var_store("", vs)
+    }
+
+    /// Replaces the scope's model by `model`.
+    #[deprecated(
+        note = "open the scope with `DisposeScope::of(name, model)`, as every tool that names memory takes it"
+    )]
     pub fn with_model(mut self, model: Model) -> Self {
         self.model = model;
         self
@@ -532,7 +545,7 @@ fn check<R>(
     let watches = devices.iter().map(|d| PeakWatch::start(&BACKEND, *d)).collect::<Result<Vec<_>>>()?;
     let mut scope = DisposeScope::new("check_step")?.on_escape(OnEscape::Silent);
     if let Some(vs) = model {
-        scope = scope.model(vs);
+        scope = scope.var_store("", vs);
     }
     if let Some(opt) = optimizer.as_deref() {
         // An optimizer memlab cannot read is an error before the step runs,

@@ -121,7 +121,6 @@ pub use memlab_core::export::{
 
 use memlab_core::Result;
 use tch::nn::VarStore;
-use tch::Tensor;
 
 use crate::capture::{html, snapshot, trace};
 use crate::named::Model;
@@ -147,6 +146,8 @@ pub struct Exporter {
     sources: Model,
 }
 
+crate::named::names_memory_after_its_model!(Exporter, sources);
+
 impl Exporter {
     /// An exporter that names memory after everything registered (see
     /// [`register_var_store`](crate::register_var_store) and
@@ -155,33 +156,14 @@ impl Exporter {
         Exporter::of(Model::registered())
     }
 
-    /// An exporter that names memory after `model`.
-    pub fn of(model: Model) -> Exporter {
-        Exporter { sources: model }
+    /// An exporter that names memory after `model` (or a var store, `of(&vs)`).
+    pub fn of(model: impl Into<Model>) -> Exporter {
+        Exporter { sources: model.into() }
     }
 
     /// An exporter that names memory after `vs` (no prefix), plus what is added.
     pub fn new(vs: &VarStore) -> Exporter {
         Exporter::default().var_store("", vs)
-    }
-
-    /// Adds a var store to the model (see [`Model::var_store`]).
-    pub fn var_store(mut self, prefix: impl Into<String>, vs: &VarStore) -> Exporter {
-        self.sources = self.sources.var_store(prefix, vs);
-        self
-    }
-
-    /// Adds a tensor to the model (see [`Model::tensor`]).
-    pub fn tensor(mut self, name: impl Into<String>, tensor: &Tensor) -> Exporter {
-        self.sources = self.sources.tensor(name, tensor);
-        self
-    }
-
-    /// Adds the state of `optimizer` to the model, read now (see
-    /// [`Model::optimizer`]).
-    pub fn optimizer(mut self, optimizer: &tch::nn::Optimizer) -> Exporter {
-        self.sources = self.sources.optimizer(optimizer);
-        self
     }
 
     /// PyTorch's memory snapshot of the recording so far.

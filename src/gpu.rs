@@ -76,12 +76,24 @@ pub struct GpuAccount {
 /// Needs the `cuda-driver` feature (on by default) for the driver's figures;
 /// without the `nvml` feature the context and other processes are one part.
 pub fn where_gpu_memory_went(index: usize) -> Result<GpuAccount> {
+    GpuAccount::of(Model::registered(), index)
+}
+
+impl GpuAccount {
+    /// [`where_gpu_memory_went`] with the named tensors those of `model` (or
+    /// a var store, `of(&vs, index)`) instead of the registry's.
+    pub fn of(model: impl Into<Model>, index: usize) -> Result<GpuAccount> {
+        account(&model.into(), index)
+    }
+}
+
+fn account(model: &Model, index: usize) -> Result<GpuAccount> {
     let device = Device::Cuda(index);
     let driver = driver_memory(index)?;
     let process = process_gpu_memory(index).ok().flatten();
     let stats = memlab_tch::device_stats(device)?;
     let live = if events::is_active() { Some(events::live()) } else { None };
-    let attribution = attribute(device, &stats, &Model::registered().collect()?, live.as_deref());
+    let attribution = attribute(device, &stats, &model.collect()?, live.as_deref());
     let reserved = stats.reserved_bytes.all.current;
     let allocated = attribution.allocated;
     let inactive = stats.inactive_split_bytes.all.current;

@@ -143,7 +143,6 @@ use memlab_core::render::{csv_string, Cell, Column, Document, Layout, Render, Ta
 use memlab_core::{DType, Device, Result};
 use serde::Serialize;
 use tch::nn::VarStore;
-use tch::Tensor;
 
 use crate::attribution::{attribute, site_label};
 use crate::named::{Model, Named};
@@ -292,6 +291,8 @@ pub struct MemReporter {
     device: Option<Device>,
 }
 
+crate::named::names_memory_after_its_model!(MemReporter, sources);
+
 impl MemReporter {
     /// A reporter over `vs` (its variables keep their own names); add more
     /// var stores, with a prefix, and named tensors to it.
@@ -306,27 +307,8 @@ impl MemReporter {
         MemReporter::of(Model::registered())
     }
 
-    /// A reporter that names memory after `model`.
-    pub fn of(model: Model) -> MemReporter {
-        MemReporter { sources: model, device: None }
-    }
-
-    /// Adds a var store to the model (see [`Model::var_store`]).
-    pub fn var_store(mut self, prefix: impl Into<String>, vs: &VarStore) -> MemReporter {
-        self.sources = self.sources.var_store(prefix, vs);
-        self
-    }
-
-    /// Adds a tensor to the model (see [`Model::tensor`]).
-    pub fn tensor(mut self, name: impl Into<String>, tensor: &Tensor) -> MemReporter {
-        self.sources = self.sources.tensor(name, tensor);
-        self
-    }
-
-    /// Adds the state of `optimizer` to the model, read now (see
-    /// [`Model::optimizer`]): a row per state tensor, with exact bytes, as of
-    /// this call. When it cannot be read, [`report`](Self::report) returns
-    /// the error.
+    /// A reporter that names memory after `model` (or a var store, `of(&vs)`).
+    /// Its state rows are exact, tensor by tensor, with an optimizer given:
     ///
     /// ```
     /// use tch::nn::{self, Module, OptimizerConfig};
@@ -342,9 +324,8 @@ impl MemReporter {
     /// assert_eq!(moment.bytes, 64 * 64 * 4);
     /// # Ok::<(), memlab::Error>(())
     /// ```
-    pub fn optimizer(mut self, optimizer: &tch::nn::Optimizer) -> MemReporter {
-        self.sources = self.sources.optimizer(optimizer);
-        self
+    pub fn of(model: impl Into<Model>) -> MemReporter {
+        MemReporter { sources: model.into(), device: None }
     }
 
     /// Reports only `device`.

@@ -134,6 +134,7 @@ pub struct StorageChange {
 
 /// Logs the memory at call sites, and what changed between them.
 pub struct Tracker {
+    model: Model,
     device: Option<Device>,
     stdout: bool,
     file: Option<PathBuf>,
@@ -143,17 +144,33 @@ pub struct Tracker {
     _recording: Option<Recording>,
 }
 
+crate::named::names_memory_after_its_model!(Tracker, model);
+
 impl Tracker {
-    /// A tracker that logs to standard output and measures the current CUDA
-    /// device when CUDA is available, else the CPU. It keeps allocation
-    /// events on while it lives, to see unnamed allocations.
+    /// A tracker that names memory after everything registered (see
+    /// [`register_var_store`](crate::register_var_store)): [`registered`](Self::registered).
     pub fn new() -> Tracker {
+        Tracker::registered()
+    }
+
+    /// A tracker that names memory after everything registered at each
+    /// line, logs to standard output and measures the current CUDA device
+    /// when CUDA is available, else the CPU. It keeps allocation events on
+    /// while it lives, to see unnamed allocations.
+    pub fn registered() -> Tracker {
+        Tracker::of(Model::registered())
+    }
+
+    /// A tracker like [`registered`](Self::registered)'s that names memory
+    /// after `model` (or a var store, `of(&vs)`) instead.
+    pub fn of(model: impl Into<Model>) -> Tracker {
         let (recording, last_error) = match Recording::join() {
             Ok(r) => (Some(r), None),
             // Unnamed allocations are not tracked then; named ones still are.
             Err(e) => (None, Some(e)),
         };
         Tracker {
+            model: model.into(),
             device: None,
             stdout: true,
             file: None,
@@ -264,7 +281,7 @@ impl Tracker {
         let mut add = |address: u64, entry: Entry| {
             out.entry(address).or_insert(entry);
         };
-        let named = Model::registered().collect()?;
+        let named = self.model.collect()?;
         for storage in named.storages(device) {
             // A storage is grouped as its first view (the tensor that made it
             // known); it counts once, whatever views it has.

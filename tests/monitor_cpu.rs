@@ -39,7 +39,7 @@ fn records_weights_gradients_and_feature_maps() {
     let _s = serial();
     let mut s = setup();
     let mut monitor =
-        TrainingMonitor::new(&s.vs).device(Device::Cpu).print_period(0).optimizer(memlab::StepOptimizer::Adam);
+        TrainingMonitor::new(&s.vs).device(Device::Cpu).print_period(0).optimizer_kind(memlab::StepOptimizer::Adam);
     step(&mut s);
     let r = monitor.record_stats().expect("a record").clone();
     assert_eq!((r.epoch, r.iteration, r.device), (1, 1, Some(Device::Cpu)));

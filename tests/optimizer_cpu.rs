@@ -230,13 +230,13 @@ fn courtesy_with_an_optimizer_on_a_cpu_only_machine() {
     let net = model(&vs);
     let mut opt = nn::Adam::default().build(&vs, 1e-3).unwrap();
     step(&net, &mut opt);
-    let mut courtesy = memlab::Courtesy::only().var_store(&vs);
+    let mut courtesy = memlab::Courtesy::of(&vs);
     let report = courtesy.yield_memory_with(&mut opt).unwrap();
     assert_eq!(report.to_string(), "Courtesy: no CUDA device, nothing to yield\n");
     assert!(!courtesy.is_yielded());
     // An optimizer of a var store the Courtesy does not know: an error, nothing moves.
     let other = nn::VarStore::new(tch::Device::Cpu);
-    let mut lonely = memlab::Courtesy::only().var_store(&other);
+    let mut lonely = memlab::Courtesy::of(&other);
     let err = lonely.yield_memory_with(&mut opt).unwrap_err();
     assert!(err.to_string().contains("pass that var store too"), "{err}");
     assert!(!lonely.is_yielded());
@@ -258,7 +258,7 @@ fn the_monitor_measures_the_state_exactly_and_writes_it_to_csv() {
     let mut monitor = memlab::TrainingMonitor::new(&vs)
         .device(Device::Cpu)
         .print_period(0)
-        .optimizer(memlab::StepOptimizer::Adam)
+        .optimizer_kind(memlab::StepOptimizer::Adam)
         .csv_dir(&dir);
     for _ in 0..3 {
         step(&net, &mut opt);
@@ -325,7 +325,7 @@ fn check_step_counts_a_first_step_state_as_model_state() {
     assert!(check.scope.to_string().contains("new gradients and optimizer state"), "{}", check.scope);
     // A dispose scope closed with the optimizer says the same.
     let mut sgd = nn::Sgd { momentum: 0.9, ..Default::default() }.build(&vs, 1e-3).unwrap();
-    let scope = memlab::DisposeScope::new("sgd").unwrap().model(&vs).on_escape(memlab::OnEscape::Silent);
+    let scope = memlab::DisposeScope::new("sgd").unwrap().var_store("", &vs).on_escape(memlab::OnEscape::Silent);
     sgd.backward_step(&net.forward(&x).square().mean(Kind::Float));
     let report = scope.finish_with(&sgd);
     assert!(report.escaped.is_empty(), "{report}");

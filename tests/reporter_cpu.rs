@@ -193,7 +193,7 @@ fn courtesy_without_cuda_tensors_moves_nothing() {
     let vs = nn::VarStore::new(tch::Device::Cpu);
     let layer = nn::linear(vs.root() / "fc", 8, 8, Default::default());
     let before = layer.ws.shallow_clone().copy();
-    let mut courtesy = memlab::Courtesy::only().var_store(&vs);
+    let mut courtesy = memlab::Courtesy::of(&vs);
     let report = courtesy.yield_memory().unwrap();
     assert_eq!(report.moved, 0);
     assert!(!courtesy.is_yielded());
@@ -276,4 +276,61 @@ fn element_types_are_typed_and_named_as_tch_names_them() {
         let rows = json["devices"][0]["rows"].as_array().unwrap();
         assert!(rows.iter().any(|r| r["name"] == "t" && r["dtype"] == dtype.as_str()), "{json}");
     }
+}
+
+/// Every tool that names memory takes a model the same way, `of(model)`
+/// (a var store is one), and its builders add to it with one signature:
+/// each names the same tensors the same way.
+#[test]
+fn every_tool_takes_the_model_the_same_way() {
+    let _serial = serial();
+    let vs = nn::VarStore::new(tch::Device::Cpu);
+    let fc = nn::linear(vs.root() / "fc", 32, 16, Default::default());
+    let cache = Tensor::zeros([1000], (Kind::Float, tch::Device::Cpu));
+    let model = memlab::Model::new().var_store("net", &vs).tensor("kv_cache", &cache);
+    let names = |report: &MemReport| -> Vec<String> { cpu(report).rows.iter().map(|r| r.name.clone()).collect() };
+
+    let of_model = MemReporter::of(model.clone()).device(Device::Cpu).report().unwrap();
+    let built = MemReporter::of(memlab::Model::new())
+        .var_store("net", &vs)
+        .tensor("kv_cache", &cache)
+        .device(Device::Cpu)
+        .report()
+        .unwrap();
+    assert_eq!(names(&of_model), names(&built), "the builders make the same model");
+    assert!(names(&of_model).contains(&"net.fc.weight".to_string()), "{of_model}");
+    assert_eq!(row(&of_model, "kv_cache").bytes, 4000);
+    let of_store = MemReporter::of(&vs).device(Device::Cpu).report().unwrap();
+    assert_eq!(row(&of_store, "fc.weight").bytes, 32 * 16 * 4, "a var store is a model of its own names");
+    assert_eq!(
+        names(&MemReporter::new(&vs).device(Device::Cpu).report().unwrap()),
+        names(&of_store),
+        "the one-liner is the same"
+    );
+
+    // The tracker names a tensor of its model that appeared between two calls.
+    let here = memlab::tracker::CallSite { file: file!(), line: line!(), function: "every_tool" };
+    let mut tracker = memlab::tracker::Tracker::of(model.clone()).device(Device::Cpu).stdout(false);
+    tracker.track(here);
+    let later = Tensor::ones([250], (Kind::Float, tch::Device::Cpu));
+    let entry = tracker.tensor("later", &later).track(here);
+    let appeared: Vec<_> = entry.changes.iter().filter(|c| c.appeared && c.kind.is_some()).collect();
+    assert_eq!(appeared.len(), 1, "{entry}");
+    assert_eq!((appeared[0].kind, appeared[0].bytes), (Some(memlab::TensorKind::Tensor), 1000), "{entry}");
+
+    // A dispose scope of the model: the gradients a step makes for its
+    // variables are model state, not escapes.
+    let scope = memlab::DisposeScope::of("step", model.clone()).unwrap().on_escape(memlab::OnEscape::Silent);
+    fc.forward(&Tensor::ones([4, 32], (Kind::Float, tch::Device::Cpu))).sum(Kind::Float).backward();
+    let report = scope.finish();
+    assert_eq!(report.model_state.len(), 2, "weight and bias gradients: {report}");
+    assert!(report.escaped.is_empty(), "{report}");
+    drop(report);
+
+    // The training monitor measures the model's var stores.
+    let mut monitor = memlab::TrainingMonitor::of(&vs).device(Device::Cpu).print_period(0);
+    let record = monitor.record_stats().unwrap();
+    assert_eq!(record.weights, (32 * 16 + 16) * 4);
+    let mut monitor = memlab::TrainingMonitor::of(model).device(Device::Cpu).print_period(0);
+    assert_eq!(monitor.record_stats().unwrap().weights, (32 * 16 + 16) * 4);
 }

@@ -35,7 +35,7 @@
 //! inside its C++ optimizer, and memlab reads it under the borrow), and what
 //! else stays allocated. With `record_stats()` only the total besides weights
 //! and gradients is known, and [`optimizer`](crate::TrainingMonitor::optimizer)
-//! (`.optimizer(StepOptimizer::Adam)`) adds an estimate of the state, labelled
+//! (`.optimizer_kind(StepOptimizer::Adam)`) adds an estimate of the state, labelled
 //! as one. From `cargo run --release --example monitor` (CPU):
 //!
 //! ```text
@@ -208,7 +208,15 @@ impl TrainingMonitor {
     /// A monitor of every registered var store (see
     /// [`register_var_store`](crate::register_var_store)).
     pub fn registered() -> TrainingMonitor {
-        let stores = Model::registered().stores().into_iter().map(|(_, variables)| variables).collect();
+        TrainingMonitor::of(Model::registered())
+    }
+
+    /// A monitor of the var stores of `model` (or of a var store, `of(&vs)`),
+    /// as they are now: their variables' weights and gradients are measured
+    /// (optimizer state is given per record: see
+    /// [`record_stats_with`](Self::record_stats_with)).
+    pub fn of(model: impl Into<Model>) -> TrainingMonitor {
+        let stores = model.into().stores().into_iter().map(|(_, variables)| variables).collect();
         TrainingMonitor::with_stores(stores)
     }
 
@@ -255,9 +263,15 @@ impl TrainingMonitor {
     /// of its state: [`StepOptimizer::state_buffers`] times the weights'
     /// bytes (for exact figures, give the optimizer itself to
     /// [`record_stats_with`](Self::record_stats_with)).
-    pub fn optimizer(mut self, kind: StepOptimizer) -> TrainingMonitor {
+    pub fn optimizer_kind(mut self, kind: StepOptimizer) -> TrainingMonitor {
         self.optimizer = Some(kind);
         self
+    }
+
+    /// Names the optimizer as configured: [`optimizer_kind`](Self::optimizer_kind).
+    #[deprecated(note = "write `.optimizer_kind(kind)`: every tool's `optimizer` takes the optimizer itself")]
+    pub fn optimizer(self, kind: StepOptimizer) -> TrainingMonitor {
+        self.optimizer_kind(kind)
     }
 
     /// Appends every record to `dir/memlab_iterations.csv` (one row per

@@ -288,12 +288,16 @@ impl std::fmt::Debug for RegisteredOptimizer {
 /// [`register_var_store`](crate::register_var_store),
 /// [`register_tensor`](crate::register_tensor) and
 /// [`register_optimizer`](crate::register_optimizer). Described once and
-/// given to every tool that names memory ([`MemReporter::of`](crate::MemReporter::of),
+/// given to every tool that names memory, each the same way: `of(model)`
+/// ([`MemReporter::of`](crate::MemReporter::of),
 /// [`Exporter::of`](crate::export::Exporter::of), [`Courtesy::of`](crate::Courtesy::of),
-/// [`DisposeScope::with_model`](crate::DisposeScope::with_model)); the tools'
-/// own `var_store`, `tensor` and `optimizer` methods add to theirs. The
-/// out-of-memory recorder, `where_gpu_memory_went`, the tracker and the step
-/// logger name memory after the registry.
+/// [`DisposeScope::of`](crate::DisposeScope::of), [`Tracker::of`](crate::tracker::Tracker::of),
+/// [`TrainingMonitor::of`](crate::TrainingMonitor::of),
+/// [`GpuAccount::of`](crate::gpu::GpuAccount::of)), or `registered()` for the
+/// registry. A var store is a model too (`MemReporter::of(&vs)`). Each tool's
+/// `var_store(prefix, vs)`, `tensor(name, t)` and `optimizer(&opt)` add to its
+/// model. The out-of-memory recorder always names memory after the registry:
+/// it runs inside the allocator, where nothing else can be handed to it.
 ///
 /// ```
 /// use tch::{nn, Device, Kind, Tensor};
@@ -385,6 +389,47 @@ impl Default for Model {
         }
     }
 }
+
+/// The model of one var store, its variables under their own names: what
+/// makes `MemReporter::of(&vs)`, `Courtesy::of(&vs)` and the like read.
+impl From<&VarStore> for Model {
+    fn from(vs: &VarStore) -> Model {
+        Model::new().var_store("", vs)
+    }
+}
+
+/// The builders of every tool that names memory, which add to the tool's
+/// [`Model`]: one signature and one meaning for all of them.
+macro_rules! names_memory_after_its_model {
+    ($tool:ty, $model:ident) => {
+        impl $tool {
+            /// Adds a var store to the tool's model: its variables (and their
+            /// gradients) are named `prefix.variable`, or `variable` when
+            /// `prefix` is empty (see [`Model::var_store`](crate::Model::var_store)).
+            pub fn var_store(mut self, prefix: impl Into<String>, vs: &tch::nn::VarStore) -> Self {
+                self.$model.add_store(prefix, vs);
+                self
+            }
+
+            /// Adds a tensor (and its gradient, if it has one) to the tool's
+            /// model under `name` (see [`Model::tensor`](crate::Model::tensor)).
+            pub fn tensor(mut self, name: impl Into<String>, tensor: &tch::Tensor) -> Self {
+                self.$model.add_tensor(name, tensor);
+                self
+            }
+
+            /// Adds the state of `optimizer` to the tool's model, read now
+            /// under this borrow (see [`Model::optimizer`](crate::Model::optimizer)):
+            /// `fc.weight.exp_avg` and the like, with exact bytes. When it
+            /// cannot be read, the tool's first walk returns the error.
+            pub fn optimizer(mut self, optimizer: &tch::nn::Optimizer) -> Self {
+                self.$model.add_optimizer(optimizer);
+                self
+            }
+        }
+    };
+}
+pub(crate) use names_memory_after_its_model;
 
 impl Model {
     /// A model with nothing in it yet: add var stores, tensors and optimizers.

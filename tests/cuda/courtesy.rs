@@ -14,7 +14,7 @@ fn courtesy_gives_reserved_memory_back() {
     let vs = tch::nn::VarStore::new(GPU);
     let _model = cuda_model(&vs, 2048);
     let weights: Vec<Tensor> = vs.trainable_variables().iter().map(|t| t.to_device(tch::Device::Cpu)).collect();
-    let mut courtesy = memlab::Courtesy::only().var_store(&vs);
+    let mut courtesy = memlab::Courtesy::of(&vs);
     let report = courtesy.yield_memory().unwrap();
     println!("{report}");
     let c = report.devices[&Device::Cuda(0)];
@@ -38,7 +38,7 @@ fn train(steps: usize, yield_at: Option<usize>) -> Vec<f64> {
     let mut opt = tch::nn::Adam::default().build(&vs, 1e-3).unwrap();
     let x = Tensor::randn([256, 512], (Kind::Float, GPU));
     let y = Tensor::randint(10, [256], (Kind::Int64, GPU));
-    let mut courtesy = memlab::Courtesy::only().var_store(&vs);
+    let mut courtesy = memlab::Courtesy::of(&vs);
     let mut losses = Vec::new();
     for step in 0..steps {
         if Some(step) == yield_at {
@@ -74,7 +74,7 @@ fn courtesy_restore_survives_a_full_gpu() {
     let vs = tch::nn::VarStore::new(GPU);
     let _model = cuda_model(&vs, 2048);
     let weights: Vec<Tensor> = vs.trainable_variables().iter().map(|t| t.to_device(tch::Device::Cpu)).collect();
-    let mut courtesy = memlab::Courtesy::only().var_store(&vs);
+    let mut courtesy = memlab::Courtesy::of(&vs);
     courtesy.yield_memory().unwrap();
     // Someone else takes (nearly) the whole GPU.
     let (free, _) = memlab::gpu::cuda_mem_info(0).unwrap();
@@ -126,7 +126,7 @@ fn courtesy_moves_adam_state_and_training_goes_on_bit_identically() {
     assert!(state.iter().all(|r| r.bytes == 4096 * 4096 * 4), "{report}");
     assert!(rows.iter().any(|r| r.name == "l0.weight.exp_avg_sq"), "{report}");
 
-    let mut courtesy = memlab::Courtesy::only().var_store(&vs_a);
+    let mut courtesy = memlab::Courtesy::of(&vs_a);
     let report = courtesy.yield_memory_with(&mut opt_a).unwrap();
     println!("{report}");
     let c = report.devices[&Device::Cuda(0)];
@@ -168,7 +168,7 @@ fn courtesy_restore_with_optimizer_state_survives_a_full_gpu() {
     adam.backward_step(&model.forward(&x).square().mean(Kind::Float));
     // What the next step gives without any yield, from copies of everything.
     let state_before: Vec<Tensor> = vs.trainable_variables().iter().map(|t| t.to_device(tch::Device::Cpu)).collect();
-    let mut courtesy = memlab::Courtesy::only().var_store(&vs);
+    let mut courtesy = memlab::Courtesy::of(&vs);
     let report = courtesy.yield_memory_with(&mut adam).unwrap();
     assert!(report.to_text().contains("optimizer state"), "{report}");
     let (free, _) = memlab::gpu::cuda_mem_info(0).unwrap();

@@ -65,6 +65,12 @@ fn a_registered_optimizer_is_named_on_cuda() {
     let account = memlab::where_gpu_memory_went(0).unwrap();
     println!("{account}");
     assert_eq!(account.named, 4 * params, "{account}");
+    // Given a model instead of the registry: the var store names weights and
+    // gradients; its optimizer, added with the builder every tool has, the moments.
+    let of_store = memlab::gpu::GpuAccount::of(&vs, 0).unwrap();
+    assert_eq!(of_store.named, 2 * params, "{of_store}");
+    let with_state = memlab::gpu::GpuAccount::of(memlab::Model::from(&vs).optimizer(&opt), 0).unwrap();
+    assert_eq!(with_state.named, 4 * params, "{with_state}");
     // Courtesy::new moves the registered state with the model.
     let mut courtesy = memlab::Courtesy::new();
     let report = courtesy.yield_memory().unwrap();

@@ -58,7 +58,7 @@ fn training_monitor_on_cuda() {
     let mut opt = nn::Adam::default().build(&vs, 1e-3).unwrap();
     let x = Tensor::randn([64, 256], (Kind::Float, GPU));
     let mut monitor =
-        memlab::TrainingMonitor::new(&vs).print_period(0).optimizer(memlab::StepOptimizer::Adam).csv_dir(&dir);
+        memlab::TrainingMonitor::new(&vs).print_period(0).optimizer_kind(memlab::StepOptimizer::Adam).csv_dir(&dir);
     for i in 0..3 {
         let loss = model.forward(&x).relu().mean(Kind::Float);
         if i == 2 {
