@@ -169,10 +169,17 @@ pub use memlab_core::{Device, Error, Result};
 pub use memlab_tch::{clear_registry, register_tensor, register_var_store, Recording};
 pub use named::{register_optimizer, Model, RegisteredOptimizer};
 
-/// Gives each report type its `Display` (the text rendering), as
+/// Gives each report type (which describes itself as a `Document`, see
+/// [`Render`]) its `Display`: the text rendering, what `{}` prints, as
 /// `memlab_core`'s reports have it.
 macro_rules! displayed_as_text {
-    ($($report:ty),* $(,)?) => { memlab_core::displayed_as_text!($($report),*); };
+    ($($report:ty),* $(,)?) => {$(
+        impl std::fmt::Display for $report {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str(&memlab_core::render::Render::to_text(self))
+            }
+        }
+    )*};
 }
 
 // The tools' frames are memlab's, not the user's; the tests and examples

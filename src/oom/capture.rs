@@ -8,9 +8,9 @@ use std::sync::{Arc, OnceLock};
 
 use memlab_core::events::{self, Backtrace, Frame, LiveAllocation};
 use memlab_core::oom::Failure;
-use memlab_core::{Backend, Device};
-use memlab_tch::BACKEND;
+use memlab_core::Device;
 
+use super::files::{fits, room};
 use super::{FailingThread, Holders, LeftOut, NamedHolder, NamedRest, OomReport, SiteHolder};
 use crate::attribution::{attribute, site_label};
 use crate::diagnosis::diagnose;
@@ -20,20 +20,6 @@ use crate::named::{self, Model};
 const TOP_HOLDERS: usize = 20;
 /// Frames shown under an unnamed site.
 const SITE_FRAMES: usize = 6;
-
-/// What this process could still obtain now, in bytes: the host's free
-/// memory, or what its address-space or cgroup limit leaves (the reserve,
-/// once given back, included); `None` where nothing can be read.
-pub(super) fn room() -> Option<u64> {
-    BACKEND.device_memory(Device::Cpu).ok().map(|m| m.free)
-}
-
-/// Whether a part estimated to take `needed` bytes fits in what is left
-/// (with a quarter on top for the allocator's own overhead and the rest
-/// of the report); a part fits where nothing can be read.
-pub(super) fn fits(needed: u64, available: Option<u64>) -> bool {
-    available.is_none_or(|room| needed.saturating_add(needed / 4) <= room)
-}
 
 /// This process's part of every report's file name: the host's name and
 /// the process's start, `host_YYYYMMDDTHHMMSS` (read once: the reports of

@@ -8,10 +8,24 @@ use memlab_core::events;
 use memlab_core::oom::{LeftOut, OomReport};
 use memlab_core::render::Render;
 use memlab_core::sync::LockExt;
-use memlab_core::{Error, Result};
+use memlab_core::{Backend, Device, Error, Result};
+use memlab_tch::BACKEND;
 
-use super::capture::{fits, room};
 use crate::named::Model;
+
+/// What this process could still obtain now, in bytes: the host's free
+/// memory, or what its address-space or cgroup limit leaves (the reserve,
+/// once given back, included); `None` where nothing can be read.
+pub(super) fn room() -> Option<u64> {
+    BACKEND.device_memory(Device::Cpu).ok().map(|m| m.free)
+}
+
+/// Whether a part estimated to take `needed` bytes fits in what is left
+/// (with a quarter on top for the allocator's own overhead and the rest
+/// of the report); a part fits where nothing can be read.
+pub(super) fn fits(needed: u64, available: Option<u64>) -> bool {
+    available.is_none_or(|room| needed.saturating_add(needed / 4) <= room)
+}
 
 /// Writes `bytes` into `file`, a report's file created for them.
 fn write_to(mut file: std::fs::File, bytes: &[u8]) -> Result<()> {

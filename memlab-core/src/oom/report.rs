@@ -262,7 +262,7 @@ impl OomReport {
     }
 }
 
-crate::displayed_as_text!(OomReport);
+crate::render::displayed_as_text!(OomReport);
 
 impl Render for OomReport {
     fn document(&self) -> Document {
@@ -461,7 +461,7 @@ impl Render for OomReport {
     }
 }
 
-crate::displayed_as_text!(Diagnosis);
+crate::render::displayed_as_text!(Diagnosis);
 
 impl Render for Diagnosis {
     fn document(&self) -> Document {

@@ -21,18 +21,18 @@ use crate::error::{Error, Result};
 use crate::events::LiveAllocation;
 
 /// Gives each report type (which describes itself as a `Document`, see
-/// [`Render`]) its `Display`: the text rendering, what `{}` prints.
-#[doc(hidden)]
-#[macro_export]
+/// [`Render`]) its `Display`: the text rendering, what `{}` prints. The
+/// `memlab` crate has the same for its reports.
 macro_rules! displayed_as_text {
     ($($report:ty),* $(,)?) => {$(
         impl std::fmt::Display for $report {
             fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-                f.write_str(&$crate::render::Render::to_text(self))
+                f.write_str(&crate::render::Render::to_text(self))
             }
         }
     )*};
 }
+pub(crate) use displayed_as_text;
 
 /// `label` followed by dots up to `width`, then `value` right-aligned in ten
 /// columns: the rows of the summaries (`parameters............  1.00M`).

@@ -382,7 +382,7 @@ impl<'de> serde::Deserialize<'de> for Report {
     }
 }
 
-crate::displayed_as_text!(Report);
+crate::render::displayed_as_text!(Report);
 
 /// A function name as a user writes it, read the way paths are displayed.
 struct Query {
