@@ -49,6 +49,12 @@ fn cuda_oom_reports_tell_an_oversize_request_from_a_model_too_large() {
     assert!(full.holders.named.iter().all(|n| n.name.starts_with("huge.layer")), "{:?}", full.holders.named);
     assert!(d.advice.contains("The largest holders: huge.layer"), "{}", d.advice);
     assert!(full.files[0].exists());
+    // The report's JSON reads back through the model that wrote it (what
+    // `memlab merge` does), every CUDA figure included.
+    let json = full.files.iter().find(|f| f.extension().is_some_and(|e| e == "json")).expect("the report's JSON");
+    let read = memlab::oom::OomReport::read(json).unwrap();
+    assert_eq!(read.to_text(), full.to_text());
+    assert_eq!(read.diagnosis.figures, d.figures);
     println!("{}", full.to_text());
     drop((layers, vs));
     memlab::gpu::empty_cache().unwrap();
