@@ -1,6 +1,6 @@
 //! The devices memlab reads figures for, and how a profiled function picks
 //! one. The bottom layer of memlab-core: it imports no other module (a string
-//! that is no device is a [`ParseDeviceError`], which [`Error`](crate::Error)
+//! that is no device is a [`ParseDeviceError`], which [`Error`](crate::error::Error)
 //! takes in with `?`).
 
 use std::fmt;

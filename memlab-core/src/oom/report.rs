@@ -42,7 +42,7 @@ pub struct NamedHolder {
     /// Its name (the first of its views, with how many more there are).
     pub name: String,
     /// What it is.
-    pub kind: crate::TensorKind,
+    pub kind: crate::kind::TensorKind,
     /// Its bytes.
     pub bytes: u64,
 }
