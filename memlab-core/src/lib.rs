@@ -14,6 +14,7 @@ pub mod kind;
 pub mod oom;
 pub mod profiler;
 pub mod render;
+pub mod replay;
 pub mod report;
 pub mod run;
 pub mod stats;

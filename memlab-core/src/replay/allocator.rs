@@ -1,0 +1,637 @@
+//! libtorch 2.11's CUDA caching allocator (the native backend) as a model:
+//! the same rounding, pools, best fit, splitting and merging, segment sizes,
+//! `max_split_size` rules, garbage collection, free-and-retry path and
+//! statistics, over a device of a given capacity. Read in PyTorch's
+//! `c10/cuda/CUDACachingAllocator.cpp` as shipped in 2.11.0 (git 70d99e99);
+//! the comments name the function each part follows
+//! (`DeviceCachingAllocator::malloc` and the functions it calls).
+//!
+//! Not modelled (each refused where it could change a figure): expandable
+//! segments, CUDA graph pools and `MemPool`s, IPC. Stream work is
+//! instantaneous unless a free is deferred ([`CachingAllocator::free_deferred`]).
+
+use std::collections::BTreeSet;
+
+use super::config::{AllocatorConfig, MIB, MIN_LARGE_ALLOC};
+use crate::error::{Error, Result};
+use crate::stats::{DeviceStats, Stat, StatArray};
+
+/// `kMinBlockSize`: every block is a multiple of it.
+pub const MIN_BLOCK: u64 = 512;
+/// `kSmallSize`: requests up to it use the small pool.
+pub const SMALL_SIZE: u64 = MIB;
+/// `kSmallBuffer`: the small pool's segment.
+pub const SMALL_BUFFER: u64 = 2 * MIB;
+/// `kRoundLarge`: large segments from 10 MiB are multiples of it.
+pub const ROUND_LARGE: u64 = 2 * MIB;
+
+/// A block the model handed out, by its number.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BlockId(usize);
+
+/// What the model's device did with a segment.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum SegmentAction {
+    /// `cudaMalloc` of a segment.
+    Alloc,
+    /// `cudaFree` of a segment.
+    Free,
+}
+
+/// A segment obtained or given back, in the order the allocator did it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct SegmentEvent {
+    /// Obtained or given back.
+    pub action: SegmentAction,
+    /// The model's address of the segment.
+    pub address: u64,
+    /// Its bytes.
+    pub size: u64,
+    /// The stream it serves.
+    pub stream: u64,
+}
+
+/// A request the model could not serve: what libtorch's out-of-memory
+/// error would say.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct ModelOom {
+    /// The bytes asked for.
+    pub requested: u64,
+    /// The segment the allocator tried to obtain for it.
+    pub segment: u64,
+    /// The stream.
+    pub stream: u64,
+    /// Reserved bytes then (after the allocator gave back what it could).
+    pub reserved: u64,
+    /// Allocated bytes then.
+    pub allocated: u64,
+    /// What the allocator may hold: the capacity, or the memory fraction's limit.
+    pub limit: u64,
+}
+
+/// One block of a segment: free (in its pool) or handed out.
+#[derive(Clone, Debug)]
+struct Block {
+    address: u64,
+    size: u64,
+    /// The request's bytes (`requested_size`), while allocated.
+    requested: u64,
+    stream: u64,
+    small: bool,
+    allocated: bool,
+    /// Freed by its owner, waiting for the streams that used it.
+    waiting: bool,
+    prev: Option<usize>,
+    next: Option<usize>,
+    /// The pool's `get_free_block` count when the block became free (`gc_count_base`).
+    gc_base: u64,
+    /// Whether the slot holds a block (slots are reused).
+    live: bool,
+}
+
+impl Block {
+    fn is_split(&self) -> bool {
+        self.prev.is_some() || self.next.is_some()
+    }
+}
+
+/// Free blocks ordered as `BlockComparatorSize`: stream, size, address.
+#[derive(Default, Debug)]
+struct Pool {
+    free: BTreeSet<(u64, u64, u64, usize)>,
+    /// `get_free_blocks_call_count`: the garbage collector's clock.
+    calls: u64,
+}
+
+/// The allocator of one device.
+#[derive(Debug)]
+pub struct CachingAllocator {
+    config: AllocatorConfig,
+    /// The bytes `cudaMalloc` can obtain in all: what the device has for this allocator.
+    capacity: u64,
+    /// The memory fraction's limit (`allowed_memory_maximum`), below 1 only.
+    allowed: Option<u64>,
+    blocks: Vec<Block>,
+    spare: Vec<usize>,
+    small: Pool,
+    large: Pool,
+    /// `total_allocated_memory`: the bytes of the segments held.
+    reserved: u64,
+    next_address: u64,
+    stats: DeviceStats,
+    segments: Vec<SegmentEvent>,
+}
+
+/// The pools a block's figures count in: all, and its own.
+fn bump(array: &mut StatArray, small: bool, by: i64) {
+    for stat in [&mut array.all, if small { &mut array.small_pool } else { &mut array.large_pool }] {
+        change(stat, by);
+    }
+}
+
+fn change(stat: &mut Stat, by: i64) {
+    stat.current += by;
+    if by > 0 {
+        stat.allocated += by;
+        stat.peak = stat.peak.max(stat.current);
+    } else {
+        stat.freed -= by;
+    }
+}
+
+impl CachingAllocator {
+    /// An allocator with `config` on a device whose allocator can obtain
+    /// `capacity` bytes in all (what `cudaMalloc` can get before it fails),
+    /// of `total` bytes (`totalGlobalMem`, the base of the memory fraction).
+    /// Refuses the settings it does not model.
+    pub fn new(config: AllocatorConfig, capacity: u64, total: u64) -> Result<CachingAllocator> {
+        if config.expandable_segments {
+            return Err(Error::InvalidArgument(
+                "expandable_segments:True is not modelled yet: replay without it".into(),
+            ));
+        }
+        let mut allocator = CachingAllocator {
+            capacity,
+            allowed: None,
+            blocks: Vec::new(),
+            spare: Vec::new(),
+            small: Pool::default(),
+            large: Pool::default(),
+            reserved: 0,
+            // Away from 0, aligned as the driver aligns large allocations.
+            next_address: 1 << 32,
+            stats: DeviceStats::default(),
+            segments: Vec::new(),
+            config,
+        };
+        allocator.stats.max_split_size = allocator.config.max_split_size.map_or(-1, |m| m as i64);
+        let fraction = allocator.config.memory_fraction;
+        allocator.set_memory_fraction(fraction, total)?;
+        Ok(allocator)
+    }
+
+    /// `set_per_process_memory_fraction(fraction)`: the allocator may hold
+    /// at most `fraction` of `total` bytes; 1 takes the limit away
+    /// (`setMemoryFraction`).
+    pub fn set_memory_fraction(&mut self, fraction: f64, total: u64) -> Result<()> {
+        if !(0.0..=1.0).contains(&fraction) {
+            return Err(Error::InvalidArgument(format!("memory fraction {fraction} is not between 0 and 1")));
+        }
+        self.allowed = (fraction < 1.0).then_some((fraction * total as f64) as u64);
+        Ok(())
+    }
+
+    /// The settings.
+    pub fn config(&self) -> &AllocatorConfig {
+        &self.config
+    }
+
+    /// The statistics, as `torch.cuda.memory_stats()` gives them.
+    pub fn stats(&self) -> &DeviceStats {
+        &self.stats
+    }
+
+    /// Every segment obtained and given back, in order.
+    pub fn segment_events(&self) -> &[SegmentEvent] {
+        &self.segments
+    }
+
+    /// The address and size of a block handed out.
+    pub fn block(&self, id: BlockId) -> (u64, u64) {
+        let b = &self.blocks[id.0];
+        (b.address, b.size)
+    }
+
+    /// `round_size`: a request's block size.
+    pub fn round_size(&self, size: u64) -> u64 {
+        if size < MIN_BLOCK {
+            return MIN_BLOCK;
+        }
+        let divisions = self.config.divisions(size);
+        if divisions > 1 && size > MIN_BLOCK * divisions {
+            return next_division(size, divisions);
+        }
+        size.div_ceil(MIN_BLOCK) * MIN_BLOCK
+    }
+
+    /// `get_allocation_size`: the segment obtained for a block of `size`.
+    pub fn segment_size(&self, size: u64) -> u64 {
+        if size <= SMALL_SIZE {
+            SMALL_BUFFER
+        } else if size < MIN_LARGE_ALLOC {
+            self.config.large_segment_size
+        } else {
+            size.div_ceil(ROUND_LARGE) * ROUND_LARGE
+        }
+    }
+
+    fn max_split(&self) -> u64 {
+        self.config.max_split_size.unwrap_or(u64::MAX)
+    }
+
+    fn gc_enabled(&self) -> bool {
+        self.allowed.is_some() && self.config.garbage_collection_threshold > 0.0
+    }
+
+    fn pool(&mut self, small: bool) -> &mut Pool {
+        if small {
+            &mut self.small
+        } else {
+            &mut self.large
+        }
+    }
+
+    fn insert_free(&mut self, id: usize) {
+        let (small, key) = {
+            let b = &self.blocks[id];
+            (b.small, (b.stream, b.size, b.address, id))
+        };
+        let pool = self.pool(small);
+        let calls = pool.calls;
+        pool.free.insert(key);
+        self.blocks[id].gc_base = calls;
+    }
+
+    fn remove_free(&mut self, id: usize) {
+        let b = &self.blocks[id];
+        let key = (b.stream, b.size, b.address, id);
+        let small = b.small;
+        self.pool(small).free.remove(&key);
+    }
+
+    fn new_block(&mut self, block: Block) -> usize {
+        match self.spare.pop() {
+            Some(slot) => {
+                self.blocks[slot] = block;
+                slot
+            }
+            None => {
+                self.blocks.push(block);
+                self.blocks.len() - 1
+            }
+        }
+    }
+
+    /// `malloc`: a block of at least `size` bytes for `stream`, or the
+    /// out-of-memory error libtorch would raise (counted in `num_ooms`).
+    pub fn malloc(&mut self, size: u64, stream: u64) -> std::result::Result<BlockId, ModelOom> {
+        let rounded = self.round_size(size);
+        let small = rounded <= SMALL_SIZE;
+        let segment = self.segment_size(rounded);
+        let found = match self.free_block(small, stream, rounded) {
+            Some(id) => Some(id),
+            None => {
+                if self.gc_enabled() {
+                    self.collect_garbage();
+                }
+                self.new_segment(small, stream, segment, false)
+                    .or_else(|| {
+                        self.release_available(small, stream, rounded)
+                            .then(|| self.new_segment(small, stream, segment, false))
+                            .flatten()
+                    })
+                    .or_else(|| {
+                        self.release_cached();
+                        self.new_segment(small, stream, segment, true)
+                    })
+            }
+        };
+        let Some(id) = found else {
+            self.stats.num_ooms += 1;
+            return Err(ModelOom {
+                requested: size,
+                segment,
+                stream,
+                reserved: self.reserved,
+                allocated: self.stats.allocated_bytes.all.current as u64,
+                limit: self.allowed.unwrap_or(self.capacity),
+            });
+        };
+        Ok(BlockId(self.hand_out(id, rounded, size)))
+    }
+
+    /// `get_free_block`: the smallest free block of the pool on `stream`
+    /// that fits, unless the `max_split_size` rules refuse it.
+    fn free_block(&mut self, small: bool, stream: u64, size: u64) -> Option<usize> {
+        let gc = self.gc_enabled();
+        let (mss, rounding) = (self.max_split(), self.config.max_non_split_rounding);
+        let pool = self.pool(small);
+        if gc {
+            pool.calls += 1;
+        }
+        let &(s, block_size, _, id) = pool.free.range((stream, size, 0, 0)..).next()?;
+        if s != stream {
+            // Blocks of other streams are never handed out.
+            return None;
+        }
+        // An oversize block never serves a request below max_split_size; an
+        // oversize request takes a block at most max_non_split_rounding larger.
+        if (size < mss && block_size >= mss) || (size >= mss && block_size >= size.saturating_add(rounding)) {
+            return None;
+        }
+        self.remove_free(id);
+        Some(id)
+    }
+
+    /// `alloc_block`: a new segment of `bytes` for `stream`, unless the
+    /// memory fraction or the device's capacity refuses it.
+    fn new_segment(&mut self, small: bool, stream: u64, bytes: u64, retry: bool) -> Option<usize> {
+        if retry {
+            self.stats.num_alloc_retries += 1;
+        }
+        if self.allowed.is_some_and(|allowed| self.reserved + bytes > allowed) || self.reserved + bytes > self.capacity
+        {
+            return None;
+        }
+        let address = self.next_address;
+        self.next_address += bytes.div_ceil(ROUND_LARGE) * ROUND_LARGE;
+        self.reserved += bytes;
+        bump(&mut self.stats.segment, small, 1);
+        bump(&mut self.stats.reserved_bytes, small, bytes as i64);
+        if bytes >= self.max_split() {
+            change(&mut self.stats.oversize_segments, 1);
+        }
+        self.stats.num_device_alloc += 1;
+        self.segments.push(SegmentEvent { action: SegmentAction::Alloc, address, size: bytes, stream });
+        Some(self.new_block(Block {
+            address,
+            size: bytes,
+            requested: 0,
+            stream,
+            small,
+            allocated: false,
+            waiting: false,
+            prev: None,
+            next: None,
+            gc_base: 0,
+            live: true,
+        }))
+    }
+
+    /// `alloc_found_block`: hands out `id` for a request of `size` bytes
+    /// (`requested` before rounding), splitting off the rest where
+    /// `should_split` says so.
+    fn hand_out(&mut self, id: usize, size: u64, requested: u64) -> usize {
+        let (small, block_size, already_split) = {
+            let b = &self.blocks[id];
+            (b.small, b.size, b.is_split())
+        };
+        let remaining = block_size - size;
+        let split = if small { remaining >= MIN_BLOCK } else { size < self.max_split() && remaining > SMALL_SIZE };
+        let id = if split {
+            // The request takes the low addresses; the old block keeps the rest.
+            let old = self.blocks[id].clone();
+            let taken = self.new_block(Block { size, prev: old.prev, next: Some(id), ..old });
+            if let Some(p) = old.prev {
+                self.blocks[p].next = Some(taken);
+            }
+            let rest = &mut self.blocks[id];
+            rest.address += size;
+            rest.size -= size;
+            rest.prev = Some(taken);
+            self.insert_free(id);
+            if already_split {
+                bump(&mut self.stats.inactive_split_bytes, small, -(size as i64));
+            } else {
+                bump(&mut self.stats.inactive_split_bytes, small, remaining as i64);
+                bump(&mut self.stats.inactive_split, small, 1);
+            }
+            taken
+        } else {
+            if already_split {
+                bump(&mut self.stats.inactive_split_bytes, small, -(block_size as i64));
+                bump(&mut self.stats.inactive_split, small, -1);
+            }
+            id
+        };
+        let b = &mut self.blocks[id];
+        b.allocated = true;
+        b.requested = requested;
+        let size = b.size as i64;
+        bump(&mut self.stats.allocation, small, 1);
+        bump(&mut self.stats.allocated_bytes, small, size);
+        bump(&mut self.stats.active, small, 1);
+        bump(&mut self.stats.active_bytes, small, size);
+        bump(&mut self.stats.requested_bytes, small, requested as i64);
+        if size as u64 >= self.max_split() {
+            change(&mut self.stats.oversize_allocations, 1);
+        }
+        id
+    }
+
+    /// `free`: the block's owner lets it go, and it is free at once.
+    pub fn free(&mut self, id: BlockId) {
+        self.free_deferred(id);
+        self.complete_free(id);
+    }
+
+    /// `free` of a block that another stream still uses (`record_stream`):
+    /// no longer allocated, but active, and not reusable until
+    /// [`complete_free`](Self::complete_free) (the streams' events done) or
+    /// an `empty_cache` (which waits for them).
+    pub fn free_deferred(&mut self, id: BlockId) {
+        let mss = self.max_split();
+        let b = &mut self.blocks[id.0];
+        assert!(b.live && b.allocated, "a block handed out and not freed");
+        b.allocated = false;
+        b.waiting = true;
+        let (small, size) = (b.small, b.size);
+        bump(&mut self.stats.allocation, small, -1);
+        bump(&mut self.stats.allocated_bytes, small, -(size as i64));
+        if size >= mss {
+            change(&mut self.stats.oversize_allocations, -1);
+        }
+    }
+
+    /// The streams that used a block deferred by
+    /// [`free_deferred`](Self::free_deferred) are done: it goes back to its pool.
+    pub fn complete_free(&mut self, id: BlockId) {
+        if self.blocks[id.0].waiting {
+            self.release_to_pool(id.0);
+        }
+    }
+
+    /// `free_block`: merges a freed block with its free neighbours and puts
+    /// it in its pool.
+    fn release_to_pool(&mut self, id: usize) {
+        let (small, original, requested) = {
+            let b = &mut self.blocks[id];
+            b.waiting = false;
+            (b.small, b.size, b.requested)
+        };
+        let (mut net_blocks, mut net_bytes) = (0i64, 0i64);
+        for neighbour in [self.blocks[id].prev, self.blocks[id].next] {
+            let merged = self.merge(id, neighbour);
+            if merged > 0 {
+                net_blocks -= 1;
+                net_bytes -= merged as i64;
+            }
+        }
+        self.insert_free(id);
+        let b = &self.blocks[id];
+        if b.is_split() {
+            net_blocks += 1;
+            net_bytes += b.size as i64;
+        }
+        bump(&mut self.stats.inactive_split, small, net_blocks);
+        bump(&mut self.stats.inactive_split_bytes, small, net_bytes);
+        bump(&mut self.stats.active, small, -1);
+        bump(&mut self.stats.active_bytes, small, -(original as i64));
+        bump(&mut self.stats.requested_bytes, small, -(requested as i64));
+    }
+
+    /// `try_merge_blocks`: absorbs `other` into `id` when it is free;
+    /// returns the bytes absorbed.
+    fn merge(&mut self, id: usize, other: Option<usize>) -> u64 {
+        let Some(other) = other else { return 0 };
+        let o = &self.blocks[other];
+        if o.allocated || o.waiting {
+            return 0;
+        }
+        let (o_address, o_size, o_prev, o_next) = (o.address, o.size, o.prev, o.next);
+        self.remove_free(other);
+        let b = &mut self.blocks[id];
+        if b.prev == Some(other) {
+            b.address = o_address;
+            b.prev = o_prev;
+            if let Some(p) = o_prev {
+                self.blocks[p].next = Some(id);
+            }
+        } else {
+            b.next = o_next;
+            if let Some(n) = o_next {
+                self.blocks[n].prev = Some(id);
+            }
+        }
+        self.blocks[id].size += o_size;
+        self.blocks[other].live = false;
+        self.spare.push(other);
+        o_size
+    }
+
+    /// `release_block`: gives a whole free segment back to the device.
+    fn release_segment(&mut self, id: usize) {
+        self.remove_free(id);
+        let b = &mut self.blocks[id];
+        b.live = false;
+        let (small, size, address, stream) = (b.small, b.size, b.address, b.stream);
+        self.spare.push(id);
+        self.reserved -= size;
+        bump(&mut self.stats.segment, small, -1);
+        bump(&mut self.stats.reserved_bytes, small, -(size as i64));
+        if size >= self.max_split() {
+            change(&mut self.stats.oversize_segments, -1);
+        }
+        self.stats.num_device_free += 1;
+        self.segments.push(SegmentEvent { action: SegmentAction::Free, address, size, stream });
+    }
+
+    /// `release_available_cached_blocks`: with `max_split_size` set, gives
+    /// back the pool's oversize free blocks of `stream` to make room for a
+    /// request of `size`: the smallest one large enough, else the largest
+    /// first until enough is given back.
+    fn release_available(&mut self, small: bool, stream: u64, size: u64) -> bool {
+        let Some(mss) = self.config.max_split_size else { return false };
+        let key = size.max(mss);
+        let pool = if small { &self.small } else { &self.large };
+        let at_or_after: Vec<(u64, u64, u64, usize)> =
+            pool.free.range((stream, key, 0, 0)..).take(1).copied().collect();
+        if let Some(&(s, _, _, id)) = at_or_after.first() {
+            if s == stream {
+                self.release_segment(id);
+                return true;
+            }
+        }
+        // Below the key, largest first: oversize blocks of this stream.
+        let below: Vec<(u64, u64, u64, usize)> = pool.free.range(..(stream, key, 0, 0)).rev().copied().collect();
+        let mut released = 0;
+        for (s, block_size, _, id) in below {
+            if released >= key || block_size < mss || s != stream {
+                break;
+            }
+            released += block_size;
+            self.release_segment(id);
+        }
+        released >= key
+    }
+
+    /// `release_cached_blocks`: waits for every stream (deferred frees
+    /// complete), then gives back every free block that is a whole segment.
+    fn release_cached(&mut self) {
+        let waiting: Vec<usize> =
+            (0..self.blocks.len()).filter(|&i| self.blocks[i].live && self.blocks[i].waiting).collect();
+        for id in waiting {
+            self.release_to_pool(id);
+        }
+        self.stats.num_sync_all_streams += 1;
+        for small in [false, true] {
+            let pool = if small { &self.small } else { &self.large };
+            let whole: Vec<usize> =
+                pool.free.iter().map(|&(_, _, _, id)| id).filter(|&id| !self.blocks[id].is_split()).collect();
+            for id in whole {
+                self.release_segment(id);
+            }
+        }
+    }
+
+    /// `emptyCache`: gives back every cached segment nothing uses.
+    pub fn empty_cache(&mut self) {
+        self.release_cached();
+    }
+
+    /// `garbage_collect_cached_blocks`: above the threshold share of the
+    /// memory fraction's limit, gives back the large pool's unsplit free
+    /// segments that have waited longest (at least the average wait), pass
+    /// after pass, until enough is given back.
+    fn collect_garbage(&mut self) {
+        let Some(allowed) = self.allowed else { return };
+        let threshold = (self.config.garbage_collection_threshold * allowed as f64) as u64;
+        if self.reserved <= threshold {
+            return;
+        }
+        let target = self.reserved - threshold;
+        let calls = self.large.calls;
+        let age = |b: &Block| calls.saturating_sub(b.gc_base);
+        let candidates = |this: &CachingAllocator| -> Vec<usize> {
+            this.large.free.iter().map(|&(_, _, _, id)| id).filter(|&id| !this.blocks[id].is_split()).collect()
+        };
+        let mut total_age: u64 = candidates(self).iter().map(|&id| age(&self.blocks[id])).sum();
+        let mut count = candidates(self).len() as u64;
+        let mut reclaimed = 0;
+        let mut freed = true;
+        while reclaimed < target && freed && count > 0 {
+            let average = total_age as f64 / count as f64;
+            freed = false;
+            for id in candidates(self) {
+                let b = &self.blocks[id];
+                if age(b) as f64 >= average {
+                    freed = true;
+                    reclaimed += b.size;
+                    total_age -= age(b);
+                    count -= 1;
+                    self.release_segment(id);
+                }
+            }
+        }
+    }
+}
+
+/// `roundup_power2_next_division`: `size` rounded up to the next of
+/// `divisions` equal steps between two powers of two.
+fn next_division(size: u64, divisions: u64) -> u64 {
+    if size.is_power_of_two() {
+        return size;
+    }
+    let floor = 1u64 << (63 - size.leading_zeros());
+    let step = floor >> (63 - divisions.leading_zeros());
+    if step == 0 {
+        return floor << 1;
+    }
+    let down = size & !(step - 1);
+    if down == size {
+        size
+    } else {
+        down + step
+    }
+}

@@ -1,0 +1,37 @@
+//! libtorch's CUDA caching allocator as a model, to replay a recording
+//! under other settings: "would `expandable_segments` have avoided this
+//! out-of-memory error?", answered without a GPU.
+//!
+//! [`AllocatorConfig`] parses settings as `PYTORCH_CUDA_ALLOC_CONF` writes
+//! them; [`CachingAllocator`] follows libtorch 2.11's allocator request by
+//! request, over a device of a given capacity, and keeps the same
+//! statistics (`torch.cuda.memory_stats()`) and the segments it obtains and
+//! gives back, so that a replay under the recorded settings can be checked
+//! against the allocator's own segment events.
+//!
+//! ```
+//! use memlab_core::replay::{AllocatorConfig, CachingAllocator};
+//!
+//! const MIB: u64 = 1 << 20;
+//! let config = AllocatorConfig::parse("max_split_size_mb:64")?;
+//! let mut gpu = CachingAllocator::new(config, 1 << 30, 80 << 30)?;
+//! let a = gpu.malloc(3 * MIB, 0).unwrap();   // a 20 MiB segment, split
+//! let b = gpu.malloc(5 * MIB, 0).unwrap();   // from its rest
+//! assert_eq!(gpu.stats().reserved_bytes.all.current, 20 * MIB as i64);
+//! gpu.free(a);
+//! gpu.free(b);
+//! gpu.empty_cache();                         // the segment is whole again: given back
+//! assert_eq!(gpu.stats().reserved_bytes.all.current, 0);
+//! # Ok::<(), memlab_core::Error>(())
+//! ```
+
+mod allocator;
+mod config;
+
+pub use allocator::{
+    BlockId, CachingAllocator, ModelOom, SegmentAction, SegmentEvent, MIN_BLOCK, ROUND_LARGE, SMALL_BUFFER, SMALL_SIZE,
+};
+pub use config::{AllocatorConfig, DIVISION_BUCKETS, MIB, MIN_LARGE_ALLOC};
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,299 @@
+//! One test per rule of the allocator model, each on a short hand-made
+//! sequence whose outcome is worked out in its comments from libtorch
+//! 2.11's source (`CUDACachingAllocator.cpp`).
+
+use super::*;
+
+const GIB: u64 = 1 << 30;
+
+fn gpu(conf: &str) -> CachingAllocator {
+    CachingAllocator::new(AllocatorConfig::parse(conf).unwrap(), 80 * GIB, 80 * GIB).unwrap()
+}
+
+fn reserved(a: &CachingAllocator) -> u64 {
+    a.stats().reserved_bytes.all.current as u64
+}
+
+fn allocated(a: &CachingAllocator) -> u64 {
+    a.stats().allocated_bytes.all.current as u64
+}
+
+fn segments(a: &CachingAllocator) -> Vec<(SegmentAction, u64)> {
+    a.segment_events().iter().map(|e| (e.action, e.size)).collect()
+}
+
+use SegmentAction::{Alloc, Free};
+
+#[test]
+fn requests_round_to_512_bytes_and_to_power_of_two_divisions() {
+    let a = gpu("");
+    // Below 512: 512. Otherwise up to a multiple of 512.
+    assert_eq!((a.round_size(1), a.round_size(512), a.round_size(513)), (512, 512, 1024));
+    // 1200 B with 4 divisions: 1200 is not above 512 × 4, so plain 512 rounding: 1536.
+    let d = gpu("roundup_power2_divisions:4");
+    assert_eq!(d.round_size(1200), 1536);
+    // 5 MiB + 1 with 4 divisions: between 4 and 8 MiB the steps are 1 MiB: 6 MiB.
+    assert_eq!(d.round_size(5 * MIB + 1), 6 * MIB);
+    // A power of two stays.
+    assert_eq!(d.round_size(8 * MIB), 8 * MIB);
+    // 5 MiB + 1 without divisions: 5 MiB + 512.
+    assert_eq!(a.round_size(5 * MIB + 1), 5 * MIB + 512);
+}
+
+#[test]
+fn segments_are_2_mib_small_20_mib_large_and_rounded_from_10_mib() {
+    let a = gpu("");
+    // Up to 1 MiB: the small pool's 2 MiB segment; below 10 MiB: 20 MiB;
+    // from 10 MiB: the request rounded up to 2 MiB.
+    assert_eq!(a.segment_size(MIB), 2 * MIB);
+    assert_eq!(a.segment_size(MIB + 512), 20 * MIB);
+    assert_eq!(a.segment_size(10 * MIB - 512), 20 * MIB);
+    assert_eq!(a.segment_size(10 * MIB), 10 * MIB);
+    assert_eq!(a.segment_size(11 * MIB + 1), 12 * MIB);
+    // large_segment_size_mb changes the 1-10 MiB segment.
+    assert_eq!(gpu("large_segment_size_mb:32").segment_size(5 * MIB), 32 * MIB);
+}
+
+#[test]
+fn a_small_segment_splits_down_to_512_bytes_and_merges_back() {
+    let mut a = gpu("");
+    // 1000 B → 1024 B block from a new 2 MiB segment; the rest (2 MiB − 1 KiB) stays free.
+    let x = a.malloc(1000, 0).unwrap();
+    assert_eq!(segments(&a), [(Alloc, 2 * MIB)]);
+    assert_eq!(a.block(x).1, 1024);
+    let s = a.stats();
+    assert_eq!((s.allocated_bytes.all.current, s.requested_bytes.all.current), (1024, 1000));
+    assert_eq!((s.inactive_split.small_pool.current, s.inactive_split_bytes.all.current), (1, 2 * MIB as i64 - 1024));
+    // A second request is served from the rest: no new segment, at the next address.
+    let y = a.malloc(MIB, 0).unwrap();
+    assert_eq!(a.block(y).0, a.block(x).0 + 1024);
+    assert_eq!(a.segment_events().len(), 1);
+    // Freeing both merges the segment whole: no split block is left.
+    a.free(x);
+    a.free(y);
+    let s = a.stats();
+    assert_eq!((s.inactive_split.all.current, s.inactive_split_bytes.all.current, s.active.all.current), (0, 0, 0));
+    assert_eq!(reserved(&a), 2 * MIB, "freeing never gives memory back");
+}
+
+#[test]
+fn a_large_block_splits_only_when_more_than_1_mib_would_remain() {
+    let mut a = gpu("");
+    // 11 MiB → a 12 MiB segment; 1 MiB would remain, not more: no split,
+    // and the block counts all 12 MiB as allocated.
+    let x = a.malloc(11 * MIB, 0).unwrap();
+    assert_eq!((a.block(x).1, allocated(&a)), (12 * MIB, 12 * MIB));
+    assert_eq!(a.stats().requested_bytes.all.current as u64, 11 * MIB);
+    // 3 MiB → a 20 MiB segment, split: 17 MiB remain free.
+    let y = a.malloc(3 * MIB, 0).unwrap();
+    assert_eq!(a.block(y).1, 3 * MIB);
+    assert_eq!(a.stats().inactive_split_bytes.large_pool.current as u64, 17 * MIB);
+}
+
+#[test]
+fn best_fit_takes_the_smallest_free_block_of_the_same_stream_only() {
+    let mut a = gpu("");
+    // Two free whole segments on stream 0: 12 MiB and 20 MiB.
+    let big = a.malloc(20 * MIB, 0).unwrap();
+    let mid = a.malloc(12 * MIB, 0).unwrap();
+    a.free(big);
+    a.free(mid);
+    // 11 MiB fits both; the smallest (12 MiB) is taken.
+    let x = a.malloc(11 * MIB, 0).unwrap();
+    assert_eq!(a.block(x), a.block(mid));
+    // The same request on stream 7 cannot use stream 0's 20 MiB: a new segment.
+    a.malloc(11 * MIB, 7).unwrap();
+    assert_eq!(segments(&a), [(Alloc, 20 * MIB), (Alloc, 12 * MIB), (Alloc, 12 * MIB)]);
+}
+
+#[test]
+fn max_split_size_keeps_oversize_blocks_whole_and_away_from_small_requests() {
+    let mut a = gpu("max_split_size_mb:40");
+    // A free 60 MiB block is oversize (≥ 40 MiB): a 30 MiB request may not
+    // use it, and gets a segment of its own.
+    let big = a.malloc(60 * MIB, 0).unwrap();
+    a.free(big);
+    a.malloc(30 * MIB, 0).unwrap();
+    assert_eq!(segments(&a), [(Alloc, 60 * MIB), (Alloc, 30 * MIB)]);
+    // A 50 MiB request may use it (60 < 50 + 20, the non-split rounding),
+    // whole: 60 MiB allocated, no split.
+    let x = a.malloc(50 * MIB, 0).unwrap();
+    assert_eq!(a.block(x).1, 60 * MIB);
+    assert_eq!(a.stats().oversize_allocations.current, 1);
+    a.free(x);
+    // A 40 MiB request may not (60 ≥ 40 + 20): a new 40 MiB segment.
+    a.malloc(40 * MIB, 0).unwrap();
+    assert_eq!(a.segment_events().last().map(|e| e.size), Some(40 * MIB));
+    assert_eq!(a.stats().oversize_segments.current, 2);
+    // max_non_split_rounding_mb widens that.
+    let mut b = gpu("max_split_size_mb:40,max_non_split_rounding_mb:30");
+    let big = b.malloc(60 * MIB, 0).unwrap();
+    b.free(big);
+    let x = b.malloc(40 * MIB, 0).unwrap();
+    assert_eq!(b.block(x).1, 60 * MIB, "60 < 40 + 30");
+}
+
+#[test]
+fn a_full_device_frees_its_cache_and_retries_before_it_fails() {
+    // 100 MiB of capacity. 60 MiB held by a free segment of stream 1, then a
+    // 60 MiB request on stream 0: no segment fits (60 + 60 > 100), so the
+    // allocator gives back its whole free segments and retries: it succeeds.
+    let mut a = CachingAllocator::new(AllocatorConfig::default(), 100 * MIB, 80 * GIB).unwrap();
+    let other = a.malloc(60 * MIB, 1).unwrap();
+    a.free(other);
+    let x = a.malloc(60 * MIB, 0).unwrap();
+    assert_eq!(segments(&a), [(Alloc, 60 * MIB), (Free, 60 * MIB), (Alloc, 60 * MIB)]);
+    assert_eq!((a.stats().num_alloc_retries, a.stats().num_sync_all_streams), (1, 1));
+    // Another 60 MiB: nothing free to give back; out of memory, counted.
+    let oom = a.malloc(60 * MIB, 0).unwrap_err();
+    assert_eq!((oom.requested, oom.segment, oom.reserved, oom.limit), (60 * MIB, 60 * MIB, 60 * MIB, 100 * MIB));
+    assert_eq!((a.stats().num_ooms, a.stats().num_alloc_retries), (1, 2));
+    a.free(x);
+}
+
+#[test]
+fn with_max_split_size_oversize_blocks_go_back_first_largest_first() {
+    // 200 MiB capacity, max_split_size 40 MiB. Free oversize segments of
+    // 50 and 70 MiB on stream 0, 60 MiB allocated: 180 MiB reserved. A 45 MiB
+    // request on stream 1 needs a new 46 MiB segment (45 rounded to 2 MiB
+    // is 46): 180 + 46 > 200. release_available_cached_blocks looks on the
+    // request's own stream only (stream 1 has nothing), so the allocator
+    // falls through to giving back every free segment, then retries.
+    let mut a = CachingAllocator::new(AllocatorConfig::parse("max_split_size_mb:40").unwrap(), 200 * MIB, GIB).unwrap();
+    let b50 = a.malloc(50 * MIB, 0).unwrap();
+    let b70 = a.malloc(70 * MIB, 0).unwrap();
+    let _held = a.malloc(60 * MIB, 0).unwrap();
+    a.free(b50);
+    a.free(b70);
+    a.malloc(45 * MIB, 1).unwrap();
+    assert_eq!(a.stats().num_alloc_retries, 1);
+    // On the same stream: a 100 MiB request; no free block ≥ 100 MiB, so
+    // the oversize free blocks below go back largest first until 100 MiB
+    // are given back: first 70 (not enough), then 50: 120.
+    let mut b = CachingAllocator::new(AllocatorConfig::parse("max_split_size_mb:40").unwrap(), 200 * MIB, GIB).unwrap();
+    let b50 = b.malloc(50 * MIB, 0).unwrap();
+    let b70 = b.malloc(70 * MIB, 0).unwrap();
+    let _held = b.malloc(60 * MIB, 0).unwrap();
+    b.free(b50);
+    b.free(b70);
+    b.malloc(100 * MIB, 0).unwrap();
+    let tail: Vec<_> = segments(&b).into_iter().skip(3).collect();
+    assert_eq!(tail, [(Free, 70 * MIB), (Free, 50 * MIB), (Alloc, 100 * MIB)]);
+    assert_eq!(b.stats().num_alloc_retries, 0, "no full flush was needed");
+}
+
+#[test]
+fn the_memory_fraction_limits_what_the_allocator_holds() {
+    // 0.5 of 100 MiB: 50 MiB. Two 15 MiB requests take a 16 MiB segment
+    // each (from 10 MiB, rounded to 2 MiB; 1 MiB left is too little to
+    // split off): 32 MiB. A 5 MiB request needs a 20 MiB segment: 52 > 50.
+    let mut a =
+        CachingAllocator::new(AllocatorConfig::parse("per_process_memory_fraction:0.5").unwrap(), GIB, 100 * MIB)
+            .unwrap();
+    a.malloc(15 * MIB, 0).unwrap();
+    a.malloc(15 * MIB, 0).unwrap();
+    let oom = a.malloc(5 * MIB, 0).unwrap_err();
+    assert_eq!((oom.segment, oom.reserved, oom.limit), (20 * MIB, 32 * MIB, 50 * MIB));
+    // A fraction of 1 takes the limit away.
+    a.set_memory_fraction(1.0, 100 * MIB).unwrap();
+    a.malloc(5 * MIB, 0).unwrap();
+    assert_eq!(reserved(&a), 52 * MIB);
+}
+
+#[test]
+fn garbage_collection_needs_a_fraction_and_frees_the_longest_waiting_segments() {
+    // Fraction 0.5 of 200 MiB (100 MiB), threshold 0.5: collection starts
+    // above 50 MiB reserved. Three 20 MiB segments are freed in turn;
+    // the GC clock ticks once per free-block search of the large pool.
+    let config = AllocatorConfig::parse("garbage_collection_threshold:0.5,per_process_memory_fraction:0.5").unwrap();
+    let mut a = CachingAllocator::new(config, GIB, 200 * MIB).unwrap();
+    let x = a.malloc(20 * MIB, 0).unwrap(); // search 1; segment 1, whole
+    let y = a.malloc(20 * MIB, 0).unwrap(); // search 2; segment 2
+    let z = a.malloc(20 * MIB, 0).unwrap(); // search 3; segment 3
+    a.free(x); // free since clock 3
+    a.free(y); // free since clock 3
+    a.free(z); // free since clock 3
+               // 60 MiB reserved, above 50. A 30 MiB request (search 4) finds no block
+               // of 30 MiB: the collector runs with target 60 − 50 = 10 MiB. Every
+               // segment has waited 1 search, the average: each pass frees all of
+               // them that reach it; all three go (it does not stop at the target).
+    a.malloc(30 * MIB, 0).unwrap();
+    let frees = segments(&a).iter().filter(|(action, _)| *action == Free).count();
+    assert_eq!(frees, 3);
+    assert_eq!(reserved(&a), 30 * MIB);
+    // Without a fraction the same threshold does nothing (libtorch applies it only under one).
+    let mut b =
+        CachingAllocator::new(AllocatorConfig::parse("garbage_collection_threshold:0.5").unwrap(), GIB, 200 * MIB)
+            .unwrap();
+    let held: Vec<BlockId> = (0..3).map(|_| b.malloc(20 * MIB, 0).unwrap()).collect();
+    for x in held {
+        b.free(x);
+    }
+    b.malloc(30 * MIB, 0).unwrap();
+    assert_eq!(reserved(&b), 90 * MIB);
+    assert!(segments(&b).iter().all(|(action, _)| *action == Alloc));
+}
+
+#[test]
+fn a_deferred_free_stays_active_until_its_streams_are_done() {
+    let mut a = gpu("");
+    let x = a.malloc(3 * MIB, 0).unwrap();
+    a.free_deferred(x); // used by another stream: not allocated, still active
+    let s = a.stats();
+    assert_eq!((s.allocated_bytes.all.current, s.active_bytes.all.current as u64), (0, 3 * MIB));
+    // Not reusable yet: a 3 MiB request takes the free rest of the segment.
+    let y = a.malloc(3 * MIB, 0).unwrap();
+    assert_ne!(a.block(y).0, a.block(x).0);
+    a.complete_free(x);
+    assert_eq!(a.stats().active_bytes.all.current as u64, 3 * MIB, "y only");
+    // empty_cache waits for every stream: a deferred block is freed, merged and given back.
+    let z = a.malloc(30 * MIB, 0).unwrap();
+    a.free_deferred(z);
+    a.empty_cache();
+    assert_eq!(a.segment_events().last().map(|e| (e.action, e.size)), Some((Free, 30 * MIB)));
+    a.free(y);
+}
+
+#[test]
+fn empty_cache_gives_back_whole_segments_only() {
+    let mut a = gpu("");
+    let x = a.malloc(3 * MIB, 0).unwrap(); // 20 MiB segment, split
+    let y = a.malloc(30 * MIB, 0).unwrap(); // 30 MiB segment, whole
+    a.free(y);
+    a.empty_cache();
+    // The 30 MiB segment goes; the 20 MiB one stays (x lives in it).
+    assert_eq!(segments(&a), [(Alloc, 20 * MIB), (Alloc, 30 * MIB), (Free, 30 * MIB)]);
+    assert_eq!(reserved(&a), 20 * MIB);
+    a.free(x);
+    a.empty_cache();
+    assert_eq!(reserved(&a), 0);
+    let s = a.stats();
+    assert_eq!((s.segment.all.current, s.segment.all.peak, s.num_device_alloc, s.num_device_free), (0, 2, 2, 2));
+}
+
+#[test]
+fn the_figures_are_memory_stats_figures() {
+    let mut a = gpu("max_split_size_mb:64");
+    let x = a.malloc(100, 0).unwrap();
+    let y = a.malloc(5 * MIB, 0).unwrap();
+    let s = a.stats();
+    // Small pool: a 2 MiB segment, a 512 B block. Large: a 20 MiB segment, a 5 MiB block.
+    assert_eq!((s.reserved_bytes.small_pool.current, s.reserved_bytes.large_pool.current), (2 << 20, 20 << 20));
+    assert_eq!((s.allocated_bytes.small_pool.current, s.allocated_bytes.large_pool.current), (512, 5 << 20));
+    assert_eq!((s.requested_bytes.all.current, s.allocation.all.current), (100 + (5 << 20), 2));
+    assert_eq!(s.max_split_size, 64 << 20);
+    a.free(x);
+    a.free(y);
+    let s = a.stats();
+    assert_eq!(
+        (s.allocated_bytes.all.current, s.allocated_bytes.all.peak, s.allocated_bytes.all.freed),
+        (0, 512 + (5 << 20), 512 + (5 << 20))
+    );
+    assert_eq!(gpu("").stats().max_split_size, -1, "unlimited reads -1, as in memory_stats()");
+}
+
+#[test]
+fn settings_the_model_does_not_cover_are_refused() {
+    let e = CachingAllocator::new(AllocatorConfig::parse("expandable_segments:True").unwrap(), GIB, GIB).unwrap_err();
+    assert!(e.to_string().contains("not modelled"), "{e}");
+}
