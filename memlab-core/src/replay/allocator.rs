@@ -6,9 +6,11 @@
 //! the comments name the function each part follows
 //! (`DeviceCachingAllocator::malloc` and the functions it calls).
 //!
-//! Not modelled (each refused where it could change a figure): expandable
-//! segments, CUDA graph pools and `MemPool`s, IPC. Stream work is
-//! instantaneous unless a free is deferred ([`CachingAllocator::free_deferred`]).
+//! Expandable segments are one virtual range per pool and stream, mapped
+//! and unmapped in pages (2 MiB small, the large segment size large).
+//! Not modelled: CUDA graph pools and `MemPool`s, IPC, and the setting
+//! changed while the allocator runs. Stream work is instantaneous unless a
+//! free is deferred ([`CachingAllocator::free_deferred`]).
 
 use std::collections::BTreeSet;
 
@@ -37,6 +39,10 @@ pub enum SegmentAction {
     Alloc,
     /// `cudaFree` of a segment.
     Free,
+    /// Pages of an expandable segment mapped.
+    Map,
+    /// Pages of an expandable segment unmapped.
+    Unmap,
 }
 
 /// A segment obtained or given back, in the order the allocator did it.
@@ -88,6 +94,10 @@ struct Block {
     gc_base: u64,
     /// Whether the slot holds a block (slots are reused).
     live: bool,
+    /// Part of an expandable segment: its start, and its page.
+    expandable: Option<(u64, u64)>,
+    /// Backed by memory (always, outside expandable segments).
+    mapped: bool,
 }
 
 impl Block {
@@ -96,10 +106,12 @@ impl Block {
     }
 }
 
-/// Free blocks ordered as `BlockComparatorSize`: stream, size, address.
+/// Free blocks ordered as `BlockComparatorSize`: stream, size, address;
+/// unmapped parts of expandable segments as `BlockComparatorAddress`.
 #[derive(Default, Debug)]
 struct Pool {
     free: BTreeSet<(u64, u64, u64, usize)>,
+    unmapped: BTreeSet<(u64, u64, usize)>,
     /// `get_free_blocks_call_count`: the garbage collector's clock.
     calls: u64,
 }
@@ -112,6 +124,9 @@ pub struct CachingAllocator {
     capacity: u64,
     /// The memory fraction's limit (`allowed_memory_maximum`), below 1 only.
     allowed: Option<u64>,
+    /// The device's memory (`totalGlobalMem`): an expandable segment reserves
+    /// 1.125 times it of address space.
+    total: u64,
     blocks: Vec<Block>,
     spare: Vec<usize>,
     small: Pool,
@@ -146,14 +161,10 @@ impl CachingAllocator {
     /// of `total` bytes (`totalGlobalMem`, the base of the memory fraction).
     /// Refuses the settings it does not model.
     pub fn new(config: AllocatorConfig, capacity: u64, total: u64) -> Result<CachingAllocator> {
-        if config.expandable_segments {
-            return Err(Error::InvalidArgument(
-                "expandable_segments:True is not modelled yet: replay without it".into(),
-            ));
-        }
         let mut allocator = CachingAllocator {
             capacity,
             allowed: None,
+            total,
             blocks: Vec::new(),
             spare: Vec::new(),
             small: Pool::default(),
@@ -260,6 +271,24 @@ impl CachingAllocator {
         self.pool(small).free.remove(&key);
     }
 
+    /// Takes a block out of whichever set holds it: the free blocks, or the
+    /// unmapped parts of expandable segments.
+    fn detach(&mut self, id: usize) {
+        let b = &self.blocks[id];
+        if b.mapped {
+            self.remove_free(id);
+        } else {
+            let (small, key) = (b.small, (b.stream, b.address, id));
+            self.pool(small).unmapped.remove(&key);
+        }
+    }
+
+    fn insert_unmapped(&mut self, id: usize) {
+        let b = &self.blocks[id];
+        let (small, key) = (b.small, (b.stream, b.address, id));
+        self.pool(small).unmapped.insert(key);
+    }
+
     fn new_block(&mut self, block: Block) -> usize {
         match self.spare.pop() {
             Some(slot) => {
@@ -285,15 +314,15 @@ impl CachingAllocator {
                 if self.gc_enabled() {
                     self.collect_garbage();
                 }
-                self.new_segment(small, stream, segment, false)
+                self.alloc_block(small, stream, segment, rounded, false)
                     .or_else(|| {
                         self.release_available(small, stream, rounded)
-                            .then(|| self.new_segment(small, stream, segment, false))
+                            .then(|| self.alloc_block(small, stream, segment, rounded, false))
                             .flatten()
                     })
                     .or_else(|| {
                         self.release_cached();
-                        self.new_segment(small, stream, segment, true)
+                        self.alloc_block(small, stream, segment, rounded, true)
                     })
             }
         };
@@ -316,14 +345,30 @@ impl CachingAllocator {
     fn free_block(&mut self, small: bool, stream: u64, size: u64) -> Option<usize> {
         let gc = self.gc_enabled();
         let (mss, rounding) = (self.max_split(), self.config.max_non_split_rounding);
-        let pool = self.pool(small);
         if gc {
-            pool.calls += 1;
+            self.pool(small).calls += 1;
         }
-        let &(s, block_size, _, id) = pool.free.range((stream, size, 0, 0)..).next()?;
+        let pool = if small { &self.small } else { &self.large };
+        let mut after = pool.free.range((stream, size, 0, 0)..).peekable();
+        let &(s, mut block_size, _, mut id) = after.next()?;
         if s != stream {
             // Blocks of other streams are never handed out.
             return None;
+        }
+        if self.blocks[id].expandable.is_some() {
+            // Best fit counting the unmapped space after a block as its own.
+            let blocks = &self.blocks;
+            let room = |id: usize| {
+                let b = &blocks[id];
+                b.size + b.next.filter(|&n| !blocks[n].mapped).map_or(0, |n| blocks[n].size)
+            };
+            while let Some(&&(s, next_size, _, next)) = after.peek() {
+                if s != stream || blocks[id].expandable.is_none() || room(next) >= room(id) {
+                    break;
+                }
+                (id, block_size) = (next, next_size);
+                after.next();
+            }
         }
         // An oversize block never serves a request below max_split_size; an
         // oversize request takes a block at most max_non_split_rounding larger.
@@ -334,14 +379,21 @@ impl CachingAllocator {
         Some(id)
     }
 
-    /// `alloc_block`: a new segment of `bytes` for `stream`, unless the
-    /// memory fraction or the device's capacity refuses it.
-    fn new_segment(&mut self, small: bool, stream: u64, bytes: u64, retry: bool) -> Option<usize> {
+    /// `alloc_block`: a new segment of `bytes` for `stream` (or, with
+    /// expandable segments, `size` bytes mapped), unless the memory fraction
+    /// or the device's capacity refuses it. The fraction is checked against
+    /// the whole segment's bytes even where less would be mapped.
+    fn alloc_block(&mut self, small: bool, stream: u64, bytes: u64, size: u64, retry: bool) -> Option<usize> {
         if retry {
             self.stats.num_alloc_retries += 1;
         }
-        if self.allowed.is_some_and(|allowed| self.reserved + bytes > allowed) || self.reserved + bytes > self.capacity
-        {
+        if self.allowed.is_some_and(|allowed| self.reserved + bytes > allowed) {
+            return None;
+        }
+        if self.config.expandable_segments {
+            return self.expandable_block(small, stream, size);
+        }
+        if self.reserved + bytes > self.capacity {
             return None;
         }
         let address = self.next_address;
@@ -366,6 +418,8 @@ impl CachingAllocator {
             next: None,
             gc_base: 0,
             live: true,
+            expandable: None,
+            mapped: true,
         }))
     }
 
@@ -373,12 +427,20 @@ impl CachingAllocator {
     /// (`requested` before rounding), splitting off the rest where
     /// `should_split` says so.
     fn hand_out(&mut self, id: usize, size: u64, requested: u64) -> usize {
-        let (small, block_size, already_split) = {
+        let (small, block_size, already_split, expandable) = {
             let b = &self.blocks[id];
-            (b.small, b.size, b.is_split())
+            (b.small, b.size, b.is_split(), b.expandable.is_some())
         };
         let remaining = block_size - size;
-        let split = if small { remaining >= MIN_BLOCK } else { size < self.max_split() && remaining > SMALL_SIZE };
+        // `should_split`: the setting, not the block, decides (a block of an
+        // ordinary segment splits down to 512 B too while it is on).
+        let split = if small || self.config.expandable_segments {
+            remaining >= MIN_BLOCK
+        } else {
+            size < self.max_split() && remaining > SMALL_SIZE
+        };
+        // Expandable segments keep no inactive-split figures.
+        let counted = !expandable;
         let id = if split {
             // The request takes the low addresses; the old block keeps the rest.
             let old = self.blocks[id].clone();
@@ -391,7 +453,8 @@ impl CachingAllocator {
             rest.size -= size;
             rest.prev = Some(taken);
             self.insert_free(id);
-            if already_split {
+            if !counted {
+            } else if already_split {
                 bump(&mut self.stats.inactive_split_bytes, small, -(size as i64));
             } else {
                 bump(&mut self.stats.inactive_split_bytes, small, remaining as i64);
@@ -399,7 +462,7 @@ impl CachingAllocator {
             }
             taken
         } else {
-            if already_split {
+            if already_split && counted {
                 bump(&mut self.stats.inactive_split_bytes, small, -(block_size as i64));
                 bump(&mut self.stats.inactive_split, small, -1);
             }
@@ -474,8 +537,10 @@ impl CachingAllocator {
             net_blocks += 1;
             net_bytes += b.size as i64;
         }
-        bump(&mut self.stats.inactive_split, small, net_blocks);
-        bump(&mut self.stats.inactive_split_bytes, small, net_bytes);
+        if b.expandable.is_none() {
+            bump(&mut self.stats.inactive_split, small, net_blocks);
+            bump(&mut self.stats.inactive_split_bytes, small, net_bytes);
+        }
         bump(&mut self.stats.active, small, -1);
         bump(&mut self.stats.active_bytes, small, -(original as i64));
         bump(&mut self.stats.requested_bytes, small, -(requested as i64));
@@ -486,11 +551,11 @@ impl CachingAllocator {
     fn merge(&mut self, id: usize, other: Option<usize>) -> u64 {
         let Some(other) = other else { return 0 };
         let o = &self.blocks[other];
-        if o.allocated || o.waiting {
+        if o.allocated || o.waiting || o.mapped != self.blocks[id].mapped {
             return 0;
         }
         let (o_address, o_size, o_prev, o_next) = (o.address, o.size, o.prev, o.next);
-        self.remove_free(other);
+        self.detach(other);
         let b = &mut self.blocks[id];
         if b.prev == Some(other) {
             b.address = o_address;
@@ -512,6 +577,7 @@ impl CachingAllocator {
 
     /// `release_block`: gives a whole free segment back to the device.
     fn release_segment(&mut self, id: usize) {
+        debug_assert!(self.blocks[id].expandable.is_none() && !self.blocks[id].is_split(), "a whole segment");
         self.remove_free(id);
         let b = &mut self.blocks[id];
         b.live = false;
@@ -538,7 +604,7 @@ impl CachingAllocator {
         let at_or_after: Vec<(u64, u64, u64, usize)> =
             pool.free.range((stream, key, 0, 0)..).take(1).copied().collect();
         if let Some(&(s, _, _, id)) = at_or_after.first() {
-            if s == stream {
+            if s == stream && self.blocks[id].expandable.is_none() {
                 self.release_segment(id);
                 return true;
             }
@@ -550,8 +616,10 @@ impl CachingAllocator {
             if released >= key || block_size < mss || s != stream {
                 break;
             }
-            released += block_size;
-            self.release_segment(id);
+            if self.blocks[id].expandable.is_none() {
+                released += block_size;
+                self.release_segment(id);
+            }
         }
         released >= key
     }
@@ -567,10 +635,17 @@ impl CachingAllocator {
         self.stats.num_sync_all_streams += 1;
         for small in [false, true] {
             let pool = if small { &self.small } else { &self.large };
-            let whole: Vec<usize> =
-                pool.free.iter().map(|&(_, _, _, id)| id).filter(|&id| !self.blocks[id].is_split()).collect();
+            let free: Vec<usize> = pool.free.iter().map(|&(_, _, _, id)| id).collect();
+            let (expandable, ordinary): (Vec<usize>, Vec<usize>) =
+                free.into_iter().partition(|&id| self.blocks[id].expandable.is_some());
+            let whole: Vec<usize> = ordinary.into_iter().filter(|&id| !self.blocks[id].is_split()).collect();
             for id in whole {
                 self.release_segment(id);
+            }
+            // `release_blocks`' second pass: the whole pages of free
+            // expandable blocks are unmapped.
+            for id in expandable {
+                self.unmap(id);
             }
         }
     }
@@ -578,6 +653,171 @@ impl CachingAllocator {
     /// `emptyCache`: gives back every cached segment nothing uses.
     pub fn empty_cache(&mut self) {
         self.release_cached();
+    }
+
+    /// `try_allocate_expandable_block`: `size` bytes of the stream's
+    /// expandable segment, mapping what is not mapped yet; `None` when the
+    /// device cannot back them (pages mapped before the failure stay).
+    fn expandable_block(&mut self, small: bool, stream: u64, size: u64) -> Option<usize> {
+        let mut candidate = self.find_expandable(small, stream, size);
+        if !self.blocks[candidate].mapped {
+            let want = self.blocks[candidate].size.min(size);
+            candidate = self.map(candidate, want)?;
+        }
+        while self.blocks[candidate].size < size {
+            let remaining = size - self.blocks[candidate].size;
+            let next = self.blocks[candidate].next.expect("space was found after the candidate");
+            if self.blocks[next].mapped {
+                // A free mapped block after a gap mapped again: one block.
+                self.merge(candidate, Some(next));
+                continue;
+            }
+            let want = remaining.min(self.blocks[next].size);
+            candidate = self.map(next, want)?;
+        }
+        self.remove_free(candidate);
+        Some(candidate)
+    }
+
+    /// `find_expandable_block`: the lowest unmapped part of the stream's
+    /// expandable segments (with the free block before it) with room for
+    /// `size` bytes, or a new segment: 1.125 times the device's memory of
+    /// address space, nothing mapped.
+    fn find_expandable(&mut self, small: bool, stream: u64, size: u64) -> usize {
+        let free = |b: &Block| b.live && !b.allocated && !b.waiting;
+        let pool = if small { &self.small } else { &self.large };
+        let gaps: Vec<usize> =
+            pool.unmapped.range((stream, 0, 0)..=(stream, u64::MAX, usize::MAX)).map(|&(_, _, id)| id).collect();
+        for gap in gaps {
+            let mut start = gap;
+            if let Some(p) = self.blocks[gap].prev.filter(|&p| free(&self.blocks[p])) {
+                start = p;
+            }
+            let (mut room, mut at) = (0, Some(start));
+            while let Some(id) = at.filter(|&id| free(&self.blocks[id])) {
+                room += self.blocks[id].size;
+                at = self.blocks[id].next;
+            }
+            if room >= size {
+                return start;
+            }
+        }
+        let page = if small { SMALL_BUFFER } else { self.config.large_segment_size };
+        let pages = (self.total + self.total / 8).div_ceil(page);
+        let base = self.next_address.div_ceil(page) * page;
+        self.next_address = base + pages * page;
+        let id = self.new_block(Block {
+            address: base,
+            size: pages * page,
+            requested: 0,
+            stream,
+            small,
+            allocated: false,
+            waiting: false,
+            prev: None,
+            next: None,
+            gc_base: 0,
+            live: true,
+            expandable: Some((base, page)),
+            mapped: false,
+        });
+        self.insert_unmapped(id);
+        id
+    }
+
+    /// `map_block`: backs the first pages of unmapped block `id` covering
+    /// `size` bytes, all or none; the mapped part is merged with free mapped
+    /// neighbours and becomes free. Returns the merged block.
+    fn map(&mut self, id: usize, size: u64) -> Option<usize> {
+        let b = &self.blocks[id];
+        let (base, page) = b.expandable.expect("an expandable segment's block");
+        debug_assert!(!b.mapped && (b.address - base).is_multiple_of(page));
+        let bytes = size.div_ceil(page) * page;
+        if self.reserved + bytes > self.capacity {
+            return None;
+        }
+        self.detach(id);
+        let b = self.blocks[id].clone();
+        if bytes < b.size {
+            let rest =
+                self.new_block(Block { address: b.address + bytes, size: b.size - bytes, prev: Some(id), ..b.clone() });
+            if let Some(n) = b.next {
+                self.blocks[n].prev = Some(rest);
+            }
+            self.blocks[id].next = Some(rest);
+            self.insert_unmapped(rest);
+        }
+        let block = &mut self.blocks[id];
+        block.size = bytes;
+        block.mapped = true;
+        self.reserved += bytes;
+        bump(&mut self.stats.reserved_bytes, b.small, bytes as i64);
+        self.stats.num_device_alloc += 1;
+        self.segments.push(SegmentEvent {
+            action: SegmentAction::Map,
+            address: b.address,
+            size: bytes,
+            stream: b.stream,
+        });
+        for neighbour in [self.blocks[id].prev, self.blocks[id].next] {
+            self.merge(id, neighbour);
+        }
+        self.insert_free(id);
+        Some(id)
+    }
+
+    /// `unmap_block`: gives back the whole pages inside free block `id` of
+    /// an expandable segment; what is left before and after them stays free
+    /// and mapped. A segment left with nothing mapped gives back its range.
+    fn unmap(&mut self, id: usize) {
+        let b = self.blocks[id].clone();
+        let (base, page) = b.expandable.expect("an expandable segment's block");
+        let start = base + (b.address - base).div_ceil(page) * page;
+        let end = base + (b.address + b.size - base) / page * page;
+        if end <= start {
+            return;
+        }
+        self.remove_free(id);
+        if start > b.address {
+            let before = self.new_block(Block { size: start - b.address, next: Some(id), ..b.clone() });
+            if let Some(p) = b.prev {
+                self.blocks[p].next = Some(before);
+            }
+            self.blocks[id].prev = Some(before);
+            self.insert_free(before);
+        }
+        if end < b.address + b.size {
+            let after =
+                self.new_block(Block { address: end, size: b.address + b.size - end, prev: Some(id), ..b.clone() });
+            if let Some(n) = b.next {
+                self.blocks[n].prev = Some(after);
+            }
+            self.blocks[id].next = Some(after);
+            self.insert_free(after);
+        }
+        let block = &mut self.blocks[id];
+        block.address = start;
+        block.size = end - start;
+        block.mapped = false;
+        self.reserved -= end - start;
+        bump(&mut self.stats.reserved_bytes, b.small, -((end - start) as i64));
+        self.stats.num_device_free += 1;
+        self.segments.push(SegmentEvent {
+            action: SegmentAction::Unmap,
+            address: start,
+            size: end - start,
+            stream: b.stream,
+        });
+        for neighbour in [self.blocks[id].prev, self.blocks[id].next] {
+            self.merge(id, neighbour);
+        }
+        if self.blocks[id].is_split() {
+            self.insert_unmapped(id);
+        } else {
+            // `release_expandable_segment`: the range goes; no figure moves.
+            self.blocks[id].live = false;
+            self.spare.push(id);
+        }
     }
 
     /// `garbage_collect_cached_blocks`: above the threshold share of the
@@ -605,7 +845,8 @@ impl CachingAllocator {
             freed = false;
             for id in candidates(self) {
                 let b = &self.blocks[id];
-                if age(b) as f64 >= average {
+                // Unsplit expandable blocks count in the average, and stay.
+                if b.expandable.is_none() && age(b) as f64 >= average {
                     freed = true;
                     reclaimed += b.size;
                     total_age -= age(b);

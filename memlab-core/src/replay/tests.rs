@@ -293,7 +293,112 @@ fn the_figures_are_memory_stats_figures() {
 }
 
 #[test]
-fn settings_the_model_does_not_cover_are_refused() {
-    let e = CachingAllocator::new(AllocatorConfig::parse("expandable_segments:True").unwrap(), GIB, GIB).unwrap_err();
-    assert!(e.to_string().contains("not modelled"), "{e}");
+fn an_expandable_segment_maps_pages_as_it_grows_and_unmaps_only_on_empty_cache() {
+    let mut a = gpu("expandable_segments:True");
+    // 30 MiB: a new expandable segment (address space only), then 2 large
+    // pages of 20 MiB mapped: 40 MiB reserved; the 10 MiB left over is a
+    // free block (with the setting on, any rest of 512 B or more splits off).
+    let x = a.malloc(30 * MIB, 0).unwrap();
+    assert_eq!(segments(&a), [(SegmentAction::Map, 40 * MIB)]);
+    assert_eq!((reserved(&a), a.block(x).1), (40 * MIB, 30 * MIB));
+    // 5 MiB: from the 10 MiB free block, nothing mapped.
+    let y = a.malloc(5 * MIB, 0).unwrap();
+    assert_eq!(a.block(y).0, a.block(x).0 + 30 * MIB);
+    assert_eq!(a.segment_events().len(), 1);
+    // 20 MiB: the 5 MiB free block at the mapped end grows by one page
+    // (15 MiB more are needed): 25 MiB, of which 20 are handed out.
+    let z = a.malloc(20 * MIB, 0).unwrap();
+    assert_eq!(segments(&a), [(SegmentAction::Map, 40 * MIB), (SegmentAction::Map, 20 * MIB)]);
+    assert_eq!((a.block(z).0, reserved(&a)), (a.block(y).0 + 5 * MIB, 60 * MIB));
+    // Freeing maps nothing back: 60 MiB stay reserved, one free block of 60 MiB.
+    for b in [x, y, z] {
+        a.free(b);
+    }
+    assert_eq!(reserved(&a), 60 * MIB);
+    // empty_cache unmaps its 3 whole pages; the segment has nothing mapped and goes.
+    a.empty_cache();
+    assert_eq!(a.segment_events().last().map(|e| (e.action, e.size)), Some((SegmentAction::Unmap, 60 * MIB)));
+    let s = a.stats();
+    assert_eq!((reserved(&a), s.segment.all.peak, s.inactive_split.all.peak), (0, 0, 0), "no segment or split figures");
+    assert_eq!((s.num_device_alloc, s.num_device_free), (2, 1));
+}
+
+#[test]
+fn unmapping_keeps_the_parts_of_pages_still_in_use() {
+    let mut a = gpu("expandable_segments:True");
+    // Three 15 MiB blocks: 45 MiB in 3 pages of 20 (60 MiB mapped, 15 free at the end).
+    let b: Vec<BlockId> = (0..3).map(|_| a.malloc(15 * MIB, 0).unwrap()).collect();
+    assert_eq!(reserved(&a), 60 * MIB);
+    // The middle one freed: [0,15) used, [15,30) free, [30,45) used, [45,60) free.
+    // No page lies wholly inside a free block: empty_cache unmaps nothing.
+    a.free(b[1]);
+    a.empty_cache();
+    assert_eq!(reserved(&a), 60 * MIB);
+    // The last one freed too: it merges with both free neighbours into
+    // [15,60), which holds pages [20,40) and [40,60): unmapped, 40 MiB;
+    // [15,20) stays mapped and free.
+    a.free(b[2]);
+    a.empty_cache();
+    assert_eq!(reserved(&a), 20 * MIB);
+    assert_eq!(a.segment_events().last().map(|e| (e.action, e.size)), Some((SegmentAction::Unmap, 40 * MIB)));
+    // A 12 MiB request: the free [15,20) block before the unmapped range
+    // grows by one page again, [15,40), and the request takes [15,27).
+    let c = a.malloc(12 * MIB, 0).unwrap();
+    assert_eq!((a.block(c).0 - a.block(b[0]).0, reserved(&a)), (15 * MIB, 40 * MIB));
+}
+
+/// pytorch#123548's pattern: per cycle, 91 MiB and 45.5 MiB, then 2 MiB
+/// kept alive, then the first two freed. Reserved bytes after 30 cycles.
+fn pattern_123548(conf: &str) -> Vec<u64> {
+    let mut a = gpu(conf);
+    let mut kept = Vec::new();
+    let mut reserved_after = Vec::new();
+    for _ in 0..30 {
+        let x = a.malloc(91 * MIB, 0).unwrap();
+        let y = a.malloc(91 * MIB / 2, 0).unwrap();
+        kept.push(a.malloc(2 * MIB, 0).unwrap());
+        a.free(x);
+        a.free(y);
+        reserved_after.push(reserved(&a));
+    }
+    reserved_after
+}
+
+#[test]
+fn expandable_segments_with_max_split_size_grow_without_bound_on_pytorch_123548() {
+    // Both settings: each cycle's freed 91 + 45.5 MiB merge into a 136.5 MiB
+    // free block at or above max_split_size (128 MiB), which no request
+    // below it may use; the next cycle maps new pages for 91 and 45.5 MiB
+    // instead: 7 pages of 20 MiB, or 6 where the few MiB left free at the
+    // mapped end (by the 2 MiB blocks and the rounding to pages) save one.
+    let both = pattern_123548("expandable_segments:True,max_split_size_mb:128");
+    let growth: Vec<u64> = both.windows(2).map(|w| (w[1] - w[0]) / MIB).collect();
+    assert!(growth.iter().all(|g| *g == 140 || *g == 120), "{growth:?}");
+    assert!(both[29] > 3900 * MIB, "{} MiB", both[29] / MIB);
+    // Either alone, or neither: no growth after the first cycles.
+    for conf in ["", "expandable_segments:True", "max_split_size_mb:128"] {
+        let alone = pattern_123548(conf);
+        assert!(alone[29] < 400 * MIB, "{conf}: {} MiB", alone[29] / MIB);
+        assert!(both[29] > 10 * alone[29], "{conf}");
+    }
+}
+
+#[test]
+fn with_expandable_segments_the_fraction_is_checked_against_the_segment_not_the_pages() {
+    // Fraction 0.55 of 100 MiB: 55 MiB. 30 MiB: 0 + 30 (its segment size)
+    // ≤ 55, and 2 pages are mapped: 40 MiB reserved, 10 free at the end.
+    let config = AllocatorConfig::parse("expandable_segments:True,per_process_memory_fraction:0.55").unwrap();
+    let mut a = CachingAllocator::new(config, GIB, 100 * MIB).unwrap();
+    a.malloc(30 * MIB, 0).unwrap();
+    assert_eq!(reserved(&a), 40 * MIB);
+    // 14 MiB: 40 + 14 ≤ 55 passes the check; 4 MiB more are needed, a
+    // whole 20 MiB page is mapped: 60 MiB, above the limit, as libtorch does.
+    a.malloc(14 * MIB, 0).unwrap();
+    assert_eq!(reserved(&a), 60 * MIB);
+    // It took [30,44) of the merged free [30,60): 16 MiB stay free at the
+    // end. 20 MiB: 60 + 20 > 55, refused without looking at the pages; the
+    // flush unmaps nothing (no whole page is free), and the retry fails too.
+    let oom = a.malloc(20 * MIB, 0).unwrap_err();
+    assert_eq!((oom.segment, oom.reserved, oom.limit), (20 * MIB, 60 * MIB, 55 * MIB));
+    assert_eq!(a.stats().num_alloc_retries, 1);
 }
