@@ -108,7 +108,7 @@ impl Block {
 
 /// Free blocks ordered as `BlockComparatorSize`: stream, size, address;
 /// unmapped parts of expandable segments as `BlockComparatorAddress`.
-#[derive(Default, Debug)]
+#[derive(Clone, Default, Debug)]
 struct Pool {
     free: BTreeSet<(u64, u64, u64, usize)>,
     unmapped: BTreeSet<(u64, u64, usize)>,
@@ -117,7 +117,7 @@ struct Pool {
 }
 
 /// The allocator of one device.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct CachingAllocator {
     config: AllocatorConfig,
     /// The bytes `cudaMalloc` can obtain in all: what the device has for this allocator.

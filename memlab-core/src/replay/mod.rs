@@ -27,11 +27,13 @@
 
 mod allocator;
 mod config;
+mod run;
 
 pub use allocator::{
     BlockId, CachingAllocator, ModelOom, SegmentAction, SegmentEvent, MIN_BLOCK, ROUND_LARGE, SMALL_BUFFER, SMALL_SIZE,
 };
 pub use config::{AllocatorConfig, DIVISION_BUCKETS, MIB, MIN_LARGE_ALLOC};
+pub use run::{replay_device, Card, DeviceReplay, Mismatch, ReplayOom};
 
 #[cfg(test)]
 mod tests;

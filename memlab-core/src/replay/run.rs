@@ -1,0 +1,229 @@
+//! A recording replayed through the allocator model: each device's history
+//! of a snapshot (memlab's or PyTorch's) request by request, under the
+//! settings it was recorded with or others, with the model's segment events
+//! checked against the recorded ones.
+
+use std::collections::HashMap;
+
+use super::allocator::{BlockId, CachingAllocator, ModelOom, SegmentAction};
+use super::config::AllocatorConfig;
+use crate::error::{Error, Result};
+use crate::events::Action;
+use crate::export::{Snapshot, TraceEntry};
+
+/// The card a replay runs on: the bytes for the allocator, and its total.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Card {
+    /// The bytes the allocator can obtain in all (`cudaMalloc` fails beyond).
+    pub capacity: u64,
+    /// The device's memory (`totalGlobalMem`): the base of the memory
+    /// fraction, and of an expandable segment's address range.
+    pub total: u64,
+}
+
+/// One device's history replayed.
+#[derive(Clone, Debug, serde::Serialize)]
+#[non_exhaustive]
+pub struct DeviceReplay {
+    /// `cuda:0`.
+    pub device: String,
+    /// The settings replayed, as `PYTORCH_CUDA_ALLOC_CONF` writes them.
+    pub settings: String,
+    /// Segment events of the recording (`segment_alloc`, `segment_free`,
+    /// `segment_map`, `segment_unmap`).
+    pub segment_events: usize,
+    /// Of them, how many the model made too, at the same place in the
+    /// sequence, with the same action and size (under other settings than
+    /// the recording's, a figure of how far they differ, not of fidelity).
+    pub segment_events_matched: usize,
+    /// The first recorded segment event the model did not make, with what it made there.
+    pub first_mismatch: Option<Mismatch>,
+    /// The highest reserved bytes.
+    pub peak_reserved: u64,
+    /// The highest allocated bytes (blocks, as libtorch counts them).
+    pub peak_allocated: u64,
+    /// Requests the model could not serve, in order (the recording's own
+    /// out-of-memory requests included, where the model fails them too).
+    pub ooms: Vec<ReplayOom>,
+    /// The recording's out-of-memory requests that the model served.
+    pub avoided: usize,
+    /// Where the replay calls `empty_cache`: the recording's segments given
+    /// back outside any request, by the index of the history entry after them.
+    pub empty_cache_at: Vec<usize>,
+}
+
+/// A recorded segment event against the model's.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Mismatch {
+    /// Its place among the recording's segment events.
+    pub index: usize,
+    /// The recording's: action and bytes.
+    pub recorded: (String, u64),
+    /// The model's at that place, if it made one.
+    pub replayed: Option<(String, u64)>,
+}
+
+/// A request the replay could not serve.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct ReplayOom {
+    /// Its history entry.
+    pub entry: usize,
+    /// Whether the recording failed it too.
+    pub recorded: bool,
+    /// The model's figures then.
+    pub oom: ModelOom,
+}
+
+fn name(action: SegmentAction) -> &'static str {
+    match action {
+        SegmentAction::Alloc => "segment_alloc",
+        SegmentAction::Free => "segment_free",
+        SegmentAction::Map => "segment_map",
+        SegmentAction::Unmap => "segment_unmap",
+    }
+}
+
+fn segment_action(action: Action) -> Option<SegmentAction> {
+    match action {
+        Action::SegmentAlloc => Some(SegmentAction::Alloc),
+        Action::SegmentFree => Some(SegmentAction::Free),
+        Action::SegmentMap => Some(SegmentAction::Map),
+        Action::SegmentUnmap => Some(SegmentAction::Unmap),
+        _ => None,
+    }
+}
+
+/// Replays device `index` of `snapshot` under `config` on `card`. The
+/// points where the recording gave segments back outside any request (an
+/// `empty_cache`) are found by replaying under `recorded` (the recording's
+/// own settings) first, unless they are given.
+pub fn replay_device(
+    snapshot: &Snapshot,
+    index: usize,
+    recorded: &AllocatorConfig,
+    config: &AllocatorConfig,
+    card: Card,
+) -> Result<DeviceReplay> {
+    let empty_cache_at =
+        if recorded == config { None } else { Some(run(snapshot, index, recorded, card, None)?.empty_cache_at) };
+    run(snapshot, index, config, card, empty_cache_at.as_deref())
+}
+
+fn run(
+    snapshot: &Snapshot,
+    index: usize,
+    config: &AllocatorConfig,
+    card: Card,
+    empty_cache_at: Option<&[usize]>,
+) -> Result<DeviceReplay> {
+    let names = snapshot.devices();
+    let name_of = names.get(index).cloned().unwrap_or_else(|| format!("device {index}"));
+    if !name_of.starts_with("cuda") {
+        return Err(Error::InvalidArgument(format!("{name_of} has no caching allocator to replay")));
+    }
+    let trace: &[TraceEntry] = snapshot
+        .device_traces
+        .get(index)
+        .ok_or_else(|| Error::InvalidArgument(format!("the snapshot has no history of {name_of}")))?;
+    let mut model = CachingAllocator::new(config.clone(), card.capacity, card.total)?;
+    let recorded: Vec<(SegmentAction, u64)> =
+        trace.iter().filter_map(|e| segment_action(e.action).map(|a| (a, e.size))).collect();
+    let mut live: HashMap<u64, BlockId> = HashMap::new();
+    let mut out = DeviceReplay {
+        device: name_of,
+        settings: config.to_conf(),
+        segment_events: recorded.len(),
+        segment_events_matched: 0,
+        first_mismatch: None,
+        peak_reserved: 0,
+        peak_allocated: 0,
+        ooms: Vec::new(),
+        avoided: 0,
+        empty_cache_at: Vec::new(),
+    };
+    // Recorded segment events seen so far, and those the model has made.
+    let mut seen = 0;
+    let made = |m: &CachingAllocator| m.segment_events().len();
+    let gives_back = |a: SegmentAction| matches!(a, SegmentAction::Free | SegmentAction::Unmap);
+    for (i, e) in trace.iter().enumerate() {
+        if segment_action(e.action).is_some() {
+            seen += 1;
+            continue;
+        }
+        // Segments the recording gave back that no request explains yet: an
+        // `empty_cache` before this entry, or the frees of this request's
+        // own retry. Under the recorded settings the model tells which.
+        let pending: Vec<(SegmentAction, u64)> = recorded[made(&model).min(seen)..seen].to_vec();
+        let call_empty_cache = match empty_cache_at {
+            Some(points) => points.contains(&i),
+            None => {
+                !pending.is_empty()
+                    && gives_back(pending[0].0)
+                    && !(matches!(e.action, Action::Alloc | Action::Oom) && {
+                        let mut trial = model.clone();
+                        let before = made(&trial);
+                        let _ = trial.malloc(e.size, e.stream);
+                        let new: Vec<(SegmentAction, u64)> =
+                            trial.segment_events()[before..].iter().map(|s| (s.action, s.size)).collect();
+                        new == pending
+                    })
+            }
+        };
+        if call_empty_cache {
+            model.empty_cache();
+            out.empty_cache_at.push(i);
+        }
+        match e.action {
+            Action::Alloc => match model.malloc(e.size, e.stream) {
+                Ok(id) => {
+                    if let Some(addr) = e.addr {
+                        live.insert(addr, id);
+                    }
+                }
+                Err(oom) => out.ooms.push(ReplayOom { entry: i, recorded: false, oom }),
+            },
+            Action::Oom => match model.malloc(e.size, e.stream) {
+                // The program got its error there: what the model served is given back.
+                Ok(id) => {
+                    out.avoided += 1;
+                    model.free(id);
+                }
+                Err(oom) => out.ooms.push(ReplayOom { entry: i, recorded: true, oom }),
+            },
+            Action::FreeRequested => {
+                if let Some(&id) = e.addr.as_ref().and_then(|a| live.get(a)) {
+                    model.free_deferred(id);
+                }
+            }
+            Action::FreeCompleted => {
+                if let Some(id) = e.addr.and_then(|a| live.remove(&a)) {
+                    model.complete_free(id);
+                }
+            }
+            _ => {}
+        }
+        let s = model.stats();
+        out.peak_reserved = out.peak_reserved.max(s.reserved_bytes.all.current as u64);
+        out.peak_allocated = out.peak_allocated.max(s.allocated_bytes.all.current as u64);
+    }
+    // Segments given back after the last request: an `empty_cache` at the end.
+    if made(&model) < seen && gives_back(recorded[made(&model)].0) && empty_cache_at.is_none() {
+        model.empty_cache();
+        out.empty_cache_at.push(trace.len());
+    } else if empty_cache_at.is_some_and(|p| p.contains(&trace.len())) {
+        model.empty_cache();
+        out.empty_cache_at.push(trace.len());
+    }
+    let replayed: Vec<(SegmentAction, u64)> = model.segment_events().iter().map(|s| (s.action, s.size)).collect();
+    out.segment_events_matched = recorded.iter().zip(&replayed).filter(|(r, m)| r == m).count();
+    let first = recorded.iter().zip(&replayed).take_while(|(r, m)| r == m).count();
+    let at = first;
+    if at < recorded.len() {
+        out.first_mismatch = Some(Mismatch {
+            index: at,
+            recorded: (name(recorded[at].0).to_string(), recorded[at].1),
+            replayed: replayed.get(at).map(|(a, s)| (name(*a).to_string(), *s)),
+        });
+    }
+    Ok(out)
+}

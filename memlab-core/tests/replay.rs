@@ -1,0 +1,91 @@
+//! The allocator model against the GPU: PyTorch 2.11's own recordings of
+//! training loops and allocation patterns on an H100
+//! (`fixtures/replay/`, made by `scripts/replay_fixtures.py`, with the
+//! allocator's own figures of each run in `results.jsonl`), replayed under
+//! the settings each was recorded with (every segment event, the peak and
+//! the out-of-memory errors as the GPU had them) and under each other
+//! setting (the peak and the errors of the GPU's run under that setting).
+
+use memlab_core::export::Snapshot;
+use memlab_core::replay::{replay_device, AllocatorConfig, Card};
+
+fn fixtures() -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/replay")
+}
+
+/// One line of `results.jsonl`: what the GPU's allocator said of a run.
+#[derive(serde::Deserialize, Debug)]
+struct Run {
+    workload: String,
+    setting: String,
+    conf: String,
+    total_memory: u64,
+    fraction: f64,
+    peak_reserved: u64,
+    num_ooms: u64,
+}
+
+fn runs() -> Vec<Run> {
+    let text = std::fs::read_to_string(fixtures().join("results.jsonl")).unwrap();
+    text.lines().map(|l| serde_json::from_str(l).unwrap()).collect()
+}
+
+#[test]
+fn every_recording_replays_under_its_own_settings() {
+    for run in runs() {
+        let file = Snapshot::read_pickle(fixtures().join(format!("{}__{}.pickle", run.workload, run.setting))).unwrap();
+        let mut config = AllocatorConfig::parse(&run.conf).unwrap();
+        config.memory_fraction = run.fraction;
+        let card = Card { capacity: run.total_memory, total: run.total_memory };
+        let r = replay_device(&file.snapshot, 0, &config, &config, card).unwrap();
+        println!(
+            "{:14} {:11} segment events {}/{}, peak reserved {} MiB (GPU {}), out of memory {} (GPU {})",
+            run.workload,
+            run.setting,
+            r.segment_events_matched,
+            r.segment_events,
+            r.peak_reserved >> 20,
+            run.peak_reserved >> 20,
+            r.ooms.len(),
+            run.num_ooms
+        );
+        let what = format!("{} under {}", run.workload, run.setting);
+        assert!(r.segment_events > 0, "{what}: a recording with segments");
+        assert_eq!(r.segment_events_matched, r.segment_events, "{what}: first difference {:?}", r.first_mismatch);
+        assert_eq!(r.first_mismatch, None, "{what}");
+        assert_eq!(r.peak_reserved, run.peak_reserved, "{what}: the GPU's reserved peak");
+        assert_eq!(r.ooms.len() as u64, run.num_ooms, "{what}: the GPU's out-of-memory errors");
+        assert!(r.ooms.iter().all(|o| o.recorded), "{what}: failing where the GPU failed");
+    }
+}
+
+#[test]
+fn each_workload_replayed_under_the_other_settings_predicts_the_gpu() {
+    let runs = runs();
+    for from in &runs {
+        let file =
+            Snapshot::read_pickle(fixtures().join(format!("{}__{}.pickle", from.workload, from.setting))).unwrap();
+        let mut recorded = AllocatorConfig::parse(&from.conf).unwrap();
+        recorded.memory_fraction = from.fraction;
+        for to in runs.iter().filter(|r| r.workload == from.workload && r.setting != from.setting) {
+            let mut config = AllocatorConfig::parse(&to.conf).unwrap();
+            config.memory_fraction = to.fraction;
+            let card = Card { capacity: to.total_memory, total: to.total_memory };
+            let r = replay_device(&file.snapshot, 0, &recorded, &config, card).unwrap();
+            let oom = !r.ooms.is_empty();
+            println!(
+                "{:14} recorded {:11} replayed as {:11}: peak reserved {:5} MiB (GPU {:5}), out of memory {} (GPU {})",
+                from.workload,
+                from.setting,
+                to.setting,
+                r.peak_reserved >> 20,
+                to.peak_reserved >> 20,
+                oom,
+                to.num_ooms > 0
+            );
+            let what = format!("{} recorded under {}, replayed as {}", from.workload, from.setting, to.setting);
+            assert_eq!(r.peak_reserved, to.peak_reserved, "{what}: the GPU's reserved peak under that setting");
+            assert_eq!(oom, to.num_ooms > 0, "{what}: out of memory as on the GPU");
+        }
+    }
+}
