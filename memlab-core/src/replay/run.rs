@@ -207,10 +207,11 @@ fn run(
         out.peak_allocated = out.peak_allocated.max(s.allocated_bytes.all.current as u64);
     }
     // Segments given back after the last request: an `empty_cache` at the end.
-    if made(&model) < seen && gives_back(recorded[made(&model)].0) && empty_cache_at.is_none() {
-        model.empty_cache();
-        out.empty_cache_at.push(trace.len());
-    } else if empty_cache_at.is_some_and(|p| p.contains(&trace.len())) {
+    let at_end = match empty_cache_at {
+        Some(points) => points.contains(&trace.len()),
+        None => made(&model) < seen && gives_back(recorded[made(&model)].0),
+    };
+    if at_end {
         model.empty_cache();
         out.empty_cache_at.push(trace.len());
     }
