@@ -228,3 +228,100 @@ fn run(
     }
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::replay::MIB;
+
+    /// A snapshot of one CUDA device whose history is `entries`: (action, address, bytes).
+    fn snapshot(entries: &[(Action, u64, u64)]) -> Snapshot {
+        let trace = entries
+            .iter()
+            .enumerate()
+            .map(|(i, &(action, addr, size))| TraceEntry {
+                action,
+                addr: Some(addr),
+                size,
+                stream: 0,
+                time_us: i as u64,
+                frames: std::sync::Arc::from(Vec::new()),
+                category: None,
+                tensor: None,
+                device_free: None,
+            })
+            .collect();
+        Snapshot { segments: Vec::new(), device_traces: vec![trace], memlab: None }
+    }
+
+    const CARD: Card = Card { capacity: 80 << 30, total: 80 << 30 };
+
+    #[test]
+    fn segments_given_back_outside_a_request_are_an_empty_cache() {
+        use Action::*;
+        // 30 MiB allocated and freed; then its segment is given back and a
+        // 5 MiB request gets a new 20 MiB segment. The model would serve the
+        // 5 MiB from the free 30 MiB block, so the recording called
+        // empty_cache before it (entry 5).
+        let s = snapshot(&[
+            (SegmentAlloc, 1, 30 * MIB),
+            (Alloc, 1, 30 * MIB),
+            (FreeRequested, 1, 30 * MIB),
+            (FreeCompleted, 1, 30 * MIB),
+            (SegmentFree, 1, 30 * MIB),
+            (SegmentAlloc, 2, 20 * MIB),
+            (Alloc, 2, 5 * MIB),
+        ]);
+        let default = AllocatorConfig::default();
+        let r = replay_device(&s, 0, &default, &default, CARD).unwrap();
+        assert_eq!((r.segment_events_matched, r.segment_events, r.empty_cache_at.clone()), (3, 3, vec![6]));
+        // Replayed under another setting, empty_cache is called at the same place.
+        let other = AllocatorConfig::parse("max_split_size_mb:64").unwrap();
+        let r = replay_device(&s, 0, &default, &other, CARD).unwrap();
+        assert_eq!(r.empty_cache_at, vec![6]);
+    }
+
+    #[test]
+    fn a_requests_own_flush_is_not_an_empty_cache() {
+        use Action::*;
+        // On a 40 MiB card: a 34 MiB request after a freed 30 MiB block needs
+        // its own 34 MiB segment (30 + 34 > 40): the allocator gives back the
+        // free one and retries, in the request; no empty_cache.
+        let s = snapshot(&[
+            (SegmentAlloc, 1, 30 * MIB),
+            (Alloc, 1, 30 * MIB),
+            (FreeRequested, 1, 30 * MIB),
+            (FreeCompleted, 1, 30 * MIB),
+            (SegmentFree, 1, 30 * MIB),
+            (SegmentAlloc, 2, 34 * MIB),
+            (Alloc, 2, 34 * MIB),
+        ]);
+        let card = Card { capacity: 40 * MIB, total: 80 << 30 };
+        let default = AllocatorConfig::default();
+        let r = replay_device(&s, 0, &default, &default, card).unwrap();
+        assert_eq!((r.segment_events_matched, r.segment_events), (3, 3));
+        assert!(r.empty_cache_at.is_empty(), "{:?}", r.empty_cache_at);
+        // On a card with room for both, the same history reads as an
+        // empty_cache before the request: the capacity tells them apart.
+        let r = replay_device(&s, 0, &default, &default, CARD).unwrap();
+        assert_eq!((r.segment_events_matched, r.empty_cache_at), (3, vec![6]));
+    }
+
+    #[test]
+    fn a_history_the_model_cannot_follow_says_where_it_first_differs() {
+        use Action::*;
+        // A 5 MiB request takes a 20 MiB segment in libtorch 2.11 (below
+        // 10 MiB: the large segment size); a recording that shows 25 MiB was
+        // made with another size (large_segment_size_mb:25).
+        let s = snapshot(&[(SegmentAlloc, 1, 25 * MIB), (Alloc, 1, 5 * MIB)]);
+        let default = AllocatorConfig::default();
+        let r = replay_device(&s, 0, &default, &default, CARD).unwrap();
+        let m = r.first_mismatch.unwrap();
+        assert_eq!(
+            (m.index, m.recorded, m.replayed),
+            (0, ("segment_alloc".into(), 25 * MIB), Some(("segment_alloc".into(), 20 * MIB)))
+        );
+        let config = AllocatorConfig::parse("large_segment_size_mb:25").unwrap();
+        assert_eq!(replay_device(&s, 0, &config, &config, CARD).unwrap().first_mismatch, None);
+    }
+}
