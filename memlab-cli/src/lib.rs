@@ -15,12 +15,14 @@
 //! memlab view SNAPSHOT [-o FILE.html] [--json]
 //! memlab diff A B [--html FILE.html] [--json]
 //! memlab merge FILES… -o DIR [--offset RANK=µs]… [--json]
+//! memlab replay SNAPSHOT [--setting CONF]… [--capacity BYTES | --fraction F] [--total BYTES] [--compare] [--json]
 //! ```
 //!
 //! This crate is the command's parts, as a library: reading snapshots into
 //! summaries ([`analysis`], [`summary`]), the HTML page ([`view`]), the
 //! comparison of two runs ([`diff`]) and the merge of several processes'
-//! files ([`merge`]). The binary is a thin layer of arguments over these;
+//! files ([`merge`]), and the replay of a recording through a model of
+//! libtorch's CUDA caching allocator ([`replay`]). The binary is a thin layer of arguments over these;
 //! tests drive them directly. No libtorch.
 //!
 //! # `memlab summary`
@@ -39,7 +41,7 @@
 //! ```text
 //! memlab summary: fixtures/leaky.pickle
 //! =====================================
-//! PyTorch's snapshot, pickle protocol 4; 1006 keys read past (6 kinds, listed by --json)
+//! PyTorch's snapshot, pickle protocol 4; 1005 keys read past (5 kinds, listed by --json)
 //! Allocated bytes are what the tensors asked for (trace events carry that size); reserved bytes include the caching allocator's rounding.
 //!
 //! cuda:0: 487 events over 0.036s
@@ -229,9 +231,36 @@
 //! conv net, a small transformer, a leaky and a fixed training loop (made on
 //! an H100 by `fixtures/make_snapshots.py`), the MLP's rewritten with protocols
 //! 2 and 5, and memlab's CPU export of the `timeline` example.
+//!
+//! # `memlab replay`
+//!
+//! `memlab replay SNAPSHOT` replays each CUDA device's history through a
+//! model of libtorch 2.11's caching allocator (`memlab_core::replay`):
+//! under the settings it was recorded with (PyTorch 2.5 and later write them
+//! into the snapshot), how many of the allocator's own segment events the
+//! model made too, and the peaks; with `--setting CONF` (as
+//! `PYTORCH_CUDA_ALLOC_CONF` writes it: `expandable_segments:True`) or
+//! `--compare` (the settings people try), the peaks and errors under those.
+//! `--capacity BYTES` (`1536M`, `80G`) is what the allocator could reserve,
+//! `--fraction F` a memory fraction of the device's `--total`; with one, the
+//! replay says whether and where memory runs out, and which settings avoid
+//! the recorded error. On PyTorch's recording of a fragmentation error under
+//! a 1.5 GiB fraction (`fixtures/replay/fragmentation__default.pickle`):
+//!
+//! ```text
+//! memlab replay fixtures/replay/fragmentation__default.pickle --total 85017493504 --fraction 0.01894448624181354 --compare
+//! ```
+//!
+//! prints that the default, `expandable_segments` and garbage collection
+//! fail where the GPU failed, and `max_split_size_mb` (64, 128 and 512)
+//! avoids the error, at a 1.50 GiB reserved peak. `--json` prints every
+//! figure, one object per device (`segment_events`,
+//! `segment_events_matched`, `peak_reserved`, `peak_allocated`, `ooms`, and
+//! `replays` under the other settings).
 
 pub mod diff;
 pub mod merge;
+pub mod replay;
 pub mod view;
 
 pub use memlab_core::export::{analysis, summary};

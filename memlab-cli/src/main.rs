@@ -7,6 +7,7 @@
 //! memlab view SNAPSHOT [-o FILE.html] [--json]
 //! memlab diff A B [--html FILE.html] [--json]
 //! memlab merge FILES… -o DIR [--offset RANK=µs]… [--json]
+//! memlab replay SNAPSHOT [--setting CONF]… [--capacity BYTES | --fraction F] [--total BYTES] [--compare] [--json]
 //! ```
 //!
 //! Bad input (a missing, empty, truncated or non-snapshot file, a pickle that
@@ -14,7 +15,7 @@
 
 use std::process::ExitCode;
 
-use memlab_cli::{analysis, diff, merge, view};
+use memlab_cli::{analysis, diff, merge, replay, view};
 
 use clap::{Parser, Subcommand};
 use memlab_core::export::Snapshot;
@@ -88,6 +89,59 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Replays a snapshot's CUDA history through a model of libtorch 2.11's
+    /// caching allocator: under the recorded settings (with how many of the
+    /// allocator's own segment events the model made too) and others, the
+    /// peaks, and whether and where memory runs out.
+    Replay {
+        /// A snapshot pickle with a CUDA history: PyTorch's (recorded with
+        /// torch.cuda.memory._record_memory_history) or memlab's.
+        snapshot: String,
+        /// Settings to replay under, as PYTORCH_CUDA_ALLOC_CONF writes them
+        /// (expandable_segments:True,max_split_size_mb:128); repeat for several.
+        #[arg(long = "setting", value_name = "CONF")]
+        settings: Vec<String>,
+        /// What the allocator could reserve: bytes, or with K, M, G, T (binary units).
+        #[arg(long, value_name = "BYTES", conflicts_with = "fraction")]
+        capacity: Option<String>,
+        /// A memory fraction of the device's total memory (set_per_process_memory_fraction).
+        #[arg(long, value_name = "F")]
+        fraction: Option<f64>,
+        /// The device's total memory: bytes, or with K, M, G, T.
+        #[arg(long, value_name = "BYTES")]
+        total: Option<String>,
+        /// Also replay the settings people try (default, expandable segments,
+        /// max_split_size_mb at 64, 128 and 512, both, and garbage collection
+        /// under a memory fraction), side by side.
+        #[arg(long)]
+        compare: bool,
+        /// Print every figure as JSON, one object per device.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+/// Bytes as written on the command line: `1610612736`, `1536M`, `80G`
+/// (binary units; a trailing `B` or `iB` allowed).
+fn bytes(text: &str, flag: &str) -> Result<u64, String> {
+    let t = text.trim().trim_end_matches("iB").trim_end_matches('B');
+    let (digits, unit) = match t.char_indices().find(|(_, c)| c.is_ascii_alphabetic()) {
+        Some((i, _)) => (&t[..i], &t[i..]),
+        None => (t, ""),
+    };
+    let shift = match unit.to_ascii_uppercase().as_str() {
+        "" => 0,
+        "K" => 10,
+        "M" => 20,
+        "G" => 30,
+        "T" => 40,
+        _ => return Err(format!("{flag} {text}: write bytes, or a number with K, M, G or T (80G)")),
+    };
+    let n: f64 = digits.trim().parse().map_err(|_| format!("{flag} {text}: {digits:?} is not a number"))?;
+    if !(n.is_finite() && n >= 0.0) {
+        return Err(format!("{flag} {text}: not a size"));
+    }
+    Ok((n * (1u64 << shift) as f64) as u64)
 }
 
 fn main() -> ExitCode {
@@ -157,6 +211,26 @@ fn run(command: Command) -> Result<(), String> {
                 println!("{}", diff.to_json());
             } else {
                 print!("{}", diff.to_text());
+            }
+            Ok(())
+        }
+        Command::Replay { snapshot, settings, capacity, fraction, total, compare, json } => {
+            if let Some(f) = fraction.filter(|f| !(0.0..=1.0).contains(f)) {
+                return Err(format!("--fraction {f}: a memory fraction is between 0 and 1"));
+            }
+            let options = replay::Options {
+                settings,
+                capacity: capacity.as_deref().map(|c| bytes(c, "--capacity")).transpose()?,
+                fraction,
+                total: total.as_deref().map(|t| bytes(t, "--total")).transpose()?,
+                compare,
+            };
+            let file = Snapshot::read_pickle(&snapshot).map_err(|e| e.to_string())?;
+            let replayed = replay::replay(&snapshot, &file, &options)?;
+            if json {
+                println!("{}", replayed.to_json());
+            } else {
+                print!("{}", replayed.to_text());
             }
             Ok(())
         }

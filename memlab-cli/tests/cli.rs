@@ -96,7 +96,7 @@ fn summary_text_names_the_peak_and_its_sites() {
     let text = stdout(&memlab(&["summary", fixture("leaky.pickle").to_str().unwrap()]));
     for line in [
         "memlab summary: ",
-        "PyTorch's snapshot, pickle protocol 4; 1006 keys read past",
+        "PyTorch's snapshot, pickle protocol 4; 1005 keys read past", // allocator_settings is read (replays)
         "cuda:0: 487 events over 0.036s",
         "peak allocated         98.17M  at +0.035s (event 481)",
         "reserved then         108.00M  9.83M of it not allocated (9% of reserved)",
@@ -514,4 +514,61 @@ fn merge_tells_processes_on_one_gpu_apart_and_keeps_a_process_on_two() {
     assert_eq!(peak(0, 1), ("cuda:1", "GPU-y", 3000, 5, true));
     assert_eq!(peak(1, 0), ("cuda:0", "GPU-x", 2000, 95, false));
     assert_eq!(merged["origin_unix_us"], 1_000_000_010);
+}
+
+// ---------------------------------------------------------------------------
+// memlab replay
+
+#[test]
+fn replay_reproduces_the_recording_and_says_which_setting_avoids_its_error() {
+    // PyTorch's recording, on an H100, of a fragmentation error under a
+    // 1.5 GiB memory fraction (scripts/replay_fixtures.py); its run under
+    // max_split_size_mb:128 did not fail (fixtures/replay/results.jsonl).
+    let path = fixture("replay/fragmentation__default.pickle");
+    let args = ["replay", path.to_str().unwrap(), "--total", "85017493504", "--fraction", "0.01894448624181354"];
+    let mut with_compare = args.to_vec();
+    with_compare.extend(["--compare", "--json"]);
+    let out = json(&with_compare);
+    let device = &out["devices"][0];
+    assert_eq!(device["device"], "cuda:0");
+    assert_eq!(device["segment_events"], device["segment_events_matched"], "{device}");
+    assert_eq!(device["ooms"].as_array().unwrap().len(), 1, "the recorded error, replayed");
+    assert_eq!(device["ooms"][0]["oom"]["requested"], 600u64 << 20);
+    let replays = device["replays"].as_array().unwrap();
+    let by_settings = |s: &str| replays.iter().find(|r| r["settings"].as_str().unwrap().starts_with(s)).unwrap();
+    assert!(by_settings("max_split_size_mb:128")["ooms"].as_array().unwrap().is_empty());
+    assert_eq!(by_settings("max_split_size_mb:128")["peak_reserved"], 1534u64 << 20, "the GPU's peak under it");
+    assert!(!by_settings("expandable_segments:True,").is_null());
+    assert_eq!(by_settings("expandable_segments:True,")["ooms"].as_array().unwrap().len(), 1);
+    // The text says it as a table, labelled a replay.
+    let mut text_args = args.to_vec();
+    text_args.extend(["--setting", "max_split_size_mb:128"]);
+    let text = stdout(&memlab(&text_args));
+    assert!(text.contains("figures replayed, not measured"), "{text}");
+    assert!(text.contains("the allocator may hold 1.50G"), "{text}");
+    assert!(text.contains("max_split_size_mb:128") && text.contains("no: avoids the recorded error"), "{text}");
+    assert!(text.contains("made 1 of the allocator's 1 segment events"), "{text}");
+}
+
+#[test]
+fn replay_refuses_what_it_cannot_replay_in_one_line() {
+    let cuda = fixture("replay/mlp__default.pickle");
+    let cuda = cuda.to_str().unwrap();
+    let cpu = fixture("memlab_cpu.pickle");
+    for (args, says) in [
+        (vec!["replay", cpu.to_str().unwrap()], "no CUDA history"),
+        (vec!["replay", cuda, "--setting", "backend:cudaMallocAsync"], "does not model"),
+        (vec!["replay", cuda, "--setting", "max_split_size_mb:8"], "at least 20"),
+        (vec!["replay", cuda, "--capacity", "lots"], "--capacity lots"),
+        (vec!["replay", cuda, "--fraction", "1.5"], "between 0 and 1"),
+    ] {
+        let output = memlab(&args);
+        let err = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{args:?}: {err}");
+        assert_eq!(err.trim_end().lines().count(), 1, "{args:?}: one line: {err}");
+        assert!(err.contains(says), "{args:?} says {says:?}: {err}");
+    }
+    // Without a capacity, the replay says what it assumed.
+    let text = stdout(&memlab(&["replay", cuda]));
+    assert!(text.contains("Assumed: the file does not say what the allocator could reserve"), "{text}");
 }

@@ -2,13 +2,13 @@
 //! what it is or is refused with one line that names the file, never a
 //! panic, and no file's times can move another's. First the cases found by
 //! hand, then every input that once failed (`tests/hostile/`), then real
-//! files mutated at random through every reader (`summary`, `view`, `diff`
-//! and `merge`'s snapshot, trace and out-of-memory report readers).
+//! files mutated at random through every reader (`summary`, `view`, `diff`,
+//! `replay`, and `merge`'s snapshot, trace and out-of-memory report readers).
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use memlab_cli::{analysis, diff, merge, view};
+use memlab_cli::{analysis, diff, merge, replay, view};
 use memlab_core::export::Snapshot;
 use memlab_core::render::Render;
 use proptest::prelude::*;
@@ -173,6 +173,10 @@ fn read_every_way(path: &Path, out: &Path) {
         let d = diff::Diff::of(&other, &summary);
         let _ = d.to_text();
         let _ = d.document().to_page("memlab diff");
+        let options = replay::Options { compare: true, fraction: Some(0.5), ..Default::default() };
+        if let Ok(r) = replay::replay(name, &file, &options) {
+            let _ = r.to_text();
+        }
     }
     let companion = fixture("memlab_trace_rank0.json");
     for files in [vec![name.to_string()], vec![name.to_string(), companion.to_str().unwrap().to_string()]] {
@@ -331,9 +335,12 @@ fn mutation() -> impl Strategy<Value = Mutation> {
 }
 
 /// The real files the mutations start from: PyTorch's snapshots and
-/// memlab's, memlab's traces and an out-of-memory report.
-const SEEDS: [&str; 7] = [
+/// memlab's (two of them recorded for replays: many segments, expandable
+/// segments), memlab's traces and an out-of-memory report.
+const SEEDS: [&str; 9] = [
     "mlp.pickle",
+    "replay/fragmentation__mss128.pickle",
+    "replay/pattern123548__both.pickle",
     "mlp_protocol2.pickle",
     "leaky.pickle",
     "memlab_cpu.pickle",

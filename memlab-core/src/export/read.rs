@@ -35,6 +35,11 @@ pub struct SnapshotFile {
     /// Keys the model has no place for, by where they occur
     /// (`device_traces[][].compile_context`), with how often: read past.
     pub ignored: BTreeMap<String, u64>,
+    /// PyTorch's `allocator_settings`: the caching allocator's settings in
+    /// force when the snapshot was taken (`PYTORCH_CUDA_ALLOC_CONF`,
+    /// `max_split_size`, `expandable_segments`, …), as plain data; `None`
+    /// where the file has none (PyTorch before 2.5, memlab's own).
+    pub allocator_settings: Option<serde_json::Value>,
 }
 
 impl SnapshotFile {
@@ -43,7 +48,7 @@ impl SnapshotFile {
     /// past. A live capture's report is built from this, as `memlab view`'s
     /// is from the file.
     pub fn of(snapshot: Snapshot) -> SnapshotFile {
-        SnapshotFile { snapshot, protocol: super::pickle::PROTOCOL, ignored: BTreeMap::new() }
+        SnapshotFile { snapshot, protocol: super::pickle::PROTOCOL, ignored: BTreeMap::new(), allocator_settings: None }
     }
 }
 
@@ -336,12 +341,19 @@ fn read<R: Read + Seek>(source: R) -> std::result::Result<SnapshotFile, String> 
     let mut segments = None;
     let mut traces = None;
     let mut memlab = None;
+    let mut allocator_settings = None;
     for (key, value) in top {
         let Some(key) = key.as_str().map(|k| strings.text(k)) else { continue };
         match key {
             "segments" => segments = Some(value),
             "device_traces" => traces = Some(value),
             "memlab" => memlab = Some(value),
+            "allocator_settings" => {
+                allocator_settings = Some(
+                    to_json(&strings, &value)
+                        .map_err(|e| format!("its `allocator_settings` are not plain data: {e}"))?,
+                )
+            }
             other => *builder.ignored.entry(other.to_string()).or_default() += 1,
         }
     }
@@ -362,7 +374,12 @@ fn read<R: Read + Seek>(source: R) -> std::result::Result<SnapshotFile, String> 
     for (action, count) in builder.ignored_actions {
         *ignored.entry(format!("device_traces[][].action={}", strings.text(action))).or_default() += count;
     }
-    Ok(SnapshotFile { snapshot: Snapshot { segments, device_traces, memlab }, protocol: pickle.protocol, ignored })
+    Ok(SnapshotFile {
+        snapshot: Snapshot { segments, device_traces, memlab },
+        protocol: pickle.protocol,
+        ignored,
+        allocator_settings,
+    })
 }
 
 /// The items of a dict value, keys as text.
@@ -513,11 +530,11 @@ fn read_info(strings: &Strings, b: &mut Builder, value: &Value) -> std::result::
             "dropped" => info.dropped = count(&value, "`memlab.dropped`")?,
             "recorded" => info.recorded = count(&value, "`memlab.recorded`")?,
             "run" => {
-                let json = to_json(strings, &value)?;
+                let json = to_json(strings, &value).map_err(|e| format!("`memlab.run` is not plain data: {e}"))?;
                 info.run = Some(serde_json::from_value(json).map_err(|e| format!("`memlab.run` is not a run: {e}"))?);
             }
             "profile" => {
-                let json = to_json(strings, &value)?;
+                let json = to_json(strings, &value).map_err(|e| format!("`memlab.profile` is not plain data: {e}"))?;
                 info.profile = Some(
                     serde_json::from_value(json).map_err(|e| format!("`memlab.profile` is not a line profile: {e}"))?,
                 );
@@ -551,7 +568,7 @@ fn to_json(strings: &Strings, value: &Value) -> std::result::Result<serde_json::
                 .map(|(k, v)| Ok((k.to_string(), to_json(strings, &v)?)))
                 .collect::<std::result::Result<_, String>>()?,
         ),
-        other => return Err(format!("the line profile holds {}, which plain data has not", other.kind())),
+        other => return Err(format!("it holds {}, which plain data has not", other.kind())),
     })
 }
 
@@ -582,7 +599,8 @@ mod tests {
         );
         assert_eq!(file.ignored.get("device_traces[][].compile_context"), Some(&487));
         assert_eq!(file.ignored.get("segments[].segment_pool_id"), Some(&15));
-        assert!(file.ignored.contains_key("allocator_settings"));
+        let settings = file.allocator_settings.as_ref().expect("PyTorch 2.5 and later write the allocator's settings");
+        assert!(settings.get("expandable_segments").is_some(), "{settings}");
         let first = &trace[0];
         assert_eq!((first.addr, first.size, first.time_us), (Some(139883191910912), 524288, 1795489044207495));
         assert_eq!(first.frames[0].name, "leaky_or_fixed");

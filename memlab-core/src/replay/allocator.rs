@@ -26,6 +26,8 @@ pub const SMALL_SIZE: u64 = MIB;
 pub const SMALL_BUFFER: u64 = 2 * MIB;
 /// `kRoundLarge`: large segments from 10 MiB are multiples of it.
 pub const ROUND_LARGE: u64 = 2 * MIB;
+/// Requests from here on fail at once, as libtorch's (`one_exa_bytes`).
+pub const ONE_EXABYTE: u64 = 1 << 60;
 
 /// A block the model handed out, by its number.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -305,6 +307,17 @@ impl CachingAllocator {
     /// `malloc`: a block of at least `size` bytes for `stream`, or the
     /// out-of-memory error libtorch would raise (counted in `num_ooms`).
     pub fn malloc(&mut self, size: u64, stream: u64) -> std::result::Result<BlockId, ModelOom> {
+        if size >= ONE_EXABYTE {
+            // `NativeCachingAllocator::allocate` refuses these at once, counting nothing.
+            return Err(ModelOom {
+                requested: size,
+                segment: size,
+                stream,
+                reserved: self.reserved,
+                allocated: self.stats.allocated_bytes.all.current as u64,
+                limit: self.allowed.unwrap_or(self.capacity),
+            });
+        }
         let rounded = self.round_size(size);
         let small = rounded <= SMALL_SIZE;
         let segment = self.segment_size(rounded);
@@ -484,19 +497,20 @@ impl CachingAllocator {
     }
 
     /// `free`: the block's owner lets it go, and it is free at once.
-    pub fn free(&mut self, id: BlockId) {
-        self.free_deferred(id);
-        self.complete_free(id);
+    /// Returns false, changing nothing, for a block not handed out.
+    pub fn free(&mut self, id: BlockId) -> bool {
+        self.free_deferred(id) && self.complete_free(id)
     }
 
     /// `free` of a block that another stream still uses (`record_stream`):
     /// no longer allocated, but active, and not reusable until
     /// [`complete_free`](Self::complete_free) (the streams' events done) or
     /// an `empty_cache` (which waits for them).
-    pub fn free_deferred(&mut self, id: BlockId) {
+    ///
+    /// Returns false, changing nothing, for a block not handed out.
+    pub fn free_deferred(&mut self, id: BlockId) -> bool {
         let mss = self.max_split();
-        let b = &mut self.blocks[id.0];
-        assert!(b.live && b.allocated, "a block handed out and not freed");
+        let Some(b) = self.blocks.get_mut(id.0).filter(|b| b.live && b.allocated) else { return false };
         b.allocated = false;
         b.waiting = true;
         let (small, size) = (b.small, b.size);
@@ -505,14 +519,18 @@ impl CachingAllocator {
         if size >= mss {
             change(&mut self.stats.oversize_allocations, -1);
         }
+        true
     }
 
     /// The streams that used a block deferred by
-    /// [`free_deferred`](Self::free_deferred) are done: it goes back to its pool.
-    pub fn complete_free(&mut self, id: BlockId) {
-        if self.blocks[id.0].waiting {
-            self.release_to_pool(id.0);
+    /// [`free_deferred`](Self::free_deferred) are done: it goes back to its
+    /// pool. Returns false, changing nothing, for a block not waiting.
+    pub fn complete_free(&mut self, id: BlockId) -> bool {
+        if !self.blocks.get(id.0).is_some_and(|b| b.live && b.waiting) {
+            return false;
         }
+        self.release_to_pool(id.0);
+        true
     }
 
     /// `free_block`: merges a freed block with its free neighbours and puts

@@ -192,6 +192,38 @@ impl AllocatorConfig {
         out.join(",")
     }
 
+    /// The settings a PyTorch snapshot's `allocator_settings` give (2.5
+    /// and later): the environment's `PYTORCH_CUDA_ALLOC_CONF` as written,
+    /// then the values libtorch holds, which win (a setting changed at run
+    /// time shows there). Keys libtorch does not list there
+    /// (`large_segment_size_mb`, `max_non_split_rounding_mb`, the memory
+    /// fraction) come from the environment's string alone.
+    pub fn from_snapshot(settings: &serde_json::Value) -> Result<AllocatorConfig> {
+        let conf = settings.get("PYTORCH_CUDA_ALLOC_CONF").and_then(|v| v.as_str()).unwrap_or("");
+        let mut config = AllocatorConfig::parse(conf)?;
+        if let Some(v) = settings.get("max_split_size").and_then(|v| v.as_u64()) {
+            // libtorch's unlimited is SIZE_MAX.
+            config.max_split_size = (v < u64::MAX / 2).then_some(v);
+        }
+        if let Some(v) = settings.get("garbage_collection_threshold").and_then(|v| v.as_f64()) {
+            config.garbage_collection_threshold = v;
+        }
+        if let Some(v) = settings.get("expandable_segments").and_then(|v| v.as_bool()) {
+            config.expandable_segments = v;
+        }
+        if let Some(map) = settings.get("roundup_power2_divisions").and_then(|v| v.as_object()) {
+            // Keyed by each bucket's start in MiB: 1, 2, 4, … 32768.
+            for (mb, v) in map {
+                let (Ok(mb), Some(v)) = (mb.parse::<u64>(), v.as_u64()) else { continue };
+                if mb.is_power_of_two() {
+                    let index = (63 - mb.leading_zeros() as usize).min(DIVISION_BUCKETS - 1);
+                    config.roundup_power2_divisions[index] = v;
+                }
+            }
+        }
+        Ok(config)
+    }
+
     /// The power-of-two divisions for a request of `size` bytes
     /// (`roundup_power2_divisions(size)`, AllocatorConfig.cpp).
     pub fn divisions(&self, size: u64) -> u64 {
@@ -329,6 +361,23 @@ mod tests {
         assert!(e.contains("unknown key `expandable`"), "{e}");
         assert!(AllocatorConfig::parse("max_split_size_mb").is_err());
         assert!(AllocatorConfig::parse("roundup_power2_divisions:[256:1").is_err());
+    }
+
+    #[test]
+    fn a_snapshots_settings_are_what_libtorch_held() {
+        let settings = serde_json::json!({
+            "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True,max_split_size_mb:128,large_segment_size_mb:32",
+            "max_split_size": 134217728u64, "garbage_collection_threshold": 0.0, "expandable_segments": true,
+            "roundup_power2_divisions": {"1": 0, "2": 4, "4": 0},
+        });
+        let c = AllocatorConfig::from_snapshot(&settings).unwrap();
+        assert_eq!((c.max_split_size, c.expandable_segments, c.large_segment_size), (Some(128 * MIB), true, 32 * MIB));
+        assert_eq!(&c.roundup_power2_divisions[..3], &[0, 4, 0]);
+        // Unlimited, as libtorch writes it; and a setting changed at run time wins over the environment's.
+        let settings = serde_json::json!({"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+            "max_split_size": u64::MAX, "expandable_segments": false});
+        let c = AllocatorConfig::from_snapshot(&settings).unwrap();
+        assert_eq!((c.max_split_size, c.expandable_segments), (None, false));
     }
 
     #[test]

@@ -30,7 +30,8 @@ mod config;
 mod run;
 
 pub use allocator::{
-    BlockId, CachingAllocator, ModelOom, SegmentAction, SegmentEvent, MIN_BLOCK, ROUND_LARGE, SMALL_BUFFER, SMALL_SIZE,
+    BlockId, CachingAllocator, ModelOom, SegmentAction, SegmentEvent, MIN_BLOCK, ONE_EXABYTE, ROUND_LARGE,
+    SMALL_BUFFER, SMALL_SIZE,
 };
 pub use config::{AllocatorConfig, DIVISION_BUCKETS, MIB, MIN_LARGE_ALLOC};
 pub use run::{replay_device, Card, DeviceReplay, Mismatch, ReplayOom};

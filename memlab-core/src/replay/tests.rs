@@ -402,3 +402,17 @@ fn with_expandable_segments_the_fraction_is_checked_against_the_segment_not_the_
     assert_eq!((oom.segment, oom.reserved, oom.limit), (20 * MIB, 60 * MIB, 55 * MIB));
     assert_eq!(a.stats().num_alloc_retries, 1);
 }
+
+#[test]
+fn a_block_freed_twice_or_never_handed_out_changes_nothing() {
+    let mut a = gpu("");
+    let x = a.malloc(MIB, 0).unwrap();
+    assert!(a.free(x));
+    let before = *a.stats();
+    assert!(!a.free(x), "freed already");
+    assert!(!a.free_deferred(x) && !a.complete_free(x));
+    assert_eq!(*a.stats(), before);
+    // An exabyte or more fails at once and is counted nowhere, as in libtorch.
+    assert!(a.malloc(ONE_EXABYTE, 0).is_err());
+    assert_eq!((a.stats().num_ooms, a.stats().num_alloc_retries), (0, 0));
+}

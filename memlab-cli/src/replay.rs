@@ -1,0 +1,252 @@
+//! `memlab replay SNAPSHOT [--setting CONF]… [--capacity BYTES | --fraction F]
+//! [--compare] [--json]`: a recording's CUDA history replayed through the
+//! model of libtorch 2.11's caching allocator (`memlab_core::replay`), under
+//! the settings it was recorded with and others: the peaks, and whether and
+//! where memory runs out. Under the recorded settings, how many of the
+//! allocator's own segment events the model made too says how far the
+//! replay can be trusted.
+
+use memlab_core::export::SnapshotFile;
+use memlab_core::render::{Cell, Column, Document, Layout, Render, Table};
+use memlab_core::replay::{replay_device, AllocatorConfig, Card, DeviceReplay};
+use serde::Serialize;
+
+/// The device memory assumed where neither the file nor the command line
+/// gives one: an 80 GiB card.
+const ASSUMED_TOTAL: u64 = 80 << 30;
+
+/// The settings `--compare` tries, beside the recorded ones.
+const COMPARED: [&str; 6] = [
+    "",
+    "expandable_segments:True",
+    "max_split_size_mb:64",
+    "max_split_size_mb:128",
+    "max_split_size_mb:512",
+    "expandable_segments:True,max_split_size_mb:128",
+];
+
+/// What to replay under.
+#[derive(Clone, Debug, Default)]
+pub struct Options {
+    /// Settings to replay under besides the recorded ones (`PYTORCH_CUDA_ALLOC_CONF` syntax).
+    pub settings: Vec<String>,
+    /// The bytes the allocator may reserve (what the device had for it).
+    pub capacity: Option<u64>,
+    /// The memory fraction, of the device's total.
+    pub fraction: Option<f64>,
+    /// The device's total memory.
+    pub total: Option<u64>,
+    /// Also the settings people try (`--compare`).
+    pub compare: bool,
+}
+
+/// A replay of every CUDA device of a file.
+#[derive(Clone, Debug, Serialize)]
+pub struct Replayed {
+    /// The file.
+    pub file: String,
+    /// The settings it was recorded with (as the file says, else libtorch's defaults).
+    pub recorded_settings: String,
+    /// The memory fraction every replay ran under (1: none).
+    pub memory_fraction: f64,
+    /// The device's memory the replays assumed or were given.
+    pub total: u64,
+    /// What the allocator could reserve in the replays.
+    pub capacity: u64,
+    /// What the replay assumed where the file says nothing, each a sentence.
+    pub assumptions: Vec<String>,
+    /// One per CUDA device with a history.
+    pub devices: Vec<DeviceReplays>,
+}
+
+/// One device (its name is the replay's `device`): the replay under the
+/// recorded settings, then the others.
+#[derive(Clone, Debug, Serialize)]
+pub struct DeviceReplays {
+    /// Under the recorded settings.
+    #[serde(flatten)]
+    pub recorded: DeviceReplay,
+    /// Under each other setting asked for.
+    pub replays: Vec<DeviceReplay>,
+}
+
+/// Replays `file` (read from `path`) as `options` say.
+pub fn replay(path: &str, file: &SnapshotFile, options: &Options) -> Result<Replayed, String> {
+    let mut assumptions = Vec::new();
+    let recorded = match &file.allocator_settings {
+        Some(settings) => AllocatorConfig::from_snapshot(settings).map_err(|e| format!("{path}: {e}"))?,
+        None => {
+            assumptions.push(
+                "the file does not say the allocator's settings (PyTorch before 2.5 or memlab's own): replayed as \
+                 recorded under libtorch's defaults"
+                    .to_string(),
+            );
+            AllocatorConfig::default()
+        }
+    };
+    let total = options.total.unwrap_or_else(|| {
+        assumptions.push(format!(
+            "the file does not say the device's memory: {} assumed (give --total)",
+            Cell::bytes(ASSUMED_TOTAL)
+        ));
+        ASSUMED_TOTAL
+    });
+    let recorded_settings = recorded.to_conf();
+    let mut recorded = recorded;
+    if let Some(f) = options.fraction {
+        recorded.memory_fraction = f;
+    }
+    let capacity = options.capacity.unwrap_or_else(|| {
+        if options.fraction.is_none() {
+            assumptions.push(
+                "the file does not say what the allocator could reserve: replayed without a limit beyond the \
+                 device's memory (give --capacity or --fraction to see where memory runs out)"
+                    .to_string(),
+            );
+        }
+        total
+    });
+    let card = Card { capacity, total };
+    let mut others: Vec<AllocatorConfig> = Vec::new();
+    let mut wanted: Vec<String> = options.settings.clone();
+    if options.compare {
+        wanted.extend(COMPARED.iter().map(|s| s.to_string()));
+        if recorded.memory_fraction < 1.0 {
+            wanted.push("garbage_collection_threshold:0.6".into());
+        } else {
+            assumptions.push(
+                "garbage_collection_threshold is left out of the comparison: libtorch applies it only under a \
+                 memory fraction (give --fraction)"
+                    .to_string(),
+            );
+        }
+    }
+    for conf in &wanted {
+        let mut c = AllocatorConfig::parse(conf).map_err(|e| e.to_string())?;
+        if c.memory_fraction == 1.0 {
+            c.memory_fraction = recorded.memory_fraction;
+        }
+        if c != recorded && !others.contains(&c) {
+            others.push(c);
+        }
+    }
+    let names = file.snapshot.devices();
+    let mut devices = Vec::new();
+    for (index, _) in names.iter().enumerate().filter(|(_, n)| n.starts_with("cuda")) {
+        if file.snapshot.device_traces.get(index).is_none_or(|t| t.is_empty()) {
+            continue;
+        }
+        let as_recorded =
+            replay_device(&file.snapshot, index, &recorded, &recorded, card).map_err(|e| format!("{path}: {e}"))?;
+        let replays = others
+            .iter()
+            .map(|c| replay_device(&file.snapshot, index, &recorded, c, card))
+            .collect::<memlab_core::Result<Vec<_>>>()
+            .map_err(|e| format!("{path}: {e}"))?;
+        devices.push(DeviceReplays { recorded: as_recorded, replays });
+    }
+    if devices.is_empty() {
+        return Err(format!(
+            "cannot replay {path}: it has no CUDA history (record with torch.cuda.memory._record_memory_history, \
+             or a memlab Recording on CUDA)"
+        ));
+    }
+    Ok(Replayed {
+        file: path.to_string(),
+        recorded_settings,
+        memory_fraction: recorded.memory_fraction,
+        total,
+        capacity,
+        assumptions,
+        devices,
+    })
+}
+
+/// Settings as the table names them: without the memory fraction (the
+/// same for every row, said above the table), `default` for none.
+fn settings_name(conf: &str) -> String {
+    let kept: Vec<&str> =
+        conf.split(',').filter(|k| !k.is_empty() && !k.starts_with("per_process_memory_fraction")).collect();
+    if kept.is_empty() {
+        "default".into()
+    } else {
+        kept.join(",")
+    }
+}
+
+/// What `memlab replay` prints.
+impl Render for Replayed {
+    fn document(&self) -> Document {
+        let mut doc = Document::new();
+        doc.title(format!("memlab replay: {}", self.file));
+        doc.line(
+            "A replay through the model of libtorch 2.11's CUDA caching allocator (figures replayed, not measured).",
+        );
+        doc.line(format!("Recorded with: {}", settings_name(&self.recorded_settings)));
+        if self.memory_fraction < 1.0 {
+            doc.line(format!(
+                "Memory fraction {} of {}: the allocator may hold {}.",
+                self.memory_fraction,
+                Cell::bytes(self.total),
+                Cell::bytes((self.memory_fraction * self.total as f64) as u64)
+            ));
+        } else if self.capacity < self.total {
+            doc.line(format!(
+                "The allocator may reserve {} of {}.",
+                Cell::bytes(self.capacity),
+                Cell::bytes(self.total)
+            ));
+        }
+        for a in &self.assumptions {
+            doc.note(format!("Assumed: {a}."));
+        }
+        for d in &self.devices {
+            doc.part(d.recorded.device.clone());
+            let r = &d.recorded;
+            doc.line(format!(
+                "Under the recorded settings the model made {} of the allocator's {} segment events{}.",
+                r.segment_events_matched,
+                r.segment_events,
+                match &r.first_mismatch {
+                    None => String::new(),
+                    Some(m) => format!(
+                        "; the first difference is event {}: recorded {} of {}, replayed {}",
+                        m.index,
+                        m.recorded.0,
+                        Cell::bytes(m.recorded.1),
+                        m.replayed
+                            .as_ref()
+                            .map_or("nothing".to_string(), |(a, s)| format!("{a} of {}", Cell::bytes(*s)))
+                    ),
+                }
+            ));
+            let mut table = Table::new(vec![
+                Column::new("settings", Layout::Text),
+                Column::new("peak reserved", Layout::Figure),
+                Column::new("peak allocated", Layout::Figure),
+                Column::new("out of memory", Layout::Text),
+            ]);
+            let recorded_oom = r.ooms.iter().any(|o| o.recorded);
+            for (i, x) in std::iter::once(r).chain(&d.replays).enumerate() {
+                let oom = match x.ooms.first() {
+                    Some(o) => format!("at history entry {}, asking {}", o.entry, Cell::bytes(o.oom.requested)),
+                    None if i > 0 && recorded_oom => "no: avoids the recorded error".to_string(),
+                    None => "no".to_string(),
+                };
+                let label = if i == 0 {
+                    format!("{} (recorded)", settings_name(&x.settings))
+                } else {
+                    settings_name(&x.settings)
+                };
+                table.row([
+                    Cell::text(label),
+                    Cell::bytes(x.peak_reserved),
+                    Cell::bytes(x.peak_allocated),
+                    Cell::text(oom),
+                ]);
+            }
+            doc.table(table);
+        }
+        doc
+    }
+}
