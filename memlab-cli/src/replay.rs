@@ -8,7 +8,7 @@
 
 use memlab_core::export::SnapshotFile;
 use memlab_core::render::{Cell, Column, Document, Layout, Render, Table};
-use memlab_core::replay::{replay_device, AllocatorConfig, Card, DeviceReplay};
+use memlab_core::replay::{replay_device, replay_device_at, AllocatorConfig, Card, DeviceReplay};
 use serde::Serialize;
 
 /// The device memory assumed where neither the file nor the command line
@@ -140,7 +140,7 @@ pub fn replay(path: &str, file: &SnapshotFile, options: &Options) -> Result<Repl
             replay_device(&file.snapshot, index, &recorded, &recorded, card).map_err(|e| format!("{path}: {e}"))?;
         let replays = others
             .iter()
-            .map(|c| replay_device(&file.snapshot, index, &recorded, c, card))
+            .map(|c| replay_device_at(&file.snapshot, index, c, card, &as_recorded.empty_cache_at))
             .collect::<memlab_core::Result<Vec<_>>>()
             .map_err(|e| format!("{path}: {e}"))?;
         devices.push(DeviceReplays { recorded: as_recorded, replays });

@@ -109,6 +109,20 @@ pub fn replay_device(
     run(snapshot, index, config, card, empty_cache_at.as_deref())
 }
 
+/// Replays device `index` of `snapshot` under `config` on `card`, calling
+/// `empty_cache` where a replay under the recorded settings found the
+/// recording did ([`DeviceReplay::empty_cache_at`]): for several settings
+/// after one replay under the recorded ones, each history read once.
+pub fn replay_device_at(
+    snapshot: &Snapshot,
+    index: usize,
+    config: &AllocatorConfig,
+    card: Card,
+    empty_cache_at: &[usize],
+) -> Result<DeviceReplay> {
+    run(snapshot, index, config, card, Some(empty_cache_at))
+}
+
 fn run(
     snapshot: &Snapshot,
     index: usize,
