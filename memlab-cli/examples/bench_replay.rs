@@ -48,7 +48,7 @@ fn history(events: usize) -> Snapshot {
     while trace.len() < events {
         seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1_442_695_040_888_963_407);
         let size = SIZES[(seed >> 33) as usize % SIZES.len()];
-        let keep = if (seed >> 20) % 4 == 0 { 40 } else { 3 };
+        let keep = if (seed >> 20).is_multiple_of(4) { 40 } else { 3 };
         trace.push(entry(Action::Alloc, next, size, trace.len() as u64));
         live.push_back((next, size, step + keep));
         next += size.div_ceil(512) * 512;
