@@ -203,6 +203,22 @@ impl Render for Replayed {
         for d in &self.devices {
             doc.part(d.recorded.device.clone());
             let r = &d.recorded;
+            if r.reserved_before > 0 {
+                doc.caution(format!(
+                    "The allocator held {} of segments before the history began (the snapshot's segments less \
+                     what the history added). The replay starts from an empty allocator: requests served from \
+                     those segments get new ones here, so the figures below are of the history alone.",
+                    Cell::bytes(r.reserved_before)
+                ));
+            }
+            if r.unknown_frees > 0 {
+                doc.caution(format!(
+                    "The history starts mid-run: it frees {} block(s) it never saw allocated (PyTorch keeps only \
+                     its last max_entries; record with a larger one). The replay starts from an empty allocator: \
+                     what those blocks held is missing from every figure below.",
+                    r.unknown_frees
+                ));
+            }
             doc.line(format!(
                 "Under the recorded settings the model made {} of the allocator's {} segment events{}.",
                 r.segment_events_matched,

@@ -571,4 +571,9 @@ fn replay_refuses_what_it_cannot_replay_in_one_line() {
     // Without a capacity, the replay says what it assumed.
     let text = stdout(&memlab(&["replay", cuda]));
     assert!(text.contains("Assumed: the file does not say what the allocator could reserve"), "{text}");
+    // A history that began after the allocator held segments says so, and
+    // how much: leaky.pickle's recorder started on a warm allocator.
+    let text = stdout(&memlab(&["replay", fixture("leaky.pickle").to_str().unwrap()]));
+    assert!(text.contains("The allocator held 86.00M of segments before the history began"), "{text}");
+    assert!(text.contains("the first difference is event 3"), "{text}");
 }

@@ -54,6 +54,7 @@ fn every_recording_replays_under_its_own_settings() {
         );
         let what = format!("{} under {}", run.workload, run.setting);
         assert!(r.segment_events > 0, "{what}: a recording with segments");
+        assert_eq!((r.reserved_before, r.unknown_frees), (0, 0), "{what}: recorded from the first allocation");
         assert_eq!(r.segment_events_matched, r.segment_events, "{what}: first difference {:?}", r.first_mismatch);
         assert_eq!(r.first_mismatch, None, "{what}");
         assert_eq!(r.peak_reserved, run.peak_reserved, "{what}: the GPU's reserved peak");

@@ -50,6 +50,15 @@ pub struct DeviceReplay {
     /// Where the replay calls `empty_cache`: the recording's segments given
     /// back outside any request, by the index of the history entry after them.
     pub empty_cache_at: Vec<usize>,
+    /// Frees of blocks the history never allocated: it starts after they
+    /// were (PyTorch keeps only its last `max_entries`), and the replay,
+    /// which starts from an empty allocator, misses what they held.
+    pub unknown_frees: usize,
+    /// Bytes of segments the allocator held before the history began: the
+    /// snapshot's final segments less what the history's segment events
+    /// added. The replay starts from an empty allocator: requests the real
+    /// one served from those segments get new ones in the replay.
+    pub reserved_before: u64,
 }
 
 /// A recorded segment event against the model's.
@@ -154,7 +163,20 @@ fn run(
         ooms: Vec::new(),
         avoided: 0,
         empty_cache_at: Vec::new(),
+        unknown_frees: 0,
+        reserved_before: 0,
     };
+    let held_at_end: i128 =
+        snapshot.segments.iter().filter(|s| s.device == index).map(|s| i128::from(s.total_size)).sum();
+    let added: i128 = trace
+        .iter()
+        .map(|e| match e.action {
+            Action::SegmentAlloc | Action::SegmentMap => i128::from(e.size),
+            Action::SegmentFree | Action::SegmentUnmap => -i128::from(e.size),
+            _ => 0,
+        })
+        .sum();
+    out.reserved_before = u64::try_from(held_at_end - added).unwrap_or(0);
     // Recorded segment events seen so far, and those the model has made.
     let mut seen = 0;
     let made = |m: &CachingAllocator| m.segment_events().len();
@@ -204,11 +226,10 @@ fn run(
                 }
                 Err(oom) => out.ooms.push(ReplayOom { entry: i, recorded: true, oom }),
             },
-            Action::FreeRequested => {
-                if let Some(&id) = e.addr.as_ref().and_then(|a| live.get(a)) {
-                    model.free_deferred(id);
-                }
-            }
+            Action::FreeRequested => match e.addr.as_ref().and_then(|a| live.get(a)) {
+                Some(&id) => drop(model.free_deferred(id)),
+                None => out.unknown_frees += 1,
+            },
             Action::FreeCompleted => {
                 if let Some(id) = e.addr.and_then(|a| live.remove(&a)) {
                     model.complete_free(id);
@@ -319,6 +340,17 @@ mod tests {
         // empty_cache before the request: the capacity tells them apart.
         let r = replay_device(&s, 0, &default, &default, CARD).unwrap();
         assert_eq!((r.segment_events_matched, r.empty_cache_at), (3, vec![6]));
+    }
+
+    #[test]
+    fn a_history_that_starts_mid_run_says_so() {
+        use Action::*;
+        // A block freed that the history never allocated: it began later.
+        let s =
+            snapshot(&[(FreeRequested, 9, MIB), (FreeCompleted, 9, MIB), (SegmentAlloc, 1, 2 * MIB), (Alloc, 1, 512)]);
+        let default = AllocatorConfig::default();
+        let r = replay_device(&s, 0, &default, &default, CARD).unwrap();
+        assert_eq!((r.unknown_frees, r.segment_events_matched), (1, 1));
     }
 
     #[test]
