@@ -73,6 +73,19 @@ pub struct DeviceReplays {
 /// Replays `file` (read from `path`) as `options` say.
 pub fn replay(path: &str, file: &SnapshotFile, options: &Options) -> Result<Replayed, String> {
     let mut assumptions = Vec::new();
+    let libtorch = file.snapshot.memlab.as_ref().and_then(|m| m.run.as_ref()).and_then(|r| r.libtorch.clone());
+    let modelled = memlab_core::replay::MODELLED_LIBTORCH;
+    match libtorch {
+        Some(v) if v.split('+').next() == Some(modelled) => {}
+        Some(v) => assumptions.push(format!(
+            "the recording was made by libtorch {v}; the model follows libtorch {modelled}'s allocator, so figures \
+             may differ where the two allocators do"
+        )),
+        None => assumptions.push(format!(
+            "the file does not say its libtorch version (PyTorch's snapshots do not): the model follows libtorch \
+             {modelled}'s allocator"
+        )),
+    }
     let recorded = match &file.allocator_settings {
         Some(settings) => AllocatorConfig::from_snapshot(settings).map_err(|e| format!("{path}: {e}"))?,
         None => {

@@ -571,6 +571,11 @@ fn replay_refuses_what_it_cannot_replay_in_one_line() {
     // Without a capacity, the replay says what it assumed.
     let text = stdout(&memlab(&["replay", cuda]));
     assert!(text.contains("Assumed: the file does not say what the allocator could reserve"), "{text}");
+    assert!(text.contains("the model follows libtorch 2.11.0's allocator"), "{text}");
+    // memlab's own snapshot says its version: 2.11.0 needs no warning.
+    let memlab_cuda = fixture("memlab_cuda.pickle");
+    let text = stdout(&memlab(&["replay", memlab_cuda.to_str().unwrap()]));
+    assert!(!text.contains("made by libtorch") && !text.contains("its libtorch version"), "{text}");
     // A history that began after the allocator held segments says so, and
     // how much: leaky.pickle's recorder started on a warm allocator.
     let text = stdout(&memlab(&["replay", fixture("leaky.pickle").to_str().unwrap()]));

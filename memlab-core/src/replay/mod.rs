@@ -25,6 +25,9 @@
 //! # Ok::<(), memlab_core::Error>(())
 //! ```
 
+/// The libtorch version whose allocator the model follows.
+pub const MODELLED_LIBTORCH: &str = "2.11.0";
+
 mod allocator;
 mod config;
 mod run;
