@@ -1,7 +1,8 @@
 """Makes the allocator-replay fixtures on a CUDA machine: small training
 loops (an MLP, a conv net, a transformer over varying sequence lengths),
-pytorch#123548's allocation pattern, and a fragmentation out-of-memory error
-under a memory fraction, each run in a process of its own under each
+pytorch#123548's allocation pattern, a fragmentation out-of-memory error
+under a memory fraction, a side stream with record_stream and empty_cache,
+garbage collection under a fraction, and roundup_power2_divisions, each run in a process of its own under each
 allocator setting (libtorch reads PYTORCH_CUDA_ALLOC_CONF when CUDA starts).
 Each run is recorded from its first CUDA allocation by PyTorch's own
 recorder (torch.cuda.memory._record_memory_history, no stacks, max_entries
@@ -30,6 +31,10 @@ WORKLOADS = {
     "transformer": SETTINGS,
     "pattern123548": dict(SETTINGS, both="expandable_segments:True,max_split_size_mb:128"),
     "fragmentation": dict(SETTINGS, gc="garbage_collection_threshold:0.6"),
+    "streams": SETTINGS,
+    "gc": {"default": "", "gc": "garbage_collection_threshold:0.5", "expandable": "expandable_segments:True"},
+    "divisions": {"default": "", "div4": "roundup_power2_divisions:4",
+                  "divlist": "roundup_power2_divisions:[64:2,256:4,>:8]"},
 }
 # The fragmentation run's memory fraction: 1.5 GiB of the device.
 FRACTION_BYTES = 3 * (1 << 29)
@@ -91,6 +96,53 @@ def fragmentation(torch, dev):
     del pieces[::2]
     # 500 MiB live, 500 MiB free in 10 MiB pieces: 600 MiB in one piece.
     torch.empty(600 * MIB, dtype=torch.uint8, device=dev)
+
+
+def streams(torch, dev):
+    """A side stream: blocks allocated on it, and main-stream blocks used on
+    it (record_stream), whose frees wait for it; empty_cache now and then."""
+    side = torch.cuda.Stream()
+    kept = []
+    for i in range(24):
+        x = torch.ones(3 * MIB + i * 65536, dtype=torch.uint8, device=dev)
+        with torch.cuda.stream(side):
+            y = torch.empty(5 * MIB, dtype=torch.uint8, device=dev)
+            y[: x.numel()].copy_(x)
+            x.record_stream(side)
+        del x
+        if i % 3 == 0:
+            kept.append(y)
+        del y
+        z = torch.empty(700 * 1024, dtype=torch.uint8, device=dev)
+        del z
+        if i % 8 == 7:
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+
+
+def gc(torch, dev):
+    """Varying large blocks under a 1 GiB fraction, so that garbage
+    collection (where set) gives segments back."""
+    total = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.set_per_process_memory_fraction((1 << 30) / total)
+    kept = []
+    for i in range(40):
+        size = (30 + (i * 37) % 170) * MIB
+        t = torch.empty(size, dtype=torch.uint8, device=dev)
+        if i % 7 == 0:
+            kept.append(torch.empty(12 * MIB, dtype=torch.uint8, device=dev))
+        del t
+
+
+def divisions(torch, dev):
+    """Sizes between powers of two, where roundup_power2_divisions rounds."""
+    kept = []
+    for i in range(60):
+        size = 300 * 1024 + i * 3 * MIB + (i * 7919) % 100000
+        t = torch.empty(size, dtype=torch.uint8, device=dev)
+        if i % 4 == 0:
+            kept.append(t)
+        del t
 
 
 def run_one(workload, setting, out):
