@@ -103,6 +103,26 @@ struct Block {
 }
 
 impl Block {
+    /// A whole segment, free, as the device gave it: mapped, or (an
+    /// expandable segment's range, with its start and page) not yet.
+    fn segment(address: u64, size: u64, stream: u64, small: bool, expandable: Option<(u64, u64)>) -> Block {
+        Block {
+            address,
+            size,
+            requested: 0,
+            stream,
+            small,
+            allocated: false,
+            waiting: false,
+            prev: None,
+            next: None,
+            gc_base: 0,
+            live: true,
+            expandable,
+            mapped: expandable.is_none(),
+        }
+    }
+
     fn is_split(&self) -> bool {
         self.prev.is_some() || self.next.is_some()
     }
@@ -309,14 +329,7 @@ impl CachingAllocator {
     pub fn malloc(&mut self, size: u64, stream: u64) -> std::result::Result<BlockId, ModelOom> {
         if size >= ONE_EXABYTE {
             // `NativeCachingAllocator::allocate` refuses these at once, counting nothing.
-            return Err(ModelOom {
-                requested: size,
-                segment: size,
-                stream,
-                reserved: self.reserved,
-                allocated: self.stats.allocated_bytes.all.current as u64,
-                limit: self.allowed.unwrap_or(self.capacity),
-            });
+            return Err(self.oom(size, size, stream));
         }
         let rounded = self.round_size(size);
         let small = rounded <= SMALL_SIZE;
@@ -341,16 +354,21 @@ impl CachingAllocator {
         };
         let Some(id) = found else {
             self.stats.num_ooms += 1;
-            return Err(ModelOom {
-                requested: size,
-                segment,
-                stream,
-                reserved: self.reserved,
-                allocated: self.stats.allocated_bytes.all.current as u64,
-                limit: self.allowed.unwrap_or(self.capacity),
-            });
+            return Err(self.oom(size, segment, stream));
         };
         Ok(BlockId(self.hand_out(id, rounded, size)))
+    }
+
+    /// The error of a request of `requested` bytes that needed a `segment`.
+    fn oom(&self, requested: u64, segment: u64, stream: u64) -> ModelOom {
+        ModelOom {
+            requested,
+            segment,
+            stream,
+            reserved: self.reserved,
+            allocated: self.stats.allocated_bytes.all.current as u64,
+            limit: self.allowed.unwrap_or(self.capacity),
+        }
     }
 
     /// `get_free_block`: the smallest free block of the pool on `stream`
@@ -419,21 +437,7 @@ impl CachingAllocator {
         }
         self.stats.num_device_alloc += 1;
         self.segments.push(SegmentEvent { action: SegmentAction::Alloc, address, size: bytes, stream });
-        Some(self.new_block(Block {
-            address,
-            size: bytes,
-            requested: 0,
-            stream,
-            small,
-            allocated: false,
-            waiting: false,
-            prev: None,
-            next: None,
-            gc_base: 0,
-            live: true,
-            expandable: None,
-            mapped: true,
-        }))
+        Some(self.new_block(Block::segment(address, bytes, stream, small, None)))
     }
 
     /// `alloc_found_block`: hands out `id` for a request of `size` bytes
@@ -619,19 +623,23 @@ impl CachingAllocator {
         let Some(mss) = self.config.max_split_size else { return false };
         let key = size.max(mss);
         let pool = if small { &self.small } else { &self.large };
-        let at_or_after: Vec<(u64, u64, u64, usize)> =
-            pool.free.range((stream, key, 0, 0)..).take(1).copied().collect();
-        if let Some(&(s, _, _, id)) = at_or_after.first() {
+        if let Some(&(s, _, _, id)) = pool.free.range((stream, key, 0, 0)..).next() {
             if s == stream && self.blocks[id].expandable.is_none() {
                 self.release_segment(id);
                 return true;
             }
         }
         // Below the key, largest first: oversize blocks of this stream.
-        let below: Vec<(u64, u64, u64, usize)> = pool.free.range(..(stream, key, 0, 0)).rev().copied().collect();
+        let below: Vec<(u64, u64, u64, usize)> = pool
+            .free
+            .range(..(stream, key, 0, 0))
+            .rev()
+            .take_while(|&&(s, block_size, _, _)| s == stream && block_size >= mss)
+            .copied()
+            .collect();
         let mut released = 0;
-        for (s, block_size, _, id) in below {
-            if released >= key || block_size < mss || s != stream {
+        for (_, block_size, _, id) in below {
+            if released >= key {
                 break;
             }
             if self.blocks[id].expandable.is_none() {
@@ -724,21 +732,7 @@ impl CachingAllocator {
         let pages = (self.total + self.total / 8).div_ceil(page);
         let base = self.next_address.div_ceil(page) * page;
         self.next_address = base + pages * page;
-        let id = self.new_block(Block {
-            address: base,
-            size: pages * page,
-            requested: 0,
-            stream,
-            small,
-            allocated: false,
-            waiting: false,
-            prev: None,
-            next: None,
-            gc_base: 0,
-            live: true,
-            expandable: Some((base, page)),
-            mapped: false,
-        });
+        let id = self.new_block(Block::segment(base, pages * page, stream, small, Some((base, page))));
         self.insert_unmapped(id);
         id
     }
@@ -854,8 +848,9 @@ impl CachingAllocator {
         let candidates = |this: &CachingAllocator| -> Vec<usize> {
             this.large.free.iter().map(|&(_, _, _, id)| id).filter(|&id| !this.blocks[id].is_split()).collect()
         };
-        let mut total_age: u64 = candidates(self).iter().map(|&id| age(&self.blocks[id])).sum();
-        let mut count = candidates(self).len() as u64;
+        let first = candidates(self);
+        let mut total_age: u64 = first.iter().map(|&id| age(&self.blocks[id])).sum();
+        let mut count = first.len() as u64;
         let mut reclaimed = 0;
         let mut freed = true;
         while reclaimed < target && freed && count > 0 {

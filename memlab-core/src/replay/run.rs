@@ -189,9 +189,10 @@ fn run(
         // Segments the recording gave back that no request explains yet: an
         // `empty_cache` before this entry, or the frees of this request's
         // own retry. Under the recorded settings the model tells which.
-        let pending: Vec<(SegmentAction, u64)> = recorded[made(&model).min(seen)..seen].to_vec();
+        let pending = &recorded[made(&model).min(seen)..seen];
         let call_empty_cache = match empty_cache_at {
-            Some(points) => points.contains(&i),
+            // In history order: sorted.
+            Some(points) => points.binary_search(&i).is_ok(),
             None => {
                 !pending.is_empty()
                     && gives_back(pending[0].0)
@@ -243,7 +244,7 @@ fn run(
     }
     // Segments given back after the last request: an `empty_cache` at the end.
     let at_end = match empty_cache_at {
-        Some(points) => points.contains(&trace.len()),
+        Some(points) => points.binary_search(&trace.len()).is_ok(),
         None => made(&model) < seen && gives_back(recorded[made(&model)].0),
     };
     if at_end {
