@@ -48,6 +48,12 @@ if [ "$(memlab_installed)" != "$MEMLAB_TORCH_VERSION $MEMLAB_CUDA_CRT_VERSION" ]
   "$MEMLAB_VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-cache-dir \
     "torch==$MEMLAB_TORCH_VERSION" "nvidia-cuda-crt==$MEMLAB_CUDA_CRT_VERSION" || {
     echo "memlab: pip could not install torch==$MEMLAB_TORCH_VERSION" >&2
+    # The commonest cause is a full disk: torch and its CUDA libraries take
+    # about 5 GB once installed, and pip wants about 2 GB more while it works.
+    for memlab_dir in "$(dirname "$MEMLAB_VENV")" "${TMPDIR:-/tmp}"; do
+      echo "memlab: $(df -Ph "$memlab_dir" | awk 'NR == 2 { print $4 }') free on the disk of $memlab_dir" >&2
+    done
+    echo "memlab: it needs about 7 GB free; free some, or point MEMLAB_VENV (and TMPDIR) at a larger disk" >&2
     return 1 2>/dev/null || exit 1
   }
 fi

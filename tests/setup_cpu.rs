@@ -204,3 +204,40 @@ fn a_venv_the_user_names_wins() {
     assert!(out.contains(&format!("venv={r}/mine\n")) && out.contains(&format!("libs={r}/mine/torch/lib\n")), "{out}");
     std::fs::remove_dir_all(&root).ok();
 }
+
+#[test]
+fn a_failed_install_says_how_much_disk_it_needs_and_has() {
+    if std::env::var_os("MEMLAB_CHILD").is_some() {
+        return;
+    }
+    let root = std::env::temp_dir().join(format!("memlab-env-{}-full", std::process::id()));
+    let _ = std::fs::remove_dir_all(&root);
+    std::fs::create_dir_all(root.join("scripts")).unwrap();
+    std::fs::copy(workspace().join("scripts/env.sh"), root.join("scripts/env.sh")).unwrap();
+    let script = |path: PathBuf, body: &str| {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, body).unwrap();
+        std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
+    };
+    // Making the venv works; it has no torch, and pip fails as on a full disk.
+    script(root.join("bin/python3"), "#!/bin/sh\nexit 0\n");
+    script(
+        root.join(".venv/bin/python"),
+        "#!/bin/sh\ncase \"$*\" in\n  *pip*) echo 'OSError: [Errno 28] No space left on device' >&2; exit 1 ;;\nesac\ncat >/dev/null\nexit 1\n",
+    );
+    let out = Command::new("bash")
+        .arg("-c")
+        .arg(format!(
+            "export PATH={r}/bin:/usr/bin:/bin; unset MEMLAB_VENV MEMLAB_VENV_CHOSEN MEMLAB_TORCH; source {r}/scripts/env.sh",
+            r = root.display()
+        ))
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("pip could not install torch==2.11.0"), "{stderr}");
+    assert!(stderr.contains(&format!("free on the disk of {}\n", root.display())), "{stderr}");
+    assert!(stderr.contains("it needs about 7 GB free"), "{stderr}");
+    assert!(root.join(".venv/bin/python").exists(), "the user's venv is left as it was");
+    std::fs::remove_dir_all(&root).ok();
+}
