@@ -8,7 +8,7 @@
 
 use memlab_core::export::SnapshotFile;
 use memlab_core::render::{Cell, Column, Document, Layout, Render, Table};
-use memlab_core::replay::{replay_device, replay_device_at, AllocatorConfig, Card, DeviceReplay};
+use memlab_core::replay::{replay_device, replay_device_at, AllocatorConfig, Card, DeviceReplay, ModelOom};
 use serde::Serialize;
 
 /// The device memory assumed where neither the file nor the command line
@@ -253,12 +253,20 @@ impl Render for Replayed {
                 Column::new("settings", Layout::Text),
                 Column::new("peak reserved", Layout::Figure),
                 Column::new("peak allocated", Layout::Figure),
+                Column::new("free at peak", Layout::Figure),
+                Column::new("of reserved", Layout::Figure),
+                Column::new("largest free", Layout::Figure),
                 Column::new("out of memory", Layout::Text),
             ]);
             let recorded_oom = r.ooms.iter().any(|o| o.recorded);
             for (i, x) in std::iter::once(r).chain(&d.replays).enumerate() {
                 let oom = match x.ooms.first() {
-                    Some(o) => format!("at history entry {}, asking {}", o.entry, Cell::bytes(o.oom.requested)),
+                    Some(o) => format!(
+                        "at history entry {}, asking {}: {}",
+                        o.entry,
+                        Cell::bytes(o.oom.requested),
+                        why(&o.oom)
+                    ),
                     None if i > 0 && recorded_oom => "no: avoids the recorded error".to_string(),
                     None => "no".to_string(),
                 };
@@ -271,11 +279,41 @@ impl Render for Replayed {
                     Cell::text(label),
                     Cell::bytes(x.peak_reserved),
                     Cell::bytes(x.peak_allocated),
+                    Cell::bytes(x.at_peak.free()),
+                    Cell::Percent(x.at_peak.free_share()),
+                    Cell::bytes(x.at_peak.largest_free),
                     Cell::text(oom),
                 ]);
             }
             doc.table(table);
         }
+        doc.note(
+            "Free at peak: of the moments reserved stood at its peak, the one the most was allocated; the bytes \
+             inside the segments no tensor used then, and the largest of the free blocks.",
+        );
         doc
+    }
+}
+
+/// Why a request failed: the tensors alone fill the limit, or the memory
+/// held is too broken up for it.
+fn why(oom: &ModelOom) -> String {
+    let free = oom.reserved.saturating_sub(oom.allocated);
+    if oom.allocated + oom.requested > oom.limit {
+        format!(
+            "the tensors alone need more ({} allocated + {} > {} the allocator may hold)",
+            Cell::bytes(oom.allocated),
+            Cell::bytes(oom.requested),
+            Cell::bytes(oom.limit)
+        )
+    } else {
+        format!(
+            "fragmentation ({} free in the segments, the largest block {}; a new {} segment would pass the {} \
+             limit)",
+            Cell::bytes(free),
+            Cell::bytes(oom.largest_free),
+            Cell::bytes(oom.segment),
+            Cell::bytes(oom.limit)
+        )
     }
 }

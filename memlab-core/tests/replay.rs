@@ -23,6 +23,15 @@ struct Run {
     fraction: f64,
     peak_reserved: u64,
     num_ooms: u64,
+    /// The out-of-memory error's message, where the run had one.
+    oom: Option<String>,
+}
+
+/// The MiB a PyTorch out-of-memory message says are "reserved by PyTorch
+/// but unallocated", to the hundredth.
+fn unallocated_mib(message: &str) -> f64 {
+    let before = message.split(" MiB is reserved by PyTorch but unallocated").next().unwrap();
+    before.rsplit(' ').next().unwrap().parse().unwrap()
 }
 
 fn runs() -> Vec<Run> {
@@ -60,6 +69,12 @@ fn every_recording_replays_under_its_own_settings() {
         assert_eq!(r.peak_reserved, run.peak_reserved, "{what}: the GPU's reserved peak");
         assert_eq!(r.ooms.len() as u64, run.num_ooms, "{what}: the GPU's out-of-memory errors");
         assert!(r.ooms.iter().all(|o| o.recorded), "{what}: failing where the GPU failed");
+        // The free bytes inside the segments when it failed: the GPU's message says them.
+        if let (Some(message), Some(o)) = (&run.oom, r.ooms.first()) {
+            let free = (o.oom.reserved - o.oom.allocated) as f64 / (1 << 20) as f64;
+            assert_eq!(format!("{free:.2}"), format!("{:.2}", unallocated_mib(message)), "{what}: {message}");
+            assert!(o.oom.largest_free <= o.oom.reserved - o.oom.allocated, "{what}");
+        }
     }
 }
 

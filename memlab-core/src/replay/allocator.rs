@@ -76,6 +76,9 @@ pub struct ModelOom {
     pub allocated: u64,
     /// What the allocator may hold: the capacity, or the memory fraction's limit.
     pub limit: u64,
+    /// The largest free block then, in either pool, on any stream: beside
+    /// `reserved - allocated` free in all, how fragmented that memory is.
+    pub largest_free: u64,
 }
 
 /// One block of a segment: free (in its pool) or handed out.
@@ -368,7 +371,25 @@ impl CachingAllocator {
             reserved: self.reserved,
             allocated: self.stats.allocated_bytes.all.current as u64,
             limit: self.allowed.unwrap_or(self.capacity),
+            largest_free: self.largest_free_block(),
         }
+    }
+
+    /// The largest free block in either pool, on any stream: mapped memory
+    /// inside the segments held that no tensor uses (blocks freed but
+    /// still waiting for a stream are not free yet).
+    pub fn largest_free_block(&self) -> u64 {
+        // Ordered by stream, then size: each stream's largest is the last
+        // of its run, one step back from the next stream's first.
+        let mut largest = 0;
+        for pool in [&self.small, &self.large] {
+            let mut below = pool.free.last().copied();
+            while let Some((stream, size, _, _)) = below {
+                largest = largest.max(size);
+                below = pool.free.range(..(stream, 0, 0, 0)).next_back().copied();
+            }
+        }
+        largest
     }
 
     /// `get_free_block`: the smallest free block of the pool on `stream`

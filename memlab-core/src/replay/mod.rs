@@ -37,7 +37,7 @@ pub use allocator::{
     SMALL_BUFFER, SMALL_SIZE,
 };
 pub use config::{AllocatorConfig, DIVISION_BUCKETS, MIB, MIN_LARGE_ALLOC};
-pub use run::{replay_device, replay_device_at, Card, DeviceReplay, Mismatch, ReplayOom};
+pub use run::{replay_device, replay_device_at, AtPeak, Card, DeviceReplay, Mismatch, ReplayOom};
 
 #[cfg(test)]
 mod tests;

@@ -42,6 +42,8 @@ pub struct DeviceReplay {
     pub peak_reserved: u64,
     /// The highest allocated bytes (blocks, as libtorch counts them).
     pub peak_allocated: u64,
+    /// The segments at the reserved peak, at their fullest.
+    pub at_peak: AtPeak,
     /// Requests the model could not serve, in order (the recording's own
     /// out-of-memory requests included, where the model fails them too).
     pub ooms: Vec<ReplayOom>,
@@ -59,6 +61,38 @@ pub struct DeviceReplay {
     /// added. The replay starts from an empty allocator: requests the real
     /// one served from those segments get new ones in the replay.
     pub reserved_before: u64,
+}
+
+/// How full the segments were at the reserved peak: of the moments when
+/// reserved stood at its peak, the one when the most was allocated. What is
+/// free then is what the allocator held beyond the tensors at their fullest:
+/// the fragmentation and caching the peak paid for.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct AtPeak {
+    /// The history entry after which it was so.
+    pub entry: usize,
+    /// Reserved bytes (the peak).
+    pub reserved: u64,
+    /// Allocated bytes.
+    pub allocated: u64,
+    /// The largest free block in the segments.
+    pub largest_free: u64,
+}
+
+impl AtPeak {
+    /// Bytes inside the reserved segments that no tensor used.
+    pub fn free(&self) -> u64 {
+        self.reserved - self.allocated
+    }
+
+    /// [`free`](Self::free) as a share of reserved (0 with nothing reserved).
+    pub fn free_share(&self) -> f64 {
+        if self.reserved == 0 {
+            0.0
+        } else {
+            self.free() as f64 / self.reserved as f64
+        }
+    }
 }
 
 /// A recorded segment event against the model's.
@@ -160,6 +194,7 @@ fn run(
         first_mismatch: None,
         peak_reserved: 0,
         peak_allocated: 0,
+        at_peak: AtPeak::default(),
         ooms: Vec::new(),
         avoided: 0,
         empty_cache_at: Vec::new(),
@@ -239,8 +274,12 @@ fn run(
             _ => {}
         }
         let s = model.stats();
-        out.peak_reserved = out.peak_reserved.max(s.reserved_bytes.all.current as u64);
-        out.peak_allocated = out.peak_allocated.max(s.allocated_bytes.all.current as u64);
+        let (reserved, allocated) = (s.reserved_bytes.all.current as u64, s.allocated_bytes.all.current as u64);
+        out.peak_allocated = out.peak_allocated.max(allocated);
+        if reserved > out.peak_reserved || (reserved == out.peak_reserved && allocated > out.at_peak.allocated) {
+            out.peak_reserved = reserved;
+            out.at_peak = AtPeak { entry: i, reserved, allocated, largest_free: model.largest_free_block() };
+        }
     }
     // Segments given back after the last request: an `empty_cache` at the end.
     let at_end = match empty_cache_at {
@@ -341,6 +380,27 @@ mod tests {
         // empty_cache before the request: the capacity tells them apart.
         let r = replay_device(&s, 0, &default, &default, CARD).unwrap();
         assert_eq!((r.segment_events_matched, r.empty_cache_at), (3, vec![6]));
+    }
+
+    #[test]
+    fn at_the_peak_is_the_peaks_fullest_moment() {
+        use Action::*;
+        // 3 MiB and 5 MiB from one 20 MiB segment: [3][5][12 free]. Freeing
+        // the 3 MiB leaves reserved at its peak with less allocated, so the
+        // peak's fullest moment stays after the second request (entry 2,
+        // the segment event being entry 0): 12 MiB free, all of it one block.
+        let s = snapshot(&[
+            (SegmentAlloc, 1, 20 * MIB),
+            (Alloc, 1, 3 * MIB),
+            (Alloc, 2, 5 * MIB),
+            (FreeRequested, 1, 3 * MIB),
+            (FreeCompleted, 1, 3 * MIB),
+        ]);
+        let default = AllocatorConfig::default();
+        let r = replay_device(&s, 0, &default, &default, CARD).unwrap();
+        let expected = AtPeak { entry: 2, reserved: 20 * MIB, allocated: 8 * MIB, largest_free: 12 * MIB };
+        assert_eq!(r.at_peak, expected);
+        assert_eq!((r.at_peak.free(), r.at_peak.free_share()), (12 * MIB, 0.6));
     }
 
     #[test]

@@ -416,3 +416,31 @@ fn a_block_freed_twice_or_never_handed_out_changes_nothing() {
     assert!(a.malloc(ONE_EXABYTE, 0).is_err());
     assert_eq!((a.stats().num_ooms, a.stats().num_alloc_retries), (0, 0));
 }
+
+#[test]
+fn the_largest_free_block_is_found_across_pools_and_streams() {
+    let mut a = gpu("");
+    assert_eq!(a.largest_free_block(), 0);
+    // Stream 0: a 20 MiB segment, 3 MiB used: a 17 MiB free block.
+    let x = a.malloc(3 * MIB, 0).unwrap();
+    // Stream 1: another 20 MiB segment, 4 MiB used: 16 MiB free.
+    let y = a.malloc(4 * MIB, 1).unwrap();
+    // The small pool, stream 2: a 2 MiB segment less 512 B.
+    let z = a.malloc(100, 2).unwrap();
+    assert_eq!(a.largest_free_block(), 17 * MIB);
+    // Stream 0's whole segment free again: 20 MiB, the largest.
+    a.free(x);
+    assert_eq!(a.largest_free_block(), 20 * MIB);
+    // Under a 33 MiB cap, with 22 MiB held (a 20 MiB segment, 4 MiB used, and
+    // a 2 MiB small one), a 15 MiB request on stream 0 needs a 16 MiB segment:
+    // 22 + 16 > 33, and no segment is whole to give back. It fails with 18 MiB
+    // less 512 B free in the segments but no block over 16 MiB: fragmentation.
+    let mut b = CachingAllocator::new(AllocatorConfig::default(), 33 * MIB, 80 * GIB).unwrap();
+    let kept = b.malloc(4 * MIB, 1).unwrap();
+    let _small = b.malloc(100, 2).unwrap();
+    let oom = b.malloc(15 * MIB, 0).unwrap_err();
+    assert_eq!((oom.reserved, oom.allocated, oom.largest_free), (22 * MIB, 4 * MIB + 512, 16 * MIB));
+    b.free(kept);
+    a.free(y);
+    a.free(z);
+}
