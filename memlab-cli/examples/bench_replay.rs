@@ -60,7 +60,7 @@ fn history(events: usize) -> Snapshot {
             trace.push(entry(Action::FreeCompleted, addr, size, trace.len() as u64));
         }
     }
-    Snapshot { segments: Vec::new(), device_traces: vec![trace], memlab: None }
+    Snapshot { segments: Vec::new(), device_traces: vec![trace], allocator_settings: None, memlab: None }
 }
 
 fn median(mut xs: Vec<f64>) -> f64 {

@@ -47,12 +47,6 @@ pub struct Replayed {
     pub file: String,
     /// The settings it was recorded with (as the file says, else libtorch's defaults).
     pub recorded_settings: String,
-    /// The memory fraction every replay ran under (1: none).
-    pub memory_fraction: f64,
-    /// The device's memory the replays assumed or were given.
-    pub total: u64,
-    /// What the allocator could reserve in the replays.
-    pub capacity: u64,
     /// What the replay assumed where the file says nothing, each a sentence.
     pub assumptions: Vec<String>,
     /// One per CUDA device with a history.
@@ -66,6 +60,12 @@ pub struct DeviceReplays {
     /// Under the recorded settings.
     #[serde(flatten)]
     pub recorded: DeviceReplay,
+    /// The memory fraction every replay of the device ran under (1: none).
+    pub memory_fraction: f64,
+    /// The device's memory, as the file says or as given or assumed.
+    pub total: u64,
+    /// What the allocator could reserve in the replays.
+    pub capacity: u64,
     /// Under each other setting asked for.
     pub replays: Vec<DeviceReplay>,
 }
@@ -86,7 +86,7 @@ pub fn replay(path: &str, file: &SnapshotFile, options: &Options) -> Result<Repl
              {modelled}'s allocator"
         )),
     }
-    let recorded = match &file.allocator_settings {
+    let recorded = match &file.snapshot.allocator_settings {
         Some(settings) => AllocatorConfig::from_snapshot(settings).map_err(|e| format!("{path}: {e}"))?,
         None => {
             assumptions.push(
@@ -97,57 +97,82 @@ pub fn replay(path: &str, file: &SnapshotFile, options: &Options) -> Result<Repl
             AllocatorConfig::default()
         }
     };
-    let total = options.total.unwrap_or_else(|| {
-        assumptions.push(format!(
-            "the file does not say the device's memory: {} assumed (give --total)",
-            Cell::bytes(ASSUMED_TOTAL)
-        ));
-        ASSUMED_TOTAL
-    });
     let recorded_settings = recorded.to_conf();
-    let mut recorded = recorded;
-    if let Some(f) = options.fraction {
-        recorded.memory_fraction = f;
-    }
-    let capacity = options.capacity.unwrap_or_else(|| {
-        if options.fraction.is_none() {
-            assumptions.push(
-                "the file does not say what the allocator could reserve: replayed without a limit beyond the \
-                 device's memory (give --capacity or --fraction to see where memory runs out)"
-                    .to_string(),
-            );
-        }
-        total
-    });
-    let card = Card { capacity, total };
-    let mut others: Vec<AllocatorConfig> = Vec::new();
+    // Each settings string parsed once; each device then gets its own fraction.
     let mut wanted: Vec<String> = options.settings.clone();
     if options.compare {
         wanted.extend(COMPARED.iter().map(|s| s.to_string()));
-        if recorded.memory_fraction < 1.0 {
-            wanted.push("garbage_collection_threshold:0.6".into());
-        } else {
-            assumptions.push(
-                "garbage_collection_threshold is left out of the comparison: libtorch applies it only under a \
-                 memory fraction (give --fraction)"
-                    .to_string(),
-            );
-        }
     }
-    for conf in &wanted {
-        let mut c = AllocatorConfig::parse(conf).map_err(|e| e.to_string())?;
-        if c.memory_fraction == 1.0 {
-            c.memory_fraction = recorded.memory_fraction;
-        }
-        if c != recorded && !others.contains(&c) {
-            others.push(c);
-        }
-    }
+    let wanted: Vec<AllocatorConfig> = wanted
+        .iter()
+        .map(|conf| AllocatorConfig::parse(conf))
+        .collect::<memlab_core::Result<_>>()
+        .map_err(|e| e.to_string())?;
+    let recorded_memory = file.snapshot.memlab.as_ref().map(|m| m.device_memory.as_slice()).unwrap_or_default();
     let names = file.snapshot.devices();
     let mut devices = Vec::new();
-    for (index, _) in names.iter().enumerate().filter(|(_, n)| n.starts_with("cuda")) {
+    let mut said = std::collections::BTreeSet::new();
+    let mut assume = |sentence: String| {
+        if said.insert(sentence.clone()) {
+            assumptions.push(sentence);
+        }
+    };
+    for (index, name) in names.iter().enumerate().filter(|(_, n)| n.starts_with("cuda")) {
         if file.snapshot.device_traces.get(index).is_none_or(|t| t.is_empty()) {
             continue;
+        }
+        let memory = recorded_memory.iter().find(|m| &m.device == name);
+        let total = options.total.or(memory.map(|m| m.total)).unwrap_or_else(|| {
+            assume(format!(
+                "the file does not say the device's memory: {} assumed (give --total)",
+                Cell::bytes(ASSUMED_TOTAL)
+            ));
+            ASSUMED_TOTAL
+        });
+        let mut recorded = recorded.clone();
+        match (options.fraction, memory) {
+            (Some(f), _) => recorded.memory_fraction = f,
+            // The fraction set at run time wins over the settings' key, as in libtorch.
+            (None, Some(m)) => recorded.memory_fraction = m.memory_fraction,
+            (None, None) => {}
+        }
+        let capacity = options.capacity.unwrap_or_else(|| {
+            if options.fraction.is_none() && memory.is_none() {
+                assume(
+                    "the file does not say what the allocator could reserve: replayed without a limit beyond the \
+                     device's memory (give --capacity or --fraction to see where memory runs out)"
+                        .to_string(),
+                );
+            } else if options.fraction.is_none() && recorded.memory_fraction >= 1.0 {
+                assume(
+                    "the allocator could reserve the device's whole memory, less what others held then, which the \
+                     file does not say (give --capacity for what was free)"
+                        .to_string(),
+                );
+            }
+            total
+        });
+        let card = Card { capacity, total };
+        let mut others: Vec<AllocatorConfig> = Vec::new();
+        let mut configs = wanted.clone();
+        if options.compare {
+            if recorded.memory_fraction < 1.0 {
+                configs.push(AllocatorConfig::parse("garbage_collection_threshold:0.6").map_err(|e| e.to_string())?);
+            } else {
+                assume(
+                    "garbage_collection_threshold is left out of the comparison: libtorch applies it only under a \
+                     memory fraction (give --fraction)"
+                        .to_string(),
+                );
+            }
+        }
+        for mut c in configs {
+            if c.memory_fraction == 1.0 {
+                c.memory_fraction = recorded.memory_fraction;
+            }
+            if c != recorded && !others.contains(&c) {
+                others.push(c);
+            }
         }
         let as_recorded =
             replay_device(&file.snapshot, index, &recorded, &recorded, card).map_err(|e| format!("{path}: {e}"))?;
@@ -156,7 +181,13 @@ pub fn replay(path: &str, file: &SnapshotFile, options: &Options) -> Result<Repl
             .map(|c| replay_device_at(&file.snapshot, index, c, card, &as_recorded.empty_cache_at))
             .collect::<memlab_core::Result<Vec<_>>>()
             .map_err(|e| format!("{path}: {e}"))?;
-        devices.push(DeviceReplays { recorded: as_recorded, replays });
+        devices.push(DeviceReplays {
+            recorded: as_recorded,
+            memory_fraction: recorded.memory_fraction,
+            total,
+            capacity,
+            replays,
+        });
     }
     if devices.is_empty() {
         return Err(format!(
@@ -164,15 +195,7 @@ pub fn replay(path: &str, file: &SnapshotFile, options: &Options) -> Result<Repl
              or a memlab Recording on CUDA)"
         ));
     }
-    Ok(Replayed {
-        file: path.to_string(),
-        recorded_settings,
-        memory_fraction: recorded.memory_fraction,
-        total,
-        capacity,
-        assumptions,
-        devices,
-    })
+    Ok(Replayed { file: path.to_string(), recorded_settings, assumptions, devices })
 }
 
 /// Settings as the table names them: without the memory fraction (the
@@ -196,25 +219,21 @@ impl Render for Replayed {
             "A replay through the model of libtorch 2.11's CUDA caching allocator (figures replayed, not measured).",
         );
         doc.line(format!("Recorded with: {}", settings_name(&self.recorded_settings)));
-        if self.memory_fraction < 1.0 {
-            doc.line(format!(
-                "Memory fraction {} of {}: the allocator may hold {}.",
-                self.memory_fraction,
-                Cell::bytes(self.total),
-                Cell::bytes((self.memory_fraction * self.total as f64) as u64)
-            ));
-        } else if self.capacity < self.total {
-            doc.line(format!(
-                "The allocator may reserve {} of {}.",
-                Cell::bytes(self.capacity),
-                Cell::bytes(self.total)
-            ));
-        }
         for a in &self.assumptions {
             doc.note(format!("Assumed: {a}."));
         }
         for d in &self.devices {
             doc.part(d.recorded.device.clone());
+            if d.memory_fraction < 1.0 {
+                doc.line(format!(
+                    "Memory fraction {} of {}: the allocator may hold {}.",
+                    d.memory_fraction,
+                    Cell::bytes(d.total),
+                    Cell::bytes((d.memory_fraction * d.total as f64) as u64)
+                ));
+            } else if d.capacity < d.total {
+                doc.line(format!("The allocator may reserve {} of {}.", Cell::bytes(d.capacity), Cell::bytes(d.total)));
+            }
             let r = &d.recorded;
             if r.reserved_before > 0 {
                 doc.caution(format!(

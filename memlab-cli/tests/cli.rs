@@ -176,12 +176,14 @@ fn a_partial_memlab_history_says_so() {
     let snapshot = Snapshot {
         segments: vec![],
         device_traces: vec![vec![entry(Action::FreeRequested, 64, 100), entry(Action::Alloc, 128, 40)]],
+        allocator_settings: None,
         memlab: Some(SnapshotInfo {
             devices: vec!["cpu".into()],
             partial: true,
             dropped: 5,
             recorded: 7,
             run: None,
+            device_memory: Vec::new(),
             profile: None,
         }),
     };
@@ -461,12 +463,14 @@ fn merge_tells_processes_on_one_gpu_apart_and_keeps_a_process_on_two() {
         let snapshot = Snapshot {
             segments: vec![],
             device_traces: traces,
+            allocator_settings: None,
             memlab: Some(SnapshotInfo {
                 devices: names,
                 partial: false,
                 dropped: 0,
                 recorded: 0,
                 run: Some(run),
+                device_memory: Vec::new(),
                 profile: None,
             }),
         };
@@ -548,6 +552,48 @@ fn replay_reproduces_the_recording_and_says_which_setting_avoids_its_error() {
     assert!(text.contains("the allocator may hold 1.50G"), "{text}");
     assert!(text.contains("max_split_size_mb:128") && text.contains("no: avoids the recorded error"), "{text}");
     assert!(text.contains("made 1 of the allocator's 1 segment events"), "{text}");
+}
+
+#[test]
+fn a_snapshot_that_says_its_devices_memory_replays_without_flags() {
+    use memlab_core::export::{DeviceMemory, Snapshot, SnapshotInfo};
+    // The fragmentation recording, given the memory and fraction memlab's
+    // own snapshots record: the replay needs no --total or --fraction, and
+    // gives what the flags gave.
+    let path = fixture("replay/fragmentation__default.pickle");
+    let mut file = Snapshot::read_pickle(&path).unwrap();
+    file.snapshot.memlab = Some(SnapshotInfo {
+        devices: vec!["cuda:0".into()],
+        partial: false,
+        dropped: 0,
+        recorded: 0,
+        run: None,
+        device_memory: vec![DeviceMemory {
+            device: "cuda:0".into(),
+            total: 85_017_493_504,
+            memory_fraction: 0.01894448624181354,
+        }],
+        profile: None,
+    });
+    let written = temp("fragmentation_with_memory.pickle");
+    file.snapshot.write_pickle(&written).unwrap();
+    let with_flags = json(&[
+        "replay",
+        path.to_str().unwrap(),
+        "--total",
+        "85017493504",
+        "--fraction",
+        "0.01894448624181354",
+        "--json",
+    ]);
+    let from_file = json(&["replay", written.to_str().unwrap(), "--json"]);
+    assert_eq!(from_file["devices"], with_flags["devices"]);
+    let assumed = from_file["assumptions"].to_string();
+    assert!(!assumed.contains("memory") && !assumed.contains("reserve"), "{assumed}");
+    // The flags still win over the file.
+    let halved = json(&["replay", written.to_str().unwrap(), "--fraction", "0.5", "--json"]);
+    assert_eq!(halved["devices"][0]["memory_fraction"], 0.5);
+    assert!(halved["devices"][0]["ooms"].as_array().unwrap().is_empty(), "{halved}");
 }
 
 #[test]

@@ -45,7 +45,7 @@ fn every_recording_replays_under_its_own_settings() {
         let file = Snapshot::read_pickle(fixtures().join(format!("{}__{}.pickle", run.workload, run.setting))).unwrap();
         let mut config = AllocatorConfig::parse(&run.conf).unwrap();
         // The file's own record of the settings says the same.
-        let settings = file.allocator_settings.as_ref().expect("PyTorch 2.11 writes its allocator's settings");
+        let settings = file.snapshot.allocator_settings.as_ref().expect("PyTorch 2.11 writes its allocator's settings");
         assert_eq!(AllocatorConfig::from_snapshot(settings).unwrap(), config, "{}", run.conf);
         config.memory_fraction = run.fraction;
         let card = Card { capacity: run.total_memory, total: run.total_memory };

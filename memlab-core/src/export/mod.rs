@@ -24,7 +24,8 @@ pub use html::{DeviceTimeline, FlameNode, HtmlReport, PeakRow, Point};
 pub use pickle::PROTOCOL as PICKLE_PROTOCOL;
 pub use read::SnapshotFile;
 pub use snapshot::{
-    Block, BlockState, Category, Frames, Segment, SegmentType, Snapshot, SnapshotFrame, SnapshotInfo, Stack, TraceEntry,
+    Block, BlockState, Category, DeviceMemory, Frames, Segment, SegmentType, Snapshot, SnapshotFrame, SnapshotInfo,
+    Stack, TraceEntry,
 };
 pub use trace::{
     Anchor, InstantScope, Level, Oom, Phase, Sample, Trace, TraceArgs, TraceEvent, TraceFile, TraceInfo, TraceWriter,
@@ -95,12 +96,14 @@ mod tests {
                 }],
             }],
             device_traces: vec![vec![entry(Action::Alloc, 1024), entry(Action::FreeRequested, 1024)]],
+            allocator_settings: None,
             memlab: Some(SnapshotInfo {
                 devices: vec!["cuda:0".into()],
                 partial: false,
                 dropped: 0,
                 recorded: 2,
                 run: None,
+                device_memory: Vec::new(),
                 profile: None,
             }),
         };

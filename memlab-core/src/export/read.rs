@@ -35,11 +35,6 @@ pub struct SnapshotFile {
     /// Keys the model has no place for, by where they occur
     /// (`device_traces[][].compile_context`), with how often: read past.
     pub ignored: BTreeMap<String, u64>,
-    /// PyTorch's `allocator_settings`: the caching allocator's settings in
-    /// force when the snapshot was taken (`PYTORCH_CUDA_ALLOC_CONF`,
-    /// `max_split_size`, `expandable_segments`, …), as plain data; `None`
-    /// where the file has none (PyTorch before 2.5, memlab's own).
-    pub allocator_settings: Option<serde_json::Value>,
 }
 
 impl SnapshotFile {
@@ -48,7 +43,7 @@ impl SnapshotFile {
     /// past. A live capture's report is built from this, as `memlab view`'s
     /// is from the file.
     pub fn of(snapshot: Snapshot) -> SnapshotFile {
-        SnapshotFile { snapshot, protocol: super::pickle::PROTOCOL, ignored: BTreeMap::new(), allocator_settings: None }
+        SnapshotFile { snapshot, protocol: super::pickle::PROTOCOL, ignored: BTreeMap::new() }
     }
 }
 
@@ -375,10 +370,9 @@ fn read<R: Read + Seek>(source: R) -> std::result::Result<SnapshotFile, String> 
         *ignored.entry(format!("device_traces[][].action={}", strings.text(action))).or_default() += count;
     }
     Ok(SnapshotFile {
-        snapshot: Snapshot { segments, device_traces, memlab },
+        snapshot: Snapshot { segments, device_traces, allocator_settings, memlab },
         protocol: pickle.protocol,
         ignored,
-        allocator_settings,
     })
 }
 
@@ -516,8 +510,15 @@ fn read_traces(strings: &Strings, b: &mut Builder, value: &Value) -> std::result
 }
 
 fn read_info(strings: &Strings, b: &mut Builder, value: &Value) -> std::result::Result<SnapshotInfo, String> {
-    let mut info =
-        SnapshotInfo { devices: Vec::new(), partial: false, dropped: 0, recorded: 0, run: None, profile: None };
+    let mut info = SnapshotInfo {
+        devices: Vec::new(),
+        partial: false,
+        dropped: 0,
+        recorded: 0,
+        run: None,
+        device_memory: Vec::new(),
+        profile: None,
+    };
     for (key, value) in items(strings, value, "`memlab`")? {
         match key {
             "devices" => {
@@ -532,6 +533,12 @@ fn read_info(strings: &Strings, b: &mut Builder, value: &Value) -> std::result::
             "run" => {
                 let json = to_json(strings, &value).map_err(|e| format!("`memlab.run` is not plain data: {e}"))?;
                 info.run = Some(serde_json::from_value(json).map_err(|e| format!("`memlab.run` is not a run: {e}"))?);
+            }
+            "device_memory" => {
+                let json =
+                    to_json(strings, &value).map_err(|e| format!("`memlab.device_memory` is not plain data: {e}"))?;
+                info.device_memory = serde_json::from_value(json)
+                    .map_err(|e| format!("`memlab.device_memory` is not a list of devices' memory: {e}"))?;
             }
             "profile" => {
                 let json = to_json(strings, &value).map_err(|e| format!("`memlab.profile` is not plain data: {e}"))?;
@@ -599,7 +606,8 @@ mod tests {
         );
         assert_eq!(file.ignored.get("device_traces[][].compile_context"), Some(&487));
         assert_eq!(file.ignored.get("segments[].segment_pool_id"), Some(&15));
-        let settings = file.allocator_settings.as_ref().expect("PyTorch 2.5 and later write the allocator's settings");
+        let settings =
+            file.snapshot.allocator_settings.as_ref().expect("PyTorch 2.5 and later write the allocator's settings");
         assert!(settings.get("expandable_segments").is_some(), "{settings}");
         let first = &trace[0];
         assert_eq!((first.addr, first.size, first.time_us), (Some(139883191910912), 524288, 1795489044207495));
@@ -686,6 +694,13 @@ mod tests {
                 vec![entry(Action::Alloc, 1 << 63, 512, 3), entry(Action::SegmentMap, 4096, 1 << 21, 4)],
                 vec![entry(Action::Alloc, 64, 100, 5), entry(Action::FreeRequested, 64, 100, 6)],
             ],
+            allocator_settings: Some(serde_json::json!({
+                "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
+                "max_split_size": 134217728_u64,
+                "garbage_collection_threshold": 0.0,
+                "expandable_segments": true,
+                "roundup_power2_divisions": {"1": 0, "2": 4},
+            })),
             memlab: Some(SnapshotInfo {
                 devices: vec!["cuda:0".into(), "cpu".into()],
                 partial: true,
@@ -701,6 +716,11 @@ mod tests {
                     libtorch: Some("2.11.0".into()),
                     devices: vec![crate::run::DeviceId { device: "cuda:0".into(), uuid: Some("GPU-8c3f".into()) }],
                 }),
+                device_memory: vec![super::super::DeviceMemory {
+                    device: "cuda:0".into(),
+                    total: 85_017_493_504,
+                    memory_fraction: 0.5,
+                }],
                 profile: Some(profile()),
             }),
         };

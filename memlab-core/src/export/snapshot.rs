@@ -239,9 +239,23 @@ pub struct SnapshotInfo {
     /// time of its clock zero (the traces' `time_us` count from it),
     /// libtorch's version, its CUDA devices' UUIDs.
     pub run: Option<crate::run::RunInfo>,
+    /// Each CUDA device's memory and memory fraction when the snapshot was
+    /// taken: what a replay of the allocator needs beside its settings.
+    pub device_memory: Vec<DeviceMemory>,
     /// The line profile at export, when a profiled function ran: the data
     /// (not a rendering), so a reader renders it as the program would have.
     pub profile: Option<crate::report::Report>,
+}
+
+/// A CUDA device's memory as its caching allocator saw it.
+#[derive(Clone, Debug, PartialEq, Serialize, serde::Deserialize)]
+pub struct DeviceMemory {
+    /// `cuda:0`.
+    pub device: String,
+    /// The device's memory (`totalGlobalMem`).
+    pub total: u64,
+    /// Its memory fraction (`set_per_process_memory_fraction`; 1: none).
+    pub memory_fraction: f64,
 }
 
 /// A PyTorch memory snapshot of memlab's recording.
@@ -251,6 +265,13 @@ pub struct Snapshot {
     pub segments: Vec<Segment>,
     /// Per device (see [`SnapshotInfo::devices`]): its events, oldest first.
     pub device_traces: Vec<Vec<TraceEntry>>,
+    /// The CUDA caching allocator's settings as libtorch held them, as
+    /// PyTorch's snapshots give them (`allocator_settings`: the settings
+    /// string as `PYTORCH_CUDA_ALLOC_CONF`, then `max_split_size`,
+    /// `expandable_segments`, …), as plain data; `None` where the file has
+    /// none (PyTorch before 2.5; memlab before it recorded them, or without
+    /// CUDA).
+    pub allocator_settings: Option<serde_json::Value>,
     /// memlab's notes on the data: `None` in PyTorch's own snapshots.
     pub memlab: Option<SnapshotInfo>,
 }
@@ -277,6 +298,9 @@ impl Snapshot {
         let profile = profile.transpose().map_err(|e| as_data("the line profile", e))?;
         let run = self.memlab.as_ref().and_then(|m| m.run.as_ref()).map(serde_json::to_value);
         let run = run.transpose().map_err(|e| as_data("the run", e))?;
+        let device_memory = self.memlab.as_ref().map(|m| &m.device_memory).map(serde_json::to_value);
+        let device_memory =
+            device_memory.transpose().map_err(|e| as_data("the devices' memory", e))?.unwrap_or_default();
         let mut p = Pickler::new();
         p.dict(|p| {
             p.str("segments");
@@ -287,6 +311,10 @@ impl Snapshot {
                     p.list(|p| trace.iter().for_each(|e| entry(p, e)));
                 }
             });
+            if let Some(settings) = &self.allocator_settings {
+                p.str("allocator_settings");
+                p.json(settings);
+            }
             if let Some(memlab) = &self.memlab {
                 p.str("memlab");
                 p.dict(|p| {
@@ -301,6 +329,10 @@ impl Snapshot {
                     if let Some(run) = &run {
                         p.str("run");
                         p.json(run);
+                    }
+                    if !memlab.device_memory.is_empty() {
+                        p.str("device_memory");
+                        p.json(&device_memory);
                     }
                     if let Some(profile) = &profile {
                         // As plain dicts and lists, which Python reads too.

@@ -326,7 +326,7 @@ mod tests {
                 device_free: None,
             })
             .collect();
-        Snapshot { segments: Vec::new(), device_traces: vec![trace], memlab: None }
+        Snapshot { segments: Vec::new(), device_traces: vec![trace], allocator_settings: None, memlab: None }
     }
 
     const CARD: Card = Card { capacity: 80 << 30, total: 80 << 30 };
