@@ -20,8 +20,8 @@
 //! [`crate::oom`]). `cargo run --release --example gpu_memory`.
 
 pub use memlab_tch::{
-    auto_device, built_with_cuda, cuda_device_count, cuda_is_available, cuda_mem_info, driver_memory, empty_cache,
-    process_gpu_memory, DriverMemory,
+    auto_device, built_with_cuda, cuda_allocator_settings, cuda_device_count, cuda_is_available, cuda_mem_info,
+    driver_memory, empty_cache, process_gpu_memory, CudaAllocatorSettings, DriverMemory,
 };
 
 use serde::Serialize;

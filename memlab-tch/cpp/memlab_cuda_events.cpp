@@ -142,6 +142,30 @@ extern "C" char* memlab_cuda_snapshot(struct memlab_segment* segments, int64_t s
   MEMLAB_CATCH
 }
 
+extern "C" char* memlab_cuda_allocator_settings(int64_t device, int32_t* initialized,
+                                                struct memlab_allocator_settings* out) {
+  MEMLAB_TRY
+  *initialized = 0;
+  auto* allocator = c10::getDeviceAllocator(c10::DeviceType::CUDA);
+  if (!allocator->initialized()) {
+    return nullptr;
+  }
+  // The snapshot's config_metadata is what PyTorch writes as a snapshot's
+  // `allocator_settings` (torch/csrc/cuda/Module.cpp, 2.11).
+  const auto config = c10::cuda::CUDACachingAllocator::snapshot({0, 0}, false).config_metadata;
+  out->garbage_collection_threshold = config.garbage_collection_threshold;
+  out->max_split_size = static_cast<uint64_t>(config.max_split_size);
+  out->expandable_segments = config.expandable_segments ? 1 : 0;
+  out->division_count = static_cast<int32_t>(config.roundup_power2_divisions.size());
+  for (size_t i = 0; i < config.roundup_power2_divisions.size() && i < 64; ++i) {
+    out->roundup_power2_divisions[i] = static_cast<uint64_t>(config.roundup_power2_divisions[i]);
+  }
+  out->memory_fraction = c10::cuda::CUDACachingAllocator::getMemoryFraction(static_cast<c10::DeviceIndex>(device));
+  out->conf = memlab::error_copy(config.last_allocator_settings.c_str());
+  *initialized = 1;
+  MEMLAB_CATCH
+}
+
 extern "C" char* memlab_cuda_set_event_hook(memlab_event_hook hook) {
   MEMLAB_TRY
   auto& st = state();
@@ -149,8 +173,11 @@ extern "C" char* memlab_cuda_set_event_hook(memlab_event_hook hook) {
   if (hook != nullptr && !st.tracker_attached.load()) {
     auto* allocator = c10::getDeviceAllocator(c10::DeviceType::CUDA);
     if (!allocator->initialized()) {
-      // The first CUDA allocation creates the per-device allocators.
+      // The first CUDA allocation creates the per-device allocators. Its
+      // 2 MiB segment goes back at once: the allocator then holds nothing
+      // the history does not show, and a replay of it starts where it did.
       at::empty({1}, at::TensorOptions().device(c10::DeviceType::CUDA));
+      allocator->emptyCache();
     }
     c10::cuda::CUDACachingAllocator::attachAllocatorTraceTracker(&forward);
     st.tracker_attached.store(true);

@@ -630,6 +630,13 @@ char* memlab_cuda_set_event_hook(memlab_event_hook hook) {
   );
 }
 
+char* memlab_cuda_allocator_settings(int64_t, int32_t* initialized, struct memlab_allocator_settings*) {
+  // Without the CUDA runtime headers the allocator's settings cannot be
+  // read; a snapshot then goes without them, and its replay says so.
+  *initialized = 0;
+  return nullptr;
+}
+
 char* memlab_cuda_snapshot(struct memlab_segment*, int64_t, int64_t* segment_count, struct memlab_block*, int64_t,
                            int64_t* block_count) {
   *segment_count = 0;

@@ -256,6 +256,25 @@ char* memlab_cuda_allocator_initialized(int32_t* out);
 char* memlab_cuda_snapshot(struct memlab_segment* segments, int64_t segment_capacity, int64_t* segment_count,
                            struct memlab_block* blocks, int64_t block_capacity, int64_t* block_count);
 
+// The CUDA caching allocator's settings as libtorch holds them (what
+// PyTorch's snapshots give as `allocator_settings`), and device `device`'s
+// memory fraction: `*initialized` is 0, and nothing else written, while the
+// allocator does not exist yet (it is never created here). `conf` is the
+// settings string libtorch parsed last (PYTORCH_ALLOC_CONF or its older
+// name, or a later change at run time), owned by the caller: free it with
+// memlab_free_error. At most 64 division buckets are written;
+// `division_count` says how many libtorch has.
+struct memlab_allocator_settings {
+  char* conf;
+  double garbage_collection_threshold;
+  uint64_t max_split_size;
+  int32_t expandable_segments;
+  int32_t division_count;
+  uint64_t roundup_power2_divisions[64];
+  double memory_fraction;
+};
+char* memlab_cuda_allocator_settings(int64_t device, int32_t* initialized, struct memlab_allocator_settings* out);
+
 // Where the copies of memlab in one process meet. A process may link memlab
 // more than once (a notebook compiles each cell into a library of its own,
 // with memlab inside; two plugins may each carry one): each copy has its own

@@ -161,6 +161,18 @@ pub struct Block {
     pub reserved: i32,
 }
 
+/// struct memlab_allocator_settings
+#[repr(C)]
+pub struct AllocatorSettings {
+    pub conf: *mut c_char,
+    pub garbage_collection_threshold: f64,
+    pub max_split_size: u64,
+    pub expandable_segments: i32,
+    pub division_count: i32,
+    pub roundup_power2_divisions: [u64; 64],
+    pub memory_fraction: f64,
+}
+
 /// The anchor's version (MEMLAB_ANCHOR_ABI).
 pub const MEMLAB_ANCHOR_ABI: u32 = 1;
 
@@ -244,6 +256,11 @@ extern "C" {
     pub fn memlab_cuda_set_event_hook(hook: Option<EventHook>) -> *mut c_char;
     pub fn memlab_cuda_watch_ooms(attached: *mut i32) -> *mut c_char;
     pub fn memlab_cuda_allocator_initialized(out: *mut i32) -> *mut c_char;
+    pub fn memlab_cuda_allocator_settings(
+        device: i64,
+        initialized: *mut i32,
+        out: *mut AllocatorSettings,
+    ) -> *mut c_char;
     pub fn memlab_cuda_snapshot(
         segments: *mut Segment,
         segment_capacity: i64,

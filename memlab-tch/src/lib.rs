@@ -342,6 +342,70 @@ pub fn cuda_mem_info(index: usize) -> Result<(u64, u64)> {
     Ok((free, total))
 }
 
+/// The CUDA caching allocator's settings as libtorch holds them, with one
+/// device's memory fraction and total memory: what a replay of a recording
+/// needs to run the allocator as it ran.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CudaAllocatorSettings {
+    /// The settings string libtorch parsed last (`PYTORCH_ALLOC_CONF`, its
+    /// older name `PYTORCH_CUDA_ALLOC_CONF`, or a change at run time).
+    pub conf: String,
+    /// `garbage_collection_threshold` (0: off).
+    pub garbage_collection_threshold: f64,
+    /// `max_split_size` in bytes (`u64::MAX`: unlimited).
+    pub max_split_size: u64,
+    /// `expandable_segments`.
+    pub expandable_segments: bool,
+    /// `roundup_power2_divisions`, per power-of-two bucket from 1 MiB.
+    pub roundup_power2_divisions: Vec<u64>,
+    /// The device's memory fraction (1: none set).
+    pub memory_fraction: f64,
+    /// The device's total memory.
+    pub total_memory: u64,
+}
+
+/// The CUDA caching allocator's settings and device `index`'s fraction and
+/// memory; `None` while the allocator does not exist yet (nothing was
+/// allocated on CUDA) or memlab was built without the CUDA runtime headers.
+pub fn cuda_allocator_settings(index: usize) -> Result<Option<CudaAllocatorSettings>> {
+    check_cuda_device(index)?;
+    let mut initialized = 0i32;
+    let mut raw = ffi::AllocatorSettings {
+        conf: std::ptr::null_mut(),
+        garbage_collection_threshold: 0.0,
+        max_split_size: 0,
+        expandable_segments: 0,
+        division_count: 0,
+        roundup_power2_divisions: [0; 64],
+        memory_fraction: 1.0,
+    };
+    // SAFETY: the shim writes the flag and the struct; `conf`, when it is
+    // set, is a malloc'd NUL-terminated string handed back to it below.
+    ffi::check(unsafe { ffi::memlab_cuda_allocator_settings(index as i64, &mut initialized, &mut raw) })?;
+    let conf = if raw.conf.is_null() {
+        String::new()
+    } else {
+        // SAFETY: as above; read once, then freed by the shim.
+        let text = unsafe { std::ffi::CStr::from_ptr(raw.conf) }.to_string_lossy().into_owned();
+        unsafe { ffi::memlab_free_error(raw.conf) };
+        text
+    };
+    if initialized == 0 {
+        return Ok(None);
+    }
+    let (_, total_memory) = cuda_mem_info(index)?;
+    let count = (raw.division_count.max(0) as usize).min(raw.roundup_power2_divisions.len());
+    Ok(Some(CudaAllocatorSettings {
+        conf,
+        garbage_collection_threshold: raw.garbage_collection_threshold,
+        max_split_size: raw.max_split_size,
+        expandable_segments: raw.expandable_segments != 0,
+        roundup_power2_divisions: raw.roundup_power2_divisions[..count].to_vec(),
+        memory_fraction: raw.memory_fraction,
+        total_memory,
+    }))
+}
+
 /// Installs memlab's counting CPU allocator if it is not in place yet. It is
 /// normally installed when the program loads; this matters only after
 /// `MEMLAB_CPU_ALLOCATOR=0`. Tensors allocated before it was installed are not

@@ -4,7 +4,8 @@
 //! allocation's category named by the walk over the model.
 
 use memlab_core::export::{
-    Block, BlockState, Category, Frames, Segment, SegmentType, Snapshot, SnapshotFrame, SnapshotInfo, Stack, TraceEntry,
+    Block, BlockState, Category, DeviceMemory, Frames, Segment, SegmentType, Snapshot, SnapshotFrame, SnapshotInfo,
+    Stack, TraceEntry,
 };
 use memlab_core::hash::FastMap;
 
@@ -162,16 +163,63 @@ pub(crate) fn capture(sources: &Model) -> Result<Snapshot> {
     }
     let mut devices: Vec<String> = (0..cuda_devices).map(|i| Device::Cuda(i).to_string()).collect();
     devices.push(Device::Cpu.to_string());
+    let (allocator_settings, device_memory) = cuda_allocators(cuda_devices);
     Ok(Snapshot {
         segments,
         device_traces: traces,
+        allocator_settings,
         memlab: Some(SnapshotInfo {
             devices,
             partial: stats.dropped > 0 || stats.untracked > 0,
             dropped: stats.dropped,
             recorded: stats.recorded,
             run: Some(crate::run::this_process()),
+            device_memory,
             profile: Some(Report::collect()).filter(|p| p.functions.iter().any(|f| f.calls > 0)),
         }),
     })
+}
+
+/// The CUDA caching allocator's settings, in the shape PyTorch's snapshots
+/// give them (`allocator_settings`), and each device's memory and fraction:
+/// what a replay needs to run the allocator as it ran. Nothing while the
+/// allocator does not exist (no CUDA memory was ever allocated); a device
+/// whose figures cannot be read is left out, with a warning, and its
+/// replay says what it assumed.
+fn cuda_allocators(cuda_devices: usize) -> (Option<serde_json::Value>, Vec<DeviceMemory>) {
+    let mut settings = None;
+    let mut memory = Vec::new();
+    for i in 0..cuda_devices {
+        match memlab_tch::cuda_allocator_settings(i) {
+            Ok(Some(s)) => {
+                settings.get_or_insert_with(|| {
+                    // Keyed by each bucket's start in MiB, as PyTorch writes them.
+                    let divisions: serde_json::Map<String, serde_json::Value> = s
+                        .roundup_power2_divisions
+                        .iter()
+                        .enumerate()
+                        .map(|(bucket, &d)| ((1u64 << bucket).to_string(), d.into()))
+                        .collect();
+                    serde_json::json!({
+                        "PYTORCH_CUDA_ALLOC_CONF": s.conf,
+                        "max_split_size": s.max_split_size,
+                        "garbage_collection_threshold": s.garbage_collection_threshold,
+                        "expandable_segments": s.expandable_segments,
+                        "roundup_power2_divisions": divisions,
+                    })
+                });
+                memory.push(DeviceMemory {
+                    device: Device::Cuda(i).to_string(),
+                    total: s.total_memory,
+                    memory_fraction: s.memory_fraction,
+                });
+            }
+            Ok(None) => {}
+            Err(e) => memlab_core::output::warn(&format!(
+                "memlab: the snapshot goes without cuda:{i}'s allocator settings and memory, which a replay of it \
+                 then assumes: {e}\n"
+            )),
+        }
+    }
+    (settings, memory)
 }

@@ -10,6 +10,7 @@ mod courtesy;
 mod oom;
 mod profile;
 mod recording;
+mod replay;
 mod reporter;
 mod sizing;
 mod training;
