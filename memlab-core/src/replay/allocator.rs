@@ -62,7 +62,7 @@ pub struct SegmentEvent {
 
 /// A request the model could not serve: what libtorch's out-of-memory
 /// error would say.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ModelOom {
     /// The bytes asked for.
     pub requested: u64,
@@ -324,6 +324,104 @@ impl CachingAllocator {
                 self.blocks.push(block);
                 self.blocks.len() - 1
             }
+        }
+    }
+
+    /// A segment the allocator held before the replay began (rebuilt from a
+    /// snapshot): `size` bytes of `stream` in the small or large pool,
+    /// whole and free, reserved but made by no segment event. Returns the
+    /// model's address of it, for [`restore_block`](Self::restore_block).
+    pub fn restore_segment(&mut self, size: u64, stream: u64, small: bool) -> u64 {
+        let address = self.next_address;
+        self.next_address += size.div_ceil(ROUND_LARGE) * ROUND_LARGE;
+        self.reserved += size;
+        bump(&mut self.stats.segment, small, 1);
+        bump(&mut self.stats.reserved_bytes, small, size as i64);
+        if size >= self.max_split() {
+            change(&mut self.stats.oversize_segments, 1);
+        }
+        let id = self.new_block(Block::segment(address, size, stream, small, None));
+        self.insert_free(id);
+        address
+    }
+
+    /// A block in use when the replay began: `size` bytes at `address` (the
+    /// model's) inside a segment [`restore_segment`](Self::restore_segment)
+    /// made, cut out of the free block that covers it. `None` where no free
+    /// block covers it (an overlap with another restored block).
+    pub fn restore_block(&mut self, address: u64, size: u64) -> Option<BlockId> {
+        let id = (0..self.blocks.len()).find(|&i| {
+            let b = &self.blocks[i];
+            b.live && !b.allocated && !b.waiting && b.address <= address && address + size <= b.address + b.size
+        })?;
+        self.remove_free(id);
+        // [start, address) stays free; [address, address + size) is the
+        // block; the rest stays free.
+        let id = if self.blocks[id].address < address {
+            let upper = self.cut(id, address - self.blocks[id].address);
+            self.insert_free(id);
+            upper
+        } else {
+            id
+        };
+        if self.blocks[id].size > size {
+            let rest = self.cut(id, size);
+            self.insert_free(rest);
+        }
+        let b = &mut self.blocks[id];
+        b.allocated = true;
+        b.requested = size;
+        let small = b.small;
+        bump(&mut self.stats.allocation, small, 1);
+        bump(&mut self.stats.allocated_bytes, small, size as i64);
+        bump(&mut self.stats.active, small, 1);
+        bump(&mut self.stats.active_bytes, small, size as i64);
+        bump(&mut self.stats.requested_bytes, small, size as i64);
+        if size >= self.max_split() {
+            change(&mut self.stats.oversize_allocations, 1);
+        }
+        self.count_inactive_split();
+        Some(BlockId(id))
+    }
+
+    /// Cuts block `id` (out of the free lists) after its first `at` bytes:
+    /// the first part stays `id`, the second is returned, both out of the
+    /// lists for the caller to place.
+    fn cut(&mut self, id: usize, at: u64) -> usize {
+        let old = self.blocks[id].clone();
+        let upper = self.new_block(Block {
+            address: old.address + at,
+            size: old.size - at,
+            prev: Some(id),
+            next: old.next,
+            ..old
+        });
+        if let Some(n) = old.next {
+            self.blocks[n].prev = Some(upper);
+        }
+        let lower = &mut self.blocks[id];
+        lower.size = at;
+        lower.next = Some(upper);
+        upper
+    }
+
+    /// The inactive-split figures counted afresh from the blocks: free
+    /// blocks of split segments (what [`restore_block`](Self::restore_block)
+    /// leaves, outside the rules `hand_out` and `free` keep them by).
+    fn count_inactive_split(&mut self) {
+        for small in [true, false] {
+            let (mut count, mut bytes) = (0i64, 0i64);
+            for b in self.blocks.iter().filter(|b| b.live && b.small == small && b.expandable.is_none()) {
+                if !b.allocated && !b.waiting && b.is_split() {
+                    count += 1;
+                    bytes += b.size as i64;
+                }
+            }
+            let (stats_count, stats_bytes) = (&mut self.stats.inactive_split, &mut self.stats.inactive_split_bytes);
+            let pool = |array: &mut StatArray| if small { array.small_pool.current } else { array.large_pool.current };
+            let (was_count, was_bytes) = (pool(stats_count), pool(stats_bytes));
+            bump(stats_count, small, count - was_count);
+            bump(stats_bytes, small, bytes - was_bytes);
         }
     }
 

@@ -29,6 +29,7 @@
 pub const MODELLED_LIBTORCH: &str = "2.11.0";
 
 mod allocator;
+mod compare;
 mod config;
 mod run;
 
@@ -36,6 +37,7 @@ pub use allocator::{
     BlockId, CachingAllocator, ModelOom, SegmentAction, SegmentEvent, MIN_BLOCK, ONE_EXABYTE, ROUND_LARGE,
     SMALL_BUFFER, SMALL_SIZE,
 };
+pub use compare::{replay_snapshot, DeviceReplays, ReplayOptions, Replayed, COMPARED};
 pub use config::{AllocatorConfig, DIVISION_BUCKETS, MIB, MIN_LARGE_ALLOC};
 pub use run::{replay_device, replay_device_at, AtPeak, Card, DeviceReplay, Mismatch, ReplayOom};
 

@@ -12,7 +12,7 @@ use crate::events::Action;
 use crate::export::{Snapshot, TraceEntry};
 
 /// The card a replay runs on: the bytes for the allocator, and its total.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Card {
     /// The bytes the allocator can obtain in all (`cudaMalloc` fails beyond).
     pub capacity: u64,
@@ -22,7 +22,7 @@ pub struct Card {
 }
 
 /// One device's history replayed.
-#[derive(Clone, Debug, serde::Serialize)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 #[non_exhaustive]
 pub struct DeviceReplay {
     /// `cuda:0`.
@@ -61,13 +61,20 @@ pub struct DeviceReplay {
     /// added. The replay starts from an empty allocator: requests the real
     /// one served from those segments get new ones in the replay.
     pub reserved_before: u64,
+    /// Of those segments, how many the replay rebuilt before its first
+    /// entry (from the snapshot's final segments and the history, undone),
+    /// and the blocks in use in them then: the replay then starts where the
+    /// allocator was. None where the history maps expandable segments.
+    pub rebuilt_segments: usize,
+    /// The blocks in use in the rebuilt segments when the history began.
+    pub rebuilt_blocks: usize,
 }
 
 /// How full the segments were at the reserved peak: of the moments when
 /// reserved stood at its peak, the one when the most was allocated. What is
 /// free then is what the allocator held beyond the tensors at their fullest:
 /// the fragmentation and caching the peak paid for.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct AtPeak {
     /// The history entry after which it was so.
     pub entry: usize,
@@ -96,7 +103,7 @@ impl AtPeak {
 }
 
 /// A recorded segment event against the model's.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Mismatch {
     /// Its place among the recording's segment events.
     pub index: usize,
@@ -107,7 +114,7 @@ pub struct Mismatch {
 }
 
 /// A request the replay could not serve.
-#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ReplayOom {
     /// Its history entry.
     pub entry: usize,
@@ -200,6 +207,8 @@ fn run(
         empty_cache_at: Vec::new(),
         unknown_frees: 0,
         reserved_before: 0,
+        rebuilt_segments: 0,
+        rebuilt_blocks: 0,
     };
     let held_at_end: i128 =
         snapshot.segments.iter().filter(|s| s.device == index).map(|s| i128::from(s.total_size)).sum();
@@ -212,6 +221,9 @@ fn run(
         })
         .sum();
     out.reserved_before = u64::try_from(held_at_end - added).unwrap_or(0);
+    if out.reserved_before > 0 {
+        (out.rebuilt_segments, out.rebuilt_blocks) = rebuild(snapshot, index, trace, &mut model, &mut live);
+    }
     // Recorded segment events seen so far, and those the model has made.
     let mut seen = 0;
     let made = |m: &CachingAllocator| m.segment_events().len();
@@ -302,6 +314,81 @@ fn run(
         });
     }
     Ok(out)
+}
+
+/// The segments the allocator held when the history began, and the blocks
+/// in use in them, rebuilt into `model` by undoing the history: the
+/// snapshot's final segments the history did not make, and those it gave
+/// back without having made them; the blocks it frees without having
+/// allocated them, and those held at the end that it never allocated. The
+/// blocks go into `live` by their recorded addresses. Returns how many
+/// segments and blocks; none where the history maps expandable segments
+/// (their pages are not rebuilt).
+fn rebuild(
+    snapshot: &Snapshot,
+    index: usize,
+    trace: &[TraceEntry],
+    model: &mut CachingAllocator,
+    live: &mut HashMap<u64, BlockId>,
+) -> (usize, usize) {
+    use crate::export::{BlockState, SegmentType};
+    use std::collections::{BTreeMap, HashSet};
+    // Segments before the history: address → (bytes, stream, small pool).
+    let mut before: BTreeMap<u64, (u64, u64, bool)> = BTreeMap::new();
+    let mut made: HashSet<u64> = HashSet::new();
+    let mut allocated: HashSet<u64> = HashSet::new();
+    // Blocks in use before the history: (address, bytes).
+    let mut held: Vec<(u64, u64)> = Vec::new();
+    for e in trace {
+        let Some(addr) = e.addr else { continue };
+        // A guard that removes what the history made or allocated itself
+        // leaves the rest: what was there before it.
+        match e.action {
+            Action::SegmentAlloc => {
+                made.insert(addr);
+            }
+            Action::SegmentFree if !made.remove(&addr) => {
+                before.insert(addr, (e.size, e.stream, e.size <= super::SMALL_BUFFER));
+            }
+            Action::SegmentMap | Action::SegmentUnmap => return (0, 0),
+            Action::Alloc => {
+                allocated.insert(addr);
+            }
+            Action::FreeRequested if !allocated.remove(&addr) => held.push((addr, e.size)),
+            _ => {}
+        }
+    }
+    for s in snapshot.segments.iter().filter(|s| s.device == index) {
+        if s.is_expandable {
+            return (0, 0);
+        }
+        if made.contains(&s.address) {
+            continue;
+        }
+        before.insert(s.address, (s.total_size, s.stream, s.segment_type == SegmentType::Small));
+        for b in &s.blocks {
+            let in_use = matches!(b.state, BlockState::ActiveAllocated | BlockState::ActivePendingFree);
+            if in_use && !allocated.contains(&b.address) {
+                held.push((b.address, b.size));
+            }
+        }
+    }
+    // In the model, in the order of their addresses.
+    let placed: Vec<(u64, u64, u64)> = before
+        .iter()
+        .map(|(&address, &(size, stream, small))| (address, size, model.restore_segment(size, stream, small)))
+        .collect();
+    let mut blocks = 0;
+    for (address, size) in held {
+        let segment = placed.iter().find(|&&(start, bytes, _)| start <= address && address + size <= start + bytes);
+        if let Some(&(start, _, at)) = segment {
+            if let Some(id) = model.restore_block(at + (address - start), size) {
+                live.insert(address, id);
+                blocks += 1;
+            }
+        }
+    }
+    (placed.len(), blocks)
 }
 
 #[cfg(test)]
@@ -401,6 +488,50 @@ mod tests {
         let expected = AtPeak { entry: 2, reserved: 20 * MIB, allocated: 8 * MIB, largest_free: 12 * MIB };
         assert_eq!(r.at_peak, expected);
         assert_eq!((r.at_peak.free(), r.at_peak.free_share()), (12 * MIB, 0.6));
+    }
+
+    #[test]
+    fn segments_held_before_the_history_are_rebuilt_with_their_blocks_in_use() {
+        use crate::export::{Block, BlockState, Segment, SegmentType};
+        use Action::*;
+        // At the end the allocator holds one 20 MiB segment the history never
+        // made, at 0x1000: 5 MiB in use that the history never allocated,
+        // then 15 MiB free. The history frees a 3 MiB block it never
+        // allocated, right after the 5 MiB, then asks for 12 MiB (at
+        // 0x1000 + 5 MiB, where the freed 3 MiB and the free rest meet).
+        // Rebuilt, the segment is [5 in use][3 in use][12 free]; the free
+        // merges the 3 MiB into 15 MiB, which serves the 12 MiB: no new
+        // segment, as none was recorded. An empty allocator would have made a
+        // 20 MiB segment for it.
+        let base = 0x1000;
+        let mut s = snapshot(&[
+            (FreeRequested, base + 5 * MIB, 3 * MIB),
+            (FreeCompleted, base + 5 * MIB, 3 * MIB),
+            (Alloc, base + 5 * MIB, 12 * MIB),
+        ]);
+        let block =
+            |address, size, state| Block { address, size, requested_size: size, state, frames: Default::default() };
+        s.segments.push(Segment {
+            device: 0,
+            address: base,
+            total_size: 20 * MIB,
+            stream: 0,
+            segment_type: SegmentType::Large,
+            allocated_size: 17 * MIB,
+            active_size: 17 * MIB,
+            requested_size: 17 * MIB,
+            is_expandable: false,
+            blocks: vec![
+                block(base, 5 * MIB, BlockState::ActiveAllocated),
+                block(base + 5 * MIB, 12 * MIB, BlockState::ActiveAllocated),
+                block(base + 17 * MIB, 3 * MIB, BlockState::Inactive),
+            ],
+        });
+        let default = AllocatorConfig::default();
+        let r = replay_device(&s, 0, &default, &default, CARD).unwrap();
+        assert_eq!((r.reserved_before, r.rebuilt_segments, r.rebuilt_blocks), (20 * MIB, 1, 2));
+        assert_eq!((r.unknown_frees, r.segment_events, r.first_mismatch), (0, 0, None));
+        assert_eq!((r.peak_reserved, r.peak_allocated), (20 * MIB, 17 * MIB));
     }
 
     #[test]
