@@ -186,7 +186,7 @@ pub(crate) fn capture(sources: &Model) -> Result<Snapshot> {
 /// allocator does not exist (no CUDA memory was ever allocated); a device
 /// whose figures cannot be read is left out, with a warning, and its
 /// replay says what it assumed.
-fn cuda_allocators(cuda_devices: usize) -> (Option<serde_json::Value>, Vec<DeviceMemory>) {
+pub(crate) fn cuda_allocators(cuda_devices: usize) -> (Option<serde_json::Value>, Vec<DeviceMemory>) {
     let mut settings = None;
     let mut memory = Vec::new();
     for i in 0..cuda_devices {

@@ -12,6 +12,38 @@ use memlab_core::export::Snapshot;
 use memlab_core::replay::{replay_device, AllocatorConfig, Card};
 use tch::nn::{self, Module, OptimizerConfig};
 
+/// What follows `marker` on each line of a child's output that has it (the
+/// harness may have printed the test's name before it on the same line).
+fn marked<'a>(output: &'a str, marker: &str) -> Vec<&'a str> {
+    output.lines().filter_map(|l| l.find(marker).map(|at| &l[at + marker.len()..])).collect()
+}
+
+/// With `MEMLAB_REPLAY_OUT` set, leaves `snapshot` there as a fixture of
+/// `fixtures/replay/` (`WORKLOAD__SETTING.pickle`), with the allocator's own
+/// figures of the run as a line of its `results.jsonl`
+/// (`WORKLOAD__SETTING.json`).
+fn save_fixture(workload: &str, setting: &str, conf: &str, snapshot: &memlab::export::Snapshot, oom: Option<String>) {
+    let Some(dir) = std::env::var_os("MEMLAB_REPLAY_OUT").map(std::path::PathBuf::from) else { return };
+    let stats = memlab::stats::device_stats(Device::Cuda(0)).unwrap();
+    let settings = memlab::gpu::cuda_allocator_settings(0).unwrap().unwrap();
+    snapshot.write_pickle(dir.join(format!("{workload}__{setting}.pickle"))).unwrap();
+    let line = serde_json::json!({
+        "workload": workload,
+        "setting": setting,
+        "conf": conf,
+        "recorder": "memlab",
+        "torch": memlab_tch::libtorch_version(),
+        "total_memory": settings.total_memory,
+        "fraction": settings.memory_fraction,
+        "peak_reserved": stats.reserved_bytes.all.peak,
+        "peak_allocated": stats.allocated_bytes.all.peak,
+        "num_ooms": stats.num_ooms,
+        "num_alloc_retries": stats.num_alloc_retries,
+        "oom": oom,
+    });
+    std::fs::write(dir.join(format!("{workload}__{setting}.json")), format!("{line}\n")).unwrap();
+}
+
 /// The settings each child records under, with a name for its file.
 const SETTINGS: [(&str, &str); 4] = [
     ("default", ""),
@@ -59,10 +91,10 @@ fn memlabs_own_recordings_replay_event_for_event() {
         let stats = memlab::stats::device_stats(Device::Cuda(0)).unwrap();
         let snapshot = memlab::export::Exporter::registered().snapshot().unwrap();
         drop(recording);
-        // Through the file, as `memlab replay` reads it.
-        let dir = std::env::var_os("MEMLAB_REPLAY_OUT").map_or_else(std::env::temp_dir, Into::into);
         let label = SETTINGS.iter().find(|(_, c)| *c == conf).map_or("other", |(l, _)| l);
-        let path = dir.join(format!("memlab_mlp_123548__{label}.pickle"));
+        save_fixture("memlab_mlp_123548", label, &conf, &snapshot, None);
+        // Through the file, as `memlab replay` reads it.
+        let path = std::env::temp_dir().join(format!("memlab_mlp_123548__{label}-{}.pickle", std::process::id()));
         snapshot.write_pickle(&path).unwrap();
         let file = Snapshot::read_pickle(&path).unwrap();
         let settings = file.snapshot.allocator_settings.as_ref().expect("the allocator's settings are recorded");
@@ -89,14 +121,94 @@ fn memlabs_own_recordings_replay_event_for_event() {
         assert_eq!(r.segment_events_matched, r.segment_events, "first difference {:?}", r.first_mismatch);
         assert_eq!(r.peak_reserved, stats.reserved_bytes.all.peak as u64, "the allocator's reserved peak");
         assert_eq!(r.peak_allocated, stats.allocated_bytes.all.peak as u64, "the allocator's allocated peak");
-        if std::env::var_os("MEMLAB_REPLAY_OUT").is_none() {
-            std::fs::remove_file(&path).ok();
-        }
+        std::fs::remove_file(&path).ok();
         return;
     }
     let _s = serial();
     for (_, conf) in SETTINGS {
         let (stdout, _) = common::check_child(name, &[("PYTORCH_CUDA_ALLOC_CONF", conf)]);
-        println!("{}", stdout.lines().filter(|l| l.starts_with("REPLAY")).collect::<Vec<_>>().join("\n"));
+        println!("{}", marked(&stdout, "REPLAY ").join("\n"));
+    }
+}
+
+/// The bytes of the memory fraction the fragmentation failure runs under:
+/// 1.5 GiB, as in PyTorch's fixture (scripts/replay_fixtures.py).
+const FRACTION_BYTES: f64 = 1.5 * (1u64 << 30) as f64;
+
+/// PyTorch's fragmentation fixture's program: 1 GiB freed, 100 pieces of
+/// 10 MiB with every other one freed, then 600 MiB in one piece. Whether
+/// the last request ran out of memory.
+fn fragmentation() -> Option<String> {
+    let bytes = |n: i64| Tensor::f_empty([n], (Kind::Uint8, GPU));
+    drop(bytes(1 << 30).unwrap());
+    let pieces: Vec<Tensor> = (0..100).map(|_| bytes(10 * MIB).unwrap()).collect();
+    let kept: Vec<Tensor> = pieces.into_iter().skip(1).step_by(2).collect();
+    let failed = bytes(600 * MIB).err().map(|e| e.to_string());
+    drop(kept);
+    failed
+}
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn the_oom_reports_replay_verdict_agrees_with_rerunning_under_each_setting() {
+    let name = "replay::the_oom_reports_replay_verdict_agrees_with_rerunning_under_each_setting";
+    if common::child(name) {
+        let _s = serial();
+        if std::env::var_os("MEMLAB_RERUN").is_some() {
+            // The program again under the setting the parent names: no recording.
+            println!("RERUN oom={}", fragmentation().is_some());
+            return;
+        }
+        let dir = std::env::temp_dir().join(format!("memlab-replay-oom-{}", std::process::id()));
+        memlab::OomRecorder::new(&dir).max_reports(10).init_cuda(true).arm().unwrap();
+        let recording = memlab::Recording::start(memlab::events::Settings::default().backtraces(false)).unwrap();
+        let message = fragmentation().expect("the program runs out of memory under its fraction");
+        let report = memlab::last_oom().expect("a report of the failure");
+        let conf = std::env::var("PYTORCH_CUDA_ALLOC_CONF").unwrap();
+        save_fixture(
+            "memlab_fragmentation",
+            "default",
+            &conf,
+            &memlab::export::Exporter::registered().snapshot().unwrap(),
+            Some(message),
+        );
+        drop(recording);
+        memlab::OomRecorder::disarm();
+        println!("{}", report.to_text());
+        let replayed = report.replay.as_ref().expect("a CUDA failure while recording is replayed");
+        let device = &replayed.devices[0];
+        let oom = device.recorded_oom().expect("the replay reproduces the failure");
+        let r = &device.recorded;
+        assert_eq!((r.segment_events_matched, r.unknown_frees), (r.segment_events, 0), "{:?}", r.first_mismatch);
+        // The recorder's CUDA set-up holds a segment before the recording
+        // starts: the replay rebuilds it.
+        assert!(r.reserved_before == 0 || r.rebuilt_segments > 0, "{r:?}");
+        assert_eq!(oom.oom.requested, 600 << 20);
+        for x in &device.replays {
+            println!("VERDICT {} avoids={}", x.settings, x.ooms.is_empty());
+        }
+        std::fs::remove_dir_all(&dir).ok();
+        return;
+    }
+    let _s = serial();
+    let total = memlab::gpu::cuda_mem_info(0).unwrap().1;
+    let fraction = format!("per_process_memory_fraction:{}", FRACTION_BYTES / total as f64);
+    let (stdout, _) = common::check_child(name, &[("PYTORCH_CUDA_ALLOC_CONF", fraction.as_str())]);
+    println!("{}", stdout.lines().filter(|l| !l.contains("VERDICT ")).collect::<Vec<_>>().join("\n"));
+    let verdicts: Vec<(String, bool)> = marked(&stdout, "VERDICT ")
+        .into_iter()
+        .map(|l| {
+            let (settings, avoids) = l.rsplit_once(" avoids=").unwrap();
+            (settings.to_string(), avoids == "true")
+        })
+        .collect();
+    assert!(verdicts.len() >= 5, "{stdout}");
+    for (settings, avoids) in &verdicts {
+        let (rerun, _) =
+            common::check_child(name, &[("PYTORCH_CUDA_ALLOC_CONF", settings.as_str()), ("MEMLAB_RERUN", "1")]);
+        let failed = rerun.contains("RERUN oom=true");
+        assert!(failed || rerun.contains("RERUN oom=false"), "{rerun}");
+        println!("REPLAYED {settings}: avoids {avoids}; rerun on the GPU: out of memory {failed}");
+        assert_eq!(*avoids, !failed, "{settings}: the report's verdict and the GPU disagree");
     }
 }

@@ -178,6 +178,12 @@ pub struct OomReport {
     /// Files that could not be written, and why.
     #[serde(default)]
     pub file_errors: Vec<String>,
+    /// CUDA, while a recording ran: its history replayed through the model
+    /// of the caching allocator under the settings people try, on the
+    /// memory the allocator had when it failed: which setting would have
+    /// avoided this failure. Figures replayed, not measured.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replay: Option<crate::replay::Replayed>,
 }
 
 /// `name` with only what file names take everywhere: letters, digits, `.`,
@@ -429,6 +435,35 @@ impl Render for OomReport {
         if h.rounding > 0 {
             doc.indented(2, format!("of which {} is the allocator's rounding of blocks", Cell::bytes(h.rounding)));
         }
+        if let Some(replayed) = &self.replay {
+            doc.blank();
+            doc.heading("Would another allocator setting have avoided it?");
+            doc.line(
+                "The recording replayed through memlab's model of libtorch's caching allocator, on the memory it \
+                 had when it failed (figures replayed, not measured):",
+            );
+            for d in &replayed.devices {
+                doc.append(d.verdict());
+                // The diagnosis advises expandable segments from the figures
+                // alone; the replay has tried it.
+                let expandable_fails = d.replays.iter().any(|x| {
+                    let keys: Vec<&str> = x.settings.split(',').collect();
+                    keys.contains(&"expandable_segments:True")
+                        && !keys.iter().any(|k| k.starts_with("max_split_size_mb"))
+                        && !x.ooms.is_empty()
+                });
+                if d.recorded_oom().is_some()
+                    && expandable_fails
+                    && self.diagnosis.advice.contains("expandable_segments:True")
+                {
+                    doc.line(
+                        "So the advice above to set expandable_segments:True would not have avoided this failure: \
+                         the replay under it runs out of memory too.",
+                    );
+                }
+            }
+            doc.line("`memlab replay` on the snapshot shows each setting's peaks side by side.");
+        }
         doc.blank();
         if !self.files.is_empty() {
             let files: Vec<String> = self.files.iter().map(|f| f.display().to_string()).collect();
@@ -496,6 +531,42 @@ mod tests {
         )
         .unwrap();
         assert_eq!(serde_json::from_str::<serde_json::Value>(&report.to_json()).unwrap(), as_written, "nothing lost");
+    }
+
+    #[test]
+    fn a_report_with_a_replay_says_which_setting_avoids_the_failure_and_reads_back() {
+        // PyTorch's recording of a fragmentation failure on an H100 under a
+        // 1.5 GiB memory fraction (fixtures/replay), as the report of a
+        // CUDA failure would carry its replay.
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/replay/fragmentation__default.pickle");
+        let file = crate::export::Snapshot::read_pickle(path).unwrap();
+        let options = crate::replay::ReplayOptions {
+            fraction: Some(0.01894448624181354),
+            total: Some(85_017_493_504),
+            compare: true,
+            ..Default::default()
+        };
+        let mut report = fixture();
+        report.replay = Some(crate::replay::replay_snapshot("the recording", &file.snapshot, &options).unwrap());
+        let text = report.to_text();
+        assert!(text.contains("Would another allocator setting have avoided it?"), "{text}");
+        for mss in [64, 128, 512] {
+            let line = format!(
+                "max_split_size_mb:{mss} would have avoided the error at history entry 204, with a peak of 1.50G reserved."
+            );
+            assert!(text.contains(&line), "{line}\n{text}");
+        }
+        assert!(!text.contains("expandable_segments:True would have"), "{text}");
+        assert!(!text.contains("So the advice above"), "the advice did not name expandable segments: {text}");
+        // Where the diagnosis advised expandable segments, the replay says it would not have helped.
+        report.diagnosis.advice.push_str(" PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True lets the cache grow.");
+        let advised = report.to_text();
+        assert!(
+            advised.contains("So the advice above to set expandable_segments:True would not have avoided"),
+            "{advised}"
+        );
+        let again = OomReport::from_json(&report.to_json()).unwrap();
+        assert_eq!(again.to_text(), advised, "the replay reads back as it was written");
     }
 
     #[test]
