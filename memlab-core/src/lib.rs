@@ -18,6 +18,7 @@ pub mod replay;
 pub mod report;
 pub mod run;
 pub mod stats;
+mod verdict;
 
 // memlab's own plumbing, public because memlab's other crates use it (and
 // every copy of memlab must reach the same process-wide state through it),

@@ -372,7 +372,7 @@ pub struct TraceArgs<'a> {
     pub statement: Option<String>,
     /// Why the request failed (a merge's, from the out-of-memory report).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub verdict: Option<crate::oom::Verdict>,
+    pub verdict: Option<crate::verdict::Verdict>,
 }
 
 impl TraceArgs<'_> {
