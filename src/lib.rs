@@ -286,6 +286,35 @@ pub mod render {
     pub use memlab_core::render::{Amount, Cell, Column, Document, Layout, Table};
 }
 
+/// libtorch's CUDA caching allocator as a model (no GPU, no libtorch): a
+/// recording replayed under the settings it was recorded with and others,
+/// what `memlab replay` prints and what an out-of-memory report answers
+/// "would another setting have avoided it?" with. The guide is
+/// `memlab_core::replay`'s.
+///
+/// ```
+/// use memlab::replay::{replay_snapshot, ReplayOptions};
+///
+/// // PyTorch's recording, on an H100, of a fragmentation failure under a
+/// // 1.5 GiB memory fraction.
+/// let file = memlab::export::Snapshot::read_pickle("fixtures/replay/fragmentation__default.pickle")?;
+/// let options = ReplayOptions {
+///     fraction: Some(0.01894448624181354),
+///     total: Some(85_017_493_504),
+///     compare: true,
+///     ..Default::default()
+/// };
+/// let replayed = replay_snapshot("fragmentation", &file.snapshot, &options)?;
+/// let device = &replayed.devices[0];
+/// assert!(device.recorded_oom().is_some(), "the failure, replayed");
+/// let avoiding: Vec<&str> = device.avoiding().map(|r| r.settings.as_str()).collect();
+/// assert!(avoiding.iter().any(|s| s.starts_with("max_split_size_mb:128")));
+/// # Ok::<(), memlab::Error>(())
+/// ```
+pub mod replay {
+    pub use memlab_core::replay::*;
+}
+
 /// Allocator statistics and storage facts: every `memory_stats()` figure of a
 /// device, its resets, and what memory a tensor keeps alive.
 pub mod stats {

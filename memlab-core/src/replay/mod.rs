@@ -9,6 +9,24 @@
 //! gives back, so that a replay under the recorded settings can be checked
 //! against the allocator's own segment events.
 //!
+//! [`replay_device`] replays one device of a snapshot, memlab's or
+//! PyTorch's; [`replay_snapshot`] every CUDA device, under the recorded
+//! settings and others ([`COMPARED`] with `compare`), side by side: the
+//! peaks, fragmentation at the peak ([`AtPeak`]), each out-of-memory error
+//! and why, and which settings would have avoided the recorded one
+//! ([`DeviceReplays::verdict`]). This is what `memlab replay` prints, and
+//! what memlab's out-of-memory report adds on CUDA while a recording runs.
+//!
+//! What a replay needs, a snapshot records: the allocator's settings as
+//! libtorch parsed them (PyTorch's `allocator_settings`, which memlab's own
+//! snapshots write too), each device's memory and memory fraction (memlab's
+//! `device_memory`), and the history from the allocator's first segment.
+//! Where a history begins on a warm allocator (memlab recording started
+//! late, PyTorch's `max_entries` too small), the segments held before it are
+//! rebuilt from the snapshot's final segments by undoing the history, blocks
+//! in use included ([`DeviceReplay::rebuilt_segments`]); where something
+//! is missing, the replay says what it assumed.
+//!
 //! ```
 //! use memlab_core::replay::{AllocatorConfig, CachingAllocator};
 //!
