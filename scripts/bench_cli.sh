@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # The command-line tool at scale: generates two synthetic snapshots in
 # PyTorch's schema (memlab-cli/examples/synthetic_snapshot.rs; SIZE each,
-# 1G by default), then times `memlab summary` and `memlab view` of the first
-# and `memlab diff` of both with /usr/bin/time -v (wall clock, peak resident
-# set), and headless Chromium's screenshot of the page against an empty
-# page's. Prints a Markdown table.
+# 1G by default), then times `memlab summary`, `memlab view` and
+# `memlab replay --compare` (under a memory fraction, so the garbage
+# collector's setting is among those compared) of the first and `memlab diff`
+# of both with /usr/bin/time -v (wall clock, peak resident set), and headless
+# Chromium's screenshot of the page against an empty page's. Prints a
+# Markdown table.
 #
 #     bash scripts/bench_cli.sh [SIZE]
 #
@@ -41,6 +43,8 @@ shot() {
 read -r s_wall s_rss < <(timed "$memlab" summary a.pickle)
 read -r v_wall v_rss < <(timed "$memlab" view a.pickle -o a.html)
 read -r d_wall d_rss < <(timed "$memlab" diff a.pickle b.pickle)
+read -r r_wall r_rss < <(timed "$memlab" replay a.pickle --compare --fraction 0.5)
+replays=$("$memlab" replay a.pickle --compare --fraction 0.5 --json | python3 -c 'import json,sys; d=json.load(sys.stdin)["devices"][0]; print(1 + len(d["replays"]))')
 echo '<!doctype html><title>empty</title>' > empty.html
 # Layout time: the median of three screenshots of each, alternating.
 empty=(); page=()
@@ -58,6 +62,7 @@ echo "|---|---:|---:|"
 echo "| memlab summary a.pickle | ${s_wall} s | ${s_rss} MiB |"
 echo "| memlab view a.pickle | ${v_wall} s | ${v_rss} MiB |"
 echo "| memlab diff a.pickle b.pickle | ${d_wall} s | ${d_rss} MiB |"
+echo "| memlab replay a.pickle --compare --fraction 0.5 ($replays settings) | ${r_wall} s | ${r_rss} MiB |"
 echo
 echo "| page | bytes | Chromium screenshot, median of 3 |"
 echo "|---|---:|---:|"
