@@ -55,7 +55,7 @@ const SETTINGS: [(&str, &str); 4] = [
 /// A training loop of an MLP over batches of varying size, then
 /// pytorch#123548's pattern: 30 cycles of 91 MiB and 45.5 MiB freed around
 /// 2 MiB kept.
-fn workload() {
+fn mlp_123548() {
     let vs = nn::VarStore::new(GPU);
     let net = nn::seq()
         .add(nn::linear(vs.root() / "fc1", 512, 2048, Default::default()))
@@ -78,6 +78,61 @@ fn workload() {
     tch::Cuda::synchronize(0);
 }
 
+/// A training loop of a small conv net (two 3x3 convolutions, pooling, a
+/// linear head) over batches of 32 to 128 images of 64x64.
+fn conv() {
+    let vs = nn::VarStore::new(GPU);
+    let root = vs.root();
+    let c1 = nn::conv2d(&root / "c1", 3, 32, 3, nn::ConvConfig { padding: 1, ..Default::default() });
+    let c2 = nn::conv2d(&root / "c2", 32, 64, 3, nn::ConvConfig { padding: 1, ..Default::default() });
+    let head = nn::linear(&root / "head", 64 * 16 * 16, 10, Default::default());
+    let mut opt = nn::Adam::default().build(&vs, 1e-3).unwrap();
+    for step in 0..12 {
+        let batch = [32, 128, 64][step % 3];
+        let x = Tensor::randn([batch, 3, 64, 64], (Kind::Float, GPU));
+        let y = x.apply(&c1).relu().max_pool2d_default(2).apply(&c2).relu().max_pool2d_default(2);
+        let loss = y.flatten(1, -1).apply(&head).square().mean(Kind::Float);
+        opt.backward_step(&loss);
+    }
+    tch::Cuda::synchronize(0);
+}
+
+/// A training loop of a small transformer block (one attention head of
+/// width 256, layer norms, a 1024-wide MLP) over sequences of 64 to 512
+/// tokens, 8 at a time.
+fn transformer() {
+    let vs = nn::VarStore::new(GPU);
+    let root = vs.root();
+    let d = 256;
+    let qkv = nn::linear(&root / "qkv", d, 3 * d, Default::default());
+    let out = nn::linear(&root / "out", d, d, Default::default());
+    let up = nn::linear(&root / "up", d, 4 * d, Default::default());
+    let down = nn::linear(&root / "down", 4 * d, d, Default::default());
+    let (ln1, ln2) = (
+        nn::layer_norm(&root / "ln1", vec![d], Default::default()),
+        nn::layer_norm(&root / "ln2", vec![d], Default::default()),
+    );
+    let mut opt = nn::Adam::default().build(&vs, 1e-3).unwrap();
+    for step in 0..12 {
+        let tokens = [64, 512, 128, 256][step % 4];
+        let x = Tensor::randn([8, tokens, d], (Kind::Float, GPU));
+        let parts = x.apply(&ln1).apply(&qkv).chunk(3, -1);
+        let scores = parts[0].matmul(&parts[1].transpose(-2, -1)) / (d as f64).sqrt();
+        let attended = scores.softmax(-1, Kind::Float).matmul(&parts[2]).apply(&out);
+        let h = &x + attended;
+        let y = &h + h.apply(&ln2).apply(&up).gelu("none").apply(&down);
+        let loss = y.square().mean(Kind::Float);
+        opt.backward_step(&loss);
+    }
+    tch::Cuda::synchronize(0);
+}
+
+/// memlab's recorded workloads: a name for their files, the program, and
+/// how many of [`SETTINGS`] they run under (the #123548 pattern's growth
+/// needs both settings at once).
+const WORKLOADS: [(&str, fn(), usize); 3] =
+    [("memlab_mlp_123548", mlp_123548, 4), ("memlab_conv", conv, 3), ("memlab_transformer", transformer, 3)];
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn memlabs_own_recordings_replay_event_for_event() {
@@ -85,16 +140,18 @@ fn memlabs_own_recordings_replay_event_for_event() {
     if common::child(name) {
         let _s = serial();
         let conf = std::env::var("PYTORCH_CUDA_ALLOC_CONF").unwrap_or_default();
+        let workload = std::env::var("MEMLAB_WORKLOAD").unwrap();
+        let (workload, program, _) = *WORKLOADS.iter().find(|(w, _, _)| *w == workload).unwrap();
         // Before anything of CUDA's is allocated in this process.
         let recording = memlab::Recording::start(memlab::events::Settings::default().backtraces(false)).unwrap();
-        workload();
+        program();
         let stats = memlab::stats::device_stats(Device::Cuda(0)).unwrap();
         let snapshot = memlab::export::Exporter::registered().snapshot().unwrap();
         drop(recording);
         let label = SETTINGS.iter().find(|(_, c)| *c == conf).map_or("other", |(l, _)| l);
-        save_fixture("memlab_mlp_123548", label, &conf, &snapshot, None);
+        save_fixture(workload, label, &conf, &snapshot, None);
         // Through the file, as `memlab replay` reads it.
-        let path = std::env::temp_dir().join(format!("memlab_mlp_123548__{label}-{}.pickle", std::process::id()));
+        let path = std::env::temp_dir().join(format!("{workload}__{label}-{}.pickle", std::process::id()));
         snapshot.write_pickle(&path).unwrap();
         let file = Snapshot::read_pickle(&path).unwrap();
         let settings = file.snapshot.allocator_settings.as_ref().expect("the allocator's settings are recorded");
@@ -108,7 +165,7 @@ fn memlabs_own_recordings_replay_event_for_event() {
         let card = Card { capacity: memory.total, total: memory.total };
         let r = replay_device(&file.snapshot, 0, &config, &config, card).unwrap();
         println!(
-            "REPLAY {label}: segment events {}/{}, peak reserved {} (allocator {}), peak allocated {} (allocator {})",
+            "REPLAY {workload} {label}: segment events {}/{}, peak reserved {} (allocator {}), peak allocated {} (allocator {})",
             r.segment_events_matched,
             r.segment_events,
             r.peak_reserved,
@@ -125,9 +182,12 @@ fn memlabs_own_recordings_replay_event_for_event() {
         return;
     }
     let _s = serial();
-    for (_, conf) in SETTINGS {
-        let (stdout, _) = common::check_child(name, &[("PYTORCH_CUDA_ALLOC_CONF", conf)]);
-        println!("{}", marked(&stdout, "REPLAY ").join("\n"));
+    for (workload, _, settings) in WORKLOADS {
+        for (_, conf) in &SETTINGS[..settings] {
+            let (stdout, _) =
+                common::check_child(name, &[("PYTORCH_CUDA_ALLOC_CONF", conf), ("MEMLAB_WORKLOAD", workload)]);
+            println!("{}", marked(&stdout, "REPLAY ").join("\n"));
+        }
     }
 }
 
