@@ -3,7 +3,9 @@
 //! largest holders (the model of both, [`Diagnosis`], is `memlab_core`'s). A shared layer: the out-of-memory recorder writes it in
 //! its reports, the batch-size search keeps it for its first failing try.
 
-use memlab_core::oom::{DeviceMemory, Diagnosis, Failure, Holders, MemoryFigures, Serving, Verdict, SMALL_SEGMENT};
+use memlab_core::oom::{
+    DeviceMemory, Diagnosis, Failure, Holders, HostLimit, MemoryFigures, Serving, Verdict, SMALL_SEGMENT,
+};
 use memlab_core::render::Cell;
 use memlab_core::Device;
 use memlab_tch::BACKEND;
@@ -27,6 +29,13 @@ pub(crate) fn diagnose(failure: &Failure, holders: Option<&Holders>) -> (Diagnos
         let (this, others, limit) =
             figures.device.map_or((None, None, None), |d| (d.this_process, d.other_processes, d.limit));
         figures.device = Some(DeviceMemory::new(free, total, this, others).limited_by(limit));
+        // Under a memory fraction libtorch gives the fraction's bytes as the
+        // total, beside the driver's free bytes of the whole device.
+        if let Device::Cuda(i) = device {
+            if let Ok((_, device_total)) = memlab_tch::cuda_mem_info(i) {
+                figures.device = figures.device.map(|d| under_fraction(d, figures.reserved, device_total));
+            }
+        }
     }
     if let (None, Some(e)) = (figures.device, &device_missing) {
         let which = if device == Device::Cpu { "the host's memory" } else { "the driver's free and total memory" };
@@ -44,6 +53,22 @@ pub(crate) fn diagnose(failure: &Failure, holders: Option<&Holders>) -> (Diagnos
     let verdict = Verdict::decide(failure.requested, &figures);
     let advice = advice(failure, &figures, verdict, holders);
     (Diagnosis { device, requested: failure.requested, rounded: failure.rounded, figures, verdict, advice }, missing)
+}
+
+/// `memory` as a CUDA failure's figures give it (the driver's free bytes,
+/// libtorch's total), on a device of `device_total` bytes whose allocator
+/// holds `reserved`: where the total is less than the device's, a memory
+/// fraction limits this process, and what it could still obtain is the
+/// fraction's bytes less what the allocator holds (or the driver's free
+/// bytes, where fewer).
+fn under_fraction(memory: DeviceMemory, reserved: i64, device_total: u64) -> DeviceMemory {
+    if memory.total >= device_total {
+        return memory;
+    }
+    let room = memory.total.saturating_sub(reserved.max(0) as u64);
+    let mut limited = memory.limited_by(Some(HostLimit::MemoryFraction));
+    limited.free = memory.free.min(room);
+    limited
 }
 
 fn advice(failure: &Failure, f: &MemoryFigures, verdict: Verdict, holders: Option<&Holders>) -> String {
@@ -86,7 +111,15 @@ fn advice(failure: &Failure, f: &MemoryFigures, verdict: Verdict, holders: Optio
         ),
         Verdict::NotEnoughFree => {
             let has = match (failure.device, limit) {
-                (Device::Cuda(_), _) => format!("{} free and its cache {}", b(device_free), b(f.cache_free.bytes)),
+                (Device::Cuda(_), Some(limit)) => format!(
+                    "{} free under {} and its cache {}",
+                    b(device_free),
+                    limit.describe(),
+                    b(f.cache_free.bytes)
+                ),
+                (Device::Cuda(_), None) => {
+                    format!("{} free and its cache {}", b(device_free), b(f.cache_free.bytes))
+                }
                 (Device::Cpu, Some(limit)) => format!("{} free under {}", b(device_free), limit.describe()),
                 (Device::Cpu, None) => format!("{} free", b(device_free)),
             };
@@ -128,6 +161,37 @@ fn advice(failure: &Failure, f: &MemoryFigures, verdict: Verdict, holders: Optio
 mod tests {
     use super::*;
     use memlab_core::oom::NamedHolder;
+
+    #[test]
+    fn under_a_memory_fraction_free_is_what_the_fraction_leaves() {
+        // The H100's failure under a 1.5 GiB fraction: libtorch gave the
+        // fraction's bytes as the total and the driver's 77 GiB as free,
+        // with 1 GiB reserved. What this process could still obtain was
+        // 0.5 GiB.
+        const MIB: u64 = 1 << 20;
+        let (reserved, device_total) = (1024 * MIB, 85_017_493_504);
+        let given = DeviceMemory::new(82_741_248_000, 1536 * MIB, Some(1640 * MIB), None);
+        let limited = under_fraction(given, reserved as i64, device_total);
+        assert_eq!(
+            (limited.free, limited.total, limited.limit),
+            (512 * MIB, 1536 * MIB, Some(HostLimit::MemoryFraction))
+        );
+        let mut failure = Failure::here(Device::Cuda(0), 600 * MIB);
+        failure.rounded = true;
+        let mut figures = MemoryFigures::default();
+        figures.allocated = 500 * MIB as i64;
+        figures.reserved = reserved as i64;
+        figures.cache_free = memlab_core::oom::CacheFree::new(524 * MIB, 24 * MIB);
+        figures.device = Some(limited);
+        let text = advice(&failure, &figures, Verdict::decide(600 * MIB, &figures), None);
+        assert!(
+            text.starts_with("cuda:0 has 512.00M free under the CUDA memory fraction and its cache 524.00M"),
+            "{text}"
+        );
+        // Without a fraction (libtorch's total is the device's), nothing changes.
+        let whole = DeviceMemory::new(82_741_248_000, device_total, None, None);
+        assert_eq!(under_fraction(whole, reserved as i64, device_total), whole);
+    }
 
     #[test]
     fn advice_names_the_figures_of_each_verdict() {

@@ -94,8 +94,8 @@ pub struct DeviceMemory {
     pub this_process: Option<u64>,
     /// Other processes' use, when known (CUDA: NVML).
     pub other_processes: Option<u64>,
-    /// The host's limit that `free` and `total` come from, when one is
-    /// tighter than the host's memory (the CPU only).
+    /// The limit that `free` and `total` come from, when one is tighter
+    /// than the device's memory (the host's, or CUDA's memory fraction).
     pub limit: Option<HostLimit>,
 }
 
@@ -112,7 +112,8 @@ impl DeviceMemory {
     }
 }
 
-/// A limit on what a process may use of the host's memory.
+/// A limit on what a process may use of a device's memory, tighter than the
+/// device: the host's (address space, cgroup), or CUDA's memory fraction.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum HostLimit {
@@ -124,6 +125,12 @@ pub enum HostLimit {
     /// cgroup's use. At the limit the kernel's out-of-memory killer ends a
     /// process without a failed request: no report can be written then.
     Cgroup,
+    /// CUDA: the caching allocator's memory fraction
+    /// (`set_per_process_memory_fraction`, or `per_process_memory_fraction`
+    /// in `PYTORCH_CUDA_ALLOC_CONF`): free is the fraction's bytes minus
+    /// what the allocator holds, or the driver's free where that is less. A
+    /// request beyond it fails, and the failure can be reported.
+    MemoryFraction,
 }
 
 impl HostLimit {
@@ -132,6 +139,7 @@ impl HostLimit {
         match self {
             HostLimit::AddressSpace => "the address-space limit (ulimit -v)",
             HostLimit::Cgroup => "the cgroup's memory limit (memory.max)",
+            HostLimit::MemoryFraction => "the CUDA memory fraction",
         }
     }
 }

@@ -74,7 +74,7 @@ pub(super) fn observe(above: &mut bool, (limit, used, max): Reading, share: f64)
              ends the process without a failed request, so no out-of-memory report can be written: free \
              memory, or raise the limit.\n"
         ),
-        HostLimit::AddressSpace => format!(
+        HostLimit::AddressSpace | HostLimit::MemoryFraction => format!(
             "memlab: this process has mapped {figures}. A request beyond the limit fails (and is reported): \
              free memory, or raise the limit.\n"
         ),

@@ -235,6 +235,12 @@ fn the_oom_reports_replay_verdict_agrees_with_rerunning_under_each_setting() {
         drop(recording);
         memlab::OomRecorder::disarm();
         println!("{}", report.to_text());
+        // The diagnosis reads the fraction: 1.5 GiB less the 1 GiB held
+        // (the free 2 MiB segment went back in the retry) was what was free.
+        let device = report.diagnosis.figures.device.expect("the device's figures");
+        assert_eq!(device.limit, Some(memlab::oom::HostLimit::MemoryFraction), "{device:?}");
+        assert_eq!(device.free, 512 << 20, "{device:?}");
+        assert!(report.diagnosis.advice.contains("free under the CUDA memory fraction"), "{}", report.diagnosis.advice);
         let replayed = report.replay.as_ref().expect("a CUDA failure while recording is replayed");
         let device = &replayed.devices[0];
         let oom = device.recorded_oom().expect("the replay reproduces the failure");
