@@ -97,8 +97,8 @@ pub fn replay_snapshot(name: &str, snapshot: &Snapshot, options: &ReplayOptions)
         }
         None => {
             assumptions.push(
-                "the file does not say the allocator's settings (PyTorch before 2.5; memlab's, when it could not read them): replayed as \
-                 recorded under libtorch's defaults"
+                "the file does not say the allocator's settings (PyTorch before 2.5; memlab's, when it could not \
+                 read them): replayed as recorded under libtorch's defaults"
                     .to_string(),
             );
             AllocatorConfig::default()
@@ -120,11 +120,11 @@ pub fn replay_snapshot(name: &str, snapshot: &Snapshot, options: &ReplayOptions)
             assumptions.push(sentence);
         }
     };
-    for (index, name) in names.iter().enumerate().filter(|(_, n)| n.starts_with("cuda")) {
+    for (index, device) in names.iter().enumerate().filter(|(_, n)| n.starts_with("cuda")) {
         if snapshot.device_traces.get(index).is_none_or(|t| t.is_empty()) {
             continue;
         }
-        let memory = recorded_memory.iter().find(|m| &m.device == name);
+        let memory = recorded_memory.iter().find(|m| &m.device == device);
         let total = options.total.or(memory.map(|m| m.total)).unwrap_or_else(|| {
             assume(format!(
                 "the file does not say the device's memory: {} assumed (give --total)",
