@@ -443,6 +443,7 @@ impl Render for OomReport {
                  had when it failed (figures replayed, not measured):",
             );
             for d in &replayed.devices {
+                doc.table(d.outcomes());
                 doc.append(d.verdict());
                 // The diagnosis advises expandable segments from the figures
                 // alone; the replay has tried it.
@@ -462,7 +463,7 @@ impl Render for OomReport {
                     );
                 }
             }
-            doc.line("`memlab replay` on the snapshot shows each setting's peaks side by side.");
+            doc.line("`memlab replay` on the snapshot adds each setting's fragmentation at its peak.");
         }
         doc.blank();
         if !self.files.is_empty() {
@@ -557,6 +558,16 @@ mod tests {
             assert!(text.contains(&line), "{line}\n{text}");
         }
         assert!(!text.contains("expandable_segments:True would have"), "{text}");
+        // Each setting's replayed peak, as the GPU had them under each (fixtures/replay/results.jsonl).
+        let rows: Vec<String> = text.lines().map(|l| l.split_whitespace().collect::<Vec<_>>().join(" ")).collect();
+        for row in [
+            "default (recorded) 1.00G yes, at history entry 204",
+            "expandable_segments:True 1.02G yes, at history entry 204",
+            "max_split_size_mb:128 1.50G no",
+            "garbage_collection_threshold:0.6 1.00G yes, at history entry 204",
+        ] {
+            assert!(rows.iter().any(|r| r == row), "{row}\n{text}");
+        }
         assert!(!text.contains("So the advice above"), "the advice did not name expandable segments: {text}");
         // Where the diagnosis advised expandable segments, the replay says it would not have helped.
         report.diagnosis.advice.push_str(" PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True lets the cache grow.");

@@ -341,6 +341,30 @@ impl DeviceReplays {
         self.replays.iter().filter(|r| r.ooms.is_empty())
     }
 
+    /// Each setting's replayed peak and whether it runs out of memory, the
+    /// recorded settings first: the short table an out-of-memory report
+    /// shows (`memlab replay` shows the long one).
+    pub fn outcomes(&self) -> Table {
+        let mut table = Table::new(vec![
+            Column::new("settings (replayed)", Layout::Text),
+            Column::new("peak reserved", Layout::Figure),
+            Column::new("out of memory", Layout::Text),
+        ]);
+        for (i, x) in std::iter::once(&self.recorded).chain(&self.replays).enumerate() {
+            let name = settings_name(&x.settings);
+            let oom = match x.ooms.first() {
+                Some(o) => format!("yes, at history entry {}", o.entry),
+                None => "no".to_string(),
+            };
+            table.row([
+                Cell::text(if i == 0 { format!("{name} (recorded)") } else { name }),
+                Cell::bytes(x.peak_reserved),
+                Cell::text(oom),
+            ]);
+        }
+        table
+    }
+
     /// "Would another setting have avoided the recorded error?", answered
     /// in sentences: which would, at what peak, or that none would and why;
     /// nothing where the recording has no error. Said with the caution the
