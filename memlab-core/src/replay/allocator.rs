@@ -355,11 +355,14 @@ impl CachingAllocator {
             b.live && !b.allocated && !b.waiting && b.address <= address && address + size <= b.address + b.size
         })?;
         self.remove_free(id);
+        // The free block leaves the inactive-split figures; its free pieces join them.
+        self.count_inactive_split(id, -1);
         // [start, address) stays free; [address, address + size) is the
         // block; the rest stays free.
         let id = if self.blocks[id].address < address {
             let upper = self.cut(id, address - self.blocks[id].address);
             self.insert_free(id);
+            self.count_inactive_split(id, 1);
             upper
         } else {
             id
@@ -367,6 +370,7 @@ impl CachingAllocator {
         if self.blocks[id].size > size {
             let rest = self.cut(id, size);
             self.insert_free(rest);
+            self.count_inactive_split(rest, 1);
         }
         let b = &mut self.blocks[id];
         b.allocated = true;
@@ -380,7 +384,6 @@ impl CachingAllocator {
         if size >= self.max_split() {
             change(&mut self.stats.oversize_allocations, 1);
         }
-        self.count_inactive_split();
         Some(BlockId(id))
     }
 
@@ -405,23 +408,16 @@ impl CachingAllocator {
         upper
     }
 
-    /// The inactive-split figures counted afresh from the blocks: free
-    /// blocks of split segments (what [`restore_block`](Self::restore_block)
-    /// leaves, outside the rules `hand_out` and `free` keep them by).
-    fn count_inactive_split(&mut self) {
-        for small in [true, false] {
-            let (mut count, mut bytes) = (0i64, 0i64);
-            for b in self.blocks.iter().filter(|b| b.live && b.small == small && b.expandable.is_none()) {
-                if !b.allocated && !b.waiting && b.is_split() {
-                    count += 1;
-                    bytes += b.size as i64;
-                }
-            }
-            let (stats_count, stats_bytes) = (&mut self.stats.inactive_split, &mut self.stats.inactive_split_bytes);
-            let pool = |array: &mut StatArray| if small { array.small_pool.current } else { array.large_pool.current };
-            let (was_count, was_bytes) = (pool(stats_count), pool(stats_bytes));
-            bump(stats_count, small, count - was_count);
-            bump(stats_bytes, small, bytes - was_bytes);
+    /// Counts free block `id` into (`sign` 1) or out of (-1) the
+    /// inactive-split figures, where it is part of a split segment
+    /// (expandable segments keep none): what [`restore_block`](Self::restore_block)
+    /// does outside the rules `hand_out` and `free` keep them by.
+    fn count_inactive_split(&mut self, id: usize, sign: i64) {
+        let b = &self.blocks[id];
+        if b.expandable.is_none() && b.is_split() {
+            let (small, size) = (b.small, b.size as i64);
+            bump(&mut self.stats.inactive_split, small, sign);
+            bump(&mut self.stats.inactive_split_bytes, small, sign * size);
         }
     }
 
