@@ -441,45 +441,25 @@ fn why(oom: &ModelOom) -> String {
 mod tests {
     use super::*;
     use crate::events::Action;
-    use crate::export::{SnapshotInfo, TraceEntry};
+    use crate::export::SnapshotInfo;
     use crate::replay::MIB;
 
     /// One CUDA device whose history is `entries` (action, address, bytes),
-    /// on a device of `total` bytes that the allocator may fill.
+    /// on a device of `total` bytes that the allocator may fill, recorded
+    /// under the default settings.
     fn snapshot(entries: &[(Action, u64, u64)], total: u64) -> Snapshot {
-        let trace = entries
-            .iter()
-            .enumerate()
-            .map(|(i, &(action, addr, size))| TraceEntry {
-                action,
-                addr: Some(addr),
-                size,
-                stream: 0,
-                time_us: i as u64,
-                frames: std::sync::Arc::from(Vec::new()),
-                category: None,
-                tensor: None,
-                device_free: None,
-            })
-            .collect();
-        Snapshot {
-            segments: Vec::new(),
-            device_traces: vec![trace],
-            allocator_settings: Some(serde_json::json!({"PYTORCH_CUDA_ALLOC_CONF": ""})),
-            memlab: Some(SnapshotInfo {
-                devices: vec!["cuda:0".into()],
-                partial: false,
-                dropped: 0,
-                recorded: entries.len() as u64,
-                run: None,
-                device_memory: vec![crate::export::DeviceMemory {
-                    device: "cuda:0".into(),
-                    total,
-                    memory_fraction: 1.0,
-                }],
-                profile: None,
-            }),
-        }
+        let mut s = crate::replay::tests::history(entries);
+        s.allocator_settings = Some(serde_json::json!({"PYTORCH_CUDA_ALLOC_CONF": ""}));
+        s.memlab = Some(SnapshotInfo {
+            devices: vec!["cuda:0".into()],
+            partial: false,
+            dropped: 0,
+            recorded: entries.len() as u64,
+            run: None,
+            device_memory: vec![crate::export::DeviceMemory { device: "cuda:0".into(), total, memory_fraction: 1.0 }],
+            profile: None,
+        });
+        s
     }
 
     fn compare() -> ReplayOptions {

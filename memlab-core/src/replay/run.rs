@@ -396,25 +396,7 @@ mod tests {
     use super::*;
     use crate::replay::MIB;
 
-    /// A snapshot of one CUDA device whose history is `entries`: (action, address, bytes).
-    fn snapshot(entries: &[(Action, u64, u64)]) -> Snapshot {
-        let trace = entries
-            .iter()
-            .enumerate()
-            .map(|(i, &(action, addr, size))| TraceEntry {
-                action,
-                addr: Some(addr),
-                size,
-                stream: 0,
-                time_us: i as u64,
-                frames: std::sync::Arc::from(Vec::new()),
-                category: None,
-                tensor: None,
-                device_free: None,
-            })
-            .collect();
-        Snapshot { segments: Vec::new(), device_traces: vec![trace], allocator_settings: None, memlab: None }
-    }
+    use crate::replay::tests::history as snapshot;
 
     const CARD: Card = Card { capacity: 80 << 30, total: 80 << 30 };
 

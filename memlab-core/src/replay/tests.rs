@@ -6,6 +6,28 @@ use super::*;
 
 const GIB: u64 = 1 << 30;
 
+/// A snapshot of one CUDA device, stream 0, whose history is `entries`:
+/// (action, address, bytes), one microsecond apart. No segments, no
+/// settings, no notes of memlab's: each test adds what it needs.
+pub(super) fn history(entries: &[(crate::events::Action, u64, u64)]) -> crate::export::Snapshot {
+    let trace = entries
+        .iter()
+        .enumerate()
+        .map(|(i, &(action, addr, size))| crate::export::TraceEntry {
+            action,
+            addr: Some(addr),
+            size,
+            stream: 0,
+            time_us: i as u64,
+            frames: std::sync::Arc::from(Vec::new()),
+            category: None,
+            tensor: None,
+            device_free: None,
+        })
+        .collect();
+    crate::export::Snapshot { segments: Vec::new(), device_traces: vec![trace], allocator_settings: None, memlab: None }
+}
+
 fn gpu(conf: &str) -> CachingAllocator {
     CachingAllocator::new(AllocatorConfig::parse(conf).unwrap(), 80 * GIB, 80 * GIB).unwrap()
 }
