@@ -52,17 +52,6 @@ pub(crate) fn capture(sources: &Model) -> Result<Snapshot> {
     for e in &history {
         let Some(index) = index_of(e.device) else { continue };
         let key = (e.device, e.address);
-        let entry = |e: &Event, frames: Stack| TraceEntry {
-            action: e.action,
-            addr: Some(e.address),
-            size: e.size,
-            stream: e.stream,
-            time_us: e.time_ns / 1000,
-            frames,
-            category: None,
-            tensor: None,
-            device_free: None,
-        };
         match e.action {
             Action::Alloc => {
                 let mut f = frames.of(e.backtrace.as_deref(), e.statement.as_ref());
@@ -112,32 +101,12 @@ pub(crate) fn capture(sources: &Model) -> Result<Snapshot> {
     if cuda_devices > 0 {
         for s in memlab_tch::segments::cuda_segments()? {
             let device = Device::Cuda(s.device);
-            let blocks = s
-                .blocks
-                .iter()
-                .map(|b| Block {
-                    address: b.address,
-                    size: b.size,
-                    requested_size: b.requested_size,
-                    state: b.state,
-                    frames: live_frames
-                        .get(&(device, b.address))
-                        .map(|a| frames.of(a.backtrace.as_deref(), a.statement.as_ref()))
-                        .unwrap_or_default(),
-                })
-                .collect();
-            segments.push(Segment {
-                device: s.device,
-                address: s.address,
-                total_size: s.total_size,
-                stream: s.stream,
-                segment_type: if s.is_large { SegmentType::Large } else { SegmentType::Small },
-                allocated_size: s.allocated_size,
-                active_size: s.active_size,
-                requested_size: s.requested_size,
-                is_expandable: s.is_expandable,
-                blocks,
-            });
+            segments.push(segment(&s, |address| {
+                live_frames
+                    .get(&(device, address))
+                    .map(|a| frames.of(a.backtrace.as_deref(), a.statement.as_ref()))
+                    .unwrap_or_default()
+            }));
         }
     }
     for a in live.iter().filter(|a| a.device == Device::Cpu) {
@@ -222,4 +191,46 @@ pub(crate) fn cuda_allocators(cuda_devices: usize) -> (Option<serde_json::Value>
         }
     }
     (settings, memory)
+}
+
+/// Event `e` as an entry of a device's trace, with `frames`.
+pub(crate) fn entry(e: &Event, frames: Stack) -> TraceEntry {
+    TraceEntry {
+        action: e.action,
+        addr: Some(e.address),
+        size: e.size,
+        stream: e.stream,
+        time_us: e.time_ns / 1000,
+        frames,
+        category: None,
+        tensor: None,
+        device_free: None,
+    }
+}
+
+/// The caching allocator's segment `s` as the snapshot lists it, each
+/// block with the frames `frames_of` gives for its address.
+pub(crate) fn segment(s: &memlab_tch::segments::CudaSegment, mut frames_of: impl FnMut(u64) -> Stack) -> Segment {
+    Segment {
+        device: s.device,
+        address: s.address,
+        total_size: s.total_size,
+        stream: s.stream,
+        segment_type: if s.is_large { SegmentType::Large } else { SegmentType::Small },
+        allocated_size: s.allocated_size,
+        active_size: s.active_size,
+        requested_size: s.requested_size,
+        is_expandable: s.is_expandable,
+        blocks: s
+            .blocks
+            .iter()
+            .map(|b| Block {
+                address: b.address,
+                size: b.size,
+                requested_size: b.requested_size,
+                state: b.state,
+                frames: frames_of(b.address),
+            })
+            .collect(),
+    }
 }

@@ -84,11 +84,13 @@ pub(super) fn capture(failure: &Failure, number: u64, dir: &Path) -> OomReport {
         left_out,
         files: Vec::new(),
         file_errors: Vec::new(),
-        replay: match failure.device {
-            Device::Cuda(index) if events::is_active() => replay(failure, index),
-            _ => None,
-        },
+        replay: None,
     };
+    if let Device::Cuda(index) = failure.device {
+        if events::is_active() {
+            report.replay = replay(failure, index, report.diagnosis.figures.reserved);
+        }
+    }
     super::files::write(&mut report, dir, &sources);
     report
 }
@@ -154,53 +156,30 @@ fn holders(device: Device, sources: &Model, with_sites: bool) -> Holders {
 
 /// CUDA, while a recording runs: its history of device `index` replayed
 /// under the settings people try, on the memory the allocator had when it
-/// failed (what it held, and what the driver still had free), so the report
-/// says which setting would have avoided the failure. `None` where the
-/// figures it needs cannot be read, or the model cannot replay them: the
-/// report then goes without the answer.
-fn replay(failure: &Failure, index: usize) -> Option<memlab_core::replay::Replayed> {
-    use memlab_core::export::{Segment, SegmentType, Snapshot, SnapshotInfo, TraceEntry};
+/// failed (the `reserved` bytes it held, and what the driver still had
+/// free), so the report says which setting would have avoided the failure.
+/// `None` where the figures it needs cannot be read, or the model cannot
+/// replay them: the report then goes without the answer.
+fn replay(failure: &Failure, index: usize, reserved: i64) -> Option<memlab_core::replay::Replayed> {
+    use crate::capture::snapshot::{cuda_allocators, entry, segment};
+    use memlab_core::export::{Snapshot, SnapshotInfo, Stack};
     let device = Device::Cuda(index);
     let (history, stats) = events::history();
-    let no_frames: memlab_core::export::Stack = Arc::from(Vec::new());
-    let trace: Vec<TraceEntry> = history
-        .iter()
-        .filter(|e| e.device == device)
-        .map(|e| TraceEntry {
-            action: e.action,
-            addr: Some(e.address),
-            size: e.size,
-            stream: e.stream,
-            time_us: e.time_ns / 1000,
-            frames: no_frames.clone(),
-            category: None,
-            tensor: None,
-            device_free: None,
-        })
-        .collect();
+    // The replay reads no frames: every entry shares one empty stack.
+    let none = Stack::default();
+    let trace = history.iter().filter(|e| e.device == device).map(|e| entry(e, none.clone())).collect();
     let cuda_devices = memlab_tch::cuda_device_count();
     let mut device_traces = vec![Vec::new(); cuda_devices];
     *device_traces.get_mut(index)? = trace;
-    // The segments held now: what the replay compares the history's own
-    // segment events with, to tell what was held before it began.
+    // The segments held now, with their blocks: what the replay undoes the
+    // history against, to rebuild what was held before it began.
     let segments = memlab_tch::segments::cuda_segments()
         .ok()?
-        .into_iter()
+        .iter()
         .filter(|s| s.device == index)
-        .map(|s| Segment {
-            device: s.device,
-            address: s.address,
-            total_size: s.total_size,
-            stream: s.stream,
-            segment_type: if s.is_large { SegmentType::Large } else { SegmentType::Small },
-            allocated_size: s.allocated_size,
-            active_size: s.active_size,
-            requested_size: s.requested_size,
-            is_expandable: s.is_expandable,
-            blocks: Vec::new(),
-        })
+        .map(|s| segment(s, |_| none.clone()))
         .collect();
-    let (allocator_settings, device_memory) = crate::capture::snapshot::cuda_allocators(cuda_devices);
+    let (allocator_settings, device_memory) = cuda_allocators(cuda_devices);
     let snapshot = Snapshot {
         segments,
         device_traces,
@@ -215,11 +194,8 @@ fn replay(failure: &Failure, index: usize) -> Option<memlab_core::replay::Replay
             profile: None,
         }),
     };
-    // What the allocator could have had in all: what it held, and what
-    // the device still had free.
-    let reserved = memlab_tch::device_stats(device).ok()?.reserved_bytes.all.current.max(0) as u64;
     let options = memlab_core::replay::ReplayOptions {
-        capacity: failure.device_free.map(|free| reserved + free),
+        capacity: failure.device_free.map(|free| reserved.max(0) as u64 + free),
         compare: true,
         ..Default::default()
     };

@@ -278,3 +278,39 @@ fn the_oom_reports_replay_verdict_agrees_with_rerunning_under_each_setting() {
         assert_eq!(*avoids, !failed, "{settings}: the report's verdict and the GPU disagree");
     }
 }
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn an_oom_reports_replay_rebuilds_the_blocks_held_before_the_recording() {
+    let name = "replay::an_oom_reports_replay_rebuilds_the_blocks_held_before_the_recording";
+    if common::child(name) {
+        let _s = serial();
+        let dir = std::env::temp_dir().join(format!("memlab-replay-warm-{}", std::process::id()));
+        memlab::OomRecorder::new(&dir).max_reports(10).init_cuda(true).arm().unwrap();
+        // 3 MiB held in a 20 MiB segment before the recording starts: the
+        // replay must rebuild the segment with the block in use, or it
+        // would give the segment back in the failing request's retry.
+        let warm = floats(3 * MIB / 4);
+        let recording = memlab::Recording::start(memlab::events::Settings::default().backtraces(false)).unwrap();
+        assert!(fragmentation().is_some(), "the program runs out of memory under its fraction");
+        let report = memlab::last_oom().expect("a report of the failure");
+        drop(recording);
+        memlab::OomRecorder::disarm();
+        let r = &report.replay.as_ref().expect("a CUDA failure while recording is replayed").devices[0].recorded;
+        println!(
+            "REBUILT {} segment(s), {} block(s); segment events {}/{}",
+            r.rebuilt_segments, r.rebuilt_blocks, r.segment_events_matched, r.segment_events
+        );
+        assert!(r.rebuilt_blocks >= 1, "{r:?}");
+        assert_eq!((r.segment_events_matched, r.unknown_frees), (r.segment_events, 0), "{:?}", r.first_mismatch);
+        assert!(r.ooms.iter().any(|o| o.recorded), "the failure, replayed: {r:?}");
+        drop(warm);
+        std::fs::remove_dir_all(&dir).ok();
+        return;
+    }
+    let _s = serial();
+    let total = memlab::gpu::cuda_mem_info(0).unwrap().1;
+    let fraction = format!("per_process_memory_fraction:{}", FRACTION_BYTES / total as f64);
+    let (stdout, _) = common::check_child(name, &[("PYTORCH_CUDA_ALLOC_CONF", fraction.as_str())]);
+    println!("{}", marked(&stdout, "REBUILT ").join("\n"));
+}
