@@ -26,16 +26,16 @@ pub(crate) fn diagnose(failure: &Failure, holders: Option<&Holders>) -> (Diagnos
     });
     // The allocator's own figures at the failure beat a reading now.
     if let (Some(free), Some(total)) = (failure.device_free, failure.device_total) {
-        let (this, others, limit) =
-            figures.device.map_or((None, None, None), |d| (d.this_process, d.other_processes, d.limit));
-        figures.device = Some(DeviceMemory::new(free, total, this, others).limited_by(limit));
+        let read = figures.device;
+        let (this, others, limit) = read.map_or((None, None, None), |d| (d.this_process, d.other_processes, d.limit));
+        let given = DeviceMemory::new(free, total, this, others).limited_by(limit);
         // Under a memory fraction libtorch gives the fraction's bytes as the
-        // total, beside the driver's free bytes of the whole device.
-        if let Device::Cuda(i) = device {
-            if let Ok((_, device_total)) = memlab_tch::cuda_mem_info(i) {
-                figures.device = figures.device.map(|d| under_fraction(d, figures.reserved, device_total));
-            }
-        }
+        // total, beside the driver's free bytes of the whole device, whose
+        // total the reading has.
+        figures.device = Some(match (device, read) {
+            (Device::Cuda(_), Some(read)) => under_fraction(given, figures.reserved, read.total),
+            _ => given,
+        });
     }
     if let (None, Some(e)) = (figures.device, &device_missing) {
         let which = if device == Device::Cpu { "the host's memory" } else { "the driver's free and total memory" };
