@@ -11,7 +11,8 @@
 //!     cargo run --release --example fit_models -- --model mlp --batch 1024 \
 //!         --device cpu --out mlp_1024_cpu.pickle
 //!
-//! `--model` is `mlp`, `conv` or `transformer`; `--device` `cpu` or `cuda`.
+//! `--model` is `mlp`, `conv` or `transformer`; `--device` `cpu` or `cuda`;
+//! `--backtraces` records each allocation's call stack.
 
 use std::error::Error;
 
@@ -37,7 +38,8 @@ const MLP_WIDTH: i64 = 4096;
 
 impl Mlp {
     fn new(vs: &nn::Path) -> Mlp {
-        let layers = (0..4).map(|i| nn::linear(vs / format!("fc{i}"), MLP_WIDTH, MLP_WIDTH, Default::default())).collect();
+        let layers =
+            (0..4).map(|i| nn::linear(vs / format!("fc{i}"), MLP_WIDTH, MLP_WIDTH, Default::default())).collect();
         Mlp { layers, head: nn::linear(vs / "head", MLP_WIDTH, 10, Default::default()) }
     }
 }
@@ -64,7 +66,11 @@ impl Conv {
     fn new(vs: &nn::Path) -> Conv {
         let padded = nn::ConvConfig { padding: 1, ..Default::default() };
         let channels = [3, 64, 128, 256];
-        let convs = channels.windows(2).enumerate().map(|(i, c)| nn::conv2d(vs / format!("conv{i}"), c[0], c[1], 3, padded)).collect();
+        let convs = channels
+            .windows(2)
+            .enumerate()
+            .map(|(i, c)| nn::conv2d(vs / format!("conv{i}"), c[0], c[1], 3, padded))
+            .collect();
         Conv { convs, head: nn::linear(vs / "head", 256 * 8 * 8, 10, Default::default()) }
     }
 }
@@ -162,10 +168,12 @@ struct Args {
     device: Device,
     steps: usize,
     out: Option<String>,
+    backtraces: bool,
 }
 
 fn args() -> Result<Args, Box<dyn Error>> {
-    let mut args = Args { model: "mlp".into(), batch: 256, device: Device::Cpu, steps: 4, out: None };
+    let mut args =
+        Args { model: "mlp".into(), batch: 256, device: Device::Cpu, steps: 4, out: None, backtraces: false };
     let mut given = std::env::args().skip(1);
     while let Some(flag) = given.next() {
         let mut value = || given.next().ok_or_else(|| format!("{flag} needs a value"));
@@ -174,6 +182,7 @@ fn args() -> Result<Args, Box<dyn Error>> {
             "--batch" => args.batch = value()?.parse()?,
             "--steps" => args.steps = value()?.parse()?,
             "--out" => args.out = Some(value()?),
+            "--backtraces" => args.backtraces = true,
             "--device" => {
                 args.device = match value()?.as_str() {
                     "cpu" => Device::Cpu,
@@ -193,7 +202,7 @@ fn args() -> Result<Args, Box<dyn Error>> {
 fn main() -> Result<(), Box<dyn Error>> {
     let args = args()?;
     let memlab_device = if args.device.is_cuda() { memlab::Device::Cuda(0) } else { memlab::Device::Cpu };
-    let recording = memlab::Recording::start(Settings::default().capacity(10_000_000))?;
+    let recording = memlab::Recording::start(Settings::default().capacity(10_000_000).backtraces(args.backtraces))?;
     let vs = nn::VarStore::new(args.device);
     let model: Box<dyn Model> = match args.model.as_str() {
         "mlp" => Box::new(Mlp::new(&vs.root())),
@@ -214,11 +223,7 @@ fn main() -> Result<(), Box<dyn Error>> {
     let stats = memlab::stats::device_stats(memlab_device)?;
     println!(
         "FIT model={} batch={} device={} peak_reserved={} peak_allocated={}",
-        args.model,
-        args.batch,
-        memlab_device,
-        stats.reserved_bytes.all.peak,
-        stats.allocated_bytes.all.peak
+        args.model, args.batch, memlab_device, stats.reserved_bytes.all.peak, stats.allocated_bytes.all.peak
     );
     if args.device.is_cuda() {
         // What the process holds beyond the allocator: the CUDA context and libraries.

@@ -8,6 +8,7 @@
 //! memlab diff A B [--html FILE.html] [--json]
 //! memlab merge FILES… -o DIR [--offset RANK=µs]… [--json]
 //! memlab replay SNAPSHOT [--setting CONF]… [--capacity BYTES | --fraction F] [--total BYTES] [--compare] [--json]
+//! memlab replay CPU_SNAPSHOT --as-cuda [--capacity BYTES] [--setting CONF]… [--json]
 //! ```
 //!
 //! Bad input (a missing, empty, truncated or non-snapshot file, a pickle that
@@ -101,7 +102,8 @@ enum Command {
         /// (expandable_segments:True,max_split_size_mb:128); repeat for several.
         #[arg(long = "setting", value_name = "CONF")]
         settings: Vec<String>,
-        /// What the allocator could reserve: bytes, or with K, M, G, T (binary units).
+        /// What the allocator could reserve: bytes, or with K, M, G, T (binary
+        /// units). With --as-cuda: the card's memory.
         #[arg(long, value_name = "BYTES", conflicts_with = "fraction")]
         capacity: Option<String>,
         /// A memory fraction of the device's total memory (set_per_process_memory_fraction).
@@ -113,8 +115,14 @@ enum Command {
         /// Also replay the settings people try (default, expandable segments,
         /// max_split_size_mb at 64, 128 and 512, both, and garbage collection
         /// under a memory fraction), side by side.
-        #[arg(long)]
+        #[arg(long, conflicts_with = "as_cuda")]
         compare: bool,
+        /// Predict a CUDA run from the snapshot's CPU history (a memlab
+        /// recording of the step on the CPU): its allocations replayed through
+        /// the CUDA allocator's model with what CUDA adds (estimates). With
+        /// --capacity, the card's memory: whether the step fits.
+        #[arg(long = "as-cuda", conflicts_with = "fraction")]
+        as_cuda: bool,
         /// Print every figure as JSON, one object per device.
         #[arg(long)]
         json: bool,
@@ -214,7 +222,23 @@ fn run(command: Command) -> Result<(), String> {
             }
             Ok(())
         }
-        Command::Replay { snapshot, settings, capacity, fraction, total, compare, json } => {
+        Command::Replay { snapshot, settings, capacity, as_cuda: true, json, .. } => {
+            let options = memlab_core::replay::PredictOptions {
+                capacity: capacity.as_deref().map(|c| bytes(c, "--capacity")).transpose()?,
+                settings,
+                additions: None,
+            };
+            let file = Snapshot::read_pickle(&snapshot).map_err(|e| e.to_string())?;
+            let predicted =
+                memlab_core::replay::predict_cuda(&snapshot, &file.snapshot, &options).map_err(|e| e.to_string())?;
+            if json {
+                println!("{}", predicted.to_json());
+            } else {
+                print!("{}", predicted.to_text());
+            }
+            Ok(())
+        }
+        Command::Replay { snapshot, settings, capacity, fraction, total, compare, json, .. } => {
             if let Some(f) = fraction.filter(|f| !(0.0..=1.0).contains(f)) {
                 return Err(format!("--fraction {f}: a memory fraction is between 0 and 1"));
             }

@@ -597,6 +597,37 @@ fn a_snapshot_that_says_its_devices_memory_replays_without_flags() {
 }
 
 #[test]
+fn a_cpu_recording_predicts_the_cuda_run_and_whether_it_fits() {
+    // The MLP's CPU run (examples/fit_models.rs); its CUDA run on an H100
+    // peaked at 1,293,822,464 bytes allocated (fixtures/fit/cuda_peaks.jsonl).
+    let path = fixture("fit/mlp_1024_cpu.pickle");
+    let path = path.to_str().unwrap();
+    let out = json(&["replay", path, "--as-cuda", "--json"]);
+    let predicted = &out["settings"][0];
+    assert_eq!(predicted["settings"], "");
+    let allocated = predicted["peak_allocated"].as_f64().unwrap();
+    assert!((allocated / 1_293_822_464.0 - 1.0).abs() < 0.005, "{predicted}");
+    assert_eq!(
+        predicted["peak_device"].as_u64().unwrap(),
+        predicted["peak_reserved"].as_u64().unwrap() + out["additions"]["outside_allocator"].as_u64().unwrap()
+    );
+    // On an 80 GiB card it fits; on a 1 GiB card it does not, by how much.
+    let text = stdout(&memlab(&["replay", path, "--as-cuda", "--capacity", "80G"]));
+    assert!(text.contains("Every figure is an estimate") && text.contains("fits, 77."), "{text}");
+    let text =
+        stdout(&memlab(&["replay", path, "--as-cuda", "--capacity", "1G", "--setting", "expandable_segments:True"]));
+    assert!(text.contains("expandable_segments:True") && text.contains("does not fit: runs out at +"), "{text}");
+    assert!(text.contains("Not modelled: CUDA reductions' staging buffers"), "{text}");
+    // A CUDA recording has no CPU run to predict from; a CPU one points here.
+    let cuda = fixture("replay/mlp__default.pickle");
+    let output = memlab(&["replay", cuda.to_str().unwrap(), "--as-cuda"]);
+    assert_eq!(output.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("record the step on the CPU"));
+    let output = memlab(&["replay", fixture("memlab_cpu.pickle").to_str().unwrap()]);
+    assert!(String::from_utf8_lossy(&output.stderr).contains("--as-cuda"));
+}
+
+#[test]
 fn replay_refuses_what_it_cannot_replay_in_one_line() {
     let cuda = fixture("replay/mlp__default.pickle");
     let cuda = cuda.to_str().unwrap();

@@ -195,7 +195,7 @@ pub fn replay_snapshot(name: &str, snapshot: &Snapshot, options: &ReplayOptions)
     if devices.is_empty() {
         return Err(Error::InvalidArgument(format!(
             "cannot replay {name}: it has no CUDA history (record with torch.cuda.memory._record_memory_history, \
-             or a memlab Recording on CUDA)"
+             or a memlab Recording on CUDA; a CPU recording predicts a CUDA run with `memlab replay --as-cuda`)"
         )));
     }
     Ok(Replayed { file: name.to_string(), recorded_settings, assumptions, devices })

@@ -17,6 +17,14 @@
 //! ([`DeviceReplays::verdict`]). This is what `memlab replay` prints, and
 //! what memlab's out-of-memory report adds on CUDA while a recording runs.
 //!
+//! [`predict_cuda`] answers "will it fit?" before a GPU run: a CPU run's
+//! recording of the step, its allocations replayed through the model as if
+//! they were CUDA's, with what a CUDA run allocates beside them
+//! ([`CudaAdditions`]: cuBLAS's workspaces, memory outside the allocator),
+//! and with a card's memory, whether it fits or by how much it does not.
+//! Every figure is an estimate; [`NOT_MODELLED`] lists what a CUDA run does
+//! otherwise (`memlab replay --as-cuda`).
+//!
 //! What a replay needs, a snapshot records: the allocator's settings as
 //! libtorch parsed them (PyTorch's `allocator_settings`, which memlab's own
 //! snapshots write too), each device's memory and memory fraction (memlab's
@@ -47,6 +55,7 @@
 pub const MODELLED_LIBTORCH: &str = "2.11.0";
 
 mod allocator;
+mod as_cuda;
 mod compare;
 mod config;
 mod run;
@@ -54,6 +63,10 @@ mod run;
 pub use allocator::{
     BlockId, CachingAllocator, ModelOom, SegmentAction, SegmentEvent, MIN_BLOCK, ONE_EXABYTE, ROUND_LARGE,
     SMALL_BUFFER, SMALL_SIZE,
+};
+pub use as_cuda::{
+    cpu_history_as_cuda, predict_cuda, CudaAdditions, CudaPrediction, Fit, PredictOptions, SettingPrediction,
+    NOT_MODELLED,
 };
 pub use compare::{replay_snapshot, DeviceReplays, ReplayOptions, Replayed, COMPARED};
 pub use config::{AllocatorConfig, DIVISION_BUCKETS, MIB, MIN_LARGE_ALLOC};
