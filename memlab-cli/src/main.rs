@@ -226,7 +226,7 @@ fn run(command: Command) -> Result<(), String> {
             let options = memlab_core::replay::PredictOptions {
                 capacity: capacity.as_deref().map(|c| bytes(c, "--capacity")).transpose()?,
                 settings,
-                additions: None,
+                ..Default::default()
             };
             let file = Snapshot::read_pickle(&snapshot).map_err(|e| e.to_string())?;
             let predicted =

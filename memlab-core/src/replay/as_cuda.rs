@@ -55,10 +55,20 @@ impl Default for CudaAdditions {
 
 /// `snapshot`'s CPU history as the history of `cuda:0` on a device of
 /// `total` bytes: each allocation and free in its order (a free completes at
-/// once, as on one stream), with the workspaces of `additions` allocated
-/// before it. Tiny CPU-only tensors (a loss read back as a number, scalars)
-/// stay in: a few small blocks at most.
-pub fn cpu_history_as_cuda(snapshot: &Snapshot, additions: &CudaAdditions, total: u64) -> Result<Snapshot> {
+/// once, as on one stream), after the blocks live before the history began
+/// and the workspaces of `additions`. Tiny CPU-only tensors (a loss read
+/// back as a number, scalars) stay in: a few small blocks at most.
+///
+/// The blocks live before the history (the model's weights, made before the
+/// recording started) are those of `live_before` (address and bytes), those
+/// the history frees without having allocated them, and those the
+/// snapshot's CPU segments hold at its end that the history never allocated.
+pub fn cpu_history_as_cuda(
+    snapshot: &Snapshot,
+    additions: &CudaAdditions,
+    total: u64,
+    live_before: &[(u64, u64)],
+) -> Result<Snapshot> {
     let names = snapshot.devices();
     let cpu = names.iter().position(|n| n == "cpu").ok_or_else(|| {
         Error::InvalidArgument(
@@ -72,23 +82,51 @@ pub fn cpu_history_as_cuda(snapshot: &Snapshot, additions: &CudaAdditions, total
             "the snapshot's CPU history has no allocation: record the step on the CPU under a memlab Recording".into(),
         ));
     }
-    let mut history = Vec::with_capacity(trace.len() * 3 / 2 + 4);
+    let mut history = Vec::with_capacity(trace.len() * 3 / 2 + live_before.len() + 4);
     let first_time = trace.first().map_or(0, |e| e.time_us);
+    let block = |address: u64, size: u64| TraceEntry {
+        action: Action::Alloc,
+        addr: Some(address),
+        size,
+        stream: 0,
+        time_us: first_time,
+        frames: Default::default(),
+        category: None,
+        tensor: None,
+        device_free: None,
+    };
+    // What the history frees without allocating, and what is live at the
+    // end that it never allocated: there before it.
+    let mut before: std::collections::BTreeMap<u64, u64> = live_before.iter().copied().collect();
+    let mut allocated = std::collections::HashSet::new();
+    for e in trace {
+        match (e.action, e.addr) {
+            (Action::Alloc, Some(addr)) => {
+                allocated.insert(addr);
+            }
+            (Action::FreeRequested, Some(addr)) if !allocated.remove(&addr) => {
+                before.entry(addr).or_insert(e.size);
+            }
+            _ => {}
+        }
+    }
+    let mut ever_allocated = std::collections::HashSet::new();
+    for e in trace.iter().filter(|e| e.action == Action::Alloc) {
+        ever_allocated.extend(e.addr);
+    }
+    for segment in snapshot.segments.iter().filter(|s| s.device == cpu) {
+        for b in segment.blocks.iter().filter(|b| b.state != crate::export::BlockState::Inactive) {
+            if !ever_allocated.contains(&b.address) {
+                before.entry(b.address).or_insert(b.size);
+            }
+        }
+    }
+    history.extend(before.iter().map(|(&address, &size)| block(address, size)));
     // Addresses no CPU allocation has: the top of the address space.
     let mut workspace_address = u64::MAX - (1 << 40);
     let mut workspace = |size: u64| {
         workspace_address += 1 << 32;
-        TraceEntry {
-            action: Action::Alloc,
-            addr: Some(workspace_address),
-            size,
-            stream: 0,
-            time_us: first_time,
-            frames: Default::default(),
-            category: None,
-            tensor: None,
-            device_free: None,
-        }
+        block(workspace_address, size)
     };
     for _ in 0..additions.cublas_handles {
         if additions.cublas_workspace > 0 {
@@ -137,6 +175,9 @@ pub struct PredictOptions {
     /// What CUDA adds to the CPU run's allocations (default: libtorch 2.11 on
     /// compute capability 9.0).
     pub additions: Option<CudaAdditions>,
+    /// Blocks live before the history began (address, bytes) that the
+    /// snapshot does not show (see [`cpu_history_as_cuda`]).
+    pub live_before: Vec<(u64, u64)>,
 }
 
 /// A CUDA run's peaks predicted from a CPU run's recording: estimates, from
@@ -153,6 +194,10 @@ pub struct CudaPrediction {
     pub capacity: Option<u64>,
     /// One per setting.
     pub settings: Vec<SettingPrediction>,
+    /// The CPU run's peak allocated in each step, where the prediction ran
+    /// the steps itself (`memlab::will_it_fit`): the last two agree when the
+    /// peak was steady.
+    pub cpu_step_peaks: Vec<u64>,
 }
 
 /// The prediction under one setting.
@@ -207,7 +252,7 @@ pub fn predict_cuda(name: &str, snapshot: &Snapshot, options: &PredictOptions) -
     use super::{replay_device_at, AllocatorConfig, Card};
     let additions = options.additions.clone().unwrap_or_default();
     let total = options.capacity.unwrap_or(super::ONE_EXABYTE);
-    let history = cpu_history_as_cuda(snapshot, &additions, total).map_err(|e| match e {
+    let history = cpu_history_as_cuda(snapshot, &additions, total, &options.live_before).map_err(|e| match e {
         Error::InvalidArgument(why) => Error::InvalidArgument(format!("{name}: {why}")),
         other => other,
     })?;
@@ -256,7 +301,13 @@ pub fn predict_cuda(name: &str, snapshot: &Snapshot, options: &PredictOptions) -
             fit,
         });
     }
-    Ok(CudaPrediction { file: name.to_string(), additions, capacity: options.capacity, settings: out })
+    Ok(CudaPrediction {
+        file: name.to_string(),
+        additions,
+        capacity: options.capacity,
+        settings: out,
+        cpu_step_peaks: Vec::new(),
+    })
 }
 
 /// What the prediction leaves out, each a sentence: where a CUDA run
@@ -272,11 +323,13 @@ pub const NOT_MODELLED: [&str; 3] = [
      allocations stand for them",
 ];
 
-/// What `memlab replay --as-cuda` prints.
+crate::render::displayed_as_text!(CudaPrediction);
+
+/// What `memlab replay --as-cuda` and `memlab::will_it_fit` print.
 impl Render for CudaPrediction {
     fn document(&self) -> Document {
         let mut doc = Document::new();
-        doc.title(format!("memlab replay --as-cuda: {}", self.file));
+        doc.title(format!("Will it fit? {}", self.file));
         doc.line(format!(
             "A CUDA run predicted from a CPU run's recording: its allocations, in order, replayed through the model \
              of libtorch {}'s CUDA caching allocator, with what CUDA adds. Every figure is an estimate.",
@@ -327,6 +380,22 @@ impl Render for CudaPrediction {
             table.row(row);
         }
         doc.table(table);
+        if let [.., before, last] = self.cpu_step_peaks[..] {
+            let steps = self.cpu_step_peaks.len();
+            if before == last {
+                doc.line(format!(
+                    "The CPU run's peak was steady: {} in its last two of {steps} steps.",
+                    Cell::bytes(last)
+                ));
+            } else {
+                doc.caution(format!(
+                    "The CPU run's peak was still moving after {steps} steps ({} then {}): the prediction covers \
+                     those steps only.",
+                    Cell::bytes(before),
+                    Cell::bytes(last)
+                ));
+            }
+        }
         doc.note("Device peak: peak reserved plus what lies outside the allocator.");
         for n in NOT_MODELLED {
             doc.note(format!("Not modelled: {n}."));

@@ -1,0 +1,138 @@
+//! "Will it fit?" on a GPU, answered on the CPU, before the GPU run.
+//!
+//! ```rust,no_run
+//! # fn step() -> memlab::Result<()> { Ok(()) }
+//! // The model and its optimizer on the CPU, registered so that the weights
+//! // made before the step count (memlab::register_var_store, register_optimizer).
+//! let prediction = memlab::will_it_fit(80 << 30, || step())?;
+//! println!("{prediction}"); // fits, with how much to spare, or needing how much more
+//! # Ok::<(), memlab::Error>(())
+//! ```
+//!
+//! [`will_it_fit`] runs the training step on the CPU under a recording until
+//! its peak is steady (at least two steps, since Adam's state appears in the
+//! first; at most [`WillItFit::max_steps`]), then replays the step's
+//! allocations, in their order, through the model of libtorch's CUDA caching
+//! allocator with what a CUDA run adds (cuBLAS's workspaces, the CUDA context
+//! outside the allocator): the predicted peak reserved and allocated, and
+//! whether the step fits a card of the given memory
+//! ([`Fit`](crate::replay::Fit)). The tensors a step makes are the same on
+//! the CPU and on CUDA for most ops; where a CUDA run allocates otherwise,
+//! the prediction says so ([`NOT_MODELLED`](crate::replay::NOT_MODELLED)),
+//! and every figure is labelled an estimate. BENCHMARKS.md has its error
+//! against CUDA runs on an H100 for three models.
+//!
+//! What was made before the first step counts where memlab can name it: the
+//! registered var stores, optimizers and tensors (or the model given to
+//! [`WillItFit::of`]). Other CPU memory (a dataset in memory, say) is left
+//! out: on a GPU run it would stay on the host.
+//!
+//! The same answer from a file: record the step on the CPU under a
+//! [`Recording`](crate::Recording), export the snapshot, and run
+//! `memlab replay SNAPSHOT --as-cuda --capacity 80G`.
+
+use memlab_core::events::Settings;
+use memlab_core::replay::{predict_cuda, CudaAdditions, CudaPrediction, PredictOptions};
+use memlab_core::{Device, Error, Result};
+
+use crate::named::Model;
+
+/// Predicts whether a training step fits a CUDA card of `card` bytes, from
+/// CPU runs of `step` (see the [module docs](self)), under libtorch's
+/// default allocator settings.
+pub fn will_it_fit(card: u64, step: impl FnMut() -> Result<()>) -> Result<CudaPrediction> {
+    WillItFit::new(card).run(step)
+}
+
+/// [`will_it_fit`] with more to say: other allocator settings, the model,
+/// how many steps at most.
+#[derive(Default)]
+pub struct WillItFit {
+    card: Option<u64>,
+    settings: Vec<String>,
+    model: Option<Model>,
+    additions: Option<CudaAdditions>,
+    max_steps: Option<usize>,
+}
+
+impl WillItFit {
+    /// A prediction for a card of `card` bytes.
+    pub fn new(card: u64) -> WillItFit {
+        WillItFit { card: Some(card), ..WillItFit::default() }
+    }
+
+    /// A prediction of the peaks alone, for no card in particular.
+    pub fn peaks() -> WillItFit {
+        WillItFit::default()
+    }
+
+    /// Also predicts under these allocator settings (`PYTORCH_CUDA_ALLOC_CONF`
+    /// syntax, `expandable_segments:True`); the defaults are predicted first.
+    pub fn setting(mut self, conf: impl Into<String>) -> WillItFit {
+        self.settings.push(conf.into());
+        self
+    }
+
+    /// Names what was made before the first step after `model` rather than
+    /// the registry.
+    pub fn of(mut self, model: impl Into<Model>) -> WillItFit {
+        self.model = Some(model.into());
+        self
+    }
+
+    /// What CUDA adds, for another card or libtorch than the default's
+    /// (libtorch 2.11 on compute capability 9.0).
+    pub fn additions(mut self, additions: CudaAdditions) -> WillItFit {
+        self.additions = Some(additions);
+        self
+    }
+
+    /// Runs at most `steps` steps (default 5, at least 2) waiting for a
+    /// steady peak.
+    pub fn max_steps(mut self, steps: usize) -> WillItFit {
+        self.max_steps = Some(steps.max(2));
+        self
+    }
+
+    /// Runs `step` on the CPU until its peak is steady, then predicts.
+    pub fn run(self, mut step: impl FnMut() -> Result<()>) -> Result<CudaPrediction> {
+        let model = self.model.unwrap_or_else(Model::registered);
+        // What lives before the first step, where memlab can name it.
+        let live_before: Vec<(u64, u64)> = model
+            .collect()?
+            .storages(Device::Cpu)
+            .iter()
+            .filter(|s| s.from_allocator)
+            .map(|s| (s.data_ptr, s.nbytes))
+            .collect();
+        let recording = crate::Recording::start(Settings::default().capacity(50_000_000))?;
+        let max_steps = self.max_steps.unwrap_or(5);
+        let mut peaks: Vec<u64> = Vec::new();
+        while peaks.len() < max_steps {
+            crate::stats::reset_peak_stats(Device::Cpu)?;
+            step()?;
+            let peak = crate::stats::device_stats(Device::Cpu)?.allocated_bytes.all.peak;
+            peaks.push(u64::try_from(peak).unwrap_or(0));
+            if let [.., before, last] = peaks[..] {
+                if before == last {
+                    break;
+                }
+            }
+        }
+        let snapshot = crate::export::Exporter::of(model).snapshot()?;
+        drop(recording);
+        if snapshot.memlab.as_ref().is_some_and(|m| m.dropped > 0) {
+            return Err(Error::InvalidArgument(
+                "the step made more allocation events than the recording keeps: predict from fewer steps \
+                 (WillItFit::max_steps(2))"
+                    .into(),
+            ));
+        }
+        let settings =
+            std::iter::once(String::new()).chain(self.settings.into_iter().filter(|s| !s.is_empty())).collect();
+        let options = PredictOptions { capacity: self.card, settings, additions: self.additions, live_before };
+        let mut prediction = predict_cuda("the step's CPU run", &snapshot, &options)?;
+        prediction.cpu_step_peaks = peaks;
+        Ok(prediction)
+    }
+}

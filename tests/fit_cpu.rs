@@ -1,0 +1,105 @@
+//! `will_it_fit` on the CPU: steps until the peak is steady, the weights made
+//! before the step counted, the predicted peak allocated equal to the CPU
+//! step's peak plus the modelled workspaces and CUDA's rounding, and the
+//! answer for cards that fit and do not.
+
+mod common;
+
+use common::serial;
+use memlab::replay::{CudaAdditions, Fit};
+use memlab::{Device, WillItFit};
+use tch::nn::{self, Module, OptimizerConfig};
+use tch::{Kind, Tensor};
+
+const MIB: u64 = 1 << 20;
+
+fn model(vs: &nn::VarStore) -> nn::Sequential {
+    nn::seq().add(nn::linear(vs.root() / "fc1", 512, 1024, Default::default())).add_fn(|x| x.relu()).add(nn::linear(
+        vs.root() / "fc2",
+        1024,
+        10,
+        Default::default(),
+    ))
+}
+
+#[test]
+fn a_step_is_predicted_from_its_cpu_runs_with_the_weights_made_before_it() {
+    let _s = serial();
+    memlab::clear_registry();
+    tch::manual_seed(0);
+    let vs = nn::VarStore::new(tch::Device::Cpu);
+    let net = model(&vs);
+    memlab::register_var_store("model", &vs);
+    let mut adam = memlab::register_optimizer(nn::Adam::default().build(&vs, 1e-3).unwrap()).unwrap();
+    let data = Tensor::randn([256, 512], (Kind::Float, tch::Device::Cpu));
+    let labels = Tensor::randint(10, [256], (Kind::Int64, tch::Device::Cpu));
+    let cpu_peak = std::cell::Cell::new(0i64);
+    let mut step = || {
+        memlab::stats::reset_peak_stats(Device::Cpu)?;
+        let loss = net.forward(&data).cross_entropy_for_logits(&labels);
+        adam.backward_step(&loss);
+        cpu_peak.set(memlab::stats::device_stats(Device::Cpu)?.allocated_bytes.all.peak);
+        Ok(())
+    };
+    let prediction = WillItFit::new(80 << 30).setting("expandable_segments:True").run(&mut step).unwrap();
+
+    // Adam's state appears in the first step: the second is larger, and the
+    // steps stop once two agree.
+    let peaks = &prediction.cpu_step_peaks;
+    assert!(peaks.len() >= 3 && peaks[0] < peaks[1], "{peaks:?}");
+    assert_eq!(peaks[peaks.len() - 2], peaks[peaks.len() - 1], "{peaks:?}");
+    let cpu_peak = cpu_peak.get();
+    assert_eq!(peaks[peaks.len() - 1] as i64, cpu_peak);
+
+    // The predicted peak allocated is the CPU step's peak (weights, gradients,
+    // Adam's state and the step's tensors, the data aside: it is not
+    // registered) plus the modelled workspaces, each block rounded up to
+    // CUDA's 512 bytes.
+    let additions = CudaAdditions::default();
+    let workspaces = u64::from(additions.cublas_handles) * additions.cublas_workspace + additions.cublaslt_workspace;
+    let data_bytes = (256 * 512 * 4 + 256 * 8) as u64;
+    let expected = cpu_peak as u64 - data_bytes + workspaces;
+    assert_eq!(prediction.settings.len(), 2);
+    for p in &prediction.settings {
+        assert!(
+            p.peak_allocated >= expected && p.peak_allocated < expected + 512 * 64,
+            "{}: predicted {} for {expected}",
+            p.settings,
+            p.peak_allocated
+        );
+        assert!(p.peak_reserved >= p.peak_allocated);
+        assert_eq!(p.peak_device, p.peak_reserved + additions.outside_allocator);
+        assert_eq!(p.fit, Some(Fit::Fits { spare: (80 << 30) - p.peak_device }));
+    }
+    let text = prediction.to_string();
+    assert!(text.contains("Every figure is an estimate") && text.contains("The CPU run's peak was steady"), "{text}");
+
+    // Without the registry what was made before the step is not known: the
+    // prediction is smaller by what of it lives through the step, the
+    // weights and Adam's two moments (the gradients are set to none and made
+    // again in each step, so the history has them either way).
+    memlab::clear_registry();
+    let held = memlab::stats::device_stats(Device::Cpu).unwrap().allocated_bytes.all.current as u64 - data_bytes;
+    let weights = ((512 * 1024 + 1024 + 1024 * 10 + 10) * 4) as u64;
+    assert_eq!(held, 4 * weights, "weights, gradients and Adam's two moments");
+    let unnamed = WillItFit::peaks().run(&mut step).unwrap();
+    let diff = prediction.settings[0].peak_allocated - unnamed.settings[0].peak_allocated;
+    assert!(diff.abs_diff(3 * weights) < 16 * 512, "{diff} for {} bytes of weights and moments", 3 * weights);
+
+    // A card smaller than what lies outside the allocator and the step does not fit.
+    let small = WillItFit::new(additions.outside_allocator + 16 * MIB).of(&vs).run(&mut step).unwrap();
+    match &small.settings[0].fit {
+        Some(Fit::DoesNotFit { needing, .. }) => {
+            assert!(*needing > 0 && *needing <= prediction.settings[0].peak_reserved, "{needing}")
+        }
+        other => panic!("a card with 16 MiB for the allocator fits: {other:?}"),
+    }
+    assert!(small.to_string().contains("does not fit: runs out at +"));
+}
+
+#[test]
+fn a_failing_step_is_returned_as_it_failed() {
+    let _s = serial();
+    let e = memlab::will_it_fit(80 << 30, || Err(memlab::Error::InvalidArgument("no data".into()))).unwrap_err();
+    assert!(e.to_string().contains("no data"), "{e}");
+}
