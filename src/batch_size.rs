@@ -20,6 +20,9 @@
 //! ([`BatchSearch::first_oom`], the same verdict). While one of its tries runs,
 //! every failure on its device is taken as the try's, on any thread (the
 //! autograd engine runs a CUDA backward pass on threads of its own).
+//! With [`Budget::CudaCard`] the search needs no GPU: each try's steps run
+//! on the CPU and are replayed as CUDA's ([`will_it_fit`](crate::will_it_fit)),
+//! and the largest batch predicted to fit the card is the answer (an estimate).
 //! [`model_size`](crate::model_size) measures what one batch takes.
 //! `cargo run --release --example model_size`.
 
@@ -43,6 +46,12 @@ pub enum Budget {
     /// What the CUDA device has free now (driver's free bytes plus the cache's
     /// unused bytes).
     FreeDeviceMemory,
+    /// A CUDA card of this many bytes, searched without a GPU: each try runs
+    /// its steps on the CPU and is replayed as CUDA's (see
+    /// [`will_it_fit`](crate::will_it_fit)); a try fits when the step is
+    /// predicted to fit the card. The device given is the CPU; a try's
+    /// figure is the least card it is predicted to need (an estimate).
+    CudaCard(u64),
 }
 
 /// What [`find_batch_size`] tried and found.
@@ -100,6 +109,14 @@ pub fn find_batch_size(
 ) -> Result<BatchSearch> {
     let budget = match budget {
         Budget::Bytes(b) => b,
+        Budget::CudaCard(card) => {
+            if device != Device::Cpu {
+                return Err(Error::InvalidArgument(
+                    "Budget::CudaCard searches on the CPU: give Device::Cpu and a step that runs there".to_string(),
+                ));
+            }
+            return search(i64::try_from(card).unwrap_or(i64::MAX), max, |n| predicted_need(card, &mut step, n));
+        }
         Budget::FreeDeviceMemory => match device {
             Device::Cuda(i) => {
                 let (free, _) = memlab_tch::cuda_mem_info(i)?;
@@ -113,10 +130,20 @@ pub fn find_batch_size(
             }
         },
     };
-    let mut search = BatchSearch { largest: None, budget, tried: Vec::new(), first_oom: None };
     let _quiet = quiet_oom_panics::install();
+    search(budget, max, |n| try_once(device, &mut step, n))
+}
+
+/// The search itself: doubling, then halving the gap, over `try_n`'s
+/// outcomes (a figure within `budget` fits).
+fn search(
+    budget: i64,
+    max: usize,
+    mut try_n: impl FnMut(usize) -> (std::result::Result<i64, String>, Option<Diagnosis>),
+) -> Result<BatchSearch> {
+    let mut search = BatchSearch { largest: None, budget, tried: Vec::new(), first_oom: None };
     let mut run = |n: usize| {
-        let (outcome, oom) = try_once(device, &mut step, n);
+        let (outcome, oom) = try_n(n);
         if search.first_oom.is_none() {
             search.first_oom = oom.map(|diagnosis| FirstOom { batch_size: n, diagnosis });
         }
@@ -152,6 +179,29 @@ pub fn find_batch_size(
     }
     search.largest = (fits > 0).then_some(fits);
     Ok(search)
+}
+
+/// One try against a CUDA card, on the CPU: the least card the step at
+/// batch `n` is predicted to need (its device peak where that fits), or why
+/// it could not be predicted.
+fn predicted_need(
+    card: u64,
+    step: &mut impl FnMut(usize) -> std::result::Result<(), Box<dyn std::error::Error>>,
+    n: usize,
+) -> (std::result::Result<i64, String>, Option<Diagnosis>) {
+    use memlab_core::replay::Fit;
+    let predicted = crate::WillItFit::new(card)
+        .max_steps(3)
+        .run(|| step(n).map_err(|e| Error::InvalidArgument(format!("the step at batch {n} failed: {e}"))));
+    let need = predicted.map_err(|e| e.to_string()).map(|p| {
+        let s = &p.settings[0];
+        match s.fit {
+            Some(Fit::Fits { .. }) | None => s.peak_device,
+            Some(Fit::FitsGivingCacheBack { least }) => least,
+            Some(Fit::DoesNotFit { needing, .. }) => card + needing,
+        }
+    });
+    (need.map(|b| i64::try_from(b).unwrap_or(i64::MAX)), None)
 }
 
 /// Keeps the panics of a batch search's own out-of-memory tries from being

@@ -27,6 +27,11 @@
 //! [`WillItFit::of`]). Other CPU memory (a dataset in memory, say) is left
 //! out: on a GPU run it would stay on the host.
 //!
+//! The largest batch that fits a card, searched on the CPU:
+//! `find_batch_size(Device::Cpu, Budget::CudaCard(80 << 30), max, |batch| step(batch))`
+//! (see [`find_batch_size`](crate::find_batch_size)): each try is a
+//! prediction of this kind.
+//!
 //! The same answer from a file: record the step on the CPU under a
 //! [`Recording`](crate::Recording), export the snapshot, and run
 //! `memlab replay SNAPSHOT --as-cuda --capacity 80G`.

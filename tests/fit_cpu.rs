@@ -103,3 +103,39 @@ fn a_failing_step_is_returned_as_it_failed() {
     let e = memlab::will_it_fit(80 << 30, || Err(memlab::Error::InvalidArgument("no data".into()))).unwrap_err();
     assert!(e.to_string().contains("no data"), "{e}");
 }
+
+#[test]
+fn find_batch_size_searches_a_cuda_card_on_the_cpu() {
+    let _s = serial();
+    memlab::clear_registry();
+    tch::manual_seed(0);
+    let vs = nn::VarStore::new(tch::Device::Cpu);
+    let net = nn::seq()
+        .add(nn::linear(vs.root() / "fc1", 4096, 512, Default::default()))
+        .add_fn(|x| x.relu())
+        .add(nn::linear(vs.root() / "fc2", 512, 10, Default::default()));
+    memlab::register_var_store("model", &vs);
+    let mut adam = memlab::register_optimizer(nn::Adam::default().build(&vs, 1e-3).unwrap()).unwrap();
+    let mut step = |batch: usize| -> Result<(), Box<dyn std::error::Error>> {
+        let data = Tensor::randn([batch as i64, 4096], (Kind::Float, tch::Device::Cpu));
+        let labels = Tensor::randint(10, [batch as i64], (Kind::Int64, tch::Device::Cpu));
+        adam.backward_step(&net.forward(&data).cross_entropy_for_logits(&labels));
+        Ok(())
+    };
+    // What a batch needs on a CUDA card, predicted on its own.
+    fn need(step: &mut impl FnMut(usize) -> Result<(), Box<dyn std::error::Error>>, batch: usize) -> u64 {
+        let as_memlab = |e: Box<dyn std::error::Error>| memlab::Error::InvalidArgument(e.to_string());
+        let p = WillItFit::peaks().max_steps(3).run(|| step(batch).map_err(as_memlab)).unwrap();
+        p.settings[0].peak_device
+    }
+    let card = need(&mut step, 64);
+    let search = memlab::find_batch_size(Device::Cpu, memlab::Budget::CudaCard(card), 512, &mut step).unwrap();
+    let largest = search.largest.expect("batch 64 fits the card made for it");
+    assert!((64..512).contains(&largest), "{search:?}");
+    let (at, above) = (need(&mut step, largest), need(&mut step, largest + 1));
+    assert!(at <= card && above > card, "{largest} ({at}) is the largest that fits {card} ({above} above it)");
+    assert!(search.tried.iter().all(|t| t.outcome.is_ok()), "{search:?}");
+    // On a CUDA device the budget is refused: the search runs on the CPU.
+    let e = memlab::find_batch_size(Device::Cuda(0), memlab::Budget::CudaCard(card), 8, &mut step).unwrap_err();
+    assert!(e.to_string().contains("give Device::Cpu"), "{e}");
+}
