@@ -12,7 +12,10 @@
 //!         --device cpu --out mlp_1024_cpu.pickle
 //!
 //! `--model` is `mlp`, `conv` or `transformer`; `--device` `cpu` or `cuda`;
-//! `--backtraces` records each allocation's call stack.
+//! `--backtraces` records each allocation's call stack. `--search MAX CARD`
+//! searches the largest batch up to MAX that fits instead: on CUDA by running
+//! the steps (set the memory fraction with `PYTORCH_CUDA_ALLOC_CONF`), on the
+//! CPU by predicting them for a card of CARD bytes (`Budget::CudaCard`).
 
 use std::error::Error;
 
@@ -169,11 +172,12 @@ struct Args {
     steps: usize,
     out: Option<String>,
     backtraces: bool,
+    search: Option<(usize, u64)>,
 }
 
 fn args() -> Result<Args, Box<dyn Error>> {
     let mut args =
-        Args { model: "mlp".into(), batch: 256, device: Device::Cpu, steps: 4, out: None, backtraces: false };
+        Args { model: "mlp".into(), batch: 256, device: Device::Cpu, steps: 4, out: None, backtraces: false, search: None };
     let mut given = std::env::args().skip(1);
     while let Some(flag) = given.next() {
         let mut value = || given.next().ok_or_else(|| format!("{flag} needs a value"));
@@ -183,6 +187,10 @@ fn args() -> Result<Args, Box<dyn Error>> {
             "--steps" => args.steps = value()?.parse()?,
             "--out" => args.out = Some(value()?),
             "--backtraces" => args.backtraces = true,
+            "--search" => {
+                let max = value()?.parse()?;
+                args.search = Some((max, value()?.parse()?));
+            }
             "--device" => {
                 args.device = match value()?.as_str() {
                     "cpu" => Device::Cpu,
@@ -211,6 +219,9 @@ fn main() -> Result<(), Box<dyn Error>> {
         other => return Err(format!("--model is mlp, conv or transformer, not {other}").into()),
     };
     let mut adam = nn::Adam::default().build(&vs, 1e-4)?;
+    if let Some((max, card)) = args.search {
+        return search(&*model, &vs, adam, args.device, max, card);
+    }
     for step in 0..args.steps {
         if step == 2 {
             memlab::stats::reset_peak_stats(memlab_device)?;
@@ -240,5 +251,38 @@ fn main() -> Result<(), Box<dyn Error>> {
         memlab::export::Exporter::of(&vs).snapshot()?.write_pickle(out)?;
     }
     drop(recording);
+    Ok(())
+}
+
+/// The largest batch up to `max` whose step fits: on CUDA by running it
+/// (under the memory fraction `PYTORCH_CUDA_ALLOC_CONF` sets), on the CPU by
+/// predicting it for a card of `card` bytes. Prints one `SEARCH` line.
+fn search(
+    model: &dyn Model,
+    vs: &nn::VarStore,
+    adam: nn::Optimizer,
+    device: Device,
+    max: usize,
+    card: u64,
+) -> Result<(), Box<dyn Error>> {
+    memlab::register_var_store("model", vs);
+    let mut adam = memlab::register_optimizer(adam)?;
+    let step = |batch: usize| -> Result<(), Box<dyn Error>> {
+        let (inputs, labels) = model.batch(batch as i64, device);
+        let loss = model.loss(&inputs, &labels);
+        adam.backward_step(&loss);
+        Ok(())
+    };
+    let (memlab_device, budget) = match device {
+        Device::Cpu => (memlab::Device::Cpu, memlab::Budget::CudaCard(card)),
+        _ => (memlab::Device::Cuda(0), memlab::Budget::Bytes(i64::MAX)),
+    };
+    let found = memlab::find_batch_size(memlab_device, budget, max, step)?;
+    let tried: Vec<String> = found
+        .tried
+        .iter()
+        .map(|t| format!("{}:{}", t.batch_size, t.outcome.as_ref().map_or("fail".to_string(), |b| b.to_string())))
+        .collect();
+    println!("SEARCH device={memlab_device} largest={:?} tried={}", found.largest, tried.join(","));
     Ok(())
 }

@@ -111,6 +111,9 @@ impl WillItFit {
             .map(|s| (s.data_ptr, s.nbytes))
             .collect();
         let recording = crate::Recording::start(Settings::default().capacity(50_000_000))?;
+        // A recording already running keeps its earlier events: the steps'
+        // are those from here on.
+        let start_us = memlab_core::events::clock_us();
         let max_steps = self.max_steps.unwrap_or(5);
         let mut peaks: Vec<u64> = Vec::new();
         while peaks.len() < max_steps {
@@ -124,8 +127,11 @@ impl WillItFit {
                 }
             }
         }
-        let snapshot = crate::export::Exporter::of(model).snapshot()?;
+        let mut snapshot = crate::export::Exporter::of(model).snapshot()?;
         drop(recording);
+        for trace in &mut snapshot.device_traces {
+            trace.retain(|e| e.time_us >= start_us);
+        }
         if snapshot.memlab.as_ref().is_some_and(|m| m.dropped > 0) {
             return Err(Error::InvalidArgument(
                 "the step made more allocation events than the recording keeps: predict from fewer steps \

@@ -139,3 +139,25 @@ fn find_batch_size_searches_a_cuda_card_on_the_cpu() {
     let e = memlab::find_batch_size(Device::Cuda(0), memlab::Budget::CudaCard(card), 8, &mut step).unwrap_err();
     assert!(e.to_string().contains("give Device::Cpu"), "{e}");
 }
+
+/// Under a recording the program already runs, a prediction covers its own
+/// steps only: a smaller batch after a larger one is predicted smaller.
+#[test]
+fn a_prediction_under_a_running_recording_covers_its_own_steps() {
+    let _s = serial();
+    memlab::clear_registry();
+    let _outer = memlab::Recording::start(memlab::events::Settings::default()).unwrap();
+    let predict = |batch: i64| {
+        let p = WillItFit::peaks().run(|| {
+            let x = Tensor::ones([batch, 1 << 20], (Kind::Float, tch::Device::Cpu));
+            drop(x.sum(Kind::Float));
+            Ok(())
+        });
+        p.unwrap().settings[0].peak_allocated
+    };
+    let (large, small) = (predict(64), predict(2));
+    let additions = CudaAdditions::default();
+    let workspaces = u64::from(additions.cublas_handles) * additions.cublas_workspace + additions.cublaslt_workspace;
+    // 4 MiB a sample, plus the workspaces.
+    assert!(large >= workspaces + (64 << 22) && small < workspaces + (3 << 22), "batch 64 needs {large}, 2 {small}");
+}

@@ -109,6 +109,13 @@ pub(super) fn now_ns() -> u64 {
     calibrating_now_ns()
 }
 
+/// The recorder's clock now, in microseconds since its zero: the unit of
+/// the `time_us` of memlab's exports, so that a reader can keep the events
+/// after a moment it took.
+pub fn clock_us() -> u64 {
+    now_ns() / 1000
+}
+
 /// The clock where the counter is not in use, or a calibration is due.
 #[inline(never)]
 fn calibrating_now_ns() -> u64 {

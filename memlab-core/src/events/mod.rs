@@ -19,7 +19,7 @@ use crate::sync::LockExt;
 use std::path::Path;
 use std::sync::Arc;
 
-pub use clock::{is_active, zero_unix_us};
+pub use clock::{clock_us, is_active, zero_unix_us};
 pub use context::{current_statement, StatementRef};
 pub use recorder::{
     attribute, current_settings, history, history_with, live, live_seqs, record, record_counted, recorded, release,
