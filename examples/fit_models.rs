@@ -176,8 +176,15 @@ struct Args {
 }
 
 fn args() -> Result<Args, Box<dyn Error>> {
-    let mut args =
-        Args { model: "mlp".into(), batch: 256, device: Device::Cpu, steps: 4, out: None, backtraces: false, search: None };
+    let mut args = Args {
+        model: "mlp".into(),
+        batch: 256,
+        device: Device::Cpu,
+        steps: 4,
+        out: None,
+        backtraces: false,
+        search: None,
+    };
     let mut given = std::env::args().skip(1);
     while let Some(flag) = given.next() {
         let mut value = || given.next().ok_or_else(|| format!("{flag} needs a value"));
