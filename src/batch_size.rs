@@ -115,6 +115,7 @@ pub fn find_batch_size(
                     "Budget::CudaCard searches on the CPU: give Device::Cpu and a step that runs there".to_string(),
                 ));
             }
+            let _quiet = quiet_oom_panics::install();
             return search(i64::try_from(card).unwrap_or(i64::MAX), max, |n| predicted_need(card, &mut step, n));
         }
         Budget::FreeDeviceMemory => match device {
@@ -190,9 +191,24 @@ fn predicted_need(
     n: usize,
 ) -> (std::result::Result<i64, String>, Option<Diagnosis>) {
     use memlab_core::replay::Fit;
-    let predicted = crate::WillItFit::new(card)
-        .max_steps(3)
-        .run(|| step(n).map_err(|e| Error::InvalidArgument(format!("the step at batch {n} failed: {e}"))));
+    // A try that panics (the host out of memory at a large batch, a shape
+    // bug) fails, as a GPU try would; its panic is reported as usual unless
+    // it says memory ran out.
+    let predicted = catch_unwind(AssertUnwindSafe(|| {
+        quiet_oom_panics::trying(u64::MAX, || {
+            crate::WillItFit::new(card)
+                .max_steps(3)
+                .run(|| step(n).map_err(|e| Error::InvalidArgument(format!("the step at batch {n} failed: {e}"))))
+        })
+    }))
+    .unwrap_or_else(|panic| {
+        let message = panic
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| panic.downcast_ref::<&str>().copied())
+            .unwrap_or("a panic");
+        Err(Error::InvalidArgument(format!("the step at batch {n} panicked: {message}")))
+    });
     let need = predicted.map_err(|e| e.to_string()).map(|p| {
         let s = &p.settings[0];
         match s.fit {

@@ -24,8 +24,14 @@
 //!
 //! What was made before the first step counts where memlab can name it: the
 //! registered var stores, optimizers and tensors (or the model given to
-//! [`WillItFit::of`]). Other CPU memory (a dataset in memory, say) is left
-//! out: on a GPU run it would stay on the host.
+//! [`WillItFit::of`]), and what the steps free without having made it. Other
+//! CPU memory (a dataset in memory, say) is left out: on a GPU run it would
+//! stay on the host. The steps are the steps the closure runs, on any thread,
+//! from the prediction's start.
+//!
+//! The steps are real: the model trains for as many steps as the prediction
+//! runs (two to five by default), and the CPU's peak statistics are reset
+//! before each (see [`reset_peak_stats`](crate::stats::reset_peak_stats)).
 //!
 //! The largest batch that fits a card, searched on the CPU:
 //! `find_batch_size(Device::Cpu, Budget::CudaCard(80 << 30), max, |batch| step(batch))`
@@ -114,6 +120,7 @@ impl WillItFit {
         // A recording already running keeps its earlier events: the steps'
         // are those from here on.
         let start_us = memlab_core::events::clock_us();
+        let dropped_before = memlab_core::events::stats().dropped;
         let max_steps = self.max_steps.unwrap_or(5);
         let mut peaks: Vec<u64> = Vec::new();
         while peaks.len() < max_steps {
@@ -128,11 +135,16 @@ impl WillItFit {
             }
         }
         let mut snapshot = crate::export::Exporter::of(model).snapshot()?;
+        let dropped = memlab_core::events::stats().dropped.saturating_sub(dropped_before);
         drop(recording);
         for trace in &mut snapshot.device_traces {
             trace.retain(|e| e.time_us >= start_us);
         }
-        if snapshot.memlab.as_ref().is_some_and(|m| m.dropped > 0) {
+        // What lived before the steps is what memlab can name (`live_before`):
+        // the live set of a recording already running would add everything
+        // it saw allocated, a dataset in memory included.
+        snapshot.segments.clear();
+        if dropped > 0 {
             return Err(Error::InvalidArgument(
                 "the step made more allocation events than the recording keeps: predict from fewer steps \
                  (WillItFit::max_steps(2))"

@@ -88,12 +88,12 @@ fn a_step_is_predicted_from_its_cpu_runs_with_the_weights_made_before_it() {
 
     // A card smaller than what lies outside the allocator and the step does not fit.
     let small = WillItFit::new(additions.outside_allocator + 16 * MIB).of(&vs).run(&mut step).unwrap();
-    match &small.settings[0].fit {
-        Some(Fit::DoesNotFit { needing, .. }) => {
-            assert!(*needing > 0 && *needing <= prediction.settings[0].peak_reserved, "{needing}")
-        }
-        other => panic!("a card with 16 MiB for the allocator fits: {other:?}"),
-    }
+    let Some(Fit::DoesNotFit { needing, .. }) = small.settings[0].fit else {
+        panic!("a card with 16 MiB for the allocator fits: {:?}", small.settings[0].fit)
+    };
+    // A card as much larger as it says fits.
+    let larger = WillItFit::new(additions.outside_allocator + 16 * MIB + needing).of(&vs).run(&mut step).unwrap();
+    assert!(matches!(larger.settings[0].fit, Some(Fit::Fits { .. } | Fit::FitsGivingCacheBack { .. })), "{larger}");
     assert!(small.to_string().contains("does not fit: runs out at +"));
 }
 
@@ -135,6 +135,15 @@ fn find_batch_size_searches_a_cuda_card_on_the_cpu() {
     let (at, above) = (need(&mut step, largest), need(&mut step, largest + 1));
     assert!(at <= card && above > card, "{largest} ({at}) is the largest that fits {card} ({above} above it)");
     assert!(search.tried.iter().all(|t| t.outcome.is_ok()), "{search:?}");
+    // A try that panics fails, as on a GPU, and the search goes on below it.
+    let panicking = |batch: usize| -> Result<(), Box<dyn std::error::Error>> {
+        assert!(batch <= 8, "failed to allocate {batch} rows on the host");
+        step(batch)
+    };
+    let search = memlab::find_batch_size(Device::Cpu, memlab::Budget::CudaCard(card), 512, panicking).unwrap();
+    assert_eq!(search.largest, Some(8), "{search:?}");
+    let failed = search.tried.iter().find(|t| t.batch_size == 16).unwrap();
+    assert!(failed.outcome.as_ref().is_err_and(|e| e.contains("panicked: failed to allocate 16 rows")), "{failed:?}");
     // On a CUDA device the budget is refused: the search runs on the CPU.
     let e = memlab::find_batch_size(Device::Cuda(0), memlab::Budget::CudaCard(card), 8, &mut step).unwrap_err();
     assert!(e.to_string().contains("give Device::Cpu"), "{e}");

@@ -93,10 +93,12 @@ enum Command {
     /// Replays a snapshot's CUDA history through a model of libtorch 2.11's
     /// caching allocator: under the recorded settings (with how many of the
     /// allocator's own segment events the model made too) and others, the
-    /// peaks, and whether and where memory runs out.
+    /// peaks, and whether and where memory runs out. With --as-cuda, predicts
+    /// a CUDA run from a CPU history instead: will it fit?
     Replay {
         /// A snapshot pickle with a CUDA history: PyTorch's (recorded with
-        /// torch.cuda.memory._record_memory_history) or memlab's.
+        /// torch.cuda.memory._record_memory_history) or memlab's; with
+        /// --as-cuda, memlab's with a CPU history.
         snapshot: String,
         /// Settings to replay under, as PYTORCH_CUDA_ALLOC_CONF writes them
         /// (expandable_segments:True,max_split_size_mb:128); repeat for several.
@@ -110,7 +112,7 @@ enum Command {
         #[arg(long, value_name = "F")]
         fraction: Option<f64>,
         /// The device's total memory: bytes, or with K, M, G, T.
-        #[arg(long, value_name = "BYTES")]
+        #[arg(long, value_name = "BYTES", conflicts_with = "as_cuda")]
         total: Option<String>,
         /// Also replay the settings people try (default, expandable segments,
         /// max_split_size_mb at 64, 128 and 512, both, and garbage collection
@@ -123,7 +125,8 @@ enum Command {
         /// --capacity, the card's memory: whether the step fits.
         #[arg(long = "as-cuda", conflicts_with = "fraction")]
         as_cuda: bool,
-        /// Print every figure as JSON, one object per device.
+        /// Print every figure as JSON: one object per device, or with
+        /// --as-cuda the prediction.
         #[arg(long)]
         json: bool,
     },

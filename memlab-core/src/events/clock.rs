@@ -8,13 +8,14 @@
 //! invariant counter, `tsc` the current clock source), the clock reads the
 //! counter instead, converted at the rate the counter kept against the
 //! monotonic clock since the zero. That rate is measured again at
-//! [`CALIBRATIONS`] (10 ms, 0.1 s, 1 s and 10 s after the zero), each time
-//! over the whole span so far; the first 10 ms are read from the monotonic
-//! clock itself. Each new rate takes over where the last one stood, so the
-//! clock never goes back, and it stays within a few microseconds of the
-//! monotonic clock (plus the kernel's own corrections to the monotonic
-//! clock's rate, tens of parts per million at most). Elsewhere every reading
-//! comes from the monotonic clock.
+//! [`CALIBRATIONS`] (10 ms, 0.1 s, 1 s and 10 s after the zero) and every
+//! minute after, each time over the whole span so far; the first 10 ms are
+//! read from the monotonic clock itself. Each new rate takes over where the
+//! last one stood, so the clock never goes back; it stays within a few
+//! microseconds of the monotonic clock, plus what the kernel's corrections
+//! to the monotonic clock's rate (NTP's, at most 500 parts per million) move
+//! it within a minute. Elsewhere every reading comes from the monotonic
+//! clock.
 
 use std::sync::atomic::{AtomicBool, AtomicPtr, Ordering};
 use std::sync::OnceLock;
@@ -34,13 +35,24 @@ crate::process::process_wide! {
     /// The time-stamp counter's conversion in force (null before the first
     /// calibration, and where the counter is not used). Replaced at each
     /// calibration; the ones replaced are never freed, since a reader may
-    /// still hold them (four at most, 32 bytes each).
+    /// still hold them (32 bytes each: four in the first 10 s, then one a
+    /// minute).
     static COUNTER: AtomicPtr<Counter> = AtomicPtr::new(std::ptr::null_mut());
 }
 
 /// When the time-stamp counter's rate is measured, in nanoseconds after the
 /// clock's zero: the first is when the clock starts reading the counter.
+/// After the last, every [`RECALIBRATION_NS`].
 pub(super) const CALIBRATIONS: [u64; 4] = [10_000_000, 100_000_000, 1_000_000_000, 10_000_000_000];
+
+/// How often the rate is measured again after [`CALIBRATIONS`]: a minute.
+const RECALIBRATION_NS: u64 = 60_000_000_000;
+
+crate::process::process_wide! {
+    /// Set when the counter ran at no plausible rate at its first
+    /// calibration: the monotonic clock is read from then on.
+    static UNUSABLE: AtomicBool = AtomicBool::new(false);
+}
 
 /// The clock's zero: the monotonic and wall clocks then, and the time-stamp
 /// counter where it can be used.
@@ -120,37 +132,56 @@ pub fn clock_us() -> u64 {
 #[inline(never)]
 fn calibrating_now_ns() -> u64 {
     let zero = zero();
-    let Some(zero_ticks) = zero.ticks else {
-        return zero.instant.elapsed().as_nanos() as u64;
+    let monotonic = || zero.instant.elapsed().as_nanos() as u64;
+    let Some(zero_ticks) = zero.ticks.filter(|_| !UNUSABLE.load(Ordering::Relaxed)) else {
+        return monotonic();
     };
     let current = COUNTER.load(Ordering::Acquire);
     // SAFETY: as in `now_ns`.
     let last = unsafe { current.as_ref() };
+    match last {
+        // Another thread calibrated since the caller looked.
+        Some(last) => {
+            let ns = last.at(counter::read());
+            if ns < last.until_ns {
+                return ns;
+            }
+        }
+        None => {
+            let ns = monotonic();
+            if ns < CALIBRATIONS[0] {
+                return ns;
+            }
+        }
+    }
     // The counter read on both sides of the monotonic clock: the reading's
     // tick is between them. The narrowest of a few tries, so that a thread
     // switched out between the readings does not set the rate.
-    let (ticks, ns) = (0..if last.is_some() { 8 } else { 1 })
+    let (ticks, ns) = (0..8)
         .map(|_| {
             let before = counter::read();
-            let ns = zero.instant.elapsed().as_nanos() as u64;
+            let ns = monotonic();
             let after = counter::read().max(before);
             (after - before, before + (after - before) / 2, ns)
         })
         .min()
         .map(|(_, ticks, ns)| (ticks, ns))
         .unwrap_or_default();
-    if ns < CALIBRATIONS[0] {
-        return ns;
-    }
-    let Some(rate) = rate(ticks.saturating_sub(zero_ticks), ns) else {
-        // Not a rate a counter runs at: the monotonic clock from now on.
+    // Not a rate a counter runs at: the last rate goes on, or, before any,
+    // the monotonic clock from now on.
+    let Some(rate) = rate(ticks.saturating_sub(zero_ticks), ns).or(last.map(|l| l.ns_per_tick_q32)) else {
+        UNUSABLE.store(true, Ordering::Relaxed);
         return ns;
     };
     // The new rate takes over where the last one stands (a little after, for
     // the rounding of readings made with the last one meanwhile): the clock
     // never goes back.
     let from = last.map_or(ns, |last| ns.max(last.at(ticks) + 2));
-    let due = CALIBRATIONS.iter().copied().find(|&at| at > from).unwrap_or(u64::MAX);
+    let due = CALIBRATIONS
+        .iter()
+        .copied()
+        .find(|&at| at > from)
+        .unwrap_or_else(|| (from / RECALIBRATION_NS + 1).saturating_mul(RECALIBRATION_NS));
     let next = Box::into_raw(Box::new(Counter { ticks, ns: from, ns_per_tick_q32: rate, until_ns: due }));
     if COUNTER.compare_exchange(current, next, Ordering::AcqRel, Ordering::Acquire).is_err() {
         // Another thread calibrated first; this one's was never published.

@@ -235,7 +235,7 @@ pub enum Fit {
     /// It runs out.
     DoesNotFit {
         /// When the CPU run made the allocation that fails first, in
-        /// microseconds since its recording began.
+        /// microseconds since the first event of its history.
         at_us: u64,
         /// Where it was made: its innermost frame, where the recording has
         /// backtraces.
@@ -251,15 +251,33 @@ pub enum Fit {
 pub fn predict_cuda(name: &str, snapshot: &Snapshot, options: &PredictOptions) -> Result<CudaPrediction> {
     use super::{replay_device_at, AllocatorConfig, Card};
     let additions = options.additions.clone().unwrap_or_default();
-    let total = options.capacity.unwrap_or(super::ONE_EXABYTE);
+    if additions.cublas_handles > MAX_HANDLES {
+        return Err(Error::InvalidArgument(format!(
+            "{} cuBLAS handles: a prediction models at most {MAX_HANDLES}",
+            additions.cublas_handles
+        )));
+    }
+    if let Some(capacity) = options.capacity.filter(|&c| c > MAX_CARD) {
+        return Err(Error::InvalidArgument(format!(
+            "a card of {capacity} bytes: give the card's memory, at most {MAX_CARD} bytes (1 PiB)"
+        )));
+    }
+    let total = options.capacity.unwrap_or(MAX_CARD);
     let history = cpu_history_as_cuda(snapshot, &additions, total, &options.live_before).map_err(|e| match e {
         Error::InvalidArgument(why) => Error::InvalidArgument(format!("{name}: {why}")),
         other => other,
     })?;
+    let first_us = history.device_traces[0].first().map_or(0, |e| e.time_us);
     let settings = if options.settings.is_empty() { vec![String::new()] } else { options.settings.clone() };
     let mut out = Vec::new();
     for conf in &settings {
         let config = AllocatorConfig::parse(conf)?;
+        if config.memory_fraction < 1.0 {
+            return Err(Error::InvalidArgument(format!(
+                "{conf}: a prediction runs on a whole card; give the memory the allocator may use as the card's \
+                 memory instead of a memory fraction"
+            )));
+        }
         let unlimited = replay_device_at(&history, 0, &config, Card { capacity: super::ONE_EXABYTE, total }, &[])?;
         let peak_device = unlimited.peak_reserved + additions.outside_allocator;
         let fit = match options.capacity {
@@ -272,23 +290,38 @@ pub fn predict_cuda(name: &str, snapshot: &Snapshot, options: &PredictOptions) -
                     let card = Card { capacity: limit, total };
                     Ok(replay_device_at(&history, 0, &config, card, &[])?.ooms.into_iter().next())
                 };
-                let step = 2 * MIB;
-                let (mut fails, mut fits) = (unlimited.peak_allocated / step, unlimited.peak_reserved.div_ceil(step));
-                while fits - fails > 1 {
-                    let mid = fails + (fits - fails) / 2;
-                    if runs_out(mid * step)?.is_some() {
-                        fails = mid;
-                    } else {
-                        fits = mid;
+                // The least limit, in 2 MiB steps, between one known to fail
+                // and one known to fit.
+                let least_between = |mut fails: u64, mut fits: u64| -> Result<u64> {
+                    while fits - fails > 1 {
+                        let mid = fails + (fits - fails) / 2;
+                        if runs_out(mid * STEP)?.is_some() {
+                            fails = mid;
+                        } else {
+                            fits = mid;
+                        }
                     }
-                }
-                let least = fits * step + additions.outside_allocator;
-                Some(match runs_out(capacity.saturating_sub(additions.outside_allocator))? {
-                    None => Fit::FitsGivingCacheBack { least },
+                    Ok(fits * STEP)
+                };
+                let limit = capacity.saturating_sub(additions.outside_allocator);
+                let upper = unlimited.peak_reserved.div_ceil(STEP);
+                Some(match runs_out(limit)? {
+                    None => {
+                        // Below the tensors' own peak nothing fits.
+                        let lower = unlimited.peak_allocated.saturating_sub(1) / STEP;
+                        let least = least_between(lower, upper.min(limit / STEP).max(lower + 1))?;
+                        Fit::FitsGivingCacheBack { least: least.min(limit) + additions.outside_allocator }
+                    }
                     Some(oom) => {
+                        // The card fails: the least card is above it.
+                        let least = least_between(limit / STEP, upper.max(limit / STEP + 1))?;
                         let entry = &history.device_traces[0][oom.entry];
                         let site = entry.frames.first().map(|f| format!("{} ({}:{})", f.name, f.filename, f.line));
-                        Fit::DoesNotFit { at_us: entry.time_us, site, needing: least.saturating_sub(capacity).max(1) }
+                        Fit::DoesNotFit {
+                            at_us: entry.time_us.saturating_sub(first_us),
+                            site,
+                            needing: (least + additions.outside_allocator).saturating_sub(capacity),
+                        }
                     }
                 })
             }
@@ -310,13 +343,23 @@ pub fn predict_cuda(name: &str, snapshot: &Snapshot, options: &PredictOptions) -
     })
 }
 
+/// The least card's granularity: the allocator's segments are multiples of 2 MiB.
+const STEP: u64 = 2 * MIB;
+
+/// The largest card a prediction takes (1 PiB): far above any device, and
+/// far below where the allocator model's address arithmetic would overflow.
+const MAX_CARD: u64 = 1 << 50;
+
+/// The most cuBLAS handles a prediction models.
+const MAX_HANDLES: u32 = 64;
+
 /// What the prediction leaves out, each a sentence: where a CUDA run
 /// allocates otherwise than the CPU run, as measured on an H100 with
 /// libtorch 2.11 (BENCHMARKS.md has the figures).
 pub const NOT_MODELLED: [&str; 3] = [
-    "CUDA reductions' staging buffers (a bias gradient's sum over the batch takes a buffer of twice its input \
-     for the moment of the sum): freed at once but kept cached, so the real peak reserved can exceed the \
-     prediction by the largest of them",
+    "CUDA reductions' staging buffers (a bias gradient's sum over a batch of 1,021 rows or more takes one, sized \
+     by the reduction's grid: 32 MiB for a 1024 x 4096 gradient on an H100, 128 MiB for 4096 x 4096): freed at \
+     once but kept cached, so the real peak reserved can exceed the prediction by the largest of them",
     "convolutions: cuDNN's workspaces, chosen per convolution by its heuristics, are not modelled, and the CPU \
      run's own convolution buffers (oneDNN's) are kept in the prediction",
     "ops whose CUDA kernels allocate otherwise than their CPU kernels (fused attention, for one): the CPU run's \
@@ -471,7 +514,7 @@ mod tests {
         // the least card that fits, found by replays, fits and a byte less
         // does not, needing that byte.
         let Fit::FitsGivingCacheBack { least } = on(peak - 1) else { panic!("{:?}", on(peak - 1)) };
-        assert!(least < peak, "the least card {least} is below the peak {peak}");
+        assert!(least < peak, "the least card {least} is not below the peak {peak}");
         assert_eq!(on(least), Fit::FitsGivingCacheBack { least });
         let Fit::DoesNotFit { needing, .. } = on(least - 1) else { panic!("{:?}", on(least - 1)) };
         assert_eq!(needing, 1);
@@ -479,6 +522,25 @@ mod tests {
             .unwrap()
             .to_text();
         assert!(text.contains("does not fit: runs out at +") && text.contains("Every figure is an estimate"), "{text}");
+    }
+
+    /// A memory fraction, a card beyond any device, or more cuBLAS handles
+    /// than modelled are refused with what to give instead (a fraction used
+    /// to cap the unlimited replay, which then said "fits").
+    #[test]
+    fn what_a_prediction_cannot_take_is_refused() {
+        let snapshot = fixture("mlp_1024_cpu.pickle");
+        let refused = |options: PredictOptions| predict_cuda("mlp", &snapshot, &options).unwrap_err().to_string();
+        let fraction = PredictOptions {
+            settings: vec!["per_process_memory_fraction:0.01".into()],
+            capacity: Some(80 << 30),
+            ..PredictOptions::default()
+        };
+        assert!(refused(fraction).contains("instead of a memory fraction"));
+        assert!(refused(PredictOptions { capacity: Some(u64::MAX), ..PredictOptions::default() }).contains("1 PiB"));
+        let handles = CudaAdditions { cublas_handles: 1000, ..CudaAdditions::default() };
+        let options = PredictOptions { additions: Some(handles), ..PredictOptions::default() };
+        assert!(refused(options).contains("at most 64"));
     }
 
     /// A snapshot with no CPU history says what to record.
