@@ -202,11 +202,7 @@ fn predicted_need(
         })
     }))
     .unwrap_or_else(|panic| {
-        let message = panic
-            .downcast_ref::<String>()
-            .map(String::as_str)
-            .or_else(|| panic.downcast_ref::<&str>().copied())
-            .unwrap_or("a panic");
+        let message = panic_message(&*panic).unwrap_or("a panic");
         Err(Error::InvalidArgument(format!("the step at batch {n} panicked: {message}")))
     });
     let need = predicted.map_err(|e| e.to_string()).map(|p| {
@@ -288,13 +284,7 @@ mod quiet_oom_panics {
     }
 
     fn is_oom(info: &PanicHookInfo<'_>) -> bool {
-        let payload = info.payload();
-        let message = payload
-            .downcast_ref::<String>()
-            .map(String::as_str)
-            .or_else(|| payload.downcast_ref::<&str>().copied())
-            .unwrap_or("");
-        super::is_out_of_memory(message)
+        super::is_out_of_memory(super::panic_message(info.payload()).unwrap_or(""))
     }
 }
 
@@ -337,12 +327,13 @@ fn outcome(ran: Ran, measured: Measured) -> std::result::Result<i64, String> {
             Ok(end.to_device_stats().allocated_bytes.all.peak - start.to_device_stats().allocated_bytes.all.current)
         }
         Ok(Err(e)) => Err(e.to_string()),
-        Err(panic) => Err(panic
-            .downcast_ref::<String>()
-            .cloned()
-            .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
-            .unwrap_or_else(|| "the step panicked".to_string())),
+        Err(panic) => Err(panic_message(&*panic).unwrap_or("the step panicked").to_string()),
     }
+}
+
+/// A panic's message, where its payload is one (`panic!` with a string).
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> Option<&str> {
+    payload.downcast_ref::<String>().map(String::as_str).or_else(|| payload.downcast_ref::<&str>().copied())
 }
 
 displayed_as_text!(BatchSearch);

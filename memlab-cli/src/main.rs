@@ -132,6 +132,15 @@ enum Command {
     },
 }
 
+/// Prints a report: its data as JSON, or its text.
+fn show(report: &(impl Render + serde::Serialize), json: bool) {
+    if json {
+        println!("{}", report.to_json());
+    } else {
+        print!("{}", report.to_text());
+    }
+}
+
 /// Bytes as written on the command line: `1610612736`, `1536M`, `80G`
 /// (binary units; a trailing `B` or `iB` allowed).
 fn bytes(text: &str, flag: &str) -> Result<u64, String> {
@@ -171,11 +180,7 @@ fn run(command: Command) -> Result<(), String> {
         Command::Summary { snapshot, json } => {
             let file = Snapshot::read_pickle(&snapshot).map_err(|e| e.to_string())?;
             let summary = analysis::Summary::of(&snapshot, &file);
-            if json {
-                println!("{}", summary.to_json());
-            } else {
-                print!("{}", summary.to_text());
-            }
+            show(&summary, json);
             Ok(())
         }
         Command::View { snapshot, output, json } => {
@@ -199,11 +204,7 @@ fn run(command: Command) -> Result<(), String> {
             let offsets = offsets.iter().map(|o| merge::parse_offset(o)).collect::<Result<_, _>>()?;
             let options = merge::Options { out: output.into(), offsets };
             let merged = merge::merge(&files, &options)?;
-            if json {
-                println!("{}", merged.to_json());
-            } else {
-                print!("{}", merged.to_text());
-            }
+            show(&merged, json);
             Ok(())
         }
         Command::Diff { a, b, html, json } => {
@@ -218,11 +219,7 @@ fn run(command: Command) -> Result<(), String> {
                 let page = diff.document().to_page("memlab diff");
                 std::fs::write(html, page).map_err(|e| format!("cannot write {html}: {e}"))?;
             }
-            if json {
-                println!("{}", diff.to_json());
-            } else {
-                print!("{}", diff.to_text());
-            }
+            show(&diff, json);
             Ok(())
         }
         Command::Replay { snapshot, settings, capacity, as_cuda: true, json, .. } => {
@@ -234,11 +231,7 @@ fn run(command: Command) -> Result<(), String> {
             let file = Snapshot::read_pickle(&snapshot).map_err(|e| e.to_string())?;
             let predicted =
                 memlab_core::replay::predict_cuda(&snapshot, &file.snapshot, &options).map_err(|e| e.to_string())?;
-            if json {
-                println!("{}", predicted.to_json());
-            } else {
-                print!("{}", predicted.to_text());
-            }
+            show(&predicted, json);
             Ok(())
         }
         Command::Replay { snapshot, settings, capacity, fraction, total, compare, json, .. } => {
@@ -254,11 +247,7 @@ fn run(command: Command) -> Result<(), String> {
             };
             let file = Snapshot::read_pickle(&snapshot).map_err(|e| e.to_string())?;
             let replayed = replay::replay(&snapshot, &file, &options)?;
-            if json {
-                println!("{}", replayed.to_json());
-            } else {
-                print!("{}", replayed.to_text());
-            }
+            show(&replayed, json);
             Ok(())
         }
     }

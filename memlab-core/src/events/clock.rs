@@ -110,8 +110,8 @@ pub fn zero_unix_us() -> u64 {
 /// The recorder's clock: nanoseconds since it was first turned on.
 #[inline]
 pub(super) fn now_ns() -> u64 {
-    // SAFETY: a non-null pointer is one `calibrate` published (Release,
-    // paired here) and never frees.
+    // SAFETY: a non-null pointer is one `calibrating_now_ns` published
+    // (Release, paired here) and never frees.
     if let Some(counter) = unsafe { COUNTER.load(Ordering::Acquire).as_ref() } {
         let ns = counter.at(counter::read());
         if ns < counter.until_ns {

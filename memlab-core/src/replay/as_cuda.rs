@@ -98,21 +98,19 @@ pub fn cpu_history_as_cuda(
     // What the history frees without allocating, and what is live at the
     // end that it never allocated: there before it.
     let mut before: std::collections::BTreeMap<u64, u64> = live_before.iter().copied().collect();
-    let mut allocated = std::collections::HashSet::new();
+    // Addresses allocated and not yet freed, and every address allocated.
+    let (mut allocated, mut ever_allocated) = (std::collections::HashSet::new(), std::collections::HashSet::new());
     for e in trace {
         match (e.action, e.addr) {
             (Action::Alloc, Some(addr)) => {
                 allocated.insert(addr);
+                ever_allocated.insert(addr);
             }
             (Action::FreeRequested, Some(addr)) if !allocated.remove(&addr) => {
                 before.entry(addr).or_insert(e.size);
             }
             _ => {}
         }
-    }
-    let mut ever_allocated = std::collections::HashSet::new();
-    for e in trace.iter().filter(|e| e.action == Action::Alloc) {
-        ever_allocated.extend(e.addr);
     }
     for segment in snapshot.segments.iter().filter(|s| s.device == cpu) {
         for b in segment.blocks.iter().filter(|b| b.state != crate::export::BlockState::Inactive) {
