@@ -36,6 +36,8 @@ use memlab_core::{Device, Error, Result};
 use memlab_tch::BACKEND;
 
 use crate::diagnosis::diagnose;
+use crate::named::Model;
+use crate::prediction::CpuSteps;
 use memlab_core::oom::Diagnosis;
 
 /// How much memory [`find_batch_size`] may use.
@@ -196,9 +198,14 @@ fn predicted_need(
     // it says memory ran out.
     let predicted = catch_unwind(AssertUnwindSafe(|| {
         quiet_oom_panics::trying(u64::MAX, || {
-            crate::WillItFit::new(card)
-                .max_steps(3)
-                .run(|| step(n).map_err(|e| Error::InvalidArgument(format!("the step at batch {n} failed: {e}"))))
+            let steps = CpuSteps {
+                card: Some(card),
+                settings: Vec::new(),
+                model: Model::registered(),
+                additions: None,
+                max_steps: 3,
+            };
+            steps.predict(|| step(n).map_err(|e| Error::InvalidArgument(format!("the step at batch {n} failed: {e}"))))
         })
     }))
     .unwrap_or_else(|panic| {

@@ -42,11 +42,11 @@
 //! [`Recording`](crate::Recording), export the snapshot, and run
 //! `memlab replay SNAPSHOT --as-cuda --capacity 80G`.
 
-use memlab_core::events::Settings;
-use memlab_core::replay::{predict_cuda, CudaAdditions, CudaPrediction, PredictOptions};
-use memlab_core::{Device, Error, Result};
+use memlab_core::replay::{CudaAdditions, CudaPrediction};
+use memlab_core::Result;
 
 use crate::named::Model;
+use crate::prediction::CpuSteps;
 
 /// Predicts whether a training step fits a CUDA card of `card` bytes, from
 /// CPU runs of `step` (see the [module docs](self)), under libtorch's
@@ -106,57 +106,14 @@ impl WillItFit {
     }
 
     /// Runs `step` on the CPU until its peak is steady, then predicts.
-    pub fn run(self, mut step: impl FnMut() -> Result<()>) -> Result<CudaPrediction> {
-        let model = self.model.unwrap_or_else(Model::registered);
-        // What lives before the first step, where memlab can name it.
-        let live_before: Vec<(u64, u64)> = model
-            .collect()?
-            .storages(Device::Cpu)
-            .iter()
-            .filter(|s| s.from_allocator)
-            .map(|s| (s.data_ptr, s.nbytes))
-            .collect();
-        let recording = crate::Recording::start(Settings::default().capacity(50_000_000))?;
-        // A recording already running keeps its earlier events: the steps'
-        // are those from here on.
-        let start_us = memlab_core::events::clock_us();
-        let dropped_before = memlab_core::events::stats().dropped;
-        let max_steps = self.max_steps.unwrap_or(5);
-        let mut peaks: Vec<u64> = Vec::new();
-        while peaks.len() < max_steps {
-            crate::stats::reset_peak_stats(Device::Cpu)?;
-            step()?;
-            let peak = crate::stats::device_stats(Device::Cpu)?.allocated_bytes.all.peak;
-            peaks.push(u64::try_from(peak).unwrap_or(0));
-            if let [.., before, last] = peaks[..] {
-                if before == last {
-                    break;
-                }
-            }
-        }
-        // The history alone: the export need not name what the steps left alive.
-        let mut snapshot = crate::export::Exporter::of(Model::new()).snapshot()?;
-        let dropped = memlab_core::events::stats().dropped.saturating_sub(dropped_before);
-        drop(recording);
-        for trace in &mut snapshot.device_traces {
-            trace.retain(|e| e.time_us >= start_us);
-        }
-        // What lived before the steps is what memlab can name (`live_before`):
-        // the live set of a recording already running would add everything
-        // it saw allocated, a dataset in memory included.
-        snapshot.segments.clear();
-        if dropped > 0 {
-            return Err(Error::InvalidArgument(
-                "the step made more allocation events than the recording keeps: predict from fewer steps \
-                 (WillItFit::max_steps(2))"
-                    .into(),
-            ));
-        }
-        let settings =
-            std::iter::once(String::new()).chain(self.settings.into_iter().filter(|s| !s.is_empty())).collect();
-        let options = PredictOptions { capacity: self.card, settings, additions: self.additions, live_before };
-        let mut prediction = predict_cuda("the step's CPU run", &snapshot, &options)?;
-        prediction.cpu_step_peaks = peaks;
-        Ok(prediction)
+    pub fn run(self, step: impl FnMut() -> Result<()>) -> Result<CudaPrediction> {
+        let steps = CpuSteps {
+            card: self.card,
+            settings: self.settings,
+            model: self.model.unwrap_or_else(Model::registered),
+            additions: self.additions,
+            max_steps: self.max_steps.unwrap_or(5),
+        };
+        steps.predict(step)
     }
 }

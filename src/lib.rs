@@ -203,6 +203,7 @@ pub mod model_size;
 pub mod monitor;
 mod named;
 pub mod oom;
+mod prediction;
 pub mod reporter;
 pub mod run;
 pub mod tracker;
