@@ -22,9 +22,10 @@ fn memlab(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_memlab")).args(args).output().expect("memlab runs")
 }
 
-/// A folder of this test binary's own, under the system's temporary one.
+/// A folder of this test binary's own, under cargo's temporary folder for
+/// integration tests (inside target/, so that what a run leaves goes with it).
 fn temp(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("memlab-hostile-{}", std::process::id()));
+    let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("memlab-hostile-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     dir.join(name)
 }
