@@ -217,7 +217,8 @@ fn args() -> Result<Args, Box<dyn Error>> {
 fn main() -> Result<(), Box<dyn Error>> {
     let args = args()?;
     let memlab_device = if args.device.is_cuda() { memlab::Device::Cuda(0) } else { memlab::Device::Cpu };
-    let recording = memlab::Recording::start(Settings::default().capacity(10_000_000).backtraces(args.backtraces))?;
+    let recording =
+        memlab::Recording::start(Settings::default().capacity(10_000_000).backtraces(args.backtraces).ops(true))?;
     let vs = nn::VarStore::new(args.device);
     let model: Box<dyn Model> = match args.model.as_str() {
         "mlp" => Box::new(Mlp::new(&vs.root())),

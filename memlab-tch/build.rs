@@ -67,6 +67,10 @@ fn main() {
         .include(include.join("torch/csrc/api/include"))
         .define("_GLIBCXX_USE_CXX11_ABI", cxx11_abi().as_str())
         .define("GLOG_USE_GLOG_EXPORT", None)
+        // As libtorch itself is built. Its headers' debug-only checks read
+        // state that only a debug libtorch keeps: RecordFunction::inputs()
+        // asserts a flag a release libtorch never sets, and so throws.
+        .define("NDEBUG", None)
         // Who made an anchor, for the warning a copy of another ABI gives.
         .define("MEMLAB_MADE_BY", format!("\"memlab-tch {}\"", env!("CARGO_PKG_VERSION")).as_str())
         .flag_if_supported("-Wno-unused-parameter")

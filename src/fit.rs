@@ -13,14 +13,30 @@
 //! its peak is steady (at least two steps, since Adam's state appears in the
 //! first; at most [`WillItFit::max_steps`]), then replays the step's
 //! allocations, in their order, through the model of libtorch's CUDA caching
-//! allocator with what a CUDA run adds (cuBLAS's workspaces, the CUDA context
-//! outside the allocator): the predicted peak reserved and allocated, and
-//! whether the step fits a card of the given memory
-//! ([`Fit`](crate::replay::Fit)). The tensors a step makes are the same on
-//! the CPU and on CUDA for most ops; where a CUDA run allocates otherwise,
-//! the prediction says so ([`NOT_MODELLED`](crate::replay::NOT_MODELLED)),
-//! and every figure is labelled an estimate. BENCHMARKS.md has its error
-//! against CUDA runs on an H100 for three models.
+//! allocator with what a CUDA run adds: the predicted peak reserved and
+//! allocated, and whether the step fits a card of the given memory
+//! ([`Fit`](crate::replay::Fit)). Every figure is labelled an estimate.
+//!
+//! The tensors a step makes are the same on the CPU and on CUDA for most
+//! ops. The recording watches those whose kernels allocate otherwise
+//! ([`Settings::ops`](crate::events::Settings::ops)), and the prediction
+//! models them:
+//! - each thread's cuBLAS workspace (and cuBLASLt's), made at its first
+//!   matrix product: the caller's forward, autograd's backward;
+//! - the staging buffer of a CUDA sum or mean that splits its inputs over
+//!   blocks (a bias gradient's over a batch of 1,021 rows or more), sized as
+//!   libtorch 2.11's reductions size it;
+//! - cuDNN's workspaces of each convolution: what an H100 allocated for the
+//!   shapes it was measured on, an estimate for others
+//!   ([`cudnn_workspaces`](crate::replay::cudnn_workspaces)); the CPU
+//!   convolutions' own scratch (oneDNN's) is left out;
+//! - the CUDA context and libraries outside the allocator, for the device's
+//!   peak.
+//!
+//! What it does not model is listed in its output
+//! ([`NOT_MODELLED`](crate::replay::NOT_MODELLED)). On an H100, the reserved
+//! peak of three models came out to the byte under both settings
+//! (BENCHMARKS.md).
 //!
 //! What was made before the first step counts where memlab can name it: the
 //! registered var stores, optimizers and tensors (or the model given to
@@ -39,8 +55,9 @@
 //! prediction of this kind.
 //!
 //! The same answer from a file: record the step on the CPU under a
-//! [`Recording`](crate::Recording), export the snapshot, and run
-//! `memlab replay SNAPSHOT --as-cuda --capacity 80G`.
+//! [`Recording`](crate::Recording) with
+//! [`Settings::ops`](crate::events::Settings::ops), export the snapshot, and
+//! run `memlab replay SNAPSHOT --as-cuda --capacity 80G`.
 
 use memlab_core::replay::{CudaAdditions, CudaPrediction};
 use memlab_core::Result;

@@ -36,7 +36,7 @@ impl CpuSteps {
             .filter(|s| s.from_allocator)
             .map(|s| (s.data_ptr, s.nbytes))
             .collect();
-        let recording = memlab_tch::Recording::start(Settings::default().capacity(50_000_000))?;
+        let recording = memlab_tch::Recording::start(Settings::default().capacity(50_000_000).ops(true))?;
         // A recording already running keeps its earlier events: the steps'
         // are those from here on.
         let start_us = memlab_core::events::clock_us();
@@ -59,6 +59,9 @@ impl CpuSteps {
         drop(recording);
         for trace in &mut snapshot.device_traces {
             trace.retain(|e| e.time_us >= start_us);
+        }
+        if let Some(ops) = snapshot.memlab.as_mut().and_then(|m| m.ops.as_mut()) {
+            ops.retain(|r| r.start_us >= start_us);
         }
         // What lived before the steps is what memlab can name (`live_before`):
         // the live set of a recording already running would add everything

@@ -170,3 +170,94 @@ fn a_prediction_under_a_running_recording_covers_its_own_steps() {
     // 4 MiB a sample, plus the workspaces.
     assert!(large >= workspaces + (64 << 22) && small < workspaces + (3 << 22), "batch 64 needs {large}, 2 {small}");
 }
+
+/// The reductions of the CPU steps are watched: a bias gradient's sum over a
+/// batch of 2048 rows stages through a buffer on CUDA, which the prediction
+/// adds (and the allocator then keeps cached).
+#[test]
+fn the_cuda_staging_of_the_steps_reductions_is_added() {
+    let _s = serial();
+    memlab::clear_registry();
+    let vs = nn::VarStore::new(tch::Device::Cpu);
+    let fc = nn::linear(vs.root() / "fc", 256, 512, Default::default());
+    memlab::register_var_store("model", &vs);
+    let data = Tensor::randn([2048, 256], (Kind::Float, tch::Device::Cpu));
+    let prediction = WillItFit::peaks()
+        .run(|| {
+            let loss = fc.forward(&data).sum(Kind::Float);
+            loss.backward();
+            Ok(())
+        })
+        .unwrap();
+    let kernels = prediction.kernels.as_ref().expect("will_it_fit watches the ops");
+    assert!(kernels.reductions >= prediction.cpu_step_peaks.len(), "{prediction:?}");
+    assert!(kernels.staged >= 1, "{prediction:?}");
+    let staging = memlab::replay::reduction_staging(
+        &memlab::replay::Reduction { shape: vec![2048, 512], strides: vec![512, 1], element_size: 4, reduced: 1 },
+        memlab::replay::ReductionDevice::H100,
+    )
+    .unwrap()
+    .0;
+    assert!(staging > 0);
+    // What the steps hold at once is far less than the staging buffer, which
+    // the reserved peak holds cached.
+    let p = &prediction.settings[0];
+    assert!(p.peak_reserved >= staging + (2048 * 512 * 4), "{p:?} with a staging buffer of {staging}");
+    assert!(prediction.to_string().contains("stage through a buffer"), "{prediction}");
+}
+
+/// A recording with `Settings::ops` keeps the ops whose CUDA kernels
+/// allocate otherwise, with their shapes, in its snapshot and through a
+/// pickle: a convolution forward and backward (its output mask), the sums,
+/// and the matrix products inside backward functions told from the others.
+/// Without `Settings::ops` a snapshot says it did not watch them.
+#[test]
+fn a_recording_watches_the_ops_whose_cuda_kernels_allocate_otherwise() {
+    use memlab::replay::Op;
+    let _s = serial();
+    memlab::clear_registry();
+    let vs = nn::VarStore::new(tch::Device::Cpu);
+    let conv = nn::conv2d(vs.root() / "conv", 3, 8, 3, nn::ConvConfig { padding: 1, ..Default::default() });
+    let fc = nn::linear(vs.root() / "fc", 8 * 16 * 16, 10, Default::default());
+    let images = Tensor::randn([4, 3, 16, 16], (Kind::Float, tch::Device::Cpu));
+    let recording = memlab::Recording::start(memlab::events::Settings::default().ops(true)).unwrap();
+    let loss = fc.forward(&conv.forward(&images).relu().flatten(1, -1)).sum(Kind::Float);
+    loss.backward();
+    let snapshot = memlab::export::Exporter::of(&vs).snapshot().unwrap();
+    drop(recording);
+    let ops = snapshot.memlab.as_ref().unwrap().ops.clone().expect("the recording watched its ops");
+    let convolutions: Vec<_> = ops
+        .iter()
+        .filter_map(|r| match &r.op {
+            Op::Convolution(c) => Some(c.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(convolutions.len(), 2, "{ops:?}");
+    let (forward, backward) = (&convolutions[0], &convolutions[1]);
+    assert!(!forward.backward && backward.backward);
+    assert_eq!((forward.input.clone(), forward.weight.clone()), (vec![4, 3, 16, 16], vec![8, 3, 3, 3]));
+    assert_eq!(forward.output, [4, 8, 16, 16]);
+    assert_eq!((forward.padding.clone(), forward.stride.clone()), (vec![1, 1], vec![1, 1]));
+    // The images need no gradient: the weight's and the bias's only.
+    assert_eq!((backward.output.clone(), backward.output_mask), (vec![4, 8, 16, 16], 0b110));
+    let matmuls: Vec<bool> = ops
+        .iter()
+        .filter_map(|r| match r.op {
+            Op::Matmul { in_backward } => Some(in_backward),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(matmuls.first(), Some(&false), "the forward addmm first: {matmuls:?}");
+    assert!(matmuls.contains(&true), "backward's products inside backward functions: {matmuls:?}");
+    assert!(ops.iter().any(|r| matches!(&r.op, Op::Reduction(s) if s.shape == [4, 10])), "the loss's sum: {ops:?}");
+    assert!(ops.iter().all(|r| r.start_us <= r.end_us));
+    // Through a pickle, as `memlab replay --as-cuda` reads it.
+    let read = memlab::export::Snapshot::from_pickle(&snapshot.to_pickle().unwrap()).unwrap().snapshot;
+    assert_eq!(read.memlab.unwrap().ops, Some(ops));
+    // A recording without the setting did not watch them.
+    let recording = memlab::Recording::start(memlab::events::Settings::default()).unwrap();
+    let snapshot = memlab::export::Exporter::of(&vs).snapshot().unwrap();
+    drop(recording);
+    assert_eq!(snapshot.memlab.unwrap().ops, None);
+}

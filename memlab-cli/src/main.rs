@@ -120,9 +120,11 @@ enum Command {
         #[arg(long, conflicts_with = "as_cuda")]
         compare: bool,
         /// Predict a CUDA run from the snapshot's CPU history (a memlab
-        /// recording of the step on the CPU): its allocations replayed through
-        /// the CUDA allocator's model with what CUDA adds (estimates). With
-        /// --capacity, the card's memory: whether the step fits.
+        /// recording of the step on the CPU, best with Settings::ops, which
+        /// watches the sums and convolutions whose CUDA kernels allocate
+        /// otherwise): its allocations replayed through the CUDA allocator's
+        /// model with what CUDA adds (estimates). With --capacity, the card's
+        /// memory: whether the step fits.
         #[arg(long = "as-cuda", conflicts_with = "fraction")]
         as_cuda: bool,
         /// Print every figure as JSON: one object per device, or with

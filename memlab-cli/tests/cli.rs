@@ -185,6 +185,7 @@ fn a_partial_memlab_history_says_so() {
             run: None,
             device_memory: Vec::new(),
             profile: None,
+            ops: None,
         }),
     };
     let path = temp("partial.pickle");
@@ -472,6 +473,7 @@ fn merge_tells_processes_on_one_gpu_apart_and_keeps_a_process_on_two() {
                 run: Some(run),
                 device_memory: Vec::new(),
                 profile: None,
+                ops: None,
             }),
         };
         let path = temp(name);
@@ -574,6 +576,7 @@ fn a_snapshot_that_says_its_devices_memory_replays_without_flags() {
             memory_fraction: 0.01894448624181354,
         }],
         profile: None,
+        ops: None,
     });
     let written = temp("fragmentation_with_memory.pickle");
     file.snapshot.write_pickle(&written).unwrap();
@@ -598,15 +601,18 @@ fn a_snapshot_that_says_its_devices_memory_replays_without_flags() {
 
 #[test]
 fn a_cpu_recording_predicts_the_cuda_run_and_whether_it_fits() {
-    // The MLP's CPU run (examples/fit_models.rs); its CUDA run on an H100
-    // peaked at 1,293,822,464 bytes allocated (fixtures/fit/cuda_peaks.jsonl).
+    // The MLP's CPU run (examples/fit_models.rs), which watched its ops; its
+    // CUDA run on an H100 peaked at 1,430,257,664 bytes reserved and
+    // 1,293,822,464 allocated (fixtures/fit/cuda_peaks.jsonl).
     let path = fixture("fit/mlp_1024_cpu.pickle");
     let path = path.to_str().unwrap();
     let out = json(&["replay", path, "--as-cuda", "--json"]);
     let predicted = &out["settings"][0];
     assert_eq!(predicted["settings"], "");
+    assert_eq!(predicted["peak_reserved"], 1_430_257_664u64, "{predicted}");
     let allocated = predicted["peak_allocated"].as_f64().unwrap();
     assert!((allocated / 1_293_822_464.0 - 1.0).abs() < 0.005, "{predicted}");
+    assert_eq!(out["kernels"]["staged"], 16, "the bias gradients' sums of its four steps: {out}");
     assert_eq!(
         predicted["peak_device"].as_u64().unwrap(),
         predicted["peak_reserved"].as_u64().unwrap() + out["additions"]["outside_allocator"].as_u64().unwrap()
@@ -617,7 +623,8 @@ fn a_cpu_recording_predicts_the_cuda_run_and_whether_it_fits() {
     let text =
         stdout(&memlab(&["replay", path, "--as-cuda", "--capacity", "1G", "--setting", "expandable_segments:True"]));
     assert!(text.contains("expandable_segments:True") && text.contains("does not fit: runs out at +"), "{text}");
-    assert!(text.contains("Not modelled: CUDA reductions' staging buffers"), "{text}");
+    assert!(text.contains("stage through a buffer (the largest 32.00M)"), "{text}");
+    assert!(text.contains("Not modelled: ops whose CUDA kernels allocate otherwise"), "{text}");
     // A CUDA recording has no CPU run to predict from; a CPU one points here.
     let cuda = fixture("replay/mlp__default.pickle");
     let output = memlab(&["replay", cuda.to_str().unwrap(), "--as-cuda"]);

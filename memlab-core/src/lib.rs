@@ -12,6 +12,7 @@ pub mod events;
 pub mod export;
 pub mod kind;
 pub mod oom;
+pub mod ops;
 pub mod profiler;
 pub mod render;
 pub mod replay;

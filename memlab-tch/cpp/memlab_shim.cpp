@@ -7,6 +7,7 @@
 #include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/record_function.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/rmsprop.h>
@@ -21,6 +22,7 @@
 #include <dlfcn.h>
 
 #include <atomic>
+#include <mutex>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -601,6 +603,226 @@ char* memlab_cpu_take_accumulated_stats(int64_t* out) {
 // must not throw.
 void memlab_set_cpu_event_hook(memlab_event_hook hook) {
   state().cpu_hook.store(hook);
+}
+
+}  // extern "C"
+
+namespace {
+
+std::atomic<memlab_op_hook> op_hook{nullptr};
+std::atomic<uint64_t> next_op_id{1};
+std::mutex op_watch_lock;
+at::CallbackHandle op_watch = 0;
+
+// The op's id, for its end callback (0: a backward function's record).
+struct OpContext : at::ObserverContext {
+  explicit OpContext(uint64_t id) : id(id) {}
+  uint64_t id;
+};
+
+// How deep this thread is in backward functions' records.
+thread_local int backward_depth = 0;
+
+bool is_matmul(const char* op_name) {
+  static const char* const names[] = {"mm", "addmm", "bmm", "baddbmm", "addmv", "mv", "dot", "addbmm",
+                                      "_addmm_activation"};
+  for (const char* name : names) {
+    if (std::strcmp(op_name, name) == 0) {
+      return true;
+    }
+  }
+  return false;
+}
+
+// Copies up to MEMLAB_OP_MAX_DIMS of `values` into `out`; false if more.
+bool copy_dims(c10::IntArrayRef values, int64_t* out) {
+  if (values.size() > MEMLAB_OP_MAX_DIMS) {
+    return false;
+  }
+  std::copy(values.begin(), values.end(), out);
+  return true;
+}
+
+// A list of ints as an argument gives it: an int list, or a generic list of ints.
+bool int_list(const c10::IValue& value, int64_t* out, int32_t* count) {
+  std::vector<int64_t> values;
+  if (value.isIntList()) {
+    values = value.toIntVector();
+  } else if (value.isList()) {
+    for (const c10::IValue& v : value.toListRef()) {
+      if (!v.isInt()) {
+        return false;
+      }
+      values.push_back(v.toInt());
+    }
+  } else {
+    return false;
+  }
+  *count = static_cast<int32_t>(values.size());
+  return copy_dims(values, out);
+}
+
+// A sum or mean: its input and reduced dimensions.
+bool reduction(c10::ArrayRef<const c10::IValue> inputs, memlab_op* op) {
+  if (inputs.empty() || !inputs[0].isTensor()) {
+    return false;
+  }
+  const at::Tensor& input = inputs[0].toTensor();
+  if (!input.defined() || input.dim() == 0 || !copy_dims(input.sizes(), op->input) ||
+      !copy_dims(input.strides(), op->input_strides)) {
+    return false;
+  }
+  const int64_t ndim = input.dim();
+  op->kind = MEMLAB_OP_REDUCTION;
+  op->ndim = static_cast<int32_t>(ndim);
+  op->element_size = static_cast<int32_t>(input.element_size());
+  int64_t dims[MEMLAB_OP_MAX_DIMS];
+  int32_t count = 0;
+  if (inputs.size() > 1 && int_list(inputs[1], dims, &count)) {
+    for (int32_t i = 0; i < count; i++) {
+      const int64_t d = dims[i] < 0 ? dims[i] + ndim : dims[i];
+      if (d >= 0 && d < ndim) {
+        op->reduced |= uint64_t{1} << static_cast<uint64_t>(d);
+      }
+    }
+  }
+  if (op->reduced == 0) {
+    // No list (or an empty one): every dimension.
+    op->reduced = (uint64_t{1} << ndim) - 1;
+  }
+  return true;
+}
+
+// aten::convolution(input, weight, bias, stride, padding, dilation,
+// transposed, output_padding, groups), or aten::convolution_backward(
+// grad_output, input, weight, bias_sizes, stride, padding, dilation,
+// transposed, output_padding, groups, output_mask).
+bool convolution(c10::ArrayRef<const c10::IValue> inputs, bool backward, memlab_op* op) {
+  const size_t shift = backward ? 1 : 0;
+  if (inputs.size() < 9 + 2 * shift) {
+    return false;
+  }
+  for (size_t i = 0; i < 2 + shift; i++) {
+    if (!inputs[i].isTensor() || !inputs[i].toTensor().defined()) {
+      return false;
+    }
+  }
+  const at::Tensor& input = inputs[shift].toTensor();
+  const at::Tensor& weight = inputs[shift + 1].toTensor();
+  if (input.dim() < 3 || weight.dim() != input.dim() || !copy_dims(input.sizes(), op->input) ||
+      !copy_dims(input.strides(), op->input_strides) || !copy_dims(weight.sizes(), op->weight)) {
+    return false;
+  }
+  if (backward && !copy_dims(inputs[0].toTensor().sizes(), op->output)) {
+    return false;
+  }
+  int32_t count = 0;
+  const size_t at = 3 + shift;
+  if (!int_list(inputs[at], op->stride, &count) || !int_list(inputs[at + 1], op->padding, &count) ||
+      !int_list(inputs[at + 2], op->dilation, &count) || !inputs[at + 3].isBool() ||
+      !int_list(inputs[at + 4], op->output_padding, &count) || !inputs[at + 5].isInt()) {
+    return false;
+  }
+  op->kind = backward ? MEMLAB_OP_CONVOLUTION_BACKWARD : MEMLAB_OP_CONVOLUTION;
+  op->ndim = static_cast<int32_t>(input.dim());
+  op->element_size = static_cast<int32_t>(input.element_size());
+  op->transposed = inputs[at + 3].toBool() ? 1 : 0;
+  op->groups = inputs[at + 5].toInt();
+  if (backward) {
+    if (inputs.size() < 11 || !inputs[10].isBoolList()) {
+      return false;
+    }
+    const c10::List<bool> mask = inputs[10].toBoolList();
+    for (size_t i = 0; i < mask.size() && i < 3; i++) {
+      if (mask.get(i)) {
+        op->output_mask |= 1 << i;
+      }
+    }
+  } else if (inputs[2].isTensor() && inputs[2].toTensor().defined()) {
+    op->output_mask = 4;  // with a bias
+  }
+  return true;
+}
+
+std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
+  memlab_op_hook hook = op_hook.load(std::memory_order_acquire);
+  if (hook == nullptr) {
+    return nullptr;
+  }
+  try {
+    if (fn.scope() == at::RecordScope::BACKWARD_FUNCTION) {
+      backward_depth++;
+      return std::make_unique<OpContext>(0);
+    }
+    const char* name = fn.name();
+    if (name == nullptr || std::strncmp(name, "aten::", 6) != 0) {
+      return nullptr;
+    }
+    const char* op_name = name + 6;
+    memlab_op op{};
+    bool known = false;
+    if (std::strcmp(op_name, "sum") == 0 || std::strcmp(op_name, "mean") == 0) {
+      known = reduction(fn.inputs(), &op);
+    } else if (std::strcmp(op_name, "convolution") == 0) {
+      known = convolution(fn.inputs(), false, &op);
+    } else if (std::strcmp(op_name, "convolution_backward") == 0) {
+      known = convolution(fn.inputs(), true, &op);
+    } else if (is_matmul(op_name)) {
+      op.kind = MEMLAB_OP_MATMUL;
+      known = true;
+    }
+    if (!known) {
+      return nullptr;
+    }
+    op.in_backward = backward_depth > 0 ? 1 : 0;
+    op.id = next_op_id.fetch_add(1, std::memory_order_relaxed);
+    hook(&op, op.id);
+    return std::make_unique<OpContext>(op.id);
+  } catch (...) {
+    // An op the callback cannot read is not reported.
+    return nullptr;
+  }
+}
+
+void on_op_end(const at::RecordFunction&, at::ObserverContext* context) {
+  if (context == nullptr) {
+    return;
+  }
+  const uint64_t id = static_cast<OpContext*>(context)->id;
+  if (id == 0) {
+    backward_depth--;
+    return;
+  }
+  memlab_op_hook hook = op_hook.load(std::memory_order_acquire);
+  if (hook != nullptr) {
+    hook(nullptr, id);
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+char* memlab_watch_ops(memlab_op_hook hook) {
+  try {
+    std::lock_guard<std::mutex> guard(op_watch_lock);
+    op_hook.store(hook, std::memory_order_release);
+    if (hook != nullptr && op_watch == 0) {
+      // Every thread's ops: a CUDA backward pass runs on autograd's device threads.
+      op_watch = at::addGlobalCallback(
+          at::RecordFunctionCallback(on_op_start, on_op_end)
+                                          .needsInputs(true)
+                                          .scopes({at::RecordScope::FUNCTION, at::RecordScope::BACKWARD_FUNCTION}));
+    } else if (hook == nullptr && op_watch != 0) {
+      at::removeCallback(op_watch);
+      op_watch = 0;
+    }
+    return nullptr;
+  } catch (const std::exception& e) {
+    return error_copy(e.what());
+  } catch (...) {
+    return error_copy("libtorch refused memlab's op callback");
+  }
 }
 
 #ifndef MEMLAB_CUDA_EVENTS

@@ -318,6 +318,56 @@ int32_t memlab_cpu_installed_at_load(void);
 char* memlab_cpu_stats(int32_t reset_peaks, int64_t* out);
 char* memlab_cpu_take_accumulated_stats(int64_t* out);
 void memlab_set_cpu_event_hook(memlab_event_hook hook);
+
+// An op whose CUDA kernel allocates otherwise than its CPU kernel, as a
+// RecordFunction callback sees it begin: a sum or mean (whose CUDA kernel may
+// stage through a buffer) or a convolution, forward or backward (cuDNN's
+// workspaces on CUDA, oneDNN's scratch on the CPU). Shapes and strides in
+// elements, `ndim` entries each; stride, padding, dilation and output
+// padding `ndim - 2` entries.
+#define MEMLAB_OP_MAX_DIMS 8
+enum memlab_op_kind {
+  MEMLAB_OP_REDUCTION = 1,
+  MEMLAB_OP_CONVOLUTION = 2,
+  MEMLAB_OP_CONVOLUTION_BACKWARD = 3,
+  // A cuBLAS call on CUDA (mm, addmm, bmm, baddbmm, addmv, mv, dot): the
+  // first on a thread makes that thread's cuBLAS workspace.
+  MEMLAB_OP_MATMUL = 4,
+};
+typedef struct memlab_op {
+  uint64_t id;
+  int32_t kind;
+  int32_t ndim;
+  int32_t element_size;
+  // Convolutions: 1 where transposed.
+  int32_t transposed;
+  // Backward: bit i of its output mask (grad input, weight, bias); forward:
+  // 4 where it has a bias.
+  int32_t output_mask;
+  // 1 where the op runs inside a backward function (autograd's thread on CUDA).
+  int32_t in_backward;
+  int64_t groups;
+  // Reductions: bit d where dimension d is reduced.
+  uint64_t reduced;
+  int64_t input[MEMLAB_OP_MAX_DIMS];
+  int64_t input_strides[MEMLAB_OP_MAX_DIMS];
+  int64_t weight[MEMLAB_OP_MAX_DIMS];
+  // Backward: the gradient of the output.
+  int64_t output[MEMLAB_OP_MAX_DIMS];
+  int64_t stride[MEMLAB_OP_MAX_DIMS];
+  int64_t padding[MEMLAB_OP_MAX_DIMS];
+  int64_t dilation[MEMLAB_OP_MAX_DIMS];
+  int64_t output_padding[MEMLAB_OP_MAX_DIMS];
+} memlab_op;
+
+// Called on the op's thread when a watched op begins (`op`, with its `id`)
+// and when it ends (`op` NULL, the same `id`); it must not throw.
+typedef void (*memlab_op_hook)(const memlab_op* op, uint64_t id);
+
+// Reports the ops above to `hook` from now on, on every thread, through a
+// libtorch RecordFunction callback (NULL: stops). Ops with tensors of more
+// than MEMLAB_OP_MAX_DIMS dimensions are not reported.
+char* memlab_watch_ops(memlab_op_hook hook);
 // Counts a CPU allocation (MEMLAB_ACTION_ALLOC) or free
 // (MEMLAB_ACTION_FREE_REQUESTED) of `size` bytes. While a CPU event hook is
 // set, the counting allocator leaves its counting to the hook, which calls

@@ -30,6 +30,7 @@ use crate::ffi;
 pub struct Recording {
     user: Option<events::User>,
     sampler: Option<crate::sampler::RecordingReadings>,
+    ops: Option<crate::ops::OpWatch>,
 }
 
 impl Recording {
@@ -45,7 +46,9 @@ impl Recording {
     /// With [`Settings::sampling`], a thread reads the process's resident
     /// set and the driver's use of the current CUDA device (when CUDA is in
     /// use) at that interval while this `Recording` lives; traces draw the
-    /// readings as counters beside the allocator's.
+    /// readings as counters beside the allocator's. With [`Settings::ops`],
+    /// it watches the ops whose CUDA kernels allocate otherwise ([`crate::ops`]),
+    /// which snapshots then carry.
     pub fn start(settings: Settings) -> Result<Recording> {
         let user = acquire(Some(settings))?;
         // The device whose context libtorch uses: reading another would create one.
@@ -54,14 +57,24 @@ impl Recording {
             Device::Cpu => None,
         };
         let sampler = settings.sample_every.map(|every| crate::sampler::RecordingReadings::start(gpu, every));
-        Ok(Recording { user: Some(user), sampler })
+        let ops = match settings.ops {
+            true => match crate::ops::watch_ops() {
+                Ok(watch) => Some(watch),
+                Err(e) => {
+                    release(user);
+                    return Err(e);
+                }
+            },
+            false => None,
+        };
+        Ok(Recording { user: Some(user), sampler, ops })
     }
 
     /// Joins the recording, or starts one with the settings in force, without
     /// asking for any: for tools that need the events while they live (dispose
     /// scopes, trackers) but leave the settings to the user's recordings.
     pub fn join() -> Result<Recording> {
-        Ok(Recording { user: Some(acquire(None)?), sampler: None })
+        Ok(Recording { user: Some(acquire(None)?), sampler: None, ops: None })
     }
 
     /// The settings in force now (the union of what live recordings asked for).
@@ -73,6 +86,7 @@ impl Recording {
 impl Drop for Recording {
     fn drop(&mut self) {
         drop(self.sampler.take());
+        drop(self.ops.take());
         if let Some(user) = self.user.take() {
             release(user);
         }

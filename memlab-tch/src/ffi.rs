@@ -90,6 +90,41 @@ pub struct StorageInfo {
 /// `memlab_event_hook`: action, device, address, size.
 pub type EventHook = extern "C" fn(action: i32, device: i32, address: u64, size: u64, stream: u64);
 
+/// `MEMLAB_OP_MAX_DIMS`: the most dimensions a watched op's tensors have.
+pub const OP_MAX_DIMS: usize = 8;
+
+/// `memlab_op`: an op a RecordFunction callback saw begin.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Op {
+    pub id: u64,
+    pub kind: i32,
+    pub ndim: i32,
+    pub element_size: i32,
+    pub transposed: i32,
+    pub output_mask: i32,
+    pub in_backward: i32,
+    pub groups: i64,
+    pub reduced: u64,
+    pub input: [i64; OP_MAX_DIMS],
+    pub input_strides: [i64; OP_MAX_DIMS],
+    pub weight: [i64; OP_MAX_DIMS],
+    pub output: [i64; OP_MAX_DIMS],
+    pub stride: [i64; OP_MAX_DIMS],
+    pub padding: [i64; OP_MAX_DIMS],
+    pub dilation: [i64; OP_MAX_DIMS],
+    pub output_padding: [i64; OP_MAX_DIMS],
+}
+
+/// `MEMLAB_OP_REDUCTION`, `MEMLAB_OP_CONVOLUTION`, `MEMLAB_OP_CONVOLUTION_BACKWARD`.
+pub const OP_REDUCTION: i32 = 1;
+pub const OP_CONVOLUTION: i32 = 2;
+pub const OP_CONVOLUTION_BACKWARD: i32 = 3;
+pub const OP_MATMUL: i32 = 4;
+
+/// `memlab_op_hook`: an op begins (`op` set) or ends (`op` null), by id.
+pub type OpHook = extern "C" fn(op: *const Op, id: u64);
+
 /// `MEMLAB_MAX_DIMS`: the most dimensions `TensorFacts` carries.
 pub const MAX_DIMS: usize = 16;
 
@@ -278,6 +313,7 @@ extern "C" {
     pub fn memlab_cpu_stats(reset_peaks: i32, out: *mut i64) -> *mut c_char;
     pub fn memlab_cpu_take_accumulated_stats(out: *mut i64) -> *mut c_char;
     pub fn memlab_set_cpu_event_hook(hook: Option<EventHook>);
+    pub fn memlab_watch_ops(hook: Option<OpHook>) -> *mut c_char;
     pub fn memlab_cpu_count(action: i32, size: u64);
     pub fn memlab_tensor_storage(tensor: *const c_void, out: *mut StorageInfo) -> *mut c_char;
     pub fn memlab_tensor_facts(tensor: *const c_void, out: *mut TensorFacts, grad: *mut TensorFacts) -> *mut c_char;

@@ -28,6 +28,7 @@ mod events;
 mod ffi;
 pub mod libtorch_version;
 pub mod oom;
+pub mod ops;
 pub mod optimizer;
 pub mod registry;
 pub mod sampler;

@@ -145,6 +145,7 @@ pub(crate) fn capture(sources: &Model) -> Result<Snapshot> {
             run: Some(crate::run::this_process()),
             device_memory,
             profile: Some(Report::collect()).filter(|p| p.functions.iter().any(|f| f.calls > 0)),
+            ops: memlab_tch::ops::watched(),
         }),
     })
 }

@@ -192,6 +192,7 @@ fn replay(failure: &Failure, index: usize, reserved: i64) -> Option<memlab_core:
             run: Some(crate::run::this_process()),
             device_memory,
             profile: None,
+            ops: None,
         }),
     };
     let options = memlab_core::replay::ReplayOptions {

@@ -30,11 +30,17 @@ pub struct Settings {
     /// often while the recording runs (see [`reading`](super::reading));
     /// `None` reads them only while a `StepLogger` samples its steps.
     pub sample_every: Option<std::time::Duration>,
+    /// Watch the ops whose CUDA kernels allocate otherwise than their CPU
+    /// kernels (sums, means, convolutions; see [`crate::ops`]): a snapshot
+    /// then carries them, and a CUDA run predicted from a CPU recording
+    /// models their staging buffers and workspaces. Each op then costs a
+    /// callback (about a microsecond) while the recording runs.
+    pub ops: bool,
 }
 
 impl Default for Settings {
     fn default() -> Self {
-        Settings { capacity: 100_000, backtraces: false, sample_every: None }
+        Settings { capacity: 100_000, backtraces: false, sample_every: None, ops: false }
     }
 }
 
@@ -55,6 +61,13 @@ impl Settings {
     /// `every` while the recording runs (traces draw them as counters).
     pub fn sampling(mut self, every: std::time::Duration) -> Self {
         self.sample_every = Some(every);
+        self
+    }
+
+    /// Settings that watch the ops whose CUDA kernels allocate otherwise
+    /// ([`Settings::ops`]).
+    pub fn ops(mut self, on: bool) -> Self {
+        self.ops = on;
         self
     }
 }
@@ -342,6 +355,7 @@ impl Recorder {
                     (Some(x), Some(y)) => Some(x.min(y)),
                     (x, y) => x.or(y),
                 },
+                ops: a.ops || b.ops,
             })
             .unwrap_or_default();
         #[cfg(all(feature = "unwinder", target_os = "linux", target_arch = "x86_64"))]

@@ -105,6 +105,7 @@ mod tests {
                 run: None,
                 device_memory: Vec::new(),
                 profile: None,
+                ops: None,
             }),
         };
         let pickle = snapshot.to_pickle().unwrap();

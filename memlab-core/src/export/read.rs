@@ -518,6 +518,7 @@ fn read_info(strings: &Strings, b: &mut Builder, value: &Value) -> std::result::
         run: None,
         device_memory: Vec::new(),
         profile: None,
+        ops: None,
     };
     for (key, value) in items(strings, value, "`memlab`")? {
         match key {
@@ -539,6 +540,11 @@ fn read_info(strings: &Strings, b: &mut Builder, value: &Value) -> std::result::
                     to_json(strings, &value).map_err(|e| format!("`memlab.device_memory` is not plain data: {e}"))?;
                 info.device_memory = serde_json::from_value(json)
                     .map_err(|e| format!("`memlab.device_memory` is not a list of devices' memory: {e}"))?;
+            }
+            "ops" => {
+                let json = to_json(strings, &value).map_err(|e| format!("`memlab.ops` is not plain data: {e}"))?;
+                info.ops =
+                    Some(serde_json::from_value(json).map_err(|e| format!("`memlab.ops` is not a list of ops: {e}"))?);
             }
             "profile" => {
                 let json = to_json(strings, &value).map_err(|e| format!("`memlab.profile` is not plain data: {e}"))?;
@@ -722,6 +728,16 @@ mod tests {
                     memory_fraction: 0.5,
                 }],
                 profile: Some(profile()),
+                ops: Some(vec![crate::ops::OpRecord {
+                    start_us: 5,
+                    end_us: 9,
+                    op: crate::ops::Op::Reduction(crate::ops::Reduction {
+                        shape: vec![4096, 512],
+                        strides: vec![512, 1],
+                        element_size: 4,
+                        reduced: 1,
+                    }),
+                }]),
             }),
         };
         let read = Snapshot::from_pickle(&written.to_pickle().unwrap()).unwrap();

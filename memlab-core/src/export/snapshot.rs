@@ -245,6 +245,11 @@ pub struct SnapshotInfo {
     /// The line profile at export, when a profiled function ran: the data
     /// (not a rendering), so a reader renders it as the program would have.
     pub profile: Option<crate::report::Report>,
+    /// The ops whose CUDA kernels allocate otherwise than their CPU kernels,
+    /// where the recording watched them
+    /// ([`Settings::ops`](crate::events::Settings::ops)); `None` where it
+    /// did not.
+    pub ops: Option<Vec<crate::ops::OpRecord>>,
 }
 
 /// A CUDA device's memory as its caching allocator saw it.
@@ -301,6 +306,8 @@ impl Snapshot {
         let device_memory = self.memlab.as_ref().map(|m| &m.device_memory).map(serde_json::to_value);
         let device_memory =
             device_memory.transpose().map_err(|e| as_data("the devices' memory", e))?.unwrap_or_default();
+        let ops = self.memlab.as_ref().map(|m| serde_json::to_value(&m.ops)).transpose();
+        let ops = ops.map_err(|e| as_data("the ops", e))?.unwrap_or_default();
         let mut p = Pickler::new();
         p.dict(|p| {
             p.str("segments");
@@ -333,6 +340,10 @@ impl Snapshot {
                     if !memlab.device_memory.is_empty() {
                         p.str("device_memory");
                         p.json(&device_memory);
+                    }
+                    if memlab.ops.is_some() {
+                        p.str("ops");
+                        p.json(&ops);
                     }
                     if let Some(profile) = &profile {
                         // As plain dicts and lists, which Python reads too.

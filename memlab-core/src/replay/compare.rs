@@ -458,6 +458,7 @@ mod tests {
             run: None,
             device_memory: vec![crate::export::DeviceMemory { device: "cuda:0".into(), total, memory_fraction: 1.0 }],
             profile: None,
+            ops: None,
         });
         s
     }

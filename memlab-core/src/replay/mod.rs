@@ -58,6 +58,8 @@ mod allocator;
 mod as_cuda;
 mod compare;
 mod config;
+mod kernels;
+mod reduction;
 mod run;
 
 pub use allocator::{
@@ -66,10 +68,12 @@ pub use allocator::{
 };
 pub use as_cuda::{
     cpu_history_as_cuda, predict_cuda, CudaAdditions, CudaPrediction, Fit, PredictOptions, SettingPrediction,
-    NOT_MODELLED,
+    NOT_MODELLED, NOT_WATCHED,
 };
 pub use compare::{replay_snapshot, DeviceReplays, ReplayOptions, Replayed, COMPARED};
 pub use config::{AllocatorConfig, DIVISION_BUCKETS, MIB, MIN_LARGE_ALLOC};
+pub use kernels::{cudnn_workspaces, scratch_of_ops, Computing, KernelsModelled, Measured, Workspace, H100_MEASURED};
+pub use reduction::{staging as reduction_staging, ReductionDevice};
 pub use run::{replay_device, replay_device_at, AtPeak, Card, DeviceReplay, Mismatch, ReplayOom};
 
 #[cfg(test)]

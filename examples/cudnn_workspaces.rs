@@ -1,0 +1,113 @@
+//! Measures what cuDNN's convolutions allocate as workspaces on this GPU,
+//! beside memlab's estimate of them: the figures behind the estimate
+//! `memlab replay --as-cuda` and `memlab::will_it_fit` use
+//! (`memlab::replay::cudnn_workspaces`). Each convolution runs forward and
+//! backward (input, weight and bias gradients) under a recording that
+//! watches its ops; what each op allocated and freed before it ended is its
+//! workspace. Prints one row per op, and `--json` one object per op.
+//!
+//!     cargo run --release --example cudnn_workspaces [-- --json]
+//!
+//! Needs a CUDA device.
+
+use std::error::Error;
+
+use memlab::events::Settings;
+use memlab::replay::{cudnn_workspaces, reduction_staging, scratch_of_ops, Op, ReductionDevice};
+use tch::nn::{self, Module};
+use tch::{Device, Kind, Tensor};
+
+/// Batch, input channels, output channels, height (= width), kernel, stride.
+const SHAPES: &[(i64, i64, i64, i64, i64, i64)] = &[
+    // The conv net of examples/fit_models.rs, at batches 256 and 512.
+    (256, 3, 64, 64, 3, 1),
+    (256, 64, 128, 32, 3, 1),
+    (256, 128, 256, 16, 3, 1),
+    (512, 3, 64, 64, 3, 1),
+    (512, 64, 128, 32, 3, 1),
+    (512, 128, 256, 16, 3, 1),
+    // Others: channels, sizes, kernels and strides around them.
+    (64, 4, 64, 64, 3, 1),
+    (64, 8, 64, 64, 3, 1),
+    (64, 16, 64, 64, 3, 1),
+    (64, 32, 32, 64, 3, 1),
+    (64, 64, 64, 56, 3, 1),
+    (64, 64, 64, 56, 1, 1),
+    (64, 64, 256, 56, 1, 1),
+    (64, 128, 128, 28, 3, 1),
+    (64, 128, 256, 28, 3, 2),
+    (64, 256, 256, 14, 3, 1),
+    (64, 256, 512, 14, 1, 1),
+    (64, 512, 512, 7, 3, 1),
+    (128, 64, 128, 32, 3, 1),
+    (128, 128, 64, 32, 3, 1),
+    (128, 256, 128, 16, 3, 1),
+    (32, 96, 96, 64, 3, 1),
+    (32, 3, 32, 224, 7, 2),
+    (16, 64, 64, 128, 5, 1),
+];
+
+fn main() -> Result<(), Box<dyn Error>> {
+    let json = std::env::args().any(|a| a == "--json");
+    if !tch::Cuda::is_available() {
+        return Err("cudnn_workspaces measures cuDNN: it needs a CUDA device".into());
+    }
+    let device = Device::Cuda(0);
+    if !json {
+        println!(
+            "{:>4} {:>4} {:>4} {:>4} {:>2} {:>2}  {:<9} {:>12} {:>12} {:>12} {:>12}  measured / estimated workspaces",
+            "N", "Cin", "Cout", "H", "k", "s", "op", "input", "weight", "output", "in+out+w"
+        );
+    }
+    for &(n, c_in, c_out, h, k, s) in SHAPES {
+        let vs = nn::VarStore::new(device);
+        let config = nn::ConvConfig { stride: s, padding: k / 2, ..Default::default() };
+        let conv = nn::conv2d(vs.root() / "conv", c_in, c_out, k, config);
+        let input = Tensor::randn([n, c_in, h, h], (Kind::Float, device)).set_requires_grad(true);
+        // Once untimed, so that cuDNN's first-call state is not measured.
+        conv.forward(&input).sum(Kind::Float).backward();
+        let recording = memlab::Recording::start(Settings::default().ops(true))?;
+        conv.forward(&input).sum(Kind::Float).backward();
+        tch::Cuda::synchronize(0);
+        let snapshot = memlab::export::Exporter::of(&vs).snapshot()?;
+        drop(recording);
+        let cuda = snapshot.devices().iter().position(|d| d == "cuda:0").ok_or("no cuda:0 history")?;
+        let ops = snapshot.memlab.as_ref().and_then(|m| m.ops.clone()).unwrap_or_default();
+        for (record, scratch) in scratch_of_ops(&snapshot.device_traces[cuda], &ops) {
+            if let Op::Reduction(r) = &record.op {
+                // The bias gradient's sum: its staging buffer, measured and modelled.
+                let modelled = reduction_staging(r, ReductionDevice::H100);
+                if json {
+                    let row = serde_json::json!({
+                        "n": n, "c_in": c_in, "c_out": c_out, "h": h, "k": k, "stride": s, "op": "sum",
+                        "shape": r.shape, "measured": scratch, "modelled": modelled,
+                    });
+                    println!("{row}");
+                } else {
+                    println!(
+                        "{n:>4} {c_in:>4} {c_out:>4} {h:>4} {k:>2} {s:>2}  sum {:?}: {scratch:?} / {modelled:?}",
+                        r.shape
+                    );
+                }
+                continue;
+            }
+            let Op::Convolution(c) = &record.op else { continue };
+            let (i, w, o) = c.bytes();
+            let estimate: Vec<u64> = cudnn_workspaces(c).into_iter().map(|w| w.bytes).collect();
+            let op = if c.backward { "backward" } else { "forward" };
+            if json {
+                let row = serde_json::json!({
+                    "n": n, "c_in": c_in, "c_out": c_out, "h": h, "k": k, "stride": s, "op": op,
+                    "input": i, "weight": w, "output": o, "measured": scratch, "estimated": estimate,
+                });
+                println!("{row}");
+            } else {
+                println!(
+                    "{n:>4} {c_in:>4} {c_out:>4} {h:>4} {k:>2} {s:>2}  {op:<9} {i:>12} {w:>12} {o:>12} {:>12}  {scratch:?} / {estimate:?}",
+                    i + o + w
+                );
+            }
+        }
+    }
+    Ok(())
+}

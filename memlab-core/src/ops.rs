@@ -1,0 +1,129 @@
+//! The ops of a recorded run whose CUDA kernels allocate otherwise than
+//! their CPU kernels, as memlab saw them begin and end: sums and means (a
+//! CUDA reduction may stage its partial results through a buffer) and
+//! convolutions (cuDNN's workspaces on CUDA, oneDNN's scratch on the CPU).
+//! A recording with [`Settings::ops`](crate::events::Settings::ops) keeps
+//! them in its snapshot, so that a CUDA run predicted from a CPU one
+//! (`memlab replay --as-cuda`) can model what each would allocate on CUDA.
+
+use serde::{Deserialize, Serialize};
+
+/// One op: when it began and ended on the recorder's clock (microseconds,
+/// the traces' clock), and what it was.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct OpRecord {
+    /// When it began.
+    pub start_us: u64,
+    /// When it ended (its start where the end was not seen).
+    pub end_us: u64,
+    /// The op.
+    pub op: Op,
+}
+
+/// An op memlab watches.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum Op {
+    /// A sum or mean over some dimensions.
+    Reduction(Reduction),
+    /// A convolution, forward or backward.
+    Convolution(Convolution),
+    /// A matrix product (`mm`, `addmm`, `bmm`, …): on CUDA a cuBLAS call,
+    /// the first of which on a thread makes that thread's cuBLAS workspace.
+    Matmul {
+        /// Inside a backward function: on CUDA, autograd's device thread.
+        in_backward: bool,
+    },
+}
+
+/// One reduction's input: shape and strides in elements (dimension 0
+/// slowest for a contiguous tensor), element size, and a bit per reduced
+/// dimension.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Reduction {
+    /// The input's sizes.
+    pub shape: Vec<i64>,
+    /// The input's strides, in elements.
+    pub strides: Vec<i64>,
+    /// Bytes per element.
+    pub element_size: u32,
+    /// Bit d set: dimension d is reduced.
+    pub reduced: u64,
+}
+
+/// A convolution (`aten::convolution`) or its backward pass
+/// (`aten::convolution_backward`): the shapes cuDNN sizes its workspaces by.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Convolution {
+    /// The backward pass, not the forward one.
+    pub backward: bool,
+    /// The input's shape: batch, channels, then the spatial dimensions.
+    pub input: Vec<i64>,
+    /// The weight's shape.
+    pub weight: Vec<i64>,
+    /// The backward pass's gradient of the output (its shape); forward: the
+    /// output's shape, computed from the others.
+    pub output: Vec<i64>,
+    /// Per spatial dimension.
+    pub stride: Vec<i64>,
+    /// Per spatial dimension.
+    pub padding: Vec<i64>,
+    /// Per spatial dimension.
+    pub dilation: Vec<i64>,
+    /// A transposed convolution.
+    pub transposed: bool,
+    /// Groups.
+    pub groups: i64,
+    /// Bytes per element.
+    pub element_size: u32,
+    /// Backward: which gradients it makes (bit 0 the input's, 1 the
+    /// weight's, 2 the bias's); forward: bit 2 where it adds a bias.
+    pub output_mask: u8,
+}
+
+impl Convolution {
+    /// The forward output's shape from the input, weight, stride, padding
+    /// and dilation (a transposed convolution's is not computed: `None`).
+    pub fn forward_output(
+        input: &[i64],
+        weight: &[i64],
+        stride: &[i64],
+        padding: &[i64],
+        dilation: &[i64],
+    ) -> Option<Vec<i64>> {
+        let spatial = input.len().checked_sub(2)?;
+        if weight.len() != input.len() || [stride.len(), padding.len(), dilation.len()].iter().any(|&n| n != spatial) {
+            return None;
+        }
+        let mut out = vec![input[0], weight[0]];
+        for d in 0..spatial {
+            let extent = dilation[d] * (weight[d + 2] - 1) + 1;
+            let size = (input[d + 2] + 2 * padding[d] - extent).checked_div(stride[d])? + 1;
+            out.push(size.max(0));
+        }
+        Some(out)
+    }
+
+    /// Bytes of the input, the weight and the output.
+    pub fn bytes(&self) -> (u64, u64, u64) {
+        let bytes = |shape: &[i64]| {
+            shape.iter().try_fold(u64::from(self.element_size), |a, &n| a.checked_mul(u64::try_from(n).ok()?))
+        };
+        (bytes(&self.input).unwrap_or(0), bytes(&self.weight).unwrap_or(0), bytes(&self.output).unwrap_or(0))
+    }
+
+    /// The gradient of the bias a backward pass makes, as the sum CUDA runs
+    /// for it (cuDNN makes no bias gradient: libtorch sums the output's
+    /// gradient over every dimension but the channels).
+    pub fn bias_gradient_sum(&self) -> Option<Reduction> {
+        if !self.backward || self.output_mask & 4 == 0 || self.output.len() < 3 {
+            return None;
+        }
+        let mut strides = vec![1i64; self.output.len()];
+        for d in (0..self.output.len() - 1).rev() {
+            strides[d] = strides[d + 1] * self.output[d + 1];
+        }
+        let reduced = ((1u64 << self.output.len()) - 1) & !2;
+        Some(Reduction { shape: self.output.clone(), strides, element_size: self.element_size, reduced })
+    }
+}

@@ -1,0 +1,595 @@
+//! What the CUDA kernels of a CPU run's watched ops ([`crate::ops`]) would
+//! allocate that the CPU kernels do not, and the other way round: a
+//! reduction's staging buffer (exact, as libtorch 2.11 sizes it: see
+//! [`super::reduction`]), cuDNN's workspaces of a convolution (an
+//! estimate), and oneDNN's scratch of the CPU convolution, which a CUDA run
+//! never makes.
+
+use std::collections::HashMap;
+
+use crate::events::Action;
+use crate::export::TraceEntry;
+use crate::ops::{Convolution, Op, OpRecord};
+
+use super::reduction::{staging, ReductionDevice};
+
+/// What the prediction changed of a CPU history for its watched ops.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct KernelsModelled {
+    /// Sums and means watched (a convolution's bias gradient counts too).
+    pub reductions: usize,
+    /// Of them, those whose CUDA kernel stages through a buffer.
+    pub staged: usize,
+    /// The largest staging buffer, in bytes.
+    pub largest_staging: u64,
+    /// Convolutions watched, forward and backward.
+    pub convolutions: usize,
+    /// The cuDNN workspaces added for them.
+    pub workspaces: usize,
+    /// Of them, those of shapes measured on an H100 (the others are
+    /// estimates; see [`cudnn_workspaces`]).
+    pub measured_workspaces: usize,
+    /// The largest of them, in bytes.
+    pub largest_workspace: u64,
+    /// The CPU convolutions' own scratch allocations left out (oneDNN's).
+    pub cpu_scratch: usize,
+    /// Their bytes, in all.
+    pub cpu_scratch_bytes: u64,
+}
+
+/// A kernel's scratch, allocated and freed at once right after an event.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Temporary {
+    /// The event's index.
+    pub(super) after: usize,
+    pub(super) bytes: u64,
+    /// The kernel does without it where it cannot be had: a cuDNN workspace
+    /// (libtorch then tries the next algorithm, which needs less).
+    pub(super) soft: bool,
+}
+
+/// How a CPU trace changes: which of its events go, and what temporaries
+/// (bytes) are allocated and freed right after which of its events.
+pub(super) struct Plan {
+    /// Per event of the trace: left out.
+    pub(super) dropped: Vec<bool>,
+    /// In event order.
+    pub(super) temporaries: Vec<Temporary>,
+    /// After which event the first matrix product outside backward functions
+    /// allocated, and the first inside them: where the CUDA run's threads
+    /// (the caller's, autograd's) make their cuBLAS workspaces.
+    pub(super) first_matmul: [Option<usize>; 2],
+    pub(super) modelled: KernelsModelled,
+}
+
+/// cuDNN's workspaces for `conv` on CUDA, in the order it asks for them
+/// (forward: one; backward: the input's gradient's, then the weight's).
+///
+/// cuDNN picks an algorithm per shape and device, and each algorithm its
+/// workspace, so no formula gives them all. For the shapes an H100 was
+/// measured on with libtorch 2.11's cuDNN ([`H100_MEASURED`], from
+/// `examples/cudnn_workspaces.rs`), they are what it allocated; for others,
+/// an estimate ruled from those measurements:
+///
+/// - forward, fewer than 16 input channels a group, or a 1 x 1 kernel at
+///   stride 1: none (at most a few hundred bytes);
+/// - the input's gradient, fewer than 8 input channels, or 1 x 1 at stride 1:
+///   none;
+/// - the weight's gradient, fewer than 4 input channels and a kernel of at
+///   most 3: none;
+/// - otherwise the input, output and weight in the layout the tensor cores
+///   read (their sum and 147 bytes: what most shapes took), and for the
+///   weight's gradient 8 MiB more, for its split reduction (measured 1 to 9
+///   MiB; one shape took 764 MiB).
+///
+/// The default allocator's reserved peak is sensitive to these sizes (a
+/// workspace a few bytes larger may no longer fit a cached block): where a
+/// shape is estimated, so is the figure, more loosely than elsewhere.
+pub fn cudnn_workspaces(conv: &Convolution) -> Vec<Workspace> {
+    let (input, weight, output) = conv.bytes();
+    if conv.transposed || output == 0 {
+        return Vec::new();
+    }
+    let backward = conv.backward;
+    let wanted = |computing: Computing| match computing {
+        Computing::Output => !backward,
+        Computing::InputGradient => backward && conv.output_mask & 1 != 0,
+        Computing::WeightGradient => backward && conv.output_mask & 2 != 0,
+    };
+    let all = [Computing::Output, Computing::InputGradient, Computing::WeightGradient];
+    if let Some(m) = H100_MEASURED.iter().find(|m| m.matches(conv)) {
+        return all
+            .into_iter()
+            .filter(|&c| wanted(c))
+            .map(|computing| Workspace { computing, bytes: m.bytes(computing), measured: true })
+            .filter(|w| w.bytes > 0)
+            .collect();
+    }
+    let channels = conv.input.get(1).copied().unwrap_or(0) / conv.groups.max(1);
+    let largest_kernel = conv.weight.iter().skip(2).copied().max().unwrap_or(1);
+    let pointwise = largest_kernel == 1 && conv.stride.iter().all(|&s| s == 1);
+    let each = input + output + weight + 147;
+    all.into_iter()
+        .filter(|&c| wanted(c))
+        .filter_map(|computing| {
+            let bytes = match computing {
+                Computing::Output if channels < 16 || pointwise => return None,
+                Computing::InputGradient if channels < 8 || pointwise => return None,
+                Computing::WeightGradient if channels < 4 && largest_kernel <= 3 => return None,
+                Computing::WeightGradient => each + (8 << 20),
+                _ => each,
+            };
+            Some(Workspace { computing, bytes, measured: false })
+        })
+        .collect()
+}
+
+/// One of a convolution's cuDNN workspaces.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Workspace {
+    /// What it serves.
+    pub computing: Computing,
+    /// Its bytes.
+    pub bytes: u64,
+    /// Measured on an H100 for this shape, not estimated.
+    pub measured: bool,
+}
+
+/// What an H100 allocated for a 2-d float convolution (padding half the
+/// kernel, no dilation, one group) with libtorch 2.11's cuDNN: each shape
+/// of `examples/cudnn_workspaces.rs`, 0 where none.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Measured {
+    /// Batch.
+    pub n: i64,
+    /// Input channels.
+    pub c_in: i64,
+    /// Output channels.
+    pub c_out: i64,
+    /// Height and width.
+    pub h: i64,
+    /// Kernel size, both ways.
+    pub k: i64,
+    /// Stride, both ways.
+    pub stride: i64,
+    /// The forward pass's workspace.
+    pub forward: u64,
+    /// The input's gradient's.
+    pub input_grad: u64,
+    /// The weight's gradient's.
+    pub weight_grad: u64,
+}
+
+impl Measured {
+    fn matches(&self, conv: &Convolution) -> bool {
+        let (h, k, s) = (self.h, self.k, self.stride);
+        conv.element_size == 4
+            && conv.groups == 1
+            && conv.input == [self.n, self.c_in, h, h]
+            && conv.weight == [self.c_out, self.c_in, k, k]
+            && conv.stride == [s, s]
+            && conv.padding == [k / 2, k / 2]
+            && conv.dilation == [1, 1]
+    }
+
+    fn bytes(&self, computing: Computing) -> u64 {
+        match computing {
+            Computing::Output => self.forward,
+            Computing::InputGradient => self.input_grad,
+            Computing::WeightGradient => self.weight_grad,
+        }
+    }
+}
+
+/// The shapes measured on an H100 (NVIDIA H100 80GB HBM3, libtorch 2.11.0,
+/// 2026-11-26): see [`Measured`].
+#[rustfmt::skip]
+pub const H100_MEASURED: &[Measured] = &[
+    Measured { n: 256, c_in: 3, c_out: 64, h: 64, k: 3, stride: 1, forward: 0, input_grad: 0, weight_grad: 0 },
+    Measured { n: 256, c_in: 64, c_out: 128, h: 32, k: 3, stride: 1, forward: 67403792, input_grad: 201621651, weight_grad: 205882079 },
+    Measured { n: 256, c_in: 128, c_out: 256, h: 16, k: 3, stride: 1, forward: 101843091, input_grad: 101843091, weight_grad: 110101159 },
+    Measured { n: 512, c_in: 3, c_out: 64, h: 64, k: 3, stride: 1, forward: 0, input_grad: 0, weight_grad: 0 },
+    Measured { n: 512, c_in: 64, c_out: 128, h: 32, k: 3, stride: 1, forward: 134512656, input_grad: 402948243, weight_grad: 407208671 },
+    Measured { n: 512, c_in: 128, c_out: 256, h: 16, k: 3, stride: 1, forward: 202506387, input_grad: 202506387, weight_grad: 210764455 },
+    Measured { n: 64, c_in: 4, c_out: 64, h: 64, k: 3, stride: 1, forward: 0, input_grad: 0, weight_grad: 71930000 },
+    Measured { n: 64, c_in: 8, c_out: 64, h: 64, k: 3, stride: 1, forward: 0, input_grad: 75516051, weight_grad: 76750992 },
+    Measured { n: 64, c_in: 16, c_out: 64, h: 64, k: 3, stride: 1, forward: 16814096, input_grad: 49020928, weight_grad: 86392976 },
+    Measured { n: 64, c_in: 32, c_out: 32, h: 64, k: 3, stride: 1, forward: 67145875, input_grad: 67145875, weight_grad: 71160983 },
+    Measured { n: 64, c_in: 64, c_out: 64, h: 56, k: 3, stride: 1, forward: 102908051, input_grad: 102908051, weight_grad: 104972967 },
+    Measured { n: 64, c_in: 64, c_out: 64, h: 56, k: 1, stride: 1, forward: 400, input_grad: 400, weight_grad: 1048576 },
+    Measured { n: 64, c_in: 64, c_out: 256, h: 56, k: 1, stride: 1, forward: 400, input_grad: 0, weight_grad: 4194704 },
+    Measured { n: 64, c_in: 128, c_out: 128, h: 28, k: 3, stride: 1, forward: 51970195, input_grad: 51970195, weight_grad: 60228263 },
+    Measured { n: 64, c_in: 128, c_out: 256, h: 28, k: 3, stride: 2, forward: 48103855, input_grad: 39714963, weight_grad: 43254367 },
+    Measured { n: 64, c_in: 256, c_out: 256, h: 14, k: 3, stride: 1, forward: 36438447, input_grad: 28049424, weight_grad: 35127903 },
+    Measured { n: 64, c_in: 256, c_out: 512, h: 14, k: 1, stride: 1, forward: 400, input_grad: 400, weight_grad: 33554432 },
+    Measured { n: 64, c_in: 512, c_out: 512, h: 7, k: 3, stride: 1, forward: 22282256, input_grad: 22282256, weight_grad: 30933743 },
+    Measured { n: 128, c_in: 64, c_out: 128, h: 32, k: 3, stride: 1, forward: 33849360, input_grad: 100958224, weight_grad: 105218783 },
+    Measured { n: 128, c_in: 128, c_out: 64, h: 32, k: 3, stride: 1, forward: 100958355, input_grad: 100958355, weight_grad: 864026624 },
+    Measured { n: 128, c_in: 256, c_out: 128, h: 16, k: 3, stride: 1, forward: 57803315, input_grad: 51511443, weight_grad: 59769511 },
+    Measured { n: 32, c_in: 96, c_out: 96, h: 64, k: 3, stride: 1, forward: 100995219, input_grad: 100995219, weight_grad: 109253287 },
+    Measured { n: 32, c_in: 3, c_out: 32, h: 224, k: 7, stride: 2, forward: 0, input_grad: 0, weight_grad: 80106128 },
+    Measured { n: 16, c_in: 64, c_out: 64, h: 128, k: 5, stride: 1, forward: 134627475, input_grad: 35651584, weight_grad: 136676103 },
+];
+
+/// What a convolution's workspace serves: cuDNN asks for it once it has
+/// allocated that tensor.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Computing {
+    /// The forward output.
+    Output,
+    /// The input's gradient.
+    InputGradient,
+    /// The weight's gradient.
+    WeightGradient,
+}
+
+/// The plan for `trace` (one device's events, in order) and the ops watched
+/// while it was recorded.
+pub(super) fn plan(trace: &[TraceEntry], ops: &[OpRecord], device: ReductionDevice) -> Plan {
+    let mut plan = Plan {
+        dropped: vec![false; trace.len()],
+        temporaries: Vec::new(),
+        first_matmul: [None, None],
+        modelled: KernelsModelled::default(),
+    };
+    if trace.is_empty() {
+        return plan;
+    }
+    // Each allocation's free, by index.
+    let mut freed_at = vec![usize::MAX; trace.len()];
+    let mut open: HashMap<u64, usize> = HashMap::new();
+    for (i, e) in trace.iter().enumerate() {
+        match (e.action, e.addr) {
+            (Action::Alloc, Some(addr)) => {
+                open.insert(addr, i);
+            }
+            (Action::FreeRequested, Some(addr)) => {
+                if let Some(a) = open.remove(&addr) {
+                    freed_at[a] = i;
+                }
+            }
+            _ => {}
+        }
+    }
+    // The events from `start_us` to `end_us`: a range of indices.
+    let window = |r: &OpRecord| {
+        let from = trace.partition_point(|e| e.time_us < r.start_us);
+        let to = trace.partition_point(|e| e.time_us <= r.end_us.max(r.start_us));
+        from..to
+    };
+    // After which event a temporary goes: the `nth` allocation the op kept
+    // (counting from 1), else its last one, else the last event before it ended.
+    let after = |r: &OpRecord, kept: &[usize], nth: usize| -> usize {
+        kept.get(nth.saturating_sub(1))
+            .or(kept.last())
+            .copied()
+            .unwrap_or_else(|| window(r).end.saturating_sub(1).min(trace.len() - 1))
+    };
+    let stage = |plan: &mut Plan, reduction: &crate::ops::Reduction, at: usize| {
+        plan.modelled.reductions += 1;
+        if let Some((buffer, semaphores)) = staging(reduction, device).filter(|s| s.0 > 0) {
+            plan.modelled.staged += 1;
+            plan.modelled.largest_staging = plan.modelled.largest_staging.max(buffer);
+            plan.temporaries.push(Temporary { after: at, bytes: buffer, soft: false });
+            plan.temporaries.push(Temporary { after: at, bytes: semaphores, soft: false });
+        }
+    };
+    // Convolutions first: their CPU scratch goes before other ops keep what is left.
+    for r in ops {
+        let Op::Convolution(conv) = &r.op else { continue };
+        let range = window(r);
+        let mut kept = Vec::new();
+        for i in range.clone() {
+            if trace[i].action != Action::Alloc {
+                continue;
+            }
+            if freed_at[i] < range.end {
+                plan.dropped[i] = true;
+                plan.dropped[freed_at[i]] = true;
+                plan.modelled.cpu_scratch += 1;
+                plan.modelled.cpu_scratch_bytes += trace[i].size;
+            } else {
+                kept.push(i);
+            }
+        }
+        plan.modelled.convolutions += 1;
+        // cuDNN asks for a workspace once it has allocated the tensor it
+        // computes: after the kept allocation of that tensor's size.
+        let (input_bytes, weight_bytes, output_bytes) = conv.bytes();
+        for (nth, Workspace { computing, bytes, measured }) in cudnn_workspaces(conv).into_iter().enumerate() {
+            plan.modelled.workspaces += 1;
+            plan.modelled.measured_workspaces += usize::from(measured);
+            plan.modelled.largest_workspace = plan.modelled.largest_workspace.max(bytes);
+            let size = match computing {
+                Computing::Output => output_bytes,
+                Computing::InputGradient => input_bytes,
+                Computing::WeightGradient => weight_bytes,
+            };
+            let made = kept.iter().copied().find(|&i| trace[i].size == size);
+            let at = made.unwrap_or_else(|| after(r, &kept, nth + 1));
+            plan.temporaries.push(Temporary { after: at, bytes, soft: true });
+        }
+        if let Some(sum) = conv.bias_gradient_sum() {
+            stage(&mut plan, &sum, after(r, &kept, kept.len()));
+        }
+    }
+    // A sum inside a convolution is the convolution's own (its bias's
+    // gradient, on some CPU paths), which the convolution's model covers.
+    let convolutions: Vec<(u64, u64)> =
+        ops.iter().filter(|r| matches!(r.op, Op::Convolution(_))).map(|r| (r.start_us, r.end_us)).collect();
+    for r in ops {
+        let Op::Reduction(reduction) = &r.op else { continue };
+        if convolutions.iter().any(|&(start, end)| start <= r.start_us && r.start_us <= end) {
+            continue;
+        }
+        let kept: Vec<usize> =
+            window(r).filter(|&i| trace[i].action == Action::Alloc && !plan.dropped[i]).take(1).collect();
+        stage(&mut plan, reduction, after(r, &kept, 1));
+    }
+    for r in ops {
+        let Op::Matmul { in_backward } = r.op else { continue };
+        let slot = &mut plan.first_matmul[usize::from(in_backward)];
+        if slot.is_none() {
+            // After the product's output: cuBLAS is called once it is there.
+            let output: Vec<usize> =
+                window(r).filter(|&i| trace[i].action == Action::Alloc && !plan.dropped[i]).take(1).collect();
+            *slot = Some(after(r, &output, 1));
+        }
+    }
+    plan.temporaries.sort_by_key(|t| t.after);
+    plan
+}
+
+/// What each watched op of a recorded history allocated and freed before it
+/// ended (its kernels' scratch: on CUDA, cuDNN's workspaces and the
+/// reductions' staging buffers; on the CPU, oneDNN's scratch), in bytes, in
+/// the order allocated: how the models above are checked against a CUDA run.
+pub fn scratch_of_ops(trace: &[TraceEntry], ops: &[OpRecord]) -> Vec<(OpRecord, Vec<u64>)> {
+    let mut freed_at = vec![usize::MAX; trace.len()];
+    let mut open: HashMap<u64, usize> = HashMap::new();
+    for (i, e) in trace.iter().enumerate() {
+        match (e.action, e.addr) {
+            (Action::Alloc, Some(addr)) => {
+                open.insert(addr, i);
+            }
+            (Action::FreeRequested, Some(addr)) => {
+                if let Some(a) = open.remove(&addr) {
+                    freed_at[a] = i;
+                }
+            }
+            _ => {}
+        }
+    }
+    ops.iter()
+        .map(|r| {
+            let from = trace.partition_point(|e| e.time_us < r.start_us);
+            let to = trace.partition_point(|e| e.time_us <= r.end_us.max(r.start_us));
+            let scratch = (from..to)
+                .filter(|&i| trace[i].action == Action::Alloc && freed_at[i] < to)
+                .map(|i| trace[i].size)
+                .collect();
+            (r.clone(), scratch)
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ops::Reduction;
+
+    fn event(action: Action, addr: u64, size: u64, time_us: u64) -> TraceEntry {
+        TraceEntry {
+            action,
+            addr: Some(addr),
+            size,
+            stream: 0,
+            time_us,
+            frames: Default::default(),
+            category: None,
+            tensor: None,
+            device_free: None,
+        }
+    }
+
+    fn conv(backward: bool, n: i64, c_in: i64, c_out: i64, h: i64, k: i64, output_mask: u8) -> Convolution {
+        let (stride, padding, dilation) = (vec![1, 1], vec![k / 2, k / 2], vec![1, 1]);
+        let input = vec![n, c_in, h, h];
+        let weight = vec![c_out, c_in, k, k];
+        let output = Convolution::forward_output(&input, &weight, &stride, &padding, &dilation).unwrap();
+        Convolution {
+            backward,
+            input,
+            weight,
+            output,
+            stride,
+            padding,
+            dilation,
+            transposed: false,
+            groups: 1,
+            element_size: 4,
+            output_mask,
+        }
+    }
+
+    fn record(start_us: u64, end_us: u64, op: Op) -> OpRecord {
+        OpRecord { start_us, end_us, op }
+    }
+
+    /// Forward: the CPU convolution's scratch (allocated and freed inside
+    /// it) goes, its output stays, and the measured workspace comes right
+    /// after the output. Backward: each workspace after the gradient it
+    /// serves, whatever order the CPU made them in, and the bias gradient's
+    /// sum stages after the last.
+    #[test]
+    fn the_cpu_scratch_goes_and_each_workspace_follows_the_tensor_it_serves() {
+        let forward = conv(false, 256, 64, 128, 32, 3, 4);
+        let backward = conv(true, 256, 64, 128, 32, 3, 7);
+        let (input, weight, output) = forward.bytes();
+        use Action::{Alloc, FreeRequested as Free};
+        let trace = vec![
+            event(Alloc, 1, output, 10),
+            event(Alloc, 2, 999, 11),
+            event(Free, 2, 999, 12),
+            event(Alloc, 3, 7, 20),
+            event(Alloc, 4, weight, 30),
+            event(Alloc, 5, 512, 31),
+            event(Alloc, 6, input, 32),
+            event(Alloc, 7, 4096, 33),
+            event(Free, 7, 4096, 34),
+        ];
+        let ops = [
+            record(10, 12, Op::Convolution(forward)),
+            record(30, 34, Op::Convolution(backward)),
+            record(20, 20, Op::Reduction(Reduction { shape: vec![8], strides: vec![1], element_size: 4, reduced: 1 })),
+        ];
+        let plan = plan(&trace, &ops, ReductionDevice::H100);
+        assert_eq!(plan.dropped, [false, true, true, false, false, false, false, true, true]);
+        let measured = H100_MEASURED.iter().find(|m| m.n == 256 && m.c_in == 64).unwrap();
+        let bias_sum = staging(&conv(true, 256, 64, 128, 32, 3, 7).bias_gradient_sum().unwrap(), ReductionDevice::H100);
+        let (buffer, semaphores) = bias_sum.unwrap();
+        let temporaries: Vec<(usize, u64, bool)> =
+            plan.temporaries.iter().map(|t| (t.after, t.bytes, t.soft)).collect();
+        assert_eq!(
+            temporaries,
+            [
+                (0, measured.forward, true),
+                (4, measured.weight_grad, true),
+                (6, measured.input_grad, true),
+                (6, buffer, false),
+                (6, semaphores, false)
+            ]
+        );
+        let m = &plan.modelled;
+        assert_eq!((m.convolutions, m.workspaces, m.measured_workspaces), (2, 3, 3));
+        assert_eq!((m.cpu_scratch, m.cpu_scratch_bytes), (2, 999 + 4096));
+        // The sum over 8 elements stages nothing; the bias gradient's does.
+        assert_eq!((m.reductions, m.staged), (2, 1));
+    }
+
+    /// The first product outside backward functions and the first inside
+    /// them place the two threads' cuBLAS workspaces, after the product's
+    /// output; a sum inside a convolution is the convolution's own.
+    #[test]
+    fn the_first_products_of_each_pass_place_the_cublas_workspaces() {
+        use Action::Alloc;
+        let trace = vec![
+            event(Alloc, 1, 64, 5),
+            event(Alloc, 2, 4096, 10),
+            event(Alloc, 3, 4096, 20),
+            event(Alloc, 4, 4096, 40),
+            event(Alloc, 5, 4096, 50),
+        ];
+        let big_sum = Reduction { shape: vec![4096, 4096], strides: vec![4096, 1], element_size: 4, reduced: 1 };
+        let ops = [
+            record(10, 11, Op::Matmul { in_backward: false }),
+            record(20, 21, Op::Matmul { in_backward: false }),
+            record(39, 41, Op::Matmul { in_backward: true }),
+            record(45, 60, Op::Convolution(conv(true, 2, 3, 4, 8, 3, 3))),
+            record(50, 50, Op::Reduction(big_sum)),
+        ];
+        let plan = plan(&trace, &ops, ReductionDevice::H100);
+        assert_eq!(plan.first_matmul, [Some(1), Some(3)]);
+        assert_eq!(plan.modelled.reductions, 0, "the sum inside the convolution is not counted twice");
+    }
+
+    /// Shapes the H100 was not measured on are estimated by the rule; those
+    /// it was are what it allocated, and say so.
+    #[test]
+    fn workspaces_are_measured_where_the_shape_was_and_ruled_elsewhere() {
+        let ruled = conv(false, 8, 64, 64, 32, 3, 4);
+        let (i, w, o) = ruled.bytes();
+        let each = i + w + o + 147;
+        let only = |c: &Convolution| {
+            cudnn_workspaces(c).into_iter().map(|w| (w.computing, w.bytes, w.measured)).collect::<Vec<_>>()
+        };
+        assert_eq!(only(&ruled), [(Computing::Output, each, false)]);
+        assert_eq!(
+            only(&conv(true, 8, 64, 64, 32, 3, 7)),
+            [(Computing::InputGradient, each, false), (Computing::WeightGradient, each + (8 << 20), false)]
+        );
+        assert_eq!(only(&conv(false, 8, 8, 64, 32, 3, 4)), [], "fewer than 16 channels forward");
+        assert_eq!(only(&conv(true, 8, 3, 64, 32, 3, 2)), [], "3 channels, 3 x 3");
+        let pointwise = conv(true, 8, 64, 64, 32, 1, 3);
+        assert_eq!(only(&pointwise).iter().map(|w| w.0).collect::<Vec<_>>(), [Computing::WeightGradient]);
+        let measured = conv(false, 512, 128, 256, 16, 3, 4);
+        assert_eq!(only(&measured), [(Computing::Output, 202_506_387, true)]);
+    }
+
+    /// The table is the measurement committed beside it
+    /// (fixtures/fit/cudnn_workspaces_h100.jsonl, the example's `--json`):
+    /// forward, the workspace; backward, after each copy of the output's
+    /// gradient (the example's loss makes it a broadcast), the workspace of
+    /// that call if any, the bias gradient's staging aside.
+    #[test]
+    fn the_h100_table_is_the_committed_measurement() {
+        let path = format!("{}/../fixtures/fit/cudnn_workspaces_h100.jsonl", env!("CARGO_MANIFEST_DIR"));
+        let rows: Vec<serde_json::Value> =
+            std::fs::read_to_string(path).unwrap().lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        let mut checked = 0;
+        for m in H100_MEASURED {
+            let of = |op: &str| {
+                rows.iter()
+                    .find(|r| {
+                        r["op"] == op
+                            && [
+                                ("n", m.n),
+                                ("c_in", m.c_in),
+                                ("c_out", m.c_out),
+                                ("h", m.h),
+                                ("k", m.k),
+                                ("stride", m.stride),
+                            ]
+                            .iter()
+                            .all(|(key, v)| r[key] == *v)
+                    })
+                    .unwrap_or_else(|| panic!("{m:?}: no {op} row"))
+            };
+            let sizes = |r: &serde_json::Value| -> Vec<u64> {
+                r["measured"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect()
+            };
+            assert_eq!(m.forward, sizes(of("forward")).first().copied().unwrap_or(0), "{m:?}");
+            let backward = of("backward");
+            let output = backward["output"].as_u64().unwrap();
+            let staged: Vec<u64> = rows
+                .iter()
+                .filter(|r| {
+                    r["op"] == "sum" && r["n"] == m.n && r["c_in"] == m.c_in && r["c_out"] == m.c_out && r["h"] == m.h
+                })
+                .flat_map(sizes)
+                .collect();
+            let mut calls: Vec<Vec<u64>> = Vec::new();
+            for size in sizes(backward) {
+                if size == output {
+                    calls.push(Vec::new());
+                } else if let Some(call) = calls.last_mut() {
+                    call.push(size);
+                }
+            }
+            let workspace = |call: Option<&Vec<u64>>| {
+                call.and_then(|c| c.iter().copied().find(|s| !staged.contains(s))).unwrap_or(0)
+            };
+            assert_eq!((m.input_grad, m.weight_grad), (workspace(calls.first()), workspace(calls.get(1))), "{m:?}");
+            checked += 1;
+        }
+        assert_eq!(checked, 24);
+    }
+
+    /// What each op allocated and freed before it ended is its scratch; what
+    /// it kept is not.
+    #[test]
+    fn an_ops_scratch_is_what_it_freed_before_it_ended() {
+        use Action::{Alloc, FreeRequested as Free};
+        let trace = vec![
+            event(Alloc, 1, 100, 10),
+            event(Alloc, 2, 200, 11),
+            event(Free, 2, 200, 12),
+            event(Alloc, 3, 300, 13),
+            event(Free, 1, 100, 30),
+            event(Free, 3, 300, 31),
+        ];
+        let ops = [record(10, 14, Op::Matmul { in_backward: false }), record(30, 31, Op::Matmul { in_backward: true })];
+        let scratch: Vec<Vec<u64>> = scratch_of_ops(&trace, &ops).into_iter().map(|(_, s)| s).collect();
+        assert_eq!(scratch, [vec![200], vec![]]);
+    }
+}

@@ -1,0 +1,156 @@
+//! The ops whose CUDA kernels allocate otherwise than their CPU kernels
+//! (sums, means, convolutions: see [`memlab_core::ops`]), as the shim's
+//! RecordFunction callback reports them while an [`OpWatch`] lives.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Mutex;
+
+use memlab_core::ops::{Convolution, Op, OpRecord, Reduction};
+use memlab_core::sync::LockExt;
+use memlab_core::Result;
+
+use crate::ffi;
+
+/// The most ops kept; older ones go first.
+const KEEP: usize = 1 << 20;
+
+/// The watches alive, and what they saw.
+struct Watched {
+    watches: usize,
+    ops: VecDeque<OpRecord>,
+    /// How many ops were ever pushed, so that an index stays valid as old ones go.
+    pushed: usize,
+    /// Ops begun and not yet ended: their id, and their index in `pushed`'s count.
+    open: HashMap<u64, usize>,
+}
+
+memlab_core::process::process_wide! {
+    static WATCH: Mutex<Watched> =
+        Mutex::new(Watched { watches: 0, ops: VecDeque::new(), pushed: 0, open: HashMap::new() });
+}
+
+/// Reports the ops libtorch runs, on every thread, while it lives. Each op
+/// then costs a RecordFunction callback (its arguments boxed for it).
+#[derive(Debug)]
+#[must_use = "the ops are watched only while the watch lives"]
+pub struct OpWatch(());
+
+/// Starts watching the ops whose CUDA kernels allocate otherwise.
+pub fn watch_ops() -> Result<OpWatch> {
+    let mut watch = WATCH.locked();
+    if watch.watches == 0 {
+        // SAFETY: registers a callback the shim calls with a valid op or null.
+        ffi::check(unsafe { ffi::memlab_watch_ops(Some(on_op)) })?;
+        watch.ops.clear();
+        watch.open.clear();
+    }
+    watch.watches += 1;
+    Ok(OpWatch(()))
+}
+
+impl OpWatch {
+    /// The ops that began at or after `since_us` on the recorder's clock
+    /// (`memlab_core::events::clock_us`), in the order they began.
+    pub fn since(&self, since_us: u64) -> Vec<OpRecord> {
+        WATCH.locked().ops.iter().filter(|r| r.start_us >= since_us).cloned().collect()
+    }
+}
+
+/// What the live watches saw (`None` while none lives): what a snapshot of
+/// a recording with [`Settings::ops`](memlab_core::events::Settings::ops)
+/// carries.
+pub fn watched() -> Option<Vec<OpRecord>> {
+    let watch = WATCH.locked();
+    (watch.watches > 0).then(|| watch.ops.iter().cloned().collect())
+}
+
+impl Drop for OpWatch {
+    fn drop(&mut self) {
+        let mut watch = WATCH.locked();
+        watch.watches -= 1;
+        if watch.watches == 0 {
+            // SAFETY: removes the callback; no argument is read.
+            let _ = ffi::check(unsafe { ffi::memlab_watch_ops(None) });
+            watch.ops = VecDeque::new();
+            watch.open = HashMap::new();
+        }
+    }
+}
+
+/// The op the shim reported, as memlab-core's.
+fn op_of(raw: &ffi::Op) -> Option<Op> {
+    if raw.kind == ffi::OP_MATMUL {
+        return Some(Op::Matmul { in_backward: raw.in_backward != 0 });
+    }
+    let n = usize::try_from(raw.ndim).ok().filter(|&n| n > 0 && n <= ffi::OP_MAX_DIMS)?;
+    let element_size = u32::try_from(raw.element_size).ok()?;
+    let spatial = n.checked_sub(2);
+    Some(match raw.kind {
+        ffi::OP_REDUCTION => Op::Reduction(Reduction {
+            shape: raw.input[..n].to_vec(),
+            strides: raw.input_strides[..n].to_vec(),
+            element_size,
+            reduced: raw.reduced,
+        }),
+        ffi::OP_CONVOLUTION | ffi::OP_CONVOLUTION_BACKWARD => {
+            let spatial = spatial.filter(|&s| s > 0)?;
+            let backward = raw.kind == ffi::OP_CONVOLUTION_BACKWARD;
+            let (input, weight) = (raw.input[..n].to_vec(), raw.weight[..n].to_vec());
+            let (stride, padding, dilation) =
+                (raw.stride[..spatial].to_vec(), raw.padding[..spatial].to_vec(), raw.dilation[..spatial].to_vec());
+            let output = if backward {
+                raw.output[..n].to_vec()
+            } else if raw.transposed != 0 {
+                Vec::new()
+            } else {
+                Convolution::forward_output(&input, &weight, &stride, &padding, &dilation)?
+            };
+            Op::Convolution(Convolution {
+                backward,
+                input,
+                weight,
+                output,
+                stride,
+                padding,
+                dilation,
+                transposed: raw.transposed != 0,
+                groups: raw.groups,
+                element_size,
+                output_mask: u8::try_from(raw.output_mask & 7).unwrap_or(0),
+            })
+        }
+        _ => return None,
+    })
+}
+
+/// The shim's callback: runs on the op's thread, and never unwinds.
+extern "C" fn on_op(op: *const ffi::Op, id: u64) {
+    let _ = std::panic::catch_unwind(|| {
+        let at = memlab_core::events::clock_us();
+        // SAFETY: the shim passes a valid op for the call's duration, or null.
+        let op = unsafe { op.as_ref() }.and_then(op_of);
+        let mut watch = WATCH.locked();
+        if watch.watches == 0 {
+            return;
+        }
+        match op {
+            Some(op) => {
+                if watch.ops.len() == KEEP {
+                    watch.ops.pop_front();
+                }
+                let index = watch.pushed;
+                watch.pushed += 1;
+                watch.open.insert(id, index);
+                watch.ops.push_back(OpRecord { start_us: at, end_us: at, op });
+            }
+            None => {
+                if let Some(index) = watch.open.remove(&id) {
+                    let first = watch.pushed - watch.ops.len();
+                    if let Some(record) = index.checked_sub(first).and_then(|i| watch.ops.get_mut(i)) {
+                        record.end_us = at;
+                    }
+                }
+            }
+        }
+    });
+}
