@@ -6,7 +6,7 @@
 
 use memlab_core::events::Settings;
 use memlab_core::replay::{predict_cuda, CudaAdditions, CudaPrediction, PredictOptions};
-use memlab_core::{Device, Error, Result};
+use memlab_core::{Device, Error, Result, TensorKind};
 
 use crate::named::Model;
 
@@ -27,13 +27,19 @@ pub(crate) struct CpuSteps {
 impl CpuSteps {
     /// Runs `step` on the CPU until its peak is steady, then predicts.
     pub(crate) fn predict(self, mut step: impl FnMut() -> Result<()>) -> Result<CudaPrediction> {
-        // What lives before the first step, where memlab can name it.
-        let live_before: Vec<(u64, u64)> = self
-            .model
-            .collect()?
-            .storages(Device::Cpu)
-            .iter()
-            .filter(|s| s.from_allocator)
+        // What lives before the first step, where memlab can name it, in the
+        // order a CUDA run makes it: the weights, then the gradients (the
+        // first backward pass, last layer first), then the optimizer's state
+        // (its first step): where each lands decides what the steps share.
+        let named = self.model.collect()?;
+        let storages: Vec<_> = named.storages(Device::Cpu).iter().filter(|s| s.from_allocator).collect();
+        let of = |kind: TensorKind| storages.iter().filter(move |s| s.views.first().is_some_and(|v| v.kind == kind));
+        let others = storages.iter().filter(|s| {
+            !s.views.first().is_some_and(|v| matches!(v.kind, TensorKind::Gradient | TensorKind::OptimizerState))
+        });
+        let live_before: Vec<(u64, u64)> = others
+            .chain(of(TensorKind::Gradient).rev())
+            .chain(of(TensorKind::OptimizerState))
             .map(|s| (s.data_ptr, s.nbytes))
             .collect();
         let recording = memlab_tch::Recording::start(Settings::default().capacity(50_000_000).ops(true))?;

@@ -66,7 +66,8 @@ impl Default for CudaAdditions {
 /// back as a number, scalars) stay in: a few small blocks at most.
 ///
 /// The blocks live before the history (the model's weights, made before the
-/// recording started) are those of `live_before` (address and bytes), those
+/// recording started) are those of `live_before` (address and bytes, in the
+/// order a CUDA run would have made them), those
 /// the history frees without having allocated them, and those the
 /// snapshot's CPU segments hold at its end that the history never allocated.
 ///
@@ -121,7 +122,10 @@ fn as_cuda(snapshot: &Snapshot, additions: &CudaAdditions, total: u64, live_befo
     };
     // What the history frees without allocating, and what is live at the
     // end that it never allocated: there before it.
-    let mut before: std::collections::BTreeMap<u64, u64> = live_before.iter().copied().collect();
+    // `live_before` first, in its order (the order they were made in, where
+    // the caller knows it), then the others by address.
+    let given: std::collections::HashSet<u64> = live_before.iter().map(|&(address, _)| address).collect();
+    let mut before: std::collections::BTreeMap<u64, u64> = std::collections::BTreeMap::new();
     // Addresses allocated and not yet freed, and every address allocated.
     let (mut allocated, mut ever_allocated) = (std::collections::HashSet::new(), std::collections::HashSet::new());
     for e in trace {
@@ -131,19 +135,23 @@ fn as_cuda(snapshot: &Snapshot, additions: &CudaAdditions, total: u64, live_befo
                 ever_allocated.insert(addr);
             }
             (Action::FreeRequested, Some(addr)) if !allocated.remove(&addr) => {
-                before.entry(addr).or_insert(e.size);
+                if !given.contains(&addr) {
+                    before.entry(addr).or_insert(e.size);
+                }
             }
             _ => {}
         }
     }
     for segment in snapshot.segments.iter().filter(|s| s.device == cpu) {
         for b in segment.blocks.iter().filter(|b| b.state != crate::export::BlockState::Inactive) {
-            if !ever_allocated.contains(&b.address) {
+            if !ever_allocated.contains(&b.address) && !given.contains(&b.address) {
                 before.entry(b.address).or_insert(b.size);
             }
         }
     }
-    history.extend(before.iter().map(|(&address, &size)| block(address, size)));
+    let mut placed = std::collections::HashSet::new();
+    let first = live_before.iter().copied().filter(|&(address, _)| placed.insert(address));
+    history.extend(first.chain(before).map(|(address, size)| block(address, size)));
     // Addresses no CPU allocation has: the top of the address space.
     let mut workspace_address = u64::MAX - (1 << 40);
     let mut workspace = |size: u64| {
