@@ -14,8 +14,8 @@
 //! `--model` is `mlp`, `conv` or `transformer`; `--device` `cpu` or `cuda`;
 //! `--backtraces` records each allocation's call stack. `--search MAX CARD`
 //! searches the largest batch up to MAX that fits instead: on CUDA by running
-//! the steps (set the memory fraction with `PYTORCH_CUDA_ALLOC_CONF`), on the
-//! CPU by predicting them for a card of CARD bytes (`Budget::CudaCard`).
+//! two steps a try (set the memory fraction with `PYTORCH_CUDA_ALLOC_CONF`),
+//! on the CPU by predicting them for a card of CARD bytes (`Budget::CudaCard`).
 
 use std::error::Error;
 
@@ -275,10 +275,17 @@ fn search(
 ) -> Result<(), Box<dyn Error>> {
     memlab::register_var_store("model", vs);
     let mut adam = memlab::register_optimizer(adam)?;
+    // On CUDA a try is two steps: one step after an empty cache can fit
+    // where training's next step, which finds the first one's blocks cached,
+    // runs out (the transformer at batch 56 under a 4 GiB fraction). On the
+    // CPU the prediction runs the steps until their peak is steady itself.
+    let steps_per_try = if device.is_cuda() { 2 } else { 1 };
     let step = |batch: usize| -> Result<(), Box<dyn Error>> {
-        let (inputs, labels) = model.batch(batch as i64, device);
-        let loss = model.loss(&inputs, &labels);
-        adam.backward_step(&loss);
+        for _ in 0..steps_per_try {
+            let (inputs, labels) = model.batch(batch as i64, device);
+            let loss = model.loss(&inputs, &labels);
+            adam.backward_step(&loss);
+        }
         Ok(())
     };
     let (memlab_device, budget) = match device {
