@@ -134,10 +134,9 @@ fn as_cuda(snapshot: &Snapshot, additions: &CudaAdditions, total: u64, live_befo
                 allocated.insert(addr);
                 ever_allocated.insert(addr);
             }
-            (Action::FreeRequested, Some(addr)) if !allocated.remove(&addr) => {
-                if !given.contains(&addr) {
-                    before.entry(addr).or_insert(e.size);
-                }
+            // The removal happens whatever the address.
+            (Action::FreeRequested, Some(addr)) if !allocated.remove(&addr) && !given.contains(&addr) => {
+                before.entry(addr).or_insert(e.size);
             }
             _ => {}
         }
