@@ -235,28 +235,8 @@ pub(super) fn plan(trace: &[TraceEntry], ops: &[OpRecord], device: ReductionDevi
     if trace.is_empty() {
         return plan;
     }
-    // Each allocation's free, by index.
-    let mut freed_at = vec![usize::MAX; trace.len()];
-    let mut open: HashMap<u64, usize> = HashMap::new();
-    for (i, e) in trace.iter().enumerate() {
-        match (e.action, e.addr) {
-            (Action::Alloc, Some(addr)) => {
-                open.insert(addr, i);
-            }
-            (Action::FreeRequested, Some(addr)) => {
-                if let Some(a) = open.remove(&addr) {
-                    freed_at[a] = i;
-                }
-            }
-            _ => {}
-        }
-    }
-    // The events from `start_us` to `end_us`: a range of indices.
-    let window = |r: &OpRecord| {
-        let from = trace.partition_point(|e| e.time_us < r.start_us);
-        let to = trace.partition_point(|e| e.time_us <= r.end_us.max(r.start_us));
-        from..to
-    };
+    let freed_at = freed_at(trace);
+    let window = |r: &OpRecord| window(trace, r);
     // After which event a temporary goes: the `nth` allocation the op kept
     // (counting from 1), else its last one, else the last event before it ended.
     let after = |r: &OpRecord, kept: &[usize], nth: usize| -> usize {
@@ -345,6 +325,23 @@ pub(super) fn plan(trace: &[TraceEntry], ops: &[OpRecord], device: ReductionDevi
 /// reductions' staging buffers; on the CPU, oneDNN's scratch), in bytes, in
 /// the order allocated: how the models above are checked against a CUDA run.
 pub fn scratch_of_ops(trace: &[TraceEntry], ops: &[OpRecord]) -> Vec<(OpRecord, Vec<u64>)> {
+    let freed_at = freed_at(trace);
+    ops.iter()
+        .map(|r| {
+            let range = window(trace, r);
+            let scratch = range
+                .clone()
+                .filter(|&i| trace[i].action == Action::Alloc && freed_at[i] < range.end)
+                .map(|i| trace[i].size)
+                .collect();
+            (r.clone(), scratch)
+        })
+        .collect()
+}
+
+/// Per event of `trace`: for an allocation, the index of its free
+/// (`usize::MAX` where it is never freed).
+fn freed_at(trace: &[TraceEntry]) -> Vec<usize> {
     let mut freed_at = vec![usize::MAX; trace.len()];
     let mut open: HashMap<u64, usize> = HashMap::new();
     for (i, e) in trace.iter().enumerate() {
@@ -360,17 +357,14 @@ pub fn scratch_of_ops(trace: &[TraceEntry], ops: &[OpRecord]) -> Vec<(OpRecord, 
             _ => {}
         }
     }
-    ops.iter()
-        .map(|r| {
-            let from = trace.partition_point(|e| e.time_us < r.start_us);
-            let to = trace.partition_point(|e| e.time_us <= r.end_us.max(r.start_us));
-            let scratch = (from..to)
-                .filter(|&i| trace[i].action == Action::Alloc && freed_at[i] < to)
-                .map(|i| trace[i].size)
-                .collect();
-            (r.clone(), scratch)
-        })
-        .collect()
+    freed_at
+}
+
+/// The events of `trace` from the op's start to its end: a range of indices.
+fn window(trace: &[TraceEntry], r: &OpRecord) -> std::ops::Range<usize> {
+    let from = trace.partition_point(|e| e.time_us < r.start_us);
+    let to = trace.partition_point(|e| e.time_us <= r.end_us.max(r.start_us));
+    from..to
 }
 
 #[cfg(test)]
