@@ -370,14 +370,12 @@ pub fn predict_cuda(name: &str, snapshot: &Snapshot, options: &PredictOptions) -
                             return Ok(None);
                         };
                         let entry = h.device_traces[0][oom.entry].clone();
-                        match entry.addr.filter(|a| soft.contains(a)) {
-                            Some(addr) => {
-                                let mut next = h.clone();
-                                next.device_traces[0].retain(|e| e.addr != Some(addr));
-                                without = Some(next);
-                            }
-                            None => return Ok(Some((oom, entry))),
-                        }
+                        let Some(addr) = entry.addr.filter(|a| soft.contains(a)) else {
+                            return Ok(Some((oom, entry)));
+                        };
+                        // One copy of the history a check, its workspaces dropped in place.
+                        without.get_or_insert_with(|| history.clone()).device_traces[0]
+                            .retain(|e| e.addr != Some(addr));
                     }
                 };
                 // The least limit, in 2 MiB steps, between one known to fail
