@@ -717,10 +717,12 @@ bool convolution(c10::ArrayRef<const c10::IValue> inputs, bool backward, memlab_
     return false;
   }
   int32_t count = 0;
+  // Read to check the arguments are what the schema says, not reported.
+  int64_t output_padding[MEMLAB_OP_MAX_DIMS];
   const size_t at = 3 + shift;
   if (!int_list(inputs[at], op->stride, &count) || !int_list(inputs[at + 1], op->padding, &count) ||
       !int_list(inputs[at + 2], op->dilation, &count) || !inputs[at + 3].isBool() ||
-      !int_list(inputs[at + 4], op->output_padding, &count) || !inputs[at + 5].isInt()) {
+      !int_list(inputs[at + 4], output_padding, &count) || !inputs[at + 5].isInt()) {
     return false;
   }
   op->kind = backward ? MEMLAB_OP_CONVOLUTION_BACKWARD : MEMLAB_OP_CONVOLUTION;

@@ -323,8 +323,8 @@ void memlab_set_cpu_event_hook(memlab_event_hook hook);
 // RecordFunction callback sees it begin: a sum or mean (whose CUDA kernel may
 // stage through a buffer) or a convolution, forward or backward (cuDNN's
 // workspaces on CUDA, oneDNN's scratch on the CPU). Shapes and strides in
-// elements, `ndim` entries each; stride, padding, dilation and output
-// padding `ndim - 2` entries.
+// elements, `ndim` entries each; stride, padding and dilation `ndim - 2`
+// entries.
 #define MEMLAB_OP_MAX_DIMS 8
 enum memlab_op_kind {
   MEMLAB_OP_REDUCTION = 1,
@@ -357,7 +357,6 @@ typedef struct memlab_op {
   int64_t stride[MEMLAB_OP_MAX_DIMS];
   int64_t padding[MEMLAB_OP_MAX_DIMS];
   int64_t dilation[MEMLAB_OP_MAX_DIMS];
-  int64_t output_padding[MEMLAB_OP_MAX_DIMS];
 } memlab_op;
 
 // Called on the op's thread when a watched op begins (`op`, with its `id`)

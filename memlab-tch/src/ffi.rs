@@ -113,7 +113,6 @@ pub struct Op {
     pub stride: [i64; OP_MAX_DIMS],
     pub padding: [i64; OP_MAX_DIMS],
     pub dilation: [i64; OP_MAX_DIMS],
-    pub output_padding: [i64; OP_MAX_DIMS],
 }
 
 /// `MEMLAB_OP_REDUCTION`, `MEMLAB_OP_CONVOLUTION`, `MEMLAB_OP_CONVOLUTION_BACKWARD`.
