@@ -560,17 +560,20 @@ fn two_containers_pid_1_keep_both_reports() {
                 let _ = tx.send(line);
             }
         });
-        let ready = rx
-            .iter()
+        (twin, rx)
+    };
+    let ready = |rx: std::sync::mpsc::Receiver<String>| {
+        rx.iter()
             .find_map(|l| l.split_once("memlab-test: ready ").map(|(_, r)| r.to_string()))
-            .expect("the twin got ready");
-        (twin, ready)
+            .expect("the twin got ready")
     };
     // Until both started in one second (the usual names are then the same).
+    // Both start before either is waited for: on a loaded machine one
+    // twin's start alone can take more than a second.
     let twins = (0..10)
         .find_map(|_| {
-            let (mut a, a_ready) = spawn();
-            let (mut b, b_ready) = spawn();
+            let ((mut a, a_lines), (mut b, b_lines)) = (spawn(), spawn());
+            let (a_ready, b_ready) = (ready(a_lines), ready(b_lines));
             if a_ready == b_ready {
                 return Some((a, b, a_ready));
             }
