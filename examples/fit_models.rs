@@ -16,6 +16,9 @@
 //! searches the largest batch up to MAX that fits instead: on CUDA by running
 //! two steps a try (set the memory fraction with `PYTORCH_CUDA_ALLOC_CONF`),
 //! on the CPU by predicting them for a card of CARD bytes (`Budget::CudaCard`).
+//! On CUDA, `--out` then writes the whole search's recording: every try's
+//! allocations, the allocator's segment events and its failures, to compare
+//! with the prediction at the batch where the search stopped.
 
 use std::error::Error;
 
@@ -228,7 +231,7 @@ fn main() -> Result<(), Box<dyn Error>> {
     };
     let mut adam = nn::Adam::default().build(&vs, 1e-4)?;
     if let Some((max, card)) = args.search {
-        return search(&*model, &vs, adam, args.device, max, card);
+        return search(&*model, &vs, adam, args.device, max, card, args.out.as_deref());
     }
     for step in 0..args.steps {
         if step == 2 {
@@ -272,6 +275,7 @@ fn search(
     device: Device,
     max: usize,
     card: u64,
+    out: Option<&str>,
 ) -> Result<(), Box<dyn Error>> {
     memlab::register_var_store("model", vs);
     let mut adam = memlab::register_optimizer(adam)?;
@@ -299,5 +303,8 @@ fn search(
         .map(|t| format!("{}:{}", t.batch_size, t.outcome.as_ref().map_or("fail".to_string(), |b| b.to_string())))
         .collect();
     println!("SEARCH device={memlab_device} largest={:?} tried={}", found.largest, tried.join(","));
+    if let Some(out) = out.filter(|_| device.is_cuda()) {
+        memlab::export::Exporter::of(vs).snapshot()?.write_pickle(out)?;
+    }
     Ok(())
 }
