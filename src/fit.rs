@@ -22,13 +22,19 @@
 //! ([`Settings::ops`](crate::events::Settings::ops)), and the prediction
 //! models them:
 //! - each thread's cuBLAS workspace (and cuBLASLt's), made at its first
-//!   matrix product: the caller's forward, autograd's backward;
+//!   matrix product: the caller's forward, autograd's backward (where a
+//!   step ran before the steps recorded, that step made them: they live
+//!   before the history, after the weights);
 //! - the staging buffer of a CUDA sum or mean that splits its inputs over
 //!   blocks (a bias gradient's over a batch of 1,021 rows or more), sized as
 //!   libtorch 2.11's reductions size it;
 //! - cuDNN's workspaces of each convolution: what an H100 allocated for the
 //!   shapes it was measured on, an estimate for others
-//!   ([`cudnn_workspaces`](crate::replay::cudnn_workspaces)); the CPU
+//!   ([`cudnn_workspaces`](crate::replay::cudnn_workspaces)); under a card
+//!   too small for one, the request fails, the allocator having given its
+//!   cache back first, and libtorch runs the next algorithm (for the forward
+//!   pass one taking the input and weight, for the gradients none) and keeps
+//!   it for that shape, as an H100 did under a memory fraction; the CPU
 //!   convolutions' own scratch (oneDNN's) is left out;
 //! - the CUDA context and libraries outside the allocator, for the device's
 //!   peak.

@@ -37,6 +37,10 @@ impl CpuSteps {
         let others = storages.iter().filter(|s| {
             !s.views.first().is_some_and(|v| matches!(v.kind, TensorKind::Gradient | TensorKind::OptimizerState))
         });
+        let weights = others.clone().count();
+        // A step ran before (there are gradients): it made the cuBLAS
+        // workspaces, which then live before these steps too.
+        let stepped = of(TensorKind::Gradient).next().is_some();
         let live_before: Vec<(u64, u64)> = others
             .chain(of(TensorKind::Gradient).rev())
             .chain(of(TensorKind::OptimizerState))
@@ -82,7 +86,13 @@ impl CpuSteps {
         }
         let settings =
             std::iter::once(String::new()).chain(self.settings.into_iter().filter(|s| !s.is_empty())).collect();
-        let options = PredictOptions { capacity: self.card, settings, additions: self.additions, live_before };
+        let options = PredictOptions {
+            capacity: self.card,
+            settings,
+            additions: self.additions,
+            live_before,
+            workspaces_after: stepped.then_some(weights),
+        };
         let mut prediction = predict_cuda("the step's CPU run", &snapshot, &options)?;
         prediction.cpu_step_peaks = peaks;
         Ok(prediction)

@@ -70,6 +70,11 @@ impl Default for CudaAdditions {
 /// order a CUDA run would have made them), those
 /// the history frees without having allocated them, and those the
 /// snapshot's CPU segments hold at its end that the history never allocated.
+/// Where a step ran before the history (`workspaces_after` is given), the
+/// cuBLAS workspaces that step made are live before it too: the caller's
+/// thread's (and cuBLASLt's) after the first `workspaces_after` blocks of
+/// `live_before` (the weights), autograd's after the next one (the first
+/// gradient). Otherwise the history's own first products make them.
 ///
 /// Where the recording watched its ops ([`crate::ops`]), what their CUDA
 /// kernels allocate otherwise is modelled (see [`KernelsModelled`], which
@@ -81,8 +86,9 @@ pub fn cpu_history_as_cuda(
     additions: &CudaAdditions,
     total: u64,
     live_before: &[(u64, u64)],
+    workspaces_after: Option<usize>,
 ) -> Result<(Snapshot, KernelsModelled)> {
-    as_cuda(snapshot, additions, total, live_before).map(|h| (h.snapshot, h.kernels))
+    as_cuda(snapshot, additions, total, live_before, workspaces_after).map(|h| (h.snapshot, h.kernels))
 }
 
 /// [`cpu_history_as_cuda`]'s history, and the addresses of the allocations
@@ -90,10 +96,16 @@ pub fn cpu_history_as_cuda(
 struct AsCuda {
     snapshot: Snapshot,
     kernels: KernelsModelled,
-    soft: std::collections::HashSet<u64>,
+    soft: std::collections::HashMap<u64, super::kernels::Soft>,
 }
 
-fn as_cuda(snapshot: &Snapshot, additions: &CudaAdditions, total: u64, live_before: &[(u64, u64)]) -> Result<AsCuda> {
+fn as_cuda(
+    snapshot: &Snapshot,
+    additions: &CudaAdditions,
+    total: u64,
+    live_before: &[(u64, u64)],
+    workspaces_after: Option<usize>,
+) -> Result<AsCuda> {
     let names = snapshot.devices();
     let cpu = names.iter().position(|n| n == "cpu").ok_or_else(|| {
         Error::InvalidArgument(
@@ -148,9 +160,6 @@ fn as_cuda(snapshot: &Snapshot, additions: &CudaAdditions, total: u64, live_befo
             }
         }
     }
-    let mut placed = std::collections::HashSet::new();
-    let first = live_before.iter().copied().filter(|&(address, _)| placed.insert(address));
-    history.extend(first.chain(before).map(|(address, size)| block(address, size)));
     // Addresses no CPU allocation has: the top of the address space.
     let mut workspace_address = u64::MAX - (1 << 40);
     let mut workspace = |size: u64| {
@@ -159,34 +168,58 @@ fn as_cuda(snapshot: &Snapshot, additions: &CudaAdditions, total: u64, live_befo
     };
     let ops = snapshot.memlab.as_ref().and_then(|m| m.ops.as_deref()).unwrap_or_default();
     let plan = plan(trace, ops, additions.reduction_device);
-    // The cuBLAS workspaces stay for the process's life. Where the ops were
-    // watched, the caller's thread makes its own (and cuBLASLt's) at its
+    // The cuBLAS workspaces stay for the process's life. After a step, the
+    // caller's thread's (and cuBLASLt's) come after the weights and
+    // autograd's with the first gradient, as that step made them. Else,
+    // where the ops were watched, the caller's thread makes its own at its
     // first matrix product and autograd's thread at the first in a backward
     // function, as on CUDA; the other handles', and all where the ops were
     // not watched, come first.
+    enum At {
+        Before(usize),
+        Entry(usize),
+        Start,
+    }
     let mut persistent: Vec<(usize, u64)> = Vec::new();
+    let mut before_history: Vec<(usize, u64)> = Vec::new();
     let mut at_start: Vec<u64> = Vec::new();
     for handle in 0..additions.cublas_handles {
-        let at = plan.first_matmul.get(handle as usize).copied().flatten();
+        let at = match (workspaces_after, handle) {
+            (Some(n), 0 | 1) => At::Before(n + handle as usize),
+            _ => plan.first_matmul.get(handle as usize).copied().flatten().map_or(At::Start, At::Entry),
+        };
         let mut sizes = vec![additions.cublas_workspace];
         if handle == 0 {
             sizes.push(additions.cublaslt_workspace);
         }
         for size in sizes.into_iter().filter(|&s| s > 0) {
             match at {
-                Some(i) => persistent.push((i, size)),
-                None => at_start.push(size),
+                At::Before(n) => before_history.push((n, size)),
+                At::Entry(i) => persistent.push((i, size)),
+                At::Start => at_start.push(size),
             }
         }
     }
     if additions.cublas_handles == 0 && additions.cublaslt_workspace > 0 {
         at_start.push(additions.cublaslt_workspace);
     }
+    let mut placed = std::collections::HashSet::new();
+    let first: Vec<(u64, u64)> = live_before.iter().copied().filter(|&(address, _)| placed.insert(address)).collect();
+    for (i, &(address, size)) in first.iter().enumerate() {
+        while let Some(at) = before_history.iter().position(|&(n, _)| n == i) {
+            let (_, bytes) = before_history.remove(at);
+            history.push(workspace(bytes));
+        }
+        history.push(block(address, size));
+    }
+    // Those after the last block given, in their order.
+    history.extend(before_history.into_iter().map(|(_, bytes)| workspace(bytes)));
+    history.extend(before.into_iter().map(|(address, size)| block(address, size)));
     history.extend(at_start.into_iter().map(&mut workspace));
     persistent.sort_by_key(|&(at, _)| at);
     let mut persistent = persistent.into_iter().peekable();
     let mut temporaries = plan.temporaries.iter().filter(|t| t.bytes > 0).peekable();
-    let mut soft = std::collections::HashSet::new();
+    let mut soft = std::collections::HashMap::new();
     for (i, e) in trace.iter().enumerate() {
         if !plan.dropped[i] {
             match e.action {
@@ -203,8 +236,8 @@ fn as_cuda(snapshot: &Snapshot, additions: &CudaAdditions, total: u64, live_befo
         }
         while let Some(t) = temporaries.next_if(|t| t.after == i) {
             let block = TraceEntry { time_us: e.time_us, ..workspace(t.bytes) };
-            if t.soft {
-                soft.extend(block.addr);
+            if let (Some(s), Some(addr)) = (t.soft, block.addr) {
+                soft.insert(addr, s);
             }
             history.push(block.clone());
             history.push(TraceEntry { action: Action::FreeRequested, ..block.clone() });
@@ -245,6 +278,9 @@ pub struct PredictOptions {
     /// Blocks live before the history began (address, bytes) that the
     /// snapshot does not show (see [`cpu_history_as_cuda`]).
     pub live_before: Vec<(u64, u64)>,
+    /// Where a step ran before the history: how many of `live_before`'s
+    /// blocks its cuBLAS workspaces came after (see [`cpu_history_as_cuda`]).
+    pub workspaces_after: Option<usize>,
 }
 
 /// A CUDA run's peaks predicted from a CPU run's recording: estimates, from
@@ -334,7 +370,7 @@ pub fn predict_cuda(name: &str, snapshot: &Snapshot, options: &PredictOptions) -
         )));
     }
     let total = options.capacity.unwrap_or(MAX_CARD);
-    let AsCuda { snapshot: history, kernels, soft } = as_cuda(snapshot, &additions, total, &options.live_before)
+    let AsCuda { snapshot: history, kernels, soft } = as_cuda(snapshot, &additions, total, &options.live_before, options.workspaces_after)
         .map_err(|e| match e {
             Error::InvalidArgument(why) => Error::InvalidArgument(format!("{name}: {why}")),
             other => other,
@@ -359,23 +395,20 @@ pub fn predict_cuda(name: &str, snapshot: &Snapshot, options: &PredictOptions) -
             Some(capacity) => {
                 // Under a limit the allocator gives cached blocks back before
                 // it fails: the least card is found by replaying under limits.
-                // A cuDNN workspace that cannot be had is done without (libtorch
-                // tries the next algorithm): the history is replayed without it.
                 let runs_out = |limit: u64| -> Result<Option<(super::ReplayOom, TraceEntry)>> {
                     let card = Card { capacity: limit, total };
-                    let mut without: Option<Snapshot> = None;
+                    let mut cudnn = CudnnUnderLimit::new(&history, &soft);
                     loop {
-                        let h = without.as_ref().unwrap_or(&history);
-                        let Some(oom) = replay_device_at(h, 0, &config, card, &[])?.ooms.into_iter().next() else {
+                        let h = cudnn.history();
+                        let replay = replay_device_at(h, 0, &config, card, &[])?;
+                        // The attempts that fail on purpose are not the step's failure.
+                        let Some(oom) = replay.ooms.into_iter().find(|o| !o.recorded) else {
                             return Ok(None);
                         };
                         let entry = h.device_traces[0][oom.entry].clone();
-                        let Some(addr) = entry.addr.filter(|a| soft.contains(a)) else {
+                        if !cudnn.done_without(oom.entry) {
                             return Ok(Some((oom, entry)));
-                        };
-                        // One copy of the history a check, its workspaces dropped in place.
-                        without.get_or_insert_with(|| history.clone()).device_traces[0]
-                            .retain(|e| e.addr != Some(addr));
+                        }
                     }
                 };
                 // The least limit, in 2 MiB steps, between one known to fail
@@ -431,6 +464,68 @@ pub fn predict_cuda(name: &str, snapshot: &Snapshot, options: &PredictOptions) -
     })
 }
 
+/// A predicted history under a limit, as libtorch's convolutions meet it:
+/// where a cuDNN workspace cannot be had, the allocator first gives its
+/// cached blocks back, then fails; libtorch catches the failure and runs
+/// the next algorithm, with its own workspace, and keeps that algorithm for
+/// the shape and pass, so that the later steps ask for its workspace alone
+/// (until it too cannot be had).
+struct CudnnUnderLimit<'a> {
+    original: &'a Snapshot,
+    changed: Option<Snapshot>,
+    soft: &'a std::collections::HashMap<u64, super::kernels::Soft>,
+}
+
+impl<'a> CudnnUnderLimit<'a> {
+    fn new(original: &'a Snapshot, soft: &'a std::collections::HashMap<u64, super::kernels::Soft>) -> Self {
+        CudnnUnderLimit { original, changed: None, soft }
+    }
+
+    fn history(&self) -> &Snapshot {
+        self.changed.as_ref().unwrap_or(self.original)
+    }
+
+    /// The request at `entry` failed: if it is a cuDNN workspace, its
+    /// convolution does with the next algorithm's (from there on, for its
+    /// shape and pass), and `true`; else `false`, the step's failure.
+    fn done_without(&mut self, entry: usize) -> bool {
+        let e = &self.history().device_traces[0][entry];
+        let Some((addr, soft)) = e.addr.and_then(|a| self.soft.get(&a).map(|s| (a, *s))) else {
+            return false;
+        };
+        // The first algorithm's workspace fell through to the next's; the
+        // next's to none.
+        let next = if e.size > soft.fallback { soft.fallback } else { 0 };
+        // One copy of the history a check, changed in place.
+        let trace = &mut self.changed.get_or_insert_with(|| self.original.clone()).device_traces[0];
+        let attempt = TraceEntry { action: Action::Oom, addr: None, ..trace[entry].clone() };
+        // A workspace's allocation and frees, resized (none: gone).
+        let resize = |t: &mut Vec<TraceEntry>, from: usize, addr: u64, bytes: u64| {
+            if bytes == 0 {
+                t.retain(|e| e.addr != Some(addr));
+            } else {
+                for e in t[from..].iter_mut().filter(|e| e.addr == Some(addr)) {
+                    e.size = bytes;
+                }
+            }
+        };
+        // This convolution: the failed attempt, then the next algorithm's
+        // workspace in its place.
+        trace.insert(entry, attempt);
+        resize(trace, entry + 1, addr, next);
+        // The later ones of its shape and pass ask for no more than that.
+        let later: Vec<u64> = trace[entry + 1..]
+            .iter()
+            .filter(|e| e.action == Action::Alloc && e.size > next)
+            .filter_map(|e| e.addr.filter(|a| *a != addr && self.soft.get(a).is_some_and(|s| s.key == soft.key)))
+            .collect();
+        for a in later {
+            resize(trace, entry + 1, a, next);
+        }
+        true
+    }
+}
+
 /// The least card's granularity: the allocator's segments are multiples of 2 MiB.
 const STEP: u64 = 2 * MIB;
 
@@ -471,7 +566,7 @@ impl Render for CudaPrediction {
         ));
         let a = &self.additions;
         doc.line(format!(
-            "Modelled: {} cuBLAS workspace(s) of {} and a cuBLASLt workspace of {} (allocated before the step), and \
+            "Modelled: {} cuBLAS workspace(s) of {} and a cuBLASLt workspace of {} (made by each thread's first product, or by the step before), and \
              {} outside the allocator (the CUDA context, kernels and libraries).",
             a.cublas_handles,
             Cell::bytes(a.cublas_workspace),
@@ -546,8 +641,8 @@ impl Render for CudaPrediction {
                     doc.note(format!(
                         "Convolutions: {} ran; {} cuDNN workspaces added (the largest {}), {} of shapes measured \
                          on an H100 and {} estimated (cuDNN chooses its algorithm per shape and device). On a \
-                         card too small for one, a workspace is done without, as libtorch then tries an algorithm \
-                         that needs less. The CPU convolutions' own scratch, {} allocations of {} in all, is left \
+                         card too small for one, the request fails (the allocator first gives its cache back) and \
+                         libtorch runs the next algorithm, with less or no workspace, for that shape from then on. The CPU convolutions' own scratch, {} allocations of {} in all, is left \
                          out.",
                         k.convolutions,
                         k.workspaces,
@@ -638,7 +733,7 @@ mod tests {
     fn a_workspace_that_cannot_be_had_is_done_without() {
         let snapshot = fixture("conv_256_cpu.pickle");
         let additions = CudaAdditions::default();
-        let history = as_cuda(&snapshot, &additions, 80 << 30, &[]).unwrap();
+        let history = as_cuda(&snapshot, &additions, 80 << 30, &[], None).unwrap();
         assert_eq!(history.soft.len(), history.kernels.workspaces, "every cuDNN workspace may be done without");
         let config = super::super::AllocatorConfig::default();
         // The least limit of a history, in 2 MiB steps.
@@ -660,7 +755,7 @@ mod tests {
         };
         let required = least(&history.snapshot);
         let mut without = history.snapshot.clone();
-        without.device_traces[0].retain(|e| !e.addr.is_some_and(|a| history.soft.contains(&a)));
+        without.device_traces[0].retain(|e| !e.addr.is_some_and(|a| history.soft.contains_key(&a)));
         let none = least(&without);
         let capacity = 256 * MIB + additions.outside_allocator;
         let options = PredictOptions { capacity: Some(capacity), ..Default::default() };
@@ -727,5 +822,109 @@ mod tests {
         }
         let e = predict_cuda("cuda.pickle", &cuda, &PredictOptions::default()).unwrap_err().to_string();
         assert!(e.contains("cuda.pickle") && e.contains("record the step on the CPU"), "{e}");
+    }
+
+    fn entry(action: Action, addr: Option<u64>, size: u64) -> TraceEntry {
+        TraceEntry {
+            action,
+            addr,
+            size,
+            stream: 0,
+            time_us: 0,
+            frames: Default::default(),
+            category: None,
+            tensor: None,
+            device_free: None,
+        }
+    }
+
+    /// After a step (the gradients live before the history), the cuBLAS
+    /// workspaces that step made live before it too: the caller's thread's
+    /// and cuBLASLt's after the weights, autograd's after the first
+    /// gradient; the history's own products make none. Without a step
+    /// before, they come at the history's first products.
+    #[test]
+    fn after_a_step_the_cublas_workspaces_live_before_the_history() {
+        let snapshot = fixture("mlp_1024_cpu.pickle");
+        let additions = CudaAdditions::default();
+        let (weight, gradient) = ((1u64 << 47, 4 * MIB), ((1u64 << 47) + (8 << 20), 4 * MIB));
+        let sizes = |h: &Snapshot, n: usize| h.device_traces[0][..n].iter().map(|e| e.size).collect::<Vec<_>>();
+        // The workspaces kept: allocations at memlab's own addresses never freed.
+        let workspaces = |h: &Snapshot| {
+            let t = &h.device_traces[0];
+            let freed: std::collections::HashSet<u64> =
+                t.iter().filter(|e| e.action == Action::FreeRequested).filter_map(|e| e.addr).collect();
+            t.iter()
+                .enumerate()
+                .filter(|(_, e)| e.action == Action::Alloc)
+                .filter(|(_, e)| e.addr.is_some_and(|a| a > u64::MAX - (1 << 40) && !freed.contains(&a)))
+                .map(|(i, e)| (i, e.size))
+                .collect::<Vec<_>>()
+        };
+        let after = as_cuda(&snapshot, &additions, 80 << 30, &[weight, gradient], Some(1)).unwrap().snapshot;
+        assert_eq!(sizes(&after, 5), [4 * MIB, 32 * MIB, MIB, 4 * MIB, 32 * MIB]);
+        assert_eq!(workspaces(&after), [(1, 32 * MIB), (2, MIB), (4, 32 * MIB)]);
+        let fresh = as_cuda(&snapshot, &additions, 80 << 30, &[weight, gradient], None).unwrap().snapshot;
+        let made = workspaces(&fresh);
+        assert_eq!(made.iter().map(|w| w.1).collect::<Vec<_>>(), [32 * MIB, MIB, 32 * MIB]);
+        assert!(made.iter().all(|&(i, _)| i > 2), "made by the history's products: {made:?}");
+    }
+
+    /// Where a cuDNN workspace cannot be had, the request fails (after the
+    /// allocator gave its cache back), the convolution runs with the next
+    /// algorithm's workspace, and later convolutions of its shape and pass
+    /// ask for that one alone; where that fails too, for none. Another
+    /// allocation's failure is the step's.
+    #[test]
+    fn a_failed_workspace_falls_to_the_next_algorithm_for_its_shape_from_then_on() {
+        use super::super::kernels::Soft;
+        let (w1, w2, other, hard) = (1u64 << 50, (1u64 << 50) + (1 << 40), (1u64 << 50) + (2 << 40), 4096u64);
+        let triple = |addr: u64, size: u64| {
+            [
+                entry(Action::Alloc, Some(addr), size),
+                entry(Action::FreeRequested, Some(addr), size),
+                entry(Action::FreeCompleted, Some(addr), size),
+            ]
+        };
+        let mut trace = vec![entry(Action::Alloc, Some(hard), 100 * MIB)];
+        trace.extend(triple(w1, 300 * MIB));
+        trace.extend(triple(other, 200 * MIB));
+        trace.extend(triple(w2, 300 * MIB));
+        let snapshot = Snapshot { segments: Vec::new(), device_traces: vec![trace], allocator_settings: None, memlab: None };
+        let soft: std::collections::HashMap<u64, Soft> = [
+            (w1, Soft { key: 0, fallback: 50 * MIB }),
+            (w2, Soft { key: 0, fallback: 50 * MIB }),
+            (other, Soft { key: 1, fallback: 0 }),
+        ]
+        .into();
+        let mut cudnn = CudnnUnderLimit::new(&snapshot, &soft);
+        let shape = |c: &CudnnUnderLimit<'_>| {
+            c.history().device_traces[0].iter().map(|e| (e.action, e.addr, e.size / MIB)).collect::<Vec<_>>()
+        };
+        assert!(!cudnn.done_without(0), "the step's own allocation");
+        assert!(cudnn.done_without(1));
+        use Action::{Alloc, FreeCompleted as Done, FreeRequested as Free, Oom};
+        assert_eq!(
+            shape(&cudnn),
+            [
+                (Alloc, Some(hard), 100),
+                (Oom, None, 300),
+                (Alloc, Some(w1), 50),
+                (Free, Some(w1), 50),
+                (Done, Some(w1), 50),
+                (Alloc, Some(other), 200),
+                (Free, Some(other), 200),
+                (Done, Some(other), 200),
+                (Alloc, Some(w2), 50),
+                (Free, Some(w2), 50),
+                (Done, Some(w2), 50),
+            ]
+        );
+        // The next algorithm's fails too: none from then on.
+        assert!(cudnn.done_without(2));
+        let now = shape(&cudnn);
+        assert_eq!(now[..3], [(Alloc, Some(hard), 100), (Oom, None, 300), (Oom, None, 50)]);
+        assert!(!now.iter().any(|e| e.1 == Some(w1) || e.1 == Some(w2)), "{now:?}");
+        assert_eq!(now.iter().filter(|e| e.1 == Some(other)).count(), 3, "another shape keeps its own");
     }
 }

@@ -43,9 +43,19 @@ pub(super) struct Temporary {
     /// The event's index.
     pub(super) after: usize,
     pub(super) bytes: u64,
-    /// The kernel does without it where it cannot be had: a cuDNN workspace
-    /// (libtorch then tries the next algorithm, which needs less).
-    pub(super) soft: bool,
+    /// A cuDNN workspace, which the kernel does without where it cannot be
+    /// had (libtorch then tries the next algorithm, which needs less).
+    pub(super) soft: Option<Soft>,
+}
+
+/// A cuDNN workspace's place among the convolutions: libtorch keeps the
+/// algorithm it settled on per shape and pass, and reuses it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Soft {
+    /// The shape and pass (one number per distinct one in the history).
+    pub(super) key: usize,
+    /// What the next algorithm takes where this one cannot be had (0: none).
+    pub(super) fallback: u64,
 }
 
 /// How a CPU trace changes: which of its events go, and what temporaries
@@ -85,8 +95,23 @@ pub(super) struct Plan {
 /// The default allocator's reserved peak is sensitive to these sizes (a
 /// workspace a few bytes larger may no longer fit a cached block): where a
 /// shape is estimated, so is the figure, more loosely than elsewhere.
+///
+/// A shape measured at another batch takes what it took there, the input
+/// and output (where the workspace held them) grown to this batch: an
+/// estimate, which the H100 bore out at batches 1,024 and 1,120 for the
+/// conv net's larger shapes but for one forward pass (1 MiB more at 1,024).
+///
+/// Where a workspace cannot be had, libtorch tries cuDNN's next algorithms
+/// until one runs ([`Workspace::fallback`]): under a memory fraction on an
+/// H100, the forward pass settled on one taking the input and weight and
+/// 16 bytes where the first took more, the gradients on ones taking a few
+/// KiB at most (counted as none).
 pub fn cudnn_workspaces(conv: &Convolution) -> Vec<Workspace> {
     let (input, weight, output) = conv.bytes();
+    let fallback = |computing: Computing, bytes: u64| match computing {
+        Computing::Output if bytes > input + weight + 16 => input + weight + 16,
+        _ => 0,
+    };
     if conv.transposed || output == 0 {
         return Vec::new();
     }
@@ -101,7 +126,36 @@ pub fn cudnn_workspaces(conv: &Convolution) -> Vec<Workspace> {
         return all
             .into_iter()
             .filter(|&c| wanted(c))
-            .map(|computing| Workspace { computing, bytes: m.bytes(computing), measured: true })
+            .map(|computing| {
+                let bytes = m.bytes(computing);
+                Workspace { computing, bytes, measured: true, fallback: fallback(computing, bytes) }
+            })
+            .filter(|w| w.bytes > 0)
+            .collect();
+    }
+    // The same shape measured at another batch (the nearest): the tensors'
+    // part of each workspace grows with the batch, the rest stays.
+    let batch = conv.input.first().copied().unwrap_or(0);
+    let other_batch = H100_MEASURED
+        .iter()
+        .filter(|m| m.matches(&Convolution { input: [m.n].into_iter().chain(conv.input.iter().skip(1).copied()).collect(), ..conv.clone() }))
+        .min_by_key(|m| m.n.abs_diff(batch));
+    if let Some(m) = other_batch {
+        let (input0, output0) = (input / batch as u64 * m.n as u64, output / batch as u64 * m.n as u64);
+        return all
+            .into_iter()
+            .filter(|&c| wanted(c))
+            .map(|computing| {
+                let at = m.bytes(computing);
+                let bytes = if at >= input0 + output0 + weight {
+                    at - input0 - output0 + input + output
+                } else if at >= input0 + weight {
+                    at - input0 + input
+                } else {
+                    at
+                };
+                Workspace { computing, bytes, measured: false, fallback: fallback(computing, bytes) }
+            })
             .filter(|w| w.bytes > 0)
             .collect();
     }
@@ -119,7 +173,7 @@ pub fn cudnn_workspaces(conv: &Convolution) -> Vec<Workspace> {
                 Computing::WeightGradient => each + (8 << 20),
                 _ => each,
             };
-            Some(Workspace { computing, bytes, measured: false })
+            Some(Workspace { computing, bytes, measured: false, fallback: fallback(computing, bytes) })
         })
         .collect()
 }
@@ -133,6 +187,10 @@ pub struct Workspace {
     pub bytes: u64,
     /// Measured on an H100 for this shape, not estimated.
     pub measured: bool,
+    /// What the algorithm libtorch settles on next takes where these bytes
+    /// cannot be had (0: none): an estimate from an H100 under a memory
+    /// fraction.
+    pub fallback: u64,
 }
 
 /// What an H100 allocated for a 2-d float convolution (padding half the
@@ -213,7 +271,7 @@ pub const H100_MEASURED: &[Measured] = &[
 
 /// What a convolution's workspace serves: cuDNN asks for it once it has
 /// allocated that tensor.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Computing {
     /// The forward output.
     Output,
@@ -250,10 +308,13 @@ pub(super) fn plan(trace: &[TraceEntry], ops: &[OpRecord], device: ReductionDevi
         if let Some((buffer, semaphores)) = staging(reduction, device).filter(|s| s.0 > 0) {
             plan.modelled.staged += 1;
             plan.modelled.largest_staging = plan.modelled.largest_staging.max(buffer);
-            plan.temporaries.push(Temporary { after: at, bytes: buffer, soft: false });
-            plan.temporaries.push(Temporary { after: at, bytes: semaphores, soft: false });
+            plan.temporaries.push(Temporary { after: at, bytes: buffer, soft: None });
+            plan.temporaries.push(Temporary { after: at, bytes: semaphores, soft: None });
         }
     };
+    // libtorch's cache of algorithms: one key per shape and pass.
+    type Key<'a> = (&'a [i64], &'a [i64], &'a [i64], &'a [i64], &'a [i64], i64, u32, Computing);
+    let mut keys: std::collections::HashMap<Key<'_>, usize> = std::collections::HashMap::new();
     // Convolutions first: their CPU scratch goes before other ops keep what is left.
     for r in ops {
         let Op::Convolution(conv) = &r.op else { continue };
@@ -276,7 +337,7 @@ pub(super) fn plan(trace: &[TraceEntry], ops: &[OpRecord], device: ReductionDevi
         // cuDNN asks for a workspace once it has allocated the tensor it
         // computes: after the kept allocation of that tensor's size.
         let (input_bytes, weight_bytes, output_bytes) = conv.bytes();
-        for (nth, Workspace { computing, bytes, measured }) in cudnn_workspaces(conv).into_iter().enumerate() {
+        for (nth, Workspace { computing, bytes, measured, fallback }) in cudnn_workspaces(conv).into_iter().enumerate() {
             plan.modelled.workspaces += 1;
             plan.modelled.measured_workspaces += usize::from(measured);
             plan.modelled.largest_workspace = plan.modelled.largest_workspace.max(bytes);
@@ -287,7 +348,11 @@ pub(super) fn plan(trace: &[TraceEntry], ops: &[OpRecord], device: ReductionDevi
             };
             let made = kept.iter().copied().find(|&i| trace[i].size == size);
             let at = made.unwrap_or_else(|| after(r, &kept, nth + 1));
-            plan.temporaries.push(Temporary { after: at, bytes, soft: true });
+            let shapes = keys.len();
+            let c = conv;
+            let shape = (&*c.input, &*c.weight, &*c.stride, &*c.padding, &*c.dilation, c.groups, c.element_size, computing);
+            let key = *keys.entry(shape).or_insert(shapes);
+            plan.temporaries.push(Temporary { after: at, bytes, soft: Some(Soft { key, fallback }) });
         }
         if let Some(sum) = conv.bias_gradient_sum() {
             stage(&mut plan, &sum, after(r, &kept, kept.len()));
@@ -443,7 +508,7 @@ mod tests {
         let bias_sum = staging(&conv(true, 256, 64, 128, 32, 3, 7).bias_gradient_sum().unwrap(), ReductionDevice::H100);
         let (buffer, semaphores) = bias_sum.unwrap();
         let temporaries: Vec<(usize, u64, bool)> =
-            plan.temporaries.iter().map(|t| (t.after, t.bytes, t.soft)).collect();
+            plan.temporaries.iter().map(|t| (t.after, t.bytes, t.soft.is_some())).collect();
         assert_eq!(
             temporaries,
             [
@@ -508,6 +573,16 @@ mod tests {
         assert_eq!(only(&pointwise).iter().map(|w| w.0).collect::<Vec<_>>(), [Computing::WeightGradient]);
         let measured = conv(false, 512, 128, 256, 16, 3, 4);
         assert_eq!(only(&measured), [(Computing::Output, 202_506_387, true)]);
+        // Measured shapes at other batches: what the H100 allocated at
+        // batches 1,024 and 1,120 (the conv net's batch search under a
+        // memory fraction, on the whole card where nothing ran out).
+        assert_eq!(only(&conv(false, 1024, 64, 128, 32, 3, 4)), [(Computing::Output, 268_730_384, false)]);
+        assert_eq!(only(&conv(false, 1120, 128, 256, 16, 3, 4)), [(Computing::Output, 441_581_715, false)]);
+        assert_eq!(
+            only(&conv(true, 1120, 128, 256, 16, 3, 7)),
+            [(Computing::InputGradient, 441_581_715, false), (Computing::WeightGradient, 449_839_783, false)]
+        );
+        assert_eq!(only(&conv(true, 1024, 128, 256, 16, 3, 7))[1], (Computing::WeightGradient, 412_091_047, false));
     }
 
     /// The table is the measurement committed beside it
