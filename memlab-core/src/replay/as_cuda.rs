@@ -542,10 +542,10 @@ const MAX_HANDLES: u32 = 64;
 pub const NOT_MODELLED: [&str; 3] = [
     "ops whose CUDA kernels allocate otherwise than their CPU kernels, besides sums, means and convolutions \
      (fused attention, for one): the CPU run's allocations stand for them",
-    "softmax's backward pass, whose CUDA kernel copies a gradient that is not contiguous where the CPU kernel \
-     reads it in place (an H100 made one copy of the attention scores per attention layer and step, and one \
-     19 MB temporary a step not yet traced, for a transformer whose CPU run made neither): its peak on a \
-     whole card still came out to the byte, but near a card's limit a step predicted to fit can run out",
+    "softmax's backward pass and the embedding's, whose CUDA kernels make temporaries their CPU kernels do not \
+     (on an H100: a product of the softmax's size inside each softmax's backward, 111 MB for a transformer's \
+     attention at batch 53, and 19.5 MB inside the embedding's): a whole card's peak can still come out to the \
+     byte, but near a card's limit a step predicted to fit can run out",
     "reductions other than sums and means (norms, variances, max and min over a dimension), whose CUDA kernels \
      may stage through a buffer as a sum does",
 ];
