@@ -36,6 +36,8 @@
 //!   pass one taking the input and weight, for the gradients none) and keeps
 //!   it for that shape, as an H100 did under a memory fraction; the CPU
 //!   convolutions' own scratch (oneDNN's) is left out;
+//! - the product CUDA's softmax backward makes of the gradient and the
+//!   output, of the softmax's size, which the CPU's does not;
 //! - the CUDA context and libraries outside the allocator, for the device's
 //!   peak.
 //!

@@ -251,6 +251,14 @@ fn a_recording_watches_the_ops_whose_cuda_kernels_allocate_otherwise() {
     assert_eq!(matmuls.first(), Some(&false), "the forward addmm first: {matmuls:?}");
     assert!(matmuls.contains(&true), "backward's products inside backward functions: {matmuls:?}");
     assert!(ops.iter().any(|r| matches!(&r.op, Op::Reduction(s) if s.shape == [4, 10])), "the loss's sum: {ops:?}");
+    // A softmax's backward pass, with its gradient's shape.
+    let recording2 = memlab::Recording::start(memlab::events::Settings::default().ops(true)).unwrap();
+    let scores = Tensor::randn([2, 3, 5], (Kind::Float, tch::Device::Cpu)).set_requires_grad(true);
+    (scores.softmax(-1, Kind::Float) * Tensor::arange(5, (Kind::Float, tch::Device::Cpu))).sum(Kind::Float).backward();
+    let watched = memlab::export::Exporter::of(&vs).snapshot().unwrap().memlab.unwrap().ops.unwrap();
+    drop(recording2);
+    let softmax = Op::SoftmaxBackward { shape: vec![2, 3, 5], element_size: 4 };
+    assert!(watched.iter().any(|r| r.op == softmax), "{watched:?}");
     assert!(ops.iter().all(|r| r.start_us <= r.end_us));
     // Through a pickle, as `memlab replay --as-cuda` reads it.
     let read = memlab::export::Snapshot::from_pickle(&snapshot.to_pickle().unwrap()).unwrap().snapshot;

@@ -121,8 +121,8 @@ enum Command {
         compare: bool,
         /// Predict a CUDA run from the snapshot's CPU history (a memlab
         /// recording of the step on the CPU, best with Settings::ops, which
-        /// watches the sums and convolutions whose CUDA kernels allocate
-        /// otherwise): its allocations replayed through the CUDA allocator's
+        /// watches the sums, convolutions and softmax backward passes whose
+        /// CUDA kernels allocate otherwise): its allocations replayed through the CUDA allocator's
         /// model with what CUDA adds (estimates). With --capacity, the card's
         /// memory: whether the step fits.
         #[arg(long = "as-cuda", conflicts_with = "fraction")]

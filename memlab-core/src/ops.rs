@@ -1,7 +1,9 @@
 //! The ops of a recorded run whose CUDA kernels allocate otherwise than
 //! their CPU kernels, as memlab saw them begin and end: sums and means (a
-//! CUDA reduction may stage its partial results through a buffer) and
-//! convolutions (cuDNN's workspaces on CUDA, oneDNN's scratch on the CPU).
+//! CUDA reduction may stage its partial results through a buffer),
+//! convolutions (cuDNN's workspaces on CUDA, oneDNN's scratch on the CPU),
+//! matrix products (the first on a thread makes its cuBLAS workspace) and
+//! softmax's backward pass (a temporary product on CUDA).
 //! A recording with [`Settings::ops`](crate::events::Settings::ops) keeps
 //! them in its snapshot, so that a CUDA run predicted from a CPU one
 //! (`memlab replay --as-cuda`) can model what each would allocate on CUDA.
@@ -33,6 +35,16 @@ pub enum Op {
     Matmul {
         /// Inside a backward function: on CUDA, autograd's device thread.
         in_backward: bool,
+    },
+    /// A softmax's backward pass (`_softmax_backward_data`), whose CUDA
+    /// kernel first multiplies the gradient by the softmax's output into a
+    /// temporary of the gradient's size (libtorch 2.11's `SoftMax.cu`); the
+    /// CPU kernel makes none.
+    SoftmaxBackward {
+        /// The gradient's sizes.
+        shape: Vec<i64>,
+        /// Bytes per element.
+        element_size: u32,
     },
 }
 

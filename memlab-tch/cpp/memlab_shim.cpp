@@ -693,6 +693,22 @@ bool reduction(c10::ArrayRef<const c10::IValue> inputs, memlab_op* op) {
   return true;
 }
 
+// aten::_softmax_backward_data(grad_output, output, dim, input_dtype): the
+// gradient's shape and element size.
+bool softmax_backward(c10::ArrayRef<const c10::IValue> inputs, memlab_op* op) {
+  if (inputs.empty() || !inputs[0].isTensor()) {
+    return false;
+  }
+  const at::Tensor& grad = inputs[0].toTensor();
+  if (!grad.defined() || !copy_dims(grad.sizes(), op->input) || !copy_dims(grad.strides(), op->input_strides)) {
+    return false;
+  }
+  op->kind = MEMLAB_OP_SOFTMAX_BACKWARD;
+  op->ndim = static_cast<int32_t>(grad.dim());
+  op->element_size = static_cast<int32_t>(grad.element_size());
+  return true;
+}
+
 // aten::convolution(input, weight, bias, stride, padding, dilation,
 // transposed, output_padding, groups), or aten::convolution_backward(
 // grad_output, input, weight, bias_sizes, stride, padding, dilation,
@@ -769,6 +785,8 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
       known = convolution(fn.inputs(), false, &op);
     } else if (std::strcmp(op_name, "convolution_backward") == 0) {
       known = convolution(fn.inputs(), true, &op);
+    } else if (std::strcmp(op_name, "_softmax_backward_data") == 0) {
+      known = softmax_backward(fn.inputs(), &op);
     } else if (is_matmul(op_name)) {
       op.kind = MEMLAB_OP_MATMUL;
       known = true;

@@ -333,6 +333,9 @@ enum memlab_op_kind {
   // A cuBLAS call on CUDA (mm, addmm, bmm, baddbmm, addmv, mv, dot): the
   // first on a thread makes that thread's cuBLAS workspace.
   MEMLAB_OP_MATMUL = 4,
+  // aten::_softmax_backward_data: on CUDA its kernel first multiplies the
+  // gradient by the output into a temporary. `input`: the gradient's shape.
+  MEMLAB_OP_SOFTMAX_BACKWARD = 5,
 };
 typedef struct memlab_op {
   uint64_t id;

@@ -120,6 +120,7 @@ pub const OP_REDUCTION: i32 = 1;
 pub const OP_CONVOLUTION: i32 = 2;
 pub const OP_CONVOLUTION_BACKWARD: i32 = 3;
 pub const OP_MATMUL: i32 = 4;
+pub const OP_SOFTMAX_BACKWARD: i32 = 5;
 
 /// `memlab_op_hook`: an op begins (`op` set) or ends (`op` null), by id.
 pub type OpHook = extern "C" fn(op: *const Op, id: u64);

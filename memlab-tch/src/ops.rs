@@ -86,6 +86,7 @@ fn op_of(raw: &ffi::Op) -> Option<Op> {
     let element_size = u32::try_from(raw.element_size).ok()?;
     let spatial = n.checked_sub(2);
     Some(match raw.kind {
+        ffi::OP_SOFTMAX_BACKWARD => Op::SoftmaxBackward { shape: raw.input[..n].to_vec(), element_size },
         ffi::OP_REDUCTION => Op::Reduction(Reduction {
             shape: raw.input[..n].to_vec(),
             strides: raw.input_strides[..n].to_vec(),

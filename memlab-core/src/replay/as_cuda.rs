@@ -540,12 +540,11 @@ const MAX_HANDLES: u32 = 64;
 /// allocates otherwise than the CPU run, as measured on an H100 with
 /// libtorch 2.11 (BENCHMARKS.md has the figures).
 pub const NOT_MODELLED: [&str; 3] = [
-    "ops whose CUDA kernels allocate otherwise than their CPU kernels, besides sums, means and convolutions \
-     (fused attention, for one): the CPU run's allocations stand for them",
-    "softmax's backward pass and the embedding's, whose CUDA kernels make temporaries their CPU kernels do not \
-     (on an H100: a product of the softmax's size inside each softmax's backward, 111 MB for a transformer's \
-     attention at batch 53, and 19.5 MB inside the embedding's): a whole card's peak can still come out to the \
-     byte, but near a card's limit a step predicted to fit can run out",
+    "ops whose CUDA kernels allocate otherwise than their CPU kernels, besides sums, means, convolutions and \
+     softmax's backward pass (fused attention, for one): the CPU run's allocations stand for them",
+    "an embedding's backward pass, whose CUDA kernel makes temporaries its CPU kernel does not (19.5 MB for a \
+     transformer's 13,568 tokens on an H100): a whole card's peak can still come out to the byte, but near a \
+     card's limit a step predicted to fit can run out",
     "reductions other than sums and means (norms, variances, max and min over a dimension), whose CUDA kernels \
      may stage through a buffer as a sum does",
 ];
@@ -646,8 +645,8 @@ impl Render for CudaPrediction {
                         "Convolutions: {} ran; {} cuDNN workspaces added (the largest {}), {} of shapes measured \
                          on an H100 and {} estimated (cuDNN chooses its algorithm per shape and device). On a \
                          card too small for one, the request fails (the allocator first gives its cache back) and \
-                         libtorch runs the next algorithm, with less or no workspace, for that shape from then on. The CPU convolutions' own scratch, {} allocations of {} in all, is left \
-                         out.",
+                         libtorch runs the next algorithm, with less or no workspace, for that shape from then \
+                         on. The CPU convolutions' own scratch, {} allocations of {} in all, is left out.",
                         k.convolutions,
                         k.workspaces,
                         Cell::bytes(k.largest_workspace),
@@ -655,6 +654,14 @@ impl Render for CudaPrediction {
                         k.workspaces - k.measured_workspaces,
                         k.cpu_scratch,
                         Cell::bytes(k.cpu_scratch_bytes)
+                    ));
+                }
+                if k.softmax_backwards > 0 {
+                    doc.note(format!(
+                        "Softmax backward passes: {} ran; CUDA's multiplies the gradient by the output into a \
+                         temporary first, added for each (the largest {}).",
+                        k.softmax_backwards,
+                        Cell::bytes(k.largest_softmax_product)
                     ));
                 }
             }

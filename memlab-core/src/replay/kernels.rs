@@ -35,6 +35,13 @@ pub struct KernelsModelled {
     pub cpu_scratch: usize,
     /// Their bytes, in all.
     pub cpu_scratch_bytes: u64,
+    /// Softmax backward passes watched: CUDA's makes a temporary product
+    /// of the gradient's size in each, added.
+    #[serde(default)]
+    pub softmax_backwards: usize,
+    /// The largest of those products, in bytes.
+    #[serde(default)]
+    pub largest_softmax_product: u64,
 }
 
 /// A kernel's scratch, allocated and freed at once right after an event.
@@ -372,6 +379,17 @@ pub(super) fn plan(trace: &[TraceEntry], ops: &[OpRecord], device: ReductionDevi
         stage(&mut plan, reduction, after(r, &kept, 1));
     }
     for r in ops {
+        let Op::SoftmaxBackward { shape, element_size } = &r.op else { continue };
+        // After the gradient it computes, which the op allocates first.
+        let kept: Vec<usize> =
+            window(r).filter(|&i| trace[i].action == Action::Alloc && !plan.dropped[i]).take(1).collect();
+        let elements = shape.iter().try_fold(1u64, |n, &d| n.checked_mul(u64::try_from(d).ok()?));
+        let bytes = elements.and_then(|n| n.checked_mul(u64::from(*element_size))).unwrap_or(0);
+        plan.modelled.softmax_backwards += 1;
+        plan.modelled.largest_softmax_product = plan.modelled.largest_softmax_product.max(bytes);
+        plan.temporaries.push(Temporary { after: after(r, &kept, 1), bytes, soft: None });
+    }
+    for r in ops {
         let Op::Matmul { in_backward } = r.op else { continue };
         let slot = &mut plan.first_matmul[usize::from(in_backward)];
         if slot.is_none() {
@@ -550,6 +568,22 @@ mod tests {
         let plan = plan(&trace, &ops, ReductionDevice::H100);
         assert_eq!(plan.first_matmul, [Some(1), Some(3)]);
         assert_eq!(plan.modelled.reductions, 0, "the sum inside the convolution is not counted twice");
+    }
+
+    /// Each softmax backward pass gets CUDA's product of the gradient and
+    /// the output, the gradient's size, right after the gradient it
+    /// computes (as an H100 allocated it: 111,149,056 bytes for a
+    /// transformer's attention of 53 x 8 x 256 x 256 floats).
+    #[test]
+    fn a_softmax_backward_gets_cudas_product_after_its_gradient() {
+        use Action::Alloc;
+        let trace = vec![event(Alloc, 1, 64, 5), event(Alloc, 2, 111_149_056, 10), event(Alloc, 3, 4096, 20)];
+        let ops = [record(9, 12, Op::SoftmaxBackward { shape: vec![53, 8, 256, 256], element_size: 4 })];
+        let plan = plan(&trace, &ops, ReductionDevice::H100);
+        let temporaries: Vec<(usize, u64, bool)> =
+            plan.temporaries.iter().map(|t| (t.after, t.bytes, t.soft.is_some())).collect();
+        assert_eq!(temporaries, [(1, 111_149_056, false)]);
+        assert_eq!((plan.modelled.softmax_backwards, plan.modelled.largest_softmax_product), (1, 111_149_056));
     }
 
     /// Shapes the H100 was not measured on are estimated by the rule; those
