@@ -370,8 +370,8 @@ pub fn predict_cuda(name: &str, snapshot: &Snapshot, options: &PredictOptions) -
         )));
     }
     let total = options.capacity.unwrap_or(MAX_CARD);
-    let AsCuda { snapshot: history, kernels, soft } = as_cuda(snapshot, &additions, total, &options.live_before, options.workspaces_after)
-        .map_err(|e| match e {
+    let AsCuda { snapshot: history, kernels, soft } =
+        as_cuda(snapshot, &additions, total, &options.live_before, options.workspaces_after).map_err(|e| match e {
             Error::InvalidArgument(why) => Error::InvalidArgument(format!("{name}: {why}")),
             other => other,
         })?;
@@ -901,7 +901,8 @@ mod tests {
         trace.extend(triple(w1, 300 * MIB));
         trace.extend(triple(other, 200 * MIB));
         trace.extend(triple(w2, 300 * MIB));
-        let snapshot = Snapshot { segments: Vec::new(), device_traces: vec![trace], allocator_settings: None, memlab: None };
+        let snapshot =
+            Snapshot { segments: Vec::new(), device_traces: vec![trace], allocator_settings: None, memlab: None };
         let soft: std::collections::HashMap<u64, Soft> = [
             (w1, Soft { key: 0, fallback: 50 * MIB }),
             (w2, Soft { key: 0, fallback: 50 * MIB }),

@@ -145,7 +145,12 @@ pub fn cudnn_workspaces(conv: &Convolution) -> Vec<Workspace> {
     let batch = conv.input.first().copied().unwrap_or(0);
     let other_batch = H100_MEASURED
         .iter()
-        .filter(|m| m.matches(&Convolution { input: [m.n].into_iter().chain(conv.input.iter().skip(1).copied()).collect(), ..conv.clone() }))
+        .filter(|m| {
+            m.matches(&Convolution {
+                input: [m.n].into_iter().chain(conv.input.iter().skip(1).copied()).collect(),
+                ..conv.clone()
+            })
+        })
         .min_by_key(|m| m.n.abs_diff(batch));
     if let Some(m) = other_batch {
         let (input0, output0) = (input / batch as u64 * m.n as u64, output / batch as u64 * m.n as u64);
@@ -344,7 +349,8 @@ pub(super) fn plan(trace: &[TraceEntry], ops: &[OpRecord], device: ReductionDevi
         // cuDNN asks for a workspace once it has allocated the tensor it
         // computes: after the kept allocation of that tensor's size.
         let (input_bytes, weight_bytes, output_bytes) = conv.bytes();
-        for (nth, Workspace { computing, bytes, measured, fallback }) in cudnn_workspaces(conv).into_iter().enumerate() {
+        for (nth, Workspace { computing, bytes, measured, fallback }) in cudnn_workspaces(conv).into_iter().enumerate()
+        {
             plan.modelled.workspaces += 1;
             plan.modelled.measured_workspaces += usize::from(measured);
             plan.modelled.largest_workspace = plan.modelled.largest_workspace.max(bytes);
@@ -357,7 +363,8 @@ pub(super) fn plan(trace: &[TraceEntry], ops: &[OpRecord], device: ReductionDevi
             let at = made.unwrap_or_else(|| after(r, &kept, nth + 1));
             let shapes = keys.len();
             let c = conv;
-            let shape = (&*c.input, &*c.weight, &*c.stride, &*c.padding, &*c.dilation, c.groups, c.element_size, computing);
+            let shape =
+                (&*c.input, &*c.weight, &*c.stride, &*c.padding, &*c.dilation, c.groups, c.element_size, computing);
             let key = *keys.entry(shape).or_insert(shapes);
             plan.temporaries.push(Temporary { after: at, bytes, soft: Some(Soft { key, fallback }) });
         }
