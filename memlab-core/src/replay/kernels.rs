@@ -129,30 +129,11 @@ pub fn cudnn_workspaces(conv: &Convolution) -> Vec<Workspace> {
         Computing::WeightGradient => backward && conv.output_mask & 2 != 0,
     };
     let all = [Computing::Output, Computing::InputGradient, Computing::WeightGradient];
-    if let Some(m) = H100_MEASURED.iter().find(|m| m.matches(conv)) {
-        return all
-            .into_iter()
-            .filter(|&c| wanted(c))
-            .map(|computing| {
-                let bytes = m.bytes(computing);
-                Workspace { computing, bytes, measured: true, fallback: fallback(computing, bytes) }
-            })
-            .filter(|w| w.bytes > 0)
-            .collect();
-    }
-    // The same shape measured at another batch (the nearest): the tensors'
-    // part of each workspace grows with the batch, the rest stays.
+    // The shape measured at this batch, else at the nearest other: the
+    // tensors' part of each workspace grows with the batch, the rest stays.
     let batch = conv.input.first().copied().unwrap_or(0);
-    let other_batch = H100_MEASURED
-        .iter()
-        .filter(|m| {
-            m.matches(&Convolution {
-                input: [m.n].into_iter().chain(conv.input.iter().skip(1).copied()).collect(),
-                ..conv.clone()
-            })
-        })
-        .min_by_key(|m| m.n.abs_diff(batch));
-    if let Some(m) = other_batch {
+    let nearest = H100_MEASURED.iter().filter(|m| m.same_shape(conv)).min_by_key(|m| m.n.abs_diff(batch));
+    if let Some(m) = nearest.filter(|_| batch > 0) {
         let (input0, output0) = (input / batch as u64 * m.n as u64, output / batch as u64 * m.n as u64);
         return all
             .into_iter()
@@ -166,7 +147,7 @@ pub fn cudnn_workspaces(conv: &Convolution) -> Vec<Workspace> {
                 } else {
                     at
                 };
-                Workspace { computing, bytes, measured: false, fallback: fallback(computing, bytes) }
+                Workspace { computing, bytes, measured: m.n == batch, fallback: fallback(computing, bytes) }
             })
             .filter(|w| w.bytes > 0)
             .collect();
@@ -231,11 +212,12 @@ pub struct Measured {
 }
 
 impl Measured {
-    fn matches(&self, conv: &Convolution) -> bool {
+    /// The same convolution but for the batch.
+    fn same_shape(&self, conv: &Convolution) -> bool {
         let (h, k, s) = (self.h, self.k, self.stride);
         conv.element_size == 4
             && conv.groups == 1
-            && conv.input == [self.n, self.c_in, h, h]
+            && conv.input.get(1..) == Some(&[self.c_in, h, h][..])
             && conv.weight == [self.c_out, self.c_in, k, k]
             && conv.stride == [s, s]
             && conv.padding == [k / 2, k / 2]
@@ -361,11 +343,11 @@ pub(super) fn plan(trace: &[TraceEntry], ops: &[OpRecord], device: ReductionDevi
             };
             let made = kept.iter().copied().find(|&i| trace[i].size == size);
             let at = made.unwrap_or_else(|| after(r, &kept, nth + 1));
-            let shapes = keys.len();
             let c = conv;
             let shape =
                 (&*c.input, &*c.weight, &*c.stride, &*c.padding, &*c.dilation, c.groups, c.element_size, computing);
-            let key = *keys.entry(shape).or_insert(shapes);
+            let next_key = keys.len();
+            let key = *keys.entry(shape).or_insert(next_key);
             plan.temporaries.push(Temporary { after: at, bytes, soft: Some(Soft { key, fallback }) });
         }
         if let Some(sum) = conv.bias_gradient_sum() {
