@@ -204,16 +204,16 @@ fn as_cuda(
         at_start.push(additions.cublaslt_workspace);
     }
     let mut placed = std::collections::HashSet::new();
-    let first: Vec<(u64, u64)> = live_before.iter().copied().filter(|&(address, _)| placed.insert(address)).collect();
-    for (i, &(address, size)) in first.iter().enumerate() {
-        while let Some(at) = before_history.iter().position(|&(n, _)| n == i) {
-            let (_, bytes) = before_history.remove(at);
+    let first = live_before.iter().copied().filter(|&(address, _)| placed.insert(address));
+    let mut before_history = before_history.into_iter().peekable();
+    for (i, (address, size)) in first.enumerate() {
+        while let Some((_, bytes)) = before_history.next_if(|&(n, _)| n <= i) {
             history.push(workspace(bytes));
         }
         history.push(block(address, size));
     }
     // Those after the last block given, in their order.
-    history.extend(before_history.into_iter().map(|(_, bytes)| workspace(bytes)));
+    history.extend(before_history.map(|(_, bytes)| workspace(bytes)));
     history.extend(before.into_iter().map(|(address, size)| block(address, size)));
     history.extend(at_start.into_iter().map(&mut workspace));
     persistent.sort_by_key(|&(at, _)| at);
@@ -490,7 +490,7 @@ impl<'a> CudnnUnderLimit<'a> {
     /// shape and pass), and `true`; else `false`, the step's failure.
     fn done_without(&mut self, entry: usize) -> bool {
         let e = &self.history().device_traces[0][entry];
-        let Some((addr, soft)) = e.addr.and_then(|a| self.soft.get(&a).map(|s| (a, *s))) else {
+        let Some(soft) = e.addr.and_then(|a| self.soft.get(&a)).copied() else {
             return false;
         };
         // The first algorithm's workspace fell through to the next's; the
@@ -498,29 +498,23 @@ impl<'a> CudnnUnderLimit<'a> {
         let next = if e.size > soft.fallback { soft.fallback } else { 0 };
         // One copy of the history a check, changed in place.
         let trace = &mut self.changed.get_or_insert_with(|| self.original.clone()).device_traces[0];
-        let attempt = TraceEntry { action: Action::Oom, addr: None, ..trace[entry].clone() };
-        // A workspace's allocation and frees, resized (none: gone).
-        let resize = |t: &mut Vec<TraceEntry>, from: usize, addr: u64, bytes: u64| {
-            if bytes == 0 {
-                t.retain(|e| e.addr != Some(addr));
-            } else {
-                for e in t[from..].iter_mut().filter(|e| e.addr == Some(addr)) {
-                    e.size = bytes;
-                }
-            }
-        };
         // This convolution: the failed attempt, then the next algorithm's
-        // workspace in its place.
+        // workspace in its place; the later ones of its shape and pass ask
+        // for no more than that. Their allocations and frees are resized
+        // (none: gone).
+        let attempt = TraceEntry { action: Action::Oom, addr: None, ..trace[entry].clone() };
         trace.insert(entry, attempt);
-        resize(trace, entry + 1, addr, next);
-        // The later ones of its shape and pass ask for no more than that.
-        let later: Vec<u64> = trace[entry + 1..]
+        let resized: std::collections::HashSet<u64> = trace[entry + 1..]
             .iter()
             .filter(|e| e.action == Action::Alloc && e.size > next)
-            .filter_map(|e| e.addr.filter(|a| *a != addr && self.soft.get(a).is_some_and(|s| s.key == soft.key)))
+            .filter_map(|e| e.addr.filter(|a| self.soft.get(a).is_some_and(|s| s.key == soft.key)))
             .collect();
-        for a in later {
-            resize(trace, entry + 1, a, next);
+        if next == 0 {
+            trace.retain(|e| !e.addr.is_some_and(|a| resized.contains(&a)));
+        } else {
+            for e in trace[entry + 1..].iter_mut().filter(|e| e.addr.is_some_and(|a| resized.contains(&a))) {
+                e.size = next;
+            }
         }
         true
     }
