@@ -700,7 +700,7 @@ bool softmax_backward(c10::ArrayRef<const c10::IValue> inputs, memlab_op* op) {
     return false;
   }
   const at::Tensor& grad = inputs[0].toTensor();
-  if (!grad.defined() || !copy_dims(grad.sizes(), op->input) || !copy_dims(grad.strides(), op->input_strides)) {
+  if (!grad.defined() || !copy_dims(grad.sizes(), op->input)) {
     return false;
   }
   op->kind = MEMLAB_OP_SOFTMAX_BACKWARD;
