@@ -38,6 +38,11 @@
 //!   convolutions' own scratch (oneDNN's) is left out;
 //! - the product CUDA's softmax backward makes of the gradient and the
 //!   output, of the softmax's size, which the CPU's does not;
+//! - what CUDA's embedding backward makes to sort the indices and sum the
+//!   gradient's rows per partial segment, in libtorch's order, as an H100
+//!   made it at 60 shapes
+//!   ([`embedding_backward_temporaries`](crate::replay::embedding_backward_temporaries));
+//!   the CPU kernel's own temporaries are left out;
 //! - the CUDA context and libraries outside the allocator, for the device's
 //!   peak.
 //!

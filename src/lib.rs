@@ -315,7 +315,7 @@ pub mod render {
 /// # Ok::<(), memlab::Error>(())
 /// ```
 pub mod replay {
-    pub use memlab_core::ops::{Convolution, Op, OpRecord, Reduction};
+    pub use memlab_core::ops::{Convolution, EmbeddingBackward, Op, OpRecord, Reduction};
     pub use memlab_core::replay::*;
 }
 

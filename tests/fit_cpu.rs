@@ -259,6 +259,26 @@ fn a_recording_watches_the_ops_whose_cuda_kernels_allocate_otherwise() {
     drop(recording2);
     let softmax = Op::SoftmaxBackward { shape: vec![2, 3, 5], element_size: 4 };
     assert!(watched.iter().any(|r| r.op == softmax), "{watched:?}");
+    // An embedding's backward pass: its indices (a narrowed view, as a
+    // language model's inputs are), its table, and the sum's gradient,
+    // broadcast (not contiguous).
+    let recording3 = memlab::Recording::start(memlab::events::Settings::default().ops(true)).unwrap();
+    let table = Tensor::randn([10, 6], (Kind::Float, tch::Device::Cpu)).set_requires_grad(true);
+    let tokens = Tensor::randint(10, [2, 5], (Kind::Int64, tch::Device::Cpu));
+    Tensor::embedding(&table, &tokens.narrow(1, 0, 4), -1, false, false).sum(Kind::Float).backward();
+    let watched = memlab::export::Exporter::of(&vs).snapshot().unwrap().memlab.unwrap().ops.unwrap();
+    drop(recording3);
+    let embedding = Op::EmbeddingBackward(memlab::replay::EmbeddingBackward {
+        indices: 8,
+        index_size: 8,
+        rows: 10,
+        width: 6,
+        element_size: 4,
+        scale_grad_by_freq: false,
+        indices_contiguous: false,
+        grad_contiguous: false,
+    });
+    assert!(watched.iter().any(|r| r.op == embedding), "{watched:?}");
     assert!(ops.iter().all(|r| r.start_us <= r.end_us));
     // Through a pickle, as `memlab replay --as-cuda` reads it.
     let read = memlab::export::Snapshot::from_pickle(&snapshot.to_pickle().unwrap()).unwrap().snapshot;

@@ -2,8 +2,9 @@
 //! their CPU kernels, as memlab saw them begin and end: sums and means (a
 //! CUDA reduction may stage its partial results through a buffer),
 //! convolutions (cuDNN's workspaces on CUDA, oneDNN's scratch on the CPU),
-//! matrix products (the first on a thread makes its cuBLAS workspace) and
-//! softmax's backward pass (a temporary product on CUDA).
+//! matrix products (the first on a thread makes its cuBLAS workspace),
+//! softmax's backward pass (a temporary product on CUDA) and an embedding's
+//! (a sort and partial sums on CUDA).
 //! A recording with [`Settings::ops`](crate::events::Settings::ops) keeps
 //! them in its snapshot, so that a CUDA run predicted from a CPU one
 //! (`memlab replay --as-cuda`) can model what each would allocate on CUDA.
@@ -46,6 +47,32 @@ pub enum Op {
         /// Bytes per element.
         element_size: u32,
     },
+    /// An embedding's backward pass (`embedding_dense_backward`), whose CUDA
+    /// kernel sorts the indices and sums the gradient's rows in temporaries
+    /// the CPU kernel does not make.
+    EmbeddingBackward(EmbeddingBackward),
+}
+
+/// An embedding's backward pass: what its CUDA kernel sizes its
+/// temporaries by.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct EmbeddingBackward {
+    /// How many indices (tokens) the forward pass looked up.
+    pub indices: u64,
+    /// Bytes per index (8 for `int64`, 4 for `int32`).
+    pub index_size: u32,
+    /// The table's rows (`num_weights`).
+    pub rows: u64,
+    /// The table's width: the gradient's last dimension.
+    pub width: u64,
+    /// Bytes per element of the gradient.
+    pub element_size: u32,
+    /// `scale_grad_by_freq`: the kernel counts each index too.
+    pub scale_grad_by_freq: bool,
+    /// The indices are contiguous (else the kernel copies them first).
+    pub indices_contiguous: bool,
+    /// The gradient is contiguous (else the kernel copies it first).
+    pub grad_contiguous: bool,
 }
 
 /// One reduction's input: shape and strides in elements (dimension 0

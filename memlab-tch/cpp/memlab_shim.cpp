@@ -709,6 +709,31 @@ bool softmax_backward(c10::ArrayRef<const c10::IValue> inputs, memlab_op* op) {
   return true;
 }
 
+// aten::embedding_dense_backward(grad_output, indices, num_weights,
+// padding_idx, scale_grad_by_freq): the gradient's shape and element size,
+// the indices' count, element size and layout, the table's rows.
+bool embedding_backward(c10::ArrayRef<const c10::IValue> inputs, memlab_op* op) {
+  if (inputs.size() < 5 || !inputs[0].isTensor() || !inputs[1].isTensor() || !inputs[2].isInt() ||
+      !inputs[4].isBool()) {
+    return false;
+  }
+  const at::Tensor& grad = inputs[0].toTensor();
+  const at::Tensor& indices = inputs[1].toTensor();
+  if (!grad.defined() || !indices.defined() || grad.dim() == 0 || !copy_dims(grad.sizes(), op->input)) {
+    return false;
+  }
+  op->kind = MEMLAB_OP_EMBEDDING_BACKWARD;
+  op->ndim = static_cast<int32_t>(grad.dim());
+  op->element_size = static_cast<int32_t>(grad.element_size());
+  op->indices = indices.numel();
+  op->index_element_size = static_cast<int32_t>(indices.element_size());
+  op->num_weights = inputs[2].toInt();
+  op->flags = (inputs[4].toBool() ? MEMLAB_EMBEDDING_SCALE_GRAD_BY_FREQ : 0) |
+              (indices.is_contiguous() ? MEMLAB_EMBEDDING_INDICES_CONTIGUOUS : 0) |
+              (grad.is_contiguous() ? MEMLAB_EMBEDDING_GRAD_CONTIGUOUS : 0);
+  return true;
+}
+
 // aten::convolution(input, weight, bias, stride, padding, dilation,
 // transposed, output_padding, groups), or aten::convolution_backward(
 // grad_output, input, weight, bias_sizes, stride, padding, dilation,
@@ -787,6 +812,8 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
       known = convolution(fn.inputs(), true, &op);
     } else if (std::strcmp(op_name, "_softmax_backward_data") == 0) {
       known = softmax_backward(fn.inputs(), &op);
+    } else if (std::strcmp(op_name, "embedding_dense_backward") == 0) {
+      known = embedding_backward(fn.inputs(), &op);
     } else if (is_matmul(op_name)) {
       op.kind = MEMLAB_OP_MATMUL;
       known = true;

@@ -336,7 +336,16 @@ enum memlab_op_kind {
   // aten::_softmax_backward_data: on CUDA its kernel first multiplies the
   // gradient by the output into a temporary. `input`: the gradient's shape.
   MEMLAB_OP_SOFTMAX_BACKWARD = 5,
+  // aten::embedding_dense_backward: on CUDA its kernel sorts the indices
+  // and sums the gradient's rows per partial segment, in temporaries its
+  // CPU kernel does not make. `input`: the gradient's shape; `indices`,
+  // `index_element_size`, `num_weights` and `flags` as below.
+  MEMLAB_OP_EMBEDDING_BACKWARD = 6,
 };
+// Bits of `memlab_op.flags` for an embedding backward.
+#define MEMLAB_EMBEDDING_SCALE_GRAD_BY_FREQ 1
+#define MEMLAB_EMBEDDING_INDICES_CONTIGUOUS 2
+#define MEMLAB_EMBEDDING_GRAD_CONTIGUOUS 4
 typedef struct memlab_op {
   uint64_t id;
   int32_t kind;
@@ -360,6 +369,12 @@ typedef struct memlab_op {
   int64_t stride[MEMLAB_OP_MAX_DIMS];
   int64_t padding[MEMLAB_OP_MAX_DIMS];
   int64_t dilation[MEMLAB_OP_MAX_DIMS];
+  // Embedding backward: how many indices, their element size, the table's
+  // rows, and MEMLAB_EMBEDDING_* bits.
+  int64_t indices;
+  int64_t num_weights;
+  int32_t index_element_size;
+  int32_t flags;
 } memlab_op;
 
 // Called on the op's thread when a watched op begins (`op`, with its `id`)

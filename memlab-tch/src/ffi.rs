@@ -113,6 +113,10 @@ pub struct Op {
     pub stride: [i64; OP_MAX_DIMS],
     pub padding: [i64; OP_MAX_DIMS],
     pub dilation: [i64; OP_MAX_DIMS],
+    pub indices: i64,
+    pub num_weights: i64,
+    pub index_element_size: i32,
+    pub flags: i32,
 }
 
 /// `MEMLAB_OP_REDUCTION`, `MEMLAB_OP_CONVOLUTION`, `MEMLAB_OP_CONVOLUTION_BACKWARD`.
@@ -121,6 +125,11 @@ pub const OP_CONVOLUTION: i32 = 2;
 pub const OP_CONVOLUTION_BACKWARD: i32 = 3;
 pub const OP_MATMUL: i32 = 4;
 pub const OP_SOFTMAX_BACKWARD: i32 = 5;
+pub const OP_EMBEDDING_BACKWARD: i32 = 6;
+/// `MEMLAB_EMBEDDING_*`: bits of an embedding backward's `flags`.
+pub const EMBEDDING_SCALE_GRAD_BY_FREQ: i32 = 1;
+pub const EMBEDDING_INDICES_CONTIGUOUS: i32 = 2;
+pub const EMBEDDING_GRAD_CONTIGUOUS: i32 = 4;
 
 /// `memlab_op_hook`: an op begins (`op` set) or ends (`op` null), by id.
 pub type OpHook = extern "C" fn(op: *const Op, id: u64);

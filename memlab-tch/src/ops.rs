@@ -5,7 +5,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 
-use memlab_core::ops::{Convolution, Op, OpRecord, Reduction};
+use memlab_core::ops::{Convolution, EmbeddingBackward, Op, OpRecord, Reduction};
 use memlab_core::sync::LockExt;
 use memlab_core::Result;
 
@@ -87,6 +87,16 @@ fn op_of(raw: &ffi::Op) -> Option<Op> {
     let spatial = n.checked_sub(2);
     Some(match raw.kind {
         ffi::OP_SOFTMAX_BACKWARD => Op::SoftmaxBackward { shape: raw.input[..n].to_vec(), element_size },
+        ffi::OP_EMBEDDING_BACKWARD => Op::EmbeddingBackward(EmbeddingBackward {
+            indices: u64::try_from(raw.indices).ok()?,
+            index_size: u32::try_from(raw.index_element_size).ok()?,
+            rows: u64::try_from(raw.num_weights).ok()?,
+            width: u64::try_from(raw.input[n - 1]).ok()?,
+            element_size,
+            scale_grad_by_freq: raw.flags & ffi::EMBEDDING_SCALE_GRAD_BY_FREQ != 0,
+            indices_contiguous: raw.flags & ffi::EMBEDDING_INDICES_CONTIGUOUS != 0,
+            grad_contiguous: raw.flags & ffi::EMBEDDING_GRAD_CONTIGUOUS != 0,
+        }),
         ffi::OP_REDUCTION => Op::Reduction(Reduction {
             shape: raw.input[..n].to_vec(),
             strides: raw.input_strides[..n].to_vec(),

@@ -10,7 +10,7 @@ use crate::events::Action;
 use crate::export::{DeviceMemory, Snapshot, SnapshotInfo, TraceEntry};
 use crate::render::{Cell, Column, Document, Layout, Render, Table};
 
-use super::kernels::{plan, KernelsModelled};
+use super::kernels::{plan, KernelsModelled, Life};
 use super::reduction::ReductionDevice;
 
 const MIB: u64 = 1 << 20;
@@ -220,6 +220,8 @@ fn as_cuda(
     let mut persistent = persistent.into_iter().peekable();
     let mut temporaries = plan.temporaries.iter().filter(|t| t.bytes > 0).peekable();
     let mut soft = std::collections::HashMap::new();
+    // The temporaries that live across others, by number, until closed.
+    let mut open: std::collections::HashMap<u32, TraceEntry> = std::collections::HashMap::new();
     for (i, e) in trace.iter().enumerate() {
         if !plan.dropped[i] {
             match e.action {
@@ -235,13 +237,27 @@ fn as_cuda(
             history.push(TraceEntry { time_us: e.time_us, ..workspace(bytes) });
         }
         while let Some(t) = temporaries.next_if(|t| t.after == i) {
-            let block = TraceEntry { time_us: e.time_us, ..workspace(t.bytes) };
+            let block = match t.life {
+                Life::Closes(n) => match open.remove(&n) {
+                    Some(block) => block,
+                    None => continue,
+                },
+                _ => TraceEntry { time_us: e.time_us, ..workspace(t.bytes) },
+            };
             if let (Some(s), Some(addr)) = (t.soft, block.addr) {
                 soft.insert(addr, s);
             }
-            history.push(block.clone());
-            history.push(TraceEntry { action: Action::FreeRequested, ..block.clone() });
-            history.push(TraceEntry { action: Action::FreeCompleted, ..block });
+            if let Life::Opens(n) = t.life {
+                history.push(block.clone());
+                open.insert(n, block);
+                continue;
+            }
+            if !matches!(t.life, Life::Closes(_)) {
+                history.push(block.clone());
+            }
+            let freed = TraceEntry { time_us: e.time_us, ..block };
+            history.push(TraceEntry { action: Action::FreeRequested, ..freed.clone() });
+            history.push(TraceEntry { action: Action::FreeCompleted, ..freed });
         }
     }
     let devices = vec!["cuda:0".to_string()];
@@ -533,12 +549,10 @@ const MAX_HANDLES: u32 = 64;
 /// What the prediction leaves out, each a sentence: where a CUDA run
 /// allocates otherwise than the CPU run, as measured on an H100 with
 /// libtorch 2.11 (BENCHMARKS.md has the figures).
-pub const NOT_MODELLED: [&str; 3] = [
+pub const NOT_MODELLED: [&str; 2] = [
     "ops whose CUDA kernels allocate otherwise than their CPU kernels, besides sums, means, convolutions and \
-     softmax's backward pass (fused attention, for one): the CPU run's allocations stand for them",
-    "an embedding's backward pass, whose CUDA kernel makes temporaries its CPU kernel does not (19.5 MB for a \
-     transformer's 13,568 tokens on an H100): a whole card's peak can still come out to the byte, but near a \
-     card's limit a step predicted to fit can run out",
+     the backward passes of softmax and embeddings (fused attention, for one): the CPU run's allocations stand \
+     for them",
     "reductions other than sums and means (norms, variances, max and min over a dimension), whose CUDA kernels \
      may stage through a buffer as a sum does",
 ];
@@ -656,6 +670,16 @@ impl Render for CudaPrediction {
                          temporary first, added for each (the largest {}).",
                         k.softmax_backwards,
                         Cell::bytes(k.largest_softmax_product)
+                    ));
+                }
+                if k.embedding_backwards > 0 {
+                    doc.note(format!(
+                        "Embedding backward passes: {} ran; CUDA's sorts the indices and sums the gradient per \
+                         partial segment in temporaries the CPU's does not make, added for each in libtorch {}'s \
+                         order (the largest {}), the CPU kernel's own left out.",
+                        k.embedding_backwards,
+                        super::MODELLED_LIBTORCH,
+                        Cell::bytes(k.largest_embedding_temporary)
                     ));
                 }
             }

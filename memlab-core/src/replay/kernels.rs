@@ -2,14 +2,14 @@
 //! allocate that the CPU kernels do not, and the other way round: a
 //! reduction's staging buffer (exact, as libtorch 2.11 sizes it: see
 //! [`super::reduction`]), cuDNN's workspaces of a convolution (an
-//! estimate), and oneDNN's scratch of the CPU convolution, which a CUDA run
-//! never makes.
+//! estimate), softmax's and an embedding's backward temporaries, and
+//! oneDNN's scratch of the CPU convolution, which a CUDA run never makes.
 
 use std::collections::HashMap;
 
 use crate::events::Action;
 use crate::export::TraceEntry;
-use crate::ops::{Convolution, Op, OpRecord};
+use crate::ops::{Convolution, EmbeddingBackward, Op, OpRecord};
 
 use super::reduction::{staging, ReductionDevice};
 
@@ -42,9 +42,18 @@ pub struct KernelsModelled {
     /// The largest of those products, in bytes.
     #[serde(default)]
     pub largest_softmax_product: u64,
+    /// Embedding backward passes watched: CUDA's sorts the indices and
+    /// sums the gradient per partial segment, in temporaries added
+    /// ([`embedding_backward_temporaries`]).
+    #[serde(default)]
+    pub embedding_backwards: usize,
+    /// The largest of their temporaries, in bytes.
+    #[serde(default)]
+    pub largest_embedding_temporary: u64,
 }
 
-/// A kernel's scratch, allocated and freed at once right after an event.
+/// A kernel's scratch, allocated right after an event: freed at once, or
+/// by a later temporary of the same op.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) struct Temporary {
     /// The event's index.
@@ -53,6 +62,19 @@ pub(super) struct Temporary {
     /// A cuDNN workspace, which the kernel does without where it cannot be
     /// had (libtorch then tries the next algorithm, which needs less).
     pub(super) soft: Option<Soft>,
+    pub(super) life: Life,
+}
+
+/// How long a temporary lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Life {
+    /// Allocated and freed at once.
+    Instant,
+    /// Allocated, and kept until the temporary that closes this number.
+    Opens(u32),
+    /// Not an allocation: the free of the temporary that opened this
+    /// number (of the same bytes).
+    Closes(u32),
 }
 
 /// A cuDNN workspace's place among the convolutions: libtorch keeps the
@@ -302,8 +324,8 @@ pub(super) fn plan(trace: &[TraceEntry], ops: &[OpRecord], device: ReductionDevi
         if let Some((buffer, semaphores)) = staging(reduction, device).filter(|s| s.0 > 0) {
             plan.modelled.staged += 1;
             plan.modelled.largest_staging = plan.modelled.largest_staging.max(buffer);
-            plan.temporaries.push(Temporary { after: at, bytes: buffer, soft: None });
-            plan.temporaries.push(Temporary { after: at, bytes: semaphores, soft: None });
+            plan.temporaries.push(Temporary { after: at, bytes: buffer, soft: None, life: Life::Instant });
+            plan.temporaries.push(Temporary { after: at, bytes: semaphores, soft: None, life: Life::Instant });
         }
     };
     // libtorch's cache of algorithms: one key per shape and pass.
@@ -348,7 +370,8 @@ pub(super) fn plan(trace: &[TraceEntry], ops: &[OpRecord], device: ReductionDevi
                 (&*c.input, &*c.weight, &*c.stride, &*c.padding, &*c.dilation, c.groups, c.element_size, computing);
             let next_key = keys.len();
             let key = *keys.entry(shape).or_insert(next_key);
-            plan.temporaries.push(Temporary { after: at, bytes, soft: Some(Soft { key, fallback }) });
+            let soft = Some(Soft { key, fallback });
+            plan.temporaries.push(Temporary { after: at, bytes, soft, life: Life::Instant });
         }
         if let Some(sum) = conv.bias_gradient_sum() {
             stage(&mut plan, &sum, after(r, &kept, kept.len()));
@@ -376,7 +399,46 @@ pub(super) fn plan(trace: &[TraceEntry], ops: &[OpRecord], device: ReductionDevi
         let bytes = elements.and_then(|n| n.checked_mul(u64::from(*element_size))).unwrap_or(0);
         plan.modelled.softmax_backwards += 1;
         plan.modelled.largest_softmax_product = plan.modelled.largest_softmax_product.max(bytes);
-        plan.temporaries.push(Temporary { after: after(r, &kept, 1), bytes, soft: None });
+        plan.temporaries.push(Temporary { after: after(r, &kept, 1), bytes, soft: None, life: Life::Instant });
+    }
+    // Numbers of the temporaries that live past others.
+    let mut opened = 0u32;
+    for r in ops {
+        let Op::EmbeddingBackward(e) = &r.op else { continue };
+        // The CPU kernel's own temporaries go; CUDA's come before and
+        // after the table's gradient, which both keep.
+        let range = window(r);
+        let mut kept = Vec::new();
+        for i in range.clone() {
+            if trace[i].action != Action::Alloc || plan.dropped[i] {
+                continue;
+            }
+            if freed_at[i] < range.end {
+                plan.dropped[i] = true;
+                plan.dropped[freed_at[i]] = true;
+            } else {
+                kept.push(i);
+            }
+        }
+        let gradient = e.rows.saturating_mul(e.width).saturating_mul(u64::from(e.element_size));
+        let output = kept.iter().copied().find(|&i| trace[i].size == gradient).or(kept.first().copied());
+        let at = output.unwrap_or_else(|| range.end.saturating_sub(1).min(trace.len() - 1));
+        let (before, after_output) = embedding_backward_temporaries(e);
+        plan.modelled.embedding_backwards += 1;
+        for (steps, after) in [(before, at.checked_sub(1)), (after_output, Some(at))] {
+            for (life, bytes) in steps {
+                plan.modelled.largest_embedding_temporary = plan.modelled.largest_embedding_temporary.max(bytes);
+                let life = match life {
+                    Life::Instant => Life::Instant,
+                    Life::Opens(n) => Life::Opens(opened + n),
+                    Life::Closes(n) => Life::Closes(opened + n),
+                };
+                // An output that is the history's first event: all after it.
+                let after = after.unwrap_or(at);
+                plan.temporaries.push(Temporary { after, bytes, soft: None, life });
+            }
+        }
+        opened += 16;
     }
     for r in ops {
         let Op::Matmul { in_backward } = r.op else { continue };
@@ -390,6 +452,89 @@ pub(super) fn plan(trace: &[TraceEntry], ops: &[OpRecord], device: ReductionDevi
     }
     plan.temporaries.sort_by_key(|t| t.after);
     plan
+}
+
+/// A kernel's temporaries in the order it makes and frees them: each one's
+/// life and bytes.
+pub type KernelSteps = Vec<(Life, u64)>;
+
+/// What CUDA's embedding backward (libtorch 2.11, `Embedding.cu` and
+/// `EmbeddingBackwardKernel.cu`) allocates besides the table's gradient, in
+/// order: those before the gradient, and those after it, each with its
+/// life (numbers from 0, local to the op) and bytes.
+///
+/// Up to 3,072 indices (without `scale_grad_by_freq`) the kernel needs no
+/// more than contiguous copies of its inputs. Above, it sorts the indices
+/// with their positions (CUB's radix sort) and sums the gradient's rows per
+/// partial segment of at most 10 equal indices: `min(indices, rows) +
+/// indices / 10` rows of the table's width, in the accumulation type
+/// (`float` for half types). The sizes of CUB's own temporaries follow
+/// rules fitted to an H100's allocations at 2,048 to 4,000,000 indices of
+/// both index types (exact at every count measured), but for the
+/// exclusive scan's, measured at up to 13,568 distinct indices.
+pub fn embedding_backward_temporaries(e: &EmbeddingBackward) -> (KernelSteps, KernelSteps) {
+    let align = |bytes: u64| bytes.div_ceil(256).saturating_mul(256);
+    let (n, s) = (e.indices, u64::from(e.index_size));
+    let index_bytes = n.saturating_mul(s);
+    let (mut before, mut after) = (Vec::new(), Vec::new());
+    // `indices_.contiguous()` and `grad_.contiguous()` first, freed last.
+    let mut copies = Vec::new();
+    if !e.indices_contiguous {
+        copies.push((0, index_bytes));
+    }
+    if !e.grad_contiguous {
+        let elements = n.saturating_mul(e.width);
+        copies.push((1, elements.saturating_mul(u64::from(e.element_size))));
+    }
+    before.extend(copies.iter().map(|&(id, bytes)| (Life::Opens(id), bytes)));
+    let close_copies =
+        |after: &mut KernelSteps| after.extend(copies.iter().rev().map(|&(id, b)| (Life::Closes(id), b)));
+    if n <= 3072 && !e.scale_grad_by_freq {
+        close_copies(&mut after);
+        return (before, after);
+    }
+    // Indices of 8 bytes, else of 4: CUB's tiles differ.
+    let wide = s >= 8;
+    // The sorted indices, their positions, and the positions' range, sorted
+    // by CUB (alternate buffers, then a histogram and a look-back per tile;
+    // one tile below its limit, where it asks for a byte).
+    let (single_tile, base, tile) = if wide { (2304, 16_895, 4608) } else { (4864, 8703, 6528) };
+    let radix = if n <= single_tile { 1 } else { 2 * align(index_bytes) + base + 1024 * n.div_ceil(tile) };
+    before.extend([(Life::Opens(2), index_bytes), (Life::Opens(3), index_bytes), (Life::Opens(4), index_bytes)]);
+    before.extend([(Life::Instant, radix), (Life::Closes(4), index_bytes)]);
+    if e.scale_grad_by_freq {
+        // The count per index, from two scans by key.
+        before.extend([(Life::Opens(5), index_bytes), (Life::Instant, 1279), (Life::Instant, 1279)]);
+    }
+    // The segments' offsets and count; CUB's unique-by-key (a look-back
+    // per tile) through a temporary copy of the keys.
+    let unique = 511 + align(16 * (n.div_ceil(if wide { 4480 } else { 7168 }) + 32));
+    after.extend([(Life::Opens(6), index_bytes), (Life::Opens(7), 8), (Life::Opens(8), index_bytes)]);
+    after.extend([(Life::Instant, unique), (Life::Closes(8), index_bytes)]);
+    // Partial segments per segment and their offsets (an exclusive scan),
+    // their count, each partial segment's start, and the partial sums.
+    let segments = n.min(e.rows).saturating_mul(s);
+    let partials = n.min(e.rows).saturating_add(n / 10);
+    let accumulated = if e.element_size >= 8 { 8 } else { 4 };
+    let sums = partials.saturating_mul(e.width).saturating_mul(accumulated);
+    let scan = if wide { 1279 } else { 1023 };
+    after.extend([(Life::Opens(9), segments), (Life::Opens(10), segments), (Life::Instant, scan)]);
+    after.extend([(Life::Opens(11), 8), (Life::Opens(12), partials.saturating_mul(s)), (Life::Instant, sums)]);
+    // Freed as they go out of scope: the last made first.
+    after.extend([
+        (Life::Closes(12), partials.saturating_mul(s)),
+        (Life::Closes(11), 8),
+        (Life::Closes(10), segments),
+        (Life::Closes(9), segments),
+        (Life::Closes(7), 8),
+        (Life::Closes(6), index_bytes),
+    ]);
+    if e.scale_grad_by_freq {
+        after.push((Life::Closes(5), index_bytes));
+    }
+    after.extend([(Life::Closes(3), index_bytes), (Life::Closes(2), index_bytes)]);
+    close_copies(&mut after);
+    (before, after)
 }
 
 /// What each watched op of a recorded history allocated and freed before it
@@ -573,6 +718,109 @@ mod tests {
             plan.temporaries.iter().map(|t| (t.after, t.bytes, t.soft.is_some())).collect();
         assert_eq!(temporaries, [(1, 111_149_056, false)]);
         assert_eq!((plan.modelled.softmax_backwards, plan.modelled.largest_softmax_product), (1, 111_149_056));
+    }
+
+    /// CUDA's embedding backward, modelled: every allocation and free an
+    /// H100 made, in order, at 60 shapes
+    /// (`fixtures/fit/embedding_backward_h100.jsonl`, from
+    /// `scripts/embedding_backward_h100.py`), and where CUB's radix sort
+    /// turns from one tile to many (found by bisection on the H100).
+    #[test]
+    fn the_embedding_backward_makes_what_the_h100_made() {
+        let path = format!("{}/../fixtures/fit/embedding_backward_h100.jsonl", env!("CARGO_MANIFEST_DIR"));
+        let text = std::fs::read_to_string(path).unwrap();
+        let events = |e: &EmbeddingBackward| {
+            let (before, after) = embedding_backward_temporaries(e);
+            let sign = |life: &Life| if matches!(life, Life::Closes(_)) { "-" } else { "+" };
+            let step = |(life, bytes): &(Life, u64)| match life {
+                Life::Instant => format!("+{bytes} -{bytes}"),
+                _ => format!("{}{bytes}", sign(life)),
+            };
+            let output = format!("+{}", e.rows * e.width * u64::from(e.element_size));
+            before
+                .iter()
+                .map(step)
+                .chain(std::iter::once(output))
+                .chain(after.iter().map(step))
+                .collect::<Vec<_>>()
+                .join(" ")
+        };
+        let mut checked = 0;
+        for line in text.lines() {
+            let row: serde_json::Value = serde_json::from_str(line).unwrap();
+            let e: EmbeddingBackward = serde_json::from_value(row.clone()).unwrap();
+            assert_eq!(events(&e), row["events"].as_str().unwrap(), "{e:?}");
+            checked += 1;
+        }
+        assert_eq!(checked, 60);
+        // The radix sort's temporary at either side of one tile.
+        let radix = |indices: u64, index_size: u32| {
+            let e = EmbeddingBackward {
+                indices,
+                index_size,
+                rows: 8192,
+                width: 64,
+                element_size: 4,
+                scale_grad_by_freq: true,
+                indices_contiguous: true,
+                grad_contiguous: true,
+            };
+            embedding_backward_temporaries(&e).0[3].1
+        };
+        assert_eq!([radix(2304, 8), radix(2305, 8), radix(4864, 4), radix(4865, 4)], [1, 55_295, 1, 49_151]);
+    }
+
+    /// In a history, the CPU kernel's own temporaries go and CUDA's come
+    /// before and after the table's gradient; the temporaries that live
+    /// across others are numbered apart per op.
+    #[test]
+    fn an_embedding_backward_gets_cudas_temporaries_around_its_gradient() {
+        use Action::{Alloc, FreeRequested as Free};
+        let e = EmbeddingBackward {
+            indices: 4096,
+            index_size: 8,
+            rows: 100,
+            width: 16,
+            element_size: 4,
+            scale_grad_by_freq: false,
+            indices_contiguous: false,
+            grad_contiguous: true,
+        };
+        let trace = vec![
+            event(Alloc, 1, 64, 5),
+            event(Alloc, 2, 32_768, 10),
+            event(Alloc, 3, 6400, 11),
+            event(Free, 2, 32_768, 12),
+            event(Alloc, 4, 6400, 20),
+            event(Alloc, 5, 32_768, 21),
+            event(Alloc, 6, 6400, 22),
+            event(Free, 5, 32_768, 23),
+        ];
+        let ops = [record(10, 12, Op::EmbeddingBackward(e.clone())), record(21, 23, Op::EmbeddingBackward(e.clone()))];
+        let plan = plan(&trace, &ops, ReductionDevice::H100);
+        assert_eq!(plan.dropped, [false, true, false, true, false, true, false, true]);
+        let (before, after) = embedding_backward_temporaries(&e);
+        let of = |t: &[Temporary], at: usize| {
+            t.iter().filter(|t| t.after == at).map(|t| (t.life, t.bytes)).collect::<Vec<_>>()
+        };
+        let renumbered = |steps: &[(Life, u64)], by: u32| {
+            steps
+                .iter()
+                .map(|&(life, bytes)| match life {
+                    Life::Opens(n) => (Life::Opens(n + by), bytes),
+                    Life::Closes(n) => (Life::Closes(n + by), bytes),
+                    Life::Instant => (Life::Instant, bytes),
+                })
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(of(&plan.temporaries, 1), before);
+        assert_eq!(of(&plan.temporaries, 2), after);
+        assert_eq!(of(&plan.temporaries, 5), renumbered(&before, 16));
+        assert_eq!(of(&plan.temporaries, 6), renumbered(&after, 16));
+        assert_eq!(plan.modelled.embedding_backwards, 2);
+        // The radix sort's: two buffers of 4,096 indices, CUB's histograms
+        // and one look-back tile.
+        assert_eq!(plan.modelled.largest_embedding_temporary, 2 * 32_768 + 16_895 + 1024);
     }
 
     /// Shapes the H100 was not measured on are estimated by the rule; those

@@ -72,7 +72,10 @@ pub use as_cuda::{
 };
 pub use compare::{replay_snapshot, DeviceReplays, ReplayOptions, Replayed, COMPARED};
 pub use config::{AllocatorConfig, DIVISION_BUCKETS, MIB, MIN_LARGE_ALLOC};
-pub use kernels::{cudnn_workspaces, scratch_of_ops, Computing, KernelsModelled, Measured, Workspace, H100_MEASURED};
+pub use kernels::{
+    cudnn_workspaces, embedding_backward_temporaries, scratch_of_ops, Computing, KernelSteps, KernelsModelled, Life,
+    Measured, Workspace, H100_MEASURED,
+};
 pub use reduction::{staging as reduction_staging, ReductionDevice};
 pub use run::{replay_device, replay_device_at, AtPeak, Card, DeviceReplay, Mismatch, ReplayOom};
 
