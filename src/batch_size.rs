@@ -23,6 +23,10 @@
 //! With [`Budget::CudaCard`] the search needs no GPU: each try's steps run
 //! on the CPU and are replayed as CUDA's ([`will_it_fit`](crate::will_it_fit)),
 //! and the largest batch predicted to fit the card is the answer (an estimate).
+//! Each try is replayed as the search's own process would run it on the GPU:
+//! after its first try (whose temporaries the optimizer's state was made
+//! among, holes and all) and an empty cache, with the last try's gradients,
+//! or none where that try ran out once its first step had freed them.
 //! [`model_size`](crate::model_size) measures what one batch takes.
 //! `cargo run --release --example model_size`.
 
@@ -37,7 +41,7 @@ use memlab_tch::BACKEND;
 
 use crate::diagnosis::diagnose;
 use crate::named::Model;
-use crate::prediction::CpuSteps;
+use crate::prediction::{CpuSteps, Steps};
 use memlab_core::oom::Diagnosis;
 
 /// How much memory [`find_batch_size`] may use.
@@ -118,7 +122,10 @@ pub fn find_batch_size(
                 ));
             }
             let _quiet = quiet_oom_panics::install();
-            return search(i64::try_from(card).unwrap_or(i64::MAX), max, |n| predicted_need(card, &mut step, n));
+            let mut searched = Searched::default();
+            return search(i64::try_from(card).unwrap_or(i64::MAX), max, |n| {
+                predicted_need(card, &mut step, n, &mut searched)
+            });
         }
         Budget::FreeDeviceMemory => match device {
             Device::Cuda(i) => {
@@ -184,13 +191,30 @@ fn search(
     Ok(search)
 }
 
+/// What a search on the CPU keeps between its tries: the first try's
+/// steps, and whether the last try left the gradients freed.
+#[derive(Default)]
+struct Searched {
+    first: Option<Steps>,
+    no_gradients: bool,
+}
+
 /// One try against a CUDA card, on the CPU: the least card the step at
 /// batch `n` is predicted to need (its device peak where that fits), or why
 /// it could not be predicted.
+///
+/// A try is predicted as the search's process would run it: after the
+/// search's first try, with the cache given back between them (as a
+/// search on the GPU does). The first try made the optimizer's state among
+/// its own temporaries, and the holes those left in the segments stay for
+/// every later try. The gradients are the last try's (each step frees the
+/// last step's, as libtorch's `zero_grad` does), or none where the last
+/// try ran out after its first step freed them ([`Steps::after`]).
 fn predicted_need(
     card: u64,
     step: &mut impl FnMut(usize) -> std::result::Result<(), Box<dyn std::error::Error>>,
     n: usize,
+    search: &mut Searched,
 ) -> (std::result::Result<i64, String>, Option<Diagnosis>) {
     use memlab_core::replay::Fit;
     // A try that panics (the host out of memory at a large batch, a shape
@@ -198,14 +222,30 @@ fn predicted_need(
     // it says memory ran out.
     let predicted = catch_unwind(AssertUnwindSafe(|| {
         quiet_oom_panics::trying(u64::MAX, || {
-            let steps = CpuSteps {
+            let prediction = CpuSteps {
                 card: Some(card),
                 settings: Vec::new(),
                 model: Model::registered(),
                 additions: None,
                 max_steps: 3,
             };
-            steps.predict(|| step(n).map_err(|e| Error::InvalidArgument(format!("the step at batch {n} failed: {e}"))))
+            let steps = Steps::record(prediction.max_steps, &prediction.model, || {
+                step(n).map_err(|e| Error::InvalidArgument(format!("the step at batch {n} failed: {e}")))
+            })?;
+            let steps = match &search.first {
+                Some(earlier) => steps.after(earlier, search.no_gradients),
+                None => steps,
+            };
+            let predicted = prediction.predict_from(&steps);
+            // A try that runs out after its first step freed the gradients
+            // leaves none for the next.
+            search.no_gradients = search.first.is_some()
+                && matches!(&predicted, Ok(p) if matches!(p.settings[0].fit,
+                    Some(Fit::DoesNotFit { at_us, .. }) if steps.ran_out_without_gradients(at_us)));
+            if search.first.is_none() {
+                search.first = Some(steps);
+            }
+            predicted
         })
     }))
     .unwrap_or_else(|panic| {

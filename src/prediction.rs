@@ -4,7 +4,9 @@
 //! steps under a recording until their peak is steady, then memlab-core's
 //! replay of their allocations as CUDA's.
 
+use memlab_core::events::Action;
 use memlab_core::events::Settings;
+use memlab_core::export::{Snapshot, TraceEntry};
 use memlab_core::replay::{predict_cuda, CudaAdditions, CudaPrediction, PredictOptions};
 use memlab_core::{Device, Error, Result, TensorKind};
 
@@ -26,12 +28,61 @@ pub(crate) struct CpuSteps {
 
 impl CpuSteps {
     /// Runs `step` on the CPU until its peak is steady, then predicts.
-    pub(crate) fn predict(self, mut step: impl FnMut() -> Result<()>) -> Result<CudaPrediction> {
+    pub(crate) fn predict(self, step: impl FnMut() -> Result<()>) -> Result<CudaPrediction> {
+        let steps = Steps::record(self.max_steps, &self.model, step)?;
+        self.predict_from(&steps)
+    }
+
+    /// Predicts from steps already recorded.
+    pub(crate) fn predict_from(self, steps: &Steps) -> Result<CudaPrediction> {
+        let settings =
+            std::iter::once(String::new()).chain(self.settings.into_iter().filter(|s| !s.is_empty())).collect();
+        let options = PredictOptions {
+            capacity: self.card,
+            settings,
+            additions: self.additions,
+            live_before: steps.live_before.clone(),
+            workspaces_after: steps.workspaces_after,
+            empty_cache_at_us: steps.empty_cache_at_us,
+        };
+        let mut prediction = predict_cuda("the step's CPU run", &steps.snapshot, &options)?;
+        prediction.cpu_step_peaks = steps.peaks.clone();
+        Ok(prediction)
+    }
+}
+
+/// CPU steps' history, with what lived before it.
+pub(crate) struct Steps {
+    /// The steps' events and ops alone, the CPU's history at `cpu`.
+    snapshot: Snapshot,
+    cpu: usize,
+    /// What lived before the steps (address and bytes, in the order a CUDA
+    /// run made them), and after how many of them a step before made its
+    /// cuBLAS workspaces (`PredictOptions::workspaces_after`).
+    live_before: Vec<(u64, u64)>,
+    workspaces_after: Option<usize>,
+    /// Of them, the gradients (a step frees them before its backward pass),
+    /// and when the first step freed the first of them.
+    gradients: Vec<u64>,
+    gradients_freed_us: Option<u64>,
+    /// Where the allocator's cache was given back, when these steps follow
+    /// others (`PredictOptions::empty_cache_at_us`).
+    empty_cache_at_us: Option<u64>,
+    /// When the first step began.
+    start_us: u64,
+    /// The CPU's peak allocated in each step.
+    pub(crate) peaks: Vec<u64>,
+}
+
+impl Steps {
+    /// Runs `step` on the CPU under a recording until its peak is steady
+    /// (`max_steps` at most, at least 2).
+    pub(crate) fn record(max_steps: usize, model: &Model, mut step: impl FnMut() -> Result<()>) -> Result<Steps> {
         // What lives before the first step, where memlab can name it, in the
         // order a CUDA run makes it: the weights, then the gradients (the
         // first backward pass, last layer first), then the optimizer's state
         // (its first step): where each lands decides what the steps share.
-        let named = self.model.collect()?;
+        let named = model.collect()?;
         let storages: Vec<_> = named.storages(Device::Cpu).iter().filter(|s| s.from_allocator).collect();
         let of = |kind: TensorKind| storages.iter().filter(move |s| s.views.first().is_some_and(|v| v.kind == kind));
         let others = storages.iter().filter(|s| {
@@ -52,7 +103,7 @@ impl CpuSteps {
         let start_us = memlab_core::events::clock_us();
         let dropped_before = memlab_core::events::stats().dropped;
         let mut peaks: Vec<u64> = Vec::new();
-        while peaks.len() < self.max_steps.max(2) {
+        while peaks.len() < max_steps.max(2) {
             memlab_tch::reset_peak_stats(Device::Cpu)?;
             step()?;
             let peak = memlab_tch::device_stats(Device::Cpu)?.allocated_bytes.all.peak;
@@ -84,17 +135,241 @@ impl CpuSteps {
                     .into(),
             ));
         }
-        let settings =
-            std::iter::once(String::new()).chain(self.settings.into_iter().filter(|s| !s.is_empty())).collect();
-        let options = PredictOptions {
-            capacity: self.card,
-            settings,
-            additions: self.additions,
+        let cpu = snapshot.devices().iter().position(|d| d == "cpu").unwrap_or(snapshot.device_traces.len());
+        let gradients: Vec<u64> = of(TensorKind::Gradient).map(|s| s.data_ptr).collect();
+        let gradients_freed_us = first_free(&snapshot, cpu, &gradients);
+        Ok(Steps {
+            snapshot,
+            cpu,
+            gradients_freed_us,
+            gradients,
             live_before,
             workspaces_after: stepped.then_some(weights),
+            empty_cache_at_us: None,
+            start_us,
+            peaks,
+        })
+    }
+
+    /// These steps after `earlier`'s in one process, with the allocator's
+    /// cache given back between them (what `find_batch_size` does between
+    /// its tries): what lived before is what lived before `earlier`, and
+    /// the blocks `earlier` left alive keep their places, holes and all.
+    ///
+    /// Tries may have run between the two: what `earlier` left alive that
+    /// these steps did not find (its gradients, where each step frees the
+    /// last step's) is freed before the cache goes back, and what these
+    /// steps found that `earlier` did not leave (the last try's gradients)
+    /// is made after it, in the order a step makes it. Where the try just
+    /// before ran out of memory after its first step had freed the
+    /// gradients (`no_gradients`), there are none: these steps' first
+    /// frees of them are left out, and their backward pass makes new ones.
+    pub(crate) fn after(mut self, earlier: &Steps, no_gradients: bool) -> Steps {
+        let (Some(before), Some(trace)) =
+            (earlier.snapshot.device_traces.get(earlier.cpu), self.snapshot.device_traces.get_mut(self.cpu))
+        else {
+            return self;
         };
-        let mut prediction = predict_cuda("the step's CPU run", &snapshot, &options)?;
-        prediction.cpu_step_peaks = peaks;
-        Ok(prediction)
+        // What `earlier` left alive, in the order it was made.
+        let mut alive: std::collections::HashMap<u64, (usize, u64)> =
+            earlier.live_before.iter().enumerate().map(|(i, &(a, size))| (a, (i, size))).collect();
+        for (i, e) in before.iter().enumerate() {
+            match (e.action, e.addr) {
+                (Action::Alloc, Some(addr)) => {
+                    alive.insert(addr, (earlier.live_before.len() + i, e.size));
+                }
+                (Action::FreeRequested, Some(addr)) => {
+                    alive.remove(&addr);
+                }
+                _ => {}
+            }
+        }
+        let mut left: Vec<(usize, u64, u64)> = alive.into_iter().map(|(a, (i, size))| (i, a, size)).collect();
+        left.sort_unstable();
+        let left: Vec<(u64, u64)> = left.into_iter().map(|(_, a, size)| (a, size)).collect();
+        let gone: std::collections::HashSet<u64> =
+            if no_gradients { self.gradients.iter().copied().collect() } else { Default::default() };
+        if no_gradients {
+            // Each gradient's first free, before any allocation at its address.
+            let mut pending = gone.clone();
+            trace.retain(|e| match (e.action, e.addr) {
+                (Action::FreeRequested, Some(a)) => !pending.remove(&a),
+                (Action::Alloc, Some(a)) => {
+                    pending.remove(&a);
+                    true
+                }
+                _ => true,
+            });
+        }
+        let found: std::collections::HashSet<u64> =
+            self.live_before.iter().map(|&(a, _)| a).filter(|a| !gone.contains(a)).collect();
+        let kept: std::collections::HashSet<u64> = left.iter().map(|&(a, _)| a).collect();
+        let template = before.last().or(trace.first()).cloned();
+        let mut between = Vec::new();
+        if let Some(template) = template {
+            let event = |action: Action, (addr, size): (u64, u64), time_us: u64| TraceEntry {
+                action,
+                addr: Some(addr),
+                size,
+                time_us,
+                frames: Default::default(),
+                category: None,
+                tensor: None,
+                device_free: None,
+                ..template.clone()
+            };
+            let gone = left.iter().filter(|(a, _)| !found.contains(a));
+            between.extend(gone.map(|&b| event(Action::FreeRequested, b, self.start_us.saturating_sub(1))));
+            let made = self.live_before.iter().filter(|(a, _)| found.contains(a) && !kept.contains(a));
+            between.extend(made.map(|&b| event(Action::Alloc, b, self.start_us)));
+        }
+        *trace = before.iter().cloned().chain(between).chain(trace.drain(..)).collect();
+        let earlier_ops = earlier.snapshot.memlab.as_ref().and_then(|m| m.ops.as_ref());
+        if let (Some(ops), Some(before)) = (self.snapshot.memlab.as_mut().and_then(|m| m.ops.as_mut()), earlier_ops) {
+            *ops = before.iter().cloned().chain(ops.drain(..)).collect();
+        }
+        Steps {
+            live_before: earlier.live_before.clone(),
+            workspaces_after: earlier.workspaces_after,
+            empty_cache_at_us: Some(self.start_us),
+            start_us: earlier.start_us,
+            ..self
+        }
+    }
+
+    /// Whether a prediction of these steps that ran out of memory at
+    /// `at_us` (since the history's first event) ran out after the first
+    /// step had freed the gradients it found.
+    pub(crate) fn ran_out_without_gradients(&self, at_us: u64) -> bool {
+        let first = self.snapshot.device_traces.get(self.cpu).and_then(|t| t.first()).map_or(0, |e| e.time_us);
+        self.gradients_freed_us.is_some_and(|freed| first.saturating_add(at_us) >= freed)
+    }
+}
+
+/// When the history at `cpu` first freed one of `addresses`.
+fn first_free(snapshot: &Snapshot, cpu: usize, addresses: &[u64]) -> Option<u64> {
+    let trace = snapshot.device_traces.get(cpu)?;
+    let e = trace.iter().find(|e| e.action == Action::FreeRequested && e.addr.is_some_and(|a| addresses.contains(&a)));
+    e.map(|e| e.time_us)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use memlab_core::export::SnapshotInfo;
+
+    fn event(action: Action, addr: u64, size: u64, time_us: u64) -> TraceEntry {
+        TraceEntry {
+            action,
+            addr: Some(addr),
+            size,
+            stream: 0,
+            time_us,
+            frames: Default::default(),
+            category: None,
+            tensor: None,
+            device_free: None,
+        }
+    }
+
+    fn steps(trace: Vec<TraceEntry>, live_before: Vec<(u64, u64)>, start_us: u64) -> Steps {
+        let info = SnapshotInfo {
+            devices: vec!["cpu".into()],
+            partial: false,
+            dropped: 0,
+            recorded: 0,
+            run: None,
+            device_memory: Vec::new(),
+            profile: None,
+            ops: Some(Vec::new()),
+        };
+        let snapshot =
+            Snapshot { segments: Vec::new(), device_traces: vec![trace], allocator_settings: None, memlab: Some(info) };
+        Steps {
+            snapshot,
+            cpu: 0,
+            live_before,
+            workspaces_after: None,
+            gradients: Vec::new(),
+            gradients_freed_us: None,
+            empty_cache_at_us: None,
+            start_us,
+            peaks: Vec::new(),
+        }
+    }
+
+    /// A later try after the first: the first try's gradient (which a later
+    /// step freed) is freed before the cache goes back, the gradient the
+    /// later try found is made after it, and the optimizer's state the
+    /// first try made keeps its place.
+    #[test]
+    fn a_later_try_follows_the_first_with_the_gradients_it_found() {
+        let (weight, gradient, state, activation, last_gradient) = (10, 20, 30, 40, 50);
+        let first = steps(
+            vec![
+                event(Action::Alloc, activation, 64, 100),
+                event(Action::Alloc, gradient, 8, 101),
+                event(Action::Alloc, state, 8, 102),
+                event(Action::FreeRequested, activation, 64, 103),
+            ],
+            vec![(weight, 8)],
+            100,
+        );
+        let later = steps(
+            vec![event(Action::FreeRequested, last_gradient, 8, 500), event(Action::Alloc, 60, 128, 501)],
+            vec![(weight, 8), (last_gradient, 8), (state, 8)],
+            500,
+        );
+        let both = later.after(&first, false);
+        assert_eq!(
+            (both.live_before.clone(), both.empty_cache_at_us, both.start_us),
+            (vec![(weight, 8)], Some(500), 100)
+        );
+        let trace: Vec<(Action, u64, u64)> =
+            both.snapshot.device_traces[0].iter().map(|e| (e.action, e.addr.unwrap(), e.time_us)).collect();
+        assert_eq!(
+            trace[4..],
+            [
+                (Action::FreeRequested, gradient, 499),
+                (Action::Alloc, last_gradient, 500),
+                (Action::FreeRequested, last_gradient, 500),
+                (Action::Alloc, 60, 501),
+            ]
+        );
+    }
+
+    /// After a try that ran out once its first step had freed the
+    /// gradients, there are none: the later try's frees of them go, and
+    /// its backward pass makes new ones. Whether a try ran out so is told
+    /// by when its first step freed them.
+    #[test]
+    fn after_a_try_that_ran_out_without_gradients_the_next_finds_none() {
+        let (weight, gradient, state, last_gradient, new_gradient) = (10, 20, 30, 50, 60);
+        let first = steps(
+            vec![event(Action::Alloc, gradient, 8, 100), event(Action::Alloc, state, 8, 101)],
+            vec![(weight, 8)],
+            100,
+        );
+        let mut later = steps(
+            vec![
+                event(Action::Alloc, 70, 64, 500),
+                event(Action::FreeRequested, last_gradient, 8, 501),
+                event(Action::Alloc, new_gradient, 8, 502),
+            ],
+            vec![(weight, 8), (last_gradient, 8), (state, 8)],
+            500,
+        );
+        later.gradients = vec![last_gradient];
+        later.gradients_freed_us = Some(501);
+        let both = later.after(&first, true);
+        let trace: Vec<(Action, u64, u64)> =
+            both.snapshot.device_traces[0].iter().map(|e| (e.action, e.addr.unwrap(), e.time_us)).collect();
+        assert_eq!(
+            trace[2..],
+            [(Action::FreeRequested, gradient, 499), (Action::Alloc, 70, 500), (Action::Alloc, new_gradient, 502),]
+        );
+        // The history begins at 100: ran out at 500 (before the free), then at 501.
+        assert!(!both.ran_out_without_gradients(400));
+        assert!(both.ran_out_without_gradients(401));
     }
 }

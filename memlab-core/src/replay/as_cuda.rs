@@ -297,6 +297,13 @@ pub struct PredictOptions {
     /// Where a step ran before the history: how many of `live_before`'s
     /// blocks its cuBLAS workspaces came after (see [`cpu_history_as_cuda`]).
     pub workspaces_after: Option<usize>,
+    /// Where the process gave the allocator's cache back (`empty_cache`)
+    /// between two parts of the history, as `find_batch_size` does between
+    /// its tries: before the history's first event at or after this time
+    /// (microseconds, the history's clock). The earlier part then shapes
+    /// the later one through what it left alive: the segments its live
+    /// blocks keep, holes and all.
+    pub empty_cache_at_us: Option<u64>,
 }
 
 /// A CUDA run's peaks predicted from a CPU run's recording: estimates, from
@@ -393,6 +400,13 @@ pub fn predict_cuda(name: &str, snapshot: &Snapshot, options: &PredictOptions) -
         })?;
     let watched = snapshot.memlab.as_ref().is_some_and(|m| m.ops.is_some());
     let first_us = history.device_traces[0].first().map_or(0, |e| e.time_us);
+    // Where `empty_cache` runs, in a history as given (the cuDNN model
+    // inserts entries, at the times of those it follows).
+    let emptied = |h: &Snapshot| -> Vec<usize> {
+        let trace = &h.device_traces[0];
+        let at = |us: u64| trace.iter().position(|e| e.time_us >= us).unwrap_or(trace.len());
+        options.empty_cache_at_us.map(at).into_iter().collect()
+    };
     let settings = if options.settings.is_empty() { vec![String::new()] } else { options.settings.clone() };
     let mut out = Vec::new();
     for conf in &settings {
@@ -403,7 +417,8 @@ pub fn predict_cuda(name: &str, snapshot: &Snapshot, options: &PredictOptions) -
                  memory instead of a memory fraction"
             )));
         }
-        let unlimited = replay_device_at(&history, 0, &config, Card { capacity: super::ONE_EXABYTE, total }, &[])?;
+        let card = Card { capacity: super::ONE_EXABYTE, total };
+        let unlimited = replay_device_at(&history, 0, &config, card, &emptied(&history))?;
         let peak_device = unlimited.peak_reserved + additions.outside_allocator;
         let fit = match options.capacity {
             None => None,
@@ -416,7 +431,7 @@ pub fn predict_cuda(name: &str, snapshot: &Snapshot, options: &PredictOptions) -
                     let mut cudnn = CudnnUnderLimit::new(&history, &soft);
                     loop {
                         let h = cudnn.history();
-                        let replay = replay_device_at(h, 0, &config, card, &[])?;
+                        let replay = replay_device_at(h, 0, &config, card, &emptied(h))?;
                         // The attempts that fail on purpose are not the step's failure.
                         let Some(oom) = replay.ooms.into_iter().find(|o| !o.recorded) else {
                             return Ok(None);
@@ -897,6 +912,67 @@ mod tests {
         let made = workspaces(&fresh);
         assert_eq!(made.iter().map(|w| w.1).collect::<Vec<_>>(), [32 * MIB, MIB, 32 * MIB]);
         assert!(made.iter().all(|&(i, _)| i > 2), "made by the history's products: {made:?}");
+    }
+
+    /// A history of two parts with `empty_cache` between them (a batch
+    /// search's first try, then a later one): the first part's holes among
+    /// the blocks it left alive stay, its cache is given back. Predicted
+    /// from the later part alone, with the same blocks live before it
+    /// packed, the later part fits where it does not in the process.
+    #[test]
+    fn an_earlier_part_leaves_its_holes_and_gives_its_cache_back() {
+        let (w, t, g, s, x, y) = (1u64 << 40, 2u64 << 40, 3u64 << 40, 4u64 << 40, 5u64 << 40, 6u64 << 40);
+        let at = |time_us: u64, action: Action, addr: u64, size: u64| TraceEntry {
+            time_us,
+            ..entry(action, Some(addr), size)
+        };
+        let freed = |time_us: u64, addr: u64, size: u64| {
+            [at(time_us, Action::FreeRequested, addr, size), at(time_us, Action::FreeCompleted, addr, size)]
+        };
+        // The first part: a temporary between the weight and its gradient,
+        // then a large temporary in a segment of its own.
+        let mut first = vec![at(10, Action::Alloc, t, 4 * MIB), at(11, Action::Alloc, g, 4 * MIB)];
+        first.extend(freed(12, t, 4 * MIB));
+        first.push(at(13, Action::Alloc, s, 30 * MIB));
+        first.extend(freed(14, s, 30 * MIB));
+        // The later part: 10 MiB kept, then 40 MiB.
+        let later = vec![at(100, Action::Alloc, x, 10 * MIB), at(101, Action::Alloc, y, 40 * MIB)];
+        let cpu = |trace: Vec<TraceEntry>| Snapshot {
+            segments: Vec::new(),
+            device_traces: vec![trace],
+            allocator_settings: None,
+            memlab: Some(SnapshotInfo {
+                devices: vec!["cpu".into()],
+                partial: false,
+                dropped: 0,
+                recorded: 0,
+                run: None,
+                device_memory: Vec::new(),
+                profile: None,
+                ops: None,
+            }),
+        };
+        let additions =
+            CudaAdditions { cublas_handles: 0, cublaslt_workspace: 0, outside_allocator: 0, ..Default::default() };
+        let peak = |snapshot: &Snapshot, live_before: Vec<(u64, u64)>, empty_cache_at_us: Option<u64>| {
+            let options = PredictOptions {
+                additions: Some(additions.clone()),
+                live_before,
+                empty_cache_at_us,
+                ..PredictOptions::default()
+            };
+            predict_cuda("two parts", snapshot, &options).unwrap().settings[0].peak_reserved / MIB
+        };
+        // Packed: the weight and gradient share a 20 MiB segment whose
+        // 12 MiB tail takes the 10 MiB block.
+        assert_eq!(peak(&cpu(later.clone()), vec![(w, 4 * MIB), (g, 4 * MIB)], None), 20 + 40);
+        // After the first part the segment keeps the temporary's 4 MiB
+        // hole and an 8 MiB tail: the 10 MiB block takes a segment of its own.
+        let both = cpu(first.into_iter().chain(later).collect());
+        assert_eq!(peak(&both, vec![(w, 4 * MIB)], Some(100)), 20 + 10 + 40);
+        // Without the `empty_cache`, the large temporary's cached segment
+        // takes the 10 MiB block and stays.
+        assert_eq!(peak(&both, vec![(w, 4 * MIB)], None), 20 + 30 + 40);
     }
 
     /// Where a cuDNN workspace cannot be had, the request fails (after the
