@@ -65,7 +65,9 @@
 //! The largest batch that fits a card, searched on the CPU:
 //! `find_batch_size(Device::Cpu, Budget::CudaCard(80 << 30), max, |batch| step(batch))`
 //! (see [`find_batch_size`](crate::find_batch_size)): each try is a
-//! prediction of this kind.
+//! prediction of this kind, replayed after the search's first try as the
+//! search's own process on the GPU would run it (on an H100 it named the
+//! batch of the GPU's own search for the three models of BENCHMARKS.md).
 //!
 //! The same answer from a file: record the step on the CPU under a
 //! [`Recording`](crate::Recording) with

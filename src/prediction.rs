@@ -273,16 +273,7 @@ mod tests {
     }
 
     fn steps(trace: Vec<TraceEntry>, live_before: Vec<(u64, u64)>, start_us: u64) -> Steps {
-        let info = SnapshotInfo {
-            devices: vec!["cpu".into()],
-            partial: false,
-            dropped: 0,
-            recorded: 0,
-            run: None,
-            device_memory: Vec::new(),
-            profile: None,
-            ops: Some(Vec::new()),
-        };
+        let info = SnapshotInfo { devices: vec!["cpu".into()], ops: Some(Vec::new()), ..SnapshotInfo::default() };
         let snapshot =
             Snapshot { segments: Vec::new(), device_traces: vec![trace], allocator_settings: None, memlab: Some(info) };
         Steps {

@@ -510,16 +510,7 @@ fn read_traces(strings: &Strings, b: &mut Builder, value: &Value) -> std::result
 }
 
 fn read_info(strings: &Strings, b: &mut Builder, value: &Value) -> std::result::Result<SnapshotInfo, String> {
-    let mut info = SnapshotInfo {
-        devices: Vec::new(),
-        partial: false,
-        dropped: 0,
-        recorded: 0,
-        run: None,
-        device_memory: Vec::new(),
-        profile: None,
-        ops: None,
-    };
+    let mut info = SnapshotInfo::default();
     for (key, value) in items(strings, value, "`memlab`")? {
         match key {
             "devices" => {

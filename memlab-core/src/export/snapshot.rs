@@ -223,7 +223,7 @@ pub struct TraceEntry {
 }
 
 /// What memlab adds to the snapshot (PyTorch's readers ignore it).
-#[derive(Clone, Debug, Serialize)]
+#[derive(Clone, Debug, Default, Serialize)]
 pub struct SnapshotInfo {
     /// The device of each index of `device_traces`: `cuda:0`, …, `cpu`.
     pub devices: Vec<String>,

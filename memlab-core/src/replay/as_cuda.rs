@@ -941,16 +941,7 @@ mod tests {
             segments: Vec::new(),
             device_traces: vec![trace],
             allocator_settings: None,
-            memlab: Some(SnapshotInfo {
-                devices: vec!["cpu".into()],
-                partial: false,
-                dropped: 0,
-                recorded: 0,
-                run: None,
-                device_memory: Vec::new(),
-                profile: None,
-                ops: None,
-            }),
+            memlab: Some(SnapshotInfo { devices: vec!["cpu".into()], ..SnapshotInfo::default() }),
         };
         let additions =
             CudaAdditions { cublas_handles: 0, cublaslt_workspace: 0, outside_allocator: 0, ..Default::default() };
