@@ -186,6 +186,8 @@ struct Copy {
     sink_set: extern "C" fn() -> i32,
     sink_unset: extern "C" fn() -> i32,
     printed: extern "C" fn(i64) -> i64,
+    from_allocator: unsafe extern "C" fn(*const c_void) -> i32,
+    reported: extern "C" fn(i64) -> *mut c_char,
 }
 
 impl Copy {
@@ -234,6 +236,8 @@ impl Copy {
             sink_set: symbol!("plugin_sink_set"),
             sink_unset: symbol!("plugin_sink_unset"),
             printed: symbol!("plugin_printed"),
+            from_allocator: symbol!("plugin_from_allocator"),
+            reported: symbol!("plugin_reported"),
         }
     }
 
@@ -306,6 +310,26 @@ fn host() {
         unsafe { (freeing.tensor_free)(tensor) };
         expected -= (1 << 20) + 4096 * k as i64;
         assert_eq!((copies[k].cpu_allocated)() - base, expected, "{} frees exactly", freeing.name);
+    }
+
+    // Every copy takes every copy's tensors for the counting allocator's,
+    // whichever copy installed it (in a notebook, the first cell's), and its
+    // reporter counts its own var store's weights as the allocator's.
+    for c in &copies {
+        for maker in &copies {
+            let tensor = (maker.tensor_new)(4096);
+            // SAFETY: made above, alive, freed once below.
+            assert_eq!(
+                unsafe { (c.from_allocator)(tensor) },
+                1,
+                "{} takes {}'s tensor for the allocator's",
+                c.name,
+                maker.name
+            );
+            unsafe { (c.tensor_free)(tensor) };
+        }
+        let reported = c.json((c.reported)(4 << 20));
+        assert_eq!(reported, serde_json::json!({"named": 4 << 20, "external": 0}), "{}'s reporter", c.name);
     }
 
     // A profiled function called through some copies, reported by another:

@@ -964,7 +964,13 @@ void fill_storage(const at::Tensor& t, memlab_storage_info* out) {
     c10::DeleterFnPtr deleter = storage.data_ptr().get_deleter();
     c10::DeleterFnPtr counted = nullptr;
     if (device.type() == c10::DeviceType::CPU) {
-      counted = &counting_delete;
+      // The process's counting allocator is the first copy's, and its
+      // tensors carry that copy's deleter, whichever copy asks: libtorch's
+      // allocator says which (a call through this copy's own class would
+      // answer with this copy's deleter).
+      c10::Allocator* current = c10::GetCPUAllocator();
+      c10::Allocator* process = static_cast<CountingCpuAllocator*>(state().counting);
+      counted = current == process ? current->raw_deleter() : &counting_delete;
     } else if (device.type() == c10::DeviceType::CUDA && cuda_registered()) {
       counted = cuda_allocator()->raw_deleter();
     }

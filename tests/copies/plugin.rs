@@ -196,3 +196,29 @@ fn printed(bytes: i64) -> i64 {
 pub extern "C" fn plugin_printed(bytes: i64) -> i64 {
     guard(-1, || printed(bytes))
 }
+
+/// Whether this copy takes a tensor made by any copy for one of the
+/// counting allocator's (1) or not (0); -1: an error.
+///
+/// # Safety
+/// `tensor` came from `plugin_tensor_new` of any copy and is alive.
+#[no_mangle]
+pub unsafe extern "C" fn plugin_from_allocator(tensor: *const c_void) -> i32 {
+    // SAFETY: the caller passes a live boxed tensor; every copy builds
+    // Tensor from the same tch.
+    let tensor = unsafe { &*(tensor as *const Tensor) };
+    guard(-1, || memlab::stats::storage_info(tensor).map_or(-1, |s| i32::from(s.from_allocator)))
+}
+
+/// This copy's reporter over a var store of its own with `bytes` bytes of
+/// weights, as JSON: the CPU section's named and external bytes.
+#[no_mangle]
+pub extern "C" fn plugin_reported(bytes: i64) -> *mut c_char {
+    guard(std::ptr::null_mut(), || {
+        let vs = tch::nn::VarStore::new(tch::Device::Cpu);
+        let _weight = vs.root().zeros("weight", &[bytes / 4]);
+        let report = memlab::MemReporter::new(&vs).report().expect("the report");
+        let cpu = report.device(Device::Cpu).expect("a CPU section");
+        c_string(serde_json::json!({"named": cpu.named_bytes, "external": cpu.external_bytes}).to_string())
+    })
+}
