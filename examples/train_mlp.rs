@@ -4,9 +4,14 @@
 //!
 //! Runs on the CPU, or on the current CUDA device when there is one (memlab's
 //! `auto` target follows the same rule). `--html FILE`, `--csv FILE` and
-//! `--json FILE` also write the report in those formats.
+//! `--json FILE` also write the report in those formats. `--will-it-fit GIB`
+//! asks, without a GPU, whether the training step fits a CUDA card of GIB
+//! GiB, and the largest batch that does: the step runs on the CPU and is
+//! replayed as CUDA's (`memlab::will_it_fit`, `find_batch_size` with
+//! `Budget::CudaCard`).
 //!
 //!     cargo run --release --example train_mlp
+//!     cargo run --release --example train_mlp -- --will-it-fit 2
 
 use std::error::Error;
 
@@ -70,15 +75,53 @@ fn main() -> Result<(), Box<dyn Error>> {
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
         let path = args.next().ok_or_else(|| format!("{flag} needs a file name"))?;
+        if flag == "--will-it-fit" {
+            let gib: u64 =
+                path.parse().map_err(|_| format!("--will-it-fit {path}: give the card's memory in GiB (2)"))?;
+            will_it_fit(gib << 30)?;
+            continue;
+        }
         let report = memlab::report();
         let text = match flag.as_str() {
             "--html" => report.to_html(),
             "--csv" => report.to_csv()?,
             "--json" => report.to_json(),
-            other => return Err(format!("unknown option {other}: use --html, --csv or --json FILE").into()),
+            other => {
+                return Err(
+                    format!("unknown option {other}: use --html, --csv or --json FILE, or --will-it-fit GIB").into()
+                )
+            }
         };
         std::fs::write(&path, text).map_err(|e| format!("cannot write {path}: {e}"))?;
         println!("wrote {path}");
+    }
+    Ok(())
+}
+
+/// The demo's training step on a CUDA card of `card` bytes, asked on the
+/// CPU: its predicted peaks, and the largest batch that fits.
+fn will_it_fit(card: u64) -> Result<(), Box<dyn Error>> {
+    let vs = nn::VarStore::new(Device::Cpu);
+    memlab::register_var_store("mlp", &vs);
+    let model = Mlp::new(&vs.root());
+    let mut opt = nn::Adam::default().build(&vs, 1e-3)?;
+    let mut step = |batch: i64| {
+        let data = Tensor::randn([batch, INPUT], (Kind::Float, Device::Cpu));
+        let labels = Tensor::randint(CLASSES, [batch], (Kind::Int64, Device::Cpu));
+        opt.backward_step(&model.forward(&data).cross_entropy_for_logits(&labels));
+    };
+    let prediction = memlab::will_it_fit(card, || {
+        step(BATCH);
+        Ok(())
+    })?;
+    println!("{prediction}");
+    let search = memlab::find_batch_size(memlab::Device::Cpu, memlab::Budget::CudaCard(card), 1 << 20, |batch| {
+        step(batch as i64);
+        Ok(())
+    })?;
+    match search.largest {
+        Some(batch) => println!("The largest batch whose step fits the card: {batch} (an estimate)."),
+        None => println!("Not even a batch of 1 fits the card."),
     }
     Ok(())
 }
