@@ -173,9 +173,20 @@ fn write(target: &Mutex<Option<Arc<Output>>>, text: &str, default: Output, to_si
     true
 }
 
-/// Shows `html` in an evcxr (Rust Jupyter) notebook cell: evcxr reads rich
-/// output from standard output, between its markers, whatever `set_output` says.
-pub fn evcxr_html(html: &str) {
-    let text = format!("EVCXR_BEGIN_CONTENT text/html\n{html}\nEVCXR_END_CONTENT\n");
-    drop(std::io::stdout().lock().write_all(text.as_bytes()));
+/// Shows a rendering in an evcxr (Rust Jupyter) notebook cell, as `html`
+/// and as `text` together: evcxr reads rich output from standard output,
+/// between its markers, whatever `set_output` says, and merges a cell's
+/// contents by mime type into one display bundle, so that a notebook shows
+/// the HTML and a console client the text.
+pub fn evcxr_show(html: &str, text: &str) {
+    drop(std::io::stdout().lock().write_all(evcxr_bundle(html, text).as_bytes()));
+}
+
+/// What [`evcxr_show`] prints.
+pub fn evcxr_bundle(html: &str, text: &str) -> String {
+    let text = text.trim_end_matches('\n');
+    format!(
+        "EVCXR_BEGIN_CONTENT text/html\n{html}\nEVCXR_END_CONTENT\n\
+         EVCXR_BEGIN_CONTENT text/plain\n{text}\nEVCXR_END_CONTENT\n"
+    )
 }

@@ -283,9 +283,10 @@ impl Document {
         serde_json::Value::Array(blocks)
     }
 
-    /// Shows the HTML rendering in an evcxr (Rust Jupyter) notebook cell.
+    /// Shows the rendering in an evcxr (Rust Jupyter) notebook cell: HTML,
+    /// with the text beside it for a console client.
     pub fn evcxr_display(&self) {
-        crate::output::evcxr_html(&self.to_html());
+        crate::output::evcxr_show(&self.to_html(), &self.to_text());
     }
 
     /// The HTML rendering as a whole page titled `title`: one file, styles
@@ -359,15 +360,37 @@ pub trait Render {
         serde_json::to_string_pretty(self).expect("a report serialises")
     }
 
-    /// Shows the HTML rendering in an evcxr (Rust Jupyter) notebook cell.
+    /// Shows the rendering in an evcxr (Rust Jupyter) notebook cell: HTML,
+    /// with the text beside it for a console client.
     fn evcxr_display(&self) {
-        crate::output::evcxr_html(&self.to_html());
+        crate::output::evcxr_show(&self.to_html(), &self.to_text());
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// In a notebook a rendering goes out as HTML and text together, which
+    /// evcxr merges by mime type into one display bundle: a notebook shows
+    /// the HTML, a console client the text.
+    #[test]
+    fn a_notebook_gets_the_html_and_the_text_together() {
+        let mut doc = Document::new();
+        doc.title("Peaks");
+        doc.line("one line");
+        let (html, text) = (doc.to_html(), doc.to_text());
+        let bundle = crate::output::evcxr_bundle(&html, &text);
+        let blocks: Vec<&str> = bundle.split_inclusive("EVCXR_END_CONTENT\n").collect();
+        assert_eq!(
+            blocks,
+            [
+                format!("EVCXR_BEGIN_CONTENT text/html\n{html}\nEVCXR_END_CONTENT\n"),
+                format!("EVCXR_BEGIN_CONTENT text/plain\n{}\nEVCXR_END_CONTENT\n", text.trim_end()),
+            ]
+        );
+        assert!(text.contains("one line") && html.contains("one line"));
+    }
     use crate::render::{Column, Layout};
 
     #[test]
