@@ -204,25 +204,14 @@ impl Steps {
         let found: std::collections::HashSet<u64> =
             self.live_before.iter().map(|&(a, _)| a).filter(|a| !gone.contains(a)).collect();
         let kept: std::collections::HashSet<u64> = left.iter().map(|&(a, _)| a).collect();
-        let template = before.last().or(trace.first()).cloned();
-        let mut between = Vec::new();
-        if let Some(template) = template {
-            let event = |action: Action, (addr, size): (u64, u64), time_us: u64| TraceEntry {
-                action,
-                addr: Some(addr),
-                size,
-                time_us,
-                frames: Default::default(),
-                category: None,
-                tensor: None,
-                device_free: None,
-                ..template.clone()
-            };
-            let gone = left.iter().filter(|(a, _)| !found.contains(a));
-            between.extend(gone.map(|&b| event(Action::FreeRequested, b, self.start_us.saturating_sub(1))));
-            let made = self.live_before.iter().filter(|(a, _)| found.contains(a) && !kept.contains(a));
-            between.extend(made.map(|&b| event(Action::Alloc, b, self.start_us)));
-        }
+        // Freed before the cache goes back, made after it.
+        let freed = left.iter().filter(|(a, _)| !found.contains(a));
+        let freed_us = self.start_us.saturating_sub(1);
+        let between = freed.map(|&(a, size)| TraceEntry::new(Action::FreeRequested, Some(a), size, freed_us));
+        let made = self.live_before.iter().filter(|(a, _)| found.contains(a) && !kept.contains(a));
+        let between: Vec<TraceEntry> = between
+            .chain(made.map(|&(a, size)| TraceEntry::new(Action::Alloc, Some(a), size, self.start_us)))
+            .collect();
         *trace = before.iter().cloned().chain(between).chain(trace.drain(..)).collect();
         let earlier_ops = earlier.snapshot.memlab.as_ref().and_then(|m| m.ops.as_ref());
         if let (Some(ops), Some(before)) = (self.snapshot.memlab.as_mut().and_then(|m| m.ops.as_mut()), earlier_ops) {
@@ -248,6 +237,7 @@ impl Steps {
 
 /// When the history at `cpu` first freed one of `addresses`.
 fn first_free(snapshot: &Snapshot, cpu: usize, addresses: &[u64]) -> Option<u64> {
+    let addresses: std::collections::HashSet<u64> = addresses.iter().copied().collect();
     let trace = snapshot.device_traces.get(cpu)?;
     let e = trace.iter().find(|e| e.action == Action::FreeRequested && e.addr.is_some_and(|a| addresses.contains(&a)));
     e.map(|e| e.time_us)
@@ -259,17 +249,7 @@ mod tests {
     use memlab_core::export::SnapshotInfo;
 
     fn event(action: Action, addr: u64, size: u64, time_us: u64) -> TraceEntry {
-        TraceEntry {
-            action,
-            addr: Some(addr),
-            size,
-            stream: 0,
-            time_us,
-            frames: Default::default(),
-            category: None,
-            tensor: None,
-            device_free: None,
-        }
+        TraceEntry::new(action, Some(addr), size, time_us)
     }
 
     fn steps(trace: Vec<TraceEntry>, live_before: Vec<(u64, u64)>, start_us: u64) -> Steps {

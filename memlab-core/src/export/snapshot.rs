@@ -222,6 +222,24 @@ pub struct TraceEntry {
     pub device_free: Option<u64>,
 }
 
+impl TraceEntry {
+    /// An event of `size` bytes at `addr` at `time_us`, on stream 0, with
+    /// no frames, category, tensor name or free memory.
+    pub fn new(action: Action, addr: Option<u64>, size: u64, time_us: u64) -> TraceEntry {
+        TraceEntry {
+            action,
+            addr,
+            size,
+            stream: 0,
+            time_us,
+            frames: Stack::default(),
+            category: None,
+            tensor: None,
+            device_free: None,
+        }
+    }
+}
+
 /// What memlab adds to the snapshot (PyTorch's readers ignore it).
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct SnapshotInfo {

@@ -121,17 +121,7 @@ fn as_cuda(
     }
     let mut history = Vec::with_capacity(trace.len() * 3 / 2 + live_before.len() + 4);
     let first_time = trace.first().map_or(0, |e| e.time_us);
-    let block = |address: u64, size: u64| TraceEntry {
-        action: Action::Alloc,
-        addr: Some(address),
-        size,
-        stream: 0,
-        time_us: first_time,
-        frames: Default::default(),
-        category: None,
-        tensor: None,
-        device_free: None,
-    };
+    let block = |address: u64, size: u64| TraceEntry::new(Action::Alloc, Some(address), size, first_time);
     // What the history frees without allocating, and what is live at the
     // end that it never allocated: there before it.
     // `live_before` first, in its order (the order they were made in, where
@@ -237,27 +227,31 @@ fn as_cuda(
             history.push(TraceEntry { time_us: e.time_us, ..workspace(bytes) });
         }
         while let Some(t) = temporaries.next_if(|t| t.after == i) {
-            let block = match t.life {
-                Life::Closes(n) => match open.remove(&n) {
-                    Some(block) => block,
-                    None => continue,
-                },
-                _ => TraceEntry { time_us: e.time_us, ..workspace(t.bytes) },
+            let free = |history: &mut Vec<TraceEntry>, block: TraceEntry| {
+                let freed = TraceEntry { time_us: e.time_us, ..block };
+                history.push(TraceEntry { action: Action::FreeRequested, ..freed.clone() });
+                history.push(TraceEntry { action: Action::FreeCompleted, ..freed });
             };
-            if let (Some(s), Some(addr)) = (t.soft, block.addr) {
-                soft.insert(addr, s);
+            match t.life {
+                Life::Instant => {
+                    let block = TraceEntry { time_us: e.time_us, ..workspace(t.bytes) };
+                    if let (Some(s), Some(addr)) = (t.soft, block.addr) {
+                        soft.insert(addr, s);
+                    }
+                    history.push(block.clone());
+                    free(&mut history, block);
+                }
+                Life::Opens(n) => {
+                    let block = TraceEntry { time_us: e.time_us, ..workspace(t.bytes) };
+                    history.push(block.clone());
+                    open.insert(n, block);
+                }
+                Life::Closes(n) => {
+                    if let Some(block) = open.remove(&n) {
+                        free(&mut history, block);
+                    }
+                }
             }
-            if let Life::Opens(n) = t.life {
-                history.push(block.clone());
-                open.insert(n, block);
-                continue;
-            }
-            if !matches!(t.life, Life::Closes(_)) {
-                history.push(block.clone());
-            }
-            let freed = TraceEntry { time_us: e.time_us, ..block };
-            history.push(TraceEntry { action: Action::FreeRequested, ..freed.clone() });
-            history.push(TraceEntry { action: Action::FreeCompleted, ..freed });
         }
     }
     let devices = vec!["cuda:0".to_string()];
@@ -869,17 +863,7 @@ mod tests {
     }
 
     fn entry(action: Action, addr: Option<u64>, size: u64) -> TraceEntry {
-        TraceEntry {
-            action,
-            addr,
-            size,
-            stream: 0,
-            time_us: 0,
-            frames: Default::default(),
-            category: None,
-            tensor: None,
-            device_free: None,
-        }
+        TraceEntry::new(action, addr, size, 0)
     }
 
     /// After a step (the gradients live before the history), the cuBLAS
@@ -922,10 +906,8 @@ mod tests {
     #[test]
     fn an_earlier_part_leaves_its_holes_and_gives_its_cache_back() {
         let (w, t, g, s, x, y) = (1u64 << 40, 2u64 << 40, 3u64 << 40, 4u64 << 40, 5u64 << 40, 6u64 << 40);
-        let at = |time_us: u64, action: Action, addr: u64, size: u64| TraceEntry {
-            time_us,
-            ..entry(action, Some(addr), size)
-        };
+        let at =
+            |time_us: u64, action: Action, addr: u64, size: u64| TraceEntry::new(action, Some(addr), size, time_us);
         let freed = |time_us: u64, addr: u64, size: u64| {
             [at(time_us, Action::FreeRequested, addr, size), at(time_us, Action::FreeCompleted, addr, size)]
         };

@@ -332,23 +332,30 @@ pub(super) fn plan(trace: &[TraceEntry], ops: &[OpRecord], device: ReductionDevi
     type Key<'a> = (&'a [i64], &'a [i64], &'a [i64], &'a [i64], &'a [i64], i64, u32, Computing);
     let mut keys: std::collections::HashMap<Key<'_>, usize> = std::collections::HashMap::new();
     // Convolutions first: their CPU scratch goes before other ops keep what is left.
-    for r in ops {
-        let Op::Convolution(conv) = &r.op else { continue };
+    // The CPU kernel's own temporaries (allocated and freed inside the op)
+    // go: the allocations the op keeps, and the bytes that went.
+    let cpu_own = |dropped: &mut [bool], r: &OpRecord| -> (Vec<usize>, Vec<u64>) {
         let range = window(r);
-        let mut kept = Vec::new();
+        let (mut kept, mut gone) = (Vec::new(), Vec::new());
         for i in range.clone() {
-            if trace[i].action != Action::Alloc {
+            if trace[i].action != Action::Alloc || dropped[i] {
                 continue;
             }
             if freed_at[i] < range.end {
-                plan.dropped[i] = true;
-                plan.dropped[freed_at[i]] = true;
-                plan.modelled.cpu_scratch += 1;
-                plan.modelled.cpu_scratch_bytes += trace[i].size;
+                dropped[i] = true;
+                dropped[freed_at[i]] = true;
+                gone.push(trace[i].size);
             } else {
                 kept.push(i);
             }
         }
+        (kept, gone)
+    };
+    for r in ops {
+        let Op::Convolution(conv) = &r.op else { continue };
+        let (kept, scratch) = cpu_own(&mut plan.dropped, r);
+        plan.modelled.cpu_scratch += scratch.len();
+        plan.modelled.cpu_scratch_bytes += scratch.iter().sum::<u64>();
         plan.modelled.convolutions += 1;
         // cuDNN asks for a workspace once it has allocated the tensor it
         // computes: after the kept allocation of that tensor's size.
@@ -401,44 +408,30 @@ pub(super) fn plan(trace: &[TraceEntry], ops: &[OpRecord], device: ReductionDevi
         plan.modelled.largest_softmax_product = plan.modelled.largest_softmax_product.max(bytes);
         plan.temporaries.push(Temporary { after: after(r, &kept, 1), bytes, soft: None, life: Life::Instant });
     }
-    // Numbers of the temporaries that live past others.
-    let mut opened = 0u32;
-    for r in ops {
+    for (nth, r) in ops.iter().filter(|r| matches!(r.op, Op::EmbeddingBackward(_))).enumerate() {
         let Op::EmbeddingBackward(e) = &r.op else { continue };
         // The CPU kernel's own temporaries go; CUDA's come before and
         // after the table's gradient, which both keep.
-        let range = window(r);
-        let mut kept = Vec::new();
-        for i in range.clone() {
-            if trace[i].action != Action::Alloc || plan.dropped[i] {
-                continue;
-            }
-            if freed_at[i] < range.end {
-                plan.dropped[i] = true;
-                plan.dropped[freed_at[i]] = true;
-            } else {
-                kept.push(i);
-            }
-        }
+        let (kept, _) = cpu_own(&mut plan.dropped, r);
         let gradient = e.rows.saturating_mul(e.width).saturating_mul(u64::from(e.element_size));
-        let output = kept.iter().copied().find(|&i| trace[i].size == gradient).or(kept.first().copied());
-        let at = output.unwrap_or_else(|| range.end.saturating_sub(1).min(trace.len() - 1));
+        let output = kept.iter().position(|&i| trace[i].size == gradient).unwrap_or(0);
+        let at = after(r, &kept, output + 1);
+        // Each op's lives numbered apart from the others'.
+        let apart = |n: u32| n + EMBEDDING_LIVES * nth as u32;
         let (before, after_output) = embedding_backward_temporaries(e);
         plan.modelled.embedding_backwards += 1;
-        for (steps, after) in [(before, at.checked_sub(1)), (after_output, Some(at))] {
+        // An output that is the history's first event: all after it.
+        for (steps, entry) in [(before, at.saturating_sub(1)), (after_output, at)] {
             for (life, bytes) in steps {
                 plan.modelled.largest_embedding_temporary = plan.modelled.largest_embedding_temporary.max(bytes);
                 let life = match life {
                     Life::Instant => Life::Instant,
-                    Life::Opens(n) => Life::Opens(opened + n),
-                    Life::Closes(n) => Life::Closes(opened + n),
+                    Life::Opens(n) => Life::Opens(apart(n)),
+                    Life::Closes(n) => Life::Closes(apart(n)),
                 };
-                // An output that is the history's first event: all after it.
-                let after = after.unwrap_or(at);
-                plan.temporaries.push(Temporary { after, bytes, soft: None, life });
+                plan.temporaries.push(Temporary { after: entry, bytes, soft: None, life });
             }
         }
-        opened += 16;
     }
     for r in ops {
         let Op::Matmul { in_backward } = r.op else { continue };
@@ -458,10 +451,14 @@ pub(super) fn plan(trace: &[TraceEntry], ops: &[OpRecord], device: ReductionDevi
 /// life and bytes.
 pub type KernelSteps = Vec<(Life, u64)>;
 
+/// Room for the lives one [`embedding_backward_temporaries`] numbers (0
+/// to 12): each op's take the next.
+const EMBEDDING_LIVES: u32 = 16;
+
 /// What CUDA's embedding backward (libtorch 2.11, `Embedding.cu` and
 /// `EmbeddingBackwardKernel.cu`) allocates besides the table's gradient, in
 /// order: those before the gradient, and those after it, each with its
-/// life (numbers from 0, local to the op) and bytes.
+/// life (numbers 0 to 12, local to the op) and bytes.
 ///
 /// Up to 3,072 indices (without `scale_grad_by_freq`) the kernel needs no
 /// more than contiguous copies of its inputs. Above, it sorts the indices
@@ -590,17 +587,7 @@ mod tests {
     use crate::ops::Reduction;
 
     fn event(action: Action, addr: u64, size: u64, time_us: u64) -> TraceEntry {
-        TraceEntry {
-            action,
-            addr: Some(addr),
-            size,
-            stream: 0,
-            time_us,
-            frames: Default::default(),
-            category: None,
-            tensor: None,
-            device_free: None,
-        }
+        TraceEntry::new(action, Some(addr), size, time_us)
     }
 
     fn conv(backward: bool, n: i64, c_in: i64, c_out: i64, h: i64, k: i64, output_mask: u8) -> Convolution {
