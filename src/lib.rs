@@ -202,6 +202,7 @@ pub mod logger;
 pub mod model_size;
 pub mod monitor;
 mod named;
+pub mod notebook;
 pub mod oom;
 mod prediction;
 pub mod reporter;

@@ -74,6 +74,19 @@ impl RamFigures {
     }
 }
 
+/// Figures of the CPU tensors of one step, in bytes: libtorch's CPU
+/// allocator as memlab's counting allocator sees it, exact.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct CpuFigures {
+    /// Allocated bytes after minus before.
+    pub consumed: i64,
+    /// How far allocated bytes peaked above their level after the step.
+    pub peaked: i64,
+    /// Allocated bytes after the step.
+    pub used: i64,
+}
+
 /// GPU figures of one step, in bytes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 #[non_exhaustive]
@@ -110,6 +123,9 @@ pub struct StepData {
     pub label: String,
     /// General RAM.
     pub ram: RamFigures,
+    /// The CPU tensors, when memlab counts libtorch's CPU allocator (its
+    /// default; see `memlab::stats`).
+    pub cpu: Option<CpuFigures>,
     /// The GPU, when CUDA is available.
     pub gpu: Option<GpuFigures>,
     /// Wall time of the step.
@@ -239,40 +255,110 @@ impl StepLogger {
     /// Runs `step` under measurement, prints a report (while started) and
     /// keeps the figures for [`data`](Self::data).
     pub fn log<R>(&mut self, label: &str, step: impl FnOnce() -> R) -> R {
-        let gpu = match memlab_tch::auto_device() {
-            Device::Cuda(i) => Some(i),
-            Device::Cpu => None,
-        };
-        if self.clear_cache {
-            let _ = memlab_tch::empty_cache();
-        }
-        let exact_ram_peak = self.exact_ram_peak && reset_rss_peak();
-        let read_rss = || if self.exact_ram { rss() } else { sampled_rss().unwrap_or_else(rss) };
-        let ram_before = read_rss();
-        let watch = gpu.and_then(|i| PeakWatch::start(&BACKEND, Device::Cuda(i)).ok());
-        let sampler = StepWindow::start(gpu, ram_before, self.sample_every);
         let span_start = memlab_core::events::span_start();
-        let started = Instant::now();
+        let measure = Measure::start(&self.how());
         let value = step();
-        let time = started.elapsed();
+        let time = measure.elapsed();
         if memlab_core::events::is_active() {
             // The step on the recording's timeline, and what the model's tensors are now.
             memlab_core::events::span(SpanKind::Step, label.to_string(), span_start);
             crate::named::seen::note(&crate::named::Model::registered());
         }
-        let (sampled_rss_peak, sampled_driver_peak) = sampler.stop();
+        let data = measure.finish(label, time);
+        if self.running {
+            let text = if self.compact { data.compact_line() } else { data.to_string() };
+            memlab_core::output::emit(&text);
+        }
+        self.last = Some(data);
+        value
+    }
 
-        let ram_after = read_rss();
-        let ram_peak = if exact_ram_peak { rss_peak().max(ram_after) } else { sampled_rss_peak.max(ram_after) };
+    /// How this logger measures.
+    fn how(&self) -> How {
+        How {
+            exact_ram: self.exact_ram,
+            exact_ram_peak: self.exact_ram_peak,
+            clear_cache: self.clear_cache,
+            sample_every: self.sample_every,
+        }
+    }
+}
+
+/// How a step is measured: the settings [`StepLogger`] and the per-cell
+/// logger share.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct How {
+    pub exact_ram: bool,
+    pub exact_ram_peak: bool,
+    pub clear_cache: bool,
+    pub sample_every: Duration,
+}
+
+impl Default for How {
+    fn default() -> How {
+        How { exact_ram: false, exact_ram_peak: false, clear_cache: false, sample_every: Duration::from_millis(1) }
+    }
+}
+
+/// A step being measured, from [`Measure::start`] to [`Measure::finish`],
+/// which may run on different threads.
+pub(crate) struct Measure {
+    how: How,
+    exact_ram_peak: bool,
+    gpu: Option<usize>,
+    ram_before: u64,
+    cpu_watch: Option<PeakWatch>,
+    gpu_watch: Option<PeakWatch>,
+    sampler: StepWindow,
+    started: Instant,
+}
+
+impl Measure {
+    /// Starts measuring: the figures before the step, the allocators' peaks
+    /// watched from now, the background samples begun.
+    pub(crate) fn start(how: &How) -> Measure {
+        let gpu = match memlab_tch::auto_device() {
+            Device::Cuda(i) => Some(i),
+            Device::Cpu => None,
+        };
+        if how.clear_cache {
+            let _ = memlab_tch::empty_cache();
+        }
+        let exact_ram_peak = how.exact_ram_peak && reset_rss_peak();
+        let ram_before = read_rss(how.exact_ram);
+        let cpu_watch = PeakWatch::start(&BACKEND, Device::Cpu).ok();
+        let gpu_watch = gpu.and_then(|i| PeakWatch::start(&BACKEND, Device::Cuda(i)).ok());
+        let sampler = StepWindow::start(gpu, ram_before, how.sample_every);
+        Measure { how: *how, exact_ram_peak, gpu, ram_before, cpu_watch, gpu_watch, sampler, started: Instant::now() }
+    }
+
+    /// The time since the start.
+    pub(crate) fn elapsed(&self) -> Duration {
+        self.started.elapsed()
+    }
+
+    /// Ends the measurement of a step of `time` called `label`.
+    pub(crate) fn finish(self, label: &str, time: Duration) -> StepData {
+        let (sampled_rss_peak, sampled_driver_peak) = self.sampler.stop();
+        let ram_after = read_rss(self.how.exact_ram);
+        let ram_peak = if self.exact_ram_peak { rss_peak().max(ram_after) } else { sampled_rss_peak.max(ram_after) };
         let ram = RamFigures {
-            consumed: ram_after as i64 - ram_before as i64,
+            consumed: ram_after as i64 - self.ram_before as i64,
             peaked: ram_peak.saturating_sub(ram_after) as i64,
             used: ram_after,
             total: total_ram(),
-            peak_exact: exact_ram_peak,
-            sampled: !self.exact_ram,
+            peak_exact: self.exact_ram_peak,
+            sampled: !self.how.exact_ram,
         };
-        let gpu = match (gpu, watch) {
+        let cpu = self.cpu_watch.and_then(|watch| watch.finish().ok()).map(|(start, end)| {
+            let (before, after) = (start.allocated_bytes(), end.allocated_bytes());
+            CpuFigures {
+                consumed: after.current - before.current,
+                peaked: after.peak - after.current,
+                used: after.current,
+            }
+        });
+        let gpu = match (self.gpu, self.gpu_watch) {
             (Some(index), Some(watch)) => watch.finish().ok().map(|(start, end)| {
                 let (before, after, reserved) = (start.allocated_bytes(), end.allocated_bytes(), end.reserved_bytes());
                 let driver = latest_driver_memory(index);
@@ -290,13 +376,16 @@ impl StepLogger {
             }),
             _ => None,
         };
-        let data = StepData { label: label.to_string(), ram, gpu, time };
-        if self.running {
-            let text = if self.compact { data.compact_line() } else { data.to_string() };
-            memlab_core::output::emit(&text);
-        }
-        self.last = Some(data);
-        value
+        StepData { label: label.to_string(), ram, cpu, gpu, time }
+    }
+}
+
+/// The resident set: read now, or the background thread's latest reading.
+fn read_rss(exact: bool) -> u64 {
+    if exact {
+        rss()
+    } else {
+        sampled_rss().unwrap_or_else(rss)
     }
 }
 
@@ -313,6 +402,14 @@ impl StepData {
             Cell::bytes(self.ram.total)
         );
         line += self.ram.label();
+        if let Some(c) = &self.cpu {
+            line += &format!(
+                " | CPU tensors {} ^{} ={}",
+                Cell::signed_bytes(c.consumed),
+                Cell::bytes(c.peaked),
+                Cell::bytes(c.used)
+            );
+        }
         if let Some(g) = &self.gpu {
             line += &format!(
                 " | GPU {} ^{} ={} of {}",
@@ -358,6 +455,16 @@ impl Render for StepData {
             Cell::bytes(self.ram.total),
             Cell::text(self.ram.label().trim_start()),
         ]);
+        if let Some(c) = &self.cpu {
+            table.row([
+                Cell::text("CPU:"),
+                Cell::bytes(c.consumed),
+                Cell::bytes(c.peaked),
+                Cell::bytes(c.used),
+                Cell::text(""),
+                Cell::text("(tensors, libtorch's CPU allocator)"),
+            ]);
+        }
         match &self.gpu {
             Some(g) => {
                 table.row([

@@ -30,6 +30,9 @@ fn ram_figures_of_a_step() {
     // a peak above what stays.
     assert!(data.ram.peaked >= 40 << 20, "peaked {} (exact: {})", data.ram.peaked, data.ram.peak_exact);
     assert!(data.ram.consumed >= 12 << 20, "consumed {}", data.ram.consumed);
+    // The CPU tensors from the allocator, exact: 16 MiB kept, 64 MiB at the peak.
+    let cpu = data.cpu.expect("memlab counts the CPU allocator");
+    assert_eq!((cpu.consumed, cpu.peaked), (16 << 20, 48 << 20), "{data}");
     assert_eq!(data.gpu.is_some(), memlab::gpu::cuda_is_available());
     drop(kept);
 }
@@ -116,6 +119,9 @@ fn printed_forms_snapshot() {
     (ram.consumed, ram.peaked, ram.used, ram.total) = (4 << 20, 1 << 20, 512 << 20, 16 << 30);
     (ram.peak_exact, ram.sampled) = (false, true);
     data.ram = ram;
+    let mut cpu = memlab::logger::CpuFigures::default();
+    (cpu.consumed, cpu.peaked, cpu.used) = (-(2 << 20), 8 << 20, 100 << 20);
+    data.cpu = Some(cpu);
     let mut gpu = memlab::logger::GpuFigures::default();
     (gpu.device, gpu.consumed, gpu.peaked, gpu.used, gpu.reserved, gpu.total) =
         (0, 64 << 20, 192 << 20, 129 << 20, 160 << 20, 80 << 30);
@@ -124,12 +130,13 @@ fn printed_forms_snapshot() {
     let table = "\
 RAM:  Consumed    Peaked      Used     Total  in 0.013s (step 3)
 Gen:     4.00M     1.00M   512.00M    16.00G  (sampled)
+CPU:    -2.00M     8.00M   100.00M            (tensors, libtorch's CPU allocator)
 GPU:    64.00M   192.00M   129.00M    80.00G  (cuda:0, libtorch's allocator; reserved 160.00M)
      driver (sampled): device-wide 1.00G used, peaked 0.00B above; this process 900.00M (NVML)
 ";
     assert_eq!(data.to_string(), table);
     let line =
-        "step 3: 0.013s | RAM +4.00M ^1.00M =512.00M of 16.00G  (sampled) | GPU +64.00M ^192.00M =129.00M of 80.00G\n";
+        "step 3: 0.013s | RAM +4.00M ^1.00M =512.00M of 16.00G  (sampled) | CPU tensors -2.00M ^8.00M =100.00M | GPU +64.00M ^192.00M =129.00M of 80.00G\n";
     assert_eq!(data.compact_line(), line);
 }
 

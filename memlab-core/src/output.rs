@@ -47,6 +47,17 @@ pub fn emit(text: &str) {
     write(&REPORTS, text, Output::Stdout, true);
 }
 
+/// Writes a report as [`emit`] does, except that where reports go to
+/// standard output, `to_stdout` writes it: for a writer that holds the
+/// process's standard output itself (the notebook's cell logger).
+pub fn emit_or(text: &str, to_stdout: impl FnOnce(&str)) {
+    let chosen = REPORTS.locked().clone();
+    match chosen.as_deref() {
+        None | Some(Output::Stdout) => to_stdout(text),
+        Some(_) => emit(text),
+    }
+}
+
 /// Writes a warning to the output chosen with [`set_warnings`].
 pub fn warn(text: &str) {
     write(&WARNINGS, text, Output::Stderr, true);
@@ -175,9 +186,10 @@ fn write(target: &Mutex<Option<Arc<Output>>>, text: &str, default: Output, to_si
 
 /// Shows a rendering in an evcxr (Rust Jupyter) notebook cell, as `html`
 /// and as `text` together: evcxr reads rich output from standard output,
-/// between its markers, whatever `set_output` says, and merges a cell's
-/// contents by mime type into one display bundle, so that a notebook shows
-/// the HTML and a console client the text.
+/// between its markers, whatever `set_output` says, and sends a cell's
+/// contents as one display bundle, keyed by mime type, so that a notebook
+/// shows the HTML and a console client the text. It keeps the last content
+/// of each mime type a cell prints: a cell shows its last display.
 pub fn evcxr_show(html: &str, text: &str) {
     drop(std::io::stdout().lock().write_all(evcxr_bundle(html, text).as_bytes()));
 }

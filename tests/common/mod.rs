@@ -3,6 +3,7 @@
 // Each test binary compiles this module and uses only part of it.
 #![allow(dead_code)]
 
+pub mod cells;
 pub mod chromium;
 pub mod pytorch;
 

@@ -7,6 +7,7 @@
 mod common;
 
 mod courtesy;
+mod notebook;
 mod oom;
 mod profile;
 mod recording;
