@@ -17,8 +17,8 @@ const CELL_STARTS: &[u8] = b"LOAD_AND_RUN ";
 /// The line evcxr's child prints when a cell's code has returned.
 const CELL_ENDS: &[u8] = b"EVCXR_EXECUTION_COMPLETE\n";
 
-/// Starts the per-cell logger with its defaults (the table form, RAM from
-/// the background readings): from this call on, each cell prints its line
+/// Starts the per-cell logger with its defaults (the table form, the
+/// resident set read at each cell's two ends): from this call on, each cell prints its line
 /// when it ends. The same as `CellLogger::new().start()`.
 ///
 /// Returns an error outside evcxr's kernel or REPL, where there are no cells
@@ -34,10 +34,18 @@ pub fn log_cells() -> Result<()> {
 /// memlab::notebook::CellLogger::new().compact(true).start()?;  // one line a cell
 /// # Ok::<(), memlab::Error>(())
 /// ```
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub struct CellLogger {
     compact: bool,
     how: How,
+}
+
+impl Default for CellLogger {
+    fn default() -> CellLogger {
+        // Two system calls a cell are nothing at a person's pace, and a
+        // short cell can end before the background thread reads again.
+        CellLogger { compact: false, how: How { exact_ram: true, ..How::default() } }
+    }
 }
 
 impl CellLogger {
@@ -52,8 +60,8 @@ impl CellLogger {
         self
     }
 
-    /// Reads the resident set when a cell starts and ends (two system calls
-    /// a cell) instead of taking the background thread's latest readings, as
+    /// Reads the resident set when a cell starts and ends (the default), or,
+    /// with `false`, takes the background thread's latest readings, as
     /// [`StepLogger::exact_ram`](crate::StepLogger::exact_ram).
     pub fn exact_ram(mut self, exact: bool) -> CellLogger {
         self.how.exact_ram = exact;
@@ -102,7 +110,7 @@ impl CellLogger {
         }
         streams::watch()?;
         log.watching = true;
-        log.begin(" (from log_cells())");
+        log.begin(", from log_cells()");
         Ok(())
     }
 }
@@ -190,7 +198,7 @@ impl Render for Cells {
         doc.table(table);
         doc.note(
             "Times are the cells' runs: from loading a cell's compiled library to the end of its code; \
-             compiling it is not seen. RAM is the resident set (sampled unless exact_ram); \
+             compiling it is not seen. RAM is the resident set, its peak sampled unless exact_ram_peak; \
              CPU tensors and GPU are the allocators' exact figures.",
         );
         doc
@@ -214,7 +222,7 @@ struct Log {
 memlab_core::process::process_wide! {
     static LOG: Mutex<Log> = Mutex::new(Log {
         compact: false,
-        how: How::default(),
+        how: How { exact_ram: true, ..How::default() },
         printing: true,
         watching: false,
         running: None,

@@ -65,7 +65,7 @@ fn a_line_after_every_cell_with_exact_figures() {
     // Nothing before logging starts; the starting cell's rest is logged.
     assert!(!out("before").contains("RAM:"), "{}", out("before"));
     assert!(out("start").contains("logging\nRAM:"), "its line after what it printed:\n{}", out("start"));
-    assert!(out("start").contains("(cell 1 (from log_cells()))"), "{}", out("start"));
+    assert!(out("start").contains("(cell 1, from log_cells())"), "{}", out("start"));
 
     // The table form, after what the cell printed, with the allocator's exact figures.
     let keep = out("keep_4_temporary_8");

@@ -44,3 +44,59 @@ fn a_collapsed_table_opens_with_a_click() {
     assert!(rows[30].starts_with("1.00M") && rows[30].ends_with("site 29"), "{rows:?}");
     std::fs::remove_file(&path).ok();
 }
+
+/// The rules of a notebook's stylesheet that meet a table in an output
+/// (JupyterLab 4's, which nbconvert's lab template also uses): tables
+/// centred with a fixed layout, every cell right-aligned and wrapping.
+const NOTEBOOK_RULES: &str = ".jp-RenderedHTMLCommon table{border-collapse:collapse;table-layout:fixed;\
+margin-left:auto;margin-right:auto}\
+.jp-RenderedHTMLCommon td,.jp-RenderedHTMLCommon th,.jp-RenderedHTMLCommon tr{padding:.5em;\
+white-space:normal;vertical-align:middle}\
+:not(.jp-RenderedMarkdown).jp-RenderedHTMLCommon td,:not(.jp-RenderedMarkdown).jp-RenderedHTMLCommon th{\
+text-align:right}";
+
+#[test]
+fn tables_keep_their_layout_inside_a_notebooks_stylesheet() {
+    // A profile-like table: figures, a text column, and a code line far
+    // wider than the output area.
+    let mut table = Table::new(vec![
+        Column::new("increment", Layout::Figure),
+        Column::new("name", Layout::Text),
+        Column::new("code", Layout::Code),
+    ]);
+    let long = format!("    let logits = model.forward(&x){};", ".relu()".repeat(40));
+    table.row([Cell::signed_bytes(2560i64), Cell::text("fc1.weight"), Cell::code(long)]);
+    table.row([Cell::bytes(0u64), Cell::text("fc2.weight"), Cell::code("    logits")]);
+    let mut doc = Document::new();
+    doc.table(table);
+    let page = format!(
+        "<!DOCTYPE html><html><head><style>{NOTEBOOK_RULES}</style></head><body style=\"margin:0\">\
+         <div class=\"jp-OutputArea-output jp-RenderedHTMLCommon\" style=\"width:600px\">{}</div></body></html>",
+        doc.to_html()
+    );
+    let path = std::env::temp_dir().join(format!("memlab_notebook_css_{}.html", std::process::id()));
+    std::fs::write(&path, page).unwrap();
+    let Some(mut browser) = Browser::launch(1000, 900) else { return };
+    let mut tab = browser.open(&format!("file://{}", path.display()));
+    let style = |tab: &mut common::chromium::Page<'_>, selector: &str, property: &str| {
+        tab.eval(&format!("getComputedStyle(document.querySelector('{selector}')).{property}"))
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    };
+    assert_eq!(style(&mut tab, "td.text", "textAlign"), "left", "text cells stay left-aligned");
+    assert_eq!(style(&mut tab, "th.text", "textAlign"), "left", "and their headers");
+    assert_eq!(style(&mut tab, "td.code", "textAlign"), "left", "and code");
+    assert_eq!(style(&mut tab, "td:not(.text):not(.code)", "whiteSpace"), "nowrap", "figures never wrap");
+    // The table starts at the output's left edge and wraps the code line
+    // inside the output's width, its indentation kept.
+    let left = tab.eval("document.querySelector('div.memlab table').getBoundingClientRect().left").as_f64().unwrap();
+    let width = tab.eval("document.querySelector('div.memlab table').getBoundingClientRect().width").as_f64().unwrap();
+    assert!(left < 1.0, "the table is not centred: it starts at {left}px");
+    assert!(width <= 600.0, "the table fits the 600px output: {width}px");
+    let code = tab.eval("document.querySelector('td.code').getBoundingClientRect().height").as_f64().unwrap();
+    let figure = tab.eval("document.querySelector('td').getBoundingClientRect().height").as_f64().unwrap();
+    assert!(code > 2.0 * figure.min(20.0), "the long line wraps ({code}px high)");
+    assert_eq!(style(&mut tab, "td.code", "whiteSpace"), "pre-wrap");
+    std::fs::remove_file(&path).ok();
+}

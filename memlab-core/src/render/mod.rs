@@ -82,13 +82,18 @@ pub fn escape_html(text: &str) -> String {
 /// pages alike, scoped to `.memlab` (and `.memlab-page`, a page's body).
 /// Figures are right-aligned and never wrap; text and code columns (cells
 /// and their headers alike) are left-aligned, text may wrap, code keeps its
-/// indentation. The drawings' rules (timelines, icicle graphs, legends) are
+/// indentation and wraps rather than widen the table past its container.
+/// The table rules outrank a notebook's own (JupyterLab's and nbconvert's
+/// right-align every cell and centre tables): `div.memlab` counts one more
+/// element than their selectors. The drawings' rules (timelines, icicle graphs, legends) are
 /// here too, and those of collapsed tables (a hidden checkbox before the
 /// table; its summary row's label opens the rest).
-pub const STYLESHEET: &str = ".memlab table{border-collapse:collapse;font-family:monospace;margin:.2em 0 .6em}\
-.memlab td,.memlab th{padding:0 .6em;text-align:right;white-space:nowrap}\
-.memlab .text,.memlab .code{text-align:left}.memlab td.text{white-space:normal}\
-.memlab td.code{white-space:pre}.memlab tr.idle td{color:#999}\
+pub const STYLESHEET: &str = "div.memlab table{border-collapse:collapse;font-family:monospace;margin:.2em 0 .6em;\
+table-layout:auto;width:auto}\
+div.memlab td,div.memlab th{padding:0 .6em;text-align:right;white-space:nowrap;vertical-align:top}\
+div.memlab td.text,div.memlab th.text,div.memlab td.code,div.memlab th.code{text-align:left}\
+div.memlab td.text{white-space:normal}div.memlab td.code{white-space:pre-wrap;overflow-wrap:anywhere}\
+.memlab tr.idle td{color:#999}\
 .memlab h3{font-family:sans-serif;margin:.8em 0 .3em}.memlab p{margin:.2em 0}\
 .memlab-page{font-family:sans-serif;margin:1.5em;color:#222}\
 .memlab h1{font-size:1.4em}.memlab h2{font-size:1.15em;margin-top:1.6em}\
