@@ -257,7 +257,7 @@ impl Log {
 mod streams {
     use std::fs::File;
     use std::io::{BufRead, BufReader, Read, Write};
-    use std::os::fd::{FromRawFd, RawFd};
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
     use memlab_core::sync::LockExt;
     use memlab_core::{Error, Result};
@@ -274,40 +274,46 @@ mod streams {
         let _ = std::io::stdout().flush();
         let (from_kernel, to_cells) = pipe().ok_or_else(|| fail("make a pipe"))?;
         let (from_cells, to_kernel) = pipe().ok_or_else(|| fail("make a pipe"))?;
-        // SAFETY: fcntl and dup2 on descriptors this process holds; the
-        // copies are owned by the Files made of them below.
+        let kernel_in = copy_of(0).ok_or_else(|| fail("copy standard input"))?;
+        let kernel_out = copy_of(1).ok_or_else(|| fail("copy standard output"))?;
+        let (kernel_in_fd, kernel_out_fd) = (kernel_in.as_raw_fd(), kernel_out.as_raw_fd());
+        // Both threads start before the streams are taken over; the input's
+        // reads only once they are, so that nothing is read twice or lost
+        // if they cannot be.
+        let (go, wait) = std::sync::mpsc::sync_channel::<bool>(1);
+        let (kernel_in, to_cells) = (File::from(kernel_in), File::from(to_cells));
+        memlab_core::thread::spawn_started("memlab-cell-in", move || {
+            if wait.recv() == Ok(true) {
+                relay_input(kernel_in, to_cells);
+            }
+        })
+        .map_err(|e| Error::io("start the thread that watches cells arrive", e))?;
+        let (from_cells, kernel_out) = (File::from(from_cells), File::from(kernel_out));
+        if let Err(e) =
+            memlab_core::thread::spawn_started("memlab-cell-out", move || relay_output(from_cells, kernel_out))
+        {
+            let _ = go.send(false);
+            return Err(Error::io("start the thread that watches cells end", e));
+        }
+        // SAFETY: dup2 onto this process's standard streams from descriptors
+        // it holds (the pipes' ends here, the copies in the threads' Files).
         unsafe {
-            let kernel_in = libc::fcntl(0, libc::F_DUPFD_CLOEXEC, 3);
-            let kernel_out = libc::fcntl(1, libc::F_DUPFD_CLOEXEC, 3);
-            if kernel_in < 0 || kernel_out < 0 || libc::dup2(from_kernel, 0) < 0 {
-                for fd in [kernel_in, kernel_out, from_kernel, to_cells, from_cells, to_kernel] {
-                    if fd >= 0 {
-                        libc::close(fd);
-                    }
-                }
+            if libc::dup2(from_kernel.as_raw_fd(), 0) < 0 {
+                let _ = go.send(false);
                 return Err(fail("take over standard input"));
             }
-            if libc::dup2(to_kernel, 1) < 0 {
+            if libc::dup2(to_kernel.as_raw_fd(), 1) < 0 {
                 let error = fail("take over standard output");
-                libc::dup2(kernel_in, 0);
-                for fd in [kernel_in, kernel_out, from_kernel, to_cells, from_cells, to_kernel] {
-                    libc::close(fd);
-                }
+                libc::dup2(kernel_in_fd, 0);
+                let _ = go.send(false);
                 return Err(error);
             }
-            libc::close(from_kernel);
-            libc::close(to_kernel);
-            KERNEL_OUT.store(kernel_out, std::sync::atomic::Ordering::Release);
-            let kernel_in = File::from_raw_fd(kernel_in);
-            let to_cells = File::from_raw_fd(to_cells);
-            let from_cells = File::from_raw_fd(from_cells);
-            let kernel_out = File::from_raw_fd(kernel_out);
-            memlab_core::thread::spawn_started("memlab-cell-in", move || relay_input(kernel_in, to_cells))
-                .map_err(|e| Error::io("start the thread that watches cells arrive", e))?;
-            memlab_core::thread::spawn_started("memlab-cell-out", move || relay_output(from_cells, kernel_out))
-                .map_err(|e| Error::io("start the thread that watches cells end", e))?;
+            KERNEL_OUT.store(kernel_out_fd, std::sync::atomic::Ordering::Release);
             libc::atexit(hand_back_output);
         }
+        let _ = go.send(true);
+        // Descriptors 0 and 1 are the pipes' ends now; these copies go.
+        drop((from_kernel, to_kernel));
         Ok(())
     }
 
@@ -334,10 +340,19 @@ mod streams {
     }
 
     /// A pipe whose ends close on exec: (reading, writing).
-    fn pipe() -> Option<(RawFd, RawFd)> {
+    fn pipe() -> Option<(OwnedFd, OwnedFd)> {
         let mut fds = [0; 2];
-        // SAFETY: pipe2 writes two descriptors.
-        (unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } == 0).then_some((fds[0], fds[1]))
+        // SAFETY: pipe2 writes two new descriptors, owned from here on.
+        (unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) } == 0)
+            .then(|| unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+    }
+
+    /// A copy of descriptor `fd` that closes on exec, above the standard three.
+    fn copy_of(fd: RawFd) -> Option<OwnedFd> {
+        // SAFETY: fcntl returns a new descriptor, owned from here on, or -1.
+        let copy = unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 3) };
+        // SAFETY: as above.
+        (copy >= 0).then(|| unsafe { OwnedFd::from_raw_fd(copy) })
     }
 
     /// Passes the kernel's lines on to the cells; a cell starts when its line
