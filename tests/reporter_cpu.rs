@@ -184,7 +184,7 @@ fn device_filter_and_exports() {
     assert_eq!(json["devices"][0]["device"], "cpu");
     assert_eq!(json["devices"][0]["rows"][1]["bytes"], 48);
     let html = report.to_html();
-    assert!(html.contains("<td class=\"text\">l.weight</td>") && html.contains("<style>.memlab table"), "{html}");
+    assert!(html.contains("<td class=\"text\">l.weight</td>") && html.contains("<style>div.memlab table"), "{html}");
 }
 
 #[test]
