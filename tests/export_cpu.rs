@@ -562,3 +562,37 @@ fn the_live_report_and_memlab_view_of_its_snapshot_are_one_page() {
     }
     std::fs::remove_file(&path).ok();
 }
+
+#[test]
+fn a_folded_run_of_frames_lists_them_when_clicked() {
+    // PyTorch's default recording: each run of frames that are not the
+    // program's own is one node of the icicle graph, which lists them when
+    // clicked, with no script on the page.
+    let name = "transformer_all.pickle";
+    let fixture = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures").join(name);
+    let file = memlab_core::export::Snapshot::read_pickle(&fixture).unwrap();
+    let summary = memlab_cli::analysis::Summary::of(name, &file);
+    let path = temp("folded.html");
+    std::fs::write(&path, memlab_cli::view::page(name, &file, &summary)).unwrap();
+    let Some(mut browser) = Browser::launch(1100, 1400) else { return };
+    let mut page = browser.open(&format!("file://{}", path.display()));
+    assert_eq!(page.console_errors(), Vec::<String>::new(), "no console errors or CSP violations");
+    let shown = "[...document.querySelectorAll('div.fold')].filter(d => getComputedStyle(d).display != 'none').length";
+    assert_eq!(page.eval(shown).as_u64(), Some(0), "no list shows before a click");
+    let folded = "svg.flame a[href^='#fold-'] rect";
+    let label =
+        page.eval(&format!("document.querySelector(\"{folded}\").parentElement.querySelector('title').textContent"));
+    page.click(folded);
+    assert_eq!(page.eval(shown).as_u64(), Some(1), "the click shows one list");
+    let list =
+        page.eval("document.querySelector('div.fold:target').innerText").as_str().unwrap_or_default().to_string();
+    let label = label.as_str().unwrap().lines().next().unwrap().to_string();
+    assert!(list.starts_with(&label), "the list of the node clicked: {label:?}\n{list}");
+    let count: usize = label.trim_start_matches("… ").split(' ').next().unwrap().parse().unwrap();
+    assert_eq!(
+        page.eval("document.querySelectorAll('div.fold:target li').length").as_u64(),
+        Some(count as u64),
+        "{list}"
+    );
+    std::fs::remove_file(&path).ok();
+}

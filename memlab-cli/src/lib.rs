@@ -32,7 +32,10 @@
 //! reserved memory was not allocated at the peak (fragmentation and the
 //! caching allocator's rounding), what was live at the peak by category and by
 //! site (the innermost frame of the program's own code: frames of PyTorch, the
-//! Python and Rust standard libraries and C++ are skipped), and whether the
+//! Python and Rust standard libraries and C++ are skipped; an allocation whose
+//! stack has none is named for what made it, read from its native frames, such
+//! as `autograd's backward pass (AddmmBackward0)` for one made on the backward
+//! pass's thread, which runs no Python), and whether the
 //! history is partial (memlab's bounded history dropped events, or PyTorch's
 //! kept only its last `max_entries`: the trace frees blocks it never saw
 //! allocated). On `fixtures/leaky.pickle`, a PyTorch 2.11 snapshot of a
@@ -100,16 +103,28 @@
 //!
 //! # `memlab view`
 //!
-//! `memlab view SNAPSHOT [-o FILE.html]` writes the self-contained HTML report
-//! (one file, no script, nothing fetched; the snapshot's name with `.html` by
-//! default): the summary, then per device memory over time stacked by the sites
-//! that held the most at the peak, an icicle graph of what was live at the peak
-//! by call stack, and the table of it, by the tensor's name where memlab's
+//! `memlab view SNAPSHOT [-o FILE.html] [--all-frames]` writes the
+//! self-contained HTML report (one file, no script, nothing fetched; the
+//! snapshot's name with `.html` by default): the summary, then per device
+//! memory over time stacked by the sites that held the most at the peak, an
+//! icicle graph of what was live at the peak by call stack, and the table of it, by the tensor's name where memlab's
 //! exporter named it and by site otherwise, then the line profile. From memlab's
 //! own pickle the page is the one the program's `Exporter::html_report` wrote
 //! (the same rows, names and profile); PyTorch's pickles carry no names, line
 //! profile or libtorch version, so those parts are left out with one line saying
-//! so. A gigabyte snapshot makes a page of about 0.6 MB (see `BENCHMARKS.md`):
+//! so. A gigabyte snapshot makes a page of about 0.6 MB (see `BENCHMARKS.md`).
+//!
+//! The icicle graph shows the program's own frames. PyTorch's default
+//! recording (`stacks="all"`) gives an allocation some 60 frames, most of them
+//! CPython's interpreter, torch's Python modules, libtorch's dispatcher, the
+//! runtime and the recorder; each run of them between two frames of the
+//! program's own is one node, `… 23 frames: CPython, Python library`, and a
+//! click on it lists them under the graph. A stack with no frame of the
+//! program's own starts with what made it. On `fixtures/transformer_all.pickle`
+//! (a small transformer's setup and two training steps on an H100) the
+//! deepest path is 10 levels instead of 107. `--all-frames` shows every frame.
+//! The one classifier of frames is `memlab_core::export::frames`. Writing a
+//! page:
 //!
 //! ```text
 //! $ memlab view fixtures/memlab_cpu.pickle -o memlab_cpu.html

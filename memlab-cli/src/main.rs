@@ -4,7 +4,7 @@
 //!
 //! ```text
 //! memlab summary SNAPSHOT [--json]
-//! memlab view SNAPSHOT [-o FILE.html] [--json]
+//! memlab view SNAPSHOT [-o FILE.html] [--all-frames] [--json]
 //! memlab diff A B [--html FILE.html] [--json]
 //! memlab merge FILES… -o DIR [--offset RANK=µs]… [--json]
 //! memlab replay SNAPSHOT [--setting CONF]… [--capacity BYTES | --fraction F] [--total BYTES] [--compare] [--json]
@@ -53,6 +53,11 @@ enum Command {
         /// Print the summary as JSON too, with where the page went.
         #[arg(long)]
         json: bool,
+        /// Show every frame of the call stacks: CPython's, libtorch's
+        /// dispatcher's, the runtime's (by default each run of them between
+        /// the program's own frames is one node, listed when clicked).
+        #[arg(long)]
+        all_frames: bool,
     },
     /// What changed between two runs, per device: the peaks, and what was
     /// live at the peak by category and by site (new, gone, grown, shrunk),
@@ -185,14 +190,14 @@ fn run(command: Command) -> Result<(), String> {
             show(&summary, json);
             Ok(())
         }
-        Command::View { snapshot, output, json } => {
+        Command::View { snapshot, output, json, all_frames } => {
             let file = Snapshot::read_pickle(&snapshot).map_err(|e| e.to_string())?;
             let summary = analysis::Summary::of(&snapshot, &file);
             let output = output.unwrap_or_else(|| {
                 let path = std::path::Path::new(&snapshot);
                 path.with_extension("html").to_string_lossy().into_owned()
             });
-            let page = view::page(&snapshot, &file, &summary);
+            let page = view::page_with(&snapshot, &file, &summary, all_frames);
             std::fs::write(&output, &page).map_err(|e| format!("cannot write {output}: {e}"))?;
             if json {
                 let value = serde_json::json!({ "page": output, "bytes": page.len(), "summary": summary });

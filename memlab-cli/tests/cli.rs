@@ -670,3 +670,96 @@ fn replay_refuses_what_it_cannot_replay_in_one_line() {
     assert!(text.contains("rebuilt them (4 segment(s), 9 block(s) in use)"), "{text}");
     assert!(text.contains("made 11 of the allocator's 11 segment events."), "{text}");
 }
+
+/// The allocations live after the first `events` events of device 0's
+/// history, walked here apart from the tool: each with its stack.
+fn live_after(name: &str, events: usize) -> Vec<(u64, Vec<memlab_core::export::SnapshotFrame>)> {
+    use memlab_core::events::Action;
+    let s = memlab_core::export::Snapshot::read_pickle(fixture(name)).unwrap().snapshot;
+    let mut live = std::collections::BTreeMap::new();
+    for e in &s.device_traces[0][..events] {
+        match e.action {
+            Action::Alloc => {
+                live.insert(e.addr, (e.size, e.frames.to_vec()));
+            }
+            Action::FreeCompleted => {
+                live.remove(&e.addr);
+            }
+            _ => {}
+        }
+    }
+    live.into_values().collect()
+}
+
+#[test]
+fn pytorchs_full_stacks_read_as_a_person_reads_them() {
+    // PyTorch's default recording (stacks="all"): some 60 frames an
+    // allocation, most of them CPython's, the dispatcher's, the runtime's.
+    let name = "transformer_all.pickle";
+    let summary = json(&["summary", fixture(name).to_str().unwrap(), "--json"]);
+    let device = &summary["devices"][0];
+    let peak_event = device["peak"]["event"].as_u64().unwrap() as usize;
+    let live = live_after(name, peak_event);
+    assert_eq!(live.iter().map(|(size, _)| size).sum::<u64>(), device["peak"]["allocated"].as_u64().unwrap());
+    let ours = |f: &memlab_core::export::SnapshotFrame| f.filename.ends_with("make_snapshots.py");
+
+    // Every site is a line of the script, or names what made it: autograd's
+    // backward pass, whose thread runs no Python. None is a frame of the
+    // recorder or of CPython.
+    let mut backward = 0;
+    for row in device["by_site"].as_array().unwrap() {
+        let (function, file) = (row["site"]["function"].as_str().unwrap(), row["site"]["file"].as_str().unwrap());
+        if let Some(node) = function.strip_prefix("autograd's backward pass (") {
+            assert!(file.is_empty() && node.ends_with("Backward0)"), "{row}");
+            backward += row["bytes"].as_u64().unwrap();
+        } else {
+            assert!(file.ends_with("make_snapshots.py"), "a site of the script's own: {row}");
+        }
+    }
+    let on_engine = |frames: &[memlab_core::export::SnapshotFrame]| {
+        frames.iter().any(|f| f.name.starts_with("torch::autograd::Engine::thread_main"))
+    };
+    let expected: u64 = live.iter().filter(|(_, frames)| on_engine(frames)).map(|(size, _)| size).sum();
+    assert!(expected > 40 << 20, "the backward pass held {expected} B at the peak");
+    assert_eq!(backward, expected, "the backward pass's allocations are named as such");
+
+    // The call-stack view: at most 12 levels deep, every line of the script
+    // that a live allocation's stack passes through shown as a level of its
+    // own, none hidden in a folded run.
+    let file = memlab_core::export::Snapshot::read_pickle(fixture(name)).unwrap();
+    let summary = memlab_cli::analysis::Summary::of(name, &file);
+    let report = memlab_core::export::HtmlReport::of_snapshot(&file, &summary);
+    let flame = &report.devices[0].flame;
+    fn walk(
+        n: &memlab_core::export::FlameNode,
+        depth: usize,
+        shown: &mut Vec<String>,
+        hidden: &mut Vec<String>,
+    ) -> usize {
+        if n.folded.is_empty() {
+            shown.push(n.name.clone());
+        } else {
+            hidden.extend(n.folded.iter().cloned());
+        }
+        n.children.iter().map(|c| walk(c, depth + 1, shown, hidden)).max().unwrap_or(depth)
+    }
+    let (mut shown, mut hidden) = (Vec::new(), Vec::new());
+    let deepest = walk(flame, 1, &mut shown, &mut hidden);
+    assert!(deepest <= 12, "the deepest path has {deepest} levels");
+    for (_, frames) in &live {
+        for f in frames.iter().filter(|f| ours(f)) {
+            let (head, tail) = (format!("{} (", f.name), format!("make_snapshots.py:{})", f.line));
+            let level = shown.iter().any(|s| s.starts_with(&head) && s.ends_with(&tail));
+            assert!(level, "{head}…{tail} is a level of its own");
+        }
+    }
+    assert!(!hidden.iter().any(|f| f.contains("make_snapshots.py")), "no line of the script is folded away");
+    assert!(hidden.iter().any(|f| f.starts_with("_PyEval_EvalFrameDefault")), "CPython's frames are folded");
+
+    // --all-frames shows them all: as deep as the deepest stack.
+    let all = memlab_core::export::HtmlReport::of_snapshot_with(&file, &summary, true);
+    let (mut shown, mut hidden) = (Vec::new(), Vec::new());
+    let deepest_all = walk(&all.devices[0].flame, 1, &mut shown, &mut hidden);
+    let longest = live.iter().map(|(_, frames)| frames.len()).max().unwrap();
+    assert_eq!((deepest_all, hidden.len()), (longest + 1, 0), "every frame, under the root");
+}

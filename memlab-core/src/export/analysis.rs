@@ -24,7 +24,9 @@ use crate::export::{Block, BlockState, Snapshot, SnapshotFile, SnapshotFrame, St
 use serde::Serialize;
 
 /// Where an allocation was made: the innermost frame of the program's own
-/// code (a frame of PyTorch, the standard libraries or C++ is skipped).
+/// code (a frame of PyTorch, the standard libraries or C++ is skipped), or
+/// for a stack without one, what made it, without a file (`autograd's
+/// backward pass (MmBackward0)`; see [`frames::made_by`](super::frames::made_by)).
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 pub struct Site {
     /// The function.
@@ -37,10 +39,10 @@ pub struct Site {
 
 impl Site {
     /// The site of a stack (innermost frame first): its first frame of the
-    /// program's own code, else its innermost frame.
+    /// program's own code, else what made it (see [`frames::site`](super::frames::site)).
     pub fn of(frames: &[SnapshotFrame]) -> Option<Site> {
-        let frame = frames.iter().find(|f| !is_library(&f.filename)).or_else(|| frames.first())?;
-        Some(Site { function: frame.name.clone(), file: frame.filename.clone(), line: frame.line })
+        let (function, file, line) = super::frames::site(frames)?;
+        Some(Site { function, file, line })
     }
 
     /// The file as tables name it (see [`short_path`]).
@@ -75,25 +77,6 @@ impl fmt::Display for Site {
         }
         write!(f, "{} ({}:{})", self.function, self.short_file(), self.line)
     }
-}
-
-/// Whether a frame's file is library code rather than the program's own.
-fn is_library(file: &str) -> bool {
-    const PARTS: [&str; 7] = [
-        "/site-packages/",
-        "/dist-packages/",
-        "/lib/python",
-        "/.cargo/registry/",
-        "/.cargo/git/",
-        "/rustc/",
-        "/torch/",
-    ];
-    const NATIVE: [&str; 6] = [".cpp", ".cc", ".cu", ".cuh", ".h", ".hpp"];
-    file.is_empty()
-        || file == "??"
-        || file.starts_with('<')
-        || PARTS.iter().any(|p| file.contains(p))
-        || NATIVE.iter().any(|e| file.ends_with(e))
 }
 
 /// Bytes and the blocks that hold them.

@@ -15,6 +15,7 @@ use serde::Serialize;
 use std::collections::HashMap;
 
 use super::analysis::{Origin, Site, Start, Summary};
+use super::frames::Level as FoldLevel;
 use super::{SnapshotFile, SnapshotFrame};
 use crate::events::Action;
 use crate::render::{Cell, Column, Document, Icicle, Layout, Render, Table, Timeline};
@@ -211,8 +212,17 @@ impl HtmlReport {
     /// whose summary is `summary`: per device the replay of its history
     /// into a timeline stacked by the sites that held the most at the
     /// peak, and what was live at the peak by call stack and by name (where
-    /// memlab's exporter named the allocation) or site.
+    /// memlab's exporter named the allocation) or site. The call stacks show
+    /// the program's own frames, each run of other frames between them
+    /// folded into one node that lists them when clicked (see
+    /// [`frames::fold`](super::frames::fold)).
     pub fn of_snapshot(file: &SnapshotFile, summary: &Summary) -> HtmlReport {
+        HtmlReport::of_snapshot_with(file, summary, false)
+    }
+
+    /// [`of_snapshot`](Self::of_snapshot), with every frame of the call
+    /// stacks shown when `all_frames` is true.
+    pub fn of_snapshot_with(file: &SnapshotFile, summary: &Summary, all_frames: bool) -> HtmlReport {
         let s = &file.snapshot;
         let names = s.devices();
         let mut devices = Vec::new();
@@ -306,16 +316,20 @@ impl HtmlReport {
                     Origin::Event(i) => (Some(&start.trace[*i].frames), false),
                     Origin::Before(frames) => (frames.as_ref(), true),
                 };
-                let path: Vec<String> = match frames {
-                    Some(frames) if !frames.is_empty() => frames.iter().rev().map(frame_label).collect(),
-                    _ => vec![if before { BEFORE } else { NO_STACK }.to_string()],
+                let path: Vec<FoldLevel> = match frames {
+                    Some(frames) if !frames.is_empty() => super::frames::fold(frames, all_frames, frame_label),
+                    _ => vec![FoldLevel::Frame(if before { BEFORE } else { NO_STACK }.to_string())],
                 };
                 let mut node = &mut flame;
-                for name in path {
-                    let at = match node.children.iter().position(|c| c.name == name) {
+                for level in path {
+                    let (name, folded) = match level {
+                        FoldLevel::Frame(name) => (name, Vec::new()),
+                        FoldLevel::Folded { label, frames } => (label, frames),
+                    };
+                    let at = match node.children.iter().position(|c| c.name == name && c.folded == folded) {
                         Some(at) => at,
                         None => {
-                            node.children.push(FlameNode { name, ..FlameNode::default() });
+                            node.children.push(FlameNode { name, folded, ..FlameNode::default() });
                             node.children.len() - 1
                         }
                     };

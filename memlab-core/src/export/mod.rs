@@ -12,6 +12,7 @@
 //! snapshot fixes most of them): build them with struct expressions.
 
 pub mod analysis;
+pub mod frames;
 mod html;
 mod pickle;
 mod read;

@@ -32,6 +32,11 @@ pub struct FlameNode {
     pub bytes: u64,
     /// Callees, largest first.
     pub children: Vec<FlameNode>,
+    /// For a run of frames folded into this node (see
+    /// `memlab_core::export::frames::fold`): those frames, outermost first;
+    /// the HTML lists them when the node is clicked. Empty for a frame.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub folded: Vec<String>,
 }
 
 /// Memory over time on one device, stacked by layer, with its peak marked.
@@ -234,22 +239,46 @@ fn icicle_svg(icicle: &Icicle) -> String {
         "<svg class=\"flame\" width=\"{WIDTH}\" height=\"{height}\" viewBox=\"0 0 {WIDTH} {height}\" role=\"img\" \
          aria-label=\"memory live at the peak by call stack\">"
     );
-    fn draw(out: &mut String, n: &FlameNode, x: f64, width: f64, row: usize, total: u64) {
+    /// Draws `n` and its callees; a folded run's node links to the list of
+    /// its frames, which `folds` gathers for after the drawing.
+    fn draw(out: &mut String, folds: &mut String, n: &FlameNode, at: (f64, f64, usize), path: u64, total: u64) {
+        let (x, width, row) = at;
         if width < 0.5 {
             return;
         }
         let y = row as f64 * ROW;
-        let hue = 20 + (n.name.bytes().fold(0u32, |h, b| h.wrapping_mul(31).wrapping_add(b as u32)) % 40) as i32;
+        let path = n.name.bytes().fold(path, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
+        let (hue, saturation) = if n.folded.is_empty() {
+            (20 + (n.name.bytes().fold(0u32, |h, b| h.wrapping_mul(31).wrapping_add(b as u32)) % 40) as i32, 85)
+        } else {
+            (210, 25)
+        };
         let tip = format!(
-            "{}\n{} ({:.1}% of the peak's recorded allocations)",
+            "{}\n{} ({:.1}% of the peak's recorded allocations){}",
             n.name,
             Cell::bytes(n.bytes),
-            n.bytes as f64 * 100.0 / total.max(1) as f64
+            n.bytes as f64 * 100.0 / total.max(1) as f64,
+            if n.folded.is_empty() { "" } else { "\nclick to list them" }
         );
+        if !n.folded.is_empty() {
+            let id = format!("fold-{path:016x}");
+            write!(out, "<a href=\"#{id}\">").unwrap();
+            write!(
+                folds,
+                "<div class=\"fold\" id=\"{id}\"><p>{} ({}):</p><ol>",
+                escape_html(&n.name),
+                Cell::bytes(n.bytes)
+            )
+            .unwrap();
+            for frame in &n.folded {
+                write!(folds, "<li>{}</li>", escape_html(frame)).unwrap();
+            }
+            folds.push_str("</ol></div>\n");
+        }
         write!(
             out,
             "<g class=\"frame\"><title>{}</title><rect x=\"{x:.1}\" y=\"{y:.1}\" width=\"{:.1}\" height=\"{:.1}\" \
-             fill=\"hsl({hue},85%,62%)\" stroke=\"#fff\"/>",
+             fill=\"hsl({hue},{saturation}%,62%)\" stroke=\"#fff\"/>",
             escape_html(&tip),
             width,
             ROW - 1.0
@@ -265,14 +294,18 @@ fn icicle_svg(icicle: &Icicle) -> String {
             write!(out, "<text x=\"{:.1}\" y=\"{:.1}\">{}</text>", x + 3.0, y + 13.0, escape_html(&text)).unwrap();
         }
         out.push_str("</g>");
+        if !n.folded.is_empty() {
+            out.push_str("</a>");
+        }
         let mut at = x;
         for c in &n.children {
             let w = width * c.bytes as f64 / n.bytes.max(1) as f64;
-            draw(out, c, at, w, row + 1, total);
+            draw(out, folds, c, (at, w, row + 1), path, total);
             at += w;
         }
     }
-    draw(&mut out, root, 0.0, WIDTH, 0, root.bytes);
+    let mut folds = String::new();
+    draw(&mut out, &mut folds, root, (0.0, WIDTH, 0), 0xcbf2_9ce4_8422_2325 ^ root.bytes, root.bytes);
     if partial {
         // Over the root row, whose text says only `all`.
         write!(
@@ -284,6 +317,7 @@ fn icicle_svg(icicle: &Icicle) -> String {
         .unwrap();
     }
     out.push_str("</svg>\n");
+    out.push_str(&folds);
     out
 }
 
@@ -385,12 +419,13 @@ mod tests {
 
     #[test]
     fn an_icicle_lists_its_heavy_frames() {
-        let leaf = |name: &str, bytes: u64| FlameNode { name: name.into(), bytes, children: Vec::new() };
+        let leaf = |name: &str, bytes: u64| FlameNode { name: name.into(), bytes, ..FlameNode::default() };
         let icicle = Icicle {
             root: FlameNode {
                 name: "all".into(),
                 bytes: 100 << 10,
                 children: vec![leaf("step (src/a.rs:3)", 96 << 10), leaf("tiny (src/a.rs:9)", 4 << 10)],
+                ..FlameNode::default()
             },
             partial: true,
         };

@@ -86,7 +86,8 @@ pub fn escape_html(text: &str) -> String {
 /// The table rules outrank a notebook's own (JupyterLab's and nbconvert's
 /// right-align every cell and centre tables): `div.memlab` counts one more
 /// element than their selectors. The drawings' rules (timelines, icicle graphs, legends) are
-/// here too, and those of collapsed tables (a hidden checkbox before the
+/// here too (a folded run of frames in an icicle graph links to the list of
+/// its frames, shown when targeted), and those of collapsed tables (a hidden checkbox before the
 /// table; its summary row's label opens the rest).
 pub const STYLESHEET: &str = "div.memlab table{border-collapse:collapse;font-family:monospace;margin:.2em 0 .6em;\
 table-layout:auto;width:auto}\
@@ -104,7 +105,9 @@ div.memlab td.text{white-space:normal}div.memlab td.code{white-space:pre-wrap;ov
 .memlab p.partial{background:#fff3cd;border:1px solid #e0c36a;padding:.5em .8em}.memlab p.note{color:#555}\
 .memlab svg text.partial{fill:#8a6d00;font-weight:bold}\
 .memlab tr.rest{display:none}.memlab input.more:checked+table tr.rest{display:table-row}\
-.memlab input.more:checked+table tr.more{display:none}.memlab tr.more label{cursor:pointer;color:#1a5fb4}";
+.memlab input.more:checked+table tr.more{display:none}.memlab tr.more label{cursor:pointer;color:#1a5fb4}\
+.memlab div.fold{display:none;font:12px monospace;border-left:3px solid #8aa4c8;padding:.2em .8em;margin:.3em 0}\
+.memlab div.fold:target{display:block}.memlab div.fold ol{margin:.2em 0;padding-left:2.5em}";
 
 /// `body` wrapped as a self-styled block: it reads the same in a notebook, a
 /// browser or a saved file.
