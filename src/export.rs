@@ -41,7 +41,9 @@
 //! `memlab_report.html` is one file that opens offline (styles inline, no
 //! script, a content security policy that blocks any request): per device, the
 //! allocated bytes over time stacked by the sites that held the most at the peak
-//! (hover for the figures at each moment), an icicle graph of what was live at the
+//! (hover for the figures at each moment), drawn by event and by time with a
+//! switch between the two (by event first where most of the time passes with
+//! few events, such as a long setup before short training steps), an icicle graph of what was live at the
 //! peak by Rust call stack, what was live at the peak (named by the walk over the
 //! named tensors at export, labelled so; the rest by site; the 50 largest rows
 //! show, the rest open with a click on the row that adds them up), and the line

@@ -164,7 +164,7 @@ fn a_bounded_history_says_the_data_is_partial() {
     assert!(report.partial);
     let html = report.to_page();
     let svgs: Vec<&str> = html.split("<svg").skip(1).map(|s| s.split("</svg>").next().unwrap()).collect();
-    assert_eq!(svgs.len(), 2, "a timeline and an icicle graph for the CPU");
+    assert_eq!(svgs.len(), 3, "a timeline by event and by time, and an icicle graph for the CPU");
     assert!(svgs.iter().all(|svg| svg.contains("class=\"partial\"")), "each drawing marks it");
     assert!(html.matches("<p class=\"partial\">").count() >= 2, "the page and the peak table say it");
     drop((tensors, recording));
@@ -260,20 +260,30 @@ fn the_html_report_opens_offline_in_chromium() {
     let mut page = browser.open(&url);
     assert_eq!(page.console_errors(), Vec::<String>::new(), "the page loads without console errors or CSP violations");
     // The timeline has its layers and one hover target per point.
-    assert!(page.eval("document.querySelectorAll('svg.timeline polygon.layer').length").as_u64().unwrap() >= 2);
-    let targets = page.eval("document.querySelectorAll('svg.timeline rect.hover').length").as_u64().unwrap();
+    assert!(page.eval("document.querySelectorAll('svg.by-time polygon.layer').length").as_u64().unwrap() >= 2);
+    let targets = page.eval("document.querySelectorAll('svg.by-time rect.hover').length").as_u64().unwrap();
     assert_eq!(targets as usize, cpu.points.len());
+    // One drawing shows at a time; the switch shows the other.
+    let visible = |page: &mut common::chromium::Page<'_>, class: &str| {
+        page.eval(&format!("getComputedStyle(document.querySelector('svg.{class}')).display != 'none'")).as_bool()
+    };
+    assert_ne!(visible(&mut page, "by-time"), visible(&mut page, "by-event"), "one drawing at a time");
+    page.click("div.axes label[for$='-by-time']");
+    assert_eq!((visible(&mut page, "by-time"), visible(&mut page, "by-event")), (Some(true), Some(false)));
+    page.click("div.axes label[for$='-by-event']");
+    assert_eq!((visible(&mut page, "by-time"), visible(&mut page, "by-event")), (Some(false), Some(true)));
+    page.click("div.axes label[for$='-by-time']");
     // Hovering a column shows its point's figures, as the data says. (The
     // widest column: narrow ones can be a pixel wide and overlap.)
     let widest = page
         .eval(
-            "(() => { const r = [...document.querySelectorAll('svg.timeline rect.hover')]; \
+            "(() => { const r = [...document.querySelectorAll('svg.by-time rect.hover')]; \
              const w = r.map(e => e.getBoundingClientRect().width); return w.indexOf(Math.max(...w)); })()",
         )
         .as_u64()
         .unwrap() as usize;
     let tip = page
-        .hover(&format!("svg.timeline rect.hover:nth-of-type({})", widest + 1), "svg.timeline rect.hover")
+        .hover(&format!("svg.by-time rect.hover:nth-of-type({})", widest + 1), "svg.by-time rect.hover")
         .expect("the column is hovered");
     let point = &cpu.points[widest];
     let expected = format!("{:.3} s: {} allocated", point.time_us / 1e6, memlab::render::Cell::bytes(point.allocated));
@@ -577,6 +587,9 @@ fn a_folded_run_of_frames_lists_them_when_clicked() {
     let Some(mut browser) = Browser::launch(1100, 1400) else { return };
     let mut page = browser.open(&format!("file://{}", path.display()));
     assert_eq!(page.console_errors(), Vec::<String>::new(), "no console errors or CSP violations");
+    // Its setup takes most of the time: memory over time is drawn by event first.
+    let checked = page.eval("document.querySelector('div.axes input:checked').className");
+    assert_eq!(checked.as_str(), Some("by-event"));
     let shown = "[...document.querySelectorAll('div.fold')].filter(d => getComputedStyle(d).display != 'none').length";
     assert_eq!(page.eval(shown).as_u64(), Some(0), "no list shows before a click");
     let folded = "svg.flame a[href^='#fold-'] rect";

@@ -857,7 +857,12 @@ impl Render for Page<'_> {
                     .chunks(stretch)
                     .map(|c| {
                         let top = c.iter().max_by_key(|(_, a, _)| *a).expect("a chunk is not empty");
-                        Point { time_us: (base + top.0) as f64, allocated: top.1 as i64, layers: vec![top.1 as i64] }
+                        Point {
+                            time_us: (base + top.0) as f64,
+                            allocated: top.1 as i64,
+                            layers: vec![top.1 as i64],
+                            event: None,
+                        }
                     })
                     .collect();
                 // The first point at the highest level, as the table's peak.
@@ -879,6 +884,7 @@ impl Render for Page<'_> {
                 layers: vec!["allocated".into()],
                 points,
                 peak_time_us: peak_at as f64,
+                peak_event: None,
                 peak_bytes,
                 partial: false,
                 scale: Some(Scale { from_us: 0.0, to_us: last.max(1) as f64, top_bytes: top }),

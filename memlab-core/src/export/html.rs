@@ -61,6 +61,8 @@ pub struct DeviceTimeline {
     pub points: Vec<Point>,
     /// The peak: when, and how much was allocated.
     pub peak_time_us: f64,
+    /// How many of the device's events had happened at the peak.
+    pub peak_event: u64,
     /// The bytes allocated to tensors at the peak (on CUDA as they asked
     /// for them).
     pub peak_bytes: i64,
@@ -125,6 +127,7 @@ impl Render for HtmlReport {
                 layers: d.layers.clone(),
                 points: d.points.clone(),
                 peak_time_us: d.peak_time_us,
+                peak_event: Some(d.peak_event),
                 peak_bytes: d.peak_bytes,
                 partial: self.partial,
                 scale: None,
@@ -276,12 +279,18 @@ impl HtmlReport {
                 }
                 let bucket = i / per_bucket;
                 if points.len() == bucket {
-                    points.push(Point { time_us: 0.0, allocated: i64::MIN, layers: vec![0; layers.len()] });
+                    points.push(Point {
+                        time_us: 0.0,
+                        allocated: i64::MIN,
+                        layers: vec![0; layers.len()],
+                        event: None,
+                    });
                 }
                 let allocated: i64 = running.iter().sum();
                 let p = &mut points[bucket];
                 if p.allocated < allocated {
                     p.time_us = e.time_us.saturating_sub(t0) as f64;
+                    p.event = Some(i as u64 + 1);
                     p.allocated = allocated;
                     p.layers.copy_from_slice(&running);
                 }
@@ -343,6 +352,7 @@ impl HtmlReport {
                 layers,
                 points,
                 peak_time_us: d.peak.time_us as f64,
+                peak_event: d.peak.event,
                 peak_bytes: d.peak.allocated as i64,
                 live_at_peak,
                 flame,

@@ -21,6 +21,10 @@ pub struct Point {
     pub allocated: i64,
     /// Per layer (see [`Timeline::layers`]): its bytes then.
     pub layers: Vec<i64>,
+    /// How many of the device's events had happened then, where the
+    /// timeline comes from one device's history (it can then be drawn by
+    /// event as well as by time).
+    pub event: Option<u64>,
 }
 
 /// A node of the icicle graph: a frame and the bytes live under it.
@@ -50,6 +54,9 @@ pub struct Timeline {
     pub points: Vec<Point>,
     /// When the peak was, in microseconds since the recording began.
     pub peak_time_us: f64,
+    /// How many events had happened at the peak, where the points say
+    /// theirs (see [`Point::event`]).
+    pub peak_event: Option<u64>,
     /// The bytes at the peak.
     pub peak_bytes: i64,
     /// Whether older events were dropped (the drawing says so).
@@ -114,36 +121,111 @@ const WIDTH: f64 = 960.0;
 const HEIGHT: f64 = 280.0;
 const LEFT: f64 = 70.0;
 
+/// Which way a timeline's x axis runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Axis {
+    /// Microseconds since the recording began.
+    Time,
+    /// The events of the device's history, one after another.
+    Event,
+}
+
+/// A timeline: drawn by time, and where its points come from one device's
+/// history, by event as well, with a switch between the two (no script:
+/// two radio buttons and a rule that hides the other drawing). By event
+/// first where the history's time is mostly idle.
 fn timeline_svg(d: &Timeline) -> String {
+    let by_event = d.scale.is_none()
+        && d.peak_event.is_some()
+        && !d.points.is_empty()
+        && d.points.iter().all(|p| p.event.is_some());
+    if !by_event {
+        return drawing(d, Axis::Time) + &legend(d);
+    }
+    let first = if mostly_idle(&d.points) { Axis::Event } else { Axis::Time };
+    let id = format!(
+        "axis-{:016x}",
+        d.label.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3))
+    );
+    let mut out = String::from("<div class=\"axes\">x axis:");
+    for (axis, class, text) in [(Axis::Event, "by-event", "by event"), (Axis::Time, "by-time", "by time")] {
+        let checked = if axis == first { " checked" } else { "" };
+        write!(
+            out,
+            "<input type=\"radio\" name=\"{id}\" id=\"{id}-{class}\" class=\"{class}\"{checked}>\
+             <label for=\"{id}-{class}\">{text}</label>"
+        )
+        .unwrap();
+    }
+    out.push('\n');
+    out += &drawing(d, Axis::Event);
+    out += &drawing(d, Axis::Time);
+    out.push_str("</div>\n");
+    out + &legend(d)
+}
+
+/// Whether most of a history's time passes with few of its events: the
+/// busiest half of its events take under a tenth of its span (each point
+/// holds an equal share of the events, see the export's timelines).
+fn mostly_idle(points: &[Point]) -> bool {
+    let (Some(first), Some(last)) = (points.first(), points.last()) else { return false };
+    let span = last.time_us - first.time_us;
+    if points.len() < 4 || span <= 0.0 {
+        return false;
+    }
+    let mut gaps: Vec<f64> = points.windows(2).map(|w| w[1].time_us - w[0].time_us).collect();
+    gaps.sort_by(f64::total_cmp);
+    gaps[..gaps.len() / 2].iter().sum::<f64>() < 0.1 * span
+}
+
+/// One drawing of a timeline, along `axis`.
+fn drawing(d: &Timeline, axis: Axis) -> String {
     let mut out = String::new();
     let (t0, t1, top) = d.bounds();
-    let span = (t1 - t0).max(1.0);
+    let event = |p: &Point| p.event.unwrap_or(0) as f64;
+    let (from, to) = match axis {
+        Axis::Time => (t0, t1),
+        Axis::Event => (0.0, d.points.last().map_or(1.0, event)),
+    };
+    let along = |p: &Point| match axis {
+        Axis::Time => p.time_us,
+        Axis::Event => event(p),
+    };
+    let span = (to - from).max(1.0);
     let top = top.max(1) as f64;
     let plot = WIDTH - LEFT - 10.0;
-    let x = |t: f64| LEFT + (t - t0) / span * plot;
+    let x = |v: f64| LEFT + (v - from) / span * plot;
     let y = |b: f64| 10.0 + (1.0 - b / top) * (HEIGHT - 40.0);
+    let (class, label) = match axis {
+        Axis::Time => ("timeline by-time", d.label.clone()),
+        Axis::Event => ("timeline by-event", format!("{} by event", d.label)),
+    };
     write!(
         out,
-        "<svg class=\"timeline\" width=\"{WIDTH}\" height=\"{HEIGHT}\" viewBox=\"0 0 {WIDTH} {HEIGHT}\" role=\"img\" \
+        "<svg class=\"{class}\" width=\"{WIDTH}\" height=\"{HEIGHT}\" viewBox=\"0 0 {WIDTH} {HEIGHT}\" role=\"img\" \
          aria-label=\"{}\">",
-        escape_html(&d.label)
+        escape_html(&label)
     )
     .unwrap();
-    // Axes: bytes at the peak and at zero, time at both ends.
+    // Axes: bytes at the peak and at zero, time (or events) at both ends.
+    let end = |v: f64| match axis {
+        Axis::Time => format!("{:.3} s", v / 1e6),
+        Axis::Event => format!("event {}", v as u64),
+    };
     write!(
         out,
         "<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{}</text><text x=\"{}\" y=\"{}\" text-anchor=\"end\">0</text>\
-         <text x=\"{LEFT}\" y=\"{}\">{:.3} s</text><text x=\"{}\" y=\"{}\" text-anchor=\"end\">{:.3} s</text>",
+         <text x=\"{LEFT}\" y=\"{}\">{}</text><text x=\"{}\" y=\"{}\" text-anchor=\"end\">{}</text>",
         LEFT - 6.0,
         y(top) + 4.0,
         Cell::bytes(top as i64),
         LEFT - 6.0,
         y(0.0),
         HEIGHT - 8.0,
-        t0 / 1e6,
+        end(from),
         WIDTH - 10.0,
         HEIGHT - 8.0,
-        t1 / 1e6
+        end(to)
     )
     .unwrap();
     if d.partial {
@@ -163,10 +245,10 @@ fn timeline_svg(d: &Timeline) -> String {
         }
         let mut points = String::new();
         for (p, a) in d.points.iter().zip(&above) {
-            write!(points, "{:.1},{:.1} ", x(p.time_us), y(*a as f64)).unwrap();
+            write!(points, "{:.1},{:.1} ", x(along(p)), y(*a as f64)).unwrap();
         }
         for (p, b) in d.points.iter().zip(&below).rev() {
-            write!(points, "{:.1},{:.1} ", x(p.time_us), y(*b as f64)).unwrap();
+            write!(points, "{:.1},{:.1} ", x(along(p)), y(*b as f64)).unwrap();
         }
         let most = d.points.iter().map(|p| p.layers[layer]).max().unwrap_or(0);
         write!(
@@ -181,7 +263,10 @@ fn timeline_svg(d: &Timeline) -> String {
         below = above;
     }
     // The peak.
-    let px = x(d.peak_time_us);
+    let px = x(match axis {
+        Axis::Time => d.peak_time_us,
+        Axis::Event => d.peak_event.unwrap_or(0) as f64,
+    });
     write!(
         out,
         "<line class=\"peak\" x1=\"{px:.1}\" x2=\"{px:.1}\" y1=\"{:.1}\" y2=\"{:.1}\" stroke=\"#c00\" stroke-dasharray=\"4 3\"/>\
@@ -195,9 +280,15 @@ fn timeline_svg(d: &Timeline) -> String {
     .unwrap();
     // Hover targets: one column per point, its tooltip the figures then.
     for (i, p) in d.points.iter().enumerate() {
-        let left = if i == 0 { x(p.time_us) } else { (x(d.points[i - 1].time_us) + x(p.time_us)) / 2.0 };
-        let right = d.points.get(i + 1).map_or(x(p.time_us), |n| (x(p.time_us) + x(n.time_us)) / 2.0);
-        let mut tip = format!("{:.3} s: {} allocated", p.time_us / 1e6, Cell::bytes(p.allocated));
+        let at = x(along(p));
+        let left = if i == 0 { at } else { (x(along(&d.points[i - 1])) + at) / 2.0 };
+        let right = d.points.get(i + 1).map_or(at, |n| (at + x(along(n))) / 2.0);
+        let mut tip = match axis {
+            Axis::Time => format!("{:.3} s: {} allocated", p.time_us / 1e6, Cell::bytes(p.allocated)),
+            Axis::Event => {
+                format!("event {} at {:.3} s: {} allocated", event(p) as u64, p.time_us / 1e6, Cell::bytes(p.allocated))
+            }
+        };
         let mut parts: Vec<(usize, i64)> = p.layers.iter().copied().enumerate().filter(|(_, b)| *b > 0).collect();
         parts.sort_by_key(|p| std::cmp::Reverse(p.1));
         for (layer, bytes) in parts.iter().take(5) {
@@ -213,7 +304,14 @@ fn timeline_svg(d: &Timeline) -> String {
         )
         .unwrap();
     }
-    out.push_str("</svg>\n<ul class=\"legend\">");
+    out.push_str("</svg>\n");
+    out
+}
+
+/// The layers' colours and names, under a timeline.
+fn legend(d: &Timeline) -> String {
+    let mut out = String::new();
+    out.push_str("<ul class=\"legend\">");
     for (layer, name) in d.layers.iter().enumerate() {
         write!(
             out,
@@ -390,7 +488,7 @@ mod tests {
     use super::*;
 
     fn point(time_us: f64, allocated: i64) -> Point {
-        Point { time_us, allocated, layers: vec![allocated] }
+        Point { time_us, allocated, layers: vec![allocated], event: None }
     }
 
     #[test]
@@ -400,6 +498,7 @@ mod tests {
             layers: vec!["site".into()],
             points: (0..8).map(|i| point(i as f64 * 1e6, i << 20)).collect(),
             peak_time_us: 7e6,
+            peak_event: None,
             peak_bytes: 7 << 20,
             partial: false,
             scale: None,
@@ -413,8 +512,46 @@ mod tests {
         // Narrower than the points: each glyph is the highest of its stretch.
         assert_eq!(timeline.to_text(4).lines().next(), Some("▂▄▆█"));
         let svg = timeline.to_html();
-        assert!(svg.starts_with("<svg class=\"timeline\"") && svg.contains("aria-label=\"memory over time on cpu\""));
+        assert!(
+            svg.starts_with("<svg class=\"timeline by-time\"")
+                && svg.contains("aria-label=\"memory over time on cpu\"")
+        );
         assert_eq!(svg.matches("<rect class=\"hover\"").count(), 8, "one hover target per point");
+    }
+
+    #[test]
+    fn a_history_mostly_idle_is_drawn_by_event_first() {
+        // 8 points of equal shares of events: a long setup, then a burst.
+        let times = [0.0, 4e6, 8e6, 8.01e6, 8.02e6, 8.03e6, 8.04e6, 8.05e6];
+        let points: Vec<Point> = times
+            .iter()
+            .enumerate()
+            .map(|(i, t)| Point { event: Some(100 * (i as u64 + 1)), ..point(*t, (i as i64 + 1) << 20) })
+            .collect();
+        assert!(mostly_idle(&points));
+        let timeline = Timeline {
+            label: "memory over time on cuda:0".into(),
+            layers: vec!["site".into()],
+            points: points.clone(),
+            peak_time_us: 8.05e6,
+            peak_event: Some(800),
+            peak_bytes: 8 << 20,
+            partial: false,
+            scale: None,
+        };
+        let html = timeline.to_html();
+        assert!(html.contains("class=\"by-event\" checked>"), "by event first: {html}");
+        assert_eq!(html.matches("<svg class=\"timeline ").count(), 2);
+        assert!(html.contains(">event 800</text>") && html.contains("event 400 at 8.010 s: 4.00M allocated"));
+        // Evenly busy: by time first.
+        let even: Vec<Point> =
+            points.iter().enumerate().map(|(i, p)| Point { time_us: i as f64 * 1e6, ..p.clone() }).collect();
+        assert!(!mostly_idle(&even));
+        let html = Timeline { points: even, ..timeline.clone() }.to_html();
+        assert!(html.contains("class=\"by-time\" checked>"));
+        // Without events (a merged run's points), by time alone.
+        let html = Timeline { peak_event: None, ..timeline }.to_html();
+        assert!(!html.contains("by-event") && html.matches("<svg").count() == 1);
     }
 
     #[test]

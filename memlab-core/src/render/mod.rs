@@ -87,7 +87,8 @@ pub fn escape_html(text: &str) -> String {
 /// right-align every cell and centre tables): `div.memlab` counts one more
 /// element than their selectors. The drawings' rules (timelines, icicle graphs, legends) are
 /// here too (a folded run of frames in an icicle graph links to the list of
-/// its frames, shown when targeted), and those of collapsed tables (a hidden checkbox before the
+/// its frames, shown when targeted; a timeline drawn by event and by time
+/// shows the drawing whose radio button is checked), and those of collapsed tables (a hidden checkbox before the
 /// table; its summary row's label opens the rest).
 pub const STYLESHEET: &str = "div.memlab table{border-collapse:collapse;font-family:monospace;margin:.2em 0 .6em;\
 table-layout:auto;width:auto}\
@@ -107,7 +108,9 @@ div.memlab td.text{white-space:normal}div.memlab td.code{white-space:pre-wrap;ov
 .memlab tr.rest{display:none}.memlab input.more:checked+table tr.rest{display:table-row}\
 .memlab input.more:checked+table tr.more{display:none}.memlab tr.more label{cursor:pointer;color:#1a5fb4}\
 .memlab div.fold{display:none;font:12px monospace;border-left:3px solid #8aa4c8;padding:.2em .8em;margin:.3em 0}\
-.memlab div.fold:target{display:block}.memlab div.fold ol{margin:.2em 0;padding-left:2.5em}";
+.memlab div.fold:target{display:block}.memlab div.fold ol{margin:.2em 0;padding-left:2.5em}\
+.memlab div.axes{font:12px sans-serif}.memlab div.axes input{margin:0 .25em 0 .9em;vertical-align:-.15em}\
+.memlab div.axes input.by-event:checked~svg.by-time,.memlab div.axes input.by-time:checked~svg.by-event{display:none}";
 
 /// `body` wrapped as a self-styled block: it reads the same in a notebook, a
 /// browser or a saved file.
