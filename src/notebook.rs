@@ -245,7 +245,9 @@ impl Log {
         let (measure, label) = self.running.take()?;
         let time = measure.elapsed();
         let data = measure.finish(&label, time);
-        let text = self.printing.then(|| if self.compact { data.compact_line() } else { data.to_string() });
+        // The line says what its time leaves out; the data keeps the label.
+        let shown = StepData { label: format!("{label}, compile not timed"), ..data.clone() };
+        let text = self.printing.then(|| if self.compact { shown.compact_line() } else { shown.to_string() });
         self.cells.push(data);
         text
     }

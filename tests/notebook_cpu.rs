@@ -65,7 +65,7 @@ fn a_line_after_every_cell_with_exact_figures() {
     // Nothing before logging starts; the starting cell's rest is logged.
     assert!(!out("before").contains("RAM:"), "{}", out("before"));
     assert!(out("start").contains("logging\nRAM:"), "its line after what it printed:\n{}", out("start"));
-    assert!(out("start").contains("(cell 1, from log_cells())"), "{}", out("start"));
+    assert!(out("start").contains("(cell 1, from log_cells(), compile not timed)"), "{}", out("start"));
 
     // The table form, after what the cell printed, with the allocator's exact figures.
     let keep = out("keep_4_temporary_8");
@@ -79,9 +79,12 @@ fn a_line_after_every_cell_with_exact_figures() {
     assert!((0.2..0.5).contains(&time), "a 200 ms cell after a 600 ms pause took {time}s:\n{sleep}");
 
     // The compact form from the calling cell's line on; nothing while stopped.
-    assert!(out("compact").starts_with("cell 4: "), "{}", out("compact"));
+    assert!(out("compact").starts_with("cell 4, compile not timed: "), "{}", out("compact"));
     let line = out("free_4");
-    assert!(line.starts_with("cell 5: ") && line.contains(" | CPU tensors -4.00M ^4.00M =4.00M"), "{line}");
+    assert!(
+        line.starts_with("cell 5, compile not timed: ") && line.contains(" | CPU tensors -4.00M ^4.00M =4.00M"),
+        "{line}"
+    );
     assert_eq!(line.lines().count(), 1, "{line}");
     assert!(out("quiet").is_empty() && !out("resume").is_empty(), "{outputs:?}");
 
