@@ -163,9 +163,16 @@ fn a_bounded_history_says_the_data_is_partial() {
     let report = Exporter::registered().html_report().unwrap();
     assert!(report.partial);
     let html = report.to_page();
-    let svgs: Vec<&str> = html.split("<svg").skip(1).map(|s| s.split("</svg>").next().unwrap()).collect();
-    assert_eq!(svgs.len(), 3, "a timeline by event and by time, and an icicle graph for the CPU");
-    assert!(svgs.iter().all(|svg| svg.contains("class=\"partial\"")), "each drawing marks it");
+    // Each drawing marks it: the timeline by event and by time (its text
+    // is HTML over the plot), and the icicle graph.
+    let charts: Vec<&str> =
+        html.split("<div class=\"chart ").skip(1).map(|s| s.split("</svg>").nth(1).unwrap()).collect();
+    assert_eq!(charts.len(), 2, "a timeline by event and by time for the CPU");
+    assert!(charts.iter().all(|c| c.contains("<span class=\"partial\">partial: older events were dropped")));
+    let flames: Vec<&str> =
+        html.split("<svg class=\"flame\"").skip(1).map(|s| s.split("</svg>").next().unwrap()).collect();
+    assert_eq!(flames.len(), 1);
+    assert!(flames[0].contains("class=\"partial\""));
     assert!(html.matches("<p class=\"partial\">").count() >= 2, "the page and the peak table say it");
     drop((tensors, recording));
     std::fs::remove_file(&path).ok();
@@ -265,7 +272,7 @@ fn the_html_report_opens_offline_in_chromium() {
     assert_eq!(targets as usize, cpu.points.len());
     // One drawing shows at a time; the switch shows the other.
     let visible = |page: &mut common::chromium::Page<'_>, class: &str| {
-        page.eval(&format!("getComputedStyle(document.querySelector('svg.{class}')).display != 'none'")).as_bool()
+        page.eval(&format!("getComputedStyle(document.querySelector('div.chart.{class}')).display != 'none'")).as_bool()
     };
     assert_ne!(visible(&mut page, "by-time"), visible(&mut page, "by-event"), "one drawing at a time");
     page.click("div.axes label[for$='-by-time']");
@@ -288,6 +295,29 @@ fn the_html_report_opens_offline_in_chromium() {
     let point = &cpu.points[widest];
     let expected = format!("{:.3} s: {} allocated", point.time_us / 1e6, memlab::render::Cell::bytes(point.allocated));
     assert!(tip.starts_with(&expected), "{tip:?} starts with {expected:?}");
+    // Zoom: the plot widens in a box that scrolls sideways, its drawing and
+    // its finer ticks with it, its labels unstretched.
+    let shown_ticks = "[...document.querySelectorAll('div.chart.by-time div.ticks span')]\
+                       .filter(s => getComputedStyle(s).display != 'none').length";
+    let width = |page: &mut common::chromium::Page<'_>, what: &str| {
+        page.eval(&format!("document.querySelector('div.chart.by-time {what}').getBoundingClientRect().width")).as_f64()
+    };
+    let (plot, box_width, ticks) = (width(&mut page, "svg"), width(&mut page, "div.scroll"), page.eval(shown_ticks));
+    let label = width(&mut page, "span.mark.peak");
+    page.click("div.axes label[for$='-z16']");
+    let zoomed = width(&mut page, "svg").unwrap();
+    assert!((zoomed / plot.unwrap() - 16.0).abs() < 0.01, "16 times as wide: {plot:?} → {zoomed}");
+    assert!(box_width == width(&mut page, "div.scroll"), "in the same box");
+    assert!(page.eval(shown_ticks).as_u64() > ticks.as_u64(), "finer ticks");
+    assert_eq!(width(&mut page, "span.mark.peak"), label, "the peak's label keeps its width");
+    let scrolls = page.eval(
+        "(() => { const b = document.querySelector('div.chart.by-time div.scroll'); \
+                             return b.scrollWidth > 15 * b.clientWidth; })()",
+    );
+    assert_eq!(scrolls.as_bool(), Some(true));
+    page.click("div.axes label[for$='-z1']");
+    assert_eq!(width(&mut page, "svg"), plot);
+
     // The icicle graph names the user's function; hovering it gives its bytes.
     let flame = page.eval("document.querySelector('svg.flame').textContent").as_str().unwrap().to_string();
     assert!(flame.contains("leaky_step (tests/export_cpu.rs:"), "{flame}");
@@ -459,6 +489,14 @@ fn a_failed_cpu_request_is_an_oom_event_and_the_error_still_arrives() {
     let entry = snapshot.device_traces[cpu].iter().find(|e| e.action == "oom").expect("an oom entry");
     assert_eq!((entry.size, entry.device_free), (1 << 48, Some(oom.address)));
     assert_eq!(entry.frames.first().map(|f| f.line), Some(line));
+    // The page marks it on the CPU's memory over time, where it happened.
+    let report = Exporter::registered().html_report().unwrap();
+    let device = report.devices.iter().find(|d| d.device == Device::Cpu).unwrap();
+    let event = snapshot.device_traces[cpu].iter().position(|e| e.action == "oom").unwrap() as u64 + 1;
+    assert_eq!(device.ooms.iter().map(|o| (o.requested, o.event)).collect::<Vec<_>>(), [(1 << 48, event)]);
+    let page = report.to_page();
+    assert_eq!(page.matches("<line class=\"oom\"").count(), 2, "on the drawings by event and by time");
+    assert!(page.contains(">out of memory: 256.00T asked</span>"));
     // PyTorch's reader takes the snapshot with its `oom` entry.
     let path = temp("oom.pickle");
     snapshot.write_pickle(&path).unwrap();

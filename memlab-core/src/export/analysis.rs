@@ -141,6 +141,9 @@ pub struct OomAt {
     pub device_free: Option<u64>,
     /// Microseconds after the device's first event.
     pub time_us: u64,
+    /// How many of the device's events had happened then, the failure's
+    /// own included (as [`Moment::event`] counts).
+    pub event: u64,
 }
 
 /// One device's history, replayed.
@@ -355,7 +358,7 @@ fn replay(s: &Snapshot, index: usize, device: String) -> Option<DeviceSummary> {
     for (i, e) in trace.iter().enumerate() {
         apply(e, i, release, &mut live, &mut allocated, &mut reserved);
         if e.action == Action::Oom {
-            ooms.push(OomAt { requested: e.size, device_free: e.device_free, time_us: when(i) });
+            ooms.push(OomAt { requested: e.size, device_free: e.device_free, time_us: when(i), event: i as u64 + 1 });
         }
         if allocated > peak.allocated {
             peak = Moment { allocated, reserved: reserved_now(reserved), event: i as u64 + 1, time_us: when(i) };

@@ -14,11 +14,11 @@ use serde::Serialize;
 
 use std::collections::HashMap;
 
-use super::analysis::{Origin, Site, Start, Summary};
+use super::analysis::{OomAt, Origin, Site, Start, Summary};
 use super::frames::Level as FoldLevel;
 use super::{SnapshotFile, SnapshotFrame};
 use crate::events::Action;
-use crate::render::{Cell, Column, Document, Icicle, Layout, Render, Table, Timeline};
+use crate::render::{Cell, Column, Document, Icicle, Layout, Mark, Render, Table, Timeline};
 pub use crate::render::{FlameNode, Point};
 use crate::{Device, Error, Result};
 
@@ -70,6 +70,8 @@ pub struct DeviceTimeline {
     pub live_at_peak: Vec<PeakRow>,
     /// The icicle graph of what was live at the peak.
     pub flame: FlameNode,
+    /// The failed allocations, marked on the timeline.
+    pub ooms: Vec<OomAt>,
 }
 
 /// The report: its data, and the page. Built from a snapshot, memlab's or
@@ -131,6 +133,15 @@ impl Render for HtmlReport {
                 peak_bytes: d.peak_bytes,
                 partial: self.partial,
                 scale: None,
+                marks: d
+                    .ooms
+                    .iter()
+                    .map(|o| Mark {
+                        time_us: o.time_us as f64,
+                        event: Some(o.event),
+                        label: format!("out of memory: {} asked", Cell::bytes(o.requested)),
+                    })
+                    .collect(),
             });
             doc.part(format!("{}: live at the peak, by call stack", d.device)).note(
                 "The allocations live at the peak that the recording saw made, outermost frame on top; hover a \
@@ -356,6 +367,7 @@ impl HtmlReport {
                 peak_bytes: d.peak.allocated as i64,
                 live_at_peak,
                 flame,
+                ooms: d.ooms.clone(),
             });
         }
         let partial = summary.devices.iter().any(|d| !d.partial.is_empty());

@@ -6,10 +6,12 @@
 //! tooltips (SVG `<title>`), styled by the one stylesheet.
 
 use std::fmt::Write;
+use std::hash::Hasher;
 
 use serde::Serialize;
 
 use super::{escape_html, Cell};
+use crate::hash::FastHasher;
 
 /// One point of a device's timeline: the moment a bucket of events peaked.
 #[derive(Clone, Debug, Serialize)]
@@ -64,6 +66,21 @@ pub struct Timeline {
     /// The scale to draw on, when several timelines share one (the ranks of
     /// a merged run); `None`: the points' own times and the peak.
     pub scale: Option<Scale>,
+    /// Moments marked on the drawing beside the peak: the failed
+    /// allocations (out of memory).
+    pub marks: Vec<Mark>,
+}
+
+/// A moment marked on a timeline, with its label (`out of memory: 2.00G
+/// asked`).
+#[derive(Clone, Debug, Serialize)]
+pub struct Mark {
+    /// Microseconds since the recording began, as the points count them.
+    pub time_us: f64,
+    /// How many events had happened then, where the points say theirs.
+    pub event: Option<u64>,
+    /// What happened.
+    pub label: String,
 }
 
 /// One scale for several timelines: the time the axis spans and the bytes
@@ -118,8 +135,6 @@ fn colour(layer: usize, layers: usize) -> &'static str {
 }
 
 const WIDTH: f64 = 960.0;
-const HEIGHT: f64 = 280.0;
-const LEFT: f64 = 70.0;
 
 /// Which way a timeline's x axis runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -130,35 +145,64 @@ enum Axis {
     Event,
 }
 
+/// The zoom levels a timeline offers: how many times its width the plot is
+/// drawn, in a box that scrolls sideways.
+const ZOOMS: [u32; 3] = [1, 4, 16];
+
+/// The plot's coordinates: `PLOT_WIDTH` across whatever width the zoom gives
+/// it (the SVG stretches sideways only; its text is HTML over it, which does
+/// not stretch), `PLOT_HEIGHT` high.
+const PLOT_WIDTH: f64 = 1000.0;
+const PLOT_HEIGHT: f64 = 240.0;
+
+/// A short id for a page element made from `text` (several timelines and
+/// icicle graphs share one page).
+fn element_id(text: &str) -> u64 {
+    let mut hasher = FastHasher::default();
+    hasher.write(text.as_bytes());
+    hasher.finish()
+}
+
 /// A timeline: drawn by time, and where its points come from one device's
-/// history, by event as well, with a switch between the two (no script:
-/// two radio buttons and a rule that hides the other drawing). By event
-/// first where the history's time is mostly idle.
-fn timeline_svg(d: &Timeline) -> String {
+/// history, by event as well, with a switch between the two, and zoomed
+/// 1×, 4× or 16× in a box that scrolls sideways. No script: radio buttons
+/// and rules that show the drawing and the width they pick. By event first
+/// where the history's time is mostly idle.
+fn timeline_html(d: &Timeline) -> String {
     let by_event = d.scale.is_none()
         && d.peak_event.is_some()
         && !d.points.is_empty()
         && d.points.iter().all(|p| p.event.is_some());
-    if !by_event {
-        return drawing(d, Axis::Time) + &legend(d);
+    let first = if by_event && mostly_idle(&d.points) { Axis::Event } else { Axis::Time };
+    let id = format!("tl-{:016x}", element_id(&d.label));
+    let mut out = String::from("<div class=\"axes\">");
+    if by_event {
+        out.push_str("x axis:");
+        for (axis, class, text) in [(Axis::Event, "by-event", "by event"), (Axis::Time, "by-time", "by time")] {
+            let checked = if axis == first { " checked" } else { "" };
+            write!(
+                out,
+                "<input type=\"radio\" name=\"{id}-axis\" id=\"{id}-{class}\" class=\"{class}\"{checked}>\
+                 <label for=\"{id}-{class}\">{text}</label>"
+            )
+            .unwrap();
+        }
+        out.push_str("<span class=\"gap\"></span>");
     }
-    let first = if mostly_idle(&d.points) { Axis::Event } else { Axis::Time };
-    let id = format!(
-        "axis-{:016x}",
-        d.label.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3))
-    );
-    let mut out = String::from("<div class=\"axes\">x axis:");
-    for (axis, class, text) in [(Axis::Event, "by-event", "by event"), (Axis::Time, "by-time", "by time")] {
-        let checked = if axis == first { " checked" } else { "" };
+    out.push_str("zoom:");
+    for zoom in ZOOMS {
+        let checked = if zoom == 1 { " checked" } else { "" };
         write!(
             out,
-            "<input type=\"radio\" name=\"{id}\" id=\"{id}-{class}\" class=\"{class}\"{checked}>\
-             <label for=\"{id}-{class}\">{text}</label>"
+            "<input type=\"radio\" name=\"{id}-zoom\" id=\"{id}-z{zoom}\" class=\"z{zoom}\"{checked}>\
+             <label for=\"{id}-z{zoom}\">{zoom}×</label>"
         )
         .unwrap();
     }
     out.push('\n');
-    out += &drawing(d, Axis::Event);
+    if by_event {
+        out += &drawing(d, Axis::Event);
+    }
     out += &drawing(d, Axis::Time);
     out.push_str("</div>\n");
     out + &legend(d)
@@ -178,7 +222,60 @@ fn mostly_idle(points: &[Point]) -> bool {
     gaps[..gaps.len() / 2].iter().sum::<f64>() < 0.1 * span
 }
 
-/// One drawing of a timeline, along `axis`.
+/// A step of 1, 2 or 5 times a power of ten, near `span / count`.
+fn nice_step(span: f64, count: f64) -> f64 {
+    let raw = (span / count).max(f64::MIN_POSITIVE);
+    let power = 10f64.powf(raw.log10().floor());
+    let m = raw / power;
+    power
+        * if m < 1.5 {
+            1.0
+        } else if m < 3.5 {
+            2.0
+        } else if m < 7.5 {
+            5.0
+        } else {
+            10.0
+        }
+}
+
+/// The axis's ticks from `from` to `to`: (value, the lowest zoom that shows
+/// it), about six across the plot at each zoom.
+fn ticks(from: f64, to: f64, whole: bool) -> Vec<(f64, u32)> {
+    let mut out: Vec<(f64, u32)> = Vec::new();
+    for zoom in ZOOMS {
+        let mut step = nice_step(to - from, 6.0 * f64::from(zoom));
+        if whole {
+            step = step.max(1.0).round();
+        }
+        let mut k = (from / step).ceil();
+        while k * step <= to + step * 1e-9 {
+            let v = k * step;
+            if !out.iter().any(|(w, _)| (w - v).abs() < step * 1e-6) {
+                out.push((v, zoom));
+            }
+            k += 1.0;
+        }
+    }
+    out.sort_by(|a, b| a.0.total_cmp(&b.0));
+    out
+}
+
+/// A tick's label: seconds with the decimals its step needs, or an event.
+fn tick_label(v: f64, axis: Axis, step_us: f64) -> String {
+    match axis {
+        Axis::Event => format!("{}", v.round() as u64),
+        Axis::Time => {
+            let decimals = (-(step_us / 1e6).log10().floor()).clamp(0.0, 6.0) as usize;
+            format!("{:.*} s", decimals, v / 1e6)
+        }
+    }
+}
+
+/// One drawing of a timeline, along `axis`: the bytes on the left, the
+/// plot (an SVG that stretches with the zoom, the peak and every mark as
+/// lines on it, one hover target per point), and over it in HTML the ticks
+/// and the marks' labels.
 fn drawing(d: &Timeline, axis: Axis) -> String {
     let mut out = String::new();
     let (t0, t1, top) = d.bounds();
@@ -193,49 +290,27 @@ fn drawing(d: &Timeline, axis: Axis) -> String {
     };
     let span = (to - from).max(1.0);
     let top = top.max(1) as f64;
-    let plot = WIDTH - LEFT - 10.0;
-    let x = |v: f64| LEFT + (v - from) / span * plot;
-    let y = |b: f64| 10.0 + (1.0 - b / top) * (HEIGHT - 40.0);
+    let x = |v: f64| (v - from) / span * PLOT_WIDTH;
+    let percent = |v: f64| ((v - from) / span * 100.0).clamp(0.0, 100.0);
+    let y = |b: f64| 4.0 + (1.0 - b / top) * (PLOT_HEIGHT - 4.0);
     let (class, label) = match axis {
-        Axis::Time => ("timeline by-time", d.label.clone()),
-        Axis::Event => ("timeline by-event", format!("{} by event", d.label)),
+        Axis::Time => ("by-time", d.label.clone()),
+        Axis::Event => ("by-event", format!("{} by event", d.label)),
     };
     write!(
         out,
-        "<svg class=\"{class}\" width=\"{WIDTH}\" height=\"{HEIGHT}\" viewBox=\"0 0 {WIDTH} {HEIGHT}\" role=\"img\" \
-         aria-label=\"{}\">",
+        "<div class=\"chart {class}\"><div class=\"bytes\"><span class=\"top\">{}</span><span class=\"zero\">0</span>\
+         </div><div class=\"scroll\"><div class=\"plot\">",
+        Cell::bytes(top as i64)
+    )
+    .unwrap();
+    write!(
+        out,
+        "<svg class=\"timeline {class}\" viewBox=\"0 0 {PLOT_WIDTH} {PLOT_HEIGHT}\" preserveAspectRatio=\"none\" \
+         role=\"img\" aria-label=\"{}\">",
         escape_html(&label)
     )
     .unwrap();
-    // Axes: bytes at the peak and at zero, time (or events) at both ends.
-    let end = |v: f64| match axis {
-        Axis::Time => format!("{:.3} s", v / 1e6),
-        Axis::Event => format!("event {}", v as u64),
-    };
-    write!(
-        out,
-        "<text x=\"{}\" y=\"{}\" text-anchor=\"end\">{}</text><text x=\"{}\" y=\"{}\" text-anchor=\"end\">0</text>\
-         <text x=\"{LEFT}\" y=\"{}\">{}</text><text x=\"{}\" y=\"{}\" text-anchor=\"end\">{}</text>",
-        LEFT - 6.0,
-        y(top) + 4.0,
-        Cell::bytes(top as i64),
-        LEFT - 6.0,
-        y(0.0),
-        HEIGHT - 8.0,
-        end(from),
-        WIDTH - 10.0,
-        HEIGHT - 8.0,
-        end(to)
-    )
-    .unwrap();
-    if d.partial {
-        write!(
-            out,
-            "<text class=\"partial\" x=\"{:.1}\" y=\"22\">partial: older events were dropped</text>",
-            LEFT + 6.0
-        )
-        .unwrap();
-    }
     // Stacked areas, bottom first.
     let mut below = vec![0i64; d.points.len()];
     for (layer, name) in d.layers.iter().enumerate() {
@@ -245,10 +320,10 @@ fn drawing(d: &Timeline, axis: Axis) -> String {
         }
         let mut points = String::new();
         for (p, a) in d.points.iter().zip(&above) {
-            write!(points, "{:.1},{:.1} ", x(along(p)), y(*a as f64)).unwrap();
+            write!(points, "{:.2},{:.1} ", x(along(p)), y(*a as f64)).unwrap();
         }
         for (p, b) in d.points.iter().zip(&below).rev() {
-            write!(points, "{:.1},{:.1} ", x(along(p)), y(*b as f64)).unwrap();
+            write!(points, "{:.2},{:.1} ", x(along(p)), y(*b as f64)).unwrap();
         }
         let most = d.points.iter().map(|p| p.layers[layer]).max().unwrap_or(0);
         write!(
@@ -262,22 +337,6 @@ fn drawing(d: &Timeline, axis: Axis) -> String {
         .unwrap();
         below = above;
     }
-    // The peak.
-    let px = x(match axis {
-        Axis::Time => d.peak_time_us,
-        Axis::Event => d.peak_event.unwrap_or(0) as f64,
-    });
-    write!(
-        out,
-        "<line class=\"peak\" x1=\"{px:.1}\" x2=\"{px:.1}\" y1=\"{:.1}\" y2=\"{:.1}\" stroke=\"#c00\" stroke-dasharray=\"4 3\"/>\
-         <text x=\"{:.1}\" y=\"{:.1}\" fill=\"#c00\">peak {}</text>",
-        y(top) - 4.0,
-        y(0.0),
-        (px + 4.0).min(WIDTH - 120.0),
-        y(top) + 12.0,
-        Cell::bytes(d.peak_bytes)
-    )
-    .unwrap();
     // Hover targets: one column per point, its tooltip the figures then.
     for (i, p) in d.points.iter().enumerate() {
         let at = x(along(p));
@@ -296,15 +355,70 @@ fn drawing(d: &Timeline, axis: Axis) -> String {
         }
         write!(
             out,
-            "<rect class=\"hover\" x=\"{left:.1}\" y=\"10\" width=\"{:.1}\" height=\"{:.1}\" fill=\"transparent\">\
-             <title>{}</title></rect>",
-            (right - left).max(1.0),
-            HEIGHT - 40.0,
+            "<rect class=\"hover\" x=\"{left:.2}\" y=\"0\" width=\"{:.2}\" height=\"{PLOT_HEIGHT}\" \
+             fill=\"transparent\"><title>{}</title></rect>",
+            (right - left).max(0.5),
             escape_html(&tip)
         )
         .unwrap();
     }
-    out.push_str("</svg>\n");
+    // The peak and the marks: lines on the plot, their labels in HTML.
+    let peak_at = match axis {
+        Axis::Time => d.peak_time_us,
+        Axis::Event => d.peak_event.unwrap_or(0) as f64,
+    };
+    let mut labels = String::new();
+    let mut line = |out: &mut String, at: f64, class: &str, text: &str, tip: &str| {
+        write!(
+            out,
+            "<line class=\"{class}\" x1=\"{0:.2}\" x2=\"{0:.2}\" y1=\"0\" y2=\"{PLOT_HEIGHT}\" \
+             vector-effect=\"non-scaling-stroke\"/>",
+            x(at)
+        )
+        .unwrap();
+        let side = if percent(at) > 75.0 { " end" } else { "" };
+        write!(
+            labels,
+            "<span class=\"mark {class}{side}\" style=\"left:{:.3}%\" title=\"{}\">{}</span>",
+            percent(at),
+            escape_html(tip),
+            escape_html(text)
+        )
+        .unwrap();
+    };
+    let peak_text = format!("peak {}", Cell::bytes(d.peak_bytes));
+    let peak_tip = match (axis, d.peak_event) {
+        (Axis::Event, Some(e)) => format!("{peak_text} after event {e}, at {:.3} s", d.peak_time_us / 1e6),
+        _ => format!("{peak_text} at {:.3} s", d.peak_time_us / 1e6),
+    };
+    line(&mut out, peak_at, "peak", &peak_text, &peak_tip);
+    for m in &d.marks {
+        let at = match axis {
+            Axis::Time => m.time_us,
+            Axis::Event => m.event.unwrap_or(0) as f64,
+        };
+        let tip = format!("{} at {:.3} s", m.label, m.time_us / 1e6);
+        line(&mut out, at, "oom", &m.label, &tip);
+    }
+    out.push_str("</svg>");
+    out.push_str(&labels);
+    if d.partial {
+        out.push_str("<span class=\"partial\">partial: older events were dropped</span>");
+    }
+    // The ticks, finer ones shown as the zoom grows.
+    out.push_str("<div class=\"ticks\">");
+    let finest = nice_step(span, 6.0 * f64::from(ZOOMS[ZOOMS.len() - 1]));
+    for (v, zoom) in ticks(from, to, axis == Axis::Event) {
+        let side = if percent(v) > 95.0 { " end" } else { "" };
+        write!(
+            out,
+            "<span class=\"k{zoom}{side}\" style=\"left:{:.3}%\">{}</span>",
+            percent(v),
+            tick_label(v, axis, finest)
+        )
+        .unwrap();
+    }
+    out.push_str("</div></div></div></div>\n");
     out
 }
 
@@ -345,7 +459,12 @@ fn icicle_svg(icicle: &Icicle) -> String {
             return;
         }
         let y = row as f64 * ROW;
-        let path = n.name.bytes().fold(path, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
+        let path = {
+            let mut hasher = FastHasher::default();
+            hasher.write_u64(path);
+            hasher.write(n.name.as_bytes());
+            hasher.finish()
+        };
         let (hue, saturation) = if n.folded.is_empty() {
             (20 + (n.name.bytes().fold(0u32, |h, b| h.wrapping_mul(31).wrapping_add(b as u32)) % 40) as i32, 85)
         } else {
@@ -403,7 +522,7 @@ fn icicle_svg(icicle: &Icicle) -> String {
         }
     }
     let mut folds = String::new();
-    draw(&mut out, &mut folds, root, (0.0, WIDTH, 0), 0xcbf2_9ce4_8422_2325 ^ root.bytes, root.bytes);
+    draw(&mut out, &mut folds, root, (0.0, WIDTH, 0), root.bytes, root.bytes);
     if partial {
         // Over the root row, whose text says only `all`.
         write!(
@@ -438,8 +557,9 @@ impl Timeline {
                 SPARKS[(((most / top) * (SPARKS.len() - 1) as f64).round() as usize).min(SPARKS.len() - 1)]
             })
             .collect();
+        let marks: String = self.marks.iter().map(|m| format!("; {} at {:.3} s", m.label, m.time_us / 1e6)).collect();
         format!(
-            "{line}\n{:.3} s to {:.3} s; peak {} at {:.3} s{}\n",
+            "{line}\n{:.3} s to {:.3} s; peak {} at {:.3} s{marks}{}\n",
             t0 / 1e6,
             t1 / 1e6,
             Cell::Bytes(self.peak_bytes),
@@ -449,7 +569,7 @@ impl Timeline {
     }
 
     pub(super) fn to_html(&self) -> String {
-        timeline_svg(self)
+        timeline_html(self)
     }
 }
 
@@ -502,19 +622,20 @@ mod tests {
             peak_bytes: 7 << 20,
             partial: false,
             scale: None,
+            marks: Vec::new(),
         };
         assert_eq!(timeline.to_text(64), "▁▂▃▄▅▆▇█\n0.000 s to 7.000 s; peak 7.00M at 7.000 s\n");
         // On a scale shared with a timeline twice as high and long.
         let shared =
             Timeline { scale: Some(Scale { from_us: 0.0, to_us: 14e6, top_bytes: 14 << 20 }), ..timeline.clone() };
         assert_eq!(shared.to_text(64), "▁▂▂▃▃▄▄▅\n0.000 s to 14.000 s; peak 7.00M at 7.000 s\n");
-        assert!(shared.to_html().contains(">14.00M</text>") && shared.to_html().contains(">14.000 s</text>"));
+        assert!(shared.to_html().contains(">14.00M</span>") && shared.to_html().contains(">14.0 s</span>"));
         // Narrower than the points: each glyph is the highest of its stretch.
         assert_eq!(timeline.to_text(4).lines().next(), Some("▂▄▆█"));
         let svg = timeline.to_html();
         assert!(
-            svg.starts_with("<svg class=\"timeline by-time\"")
-                && svg.contains("aria-label=\"memory over time on cpu\"")
+            svg.contains("<svg class=\"timeline by-time\"") && svg.contains("aria-label=\"memory over time on cpu\""),
+            "{svg}"
         );
         assert_eq!(svg.matches("<rect class=\"hover\"").count(), 8, "one hover target per point");
     }
@@ -538,11 +659,12 @@ mod tests {
             peak_bytes: 8 << 20,
             partial: false,
             scale: None,
+            marks: Vec::new(),
         };
         let html = timeline.to_html();
         assert!(html.contains("class=\"by-event\" checked>"), "by event first: {html}");
         assert_eq!(html.matches("<svg class=\"timeline ").count(), 2);
-        assert!(html.contains(">event 800</text>") && html.contains("event 400 at 8.010 s: 4.00M allocated"));
+        assert!(html.contains(">800</span>") && html.contains("event 400 at 8.010 s: 4.00M allocated"));
         // Evenly busy: by time first.
         let even: Vec<Point> =
             points.iter().enumerate().map(|(i, p)| Point { time_us: i as f64 * 1e6, ..p.clone() }).collect();
@@ -552,6 +674,54 @@ mod tests {
         // Without events (a merged run's points), by time alone.
         let html = Timeline { peak_event: None, ..timeline }.to_html();
         assert!(!html.contains("by-event") && html.matches("<svg").count() == 1);
+    }
+
+    #[test]
+    fn a_timeline_zooms_and_marks_each_failure() {
+        let timeline = Timeline {
+            label: "memory over time on cuda:0".into(),
+            layers: vec!["site".into()],
+            points: (0..8).map(|i| Point { event: Some(i + 1), ..point(i as f64 * 1e5, (i as i64) << 20) }).collect(),
+            peak_time_us: 7e5,
+            peak_event: Some(8),
+            peak_bytes: 7 << 20,
+            partial: false,
+            scale: None,
+            marks: vec![Mark { time_us: 6e5, event: Some(7), label: "out of memory: 2.00G asked".into() }],
+        };
+        let html = timeline.to_html();
+        // Both drawings mark the failure where it happened.
+        let lines: Vec<&str> =
+            html.split("<line class=\"oom\" x1=\"").skip(1).map(|r| &r[..r.find('"').unwrap()]).collect();
+        assert_eq!(lines, ["875.00", "857.14"], "by event (7 of 8 events) and by time (0.6 s of 0.7 s)");
+        assert_eq!(html.matches(">out of memory: 2.00G asked</span>").count(), 2);
+        assert!(timeline.to_text(8).contains("; out of memory: 2.00G asked at 0.600 s"));
+        // Zoom: three radio buttons per timeline; finer ticks for the larger zooms.
+        for zoom in ["z1", "z4", "z16"] {
+            assert_eq!(html.matches(&format!("class=\"{zoom}\"")).count(), 1, "{zoom}");
+        }
+        let ticks = |zoom: &str| {
+            html.matches(&format!("<span class=\"{zoom}\"")).count()
+                + html.matches(&format!("<span class=\"{zoom} end\"")).count()
+        };
+        let (k1, k4, k16) = (ticks("k1"), ticks("k4"), ticks("k16"));
+        assert!(k1 >= 2 * 3 && k4 > k1 && k16 > k4, "{k1} {k4} {k16}");
+        // Ticks of whole events only, and seconds with the decimals their step needs.
+        assert!(!html.contains(".5</span>") && html.contains(">0.700 s</span>"), "{html}");
+    }
+
+    #[test]
+    fn ticks_are_round_and_finer_as_the_zoom_grows() {
+        assert_eq!(nice_step(1.0, 6.0), 0.2);
+        assert_eq!(nice_step(700_000.0, 6.0), 100_000.0);
+        assert_eq!(nice_step(7.0, 96.0), 0.05);
+        let t = ticks(0.0, 10.0, true);
+        let at = |zoom: u32| t.iter().filter(|(_, z)| *z == zoom).map(|(v, _)| *v).collect::<Vec<_>>();
+        assert_eq!(at(1), [0.0, 2.0, 4.0, 6.0, 8.0, 10.0]);
+        assert_eq!(at(4), [1.0, 3.0, 5.0, 7.0, 9.0], "whole events only: no half ticks");
+        assert!(at(16).is_empty());
+        assert_eq!(tick_label(1.5e6, Axis::Time, 1e5), "1.5 s");
+        assert_eq!(tick_label(2e6, Axis::Time, 2e6), "2 s");
     }
 
     #[test]

@@ -11,7 +11,7 @@ mod table;
 
 pub use cell::{Amount, Cell};
 pub use document::{Document, Render};
-pub use drawing::{FlameNode, Icicle, Point, Scale, Timeline};
+pub use drawing::{FlameNode, Icicle, Mark, Point, Scale, Timeline};
 pub use table::{Column, Layout, Table};
 
 use std::collections::BTreeMap;
@@ -88,7 +88,9 @@ pub fn escape_html(text: &str) -> String {
 /// element than their selectors. The drawings' rules (timelines, icicle graphs, legends) are
 /// here too (a folded run of frames in an icicle graph links to the list of
 /// its frames, shown when targeted; a timeline drawn by event and by time
-/// shows the drawing whose radio button is checked), and those of collapsed tables (a hidden checkbox before the
+/// shows the drawing whose radio button is checked, at the width its zoom's
+/// radio button picks, in a box that scrolls sideways; finer ticks show as
+/// the zoom grows), and those of collapsed tables (a hidden checkbox before the
 /// table; its summary row's label opens the rest).
 pub const STYLESHEET: &str = "div.memlab table{border-collapse:collapse;font-family:monospace;margin:.2em 0 .6em;\
 table-layout:auto;width:auto}\
@@ -109,8 +111,26 @@ div.memlab td.text{white-space:normal}div.memlab td.code{white-space:pre-wrap;ov
 .memlab input.more:checked+table tr.more{display:none}.memlab tr.more label{cursor:pointer;color:#1a5fb4}\
 .memlab div.fold{display:none;font:12px monospace;border-left:3px solid #8aa4c8;padding:.2em .8em;margin:.3em 0}\
 .memlab div.fold:target{display:block}.memlab div.fold ol{margin:.2em 0;padding-left:2.5em}\
-.memlab div.axes{font:12px sans-serif}.memlab div.axes input{margin:0 .25em 0 .9em;vertical-align:-.15em}\
-.memlab div.axes input.by-event:checked~svg.by-time,.memlab div.axes input.by-time:checked~svg.by-event{display:none}";
+.memlab div.axes{font:12px sans-serif;width:960px}.memlab div.axes input{margin:0 .25em 0 .9em;vertical-align:-.15em}\
+.memlab div.axes span.gap{display:inline-block;width:1.5em}\
+.memlab div.axes input.by-event:checked~div.by-time,.memlab div.axes input.by-time:checked~div.by-event{display:none}\
+.memlab div.chart{display:flex;margin-top:.3em}\
+.memlab div.chart div.bytes{flex:none;width:70px;height:262px;position:relative;font:11px monospace}\
+.memlab div.bytes span{position:absolute;right:5px}.memlab div.bytes span.top{top:0}.memlab div.bytes span.zero{top:230px}\
+.memlab div.scroll{width:886px;overflow-x:auto;overflow-y:hidden;border-left:1px solid #999}\
+.memlab div.plot{position:relative;width:100%;height:262px}\
+.memlab input.z4:checked~div.chart div.plot{width:400%}.memlab input.z16:checked~div.chart div.plot{width:1600%}\
+.memlab svg.timeline{width:100%;height:240px;border-bottom:1px solid #999}\
+.memlab svg.timeline line.peak{stroke:#c00;stroke-dasharray:4 3}.memlab svg.timeline line.oom{stroke:#7a0077;stroke-width:2}\
+.memlab div.plot span{position:absolute;font:11px monospace;white-space:nowrap}\
+.memlab span.mark{top:2px;padding-left:4px}.memlab span.mark.end{transform:translateX(-100%);padding:0 4px 0 0}\
+.memlab span.mark.peak{color:#c00}.memlab span.mark.oom{color:#7a0077;top:17px;font-weight:bold}\
+.memlab div.plot span.partial{top:2px;left:35%;color:#8a6d00;font-weight:bold}\
+.memlab div.ticks span{top:241px;border-left:1px solid #999;padding:4px 0 0 3px}\
+.memlab div.ticks span.end{transform:translateX(-100%);border-left:none;border-right:1px solid #999;padding:4px 3px 0 0}\
+.memlab div.ticks span.k4,.memlab div.ticks span.k16{display:none}\
+.memlab input.z4:checked~div.chart span.k4,.memlab input.z16:checked~div.chart span.k4,\
+.memlab input.z16:checked~div.chart span.k16{display:inline}";
 
 /// `body` wrapped as a self-styled block: it reads the same in a notebook, a
 /// browser or a saved file.
