@@ -17,7 +17,7 @@ use memlab_core::export::{
     InstantScope, Phase, Snapshot, SnapshotFile, TraceArgs, TraceEvent, TraceFile, TraceInfo, TraceWriter,
 };
 use memlab_core::oom::{OomReport, Verdict};
-use memlab_core::render::{Cell, Column, Document, Layout, Point, Render, Scale, Table, Timeline};
+use memlab_core::render::{Cell, Column, Document, Layout, Mark, Point, Render, Scale, Table, Timeline};
 use memlab_core::run::RunInfo;
 use serde::de::IgnoredAny;
 use serde::Serialize;
@@ -569,6 +569,10 @@ fn rank_row(p: &Part, origin: i64) -> RankRow {
             else {
                 continue;
             };
+            // Counters that never left zero: nothing was recorded there.
+            if allocated == 0 && levels.points.iter().all(|(_, _, r)| r.unwrap_or(0) == 0) {
+                continue;
+            }
             devices.push(DevicePeak {
                 device: levels.device.clone(),
                 uuid: uuid(&levels.device),
@@ -609,12 +613,16 @@ fn rank_row(p: &Part, origin: i64) -> RankRow {
     }
 }
 
-/// Marks the highest allocated peak among CUDA devices, and among CPUs.
+/// Marks the highest allocated peak among CUDA devices, and among CPUs,
+/// where one is lower (equal peaks have no highest).
 fn mark_highest(ranks: &mut [RankRow]) {
     for cuda in [true, false] {
         let kind = |d: &DevicePeak| d.device.starts_with("cuda") == cuda;
         let top = ranks.iter().flat_map(|r| &r.devices).filter(|d| kind(d)).map(|d| d.allocated).max();
         let Some(top) = top.filter(|t| *t > 0) else { continue };
+        if !ranks.iter().flat_map(|r| &r.devices).any(|d| kind(d) && d.allocated < top) {
+            continue;
+        }
         for d in ranks.iter_mut().flat_map(|r| &mut r.devices).filter(|d| kind(d) && d.allocated == top) {
             d.highest = true;
         }
@@ -836,10 +844,10 @@ impl Render for Page<'_> {
 
         peaks_and_failures(&mut doc, m);
 
-        // Every process's timeline on one scale.
-        let end = m.ranks.iter().flat_map(|r| &r.devices).map(|d| d.at_us).max().unwrap_or(0);
-        let mut timelines: Vec<(String, Vec<Point>, i64, i64)> = Vec::new();
-        for (p, r) in self.parts.iter().zip(&m.ranks) {
+        // Every process's timeline on one scale, each failure marked where
+        // it happened; the axis covers the failures too.
+        let mut timelines: Vec<(String, Timeline)> = Vec::new();
+        for (process, (p, r)) in self.parts.iter().zip(&m.ranks).enumerate() {
             let base = p.base_us() - m.origin_unix_us;
             let mut levels: Vec<Levels> =
                 p.snapshot.as_ref().map(|(_, l)| l.iter().map(copy).collect()).unwrap_or_default();
@@ -850,6 +858,17 @@ impl Render for Page<'_> {
                     }
                 }
             }
+            // Only the table's devices: nothing recorded, nothing drawn.
+            levels.retain(|l| r.devices.iter().any(|d| d.device == l.device));
+            let ooms: Vec<&OomRow> = m.ooms.iter().filter(|o| o.process == process).collect();
+            // A device only a failure's report tells of: its figures then.
+            let reported: Vec<Levels> = r
+                .devices
+                .iter()
+                .filter(|d| !levels.iter().any(|l| l.device == d.device))
+                .map(|d| Levels { device: d.device.clone(), points: vec![(d.at_us - base, d.allocated, d.reserved)] })
+                .collect();
+            levels.extend(reported);
             for l in levels {
                 let stretch = l.points.len().div_ceil(PAGE_POINTS).max(1);
                 let points: Vec<Point> = l
@@ -868,26 +887,57 @@ impl Render for Page<'_> {
                 // The first point at the highest level, as the table's peak.
                 let peak =
                     points.iter().rev().max_by_key(|p| p.allocated).map_or((0, 0.0), |p| (p.allocated, p.time_us));
-                timelines.push((format!("{}: {}", r.label, l.device), points, peak.0, peak.1 as i64));
+                let marks: Vec<Mark> = ooms
+                    .iter()
+                    .filter(|o| o.device == l.device)
+                    .map(|o| Mark {
+                        time_us: o.at_us as f64,
+                        event: None,
+                        label: format!("out of memory: {} asked", Cell::bytes(o.requested)),
+                    })
+                    .collect();
+                let label = format!("{}: {}", r.label, l.device);
+                let timeline = Timeline {
+                    label: format!("memory over time of {label}"),
+                    layers: vec!["allocated".into()],
+                    points,
+                    peak_time_us: peak.1,
+                    peak_event: None,
+                    peak_bytes: peak.0,
+                    partial: false,
+                    scale: None,
+                    marks,
+                };
+                timelines.push((label, timeline));
             }
         }
-        let last = timelines.iter().flat_map(|(_, p, _, _)| p.last()).map(|p| p.time_us as i64).max().unwrap_or(end);
-        let top = timelines.iter().map(|t| t.2).max().unwrap_or(0);
+        let last = timelines
+            .iter()
+            .flat_map(|(_, t)| t.points.last().map(|p| p.time_us).into_iter().chain(t.marks.iter().map(|m| m.time_us)))
+            .fold(0.0, f64::max);
+        let top = timelines.iter().map(|(_, t)| t.peak_bytes).max().unwrap_or(0);
+        // A device whose peak is under a thousandth of the scale's top
+        // would be a flat line: named, not drawn, unless it failed.
+        let (drawn, small): (Vec<_>, Vec<_>) =
+            timelines.into_iter().partition(|(_, t)| !t.marks.is_empty() || t.peak_bytes.saturating_mul(1000) >= top);
         doc.part("Memory over time").note(
             "Each process's allocated bytes on one time axis and one scale (each point the highest of its stretch \
-             of events); hover for the figures.",
+             of events), every failure marked where it happened; hover for the figures.",
         );
-        for (label, points, peak_bytes, peak_at) in timelines {
-            doc.heading(label.clone());
+        if !small.is_empty() {
+            let names: Vec<String> =
+                small.iter().map(|(label, t)| format!("{label} (peak {})", Cell::bytes(t.peak_bytes))).collect();
+            doc.line(format!(
+                "Not drawn, under a thousandth of the scale's {}: {}.",
+                Cell::bytes(top),
+                names.join("; ")
+            ));
+        }
+        for (label, timeline) in drawn {
+            doc.heading(label);
             doc.timeline(Timeline {
-                label: format!("memory over time of {label}"),
-                layers: vec!["allocated".into()],
-                points,
-                peak_time_us: peak_at as f64,
-                peak_event: None,
-                peak_bytes,
-                partial: false,
-                scale: Some(Scale { from_us: 0.0, to_us: last.max(1) as f64, top_bytes: top }),
+                scale: Some(Scale { from_us: 0.0, to_us: last.max(1.0), top_bytes: top }),
+                ..timeline
             });
         }
 
@@ -911,15 +961,50 @@ fn differences(doc: &mut Document, parts: &[Part], ranks: &[RankRow]) {
         doc.line("Needs the snapshots of two processes or more: traces and reports do not say what was live by site.");
         return;
     }
-    let mut devices: Vec<String> = with.iter().flat_map(|(_, s)| s.devices.iter().map(|d| d.device.clone())).collect();
-    devices.sort();
-    devices.dedup();
-    for device in devices {
+    // Each process's devices by kind and order: rank 0's cuda:0 pairs with
+    // rank 1's cuda:1 when each trained on its own GPU.
+    let own: Vec<Vec<(Slot, &analysis::DeviceSummary)>> = with
+        .iter()
+        .map(|(_, s)| {
+            let mut used: Vec<&analysis::DeviceSummary> = s.devices.iter().filter(|d| d.events > 0).collect();
+            used.sort_by_key(|d| slot_order(&d.device));
+            let mut seen: BTreeMap<bool, usize> = BTreeMap::new();
+            used.into_iter()
+                .map(|d| {
+                    let cuda = d.device.starts_with("cuda");
+                    let n = seen.entry(cuda).or_default();
+                    *n += 1;
+                    (Slot { cpu: !cuda, nth: *n - 1 }, d)
+                })
+                .collect()
+        })
+        .collect();
+    let mut slots: Vec<Slot> = own.iter().flatten().map(|(slot, _)| *slot).collect();
+    slots.sort();
+    slots.dedup();
+    for slot in slots {
+        let per: Vec<Option<&analysis::DeviceSummary>> =
+            own.iter().map(|o| o.iter().find(|(s, _)| *s == slot).map(|(_, d)| *d)).collect();
+        let mut names: Vec<&str> = per.iter().flatten().map(|d| d.device.as_str()).collect();
+        names.dedup();
+        let what = if names.len() == 1 {
+            names[0].to_string()
+        } else {
+            let each: Vec<String> = with
+                .iter()
+                .zip(&per)
+                .filter_map(|((r, _), d)| {
+                    let who = r.rank.map_or_else(|| r.label.clone(), |n| format!("rank {n}"));
+                    d.map(|d| format!("{who} on {}", d.device))
+                })
+                .collect();
+            format!("each process's {}: {}", slot.name(), each.join(", "))
+        };
         for by_site in [false, true] {
             // Per row name: each process's bytes at its peak on this device.
             let mut rows: BTreeMap<String, Vec<u64>> = BTreeMap::new();
-            for (i, (_, s)) in with.iter().enumerate() {
-                let Some(d) = s.devices.iter().find(|d| d.device == device) else { continue };
+            for (i, d) in per.iter().enumerate() {
+                let Some(d) = d else { continue };
                 let shares: Vec<(String, u64)> = if by_site {
                     d.by_site.iter().map(|x| (site_name(x), x.held.bytes)).collect()
                 } else {
@@ -935,7 +1020,7 @@ fn differences(doc: &mut Document, parts: &[Part], ranks: &[RankRow]) {
             let mut rows: Vec<(String, Vec<u64>)> = rows.into_iter().collect();
             let spread = |v: &[u64]| v.iter().max().unwrap_or(&0) - v.iter().min().unwrap_or(&0);
             rows.sort_by(|a, b| spread(&b.1).cmp(&spread(&a.1)).then_with(|| a.0.cmp(&b.0)));
-            doc.heading(format!("{device}, by {}", if by_site { "site" } else { "category" }));
+            doc.heading(format!("{what}, by {}", if by_site { "site" } else { "category" }));
             let mut columns = vec![Column::new("spread", Layout::Figure)];
             columns.extend(with.iter().map(|(r, _)| Column::new(&r.label, Layout::Figure)));
             columns.push(Column::new(if by_site { "site" } else { "category" }, Layout::Text));
@@ -948,6 +1033,36 @@ fn differences(doc: &mut Document, parts: &[Part], ranks: &[RankRow]) {
             }
             doc.table(table);
         }
+    }
+}
+
+/// A device's place among its process's own: CUDA or CPU, and its order
+/// among those of its kind (ordinal order).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct Slot {
+    /// GPUs first.
+    cpu: bool,
+    nth: usize,
+}
+
+impl Slot {
+    /// `GPU`, `2nd GPU`, `CPU`.
+    fn name(self) -> String {
+        let kind = if self.cpu { "CPU" } else { "GPU" };
+        match self.nth {
+            0 => kind.to_string(),
+            1 => format!("2nd {kind}"),
+            2 => format!("3rd {kind}"),
+            n => format!("{}th {kind}", n + 1),
+        }
+    }
+}
+
+/// GPUs by ordinal (`cuda:2` before `cuda:10`), then the CPU.
+fn slot_order(device: &str) -> (bool, u64, String) {
+    match device.strip_prefix("cuda:").and_then(|n| n.parse::<u64>().ok()) {
+        Some(n) => (false, n, String::new()),
+        None => (true, 0, device.to_string()),
     }
 }
 

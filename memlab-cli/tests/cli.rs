@@ -343,11 +343,15 @@ fn synthetic_snapshots_read_as_pytorch_reads_them() {
     let synth = deps.parent().unwrap().parent().unwrap().join("examples/synthetic_snapshot");
     assert!(synth.exists(), "{} is built by cargo test", synth.display());
     let path = temp("synthetic.pickle");
-    let out = Command::new(&synth).args([path.to_str().unwrap(), "--size", "1M", "--seed", "3"]).output().unwrap();
+    let args = [path.to_str().unwrap(), "--size", "1M", "--seed", "3", "--native"];
+    let out = Command::new(&synth).args(args).output().unwrap();
     assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
     let summary = json(&["summary", path.to_str().unwrap(), "--json"]);
     let device = &summary["devices"][0];
     assert_eq!(device["partial"].as_array().unwrap().len(), 0, "{}", device["partial"]);
+    // Its native frames (`--native`) fold away: every site is a frame of the model's own.
+    let sites = device["by_site"].as_array().unwrap();
+    assert!(sites.iter().filter_map(|s| s["site"]["file"].as_str()).all(|f| f.contains("project/model/")), "{sites:?}");
     assert_eq!(summary["writer"], "pytorch");
     // PyTorch's own reader, where the project's venv has torch.
     let Some(venv) = std::env::var_os("MEMLAB_VENV") else {
@@ -412,6 +416,67 @@ fn merge_of_two_ranks_marks_the_higher_peak_and_what_differed() {
     let at = |m: &serde_json::Value| m["ranks"][1]["devices"][0]["at_us"].as_i64().unwrap();
     assert_eq!(at(&shifted) - at(&merged), 250_000);
     assert_eq!(shifted["ranks"][1]["offset_us"], 250_000);
+}
+
+/// The value of `attribute` in each element of `page` that starts with
+/// `element` (`<line class="oom"`).
+fn attributes<'a>(page: &'a str, element: &str, attribute: &str) -> Vec<&'a str> {
+    page.split(element)
+        .skip(1)
+        .map(|rest| {
+            let at = rest.find(&format!(" {attribute}=\"")).expect("the attribute is there") + attribute.len() + 3;
+            &rest[at..at + rest[at..].find('"').unwrap()]
+        })
+        .collect()
+}
+
+#[test]
+fn merge_pairs_each_ranks_own_gpu_and_marks_the_failure_where_it_happened() {
+    // Two ranks on a host with two H100s, rank N on cuda:N, the last one out
+    // of memory at the end: PyTorch's snapshots, then memlab's own files.
+    let pytorch = ["snapshot_rank0.pickle", "snapshot_rank1.pickle"];
+    let memlab = [
+        "memlab_snapshot_rank0.pickle",
+        "memlab_snapshot_rank1.pickle",
+        "memlab_trace_rank0.json",
+        "memlab_trace_rank1.json",
+        "memlab_oom_rank1.json",
+    ];
+    for (name, files, row, bytes) in [
+        ("pytorch", &pytorch[..], "make_snapshots.py:113)", ["37.00M", "33.00M"]),
+        ("memlab", &memlab[..], "ranks.rs:53)", ["4.00M", "2.00M"]),
+    ] {
+        let out = temp(&format!("merged-gpus-{name}"));
+        let paths: Vec<String> =
+            files.iter().map(|f| fixture(&format!("ranks/{f}")).to_string_lossy().into_owned()).collect();
+        let mut args: Vec<&str> = vec!["merge"];
+        args.extend(paths.iter().map(String::as_str));
+        args.extend(["-o", out.to_str().unwrap(), "--json"]);
+        let merged = json(&args);
+        let ooms = merged["ooms"].as_array().unwrap();
+        assert_eq!(ooms.len(), 1, "{name}: {ooms:?}");
+        assert_eq!((ooms[0]["rank"].as_u64(), ooms[0]["device"].as_str()), (Some(1), Some("cuda:1")));
+        let page = std::fs::read_to_string(out.join("merged.html")).unwrap();
+        // Rank 0's cuda:0 pairs with rank 1's cuda:1: one table, both
+        // ranks' bytes on a row, no table of a device by its name alone.
+        let heading = "GPU: rank 0 on cuda:0, rank 1 on cuda:1, by site</h3>";
+        let sites = &page[page.find(heading).unwrap_or_else(|| panic!("{name}: no paired table"))..];
+        let line = sites.split("</tr>").find(|r| r.contains(row)).unwrap();
+        assert!(bytes.iter().all(|b| line.contains(b)), "{name}: {line}");
+        assert!(!page.contains("<h3>cuda:0,") && !page.contains("<h3>cuda:1,"), "{name}");
+        // The failure is marked on rank 1's drawing, inside the axis.
+        let drawings = attributes(&page, "<svg class=\"timeline", "aria-label");
+        assert_eq!(drawings.len(), 2, "{name}: the two GPUs, no CPU of 8 bytes: {drawings:?}");
+        assert!(drawings[0].ends_with("cuda:0") && drawings[1].ends_with("cuda:1"), "{drawings:?}");
+        let oom = attributes(&page, "<line class=\"oom\"", "x1");
+        assert_eq!(oom.len(), 1, "{name}");
+        let x: f64 = oom[0].parse().unwrap();
+        assert!((0.0..=1000.0).contains(&x), "{name}: the failure at {x} of the plot's 1000");
+        assert!(page[page.find("cuda:1\"").unwrap()..].contains("<line class=\"oom\""), "on rank 1's drawing");
+        if let Some(text) = look_at(&out.join("merged.html")) {
+            assert!(text.contains("out of memory:"), "{name}: the mark's label shows");
+        }
+    }
 }
 
 #[test]
