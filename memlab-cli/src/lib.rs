@@ -120,7 +120,14 @@
 //! built spends most of its time there: on `fixtures/transformer_all.pickle`
 //! the model's setup is 28 of its 1,408 events and 89% of its time, so the two
 //! training steps fill the last ninth of the time axis and all but the first
-//! 2% of the event axis. The peak is marked on both.
+//! 2% of the event axis. The peak is marked on both, and so is every
+//! allocation that failed (out of memory), where it happened. Each drawing
+//! zooms 4× or 16× (the buttons above it) in a box that scrolls sideways,
+//! with finer ticks as it grows: the training steps of that fixture, 10
+//! events a tick at 16×, fill the width. The page has 400 points per device
+//! (each the highest of its stretch of events), so zoom shows the shape of
+//! a range, not each event of it: for those, `memlab summary --json` or the
+//! trace in Perfetto.
 //!
 //! The icicle graph shows the program's own frames. PyTorch's default
 //! recording (`stacks="all"`) gives an allocation some 60 frames, most of them
@@ -232,10 +239,16 @@
 //! ```
 //!
 //! The page has the same table and failures, each rank's memory over time on
-//! one time axis and one scale, and what was live at each rank's peak by
-//! category and by site, the rows that differ most between ranks first
-//! (`--json` prints the table and the failures as data; the README shows a
-//! picture of the page).
+//! one time axis and one scale (every failure marked on its rank's drawing,
+//! the axis long enough to hold it; a device whose peak is under a
+//! thousandth of the scale, such as the 8 bytes above, is named, not drawn),
+//! and what was live at each rank's peak by category and by site, the rows
+//! that differ most between ranks first. Each rank's devices are compared by
+//! kind and order, not by name: rank 0's `cuda:0` with rank 1's `cuda:1`,
+//! under "each process's GPU: rank 0 on cuda:0, rank 1 on cuda:1"
+//! (`fixtures/ranks/` holds such a run, PyTorch's snapshots and memlab's
+//! files). `--json` prints the table and the failures as data; the README
+//! shows a picture of the page.
 //!
 //! Files of one process are grouped by its host and pid, so several GPUs in
 //! one process make one row per device, and several processes on one GPU are
@@ -247,6 +260,51 @@
 //! field, and no file's times can move another's. A process that left several
 //! snapshots (the out-of-memory recorder writes one beside the final export)
 //! is read from the one with the longest history.
+//!
+//! # Beside PyTorch's `_memory_viz.py`
+//!
+//! PyTorch reads its own snapshots with `python -m torch.cuda._memory_viz`.
+//! Offline, with torch 2.11, on `fixtures/transformer_all.pickle`
+//! (`bash scripts/beside_memory_viz.sh` prints both tools' output for the
+//! fixtures):
+//!
+//! - `stats` draws the segments of 20 MiB and more as page maps and adds
+//!   up the snapshot's end: `total_reserved: 128.0MiB`,
+//!   `total_allocated: 65.0MiB`. `memlab summary` gives the same end
+//!   (65.00M allocated, 128.00M reserved) and what `stats` cannot, having
+//!   no history: the peak, 105.07M allocated at event 766, 20.93M of the
+//!   reserved memory not allocated then, and what was live then by site,
+//!   half of it `forward (make_snapshots.py:60)` and 30% autograd's
+//!   backward pass of an `addmm`.
+//! - `trace` prints the history as a program, an event a line
+//!   (`b = a[0:500.0KiB]`, `del g13 # 4.0B`, 1,411 lines here), with
+//!   addresses and segment offsets and no sites; a failure reads
+//!   `raise OutOfMemoryError # 79.2GiB requested, 78.3GiB free in CUDA`.
+//!   memlab's page draws that history (by event or by time, zoomed,
+//!   stacked by site, the peak and each failure marked) and the call
+//!   stacks at the peak, every frame of the program's own and the rest
+//!   folded.
+//! - `compare A B` writes a flame graph of the segments only one snapshot
+//!   has, with `flamegraph.pl` downloaded from GitHub; on the files
+//!   `_dump_snapshot` writes it stops with `TypeError: string indices must
+//!   be integers` (it expects the list of segments). `memlab diff` compares
+//!   what was live at each run's peak, by site, largest change first.
+//! - Its HTML views (`trace_plot`, `segment_plot`, and pytorch.org's
+//!   memory_viz page) load the viewer from the network; memlab's pages are
+//!   one file that fetches nothing.
+//!
+//! What memory_viz shows that memlab does not: the allocator's layout,
+//! each segment's blocks at their addresses and its pages (`stats`, the
+//! web viewer's allocator state over time), and every single event of a
+//! long history (memlab's page draws 400 points per device, each the
+//! highest of its stretch; `memlab summary --json` and the merged trace in
+//! Perfetto keep each figure). What memlab shows that memory_viz does not:
+//! peaks and when they were, sites and what made the allocations without
+//! one (`autograd's backward pass (AddmmBackward0)`), two runs compared by
+//! line, several ranks on one axis (`merge`), and which allocator setting
+//! would have avoided a failure (`replay`). Pictures of memlab's pages are
+//! in `docs/`: `memlab_view_transformer.png` (this fixture) and
+//! `memlab_merge.png` (`fixtures/ranks/`).
 //!
 //! # Fixtures
 //!
