@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # The command-line tool at scale: generates two synthetic snapshots in
 # PyTorch's schema (memlab-cli/examples/synthetic_snapshot.rs; SIZE each,
-# 1G by default), then times `memlab summary`, `memlab view` and
+# 1G by default; with the native frames of PyTorch's default recording, so
+# the page folds them), then times `memlab summary`, `memlab view` and
 # `memlab replay --compare` (under a memory fraction, so the garbage
 # collector's setting is among those compared) of the first and `memlab diff`
 # of both with /usr/bin/time -v (wall clock, peak resident set), and headless
-# Chromium's screenshot of the page against an empty page's. Prints a
-# Markdown table.
+# Chromium's screenshot of the page (as written, and with its drawings
+# switched to the event axis) against an empty page's. Prints a Markdown
+# table.
 #
 #     bash scripts/bench_cli.sh [SIZE]
 #
@@ -20,8 +22,8 @@ mkdir -p "$dir"
 memlab="$PWD/target/release/memlab"
 synth="$PWD/target/release/examples/synthetic_snapshot"
 cd "$dir"
-"$synth" a.pickle --size "$size" --seed 1 >&2
-"$synth" b.pickle --size "$size" --seed 2 --grow 7 >&2
+"$synth" a.pickle --size "$size" --seed 1 --native >&2
+"$synth" b.pickle --size "$size" --seed 2 --grow 7 --native >&2
 
 timed() {
   /usr/bin/time -v "$@" > out.txt 2> time.txt
@@ -46,9 +48,14 @@ read -r d_wall d_rss < <(timed "$memlab" diff a.pickle b.pickle)
 read -r r_wall r_rss < <(timed "$memlab" replay a.pickle --compare --fraction 0.5)
 replays=$("$memlab" replay a.pickle --compare --fraction 0.5 --json | python3 -c 'import json,sys; d=json.load(sys.stdin)["devices"][0]; print(1 + len(d["replays"]))')
 echo '<!doctype html><title>empty</title>' > empty.html
+# The same page with every timeline drawn by event (its other radio button checked).
+sed 's/class="by-time" checked>/class="by-time">/g; s/class="by-event">/class="by-event" checked>/g' a.html > a_by_event.html
+folded=$(grep -o 'href="#fold-' a.html | wc -l)
 # Layout time: the median of three screenshots of each, alternating.
-empty=(); page=()
-for _ in 1 2 3; do empty+=("$(shot empty.html)"); page+=("$(shot a.html)"); done
+empty=(); page=(); by_event=()
+for _ in 1 2 3; do
+  empty+=("$(shot empty.html)"); page+=("$(shot a.html)"); by_event+=("$(shot a_by_event.html)")
+done
 median() { printf '%s\n' "$@" | sort -n | sed -n 2p; }
 
 a_bytes=$(stat -c %s a.pickle)
@@ -67,4 +74,5 @@ echo
 echo "| page | bytes | Chromium screenshot, median of 3 |"
 echo "|---|---:|---:|"
 echo "| empty page | $(stat -c %s empty.html) | $(median "${empty[@]}") s |"
-echo "| a.html | $(stat -c %s a.html) | $(median "${page[@]}") s |"
+echo "| a.html ($folded folded runs of frames) | $(stat -c %s a.html) | $(median "${page[@]}") s |"
+echo "| a.html drawn by event | $(stat -c %s a_by_event.html) | $(median "${by_event[@]}") s |"

@@ -5,7 +5,7 @@
 //! a few percent): the
 //! input of the command-line tool's scale benchmarks.
 //!
-//!     cargo run --release -p memlab-cli --example synthetic_snapshot -- OUT.pickle [--size 1G] [--seed N] [--grow SITE]
+//!     cargo run --release -p memlab-cli --example synthetic_snapshot -- OUT.pickle [--size 1G] [--seed N] [--grow SITE] [--native]
 //!
 //! One CUDA device. A simulated caching allocator serves a training loop's
 //! allocations from 2 MiB or rounded-up segments: every allocation is a
@@ -15,7 +15,11 @@
 //! thousand distinct frames), so that frames dominate the file as they do in
 //! real snapshots. The final segments agree with the trace. `--grow SITE`
 //! makes the allocations of stack number SITE live three times as long, for
-//! a second run that `diff` tells apart.
+//! a second run that `diff` tells apart. `--native` gives each stack the
+//! C++ frames PyTorch's default recording (`stacks="all"`) puts before the
+//! Python ones: the recorder's, the caching allocator's, a run of libtorch's
+//! dispatcher and kernels, CPython's interpreter down to `_start` (another
+//! 20 to 40 frames).
 //!
 //! Small outputs pass `python -m torch.cuda._memory_viz stats` (the tests
 //! check it).
@@ -212,12 +216,13 @@ fn parse_size(text: &str) -> Option<u64> {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
-    let (mut out, mut target, mut seed, mut grow) = (None, 64u64 << 20, 1u64, None);
+    let (mut out, mut target, mut seed, mut grow, mut native) = (None, 64u64 << 20, 1u64, None, false);
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--size" => target = args.next().and_then(|s| parse_size(&s)).ok_or("--size takes a size: 200M, 1G")?,
             "--seed" => seed = args.next().and_then(|s| s.parse().ok()).ok_or("--seed takes a number")?,
             "--grow" => grow = Some(args.next().and_then(|s| s.parse().ok()).ok_or("--grow takes a stack number")?),
+            "--native" => native = true,
             path if out.is_none() && !path.starts_with('-') => out = Some(path.to_string()),
             other => return Err(format!("unknown argument {other:?}").into()),
         }
@@ -229,7 +234,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // frames over the model's own.
     let files =
         ["torch/nn/modules/module.py", "torch/nn/functional.py", "torch/autograd/graph.py", "torch/optim/adam.py"];
-    let frames: Vec<(String, String, u64)> = (0..3000)
+    let mut frames: Vec<(String, String, u64)> = (0..3000)
         .map(|i| {
             let file = if i % 3 == 0 {
                 format!("/opt/venv/lib/python3.12/site-packages/{}", files[i % files.len()])
@@ -239,10 +244,58 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             (file, format!("function_{i}"), 10 + (i as u64 * 7) % 900)
         })
         .collect();
+    let python = frames.len() as u64;
+    // Native frames as `stacks="all"` records them (no file, line 0): the
+    // recorder's and the allocator's, then ops through the dispatcher,
+    // then the interpreter.
+    let native_frame = |name: String| (String::from("??"), name, 0);
+    let recorder: Vec<usize> = ["torch::unwind::unwind()", "torch::CapturedTraceback::gather(bool, bool, bool)"]
+        .iter()
+        .chain(
+            ["c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc(signed char, unsigned long)"]
+                .iter(),
+        )
+        .map(|name| {
+            frames.push(native_frame(name.to_string()));
+            frames.len() - 1
+        })
+        .collect();
+    let ops: Vec<usize> = (0..300)
+        .map(|i| {
+            let name = match i % 3 {
+                0 => format!("at::_ops::op_{i}::call(at::Tensor const&, at::Tensor const&)"),
+                1 => format!("c10::impl::wrap_kernel_functor_unboxed_<op_{i}>::call(c10::OperatorKernel*)"),
+                _ => format!("at::native::kernel_{i}(at::Tensor const&)"),
+            };
+            frames.push(native_frame(name));
+            frames.len() - 1
+        })
+        .collect();
+    let interpreter: Vec<usize> = [
+        "_PyEval_EvalFrameDefault",
+        "_PyObject_MakeTpCall",
+        "PyObject_Call",
+        "Py_RunMain",
+        "__libc_start_main",
+        "_start",
+    ]
+    .iter()
+    .map(|name| {
+        frames.push(native_frame(name.to_string()));
+        frames.len() - 1
+    })
+    .collect();
     let stacks: Vec<Vec<usize>> = (0..4096)
         .map(|_| {
+            let mut stack = Vec::new();
+            if native {
+                stack.extend(&recorder);
+                stack.extend((0..12 + rng.below(25)).map(|_| ops[rng.below(ops.len() as u64) as usize]));
+                stack.extend(&interpreter);
+            }
             let depth = 24 + rng.below(41) as usize;
-            (0..depth).map(|_| rng.below(frames.len() as u64) as usize).collect()
+            stack.extend((0..depth).map(|_| rng.below(python) as usize));
+            stack
         })
         .collect();
 
