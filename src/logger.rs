@@ -143,11 +143,8 @@ pub struct StepData {
 /// ```
 pub struct StepLogger {
     compact: bool,
-    exact_ram_peak: bool,
-    exact_ram: bool,
-    clear_cache: bool,
+    how: How,
     running: bool,
-    sample_every: Duration,
     last: Option<StepData>,
     context_reported: bool,
 }
@@ -161,16 +158,7 @@ impl Default for StepLogger {
 impl StepLogger {
     /// A logger that prints a report after every step (see [`stop`](Self::stop)).
     pub fn new() -> StepLogger {
-        StepLogger {
-            compact: false,
-            exact_ram_peak: false,
-            exact_ram: false,
-            clear_cache: false,
-            running: true,
-            sample_every: Duration::from_millis(1),
-            last: None,
-            context_reported: false,
-        }
+        StepLogger { compact: false, how: How::default(), running: true, last: None, context_reported: false }
     }
 
     /// One line per step instead of the three-line table.
@@ -183,7 +171,7 @@ impl StepLogger {
     /// step (exact, where Linux allows it; costs a few system calls a step),
     /// instead of the background samples.
     pub fn exact_ram_peak(mut self, exact: bool) -> StepLogger {
-        self.exact_ram_peak = exact;
+        self.how.exact_ram_peak = exact;
         self
     }
 
@@ -196,20 +184,20 @@ impl StepLogger {
     /// difference either way. The kernel's own resident-set counters lag by
     /// up to some MiB on a many-core machine anyway.
     pub fn exact_ram(mut self, exact: bool) -> StepLogger {
-        self.exact_ram = exact;
+        self.how.exact_ram = exact;
         self
     }
 
     /// Empties the CUDA cache before each step, so that `driver_used` shows
     /// what the step really holds rather than what the cache kept.
     pub fn clear_cache(mut self, clear: bool) -> StepLogger {
-        self.clear_cache = clear;
+        self.how.clear_cache = clear;
         self
     }
 
     /// How often the background thread samples the driver and the resident set.
     pub fn sample_every(mut self, every: Duration) -> StepLogger {
-        self.sample_every = every;
+        self.how.sample_every = every;
         self
     }
 
@@ -256,7 +244,7 @@ impl StepLogger {
     /// keeps the figures for [`data`](Self::data).
     pub fn log<R>(&mut self, label: &str, step: impl FnOnce() -> R) -> R {
         let span_start = memlab_core::events::span_start();
-        let measure = Measure::start(&self.how());
+        let measure = Measure::start(&self.how);
         let value = step();
         let time = measure.elapsed();
         if memlab_core::events::is_active() {
@@ -271,16 +259,6 @@ impl StepLogger {
         }
         self.last = Some(data);
         value
-    }
-
-    /// How this logger measures.
-    fn how(&self) -> How {
-        How {
-            exact_ram: self.exact_ram,
-            exact_ram_peak: self.exact_ram_peak,
-            clear_cache: self.clear_cache,
-            sample_every: self.sample_every,
-        }
     }
 }
 
