@@ -104,6 +104,9 @@ fn main() {
         let dir = cuda_include.expect("checked above");
         println!("cargo:rerun-if-changed={}", dir.join("crt/host_defines.h").display());
         build.include(dir).define("MEMLAB_CUDA_EVENTS", None).file("cpp/memlab_cuda_events.cpp");
+        if blas_workspace_tables(&include) {
+            build.define("MEMLAB_BLAS_WORKSPACES", None);
+        }
     } else if with_cuda {
         println!(
             "cargo:warning=memlab-tch: CUDA headers not found next to libtorch (nvidia/cu13/include with crt/); \
@@ -124,6 +127,25 @@ fn main() {
     }
     println!("cargo:rustc-link-lib=dylib=c10");
     println!("cargo:rustc-link-lib=dylib=torch_cpu");
+}
+
+/// Whether libtorch declares its BLAS workspace tables as the shim
+/// declares them again (`ATen/cuda/CUDAContextLight.h` itself cannot be
+/// included: it pulls in cuSPARSE's headers, which need CUDA's C++ library
+/// headers that torch's wheels do not carry). Any other declaration, and the
+/// shim lists no workspace rather than read a table of another layout.
+fn blas_workspace_tables(include: &Path) -> bool {
+    let header = include.join("ATen/cuda/CUDAContextLight.h");
+    println!("cargo:rerun-if-changed={}", header.display());
+    let Ok(text) = std::fs::read_to_string(&header) else { return false };
+    let squeezed: String = text.split_whitespace().collect::<Vec<_>>().join(" ");
+    [
+        "struct WorkspaceMapWithMutex { std::map<std::tuple<void*, void*>, at::DataPtr> map; std::shared_mutex mutex; };",
+        "TORCH_CUDA_CPP_API WorkspaceMapWithMutex& cublas_handle_stream_to_workspace();",
+        "TORCH_CUDA_CPP_API WorkspaceMapWithMutex& cublaslt_handle_stream_to_workspace();",
+    ]
+    .iter()
+    .all(|declaration| squeezed.contains(declaration))
 }
 
 /// The version of the libtorch whose headers are in `include`: its

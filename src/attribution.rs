@@ -1,7 +1,8 @@
 //! A device's allocated bytes, accounted for as numbers: the named storages,
-//! the live allocations no named tensor owns (by the site that made them,
-//! while allocation events are recorded), what memlab could not attribute,
-//! and on CUDA the caching allocator's rounding. The reporter and the GPU
+//! on CUDA the workspaces libtorch keeps for cuBLAS and cuBLASLt (read from
+//! its own tables), the live allocations no named tensor owns (by the site
+//! that made them, while allocation events are recorded), what memlab could
+//! not attribute, and on CUDA the caching allocator's rounding. The reporter and the GPU
 //! account render from this one model, so their figures cannot disagree.
 
 use memlab_core::events::LiveAllocation;
@@ -25,6 +26,55 @@ pub(crate) struct Attribution {
     pub(crate) unattributed: i64,
     /// CUDA: allocated minus requested, the rounding to block sizes.
     pub(crate) rounding: i64,
+    /// CUDA: the BLAS workspaces libtorch keeps on this device, read from
+    /// its own tables, their bytes the allocator's blocks' requested sizes.
+    pub(crate) workspaces: Vec<Workspace>,
+}
+
+/// A workspace libtorch keeps for itself on a device: memory no tensor
+/// holds, named by what it is for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Workspace {
+    /// `cuBLAS workspace (handle 0x…, stream 0x…)`.
+    pub(crate) label: String,
+    /// Its address: a block of the caching allocator.
+    pub(crate) address: u64,
+    /// What it asked the allocator for.
+    pub(crate) bytes: u64,
+}
+
+/// The BLAS workspaces on CUDA device `index`, with their sizes from the
+/// allocator's blocks. Empty where they cannot be read now (a build without
+/// the CUDA headers, another thread making one): they stay unnamed then.
+fn workspaces(index: usize) -> Vec<Workspace> {
+    let Ok(tables) = memlab_tch::segments::blas_workspaces() else { return Vec::new() };
+    let tables: Vec<_> = tables.into_iter().filter(|w| w.device == index).collect();
+    if tables.is_empty() {
+        return Vec::new();
+    }
+    let Ok(segments) = memlab_tch::segments::cuda_segments() else { return Vec::new() };
+    let blocks: std::collections::HashMap<u64, u64> = segments
+        .iter()
+        .filter(|s| s.device == index)
+        .flat_map(|s| &s.blocks)
+        .filter(|b| b.state == memlab_tch::segments::BlockState::ActiveAllocated)
+        .map(|b| (b.address, b.requested_size))
+        .collect();
+    let mut out: Vec<Workspace> = Vec::new();
+    for w in tables {
+        // cuBLASLt may share cuBLAS's buffer: one block, named once.
+        let Some(&bytes) = blocks.get(&w.address) else { continue };
+        if out.iter().any(|o| o.address == w.address) {
+            continue;
+        }
+        out.push(Workspace {
+            label: format!("{} workspace (handle {:#x}, stream {:#x})", w.kind.name(), w.handle, w.stream),
+            address: w.address,
+            bytes,
+        });
+    }
+    out.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.label.cmp(&b.label)));
+    out
 }
 
 /// Accounts for the allocated bytes of `device`, as the caller read them in
@@ -39,16 +89,26 @@ pub(crate) fn attribute(
     let allocated = stats.allocated_bytes.all.current;
     let requested = stats.requested_bytes.all.current;
     let (named_bytes, external) = named.bytes(device);
-    let unnamed =
-        live.map(|live| by_site(live.iter().filter(|a| a.device == device && !named.owns(device, a.address))));
+    let workspaces = match device {
+        Device::Cuda(index) => workspaces(index),
+        Device::Cpu => Vec::new(),
+    };
+    let is_workspace = |address: u64| workspaces.iter().any(|w| w.address == address);
+    let unnamed = live.map(|live| {
+        by_site(
+            live.iter().filter(|a| a.device == device && !named.owns(device, a.address) && !is_workspace(a.address)),
+        )
+    });
     let listed: u64 = unnamed.iter().flatten().map(|s| s.bytes).sum();
+    let in_workspaces: u64 = workspaces.iter().map(|w| w.bytes).sum();
     Attribution {
         allocated,
         named: named_bytes,
         external,
-        unattributed: requested - named_bytes as i64 - listed as i64,
+        unattributed: requested - named_bytes as i64 - listed as i64 - in_workspaces as i64,
         rounding: allocated - requested,
         unnamed,
+        workspaces,
     }
 }
 

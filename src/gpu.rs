@@ -139,8 +139,17 @@ fn account(model: &Model, index: usize) -> Result<GpuAccount> {
         reserved - allocated - inactive,
         "memory libtorch keeps cached for reuse; empty_cache() returns it to the device".into(),
     );
+    for w in &attribution.workspaces {
+        part(
+            &format!("allocated, {}", w.label),
+            w.bytes as i64,
+            "libtorch's own buffer for the library on this handle and stream, read from its tables: kept as long \
+             as the handle, made by the first matrix product a thread runs on a stream"
+                .into(),
+        );
+    }
     const UNNAMED: &str = "tensors no registered model owns: activations, autograd buffers, temporaries, \
-                           cuBLAS workspaces (32 MiB per stream and handle)";
+                           workspaces libtorch does not list (cuDNN's, for one)";
     for site in attribution.unnamed.iter().flatten() {
         part(&format!("allocated, not named: {}", site_label(site)), site.bytes as i64, UNNAMED.into());
     }

@@ -14,7 +14,11 @@
 //! It walks the var stores and tensors it was given (or that were registered)
 //! and sets the total against the allocator's own figure: the rows of each
 //! device add up to the allocator's allocated bytes. Every byte the allocator
-//! holds lands in a row: named storages; then the live allocations no named
+//! holds lands in a row: named storages; on CUDA the workspaces libtorch keeps
+//! for cuBLAS and cuBLASLt, one per handle and stream (the forward pass's
+//! thread and autograd's each have theirs; 32 MiB for cuBLAS and 1 MiB for
+//! cuBLASLt on an H100), read from libtorch's own tables with their blocks'
+//! exact bytes; then the live allocations no named
 //! tensor owns, grouped by the statement or backtrace that allocated them while
 //! a [`Recording`](crate::Recording) or dispose scope is on; what could not be
 //! attributed; and on CUDA the rounding to the allocator's block sizes.
@@ -171,6 +175,10 @@ pub enum RowKind {
     /// A live allocation no named tensor owns (activations, autograd
     /// buffers, temporaries, workspaces), grouped by allocation site.
     Unnamed,
+    /// CUDA: a workspace libtorch keeps for itself, named by what it is for
+    /// (`cuBLAS workspace (handle 0x…, stream 0x…)`): read from libtorch's
+    /// own tables, its bytes those its allocator's block was asked for.
+    Workspace,
     /// Bytes the allocator holds that memlab could not attribute.
     Unattributed,
     /// CUDA: what the caching allocator added by rounding blocks up.
@@ -185,6 +193,7 @@ impl RowKind {
             RowKind::Storage => "storage",
             RowKind::External => "external",
             RowKind::Unnamed => memlab_core::kind::UNNAMED,
+            RowKind::Workspace => "workspace",
             RowKind::Unattributed => "unattributed",
             RowKind::Rounding => "rounding",
         }
@@ -424,6 +433,9 @@ fn section(device: Device, named: &mut Named, live: Option<&[events::LiveAllocat
         bytes,
         counted: true,
     };
+    for w in &attribution.workspaces {
+        rows.push(other(RowKind::Workspace, w.label.clone(), 1, w.bytes as i64));
+    }
     for site in attribution.unnamed.iter().flatten() {
         rows.push(other(RowKind::Unnamed, format!("not named: {}", site_label(site)), site.blocks, site.bytes as i64));
     }
@@ -590,7 +602,7 @@ mod tests {
     fn csv_names_kinds_as_json_does() {
         use RowKind::*;
         let named = TensorKind::ALL.map(Named);
-        for kind in named.into_iter().chain([Storage, External, Unnamed, Unattributed, Rounding]) {
+        for kind in named.into_iter().chain([Storage, External, Workspace, Unnamed, Unattributed, Rounding]) {
             assert_eq!(serde_json::to_value(kind).unwrap(), kind.as_str(), "{kind:?}");
         }
         assert_eq!(Named(TensorKind::OptimizerState).as_str(), "optimizer_state");

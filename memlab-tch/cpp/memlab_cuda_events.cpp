@@ -19,7 +19,25 @@
 #include <atomic>
 #include <cstdint>
 #include <exception>
+#include <map>
 #include <mutex>
+#include <shared_mutex>
+#include <tuple>
+
+#ifdef MEMLAB_BLAS_WORKSPACES
+// libtorch's BLAS workspace tables, declared as ATen/cuda/CUDAContextLight.h
+// declares them (build.rs checks that it does, word for word): that header
+// cannot be included, as it pulls in cuSPARSE's, which need CUDA's C++
+// library headers.
+namespace at::cuda {
+struct WorkspaceMapWithMutex {
+  std::map<std::tuple<void*, void*>, at::DataPtr> map;
+  std::shared_mutex mutex;
+};
+WorkspaceMapWithMutex& cublas_handle_stream_to_workspace();
+WorkspaceMapWithMutex& cublaslt_handle_stream_to_workspace();
+}  // namespace at::cuda
+#endif
 
 namespace {
 
@@ -139,6 +157,47 @@ extern "C" char* memlab_cuda_snapshot(struct memlab_segment* segments, int64_t s
   }
   *segment_count = n_segments;
   *block_count = n_blocks;
+  MEMLAB_CATCH
+}
+
+extern "C" char* memlab_cuda_blas_workspaces(struct memlab_workspace* out, int64_t capacity, int64_t* count) {
+  MEMLAB_TRY
+#ifndef MEMLAB_BLAS_WORKSPACES
+  // This libtorch declares its tables otherwise: none is read.
+  (void)out;
+  (void)capacity;
+  *count = 0;
+  return nullptr;
+#else
+  int64_t n = 0;
+  bool busy = false;
+  auto read = [&](at::cuda::WorkspaceMapWithMutex& table, int32_t kind) {
+    // Never wait: a thread making a workspace holds the table's lock while
+    // the allocator serves it, and an out-of-memory observer on that thread
+    // may be what asks.
+    std::shared_lock<std::shared_mutex> lock(table.mutex, std::try_to_lock);
+    if (!lock.owns_lock()) {
+      busy = true;
+      return;
+    }
+    for (const auto& [key, data] : table.map) {
+      if (data.get() == nullptr) {
+        continue;
+      }
+      if (n < capacity) {
+        out[n] = {reinterpret_cast<uint64_t>(data.get()), reinterpret_cast<uint64_t>(std::get<0>(key)),
+                  reinterpret_cast<uint64_t>(std::get<1>(key)), static_cast<int32_t>(data.device().index()), kind};
+      }
+      ++n;
+    }
+  };
+  read(at::cuda::cublas_handle_stream_to_workspace(), MEMLAB_WORKSPACE_CUBLAS);
+  read(at::cuda::cublaslt_handle_stream_to_workspace(), MEMLAB_WORKSPACE_CUBLASLT);
+  *count = n;
+  if (busy) {
+    return memlab::error_copy("libtorch was making a BLAS workspace: its table could not be read now");
+  }
+#endif
   MEMLAB_CATCH
 }
 

@@ -906,6 +906,13 @@ char* memlab_cuda_allocator_settings(int64_t, int32_t* initialized, struct memla
   return nullptr;
 }
 
+char* memlab_cuda_blas_workspaces(struct memlab_workspace*, int64_t, int64_t* count) {
+  // Without the CUDA headers libtorch's tables cannot be read; none is
+  // listed, and the reporter's rest stays unnamed.
+  *count = 0;
+  return nullptr;
+}
+
 char* memlab_cuda_snapshot(struct memlab_segment*, int64_t, int64_t* segment_count, struct memlab_block*, int64_t,
                            int64_t* block_count) {
   *segment_count = 0;

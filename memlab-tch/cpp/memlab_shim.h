@@ -211,6 +211,23 @@ struct memlab_block {
   int32_t reserved;
 };
 
+// A workspace libtorch keeps for a BLAS library on a (handle, stream): the
+// buffers of `at::cuda::cublas_handle_stream_to_workspace()` and
+// `cublaslt_handle_stream_to_workspace()`, allocated from the caching
+// allocator and kept for the life of the handle.
+enum memlab_workspace_kind {
+  MEMLAB_WORKSPACE_CUBLAS = 0,
+  MEMLAB_WORKSPACE_CUBLASLT = 1,
+};
+
+struct memlab_workspace {
+  uint64_t address;
+  uint64_t handle;
+  uint64_t stream;
+  int32_t device;
+  int32_t kind;  // enum memlab_workspace_kind
+};
+
 // Defined by the Rust side (memlab-tch's oom.rs), called by the shim:
 //
 // A request the allocator could not serve, on the failing thread before the
@@ -255,6 +272,12 @@ char* memlab_cuda_allocator_initialized(int32_t* out);
 // the capacities).
 char* memlab_cuda_snapshot(struct memlab_segment* segments, int64_t segment_capacity, int64_t* segment_count,
                            struct memlab_block* blocks, int64_t block_capacity, int64_t* block_count);
+
+// The BLAS workspaces libtorch holds now, read from its own tables under
+// their locks: at most `capacity` into `out`, their number into `*count`
+// (call again with more room when it is larger). Never creates a handle and
+// never waits for a lock: while another thread changes a table, an error.
+char* memlab_cuda_blas_workspaces(struct memlab_workspace* out, int64_t capacity, int64_t* count);
 
 // The CUDA caching allocator's settings as libtorch holds them (what
 // PyTorch's snapshots give as `allocator_settings`), and device `device`'s

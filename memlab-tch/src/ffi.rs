@@ -194,6 +194,21 @@ pub struct Segment {
     pub blocks: i32,
 }
 
+/// struct memlab_workspace
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Workspace {
+    pub address: u64,
+    pub handle: u64,
+    pub stream: u64,
+    pub device: i32,
+    pub kind: i32,
+}
+
+/// enum memlab_workspace_kind
+pub const WORKSPACE_CUBLAS: i32 = 0;
+pub const WORKSPACE_CUBLASLT: i32 = 1;
+
 /// struct memlab_block
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -305,6 +320,7 @@ extern "C" {
         initialized: *mut i32,
         out: *mut AllocatorSettings,
     ) -> *mut c_char;
+    pub fn memlab_cuda_blas_workspaces(out: *mut Workspace, capacity: i64, count: *mut i64) -> *mut c_char;
     pub fn memlab_cuda_snapshot(
         segments: *mut Segment,
         segment_capacity: i64,

@@ -114,3 +114,78 @@ pub fn cuda_segments() -> Result<Vec<CudaSegment>> {
     }
     Ok(out)
 }
+
+/// Which BLAS library a workspace serves.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum WorkspaceKind {
+    /// cuBLAS (`at::cuda::cublas_handle_stream_to_workspace()`).
+    Cublas,
+    /// cuBLASLt (`at::cuda::cublaslt_handle_stream_to_workspace()`).
+    CublasLt,
+}
+
+impl WorkspaceKind {
+    /// `cuBLAS`, `cuBLASLt`.
+    pub fn name(self) -> &'static str {
+        match self {
+            WorkspaceKind::Cublas => "cuBLAS",
+            WorkspaceKind::CublasLt => "cuBLASLt",
+        }
+    }
+}
+
+/// A workspace libtorch keeps for a BLAS library on one (handle, stream)
+/// pair: a block of the caching allocator, kept as long as the handle.
+/// libtorch makes one the first time a thread runs a matrix product on a
+/// stream (the forward pass's thread and autograd's each have theirs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlasWorkspace {
+    /// The library.
+    pub kind: WorkspaceKind,
+    /// The CUDA device.
+    pub device: usize,
+    /// The workspace's address: a block of the caching allocator.
+    pub address: u64,
+    /// The library's handle.
+    pub handle: u64,
+    /// The stream.
+    pub stream: u64,
+}
+
+/// The BLAS workspaces libtorch holds now, read from its own tables (none
+/// before the first matrix product on CUDA, or in a build without the CUDA
+/// headers). Their sizes are the allocator's: match [`BlasWorkspace::address`]
+/// with the blocks of [`cuda_segments`].
+pub fn blas_workspaces() -> Result<Vec<BlasWorkspace>> {
+    let mut out: Vec<ffi::Workspace> = Vec::new();
+    loop {
+        let mut count = 0i64;
+        // SAFETY: `out` has room for its capacity; the shim writes at most
+        // that many records and the count.
+        crate::ffi::check(unsafe {
+            ffi::memlab_cuda_blas_workspaces(out.as_mut_ptr(), out.capacity() as i64, &mut count)
+        })?;
+        let count = count.max(0) as usize;
+        if count <= out.capacity() {
+            // SAFETY: the shim initialised that many records.
+            unsafe { out.set_len(count) };
+            break;
+        }
+        out.reserve_exact(count + 4);
+    }
+    Ok(out
+        .iter()
+        .map(|w| BlasWorkspace {
+            kind: match w.kind {
+                ffi::WORKSPACE_CUBLAS => WorkspaceKind::Cublas,
+                ffi::WORKSPACE_CUBLASLT => WorkspaceKind::CublasLt,
+                // A kind this memlab does not know: libtorch lists only these two.
+                _ => WorkspaceKind::Cublas,
+            },
+            device: w.device.max(0) as usize,
+            address: w.address,
+            handle: w.handle,
+            stream: w.stream,
+        })
+        .collect())
+}

@@ -41,6 +41,10 @@ fn cells_child() {
 #[ignore = "needs a CUDA GPU"]
 fn gpu_columns_of_every_cell() {
     let _s = super::serial();
+    // The child is a process of its own: give it the memory the tests
+    // before this one left in this process's cache, or its CUDA start-up
+    // can find the device full.
+    memlab::gpu::empty_cache().unwrap();
     let cells = ["start", "keep_4_temporary_8", "free_4", "table"];
     let (outputs, exited) = drive("notebook::cells_child", &["--include-ignored"], &cells, Duration::from_millis(300));
     assert!(exited);

@@ -81,3 +81,49 @@ fn a_registered_optimizer_is_named_on_cuda() {
     opt.backward_step(&net.forward(&x).mean(Kind::Float));
     memlab::clear_registry();
 }
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn the_blas_workspaces_are_named_and_little_stays_unnamed() {
+    use tch::nn::Module;
+    let _s = serial();
+    let vs = tch::nn::VarStore::new(GPU);
+    let layer = tch::nn::linear(vs.root() / "fc", 1024, 1024, Default::default());
+    let input = Tensor::randn([256, 1024], (Kind::Float, GPU));
+    let output = layer.forward(&input); // 1 MiB no one names
+    let report = memlab::MemReporter::new(&vs).tensor("input", &input).device(Device::Cuda(0)).report().unwrap();
+    println!("{report}");
+    let cuda = report.device(Device::Cuda(0)).unwrap();
+    use memlab::reporter::RowKind;
+    let workspaces: Vec<_> = cuda.rows.iter().filter(|r| r.kind == RowKind::Workspace).collect();
+    assert!(!workspaces.is_empty(), "the matrix product's cuBLAS workspace is named:\n{report}");
+    // Each is a live block of the allocator, as libtorch's table lists it.
+    let tables = memlab_tch::segments::blas_workspaces().unwrap();
+    let blocks: Vec<(u64, u64)> = memlab_tch::segments::cuda_segments()
+        .unwrap()
+        .iter()
+        .filter(|s| s.device == 0)
+        .flat_map(|s| s.blocks.iter().map(|b| (b.address, b.requested_size)))
+        .collect();
+    for w in &workspaces {
+        assert!(w.name.starts_with("cuBLAS"), "{w:?}");
+        // cuBLASLt's handle may have cuBLAS's address: the kind tells them apart.
+        let name = |t: &memlab_tch::segments::BlasWorkspace| {
+            format!("{} workspace (handle {:#x}, stream {:#x})", t.kind.name(), t.handle, t.stream)
+        };
+        let listed = tables.iter().find(|t| w.name == name(t));
+        let listed = listed.unwrap_or_else(|| panic!("{} is in libtorch's table", w.name));
+        let block = blocks.iter().find(|(address, _)| *address == listed.address).expect("an allocator block");
+        assert_eq!(w.bytes, block.1 as i64, "its bytes are its block's");
+        assert!(w.bytes >= MIB && w.bytes % MIB == 0, "a workspace of whole MiB: {w:?}");
+    }
+    let unnamed: i64 =
+        cuda.rows.iter().filter(|r| matches!(r.kind, RowKind::Unnamed | RowKind::Unattributed)).map(|r| r.bytes).sum();
+    assert!(unnamed <= MIB, "at most the unnamed output's 1 MiB is left unnamed ({unnamed} B):\n{report}");
+    let total: i64 = cuda.rows.iter().filter(|r| r.counted).map(|r| r.bytes).sum();
+    assert_eq!(total, cuda.allocated_bytes, "rows add up:\n{report}");
+    // The GPU's account names them too.
+    let account = memlab::where_gpu_memory_went(0).unwrap().to_string();
+    assert!(account.contains("allocated, cuBLAS workspace (handle"), "{account}");
+    drop(output);
+}
