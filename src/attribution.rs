@@ -46,7 +46,7 @@ pub(crate) struct Workspace {
 /// The BLAS workspaces on CUDA device `index`, with their sizes from the
 /// allocator's blocks. Empty where they cannot be read now (a build without
 /// the CUDA headers, another thread making one): they stay unnamed then.
-fn workspaces(index: usize) -> Vec<Workspace> {
+pub(crate) fn workspaces(index: usize) -> Vec<Workspace> {
     let Ok(tables) = memlab_tch::segments::blas_workspaces() else { return Vec::new() };
     let tables: Vec<_> = tables.into_iter().filter(|w| w.device == index).collect();
     if tables.is_empty() {

@@ -38,6 +38,12 @@ pub(crate) fn capture(sources: &Model) -> Result<Snapshot> {
             }
         }
     }
+    // libtorch's BLAS workspaces, named by what they are for.
+    let workspaces: FastMap<(Device, u64), String> = (0..cuda_devices)
+        .flat_map(|i| {
+            crate::attribution::workspaces(i).into_iter().map(move |w| ((Device::Cuda(i), w.address), w.label))
+        })
+        .collect();
     let live_seq: FastMap<(Device, u64), u64> = live.iter().map(|a| ((a.device, a.address), a.seq)).collect();
     // What the walks at logged steps and monitor records saw, for what has died since.
     let seen = crate::named::seen::by_event();
@@ -62,11 +68,13 @@ pub(crate) fn capture(sources: &Model) -> Result<Snapshot> {
                 let alive = live_seq.get(&key) == Some(&e.seq);
                 let named = names.get(&key).filter(|_| alive);
                 let kind = named.map(|(kind, _)| kind).or_else(|| seen.get(&e.seq)).copied();
-                traces[index].push(TraceEntry {
-                    category: Some(kind.map_or(Category::Unnamed, Category::from)),
-                    tensor: named.map(|(_, name)| (*name).into()),
-                    ..entry(e, f)
-                });
+                let workspace = workspaces.get(&key).filter(|_| alive && named.is_none());
+                let (category, tensor) = match (named, workspace) {
+                    (Some((_, name)), _) => (kind.map_or(Category::Unnamed, Category::from), Some((*name).into())),
+                    (None, Some(label)) => (Category::Workspace, Some(label.as_str().into())),
+                    (None, None) => (kind.map_or(Category::Unnamed, Category::from), None),
+                };
+                traces[index].push(TraceEntry { category: Some(category), tensor, ..entry(e, f) });
             }
             Action::FreeRequested => {
                 let f = allocated.get(&key).cloned().unwrap_or_default();

@@ -224,3 +224,72 @@ fn the_html_report_of_a_cuda_recording() {
     println!("cuda:0 peak {} B over {} points; top row {:?}", cuda.peak_bytes, cuda.points.len(), cuda.live_at_peak[0]);
     drop(kept);
 }
+
+/// Set in the child process of the test below, which needs a process whose
+/// cuBLAS has made no workspace yet.
+const FRESH_PROCESS: &str = "MEMLAB_TEST_FRESH_CUDA_PROCESS";
+
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_recordings_exports_name_the_blas_workspaces() {
+    let _s = serial();
+    // libtorch keeps a workspace per handle and stream for the life of the
+    // process: only a fresh process makes them while the recording runs.
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--include-ignored", "--exact", "recording::blas_workspaces_child", "--nocapture"])
+        .env(FRESH_PROCESS, "1")
+        .output()
+        .unwrap();
+    let printed = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && printed.contains("1 passed"), "the child:\n{printed}");
+    assert!(printed.contains("named workspaces:"), "the child ran its checks:\n{printed}");
+    println!("{printed}");
+}
+
+/// The child of the test above (it does nothing in any other process).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn blas_workspaces_child() {
+    use tch::nn::{Module, OptimizerConfig};
+    if std::env::var_os(FRESH_PROCESS).is_none() {
+        return;
+    }
+    let _s = serial();
+    let recording = memlab::Recording::start(memlab::events::Settings::default().backtraces(true)).unwrap();
+    let vs = tch::nn::VarStore::new(GPU);
+    let layer = tch::nn::linear(vs.root() / "fc", 1024, 1024, Default::default());
+    let mut opt = tch::nn::Sgd::default().build(&vs, 1e-3).unwrap();
+    let x = Tensor::randn([256, 1024], (Kind::Float, GPU));
+    opt.backward_step(&layer.forward(&x).square().mean(Kind::Float));
+    let exporter = memlab::export::Exporter::new(&vs);
+    let snapshot = exporter.snapshot().unwrap();
+    let named: Vec<&str> = snapshot.device_traces[0]
+        .iter()
+        .filter(|e| e.action == "alloc" && e.category == Some(memlab::export::Category::Workspace))
+        .filter_map(|e| e.tensor.as_deref())
+        .collect();
+    // The forward thread's cuBLAS workspace and the backward thread's, as the reporter lists them.
+    let report = memlab::MemReporter::new(&vs).device(Device::Cuda(0)).report().unwrap();
+    let listed: Vec<&str> = report
+        .device(Device::Cuda(0))
+        .unwrap()
+        .rows
+        .iter()
+        .filter(|r| r.kind == memlab::reporter::RowKind::Workspace)
+        .map(|r| r.name.as_str())
+        .collect();
+    println!("named workspaces: {named:?}; the reporter's: {listed:?}");
+    assert!(named.iter().filter(|n| n.starts_with("cuBLAS workspace")).count() >= 2, "{named:?}");
+    let (mut a, mut b) = (named.clone(), listed.clone());
+    a.sort();
+    b.sort();
+    assert_eq!(a, b, "the snapshot names each workspace the reporter lists");
+    // The page lists them by name at the peak.
+    let page = exporter.html_report().unwrap();
+    let rows: Vec<&str> = page.devices[0].live_at_peak.iter().map(|r| r.label.as_str()).collect();
+    assert!(
+        rows.iter().any(|r| r.starts_with("cuBLAS workspace (handle") && r.ends_with("(named at export)")),
+        "{rows:?}"
+    );
+    drop(recording);
+}

@@ -122,6 +122,9 @@ snapshot_names! {
         Tensor => "tensor",
         /// Memory no named tensor holds (memlab).
         Unnamed => "unnamed",
+        /// A buffer libtorch keeps for a library, named by it (memlab: a
+        /// cuBLAS or cuBLASLt workspace).
+        Workspace => "workspace",
         /// A model's input (PyTorch's profiler).
         Input => "input",
         /// A short-lived tensor (PyTorch's profiler).
