@@ -244,10 +244,10 @@ impl Log {
     fn end(&mut self) -> Option<String> {
         let (measure, label) = self.running.take()?;
         let time = measure.elapsed();
-        let data = measure.finish(&label, time);
         // The line says what its time leaves out; the data keeps the label.
-        let shown = StepData { label: format!("{label}, compile not timed"), ..data.clone() };
-        let text = self.printing.then(|| if self.compact { shown.compact_line() } else { shown.to_string() });
+        let mut data = measure.finish(&format!("{label}, compile not timed"), time);
+        let text = self.printing.then(|| if self.compact { data.compact_line() } else { data.to_string() });
+        data.label = label;
         self.cells.push(data);
         text
     }
