@@ -111,6 +111,11 @@ fn holders(device: Device, sources: &Model, with_sites: bool) -> Holders {
     out.named_bytes = account.named;
     out.not_named = account.allocated - account.named as i64;
     out.rounding = account.rounding;
+    out.workspaces = account
+        .workspaces
+        .iter()
+        .map(|w| memlab_core::oom::WorkspaceHolder { name: w.label.clone(), bytes: w.bytes })
+        .collect();
     let mut rows: Vec<NamedHolder> = named
         .storages(device)
         .iter()

@@ -15,6 +15,9 @@ fn cuda_oom_reports_tell_an_oversize_request_from_a_model_too_large() {
     let dir = oom_dir("verdicts");
     memlab::OomRecorder::new(&dir).max_reports(100).init_cuda(true).arm().unwrap();
     let (_, total) = memlab::gpu::cuda_mem_info(0).unwrap();
+    // A matrix product: this thread's cuBLAS handle has its workspace.
+    let square = floats(64 * 64).reshape([64, 64]);
+    drop(square.matmul(&square));
 
     // 1. An oversize request: a shape bug.
     let err = asks_the_gpu_too_much().expect_err("4 TiB cannot be allocated");
@@ -48,6 +51,12 @@ fn cuda_oom_reports_tell_an_oversize_request_from_a_model_too_large() {
     assert_eq!(full.holders.named_bytes, layers.len() as u64 * (4 << 30), "every layer made so far, by name");
     assert!(full.holders.named.iter().all(|n| n.name.starts_with("huge.layer")), "{:?}", full.holders.named);
     assert!(d.advice.contains("The largest holders: huge.layer"), "{}", d.advice);
+    // libtorch's cuBLAS workspaces are named among what no tensor holds.
+    let workspaces = &full.holders.workspaces;
+    assert!(workspaces.iter().any(|w| w.name.starts_with("cuBLAS workspace (handle")), "{workspaces:?}");
+    let in_workspaces: u64 = workspaces.iter().map(|w| w.bytes).sum();
+    assert!(workspaces.iter().all(|w| w.bytes >= 1 << 20) && in_workspaces as i64 <= full.holders.not_named);
+    assert!(full.to_text().contains("of which cuBLAS workspace (handle"), "{}", full.to_text());
     assert!(full.files[0].exists());
     // The report's JSON reads back through the model that wrote it (what
     // `memlab merge` does), every CUDA figure included.

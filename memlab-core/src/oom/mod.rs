@@ -19,7 +19,8 @@ mod report;
 pub use crate::backend::{CacheFree, DeviceMemory, HostLimit, Serving};
 pub use crate::verdict::Verdict;
 pub use report::{
-    Diagnosis, FailingThread, Holders, LeftOut, NamedHolder, NamedRest, OomReport, SiteHolder, SMALL_SEGMENT,
+    Diagnosis, FailingThread, Holders, LeftOut, NamedHolder, NamedRest, OomReport, SiteHolder, WorkspaceHolder,
+    SMALL_SEGMENT,
 };
 
 use crate::backend::Backend;

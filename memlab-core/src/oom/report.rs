@@ -93,6 +93,19 @@ pub struct Holders {
     pub by_site: Option<Vec<SiteHolder>>,
     /// CUDA: what the allocator added by rounding blocks up (part of `not_named`).
     pub rounding: i64,
+    /// CUDA: the workspaces libtorch keeps for cuBLAS and cuBLASLt, read
+    /// from its own tables (part of `not_named`), largest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub workspaces: Vec<WorkspaceHolder>,
+}
+
+/// A workspace libtorch keeps for a library on the failing device.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct WorkspaceHolder {
+    /// `cuBLAS workspace (handle 0x…, stream 0x…)`.
+    pub name: String,
+    /// What its block was asked for.
+    pub bytes: u64,
 }
 
 /// A part of a report that memory did not suffice for.
@@ -400,6 +413,9 @@ impl Render for OomReport {
             doc.indented(2, format!("not walked: {busy}"));
         }
         doc.label(W, "not named", Cell::bytes(h.not_named));
+        for w in &h.workspaces {
+            doc.indented(2, format!("of which {}: {}", w.name, Cell::bytes(w.bytes)));
+        }
         match &h.by_site {
             Some(sites) if !sites.is_empty() => {
                 let mut table = Table::new(vec![
@@ -578,6 +594,19 @@ mod tests {
         );
         let again = OomReport::from_json(&report.to_json()).unwrap();
         assert_eq!(again.to_text(), advised, "the replay reads back as it was written");
+    }
+
+    #[test]
+    fn libtorchs_workspaces_are_named_under_not_named_and_read_back() {
+        let mut report = fixture();
+        report.holders.workspaces =
+            vec![WorkspaceHolder { name: "cuBLAS workspace (handle 0x1, stream 0x0)".into(), bytes: 32 << 20 }];
+        let text = report.to_text();
+        let at = text.find("not named").unwrap();
+        assert!(text[at..].contains("of which cuBLAS workspace (handle 0x1, stream 0x0): 32.00M"), "{text}");
+        let again = OomReport::from_json(&report.to_json()).unwrap();
+        assert_eq!(again.holders.workspaces, report.holders.workspaces);
+        assert_eq!(again.to_text(), text);
     }
 
     #[test]
