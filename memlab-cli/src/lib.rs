@@ -34,8 +34,10 @@
 //! site (the innermost frame of the program's own code: frames of PyTorch, the
 //! Python and Rust standard libraries and C++ are skipped; an allocation whose
 //! stack has none is named for what made it, read from its native frames, such
-//! as `autograd's backward pass (AddmmBackward0)` for one made on the backward
-//! pass's thread, which runs no Python), and whether the
+//! as `autograd's backward pass (PowBackward0)` for one made on the backward
+//! pass's thread, which runs no Python; and libtorch's own buffers are named
+//! for what they are, `libtorch's cuBLAS workspace`, whichever line's matrix
+//! product made them, where the recording has the native frames), and whether the
 //! history is partial (memlab's bounded history dropped events, or PyTorch's
 //! kept only its last `max_entries`: the trace frees blocks it never saw
 //! allocated). On `fixtures/leaky.pickle`, a PyTorch 2.11 snapshot of a
@@ -273,9 +275,9 @@
 //!   `total_allocated: 65.0MiB`. `memlab summary` gives the same end
 //!   (65.00M allocated, 128.00M reserved) and what `stats` cannot, having
 //!   no history: the peak, 105.07M allocated at event 766, 20.93M of the
-//!   reserved memory not allocated then, and what was live then by site,
-//!   half of it `forward (make_snapshots.py:60)` and 30% autograd's
-//!   backward pass of an `addmm`.
+//!   reserved memory not allocated then, and what was live then by site:
+//!   61% libtorch's two cuBLAS workspaces (the forward thread's and the
+//!   backward pass's), 18% `forward (make_snapshots.py:60)`.
 //! - `trace` prints the history as a program, an event a line
 //!   (`b = a[0:500.0KiB]`, `del g13 # 4.0B`, 1,411 lines here), with
 //!   addresses and segment offsets and no sites; a failure reads
@@ -300,7 +302,8 @@
 //! highest of its stretch; `memlab summary --json` and the merged trace in
 //! Perfetto keep each figure). What memlab shows that memory_viz does not:
 //! peaks and when they were, sites and what made the allocations without
-//! one (`autograd's backward pass (AddmmBackward0)`), two runs compared by
+//! one (`autograd's backward pass (PowBackward0)`, `libtorch's cuBLAS
+//! workspace`), two runs compared by
 //! line, several ranks on one axis (`merge`), and which allocator setting
 //! would have avoided a failure (`replay`). Pictures of memlab's pages are
 //! in `docs/`: `memlab_view_transformer.png` (this fixture) and

@@ -116,10 +116,50 @@ fn native_kind(function: &str) -> FrameKind {
     FrameKind::Native
 }
 
-/// What an allocation is named after: its innermost frame of the program's
-/// own (`forward (train.py:57)`), or for a stack without one, what made it
-/// ([`made_by`]). `None` for an empty stack.
+/// Memory libtorch allocates for its own use, told from its native frames
+/// (PyTorch's recordings with `stacks="all"`): no tensor of the program's
+/// holds it, whatever line's op made it first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Purpose {
+    /// The workspace libtorch gives a cuBLAS handle on a stream, kept as
+    /// long as the handle (`at::cuda::setWorkspaceForHandle`).
+    CublasWorkspace,
+    /// cuBLASLt's workspace (`at::cuda::getCUDABlasLtWorkspace`).
+    CublasLtWorkspace,
+}
+
+impl Purpose {
+    /// What it is, as a site names it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Purpose::CublasWorkspace => "libtorch's cuBLAS workspace",
+            Purpose::CublasLtWorkspace => "libtorch's cuBLASLt workspace",
+        }
+    }
+
+    /// What an allocation with `frames` (innermost first) is for, where its
+    /// native frames say it is libtorch's own.
+    pub fn of(frames: &[SnapshotFrame]) -> Option<Purpose> {
+        let called = |prefix: &str| frames.iter().any(|f| f.name.starts_with(prefix));
+        if called("at::cuda::getCUDABlasLtWorkspace") {
+            Some(Purpose::CublasLtWorkspace)
+        } else if called("at::cuda::setWorkspaceForHandle") || called("at::cuda::getCUDABlasWorkspace") {
+            Some(Purpose::CublasWorkspace)
+        } else {
+            None
+        }
+    }
+}
+
+/// What an allocation is named after: what libtorch made it for where its
+/// native frames say so ([`Purpose`]), else its innermost frame of the
+/// program's own (`forward (train.py:57)`), or for a stack without one,
+/// what made it ([`made_by`]). `None` for an empty stack.
 pub fn site(frames: &[SnapshotFrame]) -> Option<(String, String, u32)> {
+    if let Some(purpose) = Purpose::of(frames) {
+        return Some((purpose.name().to_string(), String::new(), 0));
+    }
     if let Some(f) = frames.iter().find(|f| FrameKind::of(f) == FrameKind::User) {
         return Some((f.name.clone(), f.filename.clone(), f.line));
     }
@@ -211,15 +251,17 @@ impl Level {
 /// The levels a call-stack view shows for `frames` (innermost first), outermost
 /// first: each frame of the program's own as it is, and each run of other
 /// frames between them folded into one [`Level::Folded`]; a stack with none
-/// of the program's frames starts with what made it ([`made_by`]). With
+/// of the program's frames starts with what it is for ([`Purpose`]) or what
+/// made it ([`made_by`]). With
 /// `all_frames`, every frame as it is. `label` names a frame.
 pub fn fold(frames: &[SnapshotFrame], all_frames: bool, label: impl Fn(&SnapshotFrame) -> String) -> Vec<Level> {
     let mut levels = Vec::new();
     // A stack with no frame of the program's own starts with what made it.
     if !all_frames && !frames.iter().any(|f| FrameKind::of(f) == FrameKind::User) && !frames.is_empty() {
-        levels.push(Level::Frame(match made_by(frames) {
-            MadeBy::Frame(f) => label(f),
-            other => other.to_string(),
+        levels.push(Level::Frame(match (Purpose::of(frames), made_by(frames)) {
+            (Some(purpose), _) => purpose.name().to_string(),
+            (None, MadeBy::Frame(f)) => label(f),
+            (None, other) => other.to_string(),
         }));
     }
     let mut run: Vec<&SnapshotFrame> = Vec::new();
@@ -258,6 +300,23 @@ mod tests {
 
     fn frame(name: &str, file: &str) -> SnapshotFrame {
         SnapshotFrame { name: name.into(), filename: file.into(), line: 1 }
+    }
+
+    #[test]
+    fn libtorchs_workspaces_are_named_for_what_they_are() {
+        let native = |name: &str| frame(name, "??");
+        let forward = [
+            native("c10::cuda::CUDACachingAllocator::Native::NativeCachingAllocator::allocate(unsigned long)"),
+            native("at::cuda::setWorkspaceForHandle(cublasContext*, c10::cuda::CUDAStream)"),
+            native("at::cuda::getCurrentCUDABlasHandle()"),
+            frame("forward", "/home/u/train.py"),
+        ];
+        assert_eq!(Purpose::of(&forward), Some(Purpose::CublasWorkspace));
+        assert_eq!(site(&forward).map(|s| s.0), Some("libtorch's cuBLAS workspace".to_string()), "not the line");
+        let lt = [native("at::cuda::getCUDABlasLtWorkspace()"), native("at::cuda::getCurrentCUDABlasHandle()")];
+        assert_eq!(Purpose::of(&lt), Some(Purpose::CublasLtWorkspace));
+        let plain = [native("at::native::empty_cuda(c10::ArrayRef<long>)"), frame("forward", "/home/u/train.py")];
+        assert_eq!((Purpose::of(&plain), site(&plain).map(|s| s.0)), (None, Some("forward".to_string())));
     }
 
     #[test]
