@@ -6,8 +6,10 @@
 //! account render from this one model, so their figures cannot disagree.
 
 use memlab_core::events::LiveAllocation;
+use memlab_core::hash::FastMap;
 use memlab_core::render::{by_site, SiteGroup};
 use memlab_core::{Device, DeviceStats};
+use memlab_tch::segments::{BlasWorkspace, BlockState, CudaSegment};
 
 use crate::named::Named;
 
@@ -46,34 +48,35 @@ pub(crate) struct Workspace {
 /// The BLAS workspaces on CUDA device `index`, with their sizes from the
 /// allocator's blocks. Empty where they cannot be read now (a build without
 /// the CUDA headers, another thread making one): they stay unnamed then.
-pub(crate) fn workspaces(index: usize) -> Vec<Workspace> {
+fn workspaces(index: usize) -> Vec<Workspace> {
     let Ok(tables) = memlab_tch::segments::blas_workspaces() else { return Vec::new() };
-    let tables: Vec<_> = tables.into_iter().filter(|w| w.device == index).collect();
-    if tables.is_empty() {
+    if !tables.iter().any(|w| w.device == index) {
         return Vec::new();
     }
     let Ok(segments) = memlab_tch::segments::cuda_segments() else { return Vec::new() };
-    let blocks: std::collections::HashMap<u64, u64> = segments
+    sized_workspaces(&tables, &segments).into_iter().filter(|(device, _)| *device == index).map(|(_, w)| w).collect()
+}
+
+/// libtorch's BLAS workspaces (`tables`, as `blas_workspaces` read them)
+/// with their sizes from the allocator's `segments`, by device: each a live
+/// block, named once (cuBLASLt may share cuBLAS's buffer), largest first.
+pub(crate) fn sized_workspaces(tables: &[BlasWorkspace], segments: &[CudaSegment]) -> Vec<(usize, Workspace)> {
+    let blocks: FastMap<(usize, u64), u64> = segments
         .iter()
-        .filter(|s| s.device == index)
-        .flat_map(|s| &s.blocks)
-        .filter(|b| b.state == memlab_tch::segments::BlockState::ActiveAllocated)
-        .map(|b| (b.address, b.requested_size))
+        .flat_map(|s| s.blocks.iter().map(move |b| (s.device, b)))
+        .filter(|(_, b)| b.state == BlockState::ActiveAllocated)
+        .map(|(device, b)| ((device, b.address), b.requested_size))
         .collect();
-    let mut out: Vec<Workspace> = Vec::new();
+    let mut out: Vec<(usize, Workspace)> = Vec::new();
     for w in tables {
-        // cuBLASLt may share cuBLAS's buffer: one block, named once.
-        let Some(&bytes) = blocks.get(&w.address) else { continue };
-        if out.iter().any(|o| o.address == w.address) {
+        let Some(&bytes) = blocks.get(&(w.device, w.address)) else { continue };
+        if out.iter().any(|(device, o)| *device == w.device && o.address == w.address) {
             continue;
         }
-        out.push(Workspace {
-            label: format!("{} workspace (handle {:#x}, stream {:#x})", w.kind.name(), w.handle, w.stream),
-            address: w.address,
-            bytes,
-        });
+        let label = format!("{} workspace (handle {:#x}, stream {:#x})", w.kind.name(), w.handle, w.stream);
+        out.push((w.device, Workspace { label, address: w.address, bytes }));
     }
-    out.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.label.cmp(&b.label)));
+    out.sort_by(|(_, a), (_, b)| b.bytes.cmp(&a.bytes).then_with(|| a.label.cmp(&b.label)));
     out
 }
 

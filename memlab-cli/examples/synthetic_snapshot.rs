@@ -248,43 +248,45 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     // Native frames as `stacks="all"` records them (no file, line 0): the
     // recorder's and the allocator's, then ops through the dispatcher,
     // then the interpreter.
-    let native_frame = |name: String| (String::from("??"), name, 0);
-    let recorder: Vec<usize> = ["torch::unwind::unwind()", "torch::CapturedTraceback::gather(bool, bool, bool)"]
-        .iter()
-        .chain(
-            ["c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc(signed char, unsigned long)"]
-                .iter(),
-        )
-        .map(|name| {
-            frames.push(native_frame(name.to_string()));
-            frames.len() - 1
-        })
-        .collect();
-    let ops: Vec<usize> = (0..300)
-        .map(|i| {
-            let name = match i % 3 {
+    let mut add_native = |names: Vec<String>| -> Vec<usize> {
+        names
+            .into_iter()
+            .map(|name| {
+                frames.push((String::from("??"), name, 0));
+                frames.len() - 1
+            })
+            .collect()
+    };
+    let recorder = add_native(
+        [
+            "torch::unwind::unwind()",
+            "torch::CapturedTraceback::gather(bool, bool, bool)",
+            "c10::cuda::CUDACachingAllocator::Native::DeviceCachingAllocator::malloc(signed char, unsigned long)",
+        ]
+        .map(String::from)
+        .to_vec(),
+    );
+    let ops = add_native(
+        (0..300)
+            .map(|i| match i % 3 {
                 0 => format!("at::_ops::op_{i}::call(at::Tensor const&, at::Tensor const&)"),
                 1 => format!("c10::impl::wrap_kernel_functor_unboxed_<op_{i}>::call(c10::OperatorKernel*)"),
                 _ => format!("at::native::kernel_{i}(at::Tensor const&)"),
-            };
-            frames.push(native_frame(name));
-            frames.len() - 1
-        })
-        .collect();
-    let interpreter: Vec<usize> = [
-        "_PyEval_EvalFrameDefault",
-        "_PyObject_MakeTpCall",
-        "PyObject_Call",
-        "Py_RunMain",
-        "__libc_start_main",
-        "_start",
-    ]
-    .iter()
-    .map(|name| {
-        frames.push(native_frame(name.to_string()));
-        frames.len() - 1
-    })
-    .collect();
+            })
+            .collect(),
+    );
+    let interpreter = add_native(
+        [
+            "_PyEval_EvalFrameDefault",
+            "_PyObject_MakeTpCall",
+            "PyObject_Call",
+            "Py_RunMain",
+            "__libc_start_main",
+            "_start",
+        ]
+        .map(String::from)
+        .to_vec(),
+    );
     let stacks: Vec<Vec<usize>> = (0..4096)
         .map(|_| {
             let mut stack = Vec::new();

@@ -38,11 +38,13 @@ pub(crate) fn capture(sources: &Model) -> Result<Snapshot> {
             }
         }
     }
-    // libtorch's BLAS workspaces, named by what they are for.
-    let workspaces: FastMap<(Device, u64), String> = (0..cuda_devices)
-        .flat_map(|i| {
-            crate::attribution::workspaces(i).into_iter().map(move |w| ((Device::Cuda(i), w.address), w.label))
-        })
+    // The caching allocator's segments, read once: the snapshot's, and what
+    // sizes libtorch's BLAS workspaces, named by what they are for.
+    let cuda_segments = if cuda_devices > 0 { memlab_tch::segments::cuda_segments()? } else { Vec::new() };
+    let tables = memlab_tch::segments::blas_workspaces().unwrap_or_default();
+    let workspaces: FastMap<(Device, u64), String> = crate::attribution::sized_workspaces(&tables, &cuda_segments)
+        .into_iter()
+        .map(|(device, w)| ((Device::Cuda(device), w.address), w.label))
         .collect();
     let live_seq: FastMap<(Device, u64), u64> = live.iter().map(|a| ((a.device, a.address), a.seq)).collect();
     // What the walks at logged steps and monitor records saw, for what has died since.
@@ -106,16 +108,14 @@ pub(crate) fn capture(sources: &Model) -> Result<Snapshot> {
     let live_frames: FastMap<(Device, u64), &events::LiveAllocation> =
         live.iter().map(|a| ((a.device, a.address), a)).collect();
     let mut segments = Vec::new();
-    if cuda_devices > 0 {
-        for s in memlab_tch::segments::cuda_segments()? {
-            let device = Device::Cuda(s.device);
-            segments.push(segment(&s, |address| {
-                live_frames
-                    .get(&(device, address))
-                    .map(|a| frames.of(a.backtrace.as_deref(), a.statement.as_ref()))
-                    .unwrap_or_default()
-            }));
-        }
+    for s in &cuda_segments {
+        let device = Device::Cuda(s.device);
+        segments.push(segment(s, |address| {
+            live_frames
+                .get(&(device, address))
+                .map(|a| frames.of(a.backtrace.as_deref(), a.statement.as_ref()))
+                .unwrap_or_default()
+        }));
     }
     for a in live.iter().filter(|a| a.device == Device::Cpu) {
         let block = Block {
