@@ -647,3 +647,42 @@ fn a_folded_run_of_frames_lists_them_when_clicked() {
     );
     std::fs::remove_file(&path).ok();
 }
+
+/// Autograd's backward functions are named from libtorch's symbol table:
+/// on the CPU, its engine runs the backward pass on the calling thread, so
+/// the allocation keeps the user's line; its native frames name the backward
+/// function that made it, which is what names an allocation on CUDA, where
+/// the engine's own thread runs it with no frame of the user's.
+#[test]
+fn a_backward_allocations_native_frames_name_its_op() {
+    let _s = serial();
+    let recording = memlab::Recording::start(memlab::events::Settings::default().backtraces(true)).unwrap();
+    let x = Tensor::randn([64, 128], (Kind::Float, tch::Device::Cpu)).set_requires_grad(true);
+    let w = Tensor::randn([128, 32], (Kind::Float, tch::Device::Cpu)).set_requires_grad(true);
+    let loss = x.matmul(&w).sum(Kind::Float);
+    let (before, _) = memlab::events::history();
+    let from = before.last().map_or(0, |e| e.seq + 1);
+    loss.backward();
+    let grad = w.grad();
+    let (history, _) = memlab::events::history();
+    let made = history
+        .iter()
+        .find(|e| e.seq >= from && e.action == memlab::events::Action::Alloc && e.address == grad.data_ptr() as u64)
+        .expect("the gradient's allocation was recorded");
+    let backtrace = made.backtrace.as_ref().expect("backtraces were on");
+    let names: Vec<String> = backtrace.functions().into_iter().flatten().map(|n| n.to_string()).collect();
+    assert!(names.iter().any(|n| n.starts_with("torch::autograd::generated::MmBackward0::apply(")), "{names:#?}");
+    assert!(names.iter().any(|n| n.starts_with("torch::autograd::Engine::")), "{names:#?}");
+    // The same frames without the user's: what the engine's thread has.
+    let native: Vec<memlab::export::SnapshotFrame> = names
+        .iter()
+        .map(|n| memlab::export::SnapshotFrame { filename: "??".into(), line: 0, name: n.clone() })
+        .collect();
+    let site = memlab_core::export::frames::site(&native).map(|s| s.0);
+    assert_eq!(site.as_deref(), Some("autograd's backward pass (MmBackward0)"));
+    // The snapshot keeps the user's line: the backward() call.
+    let snapshot = Exporter::registered().snapshot().unwrap();
+    let entry = snapshot.device_traces.iter().flatten().find(|e| e.addr == Some(grad.data_ptr() as u64)).unwrap();
+    assert!(entry.frames.iter().any(|f| f.filename.ends_with("export_cpu.rs")), "{:?}", entry.frames);
+    drop((grad, loss, x, w, recording));
+}

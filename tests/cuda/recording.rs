@@ -293,3 +293,80 @@ fn blas_workspaces_child() {
     );
     drop(recording);
 }
+
+/// Labels of the HTML report's rows at the peak that name nothing.
+const UNNAMED_AT_PEAK: [&str; 3] =
+    ["outside the user's code", "allocated before the history began", "no stack recorded"];
+
+/// A conv net's training step, recorded with backtraces from a fresh process
+/// (so that libtorch's workspaces are made while it records): its HTML
+/// report's peak is named to the last percent, by tensor, by the user's line,
+/// or by what libtorch made it for (cuDNN's and cuBLAS's workspaces,
+/// autograd's backward ops on the engine's thread).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_conv_nets_peak_is_named_to_the_last_percent() {
+    let _s = serial();
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--include-ignored", "--exact", "recording::conv_net_peak_child", "--nocapture"])
+        .env(FRESH_PROCESS, "1")
+        .output()
+        .unwrap();
+    let printed = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success() && printed.contains("1 passed"), "the child:\n{printed}");
+    assert!(printed.contains("named at the peak:"), "the child ran its checks:\n{printed}");
+    println!("{printed}");
+}
+
+/// The child of the test above (it does nothing in any other process).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn conv_net_peak_child() {
+    use tch::nn::{ModuleT, OptimizerConfig};
+    if std::env::var_os(FRESH_PROCESS).is_none() {
+        return;
+    }
+    let _s = serial();
+    let recording = memlab::Recording::start(memlab::events::Settings::default().backtraces(true)).unwrap();
+    let vs = tch::nn::VarStore::new(GPU);
+    let root = vs.root();
+    let pad = tch::nn::ConvConfig { padding: 1, ..Default::default() };
+    let net = tch::nn::seq_t()
+        .add(tch::nn::conv2d(&root / "c1", 3, 64, 3, pad))
+        .add(tch::nn::batch_norm2d(&root / "bn1", 64, Default::default()))
+        .add_fn(|x| x.relu().max_pool2d_default(2))
+        .add(tch::nn::conv2d(&root / "c2", 64, 128, 3, pad))
+        .add_fn(|x| x.relu().max_pool2d_default(2).flatten(1, -1))
+        .add(tch::nn::linear(&root / "fc", 128 * 8 * 8, 10, Default::default()));
+    let mut opt = tch::nn::Adam::default().build(&vs, 1e-3).unwrap();
+    for _ in 0..2 {
+        let x = Tensor::randn([128, 3, 32, 32], (Kind::Float, GPU));
+        let y = Tensor::randint(10, [128], (Kind::Int64, GPU));
+        let loss = net.forward_t(&x, true).cross_entropy_for_logits(&y);
+        opt.backward_step(&loss);
+    }
+    let exporter = memlab::export::Exporter::of(memlab::Model::new().var_store("", &vs).optimizer(&opt));
+    let page = exporter.html_report().unwrap();
+    let cuda = page.devices.iter().find(|d| d.device == Device::Cuda(0)).expect("the GPU's timeline");
+    let rows: Vec<(&str, u64)> = cuda.live_at_peak.iter().map(|r| (r.label.as_str(), r.bytes)).collect();
+    let peak = cuda.peak_bytes as u64;
+    let named: u64 =
+        rows.iter().filter(|(label, _)| !UNNAMED_AT_PEAK.iter().any(|u| label.starts_with(u))).map(|r| r.1).sum();
+    println!("named at the peak: {named} of {peak} bytes ({:.2}%)", 100.0 * named as f64 / peak as f64);
+    for (label, bytes) in &rows {
+        println!("  {bytes:>12}  {label}");
+    }
+    assert!(named * 100 >= peak * 99, "{named} of {peak} named: {rows:#?}");
+    // libtorch's own allocations are named for what they are.
+    let labels: Vec<&str> = rows.iter().map(|r| r.0).collect();
+    let snapshot = exporter.snapshot().unwrap();
+    let sites: std::collections::BTreeSet<String> = snapshot.device_traces[0]
+        .iter()
+        .filter(|e| e.action == "alloc")
+        .filter_map(|e| memlab_core::export::frames::site(&e.frames).map(|s| s.0))
+        .collect();
+    assert!(sites.contains("libtorch's cuDNN workspace"), "{sites:#?}");
+    assert!(sites.iter().any(|s| s.starts_with("autograd's backward pass (ConvolutionBackward0)")), "{sites:#?}");
+    assert!(!sites.iter().any(|s| s.starts_with("outside the user's code")), "{sites:#?}\n{labels:?}");
+    drop(recording);
+}

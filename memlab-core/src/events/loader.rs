@@ -61,7 +61,7 @@ pub(crate) unsafe fn image_of(info: &libc::dl_phdr_info) -> Option<std::ops::Ran
 /// The file of the module mapped at `address`, and its load bias (what is
 /// added to the file's addresses where it is mapped).
 #[cfg(all(target_os = "linux", target_pointer_width = "64"))]
-fn module_at(address: u64) -> Option<(std::path::PathBuf, u64)> {
+pub(crate) fn module_at(address: u64) -> Option<(std::path::PathBuf, u64)> {
     struct Search {
         address: u64,
         found: Option<(std::path::PathBuf, u64)>,

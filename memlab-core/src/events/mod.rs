@@ -11,6 +11,8 @@ mod clock;
 pub(crate) mod context;
 mod loader;
 mod recorder;
+#[cfg(all(target_os = "linux", target_pointer_width = "64"))]
+mod symbols;
 mod timeline;
 #[cfg(all(feature = "unwinder", target_os = "linux", target_arch = "x86_64"))]
 mod unwind;
@@ -256,6 +258,19 @@ impl Backtrace {
     /// The raw return addresses, innermost first.
     pub fn addresses(&self) -> &[u64] {
         &self.addresses
+    }
+
+    /// The functions of every frame, innermost first, as the loaded modules'
+    /// symbol tables name them (`torch::autograd::generated::MmBackward0::
+    /// apply(…)`), `None` where none does: libtorch's frames as well as the
+    /// program's, without files or lines. What libtorch allocated for itself
+    /// is told from these (see [`export::frames`](crate::export::frames)).
+    /// Each return address is looked up once per process.
+    pub fn functions(&self) -> Vec<Option<std::sync::Arc<str>>> {
+        #[cfg(all(target_os = "linux", target_pointer_width = "64"))]
+        return self.addresses.iter().map(|&a| symbols::function_at(a)).collect();
+        #[cfg(not(all(target_os = "linux", target_pointer_width = "64")))]
+        return self.addresses.iter().map(|_| None).collect();
     }
 
     /// The frames of the user's code, innermost first, as `function at

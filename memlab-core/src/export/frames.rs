@@ -127,6 +127,10 @@ pub enum Purpose {
     CublasWorkspace,
     /// cuBLASLt's workspace (`at::cuda::getCUDABlasLtWorkspace`).
     CublasLtWorkspace,
+    /// The workspace a cuDNN convolution runs with, allocated for the call
+    /// and freed after it (`at::native::run_conv_plan`, and
+    /// `at::native::allocate_workspace` of the older API's path).
+    CudnnWorkspace,
 }
 
 impl Purpose {
@@ -135,20 +139,31 @@ impl Purpose {
         match self {
             Purpose::CublasWorkspace => "libtorch's cuBLAS workspace",
             Purpose::CublasLtWorkspace => "libtorch's cuBLASLt workspace",
+            Purpose::CudnnWorkspace => "libtorch's cuDNN workspace",
         }
     }
 
     /// What an allocation with `frames` (innermost first) is for, where its
     /// native frames say it is libtorch's own.
     pub fn of(frames: &[SnapshotFrame]) -> Option<Purpose> {
-        let called = |prefix: &str| frames.iter().any(|f| f.name.starts_with(prefix));
-        if called("at::cuda::getCUDABlasLtWorkspace") {
-            Some(Purpose::CublasLtWorkspace)
-        } else if called("at::cuda::setWorkspaceForHandle") || called("at::cuda::getCUDABlasWorkspace") {
-            Some(Purpose::CublasWorkspace)
-        } else {
-            None
-        }
+        Purpose::found(frames).map(|(purpose, _)| purpose)
+    }
+
+    /// What an allocation with `frames` is for ([`Purpose::of`]), and the
+    /// innermost frame that says so.
+    pub fn found(frames: &[SnapshotFrame]) -> Option<(Purpose, &SnapshotFrame)> {
+        const SAYS: [(&str, Purpose); 5] = [
+            ("at::cuda::getCUDABlasLtWorkspace", Purpose::CublasLtWorkspace),
+            ("at::cuda::setWorkspaceForHandle", Purpose::CublasWorkspace),
+            ("at::cuda::getCUDABlasWorkspace", Purpose::CublasWorkspace),
+            ("at::native::run_conv_plan", Purpose::CudnnWorkspace),
+            ("at::native::allocate_workspace", Purpose::CudnnWorkspace),
+        ];
+        // The first rule that any frame matches wins, cuBLASLt's first: its
+        // workspace is reached through calls that may also ask for cuBLAS's.
+        SAYS.iter().find_map(|(prefix, purpose)| {
+            frames.iter().find(|f| f.name.starts_with(prefix)).map(|frame| (*purpose, frame))
+        })
     }
 }
 

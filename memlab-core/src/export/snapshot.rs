@@ -519,8 +519,44 @@ impl Frames {
                 None => frames.insert(0, Frame::of_statement(st)),
             }
         }
-        frames.into_iter().map(|f| SnapshotFrame { filename: f.file, line: f.line, name: f.function }).collect()
+        let user: Vec<SnapshotFrame> =
+            frames.into_iter().map(|f| SnapshotFrame { filename: f.file, line: f.line, name: f.function }).collect();
+        match backtrace {
+            Some(bt) => with_native(user, native_frames(bt)),
+            None => user,
+        }
     }
+}
+
+/// A backtrace's frames that the symbol tables name, innermost first, as
+/// PyTorch writes native frames (no file, line 0).
+fn native_frames(backtrace: &Backtrace) -> Vec<SnapshotFrame> {
+    backtrace
+        .functions()
+        .into_iter()
+        .flatten()
+        .map(|name| SnapshotFrame { filename: NATIVE_FILE.to_string(), line: 0, name: name.to_string() })
+        .collect()
+}
+
+/// The file PyTorch's snapshots give a native frame.
+const NATIVE_FILE: &str = "??";
+
+/// An allocation's stack as a snapshot keeps it, from its frames of the
+/// user's code and its native ones: the user's frames, led by the native
+/// frame that says what libtorch made it for where one does
+/// ([`Purpose`](super::frames::Purpose): a cuDNN or cuBLAS workspace made
+/// under the user's line); with no frame of the user's, its native frames,
+/// which say what made it (autograd's backward op on its engine's thread;
+/// see [`frames::site`](super::frames::site)).
+fn with_native(user: Vec<SnapshotFrame>, native: Vec<SnapshotFrame>) -> Vec<SnapshotFrame> {
+    if let Some((_, said)) = super::frames::Purpose::found(&native) {
+        return std::iter::once(said.clone()).chain(user).collect();
+    }
+    if user.is_empty() {
+        return native;
+    }
+    user
 }
 
 /// Whether a frame's function (as the debug information names it:
@@ -549,7 +585,42 @@ fn same_function(frame: &str, profiled: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::same_function;
+    use super::{same_function, with_native, SnapshotFrame};
+    use crate::export::frames::site;
+
+    fn native(name: &str) -> SnapshotFrame {
+        SnapshotFrame { filename: "??".into(), line: 0, name: name.into() }
+    }
+
+    /// What a stack keeps of its native frames: the one that says what
+    /// libtorch made an allocation for, ahead of the user's line; all of
+    /// them where the user has no frame; none otherwise.
+    #[test]
+    fn native_frames_name_what_the_users_frames_cannot() {
+        let user = vec![SnapshotFrame { filename: "/p/src/main.rs".into(), line: 12, name: "net::forward".into() }];
+        let conv = vec![
+            native("c10::cuda::CUDACachingAllocator::Native::NativeCachingAllocator::allocate(unsigned long)"),
+            native("at::native::run_conv_plan(cudnnContext*, at::Tensor const&, at::Tensor const&, at::Tensor const&)"),
+            native("at::native::run_single_conv(cudnnBackendDescriptorType_t, at::Tensor const&)"),
+            native("at::_ops::convolution::call(at::Tensor const&)"),
+        ];
+        let stack = with_native(user.clone(), conv.clone());
+        assert_eq!((stack.len(), &stack[1..]), (2, &user[..]), "the purpose's frame, then the user's");
+        assert_eq!(site(&stack).map(|s| s.0).as_deref(), Some("libtorch's cuDNN workspace"));
+        let output = &conv[2..];
+        assert_eq!(with_native(user.clone(), output.to_vec()), user, "an op's output keeps the user's line");
+        let backward = vec![
+            native("at::empty_strided(c10::ArrayRef<long>)"),
+            native("torch::autograd::generated::ConvolutionBackward0::apply(std::vector<at::Tensor>&&)"),
+            native("torch::autograd::Engine::evaluate_function(std::shared_ptr<torch::autograd::GraphTask>&)"),
+            native("torch::autograd::Engine::thread_main(std::shared_ptr<torch::autograd::GraphTask> const&)"),
+            native("start_thread"),
+        ];
+        let stack = with_native(Vec::new(), backward.clone());
+        assert_eq!(stack, backward);
+        assert_eq!(site(&stack).map(|s| s.0).as_deref(), Some("autograd's backward pass (ConvolutionBackward0)"));
+        assert!(with_native(Vec::new(), Vec::new()).is_empty());
+    }
 
     #[test]
     fn a_frame_is_the_profiled_function_by_its_path() {
