@@ -14,6 +14,8 @@ const PER_COPY: &[(&str, &str, &str)] = &[
     ("memlab-core/src/events/unwind.rs", "ONE_AT_A_TIME", "one reading of this copy's unwind tables at a time"),
     ("memlab-core/src/events/mod.rs", "RESOLVED", "a cache of resolved frames, the same in every copy"),
     ("memlab-core/src/events/mod.rs", "LISTED_AT", "when this copy's backtrace crate listed the modules"),
+    ("memlab-core/src/events/symbols.rs", "NAMED", "a cache of native functions' names, the same in every copy"),
+    ("memlab-core/src/events/symbols.rs", "TABLES", "this copy's readers of the modules' symbol tables"),
     ("memlab-core/src/events/loader.rs", "OPENED", "this copy's readers of modules its backtrace crate does not know"),
     ("memlab-core/src/process.rs", "CHOSEN", "the table this copy found (the process's) or keeps"),
     ("memlab-core/src/process.rs", "PROVIDED", "this copy's anchor, given as it loads"),

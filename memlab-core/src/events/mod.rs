@@ -238,21 +238,73 @@ impl std::fmt::Display for Frame {
     }
 }
 
+/// The most distinct stacks a thread shares between its captures
+/// ([`Backtrace::capture_shared`]).
+pub const SHARED_STACKS: usize = 4096;
+
 impl Backtrace {
     /// The calling thread's stack now (return addresses; resolved when looked at).
     pub fn capture() -> Backtrace {
+        let mut frames = [0u64; 64];
+        let n = Self::walk(&mut frames);
+        Backtrace { addresses: frames[..n].to_vec(), resolved: std::sync::OnceLock::new() }
+    }
+
+    /// The calling thread's stack now, shared with this thread's earlier
+    /// capture of the very same return addresses, if it still keeps it: a
+    /// training step allocates from a few dozen call paths, over and over,
+    /// and each is then stored once and resolved once, and a capture costs
+    /// the walk alone, with no allocation. The thread keeps up to
+    /// [`SHARED_STACKS`] stacks, and forgets them all when it has that many.
+    pub fn capture_shared() -> std::sync::Arc<Backtrace> {
+        use std::cell::RefCell;
+        use std::hash::{Hash, Hasher};
+        use std::sync::Arc;
+        thread_local! {
+            static SHARED: RefCell<crate::hash::FastMap<u64, Arc<Backtrace>>> = RefCell::default();
+        }
+        let mut frames = [0u64; 64];
+        let n = Self::walk(&mut frames);
+        let addresses = &frames[..n];
+        let mut hasher = crate::hash::FastHasher::default();
+        addresses.hash(&mut hasher);
+        let key = hasher.finish();
+        let fresh = || Arc::new(Backtrace { addresses: addresses.to_vec(), resolved: std::sync::OnceLock::new() });
+        SHARED
+            .try_with(|shared| {
+                let Ok(mut shared) = shared.try_borrow_mut() else { return fresh() };
+                if let Some(known) = shared.get(&key).filter(|b| b.addresses == addresses) {
+                    return known.clone();
+                }
+                let made = fresh();
+                if shared.len() >= SHARED_STACKS {
+                    shared.clear();
+                }
+                // Where memory has run out, the stack is not kept for later.
+                if shared.len() < shared.capacity() || shared.try_reserve(1).is_ok() {
+                    shared.insert(key, made.clone());
+                }
+                made
+            })
+            .unwrap_or_else(|_| fresh())
+    }
+
+    /// Writes the calling thread's return addresses to `frames`, innermost
+    /// first; returns how many.
+    #[inline(always)]
+    fn walk(frames: &mut [u64; 64]) -> usize {
         #[cfg(all(feature = "unwinder", target_os = "linux", target_arch = "x86_64"))]
-        let addresses = unwind::capture();
+        return unwind::capture_into(frames);
         #[cfg(not(all(feature = "unwinder", target_os = "linux", target_arch = "x86_64")))]
-        let addresses = {
-            let mut out = Vec::new();
+        {
+            let mut n = 0;
             backtrace::trace(|frame| {
-                out.push(frame.ip() as u64);
-                out.len() < 64
+                frames[n] = frame.ip() as u64;
+                n += 1;
+                n < frames.len()
             });
-            out
-        };
-        Backtrace { addresses, resolved: std::sync::OnceLock::new() }
+            n
+        }
     }
 
     /// The raw return addresses, innermost first.
@@ -446,6 +498,30 @@ pub fn thread_number() -> u64 {
 mod tests {
     use super::is_user_file;
     use super::Path;
+
+    #[inline(never)]
+    fn captured_here() -> std::sync::Arc<super::Backtrace> {
+        std::hint::black_box(super::Backtrace::capture_shared())
+    }
+
+    #[inline(never)]
+    fn captured_there() -> std::sync::Arc<super::Backtrace> {
+        std::hint::black_box(super::Backtrace::capture_shared())
+    }
+
+    /// A thread's captures of one call path share one backtrace; another
+    /// path gets its own, and each holds what a plain capture holds.
+    #[test]
+    fn captures_of_one_call_path_share_one_backtrace() {
+        let here: Vec<_> = (0..3).map(|_| captured_here()).collect();
+        assert!(here.windows(2).all(|w| std::sync::Arc::ptr_eq(&w[0], &w[1])), "one path, one backtrace");
+        let there = captured_there();
+        assert!(!std::sync::Arc::ptr_eq(&here[0], &there), "another path, another backtrace");
+        assert_ne!(here[0].addresses(), there.addresses());
+        // Another thread keeps its own.
+        let elsewhere = std::thread::spawn(captured_here).join().unwrap();
+        assert!(!std::sync::Arc::ptr_eq(&here[0], &elsewhere));
+    }
 
     #[test]
     fn libraries_of_the_system_and_the_runtimes_are_not_read() {

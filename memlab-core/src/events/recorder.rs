@@ -400,7 +400,7 @@ pub fn record_counted(device: Device, action: Action, address: u64, size: u64, s
     let context::Whereabouts { thread, scope, statement } = context::whereabouts();
     // Allocations, and failed requests: the frames of the failing call.
     let backtrace = (matches!(action, Action::Alloc | Action::Oom) && BACKTRACES.load(Ordering::Relaxed))
-        .then(|| Arc::new(Backtrace::capture()));
+        .then(Backtrace::capture_shared);
     with(|r| {
         count();
         let seq = r.recorded;

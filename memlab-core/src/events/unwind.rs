@@ -47,7 +47,7 @@ use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
 use framehop::{ExplicitModuleSectionInfo, FrameAddress, Module, Unwinder};
 
 /// The most frames one capture keeps.
-const MAX_FRAMES: usize = 64;
+pub(crate) const MAX_FRAMES: usize = 64;
 
 /// Rule caches per thread (about 16 KB each, made on first use), chosen by
 /// the top `CACHE_BITS` bits of a hash of the address.
@@ -130,9 +130,10 @@ thread_local! {
 }
 
 /// The return addresses of the calling thread's stack, innermost first
-/// (starting with this function's caller).
+/// (starting with this function's caller), written to `frames`; returns how
+/// many. Allocates nothing once the thread's caches are made.
 #[inline(never)]
-pub(crate) fn capture() -> Vec<u64> {
+pub(crate) fn capture_into(frames: &mut [u64; MAX_FRAMES]) -> usize {
     let (pc, sp, bp): (u64, u64, u64);
     // SAFETY: reads three registers into locals; touches no memory.
     unsafe {
@@ -146,7 +147,7 @@ pub(crate) fn capture() -> Vec<u64> {
             options(nomem, nostack, preserves_flags),
         );
     }
-    let Some(stack) = STACK.try_with(Clone::clone).ok().flatten() else { return Vec::new() };
+    let Some(stack) = STACK.try_with(Clone::clone).ok().flatten() else { return 0 };
     let mut read_stack = |address: u64| {
         if address.is_multiple_of(8) && stack.contains(&address) && stack.contains(&(address + 7)) {
             // SAFETY: the address is aligned and inside this thread's mapped stack.
@@ -155,13 +156,13 @@ pub(crate) fn capture() -> Vec<u64> {
             Err(())
         }
     };
-    let mut frames = Vec::with_capacity(MAX_FRAMES);
+    let mut count = 0;
     let _ = CACHE.try_with(|caches| {
         let Ok(mut caches) = caches.try_borrow_mut() else { return };
         let mut known = known();
         // At most twice: again after reading modules loaded since the last read.
         loop {
-            frames.clear();
+            count = 0;
             let mut outside = false;
             let mut regs = UnwindRegsX86_64::new(pc, sp, bp);
             let mut address = FrameAddress::InstructionPointer(pc);
@@ -180,7 +181,8 @@ pub(crate) fn capture() -> Vec<u64> {
                     }
                 };
                 let Some(next) = FrameAddress::from_return_address(ret) else { break };
-                frames.push(ret);
+                frames[count] = ret;
+                count += 1;
                 address = next;
             }
             if !outside {
@@ -193,7 +195,7 @@ pub(crate) fn capture() -> Vec<u64> {
             known = newer;
         }
     });
-    frames
+    count
 }
 
 /// The calling thread's rule caches so far: lookups that hit, that missed
