@@ -7,7 +7,7 @@
 
 use memlab_core::events::LiveAllocation;
 use memlab_core::hash::FastMap;
-use memlab_core::render::{by_site, SiteGroup};
+use memlab_core::render::{by_site_with, SiteGroup};
 use memlab_core::{Device, DeviceStats};
 use memlab_tch::segments::{BlasWorkspace, BlockState, CudaSegment};
 
@@ -98,8 +98,9 @@ pub(crate) fn attribute(
     };
     let is_workspace = |address: u64| workspaces.iter().any(|w| w.address == address);
     let unnamed = live.map(|live| {
-        by_site(
+        by_site_with(
             live.iter().filter(|a| a.device == device && !named.owns(device, a.address) && !is_workspace(a.address)),
+            memlab_core::export::site_of,
         )
     });
     let listed: u64 = unnamed.iter().flatten().map(|s| s.bytes).sum();

@@ -138,7 +138,7 @@ fn holders(device: Device, sources: &Model, with_sites: bool) -> Holders {
     if let (Some(groups), Some(live)) = (account.unnamed, live.as_deref()) {
         let frames_of = |site: &Option<String>| -> Vec<Frame> {
             live.iter()
-                .filter(|a: &&LiveAllocation| a.device == device && &a.site() == site)
+                .filter(|a: &&LiveAllocation| a.device == device && &memlab_core::export::site_of(a) == site)
                 .find_map(|a| a.backtrace.as_ref())
                 .map(|b| b.frames().iter().take(SITE_FRAMES).cloned().collect())
                 .unwrap_or_default()

@@ -368,5 +368,13 @@ fn conv_net_peak_child() {
     assert!(sites.contains("libtorch's cuDNN workspace"), "{sites:#?}");
     assert!(sites.iter().any(|s| s.starts_with("autograd's backward pass (ConvolutionBackward0)")), "{sites:#?}");
     assert!(!sites.iter().any(|s| s.starts_with("outside the user's code")), "{sites:#?}\n{labels:?}");
+    // The reporter and the out-of-memory report name a live allocation the
+    // same way: the first step's gradients were made on autograd's thread.
+    let grad = vs.variables()["c1.weight"].grad();
+    let live = memlab::events::live();
+    let made = live.iter().find(|a| a.address == grad.data_ptr() as u64).expect("the gradient's allocation");
+    let site = memlab_core::export::site_of(made);
+    assert!(site.as_deref().is_some_and(|s| s.starts_with("autograd's backward pass (")), "{site:?}");
+    println!("c1.weight's gradient was made by {}", site.unwrap_or_default());
     drop(recording);
 }

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use serde::Serialize;
 
 use super::pickle::Pickler;
-use crate::events::{Action, Backtrace, Frame, StatementRef};
+use crate::events::{Action, Backtrace, Frame, LiveAllocation, StatementRef};
 use crate::{Error, Result};
 
 /// A call stack, innermost frame first, shared by every event that has it.
@@ -526,6 +526,22 @@ impl Frames {
             None => user,
         }
     }
+}
+
+/// Where a live allocation was made, as a snapshot of it names it (see
+/// [`frames::site`](super::frames::site)): what libtorch made it for, where
+/// its native frames say so (a cuDNN or cuBLAS workspace); else its
+/// innermost frame of the user's code or its profiled statement
+/// ([`LiveAllocation::site`]); else, for a stack with no frame of the user's,
+/// what made it (`autograd's backward pass (ConvolutionBackward0)`). `None`
+/// without a backtrace or a statement.
+pub fn site_of(allocation: &LiveAllocation) -> Option<String> {
+    let Some(backtrace) = allocation.backtrace.as_deref() else { return allocation.site() };
+    let native = native_frames(backtrace);
+    if let Some((purpose, _)) = super::frames::Purpose::found(&native) {
+        return Some(purpose.name().to_string());
+    }
+    allocation.site().or_else(|| (!native.is_empty()).then(|| super::frames::made_by(&native).to_string()))
 }
 
 /// A backtrace's frames that the symbol tables name, innermost first, as

@@ -160,7 +160,8 @@ where
 pub struct SiteGroup {
     /// Where they are.
     pub device: Device,
-    /// The user's frame or profiled statement that made them, if known.
+    /// The user's frame or profiled statement that made them, or what libtorch
+    /// made them for (see `export::site_of`), if known.
     pub site: Option<String>,
     /// Their bytes.
     pub bytes: u64,
@@ -171,6 +172,14 @@ pub struct SiteGroup {
 /// `allocations` grouped by device and site, largest first (then by device
 /// and site, so equal groups keep one order).
 pub fn by_site<'a>(allocations: impl IntoIterator<Item = &'a LiveAllocation>) -> Vec<SiteGroup> {
+    by_site_with(allocations, LiveAllocation::site)
+}
+
+/// [`by_site`], each distinct stack's site given by `site` (once per stack).
+pub fn by_site_with<'a>(
+    allocations: impl IntoIterator<Item = &'a LiveAllocation>,
+    site: impl Fn(&LiveAllocation) -> Option<String>,
+) -> Vec<SiteGroup> {
     // By call stack first (no resolution), then each stack's site once.
     type Stack<'s> = (Device, Option<&'s [u64]>, Option<crate::events::StatementRef>);
     // A statement hashes by its site's address and its line, never by what
@@ -185,7 +194,7 @@ pub fn by_site<'a>(allocations: impl IntoIterator<Item = &'a LiveAllocation>) ->
     }
     let mut groups: BTreeMap<(Device, Option<String>), (u64, u64)> = BTreeMap::new();
     for (first, bytes, blocks) in stacks.into_values() {
-        let entry = groups.entry((first.device, first.site())).or_default();
+        let entry = groups.entry((first.device, site(first))).or_default();
         entry.0 += bytes;
         entry.1 += blocks;
     }
