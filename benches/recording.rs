@@ -139,6 +139,32 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 }
             }
         }
+        // memlab's own work per event, timed in one more block per mode
+        // (apart from the rounds: timing costs a little itself).
+        for mode in [Mode::Events, Mode::Backtraces] {
+            let recording = mode.settings().map(memlab::Recording::start).transpose()?;
+            let before = memlab::events::time_own_work(true);
+            block(&mut s);
+            let after = memlab::events::time_own_work(false);
+            drop(recording);
+            let d: Vec<f64> = before.iter().zip(after).map(|(b, a)| (a - b) as f64).collect();
+            let mut note = format!(
+                "{device:?}, {}: memlab's own work {:.2} µs per event ({:.0} events)",
+                mode.label(),
+                d[1] / d[0].max(1.0) / 1e3,
+                d[0]
+            );
+            if d[2] > 0.0 {
+                note += &format!(
+                    ", of which the backtrace {:.2} µs ({:.0} backtraces of {:.1} frames, {:.1}% given by an earlier walk)",
+                    d[3] / d[2] / 1e3,
+                    d[2],
+                    d[4] / d[2],
+                    100.0 * d[5] / d[2]
+                );
+            }
+            notes.push(note);
+        }
         let (hits, collisions, first) = memlab_core_stats();
         let plain = median(times[0].clone());
         for (m, mode) in modes.iter().enumerate() {

@@ -351,7 +351,7 @@ pub mod events {
     }
 
     #[doc(hidden)]
-    pub use memlab_core::events::unwind_cache_stats;
+    pub use memlab_core::events::{time_own_work, unwind_cache_stats};
 }
 
 /// Logs the memory at this call site and what changed since the previous

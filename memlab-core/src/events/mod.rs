@@ -253,9 +253,11 @@ impl Backtrace {
     /// The calling thread's stack now, shared with this thread's earlier
     /// capture of the very same return addresses, if it still keeps it: a
     /// training step allocates from a few dozen call paths, over and over,
-    /// and each is then stored once and resolved once, and a capture costs
-    /// the walk alone, with no allocation. The thread keeps up to
-    /// [`SHARED_STACKS`] stacks, and forgets them all when it has that many.
+    /// and each is then stored once and resolved once, and a repeated capture
+    /// allocates nothing. Where the thread walked from the same place before
+    /// over the same stack words, the walk is skipped (see the unwinder's
+    /// memo). The thread keeps up to [`SHARED_STACKS`] stacks, and forgets
+    /// them all when it has that many.
     pub fn capture_shared() -> std::sync::Arc<Backtrace> {
         use std::cell::RefCell;
         use std::hash::{Hash, Hasher};
@@ -263,30 +265,42 @@ impl Backtrace {
         thread_local! {
             static SHARED: RefCell<crate::hash::FastMap<u64, Arc<Backtrace>>> = RefCell::default();
         }
-        let mut frames = [0u64; 64];
-        let n = Self::walk(&mut frames);
-        let addresses = &frames[..n];
-        let mut hasher = crate::hash::FastHasher::default();
-        addresses.hash(&mut hasher);
-        let key = hasher.finish();
-        let fresh = || Arc::new(Backtrace { addresses: addresses.to_vec(), resolved: std::sync::OnceLock::new() });
-        SHARED
-            .try_with(|shared| {
-                let Ok(mut shared) = shared.try_borrow_mut() else { return fresh() };
-                if let Some(known) = shared.get(&key).filter(|b| b.addresses == addresses) {
-                    return known.clone();
-                }
-                let made = fresh();
-                if shared.len() >= SHARED_STACKS {
-                    shared.clear();
-                }
-                // Where memory has run out, the stack is not kept for later.
-                if shared.len() < shared.capacity() || shared.try_reserve(1).is_ok() {
-                    shared.insert(key, made.clone());
-                }
-                made
-            })
-            .unwrap_or_else(|_| fresh())
+        let started = own_work::on().then(std::time::Instant::now);
+        let mut share = |addresses: &[u64]| {
+            let mut hasher = crate::hash::FastHasher::default();
+            addresses.hash(&mut hasher);
+            let key = hasher.finish();
+            let fresh = || Arc::new(Backtrace { addresses: addresses.to_vec(), resolved: std::sync::OnceLock::new() });
+            SHARED
+                .try_with(|shared| {
+                    let Ok(mut shared) = shared.try_borrow_mut() else { return fresh() };
+                    if let Some(known) = shared.get(&key).filter(|b| b.addresses == addresses) {
+                        return known.clone();
+                    }
+                    let made = fresh();
+                    if shared.len() >= SHARED_STACKS {
+                        shared.clear();
+                    }
+                    // Where memory has run out, the stack is not kept for later.
+                    if shared.len() < shared.capacity() || shared.try_reserve(1).is_ok() {
+                        shared.insert(key, made.clone());
+                    }
+                    made
+                })
+                .unwrap_or_else(|_| fresh())
+        };
+        #[cfg(all(feature = "unwinder", target_os = "linux", target_arch = "x86_64"))]
+        let (backtrace, n, skipped) = unwind::capture_memoized(&mut share);
+        #[cfg(not(all(feature = "unwinder", target_os = "linux", target_arch = "x86_64")))]
+        let (backtrace, n, skipped) = {
+            let mut frames = [0u64; 64];
+            let n = Self::walk(&mut frames);
+            (share(&frames[..n]), n, false)
+        };
+        if let Some(started) = started {
+            own_work::add(2, &[1, started.elapsed().as_nanos() as u64, n as u64, skipped as u64]);
+        }
+        backtrace
     }
 
     /// Writes the calling thread's return addresses to `frames`, innermost
@@ -486,6 +500,48 @@ pub fn unwind_cache_stats() -> (u64, u64, u64) {
     return unwind::cache_stats();
     #[cfg(not(all(feature = "unwinder", target_os = "linux", target_arch = "x86_64")))]
     (0, 0, 0)
+}
+
+/// Timing of memlab's own work per event, for benchmarks: off unless a
+/// benchmark turns it on ([`time_own_work`]).
+pub(crate) mod own_work {
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+    crate::process::process_wide! {
+        pub(crate) static ON: AtomicBool = AtomicBool::new(false);
+    }
+    crate::process::process_wide! {
+        /// Events recorded, their nanoseconds in the recorder, backtraces
+        /// captured, their nanoseconds, their frames, and how many of them
+        /// an earlier walk gave.
+        pub(crate) static COUNTS: [AtomicU64; 6] = [const { AtomicU64::new(0) }; 6];
+    }
+
+    /// Whether timing is on.
+    #[inline]
+    pub(crate) fn on() -> bool {
+        ON.load(Ordering::Relaxed)
+    }
+
+    /// Adds `values` to the counts at `first` and on.
+    pub(crate) fn add(first: usize, values: &[u64]) {
+        for (i, v) in values.iter().enumerate() {
+            COUNTS[first + i].fetch_add(*v, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Turns the timing of memlab's own work per event on or off, and returns
+/// the counts so far: events recorded and the nanoseconds the recorder spent
+/// on them (the backtrace included), backtraces captured and the nanoseconds
+/// and frames of their walks, and how many an earlier walk gave. For
+/// benchmarks that tell what recording costs directly from what it costs
+/// the step around it.
+#[doc(hidden)]
+pub fn time_own_work(on: bool) -> [u64; 6] {
+    use std::sync::atomic::Ordering;
+    own_work::ON.store(on, Ordering::Relaxed);
+    own_work::COUNTS.each_ref().map(|c| c.load(Ordering::Relaxed))
 }
 
 /// A small number for the calling thread, stable for its lifetime: 1 for the

@@ -394,6 +394,18 @@ pub fn record_counted(device: Device, action: Action, address: u64, size: u64, s
         count();
         return;
     }
+    if super::own_work::on() {
+        let started = std::time::Instant::now();
+        record_active(device, action, address, size, stream, count);
+        super::own_work::add(0, &[1, started.elapsed().as_nanos() as u64]);
+    } else {
+        record_active(device, action, address, size, stream, count);
+    }
+}
+
+/// [`record_counted`] while recording is on.
+#[inline(always)]
+fn record_active(device: Device, action: Action, address: u64, size: u64, stream: u64, count: &dyn Fn()) {
     // Nothing from here to `count()` under the lock can panic (every
     // thread-local is read with `try_with`): the event is counted once.
     let time_ns = now_ns();

@@ -24,6 +24,16 @@
 //! on a GPU host, and captures cost 2 to 3 µs there.) Caches are made on first
 //! use, so a thread that records few stacks pays for few.
 //!
+//! Even with every rule cached, a walk looks up and runs a rule for each of
+//! thirty to fifty frames, a microsecond or two on a GPU host. A recording
+//! walks from the same few dozen call paths over and over, so each thread
+//! also remembers its walks by the stack pointer they started from, with the
+//! stack words each depended on (return addresses, and saved frame pointers
+//! where a rule used them): a walk that starts where a remembered one did,
+//! over the same words, would find the same frames, and checking those words
+//! costs a tenth of walking ([`capture_memoized`]). The check is exact: a
+//! remembered walk is reused only where the walk would find the same.
+//!
 //! Stack reads are bounded by the calling thread's stack, so a broken rule
 //! ends the walk instead of reading stray memory.
 //!
@@ -41,10 +51,12 @@ use std::cell::RefCell;
 use std::ffi::c_void;
 use std::ops::Range;
 use std::sync::atomic::{AtomicPtr, Ordering};
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use framehop::x86_64::{CacheX86_64, UnwindRegsX86_64, UnwinderX86_64};
 use framehop::{ExplicitModuleSectionInfo, FrameAddress, Module, Unwinder};
+
+use super::Backtrace;
 
 /// The most frames one capture keeps.
 pub(crate) const MAX_FRAMES: usize = 64;
@@ -127,6 +139,141 @@ thread_local! {
     // Inline in the vector (no box of their own): one pointer less to follow per frame.
     static CACHE: RefCell<Vec<Option<CacheX86_64>>> = RefCell::new((0..CACHES).map(|_| None).collect());
     static STACK: Option<Range<u64>> = thread_stack();
+    static MEMO: RefCell<Memo> = RefCell::default();
+}
+
+/// The most stack reads one walk logs for the memo; a longer walk is not kept.
+const MAX_READS: usize = 4 * MAX_FRAMES;
+
+/// The most walks a thread keeps in its memo, forgotten together when full.
+const MEMO_WALKS: usize = 1024;
+
+/// A thread's earlier walks, by the stack pointer they started from.
+///
+/// A walk is a function of where it starts (the instruction, stack and
+/// frame pointers), the unwind rules of the code it passes (fixed while the
+/// tables are), and the words it reads from the stack: the return addresses
+/// and the saved frame pointers. A walk that starts where an earlier one did,
+/// and finds every word the earlier one read unchanged, would read and
+/// compute the same again, and find the same frames. Checking those words
+/// (one or two a frame, hot in the cache) costs a fraction of looking up
+/// and running a rule for each frame, and a training step allocates from the
+/// same few dozen call paths, at the same depths, over and over.
+#[derive(Default)]
+struct Memo {
+    by_sp: crate::hash::FastMap<u64, Vec<Walk>>,
+    walks: usize,
+}
+
+/// A walk as the memo keeps it.
+struct Walk {
+    /// The frame pointer it started with, where its frames may depend on it
+    /// (a rule used it before any frame restored it from the stack).
+    bp: Option<u64>,
+    /// The unwind tables it used.
+    known: *const Known,
+    /// The words it read: (address, value), in order.
+    reads: Box<[(u64, u64)]>,
+    /// What it found.
+    backtrace: Arc<Backtrace>,
+}
+
+impl Memo {
+    /// An earlier walk from `sp` that the stack shows would find the same now.
+    fn find(&self, sp: u64, bp: u64, known: *const Known, stack: &Range<u64>) -> Option<&Walk> {
+        self.by_sp.get(&sp)?.iter().find(|w| {
+            std::ptr::eq(w.known, known)
+                && w.bp.is_none_or(|b| b == bp)
+                && w.reads.iter().all(|&(address, value)| {
+                    // Logged reads lie inside this thread's stack, aligned.
+                    debug_assert!(stack.contains(&address) && stack.contains(&(address + 7)));
+                    // SAFETY: the address was read from this thread's mapped
+                    // stack before, and the stack stays mapped while the thread runs.
+                    unsafe { std::ptr::read_volatile(address as *const u64) == value }
+                })
+        })
+    }
+
+    fn keep(&mut self, sp: u64, walk: Walk) {
+        if self.walks >= MEMO_WALKS {
+            self.by_sp.clear();
+            self.walks = 0;
+        }
+        // Where memory has run out, the walk is not kept.
+        if self.by_sp.len() == self.by_sp.capacity() && self.by_sp.try_reserve(1).is_err() {
+            return;
+        }
+        let same_sp = self.by_sp.entry(sp).or_default();
+        // A few starts per stack pointer: the newest replaces the oldest.
+        if same_sp.len() >= 4 {
+            same_sp.remove(0);
+            self.walks -= 1;
+        }
+        if same_sp.try_reserve(1).is_ok() {
+            same_sp.push(walk);
+            self.walks += 1;
+        }
+    }
+}
+
+/// The calling thread's backtrace (return addresses innermost first,
+/// starting with this function's caller): an earlier walk's result where the
+/// stack shows it would be found again ([`Memo`]), else a walk's, made into a
+/// backtrace by `make`. Returns it, its frames, and whether the walk was
+/// skipped.
+#[inline(never)]
+pub(crate) fn capture_memoized(make: &mut dyn FnMut(&[u64]) -> Arc<Backtrace>) -> (Arc<Backtrace>, usize, bool) {
+    let (pc, sp, bp): (u64, u64, u64);
+    // SAFETY: reads three registers into locals; touches no memory.
+    unsafe {
+        std::arch::asm!(
+            "lea {pc}, [rip]",
+            "mov {sp}, rsp",
+            "mov {bp}, rbp",
+            pc = out(reg) pc,
+            sp = out(reg) sp,
+            bp = out(reg) bp,
+            options(nomem, nostack, preserves_flags),
+        );
+    }
+    let Some(stack) = STACK.try_with(Clone::clone).ok().flatten() else { return (make(&[]), 0, false) };
+    let known_now: *const Known = known();
+    #[cfg(test)]
+    let found = (!tests::BYPASS.get()).then(|| memoized(sp, bp, known_now, &stack)).flatten();
+    #[cfg(not(test))]
+    let found = memoized(sp, bp, known_now, &stack);
+    if let Some((backtrace, frames)) = found {
+        return (backtrace, frames, true);
+    }
+    let mut frames = [0u64; MAX_FRAMES];
+    let mut reads = [(0u64, 0u64); MAX_READS];
+    let walked = walk(pc, sp, bp, &stack, &mut frames, &mut reads);
+    let backtrace = make(&frames[..walked.frames]);
+    if let Some(logged) = walked.reads {
+        let walk = Walk {
+            bp: walked.bp_matters.then_some(bp),
+            known: walked.known,
+            reads: reads[..logged].into(),
+            backtrace: backtrace.clone(),
+        };
+        let _ = MEMO.try_with(|memo| {
+            if let Ok(mut memo) = memo.try_borrow_mut() {
+                memo.keep(sp, walk);
+            }
+        });
+    }
+    (backtrace, walked.frames, false)
+}
+
+/// The calling thread's earlier walk from (`sp`, `bp`) that the stack shows
+/// would find the same now, and its frames.
+fn memoized(sp: u64, bp: u64, known: *const Known, stack: &Range<u64>) -> Option<(Arc<Backtrace>, usize)> {
+    MEMO.try_with(|memo| {
+        let memo = memo.try_borrow().ok()?;
+        memo.find(sp, bp, known, stack).map(|w| (w.backtrace.clone(), w.backtrace.addresses.len()))
+    })
+    .ok()
+    .flatten()
 }
 
 /// The return addresses of the calling thread's stack, innermost first
@@ -148,28 +295,124 @@ pub(crate) fn capture_into(frames: &mut [u64; MAX_FRAMES]) -> usize {
         );
     }
     let Some(stack) = STACK.try_with(Clone::clone).ok().flatten() else { return 0 };
-    let mut read_stack = |address: u64| {
-        if address.is_multiple_of(8) && stack.contains(&address) && stack.contains(&(address + 7)) {
-            // SAFETY: the address is aligned and inside this thread's mapped stack.
-            Ok(unsafe { std::ptr::read(address as *const u64) })
-        } else {
-            Err(())
+    walk(pc, sp, bp, &stack, frames, &mut [(0, 0); MAX_READS]).frames
+}
+
+/// Reads the word at `address` of this thread's `stack`, and logs it in
+/// `reads` at `logged` (counted past the log's end too).
+#[inline(always)]
+fn read_logged(address: u64, stack: &Range<u64>, reads: &mut [(u64, u64)], logged: &mut usize) -> Result<u64, ()> {
+    if address.is_multiple_of(8) && stack.contains(&address) && stack.contains(&(address + 7)) {
+        // SAFETY: the address is aligned and inside this thread's mapped stack.
+        let value = unsafe { std::ptr::read(address as *const u64) };
+        if let Some(slot) = reads.get_mut(*logged) {
+            *slot = (address, value);
         }
-    };
-    let mut count = 0;
+        *logged += 1;
+        Ok(value)
+    } else {
+        Err(())
+    }
+}
+
+/// What [`walk`] did.
+struct Walked {
+    /// Frames found.
+    frames: usize,
+    /// The words to check, packed at the log's start; `None` when the walk
+    /// is not to be kept (more words than the log holds, or a frame whose
+    /// rule was not in the cache).
+    reads: Option<usize>,
+    /// Whether the frames may depend on the frame pointer the walk started with.
+    bp_matters: bool,
+    /// The unwind tables it used.
+    known: *const Known,
+}
+
+/// Walks the stack from (`pc`, `sp`, `bp`), writing return addresses to
+/// `frames` and the words read to `reads`.
+fn walk(
+    pc: u64,
+    sp: u64,
+    bp: u64,
+    stack: &Range<u64>,
+    frames: &mut [u64; MAX_FRAMES],
+    reads: &mut [(u64, u64); MAX_READS],
+) -> Walked {
+    let mut out = Walked { frames: 0, reads: None, bp_matters: true, known: std::ptr::null() };
     let _ = CACHE.try_with(|caches| {
         let Ok(mut caches) = caches.try_borrow_mut() else { return };
         let mut known = known();
         // At most twice: again after reading modules loaded since the last read.
         loop {
-            count = 0;
+            let mut count = 0;
+            let mut logged = 0usize;
+            // The words a later frame needs unchanged to find the same: each
+            // frame's return address, and the frame pointer's value where a
+            // rule uses it. The other words a frame reads are registers it
+            // saved (an allocation's size, say), which differ from call to call
+            // and change nothing the walk finds.
+            let mut needed = [false; MAX_READS];
+            // Where the frame pointer's value now may have come from: the
+            // reads that gave that value, or `INITIAL`, the register itself.
+            const INITIAL: usize = usize::MAX;
+            let mut sources = [INITIAL; 8];
+            let mut source_count = 1;
+            let mut bp_matters = false;
+            let mut all_cached = true;
             let mut outside = false;
             let mut regs = UnwindRegsX86_64::new(pc, sp, bp);
             let mut address = FrameAddress::InstructionPointer(pc);
             for _ in 0..MAX_FRAMES {
                 let lookup = address.address_for_lookup();
                 let cache = caches[cache_of(lookup)].get_or_insert_with(CacheX86_64::new);
-                let ret = match known.unwinder.unwind_frame(address, &mut regs, cache, &mut read_stack) {
+                let bp_before = regs.bp();
+                let reads_before = logged;
+                let hits_before = cache.stats().hit_count;
+                let mut read_stack = |address| read_logged(address, stack, reads, &mut logged);
+                let result = known.unwinder.unwind_frame(address, &mut regs, cache, &mut read_stack);
+                // A rule found now, not in the cache, may have been worked out
+                // from other registers than these two: such a walk is not kept.
+                all_cached &= cache.stats().hit_count > hits_before;
+                let frame_reads = reads_before.min(MAX_READS)..logged.min(MAX_READS);
+                let ended = !matches!(result, Ok(Some(_)));
+                // A rule that uses the frame pointer reads the word it points
+                // at, or the next; one that ends the walk may have looked at it
+                // without reading.
+                let bp_used = ended
+                    || reads[frame_reads.clone()]
+                        .iter()
+                        .any(|&(a, _)| a == bp_before || a == bp_before.wrapping_add(8));
+                if bp_used {
+                    for &source in &sources[..source_count] {
+                        match source {
+                            INITIAL => bp_matters = true,
+                            read => needed[read] = true,
+                        }
+                    }
+                }
+                if !ended {
+                    let return_slot = regs.sp().wrapping_sub(8);
+                    if let Some(i) = frame_reads.clone().rev().find(|&i| reads[i].0 == return_slot) {
+                        needed[i] = true;
+                    }
+                }
+                // The frame pointer's new value came from a word this frame
+                // read that holds it; an unchanged one may also have.
+                let new_bp = regs.bp();
+                if new_bp != bp_before {
+                    source_count = 0;
+                }
+                for i in frame_reads.filter(|&i| reads[i].1 == new_bp) {
+                    if source_count == sources.len() {
+                        // Too many to follow: each is kept.
+                        needed[i] = true;
+                    } else {
+                        sources[source_count] = i;
+                        source_count += 1;
+                    }
+                }
+                let ret = match result {
                     Ok(Some(ret)) => ret,
                     // The outermost frame: the walk is complete.
                     Ok(None) => break,
@@ -185,6 +428,18 @@ pub(crate) fn capture_into(frames: &mut [u64; MAX_FRAMES]) -> usize {
                 count += 1;
                 address = next;
             }
+            // The words to check, in order, packed at the log's start.
+            let mut kept = 0;
+            let keep = logged <= MAX_READS && all_cached;
+            if keep {
+                for i in 0..logged {
+                    if needed[i] {
+                        reads[kept] = reads[i];
+                        kept += 1;
+                    }
+                }
+            }
+            out = Walked { frames: count, reads: keep.then_some(kept), bp_matters, known };
             if !outside {
                 break;
             }
@@ -195,7 +450,7 @@ pub(crate) fn capture_into(frames: &mut [u64; MAX_FRAMES]) -> usize {
             known = newer;
         }
     });
-    count
+    out
 }
 
 /// The calling thread's rule caches so far: lookups that hit, that missed
@@ -326,4 +581,88 @@ unsafe fn module_of(info: &libc::dl_phdr_info) -> Option<Module<Sections>> {
         ..Default::default()
     };
     Some(Module::new(name, base + image_start..base + image_end, base, sections))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::Cell;
+    use std::hint::black_box;
+    use std::sync::Arc;
+
+    use super::{capture_memoized, Backtrace};
+
+    thread_local! {
+        /// Makes [`capture_memoized`] walk, whatever its memo holds.
+        pub(super) static BYPASS: Cell<bool> = const { Cell::new(false) };
+    }
+
+    /// From one call site, twice: through the memo, then walking. Returns
+    /// both frames and whether the first came from the memo.
+    #[inline(never)]
+    fn leaf(payload: u64) -> (Vec<u64>, Vec<u64>, bool) {
+        let mut make = |a: &[u64]| Arc::new(Backtrace { addresses: a.to_vec(), resolved: Default::default() });
+        let mut out = Vec::new();
+        // One call instruction for both: a trip count the compiler cannot see.
+        for i in 0..black_box(2) {
+            BYPASS.set(i == 1);
+            // Callee-saved registers hold values that differ from call to call.
+            let (backtrace, _, remembered) = capture_memoized(black_box(&mut make));
+            out.push((backtrace.addresses.clone(), remembered));
+            black_box(payload);
+        }
+        BYPASS.set(false);
+        (out[0].0.clone(), out[1].0.clone(), out[0].1)
+    }
+
+    // Two callers with the same body: the same frame size, so the leaf runs
+    // at the same stack pointer from either, under different return addresses.
+    #[inline(never)]
+    fn via_a(depth: u32, payload: u64) -> (Vec<u64>, Vec<u64>, bool) {
+        let r = descend(depth, black_box(payload.wrapping_mul(3)));
+        black_box(payload);
+        r
+    }
+
+    #[inline(never)]
+    fn via_b(depth: u32, payload: u64) -> (Vec<u64>, Vec<u64>, bool) {
+        let r = descend(depth, black_box(payload.wrapping_mul(3)));
+        black_box(payload);
+        r
+    }
+
+    #[inline(never)]
+    fn with_array(depth: u32, payload: u64) -> (Vec<u64>, Vec<u64>, bool) {
+        let pad = black_box([payload; 9]);
+        let r = descend(depth, pad[(payload % 9) as usize]);
+        black_box(&pad);
+        r
+    }
+
+    #[inline(never)]
+    fn descend(depth: u32, payload: u64) -> (Vec<u64>, Vec<u64>, bool) {
+        match depth {
+            0 => leaf(payload),
+            d if payload.is_multiple_of(3) => via_a(d - 1, payload / 3 + d as u64),
+            d if payload % 3 == 1 => via_b(d - 1, payload / 3 + d as u64),
+            d => with_array(d - 1, payload / 3 + d as u64),
+        }
+    }
+
+    /// Whatever call path, caller-saved values and depth, a backtrace the
+    /// memo gives is the one a walk from the same place finds: the memo is
+    /// an exact shortcut, never a guess. Paths recur (so the memo is used)
+    /// and differ in their callers at equal stack pointers (so it is tested).
+    #[test]
+    fn a_remembered_walk_is_the_walk() {
+        let mut remembered = 0;
+        for round in 0..4u64 {
+            for path in 0..60u64 {
+                let (memo, walked, hit) = descend((path % 7) as u32, path * 7 + round % 2);
+                assert_eq!(memo, walked, "path {path}, round {round}");
+                assert!(walked.len() > 4, "{walked:x?}");
+                remembered += hit as u32;
+            }
+        }
+        assert!(remembered > 60, "the memo gave {remembered} of 240");
+    }
 }
