@@ -112,9 +112,16 @@
 //! under a second per format, and the HTML report stays under 1 MB, from one
 //! call site (0.1 MB) or from 8,192 distinct 13-deep call stacks (0.6 MB; see
 //! `BENCHMARKS.md`: `cargo bench --bench export`). Recording with backtraces
-//! costs 1.05–1.10× a small training step on the CPU (0.7–1.3 µs per event)
-//! and less than PyTorch's own `_record_memory_history` with its default stacks
-//! on CUDA (`cargo bench --bench recording`).
+//! costs about 0.4–0.6 µs of memlab's own work per event, 1.03–1.05× a small
+//! training step on a GPU host's CPU and on its GPU, where PyTorch's own
+//! `_record_memory_history` costs 1.18–1.25× with its default stacks
+//! (`cargo bench --bench recording`).
+//!
+//! A stack with no frame of the program's own (autograd's engine runs the
+//! backward pass on a thread of its own on CUDA) is named from libtorch's
+//! symbol table for what made it, `autograd's backward pass
+//! (ConvolutionBackward0)`; and memory libtorch allocates for itself under the
+//! program's line, a cuDNN or cuBLAS workspace, for what it is.
 
 pub use memlab_core::export::{
     Block, BlockState, Category, DeviceTimeline, FlameNode, HtmlReport, Level, Oom, PeakRow, Point, Sample, Segment,
