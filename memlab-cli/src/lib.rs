@@ -140,8 +140,11 @@
 //! program's own starts with what made it. On `fixtures/transformer_all.pickle`
 //! (a small transformer's setup and two training steps on an H100) the
 //! deepest path is 10 levels instead of 107. `--all-frames` shows every frame.
-//! The one classifier of frames is `memlab_core::export::frames`. Writing a
-//! page:
+//! Memory libtorch allocates for itself is named for what it is wherever it
+//! was made: cuBLAS's and cuBLASLt's workspaces, and cuDNN's
+//! (`at::native::run_conv_plan`; on `fixtures/convnet_all.pickle`, under the
+//! forward pass's line and on autograd's thread alike). The one classifier
+//! of frames is `memlab_core::export::frames`. Writing a page:
 //!
 //! ```text
 //! $ memlab view fixtures/memlab_cpu.pickle -o memlab_cpu.html

@@ -842,3 +842,59 @@ fn pytorchs_full_stacks_read_as_a_person_reads_them() {
     let longest = live.iter().map(|(_, frames)| frames.len()).max().unwrap();
     assert_eq!((deepest_all, hidden.len()), (longest + 1, 0), "every frame, under the root");
 }
+
+#[test]
+fn pytorchs_full_stacks_name_cudnns_workspaces() {
+    // PyTorch's default recording of a conv net: cuDNN's workspaces are
+    // allocated by `at::native::run_conv_plan` under the script's line (the
+    // forward pass) or on autograd's thread (the backward pass).
+    let name = "convnet_all.pickle";
+    let called =
+        |frames: &[memlab_core::export::SnapshotFrame], name: &str| frames.iter().any(|f| f.name.starts_with(name));
+    let cudnn = |frames: &[memlab_core::export::SnapshotFrame]| called(frames, "at::native::run_conv_plan(");
+    let s = memlab_core::export::Snapshot::read_pickle(fixture(name)).unwrap().snapshot;
+    let allocs: Vec<_> = s.device_traces[0].iter().filter(|e| e.action == memlab_core::events::Action::Alloc).collect();
+    // Every one, forward's and backward's, is named for what it is, and
+    // nothing else is.
+    let (mut named, mut walked, mut forward, mut backward) = (0u64, 0u64, 0, 0);
+    for e in &allocs {
+        let site = memlab_core::export::analysis::Site::of(&e.frames).unwrap();
+        if site.function == "libtorch's cuDNN workspace" {
+            assert!(site.file.is_empty(), "{site:?}");
+            named += e.size;
+        }
+        if cudnn(&e.frames) {
+            walked += e.size;
+            match called(&e.frames, "torch::autograd::Engine::") {
+                true => backward += 1,
+                false => forward += 1,
+            }
+        }
+    }
+    assert!(walked > 1 << 20 && forward > 0 && backward > 0, "{walked} B: {forward} forward, {backward} backward");
+    assert_eq!(named, walked, "cuDNN's workspaces, and only they, are named so");
+    // At the peak, `memlab summary` lists them, and the backward pass's ops.
+    let summary = json(&["summary", fixture(name).to_str().unwrap(), "--json"]);
+    let device = &summary["devices"][0];
+    let live = live_after(name, device["peak"]["event"].as_u64().unwrap() as usize);
+    let row = |function: &str| -> u64 {
+        let rows = device["by_site"].as_array().unwrap();
+        rows.iter().filter(|r| r["site"]["function"] == function).map(|r| r["bytes"].as_u64().unwrap()).sum()
+    };
+    let expected: u64 = live.iter().filter(|(_, f)| cudnn(f)).map(|(size, _)| size).sum();
+    assert_eq!(row("libtorch's cuDNN workspace"), expected);
+    // libtorch's workspaces made on the engine's thread are named for what they are.
+    let workspace = |f: &[memlab_core::export::SnapshotFrame]| {
+        cudnn(f) || called(f, "at::cuda::setWorkspaceForHandle(") || called(f, "at::cuda::getCUDABlasLtWorkspace(")
+    };
+    let on_engine = |f: &[memlab_core::export::SnapshotFrame]| called(f, "torch::autograd::Engine::") && !workspace(f);
+    let by_op = |op: &str| -> u64 {
+        let apply = format!("torch::autograd::generated::{op}::apply(");
+        live.iter().filter(|(_, f)| on_engine(f) && called(f, &apply)).map(|(size, _)| size).sum()
+    };
+    let ops = ["ConvolutionBackward0", "ReluBackward0", "MaxPool2DWithIndicesBackward0", "AddmmBackward0"];
+    assert!(ops.iter().map(|op| by_op(op)).sum::<u64>() > 0, "the peak is in the backward pass");
+    for op in ops {
+        assert_eq!(row(&format!("autograd's backward pass ({op})")), by_op(op), "{op}");
+    }
+}
