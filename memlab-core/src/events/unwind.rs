@@ -135,6 +135,28 @@ fn refresh(stale: *mut Known) -> &'static Known {
     fresh
 }
 
+/// The instruction, stack and frame pointers where it is written: a walk
+/// from there starts in the function that holds it (a macro, so that no
+/// call of its own comes between).
+macro_rules! registers {
+    () => {{
+        let (pc, sp, bp): (u64, u64, u64);
+        // SAFETY: reads three registers into locals; touches no memory.
+        unsafe {
+            std::arch::asm!(
+                "lea {pc}, [rip]",
+                "mov {sp}, rsp",
+                "mov {bp}, rbp",
+                pc = out(reg) pc,
+                sp = out(reg) sp,
+                bp = out(reg) bp,
+                options(nomem, nostack, preserves_flags),
+            );
+        }
+        (pc, sp, bp)
+    }};
+}
+
 thread_local! {
     // Inline in the vector (no box of their own): one pointer less to follow per frame.
     static CACHE: RefCell<Vec<Option<CacheX86_64>>> = RefCell::new((0..CACHES).map(|_| None).collect());
@@ -159,6 +181,13 @@ const MEMO_WALKS: usize = 1024;
 /// (one or two a frame, hot in the cache) costs a fraction of looking up
 /// and running a rule for each frame, and a training step allocates from the
 /// same few dozen call paths, at the same depths, over and over.
+///
+/// Only walks whose every rule came from the thread's rule cache are kept,
+/// so a remembered walk is the walk those cached rules give. (Where the
+/// tables cannot say how to leave a function, framehop steps by its frame
+/// pointer and caches that instead, as of the first walk that met it; a rule
+/// evicted and worked out again may come out otherwise, for a plain walk as
+/// for a remembered one.)
 #[derive(Default)]
 struct Memo {
     by_sp: crate::hash::FastMap<u64, Vec<Walk>>,
@@ -167,12 +196,14 @@ struct Memo {
 
 /// A walk as the memo keeps it.
 struct Walk {
+    /// The instruction it started from (the one place that walks).
+    pc: u64,
     /// The frame pointer it started with, where its frames may depend on it
     /// (a rule used it before any frame restored it from the stack).
     bp: Option<u64>,
     /// The unwind tables it used.
     known: *const Known,
-    /// The words it read: (address, value), in order.
+    /// The stack words its frames depended on: (address, value), in order.
     reads: Box<[(u64, u64)]>,
     /// What it found.
     backtrace: Arc<Backtrace>,
@@ -180,9 +211,10 @@ struct Walk {
 
 impl Memo {
     /// An earlier walk from `sp` that the stack shows would find the same now.
-    fn find(&self, sp: u64, bp: u64, known: *const Known, stack: &Range<u64>) -> Option<&Walk> {
+    fn find(&self, pc: u64, sp: u64, bp: u64, known: *const Known, stack: &Range<u64>) -> Option<&Walk> {
         self.by_sp.get(&sp)?.iter().find(|w| {
-            std::ptr::eq(w.known, known)
+            w.pc == pc
+                && std::ptr::eq(w.known, known)
                 && w.bp.is_none_or(|b| b == bp)
                 && w.reads.iter().all(|&(address, value)| {
                     // Logged reads lie inside this thread's stack, aligned.
@@ -223,25 +255,13 @@ impl Memo {
 /// skipped.
 #[inline(never)]
 pub(crate) fn capture_memoized(make: &mut dyn FnMut(&[u64]) -> Arc<Backtrace>) -> (Arc<Backtrace>, usize, bool) {
-    let (pc, sp, bp): (u64, u64, u64);
-    // SAFETY: reads three registers into locals; touches no memory.
-    unsafe {
-        std::arch::asm!(
-            "lea {pc}, [rip]",
-            "mov {sp}, rsp",
-            "mov {bp}, rbp",
-            pc = out(reg) pc,
-            sp = out(reg) sp,
-            bp = out(reg) bp,
-            options(nomem, nostack, preserves_flags),
-        );
-    }
+    let (pc, sp, bp) = registers!();
     let Some(stack) = STACK.try_with(Clone::clone).ok().flatten() else { return (make(&[]), 0, false) };
     let known_now: *const Known = known();
     #[cfg(test)]
-    let found = (!tests::BYPASS.get()).then(|| memoized(sp, bp, known_now, &stack)).flatten();
+    let found = (!tests::BYPASS.get()).then(|| memoized(pc, sp, bp, known_now, &stack)).flatten();
     #[cfg(not(test))]
-    let found = memoized(sp, bp, known_now, &stack);
+    let found = memoized(pc, sp, bp, known_now, &stack);
     if let Some((backtrace, frames)) = found {
         return (backtrace, frames, true);
     }
@@ -250,27 +270,29 @@ pub(crate) fn capture_memoized(make: &mut dyn FnMut(&[u64]) -> Arc<Backtrace>) -
     let walked = walk(pc, sp, bp, &stack, &mut frames, &mut reads);
     let backtrace = make(&frames[..walked.frames]);
     if let Some(logged) = walked.reads {
-        let walk = Walk {
-            bp: walked.bp_matters.then_some(bp),
-            known: walked.known,
-            reads: reads[..logged].into(),
-            backtrace: backtrace.clone(),
-        };
         let _ = MEMO.try_with(|memo| {
-            if let Ok(mut memo) = memo.try_borrow_mut() {
-                memo.keep(sp, walk);
+            let Ok(mut memo) = memo.try_borrow_mut() else { return };
+            // Where memory has run out, the walk is not kept.
+            let mut words = Vec::new();
+            if words.try_reserve_exact(logged).is_err() {
+                return;
             }
+            words.extend_from_slice(&reads[..logged]);
+            let bp = walked.bp_matters.then_some(bp);
+            let walk =
+                Walk { pc, bp, known: walked.known, reads: words.into_boxed_slice(), backtrace: backtrace.clone() };
+            memo.keep(sp, walk);
         });
     }
     (backtrace, walked.frames, false)
 }
 
-/// The calling thread's earlier walk from (`sp`, `bp`) that the stack shows
+/// The calling thread's earlier walk from (`pc`, `sp`, `bp`) that the stack shows
 /// would find the same now, and its frames.
-fn memoized(sp: u64, bp: u64, known: *const Known, stack: &Range<u64>) -> Option<(Arc<Backtrace>, usize)> {
+fn memoized(pc: u64, sp: u64, bp: u64, known: *const Known, stack: &Range<u64>) -> Option<(Arc<Backtrace>, usize)> {
     MEMO.try_with(|memo| {
         let memo = memo.try_borrow().ok()?;
-        memo.find(sp, bp, known, stack).map(|w| (w.backtrace.clone(), w.backtrace.addresses.len()))
+        memo.find(pc, sp, bp, known, stack).map(|w| (w.backtrace.clone(), w.backtrace.addresses.len()))
     })
     .ok()
     .flatten()
@@ -281,19 +303,7 @@ fn memoized(sp: u64, bp: u64, known: *const Known, stack: &Range<u64>) -> Option
 /// many. Allocates nothing once the thread's caches are made.
 #[inline(never)]
 pub(crate) fn capture_into(frames: &mut [u64; MAX_FRAMES]) -> usize {
-    let (pc, sp, bp): (u64, u64, u64);
-    // SAFETY: reads three registers into locals; touches no memory.
-    unsafe {
-        std::arch::asm!(
-            "lea {pc}, [rip]",
-            "mov {sp}, rsp",
-            "mov {bp}, rbp",
-            pc = out(reg) pc,
-            sp = out(reg) sp,
-            bp = out(reg) bp,
-            options(nomem, nostack, preserves_flags),
-        );
-    }
+    let (pc, sp, bp) = registers!();
     let Some(stack) = STACK.try_with(Clone::clone).ok().flatten() else { return 0 };
     walk(pc, sp, bp, &stack, frames, &mut [(0, 0); MAX_READS]).frames
 }
@@ -320,17 +330,20 @@ struct Walked {
     /// Frames found.
     frames: usize,
     /// The words to check, packed at the log's start; `None` when the walk
-    /// is not to be kept (more words than the log holds, or a frame whose
-    /// rule was not in the cache).
+    /// is not to be kept (more words than the log holds, a frame whose rule
+    /// was not in the cache, or an end at code outside the tables).
     reads: Option<usize>,
     /// Whether the frames may depend on the frame pointer the walk started with.
     bp_matters: bool,
+    /// Whether it ended at an address outside every module the tables know.
+    outside: bool,
     /// The unwind tables it used.
     known: *const Known,
 }
 
-/// Walks the stack from (`pc`, `sp`, `bp`), writing return addresses to
-/// `frames` and the words read to `reads`.
+/// Walks the calling thread's stack from (`pc`, `sp`, `bp`), writing return
+/// addresses to `frames` and the words the walk depends on to `reads`; again
+/// with the modules read anew if it ran into code loaded since they were.
 fn walk(
     pc: u64,
     sp: u64,
@@ -339,108 +352,14 @@ fn walk(
     frames: &mut [u64; MAX_FRAMES],
     reads: &mut [(u64, u64); MAX_READS],
 ) -> Walked {
-    let mut out = Walked { frames: 0, reads: None, bp_matters: true, known: std::ptr::null() };
+    let mut out = Walked { frames: 0, reads: None, bp_matters: true, outside: false, known: std::ptr::null() };
     let _ = CACHE.try_with(|caches| {
         let Ok(mut caches) = caches.try_borrow_mut() else { return };
         let mut known = known();
         // At most twice: again after reading modules loaded since the last read.
         loop {
-            let mut count = 0;
-            let mut logged = 0usize;
-            // The words a later frame needs unchanged to find the same: each
-            // frame's return address, and the frame pointer's value where a
-            // rule uses it. The other words a frame reads are registers it
-            // saved (an allocation's size, say), which differ from call to call
-            // and change nothing the walk finds.
-            let mut needed = [false; MAX_READS];
-            // Where the frame pointer's value now may have come from: the
-            // reads that gave that value, or `INITIAL`, the register itself.
-            const INITIAL: usize = usize::MAX;
-            let mut sources = [INITIAL; 8];
-            let mut source_count = 1;
-            let mut bp_matters = false;
-            let mut all_cached = true;
-            let mut outside = false;
-            let mut regs = UnwindRegsX86_64::new(pc, sp, bp);
-            let mut address = FrameAddress::InstructionPointer(pc);
-            for _ in 0..MAX_FRAMES {
-                let lookup = address.address_for_lookup();
-                let cache = caches[cache_of(lookup)].get_or_insert_with(CacheX86_64::new);
-                let bp_before = regs.bp();
-                let reads_before = logged;
-                let hits_before = cache.stats().hit_count;
-                let mut read_stack = |address| read_logged(address, stack, reads, &mut logged);
-                let result = known.unwinder.unwind_frame(address, &mut regs, cache, &mut read_stack);
-                // A rule found now, not in the cache, may have been worked out
-                // from other registers than these two: such a walk is not kept.
-                all_cached &= cache.stats().hit_count > hits_before;
-                let frame_reads = reads_before.min(MAX_READS)..logged.min(MAX_READS);
-                let ended = !matches!(result, Ok(Some(_)));
-                // A rule that uses the frame pointer reads the word it points
-                // at, or the next; one that ends the walk may have looked at it
-                // without reading.
-                let bp_used = ended
-                    || reads[frame_reads.clone()]
-                        .iter()
-                        .any(|&(a, _)| a == bp_before || a == bp_before.wrapping_add(8));
-                if bp_used {
-                    for &source in &sources[..source_count] {
-                        match source {
-                            INITIAL => bp_matters = true,
-                            read => needed[read] = true,
-                        }
-                    }
-                }
-                if !ended {
-                    let return_slot = regs.sp().wrapping_sub(8);
-                    if let Some(i) = frame_reads.clone().rev().find(|&i| reads[i].0 == return_slot) {
-                        needed[i] = true;
-                    }
-                }
-                // The frame pointer's new value came from a word this frame
-                // read that holds it; an unchanged one may also have.
-                let new_bp = regs.bp();
-                if new_bp != bp_before {
-                    source_count = 0;
-                }
-                for i in frame_reads.filter(|&i| reads[i].1 == new_bp) {
-                    if source_count == sources.len() {
-                        // Too many to follow: each is kept.
-                        needed[i] = true;
-                    } else {
-                        sources[source_count] = i;
-                        source_count += 1;
-                    }
-                }
-                let ret = match result {
-                    Ok(Some(ret)) => ret,
-                    // The outermost frame: the walk is complete.
-                    Ok(None) => break,
-                    // A walk that fails at an address outside every module
-                    // it knows has met code loaded since they were read.
-                    Err(_) => {
-                        outside = !known.covers(lookup);
-                        break;
-                    }
-                };
-                let Some(next) = FrameAddress::from_return_address(ret) else { break };
-                frames[count] = ret;
-                count += 1;
-                address = next;
-            }
-            // The words to check, in order, packed at the log's start.
-            let mut kept = 0;
-            let keep = logged <= MAX_READS && all_cached;
-            if keep {
-                for i in 0..logged {
-                    if needed[i] {
-                        reads[kept] = reads[i];
-                        kept += 1;
-                    }
-                }
-            }
-            out = Walked { frames: count, reads: keep.then_some(kept), bp_matters, known };
-            if !outside {
+            out = walk_with(known, &mut caches, pc, sp, bp, stack, frames, reads);
+            if !out.outside {
                 break;
             }
             let newer = refresh(known as *const Known as *mut Known);
@@ -451,6 +370,117 @@ fn walk(
         }
     });
     out
+}
+
+/// One walk with `known`'s rules and the thread's rule `caches` (see [`walk`]).
+#[allow(clippy::too_many_arguments)]
+fn walk_with(
+    known: &Known,
+    caches: &mut [Option<CacheX86_64>],
+    pc: u64,
+    sp: u64,
+    bp: u64,
+    stack: &Range<u64>,
+    frames: &mut [u64; MAX_FRAMES],
+    reads: &mut [(u64, u64); MAX_READS],
+) -> Walked {
+    let mut count = 0;
+    let mut logged = 0usize;
+    // The words a later walk needs unchanged to find the same: each frame's
+    // return address, every word the last frame read (a zero return address
+    // ends a walk), and the frame pointer's value where a rule uses it. The
+    // other words a frame reads are registers it saved (an allocation's size,
+    // say), which differ from call to call and change nothing the walk finds.
+    let mut needed = [false; MAX_READS];
+    // Where the frame pointer's value now may have come from: the reads that
+    // gave that value, or `INITIAL`, the register itself.
+    const INITIAL: usize = usize::MAX;
+    let mut sources = [INITIAL; 8];
+    let mut source_count = 1;
+    let mut bp_matters = false;
+    let mut all_cached = true;
+    let mut outside = false;
+    let mut regs = UnwindRegsX86_64::new(pc, sp, bp);
+    let mut address = FrameAddress::InstructionPointer(pc);
+    for _ in 0..MAX_FRAMES {
+        let lookup = address.address_for_lookup();
+        let cache = caches[cache_of(lookup)].get_or_insert_with(CacheX86_64::new);
+        let bp_before = regs.bp();
+        let reads_before = logged;
+        let hits_before = cache.stats().hit_count;
+        let mut read_stack = |address| read_logged(address, stack, reads, &mut logged);
+        let result = known.unwinder.unwind_frame(address, &mut regs, cache, &mut read_stack);
+        // A rule found now, not in the cache, may have been worked out from
+        // other registers than these two: such a walk is not kept.
+        all_cached &= cache.stats().hit_count > hits_before;
+        let frame_reads = reads_before.min(MAX_READS)..logged.min(MAX_READS);
+        // A rule that uses the frame pointer reads the word it points at, or
+        // the next; one that stops at a zero frame pointer reads neither. A
+        // failure may come of where the frame pointer pointed.
+        let bp_used = reads[frame_reads.clone()].iter().any(|&(a, _)| a == bp_before || a == bp_before.wrapping_add(8))
+            || result.is_err()
+            || (matches!(result, Ok(None)) && bp_before == 0);
+        if bp_used {
+            for &source in &sources[..source_count] {
+                match source {
+                    INITIAL => bp_matters = true,
+                    read => needed[read] = true,
+                }
+            }
+        }
+        match result {
+            Ok(Some(_)) => {
+                let return_slot = regs.sp().wrapping_sub(8);
+                if let Some(i) = frame_reads.clone().rev().find(|&i| reads[i].0 == return_slot) {
+                    needed[i] = true;
+                }
+            }
+            // How the walk ended may hang on any word the last frame read.
+            _ => frame_reads.clone().for_each(|i| needed[i] = true),
+        }
+        // The frame pointer's new value came from a word this frame read that
+        // holds it; an unchanged one may also have.
+        let new_bp = regs.bp();
+        if new_bp != bp_before {
+            source_count = 0;
+        }
+        for i in frame_reads.filter(|&i| reads[i].1 == new_bp) {
+            if source_count == sources.len() {
+                // Too many to follow: each is kept.
+                needed[i] = true;
+            } else {
+                sources[source_count] = i;
+                source_count += 1;
+            }
+        }
+        let ret = match result {
+            Ok(Some(ret)) => ret,
+            // The outermost frame: the walk is complete.
+            Ok(None) => break,
+            // A walk that fails at an address outside every module it knows
+            // has met code loaded since they were read.
+            Err(_) => {
+                outside = !known.covers(lookup);
+                break;
+            }
+        };
+        let Some(next) = FrameAddress::from_return_address(ret) else { break };
+        frames[count] = ret;
+        count += 1;
+        address = next;
+    }
+    // The words to check, in order, packed at the log's start.
+    let keep = logged <= MAX_READS && all_cached && !outside;
+    let mut kept = 0;
+    if keep {
+        for i in 0..logged {
+            if needed[i] {
+                reads[kept] = reads[i];
+                kept += 1;
+            }
+        }
+    }
+    Walked { frames: count, reads: keep.then_some(kept), bp_matters, outside, known }
 }
 
 /// The calling thread's rule caches so far: lookups that hit, that missed
@@ -646,6 +676,90 @@ mod tests {
             d if payload % 3 == 1 => via_b(d - 1, payload / 3 + d as u64),
             d => with_array(d - 1, payload / 3 + d as u64),
         }
+    }
+
+    use super::{walk_with, Known, Memo, Walk, CACHES, MAX_FRAMES, MAX_READS};
+    use framehop::x86_64::{CacheX86_64, UnwinderX86_64};
+
+    /// Walks the made-up stack `words` (a chain of frame pointers; with no
+    /// modules, every rule is the frame-pointer step) twice, keeps the second
+    /// walk (all its rules cached), then changes each word in turn to each
+    /// of `values(word)`: wherever the memo still takes the kept walk, a
+    /// fresh walk finds the same frames.
+    fn mutate(words: &mut [u64], bp_index: usize, values: impl Fn(u64, u64) -> Vec<u64>) -> (usize, usize) {
+        let known = Known { unwinder: UnwinderX86_64::new(), ranges: Vec::new(), changes: None };
+        let mut caches: Vec<Option<CacheX86_64>> = (0..CACHES).map(|_| None).collect();
+        let base = words.as_ptr() as u64;
+        let stack = base..base + 8 * words.len() as u64;
+        let (pc, sp, bp) = (0x1000, base, base + 8 * bp_index as u64);
+        let mut frames = [0u64; MAX_FRAMES];
+        let mut reads = [(0u64, 0u64); MAX_READS];
+        let mut fresh = |frames: &mut [u64; MAX_FRAMES], reads: &mut [(u64, u64); MAX_READS]| {
+            let w = walk_with(&known, &mut caches, pc, sp, bp, &stack, frames, reads);
+            (frames[..w.frames].to_vec(), w)
+        };
+        fresh(&mut frames, &mut reads);
+        let (found, walked) = fresh(&mut frames, &mut reads);
+        let logged = walked.reads.expect("a walk over cached rules is kept");
+        let backtrace = Arc::new(Backtrace { addresses: found.clone(), resolved: Default::default() });
+        let mut memo = Memo::default();
+        let walk =
+            Walk { pc, bp: walked.bp_matters.then_some(bp), known: &known, reads: reads[..logged].into(), backtrace };
+        memo.keep(sp, walk);
+        let remembered = |memo: &Memo| memo.find(pc, sp, bp, &known, &stack).map(|w| w.backtrace.addresses.clone());
+        assert_eq!(remembered(&memo).as_deref(), Some(&found[..]), "unchanged, the memo gives the walk");
+        let (mut changes, mut taken) = (0, 0);
+        // By index: the walks read the words through their addresses, so no
+        // reference to one is held across them.
+        #[allow(clippy::needless_range_loop)]
+        for i in 0..words.len() {
+            let kept = words[i];
+            for value in values(kept, base) {
+                words[i] = value;
+                changes += 1;
+                if let Some(given) = remembered(&memo) {
+                    taken += 1;
+                    let (walked, _) = fresh(&mut frames, &mut reads);
+                    assert_eq!(given, walked, "word {i} from {kept:#x} to {value:#x}");
+                }
+            }
+            words[i] = kept;
+        }
+        (changes, taken)
+    }
+
+    /// A chain of `frames` frame records (saved frame pointer, return
+    /// address) two words apart after a gap, its end as `end` makes it.
+    fn chain(frames: usize, end: impl Fn(&mut [u64], u64)) -> Vec<u64> {
+        let mut words = vec![0u64; 4 + 3 * frames + 4];
+        let base = words.as_ptr() as u64;
+        for f in 0..frames {
+            let at = 4 + 3 * f;
+            words[at] = base + 8 * (at as u64 + 3);
+            words[at + 1] = 0x7000 + 0x10 * f as u64;
+            words[at + 2] = 0xdead_0000 + f as u64; // a saved word no rule reads
+        }
+        end(&mut words, base);
+        words
+    }
+
+    /// The memo checks every word that could change what a walk finds: the
+    /// return addresses, the frame pointers a rule follows, and how the walk
+    /// ended (a zero return address, a zero frame pointer, the frame limit).
+    #[test]
+    fn a_remembered_walk_checks_every_word_that_could_change_it() {
+        let values = |kept: u64, base: u64| vec![0, kept ^ 8, kept.wrapping_add(24), base + 40, 0x7777];
+        // Ends at a zero return address.
+        let mut words = chain(6, |w, _| w[4 + 3 * 5 + 1] = 0);
+        let (changes, taken) = mutate(&mut words, 4, values);
+        assert!(taken > 0 && taken < changes, "{taken} of {changes} changes left the walk to the memo");
+        // Ends at a zero frame pointer.
+        let mut words = chain(6, |w, _| w[4 + 3 * 5] = 0);
+        mutate(&mut words, 4, values);
+        // Cut at the frame limit.
+        let mut words = chain(MAX_FRAMES + 4, |_, _| {});
+        let (changes, taken) = mutate(&mut words, 4, values);
+        assert!(taken > 0, "{taken} of {changes}");
     }
 
     /// Whatever call path, caller-saved values and depth, a backtrace the
