@@ -2,8 +2,10 @@
 //! batch 64, forward + backward + SGD step, run plain, under a `Recording`
 //! without backtraces, and under one with backtraces. On the CPU, and on
 //! CUDA when there is one. Prints a Markdown table: the median step time of
-//! each mode over rounds whose order rotates, the events per step, and what
-//! each mode costs per event.
+//! each mode over rounds whose order rotates, its ratio to the plain step's,
+//! the median of each round's ratio to the same round's plain block (which
+//! the step's drift over a run does not move), the events per step, and what
+//! each mode costs per event; then memlab's own work per event, timed.
 //!
 //!     source scripts/env.sh && cargo bench --bench recording [-- ROUNDS]
 //!
@@ -113,8 +115,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let modes = [Mode::Plain, Mode::Events, Mode::Backtraces];
     let mut notes = Vec::new();
     println!("{LAYERS}-layer {WIDTH}-wide MLP, batch {BATCH}, forward + backward + SGD step; {rounds} rounds of {STEPS} steps per mode\n");
-    println!("| device | mode | step (median) | × plain | events per step | per event |");
-    println!("|---|---|---:|---:|---:|---:|");
+    println!("| device | mode | step (median) | × plain | × plain, paired by round | events per step | per event |");
+    println!("|---|---|---:|---:|---:|---:|---:|");
     for device in devices {
         let mut s = setup(device);
         // Warm up every mode: the unwinder's tables, the caches, libtorch's kernels.
@@ -175,7 +177,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 format!("{:.2} µs", (t - plain) / events_per_step[m])
             };
             let events = if *mode == Mode::Plain { "—".to_string() } else { format!("{:.0}", events_per_step[m]) };
-            println!("| {device:?} | {} | {t:.1} µs | {:.3} | {events} | {per_event} |", mode.label(), t / plain);
+            // Each round's block against the same round's plain block: the
+            // step's drift over the run cancels out.
+            let paired = median(times[m].iter().zip(&times[0]).map(|(t, p)| t / p).collect());
+            println!(
+                "| {device:?} | {} | {t:.1} µs | {:.3} | {paired:.3} | {events} | {per_event} |",
+                mode.label(),
+                t / plain
+            );
         }
         let lookups = (hits + collisions + first).max(1) as f64;
         notes.push(format!(

@@ -59,13 +59,17 @@ def main():
         for k in range(len(modes)):
             m = (r + k) % len(modes)
             times[m].append(run(modes[m][1]))
-    med = [sorted(t)[len(t) // 2] for t in times]
+    median = lambda v: sorted(v)[len(v) // 2]
+    med = [median(t) for t in times]
+    # Each round's block against the same round's plain block: the step's
+    # drift over the run cancels out.
+    paired = [median([a / b for a, b in zip(t, times[0])]) for t in times]
     print(f"PyTorch {torch.__version__}, {LAYERS}-layer {WIDTH}-wide MLP, batch {BATCH}, "
           f"forward + backward + SGD step; {rounds} rounds of {STEPS} steps per mode\n")
-    print("| device | mode | step (median) | × plain |")
-    print("|---|---|---:|---:|")
-    for (label, _), t in zip(modes, med):
-        print(f"| cuda:0 | {label} | {t:.1f} µs | {t / med[0]:.3f} |")
+    print("| device | mode | step (median) | × plain | × plain, paired by round |")
+    print("|---|---|---:|---:|---:|")
+    for (label, _), t, p in zip(modes, med, paired):
+        print(f"| cuda:0 | {label} | {t:.1f} µs | {t / med[0]:.3f} | {p:.3f} |")
 
 
 if __name__ == "__main__":
