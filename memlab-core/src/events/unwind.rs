@@ -182,8 +182,8 @@ const MEMO_WALKS: usize = 1024;
 /// and running a rule for each frame, and a training step allocates from the
 /// same few dozen call paths, at the same depths, over and over.
 ///
-/// Only walks whose every rule came from the thread's rule cache are kept,
-/// so a remembered walk is the walk those cached rules give. (Where the
+/// Only walks whose every rule is in the thread's rule cache are kept, so a
+/// remembered walk is the walk those cached rules give. (Where the
 /// tables cannot say how to leave a function, framehop steps by its frame
 /// pointer and caches that instead, as of the first walk that met it; a rule
 /// evicted and worked out again may come out otherwise, for a plain walk as
@@ -408,11 +408,22 @@ fn walk_with(
         let bp_before = regs.bp();
         let reads_before = logged;
         let hits_before = cache.stats().hit_count;
+        let regs_before = regs;
         let mut read_stack = |address| read_logged(address, stack, reads, &mut logged);
         let result = known.unwinder.unwind_frame(address, &mut regs, cache, &mut read_stack);
-        // A rule found now, not in the cache, may have been worked out from
-        // other registers than these two: such a walk is not kept.
-        all_cached &= cache.stats().hit_count > hits_before;
+        if cache.stats().hit_count == hits_before {
+            // The rule was not in the cache (first use, or another address
+            // held its slot): the frame is run again from where it started,
+            // which takes the rule from the cache if framehop put it there.
+            // One it did not cache may have been worked out from other
+            // registers than these two: such a walk is not kept.
+            let hits = cache.stats().hit_count;
+            let mut again = regs_before;
+            let _ = known
+                .unwinder
+                .unwind_frame(address, &mut again, cache, &mut |a| read_logged(a, stack, &mut [], &mut 0));
+            all_cached &= cache.stats().hit_count > hits && again == regs;
+        }
         let frame_reads = reads_before.min(MAX_READS)..logged.min(MAX_READS);
         // A rule that uses the frame pointer reads the word it points at, or
         // the next; one that stops at a zero frame pointer reads neither. A
