@@ -112,9 +112,9 @@
 //! under a second per format, and the HTML report stays under 1 MB, from one
 //! call site (0.1 MB) or from 8,192 distinct 13-deep call stacks (0.6 MB; see
 //! `BENCHMARKS.md`: `cargo bench --bench export`). Recording with backtraces
-//! costs about 0.4–0.6 µs of memlab's own work per event, 1.03–1.05× a small
+//! costs about 0.4–0.6 µs of memlab's own work per event, 1.01–1.05× a small
 //! training step on a GPU host's CPU and on its GPU, where PyTorch's own
-//! `_record_memory_history` costs 1.18–1.25× with its default stacks
+//! `_record_memory_history` costs 1.16–1.25× with its default stacks
 //! (`cargo bench --bench recording`).
 //!
 //! A stack with no frame of the program's own (autograd's engine runs the
