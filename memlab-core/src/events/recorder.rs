@@ -394,12 +394,10 @@ pub fn record_counted(device: Device, action: Action, address: u64, size: u64, s
         count();
         return;
     }
-    if super::own_work::on() {
-        let started = std::time::Instant::now();
-        record_active(device, action, address, size, stream, count);
+    let started = super::own_work::on().then(std::time::Instant::now);
+    record_active(device, action, address, size, stream, count);
+    if let Some(started) = started {
         super::own_work::add(0, &[1, started.elapsed().as_nanos() as u64]);
-    } else {
-        record_active(device, action, address, size, stream, count);
     }
 }
 

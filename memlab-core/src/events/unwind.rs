@@ -164,6 +164,16 @@ thread_local! {
     static MEMO: RefCell<Memo> = RefCell::default();
 }
 
+/// Where a walk starts: the instruction, stack and frame pointers, and the
+/// calling thread's stack, the only memory it reads.
+#[derive(Clone, Copy)]
+struct Start<'a> {
+    pc: u64,
+    sp: u64,
+    bp: u64,
+    stack: &'a Range<u64>,
+}
+
 /// The most stack reads one walk logs for the memo; a longer walk is not kept.
 const MAX_READS: usize = 4 * MAX_FRAMES;
 
@@ -211,14 +221,14 @@ struct Walk {
 
 impl Memo {
     /// An earlier walk from `sp` that the stack shows would find the same now.
-    fn find(&self, pc: u64, sp: u64, bp: u64, known: *const Known, stack: &Range<u64>) -> Option<&Walk> {
-        self.by_sp.get(&sp)?.iter().find(|w| {
-            w.pc == pc
+    fn find(&self, start: Start, known: *const Known) -> Option<&Walk> {
+        self.by_sp.get(&start.sp)?.iter().find(|w| {
+            w.pc == start.pc
                 && std::ptr::eq(w.known, known)
-                && w.bp.is_none_or(|b| b == bp)
+                && w.bp.is_none_or(|b| b == start.bp)
                 && w.reads.iter().all(|&(address, value)| {
                     // Logged reads lie inside this thread's stack, aligned.
-                    debug_assert!(stack.contains(&address) && stack.contains(&(address + 7)));
+                    debug_assert!(start.stack.contains(&address) && start.stack.contains(&(address + 7)));
                     // SAFETY: the address was read from this thread's mapped
                     // stack before, and the stack stays mapped while the thread runs.
                     unsafe { std::ptr::read_volatile(address as *const u64) == value }
@@ -257,17 +267,18 @@ impl Memo {
 pub(crate) fn capture_memoized(make: &mut dyn FnMut(&[u64]) -> Arc<Backtrace>) -> (Arc<Backtrace>, usize, bool) {
     let (pc, sp, bp) = registers!();
     let Some(stack) = STACK.try_with(Clone::clone).ok().flatten() else { return (make(&[]), 0, false) };
+    let start = Start { pc, sp, bp, stack: &stack };
     let known_now: *const Known = known();
     #[cfg(test)]
-    let found = (!tests::BYPASS.get()).then(|| memoized(pc, sp, bp, known_now, &stack)).flatten();
+    let found = (!tests::BYPASS.get()).then(|| memoized(start, known_now)).flatten();
     #[cfg(not(test))]
-    let found = memoized(pc, sp, bp, known_now, &stack);
+    let found = memoized(start, known_now);
     if let Some((backtrace, frames)) = found {
         return (backtrace, frames, true);
     }
     let mut frames = [0u64; MAX_FRAMES];
     let mut reads = [(0u64, 0u64); MAX_READS];
-    let walked = walk(pc, sp, bp, &stack, &mut frames, &mut reads);
+    let walked = walk(start, &mut frames, &mut reads);
     let backtrace = make(&frames[..walked.frames]);
     if let Some(logged) = walked.reads {
         let _ = MEMO.try_with(|memo| {
@@ -287,12 +298,12 @@ pub(crate) fn capture_memoized(make: &mut dyn FnMut(&[u64]) -> Arc<Backtrace>) -
     (backtrace, walked.frames, false)
 }
 
-/// The calling thread's earlier walk from (`pc`, `sp`, `bp`) that the stack shows
-/// would find the same now, and its frames.
-fn memoized(pc: u64, sp: u64, bp: u64, known: *const Known, stack: &Range<u64>) -> Option<(Arc<Backtrace>, usize)> {
+/// The calling thread's earlier walk from `start` that the stack shows would
+/// find the same now, and its frames.
+fn memoized(start: Start, known: *const Known) -> Option<(Arc<Backtrace>, usize)> {
     MEMO.try_with(|memo| {
         let memo = memo.try_borrow().ok()?;
-        memo.find(pc, sp, bp, known, stack).map(|w| (w.backtrace.clone(), w.backtrace.addresses.len()))
+        memo.find(start, known).map(|w| (w.backtrace.clone(), w.backtrace.addresses.len()))
     })
     .ok()
     .flatten()
@@ -305,7 +316,7 @@ fn memoized(pc: u64, sp: u64, bp: u64, known: *const Known, stack: &Range<u64>) 
 pub(crate) fn capture_into(frames: &mut [u64; MAX_FRAMES]) -> usize {
     let (pc, sp, bp) = registers!();
     let Some(stack) = STACK.try_with(Clone::clone).ok().flatten() else { return 0 };
-    walk(pc, sp, bp, &stack, frames, &mut [(0, 0); MAX_READS]).frames
+    walk(Start { pc, sp, bp, stack: &stack }, frames, &mut [(0, 0); MAX_READS]).frames
 }
 
 /// Reads the word at `address` of this thread's `stack`, and logs it in
@@ -341,24 +352,17 @@ struct Walked {
     known: *const Known,
 }
 
-/// Walks the calling thread's stack from (`pc`, `sp`, `bp`), writing return
-/// addresses to `frames` and the words the walk depends on to `reads`; again
-/// with the modules read anew if it ran into code loaded since they were.
-fn walk(
-    pc: u64,
-    sp: u64,
-    bp: u64,
-    stack: &Range<u64>,
-    frames: &mut [u64; MAX_FRAMES],
-    reads: &mut [(u64, u64); MAX_READS],
-) -> Walked {
+/// Walks the calling thread's stack from `start`, writing return addresses
+/// to `frames` and the words the walk depends on to `reads`; again with the
+/// modules read anew if it ran into code loaded since they were.
+fn walk(start: Start, frames: &mut [u64; MAX_FRAMES], reads: &mut [(u64, u64); MAX_READS]) -> Walked {
     let mut out = Walked { frames: 0, reads: None, bp_matters: true, outside: false, known: std::ptr::null() };
     let _ = CACHE.try_with(|caches| {
         let Ok(mut caches) = caches.try_borrow_mut() else { return };
         let mut known = known();
         // At most twice: again after reading modules loaded since the last read.
         loop {
-            out = walk_with(known, &mut caches, pc, sp, bp, stack, frames, reads);
+            out = walk_with(known, &mut caches, start, frames, reads);
             if !out.outside {
                 break;
             }
@@ -373,17 +377,14 @@ fn walk(
 }
 
 /// One walk with `known`'s rules and the thread's rule `caches` (see [`walk`]).
-#[allow(clippy::too_many_arguments)]
 fn walk_with(
     known: &Known,
     caches: &mut [Option<CacheX86_64>],
-    pc: u64,
-    sp: u64,
-    bp: u64,
-    stack: &Range<u64>,
+    start: Start,
     frames: &mut [u64; MAX_FRAMES],
     reads: &mut [(u64, u64); MAX_READS],
 ) -> Walked {
+    let Start { pc, sp, bp, stack } = start;
     let mut count = 0;
     let mut logged = 0usize;
     // The words a later walk needs unchanged to find the same: each frame's
@@ -689,7 +690,7 @@ mod tests {
         }
     }
 
-    use super::{walk_with, Known, Memo, Walk, CACHES, MAX_FRAMES, MAX_READS};
+    use super::{walk_with, Known, Memo, Start, Walk, CACHES, MAX_FRAMES, MAX_READS};
     use framehop::x86_64::{CacheX86_64, UnwinderX86_64};
 
     /// Walks the made-up stack `words` (a chain of frame pointers; with no
@@ -703,10 +704,11 @@ mod tests {
         let base = words.as_ptr() as u64;
         let stack = base..base + 8 * words.len() as u64;
         let (pc, sp, bp) = (0x1000, base, base + 8 * bp_index as u64);
+        let start = Start { pc, sp, bp, stack: &stack };
         let mut frames = [0u64; MAX_FRAMES];
         let mut reads = [(0u64, 0u64); MAX_READS];
         let mut fresh = |frames: &mut [u64; MAX_FRAMES], reads: &mut [(u64, u64); MAX_READS]| {
-            let w = walk_with(&known, &mut caches, pc, sp, bp, &stack, frames, reads);
+            let w = walk_with(&known, &mut caches, start, frames, reads);
             (frames[..w.frames].to_vec(), w)
         };
         fresh(&mut frames, &mut reads);
@@ -717,7 +719,7 @@ mod tests {
         let walk =
             Walk { pc, bp: walked.bp_matters.then_some(bp), known: &known, reads: reads[..logged].into(), backtrace };
         memo.keep(sp, walk);
-        let remembered = |memo: &Memo| memo.find(pc, sp, bp, &known, &stack).map(|w| w.backtrace.addresses.clone());
+        let remembered = |memo: &Memo| memo.find(start, &known).map(|w| w.backtrace.addresses.clone());
         assert_eq!(remembered(&memo).as_deref(), Some(&found[..]), "unchanged, the memo gives the walk");
         let (mut changes, mut taken) = (0, 0);
         // By index: the walks read the words through their addresses, so no
