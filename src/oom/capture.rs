@@ -7,6 +7,7 @@ use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
 use memlab_core::events::{self, Backtrace, Frame, LiveAllocation};
+use memlab_core::hash::FastMap;
 use memlab_core::oom::Failure;
 use memlab_core::Device;
 
@@ -136,12 +137,22 @@ fn holders(device: Device, sources: &Model, with_sites: bool) -> Holders {
     out.named_rest = NamedRest { count: rest.len(), bytes: rest.iter().map(|r| r.bytes).sum() };
     out.named = rows;
     if let (Some(groups), Some(live)) = (account.unnamed, live.as_deref()) {
+        // Each site's first backtrace, the site of each distinct stack read
+        // once (allocations from one call path share their backtrace).
+        // A statement hashes by its site's address and line, never by what
+        // the site holds.
+        #[allow(clippy::mutable_key_type)]
+        let mut site_of_stack = FastMap::default();
+        let mut first: FastMap<Option<String>, &Arc<Backtrace>> = FastMap::default();
+        for a in live.iter().filter(|a: &&LiveAllocation| a.device == device) {
+            let Some(backtrace) = a.backtrace.as_ref() else { continue };
+            let site = site_of_stack
+                .entry((Arc::as_ptr(backtrace), a.statement))
+                .or_insert_with(|| memlab_core::export::site_of(a));
+            first.entry(site.clone()).or_insert(backtrace);
+        }
         let frames_of = |site: &Option<String>| -> Vec<Frame> {
-            live.iter()
-                .filter(|a: &&LiveAllocation| a.device == device && &memlab_core::export::site_of(a) == site)
-                .find_map(|a| a.backtrace.as_ref())
-                .map(|b| b.frames().iter().take(SITE_FRAMES).cloned().collect())
-                .unwrap_or_default()
+            first.get(site).map(|b| b.frames().iter().take(SITE_FRAMES).cloned().collect()).unwrap_or_default()
         };
         out.by_site = Some(
             groups
