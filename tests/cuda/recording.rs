@@ -225,36 +225,24 @@ fn the_html_report_of_a_cuda_recording() {
     drop(kept);
 }
 
-/// Set in the child process of the test below, which needs a process whose
-/// cuBLAS has made no workspace yet.
-const FRESH_PROCESS: &str = "MEMLAB_TEST_FRESH_CUDA_PROCESS";
+/// Runs test `name` in a child process and checks that it printed `ran`:
+/// libtorch keeps its workspaces for the life of the process, so only a
+/// fresh process makes them while the recording runs.
+fn in_fresh_process(name: &str, ran: &str) {
+    let _s = serial();
+    let (stdout, _) = common::check_child(name, &[]);
+    assert!(stdout.contains(ran), "the child ran its checks:\n{stdout}");
+    println!("{stdout}");
+}
 
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn a_recordings_exports_name_the_blas_workspaces() {
-    let _s = serial();
-    // libtorch keeps a workspace per handle and stream for the life of the
-    // process: only a fresh process makes them while the recording runs.
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--include-ignored", "--exact", "recording::blas_workspaces_child", "--nocapture"])
-        .env(FRESH_PROCESS, "1")
-        .output()
-        .unwrap();
-    let printed = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success() && printed.contains("1 passed"), "the child:\n{printed}");
-    assert!(printed.contains("named workspaces:"), "the child ran its checks:\n{printed}");
-    println!("{printed}");
-}
-
-/// The child of the test above (it does nothing in any other process).
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn blas_workspaces_child() {
     use tch::nn::{Module, OptimizerConfig};
-    if std::env::var_os(FRESH_PROCESS).is_none() {
-        return;
+    let name = "recording::a_recordings_exports_name_the_blas_workspaces";
+    if !common::child(name) {
+        return in_fresh_process(name, "named workspaces:");
     }
-    let _s = serial();
     let recording = memlab::Recording::start(memlab::events::Settings::default().backtraces(true)).unwrap();
     let vs = tch::nn::VarStore::new(GPU);
     let layer = tch::nn::linear(vs.root() / "fc", 1024, 1024, Default::default());
@@ -306,27 +294,11 @@ const UNNAMED_AT_PEAK: [&str; 3] =
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn a_conv_nets_peak_is_named_to_the_last_percent() {
-    let _s = serial();
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--include-ignored", "--exact", "recording::conv_net_peak_child", "--nocapture"])
-        .env(FRESH_PROCESS, "1")
-        .output()
-        .unwrap();
-    let printed = String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success() && printed.contains("1 passed"), "the child:\n{printed}");
-    assert!(printed.contains("named at the peak:"), "the child ran its checks:\n{printed}");
-    println!("{printed}");
-}
-
-/// The child of the test above (it does nothing in any other process).
-#[test]
-#[ignore = "needs a CUDA GPU"]
-fn conv_net_peak_child() {
     use tch::nn::{ModuleT, OptimizerConfig};
-    if std::env::var_os(FRESH_PROCESS).is_none() {
-        return;
+    let name = "recording::a_conv_nets_peak_is_named_to_the_last_percent";
+    if !common::child(name) {
+        return in_fresh_process(name, "named at the peak:");
     }
-    let _s = serial();
     let recording = memlab::Recording::start(memlab::events::Settings::default().backtraces(true)).unwrap();
     let vs = tch::nn::VarStore::new(GPU);
     let root = vs.root();
