@@ -517,9 +517,9 @@ impl Render for MemReport {
             let bytes = |r: &Row| {
                 // A view's own size is shown, not added: its storage row counts the bytes.
                 if is_view(r) {
-                    Cell::SharedBytes(r.bytes)
+                    Cell::SharedBytes(r.bytes.into())
                 } else {
-                    Cell::Bytes(r.bytes)
+                    Cell::bytes(r.bytes)
                 }
             };
             let shape = |r: &Row| if r.shape.is_empty() { String::new() } else { format!("{:?}", r.shape) };

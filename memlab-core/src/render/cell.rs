@@ -12,21 +12,22 @@ pub enum Cell {
     /// Nothing (a line that never ran; a figure that is unknown).
     Empty,
     /// A number of bytes, base 1024 with two decimals (`4.00M`, `-2.50K`).
-    Bytes(i64),
+    /// Held as an `i128`, so that every `u64` and `i64` figure is exact.
+    Bytes(i128),
     /// A change of bytes, with its sign (`+4.00M`, `-2.00K`, `0.00B`).
-    SignedBytes(i64),
+    SignedBytes(i128),
     /// A byte count in parentheses: bytes that are also counted elsewhere
     /// (a view's bytes, which its base already holds): `(16.00B)`.
-    SharedBytes(i64),
+    SharedBytes(i128),
     /// Bytes and how many blocks hold them: `4.00M (3)`.
     BytesIn {
         /// The bytes.
-        bytes: i64,
+        bytes: i128,
         /// How many blocks (tensors, allocations) hold them.
         count: u64,
     },
     /// A plain count (`12`).
-    Count(i64),
+    Count(i128),
     /// A time span, in seconds with three decimals (`1.250s`).
     Duration(Duration),
     /// A share, given as a fraction, shown as a whole percentage (`92%`).
@@ -38,8 +39,7 @@ pub enum Cell {
 }
 
 impl Cell {
-    /// `bytes` as a figure of bytes (any integer type; values beyond
-    /// `i64::MAX` read as `i64::MAX`).
+    /// `bytes` as a figure of bytes (any integer type up to 64 bits, exact).
     pub fn bytes(bytes: impl Amount) -> Cell {
         Cell::Bytes(bytes.amount())
     }
@@ -70,7 +70,7 @@ impl Cell {
     }
 
     /// The figure a bar of this cell is as long as, if it is a figure.
-    pub(super) fn magnitude(&self) -> Option<i64> {
+    pub(super) fn magnitude(&self) -> Option<i128> {
         match *self {
             Cell::Bytes(n) | Cell::SignedBytes(n) | Cell::SharedBytes(n) | Cell::Count(n) => Some(n),
             Cell::BytesIn { bytes, .. } => Some(bytes),
@@ -85,8 +85,8 @@ impl Cell {
         use serde_json::{json, Value};
         match self {
             Cell::Empty => Value::Null,
-            Cell::Bytes(n) | Cell::SignedBytes(n) | Cell::SharedBytes(n) | Cell::Count(n) => json!(n),
-            Cell::BytesIn { bytes, count } => json!({ "bytes": bytes, "count": count }),
+            Cell::Bytes(n) | Cell::SignedBytes(n) | Cell::SharedBytes(n) | Cell::Count(n) => number(*n),
+            Cell::BytesIn { bytes, count } => json!({ "bytes": number(*bytes), "count": count }),
             Cell::Duration(d) => json!(d.as_secs_f64()),
             Cell::Percent(p) => json!(p),
             Cell::Text(t) | Cell::Code(t) => json!(t),
@@ -107,9 +107,19 @@ impl Cell {
     }
 }
 
-/// Writes `bytes` base 1024 with two decimals and a unit of `B K M G T P`.
-fn write_bytes(f: &mut fmt::Formatter<'_>, bytes: i64) -> fmt::Result {
-    const UNITS: [&str; 6] = ["B", "K", "M", "G", "T", "P"];
+/// A figure as a JSON number: exact wherever it fits an `i64` or a `u64`
+/// (every figure a cell is made from does).
+fn number(n: i128) -> serde_json::Value {
+    match (i64::try_from(n), u64::try_from(n)) {
+        (Ok(n), _) => n.into(),
+        (_, Ok(n)) => n.into(),
+        _ => (n as f64).into(),
+    }
+}
+
+/// Writes `bytes` base 1024 with two decimals and a unit of `B K M G T P E`.
+fn write_bytes(f: &mut fmt::Formatter<'_>, bytes: i128) -> fmt::Result {
+    const UNITS: [&str; 7] = ["B", "K", "M", "G", "T", "P", "E"];
     let mut value = bytes.unsigned_abs() as f64;
     let mut unit = 0;
     while value >= 1024.0 && unit < UNITS.len() - 1 {
@@ -168,17 +178,17 @@ impl From<&String> for Cell {
 }
 
 /// An integer that a figure can hold: every byte count memlab reads is one
-/// of these.
+/// of these, held exactly.
 pub trait Amount {
-    /// The value as an `i64`, `i64::MAX` where it does not fit.
-    fn amount(self) -> i64;
+    /// The value as an `i128`.
+    fn amount(self) -> i128;
 }
 
 macro_rules! amount {
     ($($t:ty),*) => {$(
         impl Amount for $t {
-            fn amount(self) -> i64 {
-                i64::try_from(self).unwrap_or(i64::MAX)
+            fn amount(self) -> i128 {
+                self as i128
             }
         }
     )*};
@@ -197,7 +207,9 @@ mod tests {
         assert_eq!(text(Cell::bytes(40u64 * 1024)), "40.00K");
         assert_eq!(text(Cell::bytes(4u64 << 20)), "4.00M");
         assert_eq!(text(Cell::bytes(-3i64 << 30)), "-3.00G");
-        assert_eq!(text(Cell::bytes(u64::MAX)), "8192.00P");
+        assert_eq!(text(Cell::bytes(1u64 << 60)), "1.00E");
+        assert_eq!(text(Cell::bytes(u64::MAX)), "16.00E");
+        assert_eq!(text(Cell::bytes(i64::MIN)), "-8.00E");
         assert_eq!(text(Cell::signed_bytes(4i64 << 20)), "+4.00M");
         assert_eq!(text(Cell::signed_bytes(-2048i64)), "-2.00K");
         assert_eq!(text(Cell::signed_bytes(0i64)), "0.00B");
@@ -216,6 +228,10 @@ mod tests {
         assert_eq!(Cell::BytesIn { bytes: 10, count: 2 }.to_json(), serde_json::json!({"bytes": 10, "count": 2}));
         assert_eq!(Cell::Duration(Duration::from_millis(1500)).to_csv(), "1.5");
         assert_eq!(Cell::Empty.to_json(), serde_json::Value::Null);
+        // Every u64 and i64 stays exact.
+        assert_eq!(Cell::bytes(u64::MAX).to_json(), serde_json::json!(u64::MAX));
+        assert_eq!(Cell::bytes(u64::MAX).to_csv(), u64::MAX.to_string());
+        assert_eq!(Cell::signed_bytes(i64::MIN).to_json(), serde_json::json!(i64::MIN));
         assert_eq!(Cell::text("fc.weight").to_csv(), "fc.weight");
     }
 }

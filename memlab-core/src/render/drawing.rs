@@ -562,7 +562,7 @@ impl Timeline {
             "{line}\n{:.3} s to {:.3} s; peak {} at {:.3} s{marks}{}\n",
             t0 / 1e6,
             t1 / 1e6,
-            Cell::Bytes(self.peak_bytes),
+            Cell::bytes(self.peak_bytes),
             self.peak_time_us / 1e6,
             if self.partial { " (partial: older events were dropped)" } else { "" }
         )

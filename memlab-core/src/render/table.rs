@@ -325,14 +325,8 @@ impl Table {
             Layout::Code => " class=\"code\"",
         };
         // The largest magnitude of each column with bars.
-        let scale: Vec<i64> = (0..self.columns.len())
-            .map(|i| {
-                self.rows()
-                    .filter_map(|r| r[i].magnitude())
-                    .map(i64::unsigned_abs)
-                    .max()
-                    .map_or(0, |m| m.min(i64::MAX as u64) as i64)
-            })
+        let scale: Vec<u128> = (0..self.columns.len())
+            .map(|i| self.rows().filter_map(|r| r[i].magnitude()).map(i128::unsigned_abs).max().unwrap_or(0))
             .collect();
         let collapse = self.collapse_at();
         let id = collapse.map(|_| self.html_id());
@@ -416,7 +410,7 @@ impl Table {
                     .unwrap();
                 continue;
             }
-            let sum = hidden.iter().try_fold(0i64, |sum, r| match r[i] {
+            let sum = hidden.iter().try_fold(0i128, |sum, r| match r[i] {
                 Cell::Bytes(n) => Some(sum.saturating_add(n)),
                 // A view's bytes are its storage's, which another row counts.
                 Cell::SharedBytes(_) => Some(sum),

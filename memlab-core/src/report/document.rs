@@ -11,9 +11,9 @@ use crate::render::{Cell, Column as TableColumn, Document, Layout, Render, Table
 /// A figure of `column`: bytes (signed for increments) or a count.
 pub(super) fn cell(column: &ProfileColumn, value: i64) -> Cell {
     match (column.is_bytes(), column.signed()) {
-        (true, true) => Cell::SignedBytes(value),
-        (true, false) => Cell::Bytes(value),
-        (false, _) => Cell::Count(value),
+        (true, true) => Cell::SignedBytes(value.into()),
+        (true, false) => Cell::Bytes(value.into()),
+        (false, _) => Cell::Count(value.into()),
     }
 }
 
