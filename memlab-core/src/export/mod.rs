@@ -23,7 +23,7 @@ mod unpickle;
 
 pub use html::{DeviceTimeline, FlameNode, HtmlReport, PeakRow, Point};
 pub use pickle::PROTOCOL as PICKLE_PROTOCOL;
-pub use read::SnapshotFile;
+pub use read::{check_figures, SnapshotFile};
 pub use snapshot::{
     site_of, Block, BlockState, Category, DeviceMemory, Frames, Segment, SegmentType, Snapshot, SnapshotFrame,
     SnapshotInfo, Stack, TraceEntry,

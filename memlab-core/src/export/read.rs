@@ -7,6 +7,12 @@
 //! `compile_context`, `user_metadata`, …). A file without `segments` or
 //! `device_traces` is not a snapshot and is refused, as is any pickle that
 //! builds objects (see [`unpickle`](super::unpickle)).
+//!
+//! So are figures no allocator can hold ([`check_figures`]): a device's
+//! bytes, added over its final segments and its whole history, past
+//! `i64::MAX` (libtorch's statistics are 64-bit signed), or a block that
+//! runs past the end of the address space. Every analysis of a file read
+//! here can then add its figures without overflow.
 
 use std::collections::BTreeMap;
 use std::fs::File;
@@ -369,11 +375,60 @@ fn read<R: Read + Seek>(source: R) -> std::result::Result<SnapshotFile, String> 
     for (action, count) in builder.ignored_actions {
         *ignored.entry(format!("device_traces[][].action={}", strings.text(action))).or_default() += count;
     }
-    Ok(SnapshotFile {
-        snapshot: Snapshot { segments, device_traces, allocator_settings, memlab },
-        protocol: pickle.protocol,
-        ignored,
-    })
+    let snapshot = Snapshot { segments, device_traces, allocator_settings, memlab };
+    check_figures(&snapshot)?;
+    Ok(SnapshotFile { snapshot, protocol: pickle.protocol, ignored })
+}
+
+/// Refuses a snapshot whose figures no allocator can hold, naming the first
+/// segment or history entry that passes the limit. Per device, the bytes of
+/// its final segments and their blocks and of every history entry but an
+/// `oom` (a request, which may ask for any number) are added up: every sum
+/// an analysis makes of them (allocated or reserved at any moment, what
+/// was held before the history) is at most that total, which must stay
+/// within `i64::MAX`, as libtorch's own statistics do. A segment, block or
+/// entry whose address and size run past the address space is refused too.
+pub fn check_figures(snapshot: &Snapshot) -> std::result::Result<(), String> {
+    const LIMIT: u64 = i64::MAX as u64;
+    let names = snapshot.devices();
+    let name = |device: usize| names.get(device).cloned().unwrap_or_else(|| format!("device {device}"));
+    let past = |what: String| {
+        format!(
+            "{what} takes the device's bytes past 2^63 - 1 (8.00E), more than any allocator holds or libtorch's \
+             statistics can count: the file is damaged or was not written by an allocator"
+        )
+    };
+    let ends = |what: &dyn Fn() -> String, address: u64, size: u64| {
+        address
+            .checked_add(size)
+            .map(|_| ())
+            .ok_or_else(|| format!("{} runs past the end of the address space ({address:#x} + {size} bytes)", what()))
+    };
+    let mut totals: BTreeMap<usize, u64> = BTreeMap::new();
+    for (i, segment) in snapshot.segments.iter().enumerate() {
+        let what = || format!("segment {i} ({} at {:#x})", name(segment.device), segment.address);
+        ends(&what, segment.address, segment.total_size)?;
+        let total = totals.entry(segment.device).or_default();
+        let sizes =
+            std::iter::once(segment.total_size).chain(segment.blocks.iter().flat_map(|b| [b.size, b.requested_size]));
+        for size in sizes {
+            *total = total.checked_add(size).filter(|&t| t <= LIMIT).ok_or_else(|| past(what()))?;
+        }
+        for (j, block) in segment.blocks.iter().enumerate() {
+            ends(&|| format!("block {j} of {}", what()), block.address, block.size)?;
+        }
+    }
+    for (device, trace) in snapshot.device_traces.iter().enumerate() {
+        let mut total = totals.get(&device).copied().unwrap_or(0);
+        for (i, e) in trace.iter().enumerate().filter(|(_, e)| e.action != Action::Oom) {
+            let what = || format!("{}'s history entry {i} ({} of {} bytes)", name(device), e.action.as_str(), e.size);
+            total = total.checked_add(e.size).filter(|&t| t <= LIMIT).ok_or_else(|| past(what()))?;
+            if let Some(address) = e.addr {
+                ends(&what, address, e.size)?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The items of a dict value, keys as text.
@@ -739,6 +794,47 @@ mod tests {
         assert!(read.ignored.is_empty(), "{:?}", read.ignored);
         // The stack shared in the file is one stack read back.
         assert!(Arc::ptr_eq(&read.snapshot.device_traces[0][0].frames, &read.snapshot.device_traces[1][1].frames));
+    }
+
+    #[test]
+    fn figures_no_allocator_can_hold_are_refused_naming_where() {
+        let segment = |address: u64, total_size: u64| Segment {
+            device: 0,
+            address,
+            total_size,
+            stream: 0,
+            segment_type: SegmentType::Large,
+            allocated_size: 0,
+            active_size: 0,
+            requested_size: 0,
+            is_expandable: false,
+            blocks: Vec::new(),
+        };
+        let entry = |action, addr, size| TraceEntry::new(action, Some(addr), size, 0);
+        let file = |segments: Vec<Segment>, trace: Vec<TraceEntry>| Snapshot {
+            segments,
+            device_traces: vec![trace],
+            allocator_settings: None,
+            memlab: None,
+        };
+        let refused = |s: Snapshot| Snapshot::from_pickle(&s.to_pickle().unwrap()).unwrap_err().to_string();
+        // Two final segments of 2^62 bytes: 2^63 in all, one past i64::MAX
+        // (added in 64 bits, two of 2^63 made 0).
+        let e = refused(file(vec![segment(0, 1 << 62), segment(1 << 62, 1 << 62)], Vec::new()));
+        assert!(e.contains("segment 1 (cuda:0 at 0x4000000000000000)") && e.contains("past 2^63 - 1"), "{e}");
+        // A history whose allocations pass it, at the entry that does.
+        let e = refused(file(
+            Vec::new(),
+            vec![entry(Action::Alloc, 1 << 40, 1 << 62), entry(Action::Alloc, 1 << 41, 1 << 62)],
+        ));
+        assert!(e.contains("cuda:0's history entry 1 (alloc of 4611686018427387904 bytes)"), "{e}");
+        // A block that runs past the end of the address space.
+        let e = refused(file(Vec::new(), vec![entry(Action::Alloc, u64::MAX - 10, 512)]));
+        assert!(e.contains("history entry 0") && e.contains("past the end of the address space"), "{e}");
+        // A request may ask for anything: an `oom` entry of u64::MAX reads.
+        let oom = TraceEntry::new(Action::Oom, None, u64::MAX, 0);
+        let read = Snapshot::from_pickle(&file(vec![segment(0, 1 << 62)], vec![oom]).to_pickle().unwrap()).unwrap();
+        assert_eq!(read.snapshot.device_traces[0][0].size, u64::MAX);
     }
 
     #[test]
