@@ -4,6 +4,33 @@
 //! `c10/core/AllocatorConfig.cpp` (`AcceleratorAllocatorConfig::parseArgs`)
 //! and `c10/cuda/CUDAAllocatorConfig.cpp` (`CUDAAllocatorConfig::parseArgs`)
 //! as shipped in 2.11.0 (git 70d99e99), whose headers the wheel carries.
+//!
+//! What libtorch 2.11 does with each key: how it reads the value, what it
+//! refuses (with its own message, which memlab quotes) and what it clamps,
+//! each refusal and clamp tried on 2.11.0+cu130's own libraries. The one
+//! table `--setting` strings and the settings a snapshot records are both
+//! read through.
+//!
+//! | key | value | refused | clamped or changed |
+//! |---|---|---|---|
+//! | `large_segment_size_mb` | `stoull`, MiB, read before every other key | ≤ 10 | above `SIZE_MAX / 1 MiB` |
+//! | `max_split_size_mb` | `stoull`, MiB | below the large segment size | above `SIZE_MAX / 1 MiB`: not unlimited then |
+//! | `max_non_split_rounding_mb` | `stoull`, MiB | below the large segment size | above `SIZE_MAX / 1 MiB`; a request plus it wraps in `size_t` |
+//! | `garbage_collection_threshold` | `stod` | outside (0, 1) | |
+//! | `roundup_power2_divisions` | `stoull`, or `[MiB:n,…,>:n]` | not a power of two (0 too; in a list 0 is "none"); a list's bound not a power of two | a bound past 32 GiB goes to the last bucket; 2^55 or more rounds to powers of two (`512 × n` wraps) |
+//! | `expandable_segments` | `True` or `False` | anything else | |
+//! | `per_process_memory_fraction` | `stod` | outside [0, 1] | |
+//! | `backend` | `native` or `cudaMallocAsync` | anything else; memlab refuses `cudaMallocAsync` (not modelled) | |
+//! | `pinned_num_register_threads` | `stoull` | not a power of two, above 128 | |
+//! | `pinned_reserve_segment_size_mb` | `stoull` | 0 | |
+//! | `release_lock_on_cudamalloc`, `release_lock_on_hipmalloc`, `pinned_use_cuda_host_register`, `pinned_use_hip_host_register`, `pinned_use_background_threads`, `graph_capture_record_stream_reuse` | `True` or `False` | anything else | |
+//!
+//! Every number is read as C++'s `stoull` and `stod` read it: digits after
+//! an optional sign, the rest ignored (`30abc` is 30, said in the notes), a
+//! negative wrapped modulo 2^64 (`-1` is 2^64 − 1, then clamped); no digits,
+//! or a number past the type, is refused. Separators are not checked
+//! (`max_split_size_mb,128` is read as `max_split_size_mb:128`), as
+//! libtorch does not check them.
 
 use crate::error::{Error, Result};
 
@@ -64,97 +91,59 @@ impl Default for AllocatorConfig {
 }
 
 /// Keys libtorch 2.11 accepts that do not move device memory.
-const WITHOUT_EFFECT: [&str; 7] = [
+const WITHOUT_EFFECT: [&str; 8] = [
     "release_lock_on_cudamalloc",
     "release_lock_on_hipmalloc",
     "pinned_use_cuda_host_register",
     "pinned_use_hip_host_register",
+    "pinned_use_background_threads",
+    "graph_capture_record_stream_reuse",
     "pinned_num_register_threads",
     "pinned_reserve_segment_size_mb",
-    "pinned_use_background_threads",
 ];
+
+/// The most MiB a size key holds: libtorch clamps to `SIZE_MAX / 1 MiB`.
+pub const MAX_MB: u64 = u64::MAX / MIB;
+
+/// The most pinned-memory register threads (`pinned_max_register_threads`).
+const MAX_REGISTER_THREADS: u64 = 128;
 
 fn bad(text: &str, why: impl std::fmt::Display) -> Error {
     Error::InvalidArgument(format!("allocator setting `{text}`: {why}"))
 }
 
+/// libtorch's own refusal, quoted.
+fn refused(message: impl std::fmt::Display) -> String {
+    format!("libtorch 2.11 refuses it (\"{message}\")")
+}
+
+/// Settings as libtorch reads them, with what it changed on the way.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ReadSettings {
+    /// The settings.
+    pub config: AllocatorConfig,
+    /// What libtorch 2.11 read otherwise than written: values clamped,
+    /// wrapped or cut short, each a sentence.
+    pub notes: Vec<String>,
+}
+
 impl AllocatorConfig {
     /// Parses settings written as for `PYTORCH_CUDA_ALLOC_CONF`
-    /// (`key:value,key:value`; whitespace ignored). An empty string is the
-    /// default. Refuses what libtorch refuses, and `backend:cudaMallocAsync`,
-    /// which is another allocator: CUDA's own, which memlab does not model.
+    /// (`key:value,key:value`; whitespace ignored), as libtorch 2.11 reads
+    /// them (see the [module](self)'s table). An empty string is
+    /// the default. Refuses what libtorch refuses, and
+    /// `backend:cudaMallocAsync`, which is another allocator: CUDA's own,
+    /// which memlab does not model.
     pub fn parse(text: &str) -> Result<AllocatorConfig> {
-        let mut config = AllocatorConfig::default();
-        let squeezed: String = text.chars().filter(|c| !c.is_whitespace()).collect();
-        let entries = split_entries(&squeezed).map_err(|why| bad(text, why))?;
-        // libtorch reads the large segment size first: the other sizes are checked against it.
-        for (key, value) in &entries {
-            if key == "large_segment_size_mb" {
-                let mb = integer(value).map_err(|why| bad(text, why))?;
-                if mb * MIB <= MIN_LARGE_ALLOC {
-                    return Err(bad(
-                        text,
-                        format!("large_segment_size_mb must be more than {}", MIN_LARGE_ALLOC / MIB),
-                    ));
-                }
-                config.large_segment_size = mb.saturating_mul(MIB);
-            }
-        }
-        config.max_non_split_rounding = config.large_segment_size;
-        let large_mb = config.large_segment_size / MIB;
-        for (key, value) in &entries {
-            match key.as_str() {
-                "large_segment_size_mb" => {}
-                "max_split_size_mb" | "max_non_split_rounding_mb" => {
-                    let mb = integer(value).map_err(|why| bad(text, why))?;
-                    if mb < large_mb {
-                        return Err(bad(text, format!("{key} must be at least {large_mb} (the large segment size)")));
-                    }
-                    let bytes = mb.saturating_mul(MIB);
-                    if key == "max_split_size_mb" {
-                        config.max_split_size = Some(bytes);
-                    } else {
-                        config.max_non_split_rounding = bytes;
-                    }
-                }
-                "garbage_collection_threshold" => {
-                    let v: f64 = value.parse().map_err(|_| bad(text, format!("{value} is not a number")))?;
-                    if !(v > 0.0 && v < 1.0) {
-                        return Err(bad(text, "garbage_collection_threshold must be between 0 and 1, both excluded"));
-                    }
-                    config.garbage_collection_threshold = v;
-                }
-                "roundup_power2_divisions" => {
-                    config.roundup_power2_divisions = divisions(value).map_err(|why| bad(text, why))?;
-                }
-                "expandable_segments" => config.expandable_segments = boolean(value).map_err(|why| bad(text, why))?,
-                "per_process_memory_fraction" => {
-                    let v: f64 = value.parse().map_err(|_| bad(text, format!("{value} is not a number")))?;
-                    if !(0.0..=1.0).contains(&v) {
-                        return Err(bad(text, "per_process_memory_fraction must be between 0 and 1"));
-                    }
-                    config.memory_fraction = v;
-                }
-                "backend" => match value.as_str() {
-                    "native" => {}
-                    "cudaMallocAsync" => {
-                        return Err(bad(
-                            text,
-                            "backend:cudaMallocAsync is CUDA's own allocator, which memlab does not model; replay \
-                             with the native backend's settings instead",
-                        ))
-                    }
-                    other => return Err(bad(text, format!("unknown backend {other} (native or cudaMallocAsync)"))),
-                },
-                "graph_capture_record_stream_reuse" => {
-                    boolean(value).map_err(|why| bad(text, why))?;
-                    config.without_effect.push(format!("{key}:{value}"));
-                }
-                k if WITHOUT_EFFECT.contains(&k) => config.without_effect.push(format!("{key}:{value}")),
-                other => return Err(bad(text, format!("unknown key `{other}` (libtorch 2.11 refuses it too)"))),
-            }
-        }
-        Ok(config)
+        AllocatorConfig::read(text).map(|read| read.config)
+    }
+
+    /// [`parse`](Self::parse), with what libtorch changed on the way.
+    pub fn read(text: &str) -> Result<ReadSettings> {
+        let tokens = tokenize(text);
+        let mut reader = Reader { text, tokens: &tokens, notes: Vec::new() };
+        let config = reader.settings()?;
+        Ok(ReadSettings { config, notes: reader.notes })
     }
 
     /// The settings as `PYTORCH_CUDA_ALLOC_CONF` would give them, only what
@@ -197,31 +186,89 @@ impl AllocatorConfig {
     /// then the values libtorch holds, which win (a setting changed at run
     /// time shows there). Keys libtorch does not list there
     /// (`large_segment_size_mb`, `max_non_split_rounding_mb`, the memory
-    /// fraction) come from the environment's string alone.
+    /// fraction) come from the environment's string alone. A value
+    /// libtorch 2.11 could not have held (a `max_split_size` below the
+    /// large segment size or not whole MiB, a threshold outside (0, 1),
+    /// divisions not a power of two) is refused, saying which.
     pub fn from_snapshot(settings: &serde_json::Value) -> Result<AllocatorConfig> {
+        AllocatorConfig::read_snapshot(settings).map(|read| read.config)
+    }
+
+    /// [`from_snapshot`](Self::from_snapshot), with what libtorch changed
+    /// on the way in the environment's string.
+    pub fn read_snapshot(settings: &serde_json::Value) -> Result<ReadSettings> {
+        let held = |key: &str, why: String| {
+            Error::InvalidArgument(format!(
+                "the snapshot's allocator_settings hold {key} = {}, which libtorch 2.11 cannot hold: {why}",
+                settings.get(key).map_or_else(String::new, |v| v.to_string())
+            ))
+        };
         let conf = settings.get("PYTORCH_CUDA_ALLOC_CONF").and_then(|v| v.as_str()).unwrap_or("");
-        let mut config = AllocatorConfig::parse(conf)?;
-        if let Some(v) = settings.get("max_split_size").and_then(|v| v.as_u64()) {
-            // libtorch's unlimited is SIZE_MAX.
-            config.max_split_size = (v < u64::MAX / 2).then_some(v);
+        let mut read = AllocatorConfig::read(conf)?;
+        let config = &mut read.config;
+        let minimum = config.large_segment_size;
+        if let Some(v) = settings.get("max_split_size").filter(|v| !v.is_null()) {
+            // libtorch writes `int64_t(size_t)`: unlimited (SIZE_MAX) as -1,
+            // its clamped largest as -1048576.
+            let bytes = match (v.as_i64(), v.as_u64()) {
+                (Some(n), _) if n < 0 => n as u64,
+                (_, Some(n)) => n,
+                _ => return Err(held("max_split_size", "not a whole number of bytes".into())),
+            };
+            config.max_split_size = if bytes == u64::MAX {
+                None
+            } else if bytes % MIB != 0 || bytes < minimum {
+                return Err(held(
+                    "max_split_size",
+                    format!(
+                        "it is set in whole MiB, at least the large segment size ({}); {}",
+                        minimum / MIB,
+                        refused(format!(
+                            "CachingAllocator option max_split_size_mb too small, must be >= {}",
+                            minimum / MIB
+                        ))
+                    ),
+                ));
+            } else {
+                Some(bytes)
+            };
         }
-        if let Some(v) = settings.get("garbage_collection_threshold").and_then(|v| v.as_f64()) {
-            config.garbage_collection_threshold = v;
+        if let Some(v) = settings.get("garbage_collection_threshold").filter(|v| !v.is_null()) {
+            let t = v.as_f64().ok_or_else(|| held("garbage_collection_threshold", "not a number".into()))?;
+            // 0 is libtorch's default: off.
+            if t != 0.0 && !(t > 0.0 && t < 1.0) {
+                return Err(held(
+                    "garbage_collection_threshold",
+                    refused("garbage_collect_threshold is invalid, set it in (0.0, 1.0)"),
+                ));
+            }
+            config.garbage_collection_threshold = t;
         }
-        if let Some(v) = settings.get("expandable_segments").and_then(|v| v.as_bool()) {
-            config.expandable_segments = v;
+        if let Some(v) = settings.get("expandable_segments").filter(|v| !v.is_null()) {
+            config.expandable_segments =
+                v.as_bool().ok_or_else(|| held("expandable_segments", "not True or False".into()))?;
         }
-        if let Some(map) = settings.get("roundup_power2_divisions").and_then(|v| v.as_object()) {
+        if let Some(v) = settings.get("roundup_power2_divisions").filter(|v| !v.is_null()) {
+            let map = v.as_object().ok_or_else(|| held("roundup_power2_divisions", "not a dict".into()))?;
             // Keyed by each bucket's start in MiB: 1, 2, 4, … 32768.
-            for (mb, v) in map {
-                let (Ok(mb), Some(v)) = (mb.parse::<u64>(), v.as_u64()) else { continue };
-                if mb.is_power_of_two() {
-                    let index = (63 - mb.leading_zeros() as usize).min(DIVISION_BUCKETS - 1);
-                    config.roundup_power2_divisions[index] = v;
-                }
+            for (mb, n) in map {
+                let bucket = mb.parse::<u64>().ok().filter(|m| m.is_power_of_two()).map(|m| m.trailing_zeros());
+                let Some(bucket) = bucket.filter(|&b| (b as usize) < DIVISION_BUCKETS) else {
+                    return Err(held(
+                        "roundup_power2_divisions",
+                        format!("{mb} is not a bucket (1, 2, 4, … 32768 MiB)"),
+                    ));
+                };
+                let n = n.as_u64().filter(|&n| n == 0 || n.is_power_of_two()).ok_or_else(|| {
+                    held(
+                        "roundup_power2_divisions",
+                        refused("For roundups, the divisions has to be power of 2 or 0 to disable roundup"),
+                    )
+                })?;
+                config.roundup_power2_divisions[bucket as usize] = n;
             }
         }
-        Ok(config)
+        Ok(read)
     }
 
     /// The power-of-two divisions for a request of `size` bytes
@@ -233,95 +280,301 @@ impl AllocatorConfig {
     }
 }
 
-/// `key:value` entries, a list value (`[a:b,c:d]`) kept whole.
-fn split_entries(text: &str) -> std::result::Result<Vec<(String, String)>, String> {
-    let mut entries = Vec::new();
-    let mut depth = 0i32;
-    let mut start = 0;
-    let bytes = text.as_bytes();
-    for i in 0..=bytes.len() {
-        let c = bytes.get(i).copied();
-        match c {
-            Some(b'[') => depth += 1,
-            Some(b']') => depth -= 1,
-            Some(b',') | None if depth == 0 => {
-                let entry = &text[start..i];
-                start = i + 1;
-                if entry.is_empty() {
-                    continue;
+/// The string cut as libtorch's `ConfigTokenizer` cuts it: whitespace
+/// dropped anywhere, each of `,` `:` `[` `]` a token of its own, the runs
+/// between them words.
+fn tokenize(text: &str) -> Vec<String> {
+    let mut tokens = Vec::new();
+    let mut word = String::new();
+    for c in text.chars().filter(|c| !c.is_whitespace()) {
+        if matches!(c, ',' | ':' | '[' | ']') {
+            if !word.is_empty() {
+                tokens.push(std::mem::take(&mut word));
+            }
+            tokens.push(c.to_string());
+        } else {
+            word.push(c);
+        }
+    }
+    if !word.is_empty() {
+        tokens.push(word);
+    }
+    tokens
+}
+
+/// The parse, token by token, as `parseArgs` walks them: a key, a
+/// separator (not checked), its value; then a separator (not checked).
+struct Reader<'t> {
+    text: &'t str,
+    tokens: &'t [String],
+    notes: Vec<String>,
+}
+
+impl Reader<'_> {
+    fn settings(&mut self) -> Result<AllocatorConfig> {
+        let mut config = AllocatorConfig::default();
+        // libtorch reads the large segment size first, wherever it is: the
+        // other sizes are checked against it.
+        for i in 0..self.tokens.len() {
+            if self.tokens[i] == "large_segment_size_mb" {
+                let mb = self.size(i + 2)?;
+                if mb <= MIN_LARGE_ALLOC / MIB {
+                    return Err(self.refused("CachingAllocator option large_segment_size_mb must be > 10 MB"));
                 }
-                let (key, value) = entry.split_once(':').ok_or_else(|| format!("`{entry}` is not key:value"))?;
-                if value.is_empty() {
-                    return Err(format!("`{key}` has no value"));
+                config.large_segment_size = self.clamped("large_segment_size_mb", mb) * MIB;
+            }
+        }
+        config.max_non_split_rounding = config.large_segment_size;
+        let minimum = config.large_segment_size / MIB;
+        let mut i = 0;
+        while i < self.tokens.len() {
+            let key = self.tokens[i].as_str();
+            let value = i + 2;
+            i = value;
+            match key {
+                "large_segment_size_mb" => {}
+                "max_split_size_mb" | "max_non_split_rounding_mb" => {
+                    let mb = self.size(value)?;
+                    if mb < minimum {
+                        return Err(
+                            self.refused(format!("CachingAllocator option {key} too small, must be >= {minimum}"))
+                        );
+                    }
+                    let bytes = self.clamped(key, mb) * MIB;
+                    if key == "max_split_size_mb" {
+                        config.max_split_size = Some(bytes);
+                    } else {
+                        config.max_non_split_rounding = bytes;
+                        if mb > MAX_MB - ONE_EXABYTE_MB {
+                            self.notes.push(format!(
+                                "max_non_split_rounding_mb:{mb}: libtorch adds it to a request's size in 64 bits, \
+                                 where the sum wraps, so a cached block of max_split_size_mb or more is never \
+                                 reused: the model does the same"
+                            ));
+                        }
+                    }
                 }
-                entries.push((key.to_string(), value.to_string()));
+                "garbage_collection_threshold" => {
+                    let t = self.double(value)?;
+                    if !(t > 0.0 && t < 1.0) {
+                        return Err(self.refused("garbage_collect_threshold is invalid, set it in (0.0, 1.0)"));
+                    }
+                    config.garbage_collection_threshold = t;
+                }
+                "per_process_memory_fraction" => {
+                    let f = self.double(value)?;
+                    if !(0.0..=1.0).contains(&f) {
+                        return Err(self.refused("per_process_memory_fraction is invalid, set it in [0.0, 1.0]"));
+                    }
+                    config.memory_fraction = f;
+                }
+                "roundup_power2_divisions" => {
+                    (config.roundup_power2_divisions, i) = self.divisions(value)?;
+                }
+                "expandable_segments" => config.expandable_segments = self.boolean(value)?,
+                "backend" => match self.token(value)? {
+                    "native" => {}
+                    "cudaMallocAsync" => {
+                        return Err(bad(
+                            self.text,
+                            "backend:cudaMallocAsync is CUDA's own allocator, which memlab does not model; replay \
+                             with the native backend's settings instead",
+                        ))
+                    }
+                    _ => return Err(self.refused("Unknown allocator backend, options are native and cudaMallocAsync")),
+                },
+                "pinned_num_register_threads" => {
+                    let n = self.size(value)?;
+                    if !n.is_power_of_two() {
+                        return Err(self.refused(format!("Number of register threads has to be power of 2, got {n}")));
+                    }
+                    if n > MAX_REGISTER_THREADS {
+                        return Err(self.refused(format!(
+                            "Number of register threads should be less than or equal to {MAX_REGISTER_THREADS}, got {n}"
+                        )));
+                    }
+                }
+                "pinned_reserve_segment_size_mb" => {
+                    if self.size(value)? == 0 {
+                        return Err(self.refused("Pinned reserve segment size has to be greater than 0"));
+                    }
+                }
+                k if WITHOUT_EFFECT.contains(&k) => {
+                    self.boolean(value)?;
+                }
+                other => return Err(self.refused(format!("Unrecognized key '{other}' in CUDA allocator config."))),
             }
-            _ => {}
+            if WITHOUT_EFFECT.contains(&key) {
+                config.without_effect.push(format!("{key}:{}", self.tokens[value]));
+            }
+            // The separator after the value, whatever it is.
+            if i + 1 < self.tokens.len() {
+                i += 1;
+            }
+            i += 1;
         }
-        if depth < 0 {
-            return Err("a `]` without its `[`".into());
+        Ok(config)
+    }
+
+    fn refused(&self, message: impl std::fmt::Display) -> Error {
+        bad(self.text, refused(message))
+    }
+
+    /// The token at `i`, or libtorch's internal assertion when there is none.
+    fn token(&self, i: usize) -> Result<&str> {
+        self.tokens.get(i).map(String::as_str).ok_or_else(|| {
+            bad(
+                self.text,
+                "a key without its value; libtorch 2.11 stops on an internal assertion (\"Index out of bounds in \
+                 ConfigTokenizer\")",
+            )
+        })
+    }
+
+    /// `mb` MiB of `key`, clamped as libtorch clamps it.
+    fn clamped(&mut self, key: &str, mb: u64) -> u64 {
+        if mb > MAX_MB {
+            self.notes.push(format!(
+                "{key}:{mb} is clamped to {MAX_MB}, the most MiB a 64-bit size holds{}",
+                if key == "max_split_size_mb" {
+                    " (not unlimited: libtorch tells that by the unclamped SIZE_MAX)"
+                } else {
+                    ""
+                }
+            ));
+        }
+        mb.min(MAX_MB)
+    }
+
+    /// The token at `i` read as `std::stoull` reads it.
+    fn size(&mut self, i: usize) -> Result<u64> {
+        let token = self.token(i)?;
+        let (negative, rest) = match token.as_bytes().first() {
+            Some(b'-') => (true, &token[1..]),
+            Some(b'+') => (false, &token[1..]),
+            _ => (false, token),
+        };
+        let digits = rest.bytes().take_while(u8::is_ascii_digit).count();
+        if digits == 0 {
+            return Err(bad(
+                self.text,
+                format!("`{token}` is not a whole number; libtorch 2.11 refuses it (\"stoull\")"),
+            ));
+        }
+        let magnitude: u64 = rest[..digits].parse().map_err(|_| {
+            bad(self.text, format!("{token} is past the largest 64-bit number; libtorch 2.11 refuses it (\"stoull\")"))
+        })?;
+        let value = if negative { magnitude.wrapping_neg() } else { magnitude };
+        if digits < rest.len() {
+            self.notes.push(format!("`{token}` is read as {value}: libtorch's stoull ignores what follows the digits"));
+        } else if negative && magnitude != 0 {
+            self.notes.push(format!("`{token}` is read as {value}: libtorch's stoull wraps a negative number"));
+        }
+        Ok(value)
+    }
+
+    /// The token at `i` read as `std::stod` reads it (decimal).
+    fn double(&mut self, i: usize) -> Result<f64> {
+        let token = self.token(i)?;
+        let number = (1..=token.len()).rev().find_map(|end| {
+            let head = token.get(..end)?;
+            head.parse::<f64>().ok().map(|v| (v, head))
+        });
+        let Some((value, head)) = number else {
+            return Err(bad(self.text, format!("`{token}` is not a number; libtorch 2.11 refuses it (\"stod\")")));
+        };
+        let finite_text = !head.to_ascii_lowercase().contains("inf");
+        let nonzero_text = head.bytes().take_while(|b| !matches!(b, b'e' | b'E')).any(|b| (b'1'..=b'9').contains(&b));
+        if (value.is_infinite() && finite_text) || (value == 0.0 && nonzero_text) {
+            return Err(bad(
+                self.text,
+                format!("{token} is past what a double holds; libtorch 2.11 refuses it (\"stod\")"),
+            ));
+        }
+        if head.len() < token.len() {
+            self.notes.push(format!("`{token}` is read as {value}: libtorch's stod ignores what follows the number"));
+        }
+        Ok(value)
+    }
+
+    /// The token at `i`: `True` or `False`, nothing else.
+    fn boolean(&self, i: usize) -> Result<bool> {
+        match self.token(i)? {
+            "True" => Ok(true),
+            "False" => Ok(false),
+            other => {
+                Err(self
+                    .refused(format!("Expected 'True' or 'False' at index {i} in ConfigTokenizer but got '{other}'")))
+            }
         }
     }
-    if depth != 0 {
-        return Err("a `[` without its `]`".into());
+
+    /// `roundup_power2_divisions`' value at `i`: one number for every
+    /// bucket, or a list `[MiB:n,…,>:n]` whose first entry also fills the
+    /// buckets below it, whose `>` fills those after the last entry, and
+    /// whose gaps keep 0 (`parseRoundUpPower2Divisions`). Returns the
+    /// buckets and the index of the value's last token.
+    fn divisions(&mut self, i: usize) -> Result<([u64; DIVISION_BUCKETS], usize)> {
+        let mut out = [0u64; DIVISION_BUCKETS];
+        if self.token(i)? != "[" {
+            let n = self.size(i)?;
+            if !n.is_power_of_two() {
+                return Err(self.refused("For roundups, the divisions has to be power of 2"));
+            }
+            if n >= 1 << 55 {
+                self.notes.push(format!(
+                    "roundup_power2_divisions:{n}: libtorch's 512 × {n} wraps in 64 bits, so every request is \
+                     rounded up to a power of two: the model does the same"
+                ));
+            }
+            return Ok(([n; DIVISION_BUCKETS], i));
+        }
+        let (mut at, mut last, mut first) = (i + 1, 0usize, true);
+        while self.token(at)? != "]" {
+            let bound = self.token(at)?.to_string();
+            let n = self.size(at + 2)?;
+            at += 2;
+            if !(n == 0 || n.is_power_of_two()) {
+                return Err(self.refused("For roundups, the divisions has to be power of 2 or 0 to disable roundup"));
+            }
+            if bound == ">" {
+                for slot in out.iter_mut().skip(last + 1) {
+                    *slot = n;
+                }
+            } else {
+                let mb = self.size(at - 2)?;
+                if !mb.is_power_of_two() {
+                    return Err(self.refused("For roundups, the intervals have to be power of 2"));
+                }
+                let index = (mb.trailing_zeros() as usize).min(DIVISION_BUCKETS - 1);
+                if mb > 1 << (DIVISION_BUCKETS - 1) {
+                    self.notes.push(format!(
+                        "roundup_power2_divisions' bound {mb} MiB is past the last bucket's (32768 MiB, which also \
+                         holds everything larger): libtorch counts it as that bucket"
+                    ));
+                }
+                if first {
+                    for slot in out.iter_mut().take(index) {
+                        *slot = n;
+                    }
+                    first = false;
+                }
+                out[index] = n;
+                last = index;
+            }
+            // The separator after an entry, unless the list ends there.
+            if self.token(at + 1)? != "]" {
+                at += 1;
+            }
+            at += 1;
+        }
+        Ok((out, at))
     }
-    Ok(entries)
 }
 
-fn integer(value: &str) -> std::result::Result<u64, String> {
-    value.parse().map_err(|_| format!("{value} is not a whole number"))
-}
-
-fn boolean(value: &str) -> std::result::Result<bool, String> {
-    match value {
-        "True" => Ok(true),
-        "False" => Ok(false),
-        other => Err(format!("{other} is not True or False (libtorch takes those two words only)")),
-    }
-}
-
-/// `N` (every bucket), or `[b:v,…,>:v]` with `b` a power of two in MiB:
-/// the first entry also fills the buckets below it, gaps keep 0, `>` fills
-/// the buckets above the last (AllocatorConfig.cpp, `parseRoundUpPower2Divisions`).
-fn divisions(value: &str) -> std::result::Result<[u64; DIVISION_BUCKETS], String> {
-    let power = |v: u64| v == 0 || v.is_power_of_two();
-    let mut out = [0u64; DIVISION_BUCKETS];
-    let Some(list) = value.strip_prefix('[').and_then(|v| v.strip_suffix(']')) else {
-        let n = integer(value)?;
-        if n == 0 || !n.is_power_of_two() {
-            return Err(format!("roundup_power2_divisions {n} is not a power of two"));
-        }
-        return Ok([n; DIVISION_BUCKETS]);
-    };
-    let mut last: Option<usize> = None;
-    for item in list.split(',').filter(|s| !s.is_empty()) {
-        let (bound, v) = item.split_once(':').ok_or_else(|| format!("`{item}` is not size:divisions"))?;
-        let v = integer(v)?;
-        if !power(v) {
-            return Err(format!("divisions {v} is not a power of two"));
-        }
-        if bound == ">" {
-            let from = last.map_or(0, |l| l + 1);
-            for slot in out.iter_mut().skip(from) {
-                *slot = v;
-            }
-            continue;
-        }
-        let mb = integer(bound)?;
-        if !mb.is_power_of_two() {
-            return Err(format!("{mb} MiB is not a power of two"));
-        }
-        let index = (63 - mb.leading_zeros() as usize).min(DIVISION_BUCKETS - 1);
-        if last.is_none() {
-            for slot in out.iter_mut().take(index) {
-                *slot = v;
-            }
-        }
-        out[index] = v;
-        last = Some(index);
-    }
-    Ok(out)
-}
+/// 1 EiB in MiB: a `max_non_split_rounding_mb` within this of [`MAX_MB`]
+/// wraps when added to any request libtorch serves.
+const ONE_EXABYTE_MB: u64 = 1 << 40;
 
 #[cfg(test)]
 mod tests {
@@ -344,7 +597,7 @@ mod tests {
         // The large segment size is read first, and bounds the others from below.
         let c = AllocatorConfig::parse("max_split_size_mb:40,large_segment_size_mb:32").unwrap();
         assert_eq!((c.large_segment_size, c.max_non_split_rounding), (32 * MIB, 32 * MIB));
-        assert!(AllocatorConfig::parse("max_split_size_mb:16").unwrap_err().to_string().contains("at least 20"));
+        assert!(AllocatorConfig::parse("max_split_size_mb:16").unwrap_err().to_string().contains("must be >= 20"));
         assert!(AllocatorConfig::parse("large_segment_size_mb:10").is_err(), "must exceed 10 MiB");
         let c = AllocatorConfig::parse("garbage_collection_threshold:0.6,per_process_memory_fraction:0.5").unwrap();
         assert_eq!((c.garbage_collection_threshold, c.memory_fraction), (0.6, 0.5));
@@ -358,7 +611,7 @@ mod tests {
         let e = AllocatorConfig::parse("backend:cudaMallocAsync").unwrap_err().to_string();
         assert!(e.contains("does not model"), "{e}");
         let e = AllocatorConfig::parse("expandable:True").unwrap_err().to_string();
-        assert!(e.contains("unknown key `expandable`"), "{e}");
+        assert!(e.contains("Unrecognized key 'expandable' in CUDA allocator config."), "{e}");
         assert!(AllocatorConfig::parse("max_split_size_mb").is_err());
         assert!(AllocatorConfig::parse("roundup_power2_divisions:[256:1").is_err());
     }
@@ -397,5 +650,110 @@ mod tests {
         let c = AllocatorConfig::parse("roundup_power2_divisions:4").unwrap();
         assert_eq!(c.roundup_power2_divisions, [4; DIVISION_BUCKETS]);
         assert!(AllocatorConfig::parse("roundup_power2_divisions:3").is_err());
+    }
+
+    /// Every refusal of the table, with libtorch 2.11's own message: each of
+    /// these strings makes libtorch raise, and made memlab replay (the first
+    /// two exited 0).
+    #[test]
+    fn what_libtorch_refuses_is_refused_with_its_message() {
+        for (text, says) in [
+            (
+                "release_lock_on_cudamalloc:maybe",
+                "Expected 'True' or 'False' at index 2 in ConfigTokenizer but got 'maybe'",
+            ),
+            ("pinned_num_register_threads:abc", "(\"stoull\")"),
+            ("pinned_num_register_threads:3", "Number of register threads has to be power of 2, got 3"),
+            ("pinned_num_register_threads:0", "has to be power of 2, got 0"),
+            ("pinned_num_register_threads:256", "should be less than or equal to 128, got 256"),
+            ("pinned_reserve_segment_size_mb:0", "Pinned reserve segment size has to be greater than 0"),
+            ("pinned_use_cuda_host_register:1", "Expected 'True' or 'False'"),
+            ("graph_capture_record_stream_reuse:yes", "Expected 'True' or 'False'"),
+            ("expandable_segments:Maybe", "but got 'Maybe'"),
+            ("large_segment_size_mb:10", "CachingAllocator option large_segment_size_mb must be > 10 MB"),
+            ("max_split_size_mb:19", "CachingAllocator option max_split_size_mb too small, must be >= 20"),
+            ("large_segment_size_mb:64,max_split_size_mb:40", "must be >= 64"),
+            ("max_non_split_rounding_mb:2", "max_non_split_rounding_mb too small, must be >= 20"),
+            ("max_split_size_mb:99999999999999999999", "(\"stoull\")"),
+            ("garbage_collection_threshold:1", "garbage_collect_threshold is invalid, set it in (0.0, 1.0)"),
+            ("garbage_collection_threshold:nan", "garbage_collect_threshold is invalid"),
+            ("garbage_collection_threshold:1e-400", "(\"stod\")"),
+            ("per_process_memory_fraction:1.5", "per_process_memory_fraction is invalid, set it in [0.0, 1.0]"),
+            ("per_process_memory_fraction:nan", "per_process_memory_fraction is invalid"),
+            ("roundup_power2_divisions:3", "For roundups, the divisions has to be power of 2"),
+            ("roundup_power2_divisions:0", "For roundups, the divisions has to be power of 2"),
+            ("roundup_power2_divisions:[64:3]", "power of 2 or 0 to disable roundup"),
+            ("roundup_power2_divisions:[48:2]", "For roundups, the intervals have to be power of 2"),
+            ("roundup_power2_divisions:[256:4:8]", "Index out of bounds in ConfigTokenizer"),
+            ("max_split_size_mb", "Index out of bounds in ConfigTokenizer"),
+            ("backend:other", "Unknown allocator backend, options are native and cudaMallocAsync"),
+            ("Max_split_size_mb:30", "Unrecognized key 'Max_split_size_mb' in CUDA allocator config."),
+            ("max_split_size_mb=30", "Unrecognized key 'max_split_size_mb=30'"),
+        ] {
+            let e = AllocatorConfig::parse(text).expect_err(text).to_string();
+            assert!(e.contains(says) && e.contains(text), "{text}: {e}");
+        }
+    }
+
+    /// What libtorch clamps or reads otherwise is read as it reads it, and
+    /// said. A size past `SIZE_MAX / 1 MiB` used to wrap: the checked value
+    /// and the stored one differed.
+    #[test]
+    fn what_libtorch_clamps_is_clamped_and_said() {
+        for mb in ["17592186044436", "17592186044415", "-1"] {
+            let read = AllocatorConfig::read(&format!("large_segment_size_mb:{mb}")).unwrap();
+            assert_eq!(read.config.large_segment_size, MAX_MB * MIB, "{mb}");
+            assert_eq!(read.config.max_non_split_rounding, MAX_MB * MIB);
+        }
+        let read = AllocatorConfig::read("large_segment_size_mb:17592186044436").unwrap();
+        assert!(read.notes.iter().any(|n| n.contains("clamped to 17592186044415")), "{:?}", read.notes);
+        // The largest max_split_size is not "unlimited".
+        let read = AllocatorConfig::read("max_split_size_mb:-1").unwrap();
+        assert_eq!(read.config.max_split_size, Some(MAX_MB * MIB));
+        assert!(
+            read.notes.iter().any(|n| n.contains("wraps a negative"))
+                && read.notes.iter().any(|n| n.contains("not unlimited"))
+        );
+        // stoull's and stod's readings, separators unchecked, whitespace dropped.
+        let read = AllocatorConfig::read("max_split_size_mb:30abc, garbage_collection_threshold : 0.5x").unwrap();
+        assert_eq!((read.config.max_split_size, read.config.garbage_collection_threshold), (Some(30 * MIB), 0.5));
+        assert_eq!(read.notes.len(), 2, "{:?}", read.notes);
+        assert_eq!(AllocatorConfig::parse("max_split_size_mb,128").unwrap().max_split_size, Some(128 * MIB));
+        assert_eq!(AllocatorConfig::parse("max_split_size_mb: 3 0").unwrap().max_split_size, Some(30 * MIB));
+        // A leading `>` fills from the second bucket; a bound past 32 GiB is the last bucket's.
+        let c = AllocatorConfig::parse("roundup_power2_divisions:[>:4]").unwrap();
+        assert_eq!(c.roundup_power2_divisions[..2], [0, 4]);
+        let read = AllocatorConfig::read("roundup_power2_divisions:[1048576:2]").unwrap();
+        assert_eq!(read.config.roundup_power2_divisions, [2; DIVISION_BUCKETS]);
+        assert_eq!(read.notes.len(), 1);
+        // Huge divisions wrap libtorch's product: noted, and modelled.
+        let read = AllocatorConfig::read("roundup_power2_divisions:36028797018963968").unwrap();
+        assert!(read.notes[0].contains("rounded up to a power of two"), "{:?}", read.notes);
+    }
+
+    /// The settings a snapshot records go through the same table: values
+    /// libtorch cannot hold are refused, libtorch's encodings of unlimited
+    /// and of its clamped largest are read as such.
+    #[test]
+    fn a_snapshots_settings_go_through_the_same_table() {
+        let read = |settings: serde_json::Value| AllocatorConfig::from_snapshot(&settings);
+        for (settings, says) in [
+            (serde_json::json!({"max_split_size": 100}), "max_split_size = 100"),
+            (serde_json::json!({"max_split_size": 25 * MIB + 1}), "whole MiB"),
+            (serde_json::json!({"garbage_collection_threshold": 7.5}), "garbage_collect_threshold is invalid"),
+            (serde_json::json!({"roundup_power2_divisions": {"1": 3}}), "power of 2 or 0"),
+            (serde_json::json!({"roundup_power2_divisions": {"3": 2}}), "not a bucket"),
+            (serde_json::json!({"expandable_segments": "yes"}), "not True or False"),
+            (
+                serde_json::json!({"PYTORCH_CUDA_ALLOC_CONF": "release_lock_on_cudamalloc:maybe"}),
+                "Expected 'True' or 'False'",
+            ),
+        ] {
+            let e = read(settings.clone()).expect_err(&settings.to_string()).to_string();
+            assert!(e.contains(says), "{settings}: {e}");
+        }
+        assert_eq!(read(serde_json::json!({"max_split_size": -1})).unwrap().max_split_size, None);
+        assert_eq!(read(serde_json::json!({"max_split_size": -1048576})).unwrap().max_split_size, Some(MAX_MB * MIB));
+        assert_eq!(read(serde_json::json!({"max_split_size": 20 * MIB})).unwrap().max_split_size, Some(20 * MIB));
     }
 }
