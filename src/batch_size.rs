@@ -121,6 +121,8 @@ pub fn find_batch_size(
                     "Budget::CudaCard searches on the CPU: give Device::Cpu and a step that runs there".to_string(),
                 ));
             }
+            // One prediction at a time in the process, for the whole search.
+            let _turn = crate::prediction::Turn::take()?;
             let _quiet = quiet_oom_panics::install();
             let mut searched = Searched::default();
             return search(i64::try_from(card).unwrap_or(i64::MAX), max, |n| {
@@ -258,6 +260,8 @@ fn predicted_need(
             Some(Fit::Fits { .. }) | None => s.peak_device,
             Some(Fit::FitsGivingCacheBack { least }) => least,
             Some(Fit::DoesNotFit { needing, .. }) => card + needing,
+            // No card holds it: the most any figure can say.
+            Some(Fit::NoCard { .. }) => u64::MAX,
         }
     });
     (need.map(|b| i64::try_from(b).unwrap_or(i64::MAX)), None)

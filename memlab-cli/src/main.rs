@@ -164,11 +164,20 @@ fn bytes(text: &str, flag: &str) -> Result<u64, String> {
         "T" => 40,
         _ => return Err(format!("{flag} {text}: write bytes, or a number with K, M, G or T (80G)")),
     };
-    let n: f64 = digits.trim().parse().map_err(|_| format!("{flag} {text}: {digits:?} is not a number"))?;
+    let digits = digits.trim();
+    // Whole bytes are read exactly; a fraction of a unit (1.5G) in floating point.
+    let exact = digits.parse::<u64>().ok().map(|n| n.checked_mul(1u64 << shift));
+    let n: f64 = digits.parse().map_err(|_| format!("{flag} {text}: {digits:?} is not a number"))?;
     if !(n.is_finite() && n >= 0.0) {
         return Err(format!("{flag} {text}: not a size"));
     }
-    Ok((n * (1u64 << shift) as f64) as u64)
+    let bytes = n * (1u64 << shift) as f64;
+    match exact {
+        Some(Some(bytes)) => Ok(bytes),
+        Some(None) => Err(format!("{flag} {text}: more bytes than a 64-bit count holds")),
+        None if bytes < u64::MAX as f64 => Ok(bytes as u64),
+        None => Err(format!("{flag} {text}: more bytes than a 64-bit count holds")),
+    }
 }
 
 fn main() -> ExitCode {

@@ -707,7 +707,7 @@ fn replay_refuses_what_it_cannot_replay_in_one_line() {
     for (args, says) in [
         (vec!["replay", cpu.to_str().unwrap()], "no CUDA history"),
         (vec!["replay", cuda, "--setting", "backend:cudaMallocAsync"], "does not model"),
-        (vec!["replay", cuda, "--setting", "max_split_size_mb:8"], "at least 20"),
+        (vec!["replay", cuda, "--setting", "max_split_size_mb:8"], "must be >= 20"),
         (vec!["replay", cuda, "--capacity", "lots"], "--capacity lots"),
         (vec!["replay", cuda, "--fraction", "1.5"], "between 0 and 1"),
     ] {
@@ -897,4 +897,125 @@ fn pytorchs_full_stacks_name_cudnns_workspaces() {
     for op in ops {
         assert_eq!(row(&format!("autograd's backward pass ({op})")), by_op(op), "{op}");
     }
+}
+
+/// A snapshot of one device (`cuda:0`, or `cpu` for `--as-cuda`) whose
+/// history is `entries` (action, address, bytes), written to a file.
+fn history_file(name: &str, device: &str, entries: &[(memlab_core::events::Action, u64, u64)]) -> String {
+    use memlab_core::export::{Snapshot, SnapshotInfo, TraceEntry};
+    let trace = entries
+        .iter()
+        .enumerate()
+        .map(|(i, &(action, addr, size))| {
+            let addr = (action != memlab_core::events::Action::Oom).then_some(addr);
+            TraceEntry::new(action, addr, size, i as u64)
+        })
+        .collect();
+    let snapshot = Snapshot {
+        segments: Vec::new(),
+        device_traces: vec![trace],
+        allocator_settings: Some(serde_json::json!({"PYTORCH_CUDA_ALLOC_CONF": ""})),
+        memlab: Some(SnapshotInfo { devices: vec![device.into()], ..SnapshotInfo::default() }),
+    };
+    let path = temp(name);
+    std::fs::write(&path, snapshot.to_pickle().unwrap()).unwrap();
+    path.to_str().unwrap().to_string()
+}
+
+/// The replay on hostile settings and sizes (reliability round 5): what
+/// libtorch refuses is refused in one line with its message, what it
+/// clamps is clamped and said, no figure wraps, and no history that cannot
+/// fit is said to fit.
+#[test]
+fn replay_takes_hostile_settings_and_sizes_as_libtorch_would_and_says_so() {
+    use memlab_core::events::Action::{Alloc, Oom, SegmentAlloc};
+    const MIB: u64 = 1 << 20;
+    let cuda = fixture("replay/mlp__default.pickle");
+    let cuda = cuda.to_str().unwrap();
+    // Refused by libtorch, so refused here (these two exited 0).
+    for (setting, says) in [
+        (
+            "release_lock_on_cudamalloc:maybe",
+            "Expected 'True' or 'False' at index 2 in ConfigTokenizer but got 'maybe'",
+        ),
+        ("pinned_num_register_threads:abc", "stoull"),
+    ] {
+        let output = memlab(&["replay", cuda, "--setting", setting]);
+        let err = String::from_utf8_lossy(&output.stderr);
+        assert_eq!((output.status.code(), err.trim_end().lines().count()), (Some(2), 1), "{setting}: {err}");
+        assert!(err.starts_with("memlab: ") && err.contains(says), "{setting}: {err}");
+    }
+    // A large segment size past SIZE_MAX / 1 MiB is clamped, as libtorch
+    // clamps it, and said; its segments fit no card, and no figure wraps.
+    for mb in ["17592186044436", "17592186044415"] {
+        let setting = format!("large_segment_size_mb:{mb}");
+        let args = ["replay", cuda, "--capacity", "80G", "--setting", &setting];
+        let text = stdout(&memlab(&args));
+        assert!(text.contains("17592186044415"), "{text}");
+        let mut json_args = args.to_vec();
+        json_args.push("--json");
+        let replayed = json(&json_args);
+        for replay in replayed["devices"][0]["replays"].as_array().unwrap() {
+            let (reserved, allocated) =
+                (replay["peak_reserved"].as_u64().unwrap(), replay["peak_allocated"].as_u64().unwrap());
+            assert!(allocated <= reserved && reserved <= 80 << 30, "{setting}: {replay}");
+            assert!(!replay["ooms"].as_array().unwrap().is_empty(), "its segments fit no card: {replay}");
+        }
+        assert!(!text.contains("8192.00P") && !text.contains("16.00E free"), "{text}");
+    }
+    // A memory fraction of the row's own names the row.
+    let text = stdout(&memlab(&["replay", cuda, "--setting", "per_process_memory_fraction:0.0001"]));
+    assert!(text.lines().any(|l| l.trim_start().starts_with("per_process_memory_fraction:0.0001")), "{text}");
+    assert_eq!(text.lines().filter(|l| l.trim_start().starts_with("default")).count(), 1, "{text}");
+    // A request of u64::MAX after 2 MiB allocated: libtorch refuses it at
+    // once; the text's figure is the JSON's.
+    let huge = history_file(
+        "huge_request.pickle",
+        "cuda:0",
+        &[(SegmentAlloc, 1 << 32, 2 * MIB), (Alloc, 1 << 32, 2 * MIB), (Oom, 0, u64::MAX)],
+    );
+    let text = stdout(&memlab(&["replay", &huge]));
+    assert!(text.contains("asking 16.00E: libtorch refuses a request of 1.00E or more at once"), "{text}");
+    assert_eq!(
+        json(&["replay", &huge, "--json"])["devices"][0]["ooms"][0]["oom"]["requested"],
+        serde_json::json!(u64::MAX)
+    );
+    // A card no device has is refused, saying the largest the model takes.
+    let output = memlab(&["replay", &huge, "--capacity", "9223372036854775808"]);
+    let err = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(2), "{err}");
+    assert!(err.contains("at most 1 EiB"), "{err}");
+    let output = memlab(&["replay", &huge, "--capacity", "99999999999999999999"]);
+    assert!(String::from_utf8_lossy(&output.stderr).contains("more bytes than a 64-bit count holds"));
+    // Two final segments whose bytes pass 2^63 - 1: refused, naming the second.
+    let path = temp("two_huge_segments.pickle");
+    let segment = |address: u64| memlab_core::export::Segment {
+        device: 0,
+        address,
+        total_size: 1 << 62,
+        stream: 0,
+        segment_type: memlab_core::export::SegmentType::Large,
+        allocated_size: 0,
+        active_size: 0,
+        requested_size: 0,
+        is_expandable: false,
+        blocks: Vec::new(),
+    };
+    let snapshot = memlab_core::export::Snapshot {
+        segments: vec![segment(0), segment(1 << 62)],
+        device_traces: vec![Vec::new()],
+        allocator_settings: None,
+        memlab: None,
+    };
+    std::fs::write(&path, snapshot.to_pickle().unwrap()).unwrap();
+    for command in ["summary", "replay"] {
+        let output = memlab(&[command, path.to_str().unwrap()]);
+        let err = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(output.status.code(), Some(2), "{command}: {err}");
+        assert!(err.contains("segment 1 (cuda:0 at 0x4000000000000000)"), "{command}: {err}");
+    }
+    // A CPU history with an allocation of 1 EiB fits no card.
+    let cpu = history_file("exabyte_step.pickle", "cpu", &[(Alloc, 1 << 40, 4 * MIB), (Alloc, 2 << 40, 1 << 60)]);
+    let text = stdout(&memlab(&["replay", &cpu, "--as-cuda", "--capacity", "80G"]));
+    assert!(text.contains("does not fit on any card") && !text.contains("to spare"), "{text}");
 }

@@ -27,7 +27,12 @@ pub const SMALL_BUFFER: u64 = 2 * MIB;
 /// `kRoundLarge`: large segments from 10 MiB are multiples of it.
 pub const ROUND_LARGE: u64 = 2 * MIB;
 /// Requests from here on fail at once, as libtorch's (`one_exa_bytes`).
+/// Also the largest device the model takes: no device has as much, and
+/// below it every sum of the model's figures stays within `i64`.
 pub const ONE_EXABYTE: u64 = 1 << 60;
+/// Where the model's addresses start: away from 0, aligned as the driver
+/// aligns large allocations.
+const FIRST_ADDRESS: u64 = 1 << 32;
 
 /// A block the model handed out, by its number.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -172,11 +177,13 @@ fn bump(array: &mut StatArray, small: bool, by: i64) {
 
 fn change(stat: &mut Stat, by: i64) {
     stat.current += by;
+    // The running totals grow with every request of a history, without
+    // bound: they stop at i64::MAX rather than wrap.
     if by > 0 {
-        stat.allocated += by;
+        stat.allocated = stat.allocated.saturating_add(by);
         stat.peak = stat.peak.max(stat.current);
     } else {
-        stat.freed -= by;
+        stat.freed = stat.freed.saturating_sub(by);
     }
 }
 
@@ -184,8 +191,17 @@ impl CachingAllocator {
     /// An allocator with `config` on a device whose allocator can obtain
     /// `capacity` bytes in all (what `cudaMalloc` can get before it fails),
     /// of `total` bytes (`totalGlobalMem`, the base of the memory fraction).
-    /// Refuses the settings it does not model.
+    /// Refuses the settings it does not model, and a device of more than
+    /// [`ONE_EXABYTE`].
     pub fn new(config: AllocatorConfig, capacity: u64, total: u64) -> Result<CachingAllocator> {
+        for (what, bytes) in [("capacity", capacity), ("total memory", total)] {
+            if bytes > ONE_EXABYTE {
+                return Err(Error::InvalidArgument(format!(
+                    "a device {what} of {bytes} bytes: the allocator's model takes at most 1 EiB ({ONE_EXABYTE} \
+                     bytes), more than any device has; give the card's real memory"
+                )));
+            }
+        }
         let mut allocator = CachingAllocator {
             capacity,
             allowed: None,
@@ -195,8 +211,7 @@ impl CachingAllocator {
             small: Pool::default(),
             large: Pool::default(),
             reserved: 0,
-            // Away from 0, aligned as the driver aligns large allocations.
-            next_address: 1 << 32,
+            next_address: FIRST_ADDRESS,
             stats: DeviceStats::default(),
             segments: Vec::new(),
             config,
@@ -245,7 +260,9 @@ impl CachingAllocator {
             return MIN_BLOCK;
         }
         let divisions = self.config.divisions(size);
-        if divisions > 1 && size > MIN_BLOCK * divisions {
+        // In `size_t`, as libtorch multiplies: from 2^55 divisions the
+        // product wraps (to 0), and every request rounds to a power of two.
+        if divisions > 1 && size > MIN_BLOCK.wrapping_mul(divisions) {
             return next_division(size, divisions);
         }
         size.div_ceil(MIN_BLOCK) * MIN_BLOCK
@@ -327,13 +344,33 @@ impl CachingAllocator {
         }
     }
 
+    /// Whether `bytes` more keep what the allocator holds within `limit`.
+    fn room_for(&self, limit: u64, bytes: u64) -> bool {
+        self.reserved.checked_add(bytes).is_some_and(|reserved| reserved <= limit)
+    }
+
+    /// `bytes` of the model's address space, aligned to `align`, for a new
+    /// segment. Addresses only tell blocks apart and order them inside a
+    /// segment, and no history holds the address space at once: where a
+    /// long one would run past its end, they start again from the first.
+    fn addresses(&mut self, bytes: u64, align: u64) -> u64 {
+        let room = |base: u64| base.checked_add(bytes).map(|end| (base, end));
+        let (base, end) = self
+            .next_address
+            .checked_next_multiple_of(align)
+            .and_then(room)
+            .or_else(|| room(FIRST_ADDRESS))
+            .unwrap_or((0, bytes));
+        self.next_address = end.checked_next_multiple_of(ROUND_LARGE).unwrap_or(FIRST_ADDRESS);
+        base
+    }
+
     /// A segment the allocator held before the replay began (rebuilt from a
     /// snapshot): `size` bytes of `stream` in the small or large pool,
     /// whole and free, reserved but made by no segment event. Returns the
     /// model's address of it, for [`restore_block`](Self::restore_block).
     pub fn restore_segment(&mut self, size: u64, stream: u64, small: bool) -> u64 {
-        let address = self.next_address;
-        self.next_address += size.div_ceil(ROUND_LARGE) * ROUND_LARGE;
+        let address = self.addresses(size, ROUND_LARGE);
         self.reserved += size;
         bump(&mut self.stats.segment, small, 1);
         bump(&mut self.stats.reserved_bytes, small, size as i64);
@@ -518,7 +555,9 @@ impl CachingAllocator {
         }
         // An oversize block never serves a request below max_split_size; an
         // oversize request takes a block at most max_non_split_rounding larger.
-        if (size < mss && block_size >= mss) || (size >= mss && block_size >= size.saturating_add(rounding)) {
+        // The sum in `size_t`, as libtorch adds it: a rounding near 2^64
+        // wraps it, and then no cached block serves an oversize request.
+        if (size < mss && block_size >= mss) || (size >= mss && block_size >= size.wrapping_add(rounding)) {
             return None;
         }
         self.remove_free(id);
@@ -533,17 +572,16 @@ impl CachingAllocator {
         if retry {
             self.stats.num_alloc_retries += 1;
         }
-        if self.allowed.is_some_and(|allowed| self.reserved + bytes > allowed) {
+        if self.allowed.is_some_and(|allowed| !self.room_for(allowed, bytes)) {
             return None;
         }
         if self.config.expandable_segments {
             return self.expandable_block(small, stream, size);
         }
-        if self.reserved + bytes > self.capacity {
+        if !self.room_for(self.capacity, bytes) {
             return None;
         }
-        let address = self.next_address;
-        self.next_address += bytes.div_ceil(ROUND_LARGE) * ROUND_LARGE;
+        let address = self.addresses(bytes, ROUND_LARGE);
         self.reserved += bytes;
         bump(&mut self.stats.segment, small, 1);
         bump(&mut self.stats.reserved_bytes, small, bytes as i64);
@@ -845,8 +883,7 @@ impl CachingAllocator {
         }
         let page = if small { SMALL_BUFFER } else { self.config.large_segment_size };
         let pages = (self.total + self.total / 8).div_ceil(page);
-        let base = self.next_address.div_ceil(page) * page;
-        self.next_address = base + pages * page;
+        let base = self.addresses(pages * page, page);
         let id = self.new_block(Block::segment(base, pages * page, stream, small, Some((base, page))));
         self.insert_unmapped(id);
         id
@@ -860,7 +897,7 @@ impl CachingAllocator {
         let (base, page) = b.expandable.expect("an expandable segment's block");
         debug_assert!(!b.mapped && (b.address - base).is_multiple_of(page));
         let bytes = size.div_ceil(page) * page;
-        if self.reserved + bytes > self.capacity {
+        if !self.room_for(self.capacity, bytes) {
             return None;
         }
         self.detach(id);

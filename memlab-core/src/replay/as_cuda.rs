@@ -95,6 +95,8 @@ pub fn cpu_history_as_cuda(
 /// in it that a kernel does without where they cannot be had.
 struct AsCuda {
     snapshot: Snapshot,
+    /// The CPU history's allocations.
+    allocations: u64,
     kernels: KernelsModelled,
     soft: std::collections::HashMap<u64, super::kernels::Soft>,
 }
@@ -113,12 +115,9 @@ fn as_cuda(
                 .into(),
         )
     })?;
+    // A CPU history with no allocation (a step that made none) is predicted
+    // all the same: what lived before it and what CUDA adds.
     let trace = snapshot.device_traces.get(cpu).map(Vec::as_slice).unwrap_or_default();
-    if !trace.iter().any(|e| e.action == Action::Alloc) {
-        return Err(Error::InvalidArgument(
-            "the snapshot's CPU history has no allocation: record the step on the CPU under a memlab Recording".into(),
-        ));
-    }
     let mut history = Vec::with_capacity(trace.len() * 3 / 2 + live_before.len() + 4);
     let first_time = trace.first().map_or(0, |e| e.time_us);
     let block = |address: u64, size: u64| TraceEntry::new(Action::Alloc, Some(address), size, first_time);
@@ -270,7 +269,8 @@ fn as_cuda(
             ops: None,
         }),
     };
-    Ok(AsCuda { snapshot: cuda, kernels: plan.modelled, soft })
+    let allocations = trace.iter().filter(|e| e.action == Action::Alloc).count() as u64;
+    Ok(AsCuda { snapshot: cuda, allocations, kernels: plan.modelled, soft })
 }
 
 /// What to predict for: [`predict_cuda`]'s options, `memlab replay
@@ -314,6 +314,14 @@ pub struct CudaPrediction {
     pub capacity: Option<u64>,
     /// One per setting.
     pub settings: Vec<SettingPrediction>,
+    /// Settings libtorch 2.11 reads otherwise than written (a value
+    /// clamped, wrapped or cut short), each a sentence.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
+    /// The allocations of the CPU run's history (none: the prediction is of
+    /// what lived before it and what CUDA adds).
+    #[serde(default)]
+    pub cpu_allocations: u64,
     /// The CPU run's peak allocated in each step, where the prediction ran
     /// the steps itself (`memlab::will_it_fit`): the last two agree when the
     /// peak was steady.
@@ -337,7 +345,8 @@ pub struct SettingPrediction {
     /// The predicted peak of the process's device memory: reserved plus what
     /// lies outside the allocator.
     pub peak_device: u64,
-    /// With a capacity: fits, or where the step runs out.
+    /// With a capacity: fits, or where the step runs out; without one, set
+    /// only where no card holds the step ([`Fit::NoCard`]).
     pub fit: Option<Fit>,
 }
 
@@ -368,12 +377,24 @@ pub enum Fit {
         /// the step fits in (to 2 MiB) less the card's.
         needing: u64,
     },
+    /// No card holds it: a request libtorch refuses at once (1 EiB or
+    /// more), or the step's tensors pass the largest device the model takes.
+    NoCard {
+        /// When the CPU run made the allocation that fails, in microseconds
+        /// since the first event of its history.
+        at_us: u64,
+        /// Where it was made, where the recording has backtraces.
+        site: Option<String>,
+        /// The bytes that allocation asked for.
+        requested: u64,
+    },
 }
 
 /// Predicts a CUDA run's peaks from the CPU history of `snapshot` (called
 /// `name` in messages): see [`cpu_history_as_cuda`].
 pub fn predict_cuda(name: &str, snapshot: &Snapshot, options: &PredictOptions) -> Result<CudaPrediction> {
-    use super::{replay_device_at, AllocatorConfig, Card};
+    use super::{replay_device_at, Card};
+    crate::export::check_figures(snapshot).map_err(|why| Error::InvalidArgument(format!("{name}: {why}")))?;
     let additions = options.additions.clone().unwrap_or_default();
     if additions.cublas_handles > MAX_HANDLES {
         return Err(Error::InvalidArgument(format!(
@@ -387,7 +408,7 @@ pub fn predict_cuda(name: &str, snapshot: &Snapshot, options: &PredictOptions) -
         )));
     }
     let total = options.capacity.unwrap_or(MAX_CARD);
-    let AsCuda { snapshot: history, kernels, soft } =
+    let AsCuda { snapshot: history, allocations, kernels, soft } =
         as_cuda(snapshot, &additions, total, &options.live_before, options.workspaces_after).map_err(|e| match e {
             Error::InvalidArgument(why) => Error::InvalidArgument(format!("{name}: {why}")),
             other => other,
@@ -403,18 +424,22 @@ pub fn predict_cuda(name: &str, snapshot: &Snapshot, options: &PredictOptions) -
     };
     let settings = if options.settings.is_empty() { vec![String::new()] } else { options.settings.clone() };
     let mut out = Vec::new();
-    for conf in &settings {
-        let config = AllocatorConfig::parse(conf)?;
-        if config.memory_fraction < 1.0 {
-            return Err(Error::InvalidArgument(format!(
-                "{conf}: a prediction runs on a whole card; give the memory the allocator may use as the card's \
-                 memory instead of a memory fraction"
-            )));
-        }
+    let mut notes: Vec<String> = Vec::new();
+    for read in check_settings(&settings)? {
+        notes.extend(read.notes.into_iter().filter(|n| !notes.contains(n)).collect::<Vec<_>>());
+        let config = read.config;
         let card = Card { capacity: super::ONE_EXABYTE, total };
         let unlimited = replay_device_at(&history, 0, &config, card, &emptied(&history))?;
         let peak_device = unlimited.peak_reserved + additions.outside_allocator;
+        // A request that fails on the largest card the model takes fails on
+        // every card: libtorch refuses it at once (1 EiB or more), or the
+        // step holds more than any device has. No cache given back helps.
+        let never = unlimited.ooms.iter().find(|o| !o.recorded).map(|o| {
+            let entry = &history.device_traces[0][o.entry];
+            Fit::NoCard { at_us: entry.time_us.saturating_sub(first_us), site: site(entry), requested: o.oom.requested }
+        });
         let fit = match options.capacity {
+            _ if never.is_some() => never,
             None => None,
             Some(capacity) if peak_device <= capacity => Some(Fit::Fits { spare: capacity - peak_device }),
             Some(capacity) => {
@@ -461,10 +486,9 @@ pub fn predict_cuda(name: &str, snapshot: &Snapshot, options: &PredictOptions) -
                     Some((_, entry)) => {
                         // The card fails: the least card is above it.
                         let least = least_between(limit / STEP, upper.max(limit / STEP + 1))?;
-                        let site = entry.frames.first().map(|f| format!("{} ({}:{})", f.name, f.filename, f.line));
                         Fit::DoesNotFit {
                             at_us: entry.time_us.saturating_sub(first_us),
-                            site,
+                            site: site(&entry),
                             needing: (least + additions.outside_allocator).saturating_sub(capacity),
                         }
                     }
@@ -484,9 +508,37 @@ pub fn predict_cuda(name: &str, snapshot: &Snapshot, options: &PredictOptions) -
         additions,
         capacity: options.capacity,
         settings: out,
+        notes,
+        cpu_allocations: allocations,
         cpu_step_peaks: Vec::new(),
         kernels: watched.then_some(kernels),
     })
+}
+
+/// Parses the settings a prediction is asked for, refusing the first that
+/// libtorch would refuse, and a memory fraction: a prediction is for a
+/// whole card. What [`predict_cuda`] does first; a caller that runs the
+/// steps itself (`memlab::will_it_fit`) checks them before it does.
+pub fn check_settings(settings: &[String]) -> Result<Vec<super::ReadSettings>> {
+    settings
+        .iter()
+        .map(|conf| {
+            let read = super::AllocatorConfig::read(conf)?;
+            if read.config.memory_fraction < 1.0 {
+                return Err(Error::InvalidArgument(format!(
+                    "{conf}: a prediction runs on a whole card; give the memory the allocator may use as the \
+                     card's memory instead of a memory fraction"
+                )));
+            }
+            Ok(read)
+        })
+        .collect()
+}
+
+/// Where the CPU run made `entry`: its innermost frame, where the recording
+/// has backtraces.
+fn site(entry: &TraceEntry) -> Option<String> {
+    entry.frames.first().map(|f| format!("{} ({}:{})", f.name, f.filename, f.line))
 }
 
 /// A predicted history under a limit, as libtorch's convolutions meet it:
@@ -601,6 +653,8 @@ impl Render for CudaPrediction {
         ];
         if let Some(capacity) = self.capacity {
             doc.line(format!("On a card of {}:", Cell::bytes(capacity)));
+        }
+        if self.capacity.is_some() || self.settings.iter().any(|p| p.fit.is_some()) {
             columns.push(Column::new("fits?", Layout::Text));
         }
         let mut table = Table::new(columns);
@@ -624,11 +678,34 @@ impl Render for CudaPrediction {
                         site.as_ref().map_or(String::new(), |s| format!(" in {s}")),
                         Cell::bytes(*needing)
                     ),
+                    Fit::NoCard { at_us, site, requested } => format!(
+                        "does not fit on any card: the allocation at +{:.3}s{} asks {} ({requested} bytes){}",
+                        *at_us as f64 / 1e6,
+                        site.as_ref().map_or(String::new(), |s| format!(" in {s}")),
+                        Cell::bytes(*requested),
+                        if *requested >= super::ONE_EXABYTE {
+                            ", which libtorch refuses at once (1 EiB or more)"
+                        } else {
+                            ", past the largest device the model takes (1 EiB)"
+                        }
+                    ),
                 }));
+            } else if self.settings.iter().any(|p| p.fit.is_some()) {
+                row.push(Cell::Empty);
             }
             table.row(row);
         }
         doc.table(table);
+        for n in &self.notes {
+            doc.note(format!("Read as libtorch 2.11 reads it: {n}."));
+        }
+        if self.cpu_allocations == 0 {
+            doc.caution(
+                "The CPU run made no allocation: the prediction is of what lived before it and what CUDA adds \
+                 (the context, the libraries' workspaces). A step that trains allocates; check that the step given \
+                 is the one that runs.",
+            );
+        }
         if let [.., before, last] = self.cpu_step_peaks[..] {
             let steps = self.cpu_step_peaks.len();
             if before == last {
@@ -1005,5 +1082,65 @@ mod tests {
         assert_eq!(now[..3], [(Alloc, Some(hard), 100), (Oom, None, 300), (Oom, None, 50)]);
         assert!(!now.iter().any(|e| e.1 == Some(w1) || e.1 == Some(w2)), "{now:?}");
         assert_eq!(now.iter().filter(|e| e.1 == Some(other)).count(), 3, "another shape keeps its own");
+    }
+
+    /// A CPU history in memory: `entries` (action, address, bytes), one
+    /// microsecond apart.
+    fn cpu(entries: &[(Action, u64, u64)]) -> Snapshot {
+        let trace =
+            entries.iter().enumerate().map(|(i, &(a, addr, size))| TraceEntry::new(a, Some(addr), size, i as u64));
+        Snapshot {
+            segments: Vec::new(),
+            device_traces: vec![trace.collect()],
+            allocator_settings: None,
+            memlab: Some(SnapshotInfo { devices: vec!["cpu".into()], ..SnapshotInfo::default() }),
+        }
+    }
+
+    /// An allocation no card serves (libtorch refuses 1 EiB or more at
+    /// once) does not fit, whatever the card: the unlimited replay's failure
+    /// used to be dropped, and the step "fit" with the card to spare.
+    #[test]
+    fn a_request_no_card_serves_never_fits() {
+        let snapshot = cpu(&[(Action::Alloc, 1 << 40, 4 * MIB), (Action::Alloc, 2 << 40, 1 << 60)]);
+        for capacity in [Some(80 << 30), None] {
+            let options = PredictOptions { capacity, ..PredictOptions::default() };
+            let p = predict_cuda("huge", &snapshot, &options).unwrap();
+            let Some(Fit::NoCard { at_us, requested, .. }) = p.settings[0].fit else { panic!("{p}") };
+            assert_eq!((at_us, requested), (1, 1 << 60));
+            let text = p.to_text();
+            assert!(text.contains("does not fit on any card: the allocation at +0.000s asks 1.00E"), "{text}");
+            assert!(text.contains("which libtorch refuses at once"), "{text}");
+            assert!(!text.contains("to spare"), "{text}");
+        }
+    }
+
+    /// A step that made no allocation on the CPU is predicted from what
+    /// lived before it and what CUDA adds, and says so.
+    #[test]
+    fn a_step_without_allocations_is_predicted_and_said_so() {
+        let snapshot = cpu(&[]);
+        let options = PredictOptions { live_before: vec![(1 << 40, 8 * MIB)], ..PredictOptions::default() };
+        let p = predict_cuda("empty step", &snapshot, &options).unwrap();
+        let additions = CudaAdditions::default();
+        // The weight's 20 MiB segment, two cuBLAS workspaces in theirs, and
+        // cuBLASLt's 1 MiB in the weight's segment's free rest.
+        assert_eq!(
+            p.settings[0].peak_allocated,
+            8 * MIB + 2 * additions.cublas_workspace + additions.cublaslt_workspace
+        );
+        assert_eq!(p.cpu_allocations, 0);
+        assert!(p.to_text().contains("The CPU run made no allocation"), "{p}");
+    }
+
+    /// Settings libtorch refuses are refused by the check a caller runs
+    /// before any step, with libtorch's reason.
+    #[test]
+    fn bad_settings_are_refused_before_anything_runs() {
+        for bad in ["expandable_segments:Maybe", "max_split_size_mb:1", "per_process_memory_fraction:0.5", "nothing:1"]
+        {
+            assert!(check_settings(&[String::new(), bad.to_string()]).is_err(), "{bad}");
+        }
+        assert!(check_settings(&["expandable_segments:True".to_string()]).unwrap()[0].config.expandable_segments);
     }
 }

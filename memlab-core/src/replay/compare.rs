@@ -6,7 +6,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::allocator::ModelOom;
+use super::allocator::{ModelOom, ONE_EXABYTE};
 use super::config::AllocatorConfig;
 use super::run::{replay_device, replay_device_at, Card, DeviceReplay};
 use crate::error::{Error, Result};
@@ -53,6 +53,11 @@ pub struct Replayed {
     pub recorded_settings: String,
     /// What the replay assumed where the file says nothing, each a sentence.
     pub assumptions: Vec<String>,
+    /// Settings libtorch 2.11 reads otherwise than written (a value
+    /// clamped, wrapped or cut short), the recorded ones and those asked
+    /// for, each a sentence: the replay uses them as libtorch would.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
     /// One per CUDA device with a history.
     pub devices: Vec<DeviceReplays>,
 }
@@ -77,6 +82,7 @@ pub struct DeviceReplays {
 /// Replays every CUDA device of `snapshot` (called `name` in messages) as
 /// `options` say: under the settings it was recorded with, then each other.
 pub fn replay_snapshot(name: &str, snapshot: &Snapshot, options: &ReplayOptions) -> Result<Replayed> {
+    crate::export::check_figures(snapshot).map_err(|why| Error::InvalidArgument(format!("{name}: {why}")))?;
     let mut assumptions = Vec::new();
     let libtorch = snapshot.memlab.as_ref().and_then(|m| m.run.as_ref()).and_then(|r| r.libtorch.clone());
     let modelled = super::MODELLED_LIBTORCH;
@@ -91,9 +97,13 @@ pub fn replay_snapshot(name: &str, snapshot: &Snapshot, options: &ReplayOptions)
              {modelled}'s allocator"
         )),
     }
+    let mut notes = Vec::new();
     let recorded = match &snapshot.allocator_settings {
         Some(settings) => {
-            AllocatorConfig::from_snapshot(settings).map_err(|e| Error::InvalidArgument(format!("{name}: {e}")))?
+            let read =
+                AllocatorConfig::read_snapshot(settings).map_err(|e| Error::InvalidArgument(format!("{name}: {e}")))?;
+            notes.extend(read.notes);
+            read.config
         }
         None => {
             assumptions.push(
@@ -110,7 +120,13 @@ pub fn replay_snapshot(name: &str, snapshot: &Snapshot, options: &ReplayOptions)
     if options.compare {
         wanted.extend(COMPARED.iter().map(|s| s.to_string()));
     }
-    let wanted: Vec<AllocatorConfig> = wanted.iter().map(|conf| AllocatorConfig::parse(conf)).collect::<Result<_>>()?;
+    let mut configs_wanted = Vec::new();
+    for conf in &wanted {
+        let read = AllocatorConfig::read(conf)?;
+        notes.extend(read.notes.into_iter().filter(|n| !notes.contains(n)).collect::<Vec<_>>());
+        configs_wanted.push(read.config);
+    }
+    let wanted = configs_wanted;
     let recorded_memory = snapshot.memlab.as_ref().map(|m| m.device_memory.as_slice()).unwrap_or_default();
     let names = snapshot.devices();
     let mut devices = Vec::new();
@@ -198,14 +214,17 @@ pub fn replay_snapshot(name: &str, snapshot: &Snapshot, options: &ReplayOptions)
              or a memlab Recording on CUDA; a CPU recording predicts a CUDA run with `memlab replay --as-cuda`)"
         )));
     }
-    Ok(Replayed { file: name.to_string(), recorded_settings, assumptions, devices })
+    Ok(Replayed { file: name.to_string(), recorded_settings, assumptions, notes, devices })
 }
 
-/// Settings as the table names them: without the memory fraction (the
-/// same for every row, said above the table), `default` for none.
-fn settings_name(conf: &str) -> String {
-    let kept: Vec<&str> =
-        conf.split(',').filter(|k| !k.is_empty() && !k.starts_with("per_process_memory_fraction")).collect();
+/// Settings as the table names them: without the memory fraction where it
+/// is the device's (`fraction`, the same for every such row, said above the
+/// table), `default` for none. A row with a fraction of its own keeps it.
+fn settings_name(conf: &str, fraction: f64) -> String {
+    let device_fraction = |key: &str| {
+        key.strip_prefix("per_process_memory_fraction:").and_then(|v| v.parse::<f64>().ok()) == Some(fraction)
+    };
+    let kept: Vec<&str> = conf.split(',').filter(|k| !k.is_empty() && !device_fraction(k)).collect();
     if kept.is_empty() {
         "default".into()
     } else {
@@ -221,7 +240,10 @@ impl Render for Replayed {
         doc.line(
             "A replay through the model of libtorch 2.11's CUDA caching allocator (figures replayed, not measured).",
         );
-        doc.line(format!("Recorded with: {}", settings_name(&self.recorded_settings)));
+        doc.line(format!("Recorded with: {}", settings_name(&self.recorded_settings, 1.0)));
+        for n in &self.notes {
+            doc.note(format!("Read as libtorch 2.11 reads it: {n}."));
+        }
         for a in &self.assumptions {
             doc.note(format!("Assumed: {a}."));
         }
@@ -299,14 +321,14 @@ impl Render for Replayed {
                         Cell::bytes(o.oom.requested),
                         why(&o.oom)
                     ),
+                    None if i > 0 && recorded_oom && r.continued_after_oom.is_some() => {
+                        "no: avoids the recorded errors, as recorded (the program went on after its first: see below)"
+                            .to_string()
+                    }
                     None if i > 0 && recorded_oom => "no: avoids the recorded error".to_string(),
                     None => "no".to_string(),
                 };
-                let label = if i == 0 {
-                    format!("{} (recorded)", settings_name(&x.settings))
-                } else {
-                    settings_name(&x.settings)
-                };
+                let label = if i == 0 { format!("{} (recorded)", d.name(x)) } else { d.name(x) };
                 table.row([
                     Cell::text(label),
                     Cell::bytes(x.peak_reserved),
@@ -329,6 +351,12 @@ impl Render for Replayed {
 }
 
 impl DeviceReplays {
+    /// A replay's settings as its row names them: the device's memory
+    /// fraction, said above the table, left out.
+    pub fn name(&self, replay: &DeviceReplay) -> String {
+        settings_name(&replay.settings, self.memory_fraction)
+    }
+
     /// The recording's out-of-memory error as the replay under the
     /// recorded settings reproduced it, if it did.
     pub fn recorded_oom(&self) -> Option<&super::ReplayOom> {
@@ -351,7 +379,7 @@ impl DeviceReplays {
             Column::new("out of memory", Layout::Text),
         ]);
         for (i, x) in std::iter::once(&self.recorded).chain(&self.replays).enumerate() {
-            let name = settings_name(&x.settings);
+            let name = self.name(x);
             let oom = match x.ooms.first() {
                 Some(o) => format!("yes, at history entry {}", o.entry),
                 None => "no".to_string(),
@@ -397,11 +425,19 @@ impl DeviceReplays {
             for x in avoiding {
                 doc.line(format!(
                     "{} would have avoided the error at history entry {}, with a peak of {} reserved.",
-                    settings_name(&x.settings),
+                    self.name(x),
                     oom.entry,
                     Cell::bytes(x.peak_reserved)
                 ));
             }
+        }
+        if let Some(entry) = r.continued_after_oom {
+            doc.caution(format!(
+                "The program went on after the error at history entry {entry}: it caught the error and asked for \
+                 memory again. The replay follows its requests as recorded, so it is exact up to that entry; what \
+                 it says after it, each error avoided included, holds only if the program's requests did not \
+                 depend on the error (a loop that allocates until it fails asks for more wherever more is left)."
+            ));
         }
         let unrebuilt = r.reserved_before > 0 && r.rebuilt_segments == 0;
         if r.unknown_frees > 0 || unrebuilt || r.segment_events_matched < r.segment_events {
@@ -414,15 +450,29 @@ impl DeviceReplays {
     }
 }
 
-/// Why a request failed: the tensors alone fill the limit, or the memory
-/// held is too broken up for it.
+/// Why a request failed: libtorch refuses it at once, the tensors alone
+/// fill the limit, or the memory held is too broken up for it. Added in
+/// `u128`: a request may be any `u64`.
 fn why(oom: &ModelOom) -> String {
+    if oom.requested >= ONE_EXABYTE {
+        return format!(
+            "libtorch refuses a request of {} or more at once ({} bytes asked)",
+            Cell::bytes(ONE_EXABYTE),
+            oom.requested
+        );
+    }
     let free = oom.reserved.saturating_sub(oom.allocated);
-    if oom.allocated + oom.requested > oom.limit {
+    if u128::from(oom.allocated) + u128::from(oom.requested) > u128::from(oom.limit) {
         format!(
             "the tensors alone need more ({} allocated + {} > {} the allocator may hold)",
             Cell::bytes(oom.allocated),
             Cell::bytes(oom.requested),
+            Cell::bytes(oom.limit)
+        )
+    } else if oom.segment > oom.limit {
+        format!(
+            "the segment the settings give this request ({}) is larger than the {} the allocator may hold",
+            Cell::bytes(oom.segment),
             Cell::bytes(oom.limit)
         )
     } else {
@@ -479,7 +529,7 @@ mod tests {
         let r = replay_snapshot("pattern", &s, &compare()).unwrap();
         let d = &r.devices[0];
         assert_eq!(d.recorded_oom().map(|o| o.entry), Some(2));
-        let avoiding: Vec<String> = d.avoiding().map(|x| settings_name(&x.settings)).collect();
+        let avoiding: Vec<String> = d.avoiding().map(|x| d.name(x)).collect();
         assert_eq!(avoiding, ["expandable_segments:True", "max_split_size_mb:128,expandable_segments:True"]);
         let text = d.verdict().to_text();
         assert!(
@@ -515,5 +565,56 @@ mod tests {
         // No error, no verdict.
         let s = snapshot(&[(SegmentAlloc, 1, 20 * MIB), (Alloc, 1, 5 * MIB)], 40 * MIB);
         assert!(replay_snapshot("pattern", &s, &compare()).unwrap().devices[0].verdict().to_text().is_empty());
+    }
+
+    #[test]
+    fn a_row_with_a_memory_fraction_of_its_own_is_named_for_it() {
+        use Action::*;
+        let s = snapshot(&[(SegmentAlloc, 1, 20 * MIB), (Alloc, 1, 5 * MIB)], 40 * MIB);
+        let options =
+            ReplayOptions { settings: vec!["per_process_memory_fraction:0.0001".into()], ..Default::default() };
+        let r = replay_snapshot("pattern", &s, &options).unwrap();
+        let d = &r.devices[0];
+        let names: Vec<String> = std::iter::once(&d.recorded).chain(&d.replays).map(|x| d.name(x)).collect();
+        assert_eq!(names, ["default", "per_process_memory_fraction:0.0001"]);
+        let text = r.to_text();
+        assert_eq!(text.matches("default").count(), 2, "the recorded row and the line above the table:\n{text}");
+        // The device's own fraction, said above the table, stays out of the rows.
+        let options = ReplayOptions {
+            fraction: Some(0.5),
+            settings: vec!["expandable_segments:True".into()],
+            ..Default::default()
+        };
+        let r = replay_snapshot("pattern", &s, &options).unwrap();
+        let d = &r.devices[0];
+        assert_eq!(d.name(&d.recorded), "default");
+        assert_eq!(d.name(&d.replays[0]), "expandable_segments:True");
+    }
+
+    #[test]
+    fn requests_near_the_top_of_u64_are_explained_without_wrapping() {
+        use Action::*;
+        // 2 MiB allocated, then u64::MAX asked: libtorch refuses it at once,
+        // whatever is free. Added in 64 bits, 2 MiB + u64::MAX wrapped to
+        // 2 MiB - 1 and read as fragmentation.
+        let s = snapshot(&[(SegmentAlloc, 1, 2 * MIB), (Alloc, 1, 2 * MIB), (Oom, 0, u64::MAX)], 80 << 30);
+        let r = replay_snapshot("huge", &s, &ReplayOptions::default()).unwrap();
+        let text = r.to_text();
+        assert!(text.contains("asking 16.00E: libtorch refuses a request of 1.00E or more at once"), "{text}");
+        assert!(!text.contains("fragmentation"), "{text}");
+        let json: serde_json::Value = serde_json::from_str(&r.to_json()).unwrap();
+        assert_eq!(json["devices"][0]["ooms"][0]["oom"]["requested"], serde_json::json!(u64::MAX));
+        // Below 1 EiB, on a card where the sum of 64-bit figures would wrap:
+        // the tensors alone need more.
+        let oom = ModelOom {
+            requested: (1 << 60) - 1,
+            segment: 1 << 60,
+            stream: 0,
+            reserved: 2 * MIB,
+            allocated: u64::MAX - MIB,
+            limit: u64::MAX,
+            largest_free: 0,
+        };
+        assert!(why(&oom).starts_with("the tensors alone need more"), "{}", why(&oom));
     }
 }

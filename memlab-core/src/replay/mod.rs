@@ -67,11 +67,11 @@ pub use allocator::{
     SMALL_BUFFER, SMALL_SIZE,
 };
 pub use as_cuda::{
-    cpu_history_as_cuda, predict_cuda, CudaAdditions, CudaPrediction, Fit, PredictOptions, SettingPrediction,
-    NOT_MODELLED, NOT_WATCHED,
+    check_settings, cpu_history_as_cuda, predict_cuda, CudaAdditions, CudaPrediction, Fit, PredictOptions,
+    SettingPrediction, NOT_MODELLED, NOT_WATCHED,
 };
 pub use compare::{replay_snapshot, DeviceReplays, ReplayOptions, Replayed, COMPARED};
-pub use config::{AllocatorConfig, DIVISION_BUCKETS, MIB, MIN_LARGE_ALLOC};
+pub use config::{AllocatorConfig, ReadSettings, DIVISION_BUCKETS, MAX_MB, MIB, MIN_LARGE_ALLOC};
 pub use kernels::{
     cudnn_workspaces, embedding_backward_temporaries, scratch_of_ops, Computing, KernelSteps, KernelsModelled, Life,
     Measured, Workspace, H100_MEASURED,

@@ -49,6 +49,14 @@ pub struct DeviceReplay {
     pub ooms: Vec<ReplayOom>,
     /// The recording's out-of-memory requests that the model served.
     pub avoided: usize,
+    /// The history entry of the recording's first out-of-memory error where
+    /// the program went on after it (caught the error and allocated again).
+    /// The replay follows the program's requests as recorded, so it is
+    /// exact up to that entry; after it, what it says holds only if those
+    /// requests did not depend on the error (a loop that allocates until it
+    /// fails asks for more wherever more memory is left).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub continued_after_oom: Option<usize>,
     /// Where the replay calls `empty_cache`: the recording's segments given
     /// back outside any request, by the index of the history entry after them.
     pub empty_cache_at: Vec<usize>,
@@ -204,6 +212,7 @@ fn run(
         at_peak: AtPeak::default(),
         ooms: Vec::new(),
         avoided: 0,
+        continued_after_oom: continued_after_oom(trace),
         empty_cache_at: Vec::new(),
         unknown_frees: 0,
         reserved_before: 0,
@@ -314,6 +323,13 @@ fn run(
         });
     }
     Ok(out)
+}
+
+/// The first out-of-memory error of `trace` after which the program asked
+/// for memory again.
+fn continued_after_oom(trace: &[TraceEntry]) -> Option<usize> {
+    let first = trace.iter().position(|e| e.action == Action::Oom)?;
+    trace[first + 1..].iter().any(|e| matches!(e.action, Action::Alloc | Action::Oom)).then_some(first)
 }
 
 /// The segments the allocator held when the history began, and the blocks

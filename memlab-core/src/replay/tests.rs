@@ -466,3 +466,50 @@ fn the_largest_free_block_is_found_across_pools_and_streams() {
     a.free(y);
     a.free(z);
 }
+
+#[test]
+fn segment_sizes_near_the_top_of_u64_never_wrap_the_figures() {
+    // A large segment size that no setting string can give any more (the
+    // parser refuses it), set directly: a 2 MiB request wants a segment of
+    // almost 16 EiB. The model refuses it as a device would, instead of
+    // wrapping its sum of what it holds: allocated never passes reserved.
+    let config = AllocatorConfig { large_segment_size: u64::MAX - MIB + 1, ..AllocatorConfig::default() };
+    let mut a = CachingAllocator::new(config, 80 * GIB, 80 * GIB).unwrap();
+    let small = a.malloc(512, 0).unwrap();
+    let oom = a.malloc(2 * MIB, 0).unwrap_err();
+    assert_eq!((oom.reserved, oom.limit), (2 * MIB, 80 * GIB));
+    assert!(allocated(&a) <= reserved(&a) && reserved(&a) <= 80 * GIB);
+    a.free(small);
+    // Under a memory fraction the same.
+    let config =
+        AllocatorConfig { large_segment_size: u64::MAX - MIB + 1, memory_fraction: 0.5, ..AllocatorConfig::default() };
+    let mut b = CachingAllocator::new(config, 80 * GIB, 80 * GIB).unwrap();
+    let _small = b.malloc(512, 0).unwrap();
+    assert!(b.malloc(2 * MIB, 0).is_err());
+    assert!(reserved(&b) <= 40 * GIB);
+}
+
+#[test]
+fn a_device_beyond_one_exabyte_is_refused_and_one_at_it_replays() {
+    let e = CachingAllocator::new(AllocatorConfig::default(), ONE_EXABYTE + 1, 80 * GIB).unwrap_err().to_string();
+    assert!(e.contains("at most 1 EiB"), "{e}");
+    assert!(CachingAllocator::new(AllocatorConfig::default(), 80 * GIB, u64::MAX).is_err());
+    // The largest device the model takes: expandable segments of 1.125 times
+    // it, one after another, and ordinary segments over a long history, all
+    // get addresses without running past the top of the address space.
+    let config = AllocatorConfig::parse("expandable_segments:True").unwrap();
+    let mut a = CachingAllocator::new(config, ONE_EXABYTE, ONE_EXABYTE).unwrap();
+    for stream in 0..40 {
+        let x = a.malloc(3 * MIB, stream).unwrap();
+        a.free(x);
+    }
+    let mut b = CachingAllocator::new(AllocatorConfig::default(), ONE_EXABYTE, ONE_EXABYTE).unwrap();
+    for _ in 0..40 {
+        let x = b.malloc(ONE_EXABYTE / 2, 0).unwrap();
+        b.free(x);
+        b.empty_cache();
+    }
+    assert_eq!((reserved(&a), reserved(&b)), (40 * 20 * MIB, 0));
+    // The running totals of a long history stop at i64::MAX.
+    assert_eq!(b.stats().allocated_bytes.all.allocated, i64::MAX);
+}
