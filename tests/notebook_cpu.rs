@@ -39,6 +39,11 @@ fn cells_child() {
             println!("kept");
         }
         "sleep" => std::thread::sleep(Duration::from_millis(200)),
+        "temporary_8" => drop(Tensor::zeros([2 * MIB], (Kind::Float, tch::Device::Cpu))),
+        "read_peak" => {
+            let s = memlab::stats::device_stats(memlab::Device::Cpu).unwrap();
+            println!("peak {} current {}", s.allocated_bytes.all.peak, s.allocated_bytes.all.current);
+        }
         "compact" => memlab::notebook::CellLogger::new().compact(true).start().unwrap(),
         "free_4" => drop(KEPT.lock().unwrap().pop()),
         "stop" => memlab::notebook::stop(),
@@ -97,6 +102,28 @@ fn a_line_after_every_cell_with_exact_figures() {
     assert_eq!(csv_figure(&csv, "cell 2", "CPU tensors.used"), 8 * MIB);
     assert_eq!(csv_figure(&csv, "cell 7", "CPU tensors.consumed"), 2 * MIB, "measured while stopped");
     assert!(table.contains("compiling it is not seen"), "{table}");
+}
+
+/// The logger measures each cell with peak slots of its own: the figures
+/// the cells read (`memlab::stats`) are those they read without it. It
+/// used to reset the allocator's peak at every cell: after an 8 MiB
+/// temporary the next cell read a peak of its current level.
+#[test]
+fn the_logger_leaves_the_programs_figures_as_they_are() {
+    let peaks = |cells: &[&str]| {
+        let (outputs, exited) = drive("cells_child", &[], cells, Duration::from_millis(50));
+        assert!(exited);
+        let line = outputs.last().unwrap().join("\n");
+        let figure = |name: &str| -> i64 {
+            let at = line.find(name).unwrap_or_else(|| panic!("{name} in {line}"));
+            line[at + name.len()..].split_whitespace().next().unwrap().parse().unwrap()
+        };
+        (figure("peak "), figure("current "))
+    };
+    for cells in [&["temporary_8", "read_peak"][..], &["start", "temporary_8", "read_peak"]] {
+        let (peak, current) = peaks(cells);
+        assert!(peak >= current + 8 * MIB - MIB / 2, "{cells:?}: peak {peak}, current {current}");
+    }
 }
 
 #[test]

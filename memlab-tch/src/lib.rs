@@ -302,18 +302,22 @@ pub fn device_stats(device: Device) -> Result<DeviceStats> {
 
 /// Every allocator statistic of `device` as a flat record (fields the device
 /// does not have read zero).
+///
+/// Each `*.peak` is the highest level since the process started or since
+/// your last [`reset_peak_stats`], whatever memlab's tools measured in
+/// between: the profiler, the cell logger and the monitors reset the
+/// allocator's peak counters to measure their spans (the only way libtorch
+/// offers), and memlab keeps what they reset for these reads.
 pub fn raw_stats(device: Device) -> Result<RawStats> {
     let mut raw = RawStats::default();
-    BACKEND.sample(device, &mut raw, false)?;
+    memlab_core::profiler::read(&BACKEND, device, &mut raw)?;
     Ok(raw)
 }
 
 /// Sets every peak statistic of `device` to its current level.
 ///
 /// Profiled lines running now keep the peaks they reached: memlab folds them
-/// into its own records first. Reading `*.peak` yourself while profiled code
-/// runs shows only the peak since the last statement began, since the
-/// profiler resets peaks at every statement.
+/// into its own records first.
 pub fn reset_peak_stats(device: Device) -> Result<()> {
     memlab_core::profiler::reset_peaks(&BACKEND, device)
 }

@@ -8,6 +8,13 @@
 //! has a slot, and each time any probe reads and resets the allocator, the peak
 //! it read is first folded into every open slot. A slot therefore always holds
 //! the highest level reached since its interval began.
+//!
+//! The same fold keeps the peaks a reader of the statistics expects: the
+//! highest levels since the process started or since its own last
+//! [`reset_peaks`]. Once a probe has reset the allocator, [`read`] gives
+//! each peak field as the higher of the allocator's and the ledger's, so
+//! that no tool that measures a span (the profiler, the cell logger, the
+//! monitors, a peak watch) changes the figures the program reads.
 
 use crate::sync::LockExt;
 use std::sync::{Mutex, MutexGuard};
@@ -29,11 +36,25 @@ struct Ledger {
     /// Running totals taken away by resets since the oldest open interval
     /// began, indexed like [`RawStats`]; `None` when there were none.
     offsets: Option<Box<[i64; N_FIELDS]>>,
+    /// The peaks reached since the program's last [`reset_peaks`] (or the
+    /// process's start), folded in at every probe's reset: what the
+    /// allocator's peak fields would hold had no probe reset them. `None`
+    /// while no probe has reset them since: they hold it themselves.
+    program: Option<Box<[i64; N_FIELDS]>>,
 }
 
 impl Ledger {
     const fn new() -> Self {
-        Ledger { slots: Vec::new(), open: Vec::new(), free: Vec::new(), offsets: None }
+        Ledger { slots: Vec::new(), open: Vec::new(), free: Vec::new(), offsets: None, program: None }
+    }
+
+    /// Keeps the peaks of `sample`, read right before a probe resets them,
+    /// for the program's reads.
+    fn keep_for_program(&mut self, sample: &RawStats, peaks: &[usize]) {
+        let program = self.program.get_or_insert_with(|| Box::new([0; N_FIELDS]));
+        for &i in peaks {
+            program[i] = program[i].max(sample.0[i]);
+        }
     }
 
     /// Adds back what resets took from the running totals.
@@ -96,6 +117,7 @@ fn ledger(device: Device) -> MutexGuard<'static, Ledger> {
 pub(crate) fn open(backend: &dyn Backend, device: Device, sample: &mut RawStats, peaks: &[usize]) -> Result<usize> {
     let mut l = ledger(device);
     backend.sample(device, sample, true)?;
+    l.keep_for_program(sample, peaks);
     l.restore_totals(sample);
     l.fold(sample, peaks);
     let slot = match l.free.pop() {
@@ -124,6 +146,7 @@ pub(crate) fn probe(
     let mut l = ledger(device);
     let read = backend.sample(device, sample, true);
     if read.is_ok() {
+        l.keep_for_program(sample, peaks);
         l.restore_totals(sample);
         l.fold(sample, peaks);
         let ended = &l.slots[slot];
@@ -141,12 +164,27 @@ pub(crate) fn probe(
 
 /// Sets every peak of `device` to its current level, first folding the peaks
 /// reached so far into the open intervals, so profiled lines running now keep
-/// them.
+/// them. The program's reset: [`read`] gives the peaks from here on.
 pub fn reset_peaks(backend: &dyn Backend, device: Device) -> Result<()> {
     let mut l = ledger(device);
     let mut sample = RawStats::default();
     backend.sample(device, &mut sample, true)?;
     l.fold(&sample, backend.peak_fields(device));
+    l.program = None;
+    Ok(())
+}
+
+/// Every figure of `device` as the program reads it: the allocator's, with
+/// each peak the highest level since the program's last [`reset_peaks`],
+/// however often a probe has reset the allocator's peaks since.
+pub fn read(backend: &dyn Backend, device: Device, out: &mut RawStats) -> Result<()> {
+    let l = ledger(device);
+    backend.sample(device, out, false)?;
+    if let Some(program) = &l.program {
+        for &i in backend.peak_fields(device) {
+            out.0[i] = out.0[i].max(program[i]);
+        }
+    }
     Ok(())
 }
 

@@ -23,5 +23,5 @@ pub use config::{
     FLAG_ON,
 };
 pub use frame::{BlockEnd, Busy, Frame, InStatement};
-pub use ledger::{reset_peaks, reset_totals, MAX_CUDA_DEVICES};
+pub use ledger::{read, reset_peaks, reset_totals, MAX_CUDA_DEVICES};
 pub use watch::PeakWatch;

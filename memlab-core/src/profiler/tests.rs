@@ -93,3 +93,36 @@ fn user_resets_inside_a_line_keep_its_figures() {
     SCRIPT.sample(gpu, &mut now, false).unwrap();
     assert_eq!(now.0[ALLOCATED_BYTES_CURRENT], 96, "the script's own level");
 }
+
+#[test]
+fn the_programs_reads_keep_the_peaks_a_watch_reset() {
+    use crate::profiler::{read, PeakWatch};
+    let gpu = Device::Cuda(3);
+    let peak_field = field_index("allocated_bytes.all.peak").unwrap();
+    let read_peak = || {
+        let mut raw = RawStats::default();
+        read(&SCRIPT, gpu, &mut raw).unwrap();
+        raw.0[peak_field]
+    };
+    // An 8 MiB temporary, then a watch over a span (what the cell logger,
+    // a monitor or a profiled line does): it resets the allocator's peak.
+    SCRIPT.alloc(gpu, 8 << 20);
+    SCRIPT.free(gpu, 8 << 20);
+    assert_eq!(read_peak(), 8 << 20);
+    let watch = PeakWatch::start(&SCRIPT, gpu).unwrap();
+    SCRIPT.alloc(gpu, 1024);
+    SCRIPT.free(gpu, 1024);
+    let (_, end) = watch.finish().unwrap();
+    assert_eq!(end.0[peak_field], 1024, "the watch's own peak");
+    let mut raw = RawStats::default();
+    SCRIPT.sample(gpu, &mut raw, false).unwrap();
+    assert_eq!(raw.0[peak_field], 0, "the allocator's own counter was reset");
+    assert_eq!(read_peak(), 8 << 20, "the program reads the peak since its own last reset");
+    // The program's own reset is the one its reads follow.
+    reset_peaks(&SCRIPT, gpu).unwrap();
+    assert_eq!(read_peak(), 0);
+    SCRIPT.alloc(gpu, 512);
+    SCRIPT.free(gpu, 512);
+    drop(PeakWatch::start(&SCRIPT, gpu).unwrap());
+    assert_eq!(read_peak(), 512);
+}
