@@ -59,8 +59,20 @@
 //! from the prediction's start.
 //!
 //! The steps are real: the model trains for as many steps as the prediction
-//! runs (two to five by default), and the CPU's peak statistics are reset
-//! before each (see [`reset_peak_stats`](crate::stats::reset_peak_stats)).
+//! runs (two to five by default). Each step's peak is read from a watch of
+//! its own: the CPU's statistics as the program reads them are left as they
+//! were. The settings are checked before the first step: a bad one is
+//! refused without training.
+//!
+//! One prediction runs at a time in a process: the steps run under the
+//! process's one recording, which a second prediction's steps would join.
+//! A prediction asked for while another runs (on another thread, or a
+//! `find_batch_size` with `Budget::CudaCard`) waits for it to end; one asked
+//! for inside a step being predicted is refused.
+//!
+//! A step that allocates nothing on the CPU is predicted too: what lived
+//! before it and what CUDA adds (the context, the workspaces), said so in
+//! the output.
 //!
 //! The largest batch that fits a card, searched on the CPU:
 //! `find_batch_size(Device::Cpu, Budget::CudaCard(80 << 30), max, |batch| step(batch))`

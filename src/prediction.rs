@@ -27,8 +27,11 @@ pub(crate) struct CpuSteps {
 }
 
 impl CpuSteps {
-    /// Runs `step` on the CPU until its peak is steady, then predicts.
+    /// Runs `step` on the CPU until its peak is steady, then predicts. The
+    /// settings are checked first: a bad one is refused before any step runs.
     pub(crate) fn predict(self, step: impl FnMut() -> Result<()>) -> Result<CudaPrediction> {
+        memlab_core::replay::check_settings(&self.settings)?;
+        let _turn = Turn::take()?;
         let steps = Steps::record(self.max_steps, &self.model, step)?;
         self.predict_from(&steps)
     }
@@ -48,6 +51,56 @@ impl CpuSteps {
         let mut prediction = predict_cuda("the step's CPU run", &steps.snapshot, &options)?;
         prediction.cpu_step_peaks = steps.peaks.clone();
         Ok(prediction)
+    }
+}
+
+/// The process's one CPU-step prediction at a time. A prediction runs its
+/// steps under the process's one recording and reads the CPU allocator's
+/// peak: a second running beside it would add its allocations to the
+/// first's history, and the first's to its own. A second waits for the
+/// first to end, on any thread and in any copy of memlab in the process.
+///
+/// The turn is held while the user's steps run, the one place memlab waits
+/// on user code while it holds something: a step that asks for a prediction
+/// itself (on the same thread) is refused rather than left waiting on its
+/// own turn.
+pub(crate) struct Turn(());
+
+struct Turns {
+    holder: std::sync::Mutex<Option<std::thread::ThreadId>>,
+    freed: std::sync::Condvar,
+}
+
+memlab_core::process::process_wide! {
+    static TURNS: Turns = Turns { holder: std::sync::Mutex::new(None), freed: std::sync::Condvar::new() };
+}
+
+impl Turn {
+    /// Waits for the turn.
+    pub(crate) fn take() -> Result<Turn> {
+        use memlab_core::sync::LockExt;
+        let me = std::thread::current().id();
+        let mut holder = TURNS.holder.locked();
+        if *holder == Some(me) {
+            return Err(Error::InvalidArgument(
+                "a prediction (will_it_fit, or find_batch_size with Budget::CudaCard) was asked for inside the \
+                 step of another on the same thread: predict the step from outside it"
+                    .into(),
+            ));
+        }
+        while holder.is_some() {
+            holder = TURNS.freed.wait(holder).unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+        *holder = Some(me);
+        Ok(Turn(()))
+    }
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        use memlab_core::sync::LockExt;
+        *TURNS.holder.locked() = None;
+        TURNS.freed.notify_one();
     }
 }
 
@@ -104,9 +157,12 @@ impl Steps {
         let dropped_before = memlab_core::events::stats().dropped;
         let mut peaks: Vec<u64> = Vec::new();
         while peaks.len() < max_steps.max(2) {
-            memlab_tch::reset_peak_stats(Device::Cpu)?;
+            // Each step's peak from a watch of its own: the program's
+            // figures keep theirs.
+            let watch = memlab_core::profiler::PeakWatch::start(&memlab_tch::BACKEND, Device::Cpu)?;
             step()?;
-            let peak = memlab_tch::device_stats(Device::Cpu)?.allocated_bytes.all.peak;
+            let (_, end) = watch.finish()?;
+            let peak = end.to_device_stats().allocated_bytes.all.peak;
             peaks.push(u64::try_from(peak).unwrap_or(0));
             if let [.., before, last] = peaks[..] {
                 if before == last {

@@ -289,3 +289,82 @@ fn a_recording_watches_the_ops_whose_cuda_kernels_allocate_otherwise() {
     drop(recording);
     assert_eq!(snapshot.memlab.unwrap().ops, None);
 }
+
+/// Two predictions at once, on two threads, each of its own model: each
+/// figure is its run's alone. They ran under one recording and one CPU
+/// peak, and the small model's prediction took in the large one's steps.
+#[test]
+fn two_predictions_at_once_each_get_their_own_figures() {
+    let _s = serial();
+    memlab::clear_registry();
+    /// A model of `width`, its data, and a step that dawdles, so that two
+    /// runs overlap wherever they may.
+    fn predict(width: i64, start: Option<&std::sync::Barrier>) -> u64 {
+        tch::manual_seed(0);
+        let vs = nn::VarStore::new(tch::Device::Cpu);
+        let net = nn::seq().add(nn::linear(vs.root() / "fc", 256, width, Default::default()));
+        let mut sgd = nn::Sgd::default().build(&vs, 1e-3).unwrap();
+        let data = Tensor::randn([64, 256], (Kind::Float, tch::Device::Cpu));
+        let mut step = || {
+            let loss = net.forward(&data).square().mean(Kind::Float);
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            sgd.backward_step(&loss);
+            Ok(())
+        };
+        if let Some(start) = start {
+            start.wait();
+        }
+        WillItFit::peaks().of(&vs).max_steps(3).run(&mut step).unwrap().settings[0].peak_reserved
+    }
+    let (small, large) = (predict(64, None), predict(8192, None));
+    assert!(large > small);
+    let start = std::sync::Arc::new(std::sync::Barrier::new(2));
+    let threads: Vec<_> = [64, 8192]
+        .into_iter()
+        .map(|width| {
+            let start = start.clone();
+            std::thread::spawn(move || predict(width, Some(&start)))
+        })
+        .collect();
+    let at_once: Vec<u64> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+    assert_eq!(at_once, [small, large]);
+}
+
+/// A setting libtorch refuses is refused before any step runs: the
+/// model does not train for it.
+#[test]
+fn bad_settings_are_refused_before_the_first_step() {
+    let _s = serial();
+    for bad in [
+        "expandable_segments:Maybe",
+        "max_split_size_mb:10",
+        "garbage_collection_threshold:2",
+        "roundup_power2_divisions:3",
+        "per_process_memory_fraction:0.5",
+        "backend:cudaMallocAsync",
+        "release_lock_on_cudamalloc:maybe",
+        "no_such_key:1",
+    ] {
+        let steps = std::cell::Cell::new(0);
+        let e = WillItFit::peaks()
+            .setting(bad)
+            .run(|| {
+                steps.set(steps.get() + 1);
+                Ok(())
+            })
+            .unwrap_err();
+        assert_eq!(steps.get(), 0, "{bad}: {e}");
+        assert!(e.to_string().contains(bad), "{bad}: {e}");
+    }
+}
+
+/// A step that allocates nothing is predicted: what lives before it and
+/// what CUDA adds, said so; no error a library caller cannot act on.
+#[test]
+fn a_step_that_allocates_nothing_is_predicted_and_said_so() {
+    let _s = serial();
+    memlab::clear_registry();
+    let p = memlab::will_it_fit(80 << 30, || Ok(())).unwrap();
+    assert!(matches!(p.settings[0].fit, Some(Fit::Fits { .. })), "{p}");
+    assert!(p.to_string().contains("The CPU run made no allocation"), "{p}");
+}
