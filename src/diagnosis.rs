@@ -93,9 +93,7 @@ fn advice(failure: &Failure, f: &MemoryFigures, verdict: Verdict, holders: Optio
         ),
         Verdict::Fragmentation => format!(
             "The cache holds {} free, enough for the {asked} request, but its largest free block is {}: the free \
-             memory is in pieces ({} of it, {:.0}%, is in blocks too small to use here). Set \
-             PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True before the process starts (segments then grow \
-             instead of splitting), or call memlab::gpu::empty_cache() where few tensors are alive.",
+             memory is in pieces ({} of it, {:.0}%, is in blocks too small to use here).",
             b(f.cache_free.bytes),
             b(f.cache_free.largest_block),
             b(f.fragmentation()),
@@ -128,16 +126,9 @@ fn advice(failure: &Failure, f: &MemoryFigures, verdict: Verdict, holders: Optio
                 failure.device,
                 Cell::bytes(f.allocated)
             );
-            if let Some(h) = holders {
-                let mut largest: Vec<(String, u64)> =
-                    h.named.iter().take(3).map(|n| (format!("{} ({})", n.name, n.kind), n.bytes)).collect();
-                largest.extend(h.by_site.iter().flatten().take(3).map(|s| (s.site.clone(), s.bytes)));
-                largest.sort_by_key(|(_, bytes)| std::cmp::Reverse(*bytes));
-                if !largest.is_empty() {
-                    let list: Vec<String> =
-                        largest.iter().take(3).map(|(n, bytes)| format!("{n}: {}", b(*bytes))).collect();
-                    text.push_str(&format!(" The largest holders: {}.", list.join("; ")));
-                }
+            if let Some(largest) = holders.map(|h| h.largest(3)).filter(|l| !l.is_empty()) {
+                let list: Vec<String> = largest.iter().map(|(n, bytes)| format!("{n}: {}", b(*bytes))).collect();
+                text.push_str(&format!(" The largest holders: {}.", list.join("; ")));
             }
             text.push_str(
                 " Shrink what they hold: a smaller batch or sequence, fewer or smaller layers, mixed precision, \
@@ -146,8 +137,7 @@ fn advice(failure: &Failure, f: &MemoryFigures, verdict: Verdict, holders: Optio
             if f.cache_free.bytes > 0 && device_free + f.cache_free.bytes >= failure.requested {
                 text.push_str(&format!(
                     " Free memory would have sufficed in one piece: the device's and the cache's ({} in blocks of \
-                     at most {}) are apart; PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True lets the cache grow \
-                     its segments instead.",
+                     at most {}) are apart.",
                     b(f.cache_free.bytes),
                     b(f.cache_free.largest_block)
                 ));
@@ -202,10 +192,9 @@ mod tests {
         figures.cache_free = memlab_core::oom::CacheFree::new(3 * gib, 256 << 20);
         figures.device = Some(DeviceMemory::new(gib / 2, 80 * gib, Some(70 * gib), Some(9 * gib)));
         let frag = advice(&failure, &figures, Verdict::Fragmentation, None);
-        assert!(
-            frag.contains("3.00G free") && frag.contains("256.00M") && frag.contains("expandable_segments:True"),
-            "{frag}"
-        );
+        assert!(frag.contains("3.00G free") && frag.contains("256.00M"), "{frag}");
+        // Settings are the report's to advise, after its replay.
+        assert!(!frag.contains("expandable_segments"), "{frag}");
         assert!(frag.contains("(2.75G of it, 92%"), "{frag}");
         let others = advice(&failure, &figures, Verdict::OtherProcesses, None);
         assert!(others.contains("Other processes hold 9.00G of cuda:0"), "{others}");

@@ -86,14 +86,55 @@ pub(super) fn capture(failure: &Failure, number: u64, dir: &Path) -> OomReport {
         files: Vec::new(),
         file_errors: Vec::new(),
         replay: None,
+        allocator_settings: None,
+        settings_advice: None,
     };
     if let Device::Cuda(index) = failure.device {
-        if events::is_active() {
-            report.replay = replay(failure, index, report.diagnosis.figures.reserved);
-        }
+        advise(&mut report, failure, index);
     }
     super::files::write(&mut report, dir, &sources);
     report
+}
+
+/// CUDA: the process's allocator settings, the recording's replay where
+/// one runs, and what the report advises about the settings, decided after
+/// the replay.
+fn advise(report: &mut OomReport, failure: &Failure, index: usize) {
+    use memlab_core::replay::AllocatorConfig;
+    let (settings, _) = crate::capture::snapshot::cuda_allocators(index + 1);
+    let process = settings.as_ref().and_then(|s| AllocatorConfig::from_snapshot(s).ok());
+    report.allocator_settings = process.as_ref().map(AllocatorConfig::to_conf);
+    let replayed = events::is_active().then(|| replay(failure, index, report.diagnosis.figures.reserved)).flatten();
+    let d = &report.diagnosis;
+    let device_free = d.figures.device.map_or(0, |m| m.free);
+    let cache_would_suffice =
+        d.figures.cache_free.bytes > 0 && device_free.saturating_add(d.figures.cache_free.bytes) >= failure.requested;
+    let advice = memlab_core::oom::advise_settings(
+        d.verdict,
+        cache_would_suffice,
+        &process.unwrap_or_default(),
+        replayed.as_ref().map(|(snapshot, replayed)| (snapshot, replayed)),
+        &Device::Cuda(index).to_string(),
+    );
+    report.settings_advice = advice.map(|mut advice| {
+        // The replay reads no frames: the site of an empty_cache's point is
+        // read from the recording's own event.
+        if let memlab_core::oom::SettingsAdvice::NoSettingHelps { empty_cache: Some(point), .. } = &mut advice {
+            point.site = site_of_entry(index, point.entry);
+        }
+        advice
+    });
+    report.replay = replayed.map(|(_, replayed)| replayed);
+}
+
+/// Where the allocation at entry `entry` of device `index`'s history was
+/// made, by the recording's backtrace or statement.
+fn site_of_entry(index: usize, entry: usize) -> Option<String> {
+    let device = Device::Cuda(index);
+    let (history, _) = events::history();
+    let e = history.iter().filter(|e| e.device == device).nth(entry)?;
+    let frames = e.backtrace.as_ref().map(|b| b.frames().to_vec()).unwrap_or_default();
+    frames.first().map(Frame::to_string).or_else(|| e.statement.map(|s| s.to_string()))
 }
 
 /// What holds `device`'s memory, named without waiting for any lock.
@@ -173,10 +214,15 @@ fn holders(device: Device, sources: &Model, with_sites: bool) -> Holders {
 /// CUDA, while a recording runs: its history of device `index` replayed
 /// under the settings people try, on the memory the allocator had when it
 /// failed (the `reserved` bytes it held, and what the driver still had
-/// free), so the report says which setting would have avoided the failure.
-/// `None` where the figures it needs cannot be read, or the model cannot
-/// replay them: the report then goes without the answer.
-fn replay(failure: &Failure, index: usize, reserved: i64) -> Option<memlab_core::replay::Replayed> {
+/// free), so the report says which setting would have avoided the failure;
+/// with the snapshot replayed. `None` where the figures it needs cannot be
+/// read, or the model cannot replay them: the report then goes without the
+/// answer.
+fn replay(
+    failure: &Failure,
+    index: usize,
+    reserved: i64,
+) -> Option<(memlab_core::export::Snapshot, memlab_core::replay::Replayed)> {
     use crate::capture::snapshot::{cuda_allocators, entry, segment};
     use memlab_core::export::{Snapshot, SnapshotInfo, Stack};
     let device = Device::Cuda(index);
@@ -209,6 +255,7 @@ fn replay(failure: &Failure, index: usize, reserved: i64) -> Option<memlab_core:
             device_memory,
             profile: None,
             ops: None,
+            unseen_before: Vec::new(),
         }),
     };
     let options = memlab_core::replay::ReplayOptions {
@@ -216,5 +263,6 @@ fn replay(failure: &Failure, index: usize, reserved: i64) -> Option<memlab_core:
         compare: true,
         ..Default::default()
     };
-    memlab_core::replay::replay_snapshot("the recording", &snapshot, &options).ok()
+    let replayed = memlab_core::replay::replay_snapshot("the recording", &snapshot, &options).ok()?;
+    Some((snapshot, replayed))
 }

@@ -116,9 +116,10 @@ pub(super) fn write(report: &mut OomReport, dir: &Path, sources: &Model) {
         return;
     }
     let sources = Model::registered_now();
+    // The page last: its list of files then holds the snapshot's.
     let exports = [
-        ("the HTML report", "html", crate::capture::estimate::html()),
         ("the PyTorch memory snapshot", "pickle", crate::capture::estimate::snapshot()),
+        ("the HTML report", "html", crate::capture::estimate::html()),
     ];
     for (part, extension, needed) in exports {
         let path = report_file(dir, &stem, extension);
@@ -134,7 +135,9 @@ pub(super) fn write(report: &mut OomReport, dir: &Path, sources: &Model) {
         }
         let Some(file) = create(report, &path) else { continue };
         let written = if extension == "html" {
-            crate::capture::html::capture(&sources).and_then(|r| write_to(file, r.to_page().as_bytes()))
+            // The page opens with the report, then the recording.
+            crate::capture::html::capture(&sources)
+                .and_then(|recording| write_to(file, report.to_page(Some(&recording)).as_bytes()))
         } else {
             crate::capture::snapshot::capture(&sources)
                 .and_then(|s| s.to_pickle())

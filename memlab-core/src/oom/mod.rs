@@ -14,10 +14,12 @@
 
 use std::sync::Arc;
 
+mod advice;
 mod report;
 
 pub use crate::backend::{CacheFree, DeviceMemory, HostLimit, Serving};
 pub use crate::verdict::Verdict;
+pub use advice::{advise_settings, Avoiding, EmptyCachePoint, SettingsAdvice};
 pub use report::{
     Diagnosis, FailingThread, Holders, LeftOut, NamedHolder, NamedRest, OomReport, SiteHolder, WorkspaceHolder,
     SMALL_SEGMENT,

@@ -61,6 +61,19 @@ pub struct SiteHolder {
     pub frames: Vec<Frame>,
 }
 
+impl Holders {
+    /// The `n` largest holders, named or by site, largest first: a name
+    /// with its kind, or a site, and its bytes.
+    pub fn largest(&self, n: usize) -> Vec<(String, u64)> {
+        let mut largest: Vec<(String, u64)> =
+            self.named.iter().take(n).map(|h| (format!("{} ({})", h.name, h.kind), h.bytes)).collect();
+        largest.extend(self.by_site.iter().flatten().take(n).map(|s| (s.site.clone(), s.bytes)));
+        largest.sort_by_key(|(_, bytes)| std::cmp::Reverse(*bytes));
+        largest.truncate(n);
+        largest
+    }
+}
+
 /// Named storages beyond those a report lists.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct NamedRest {
@@ -197,6 +210,14 @@ pub struct OomReport {
     /// avoided this failure. Figures replayed, not measured.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub replay: Option<crate::replay::Replayed>,
+    /// CUDA: the process's allocator settings, as `PYTORCH_CUDA_ALLOC_CONF`
+    /// writes what libtorch held (`""`: its defaults), where they could be read.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub allocator_settings: Option<String>,
+    /// CUDA: what the report advises about the allocator's settings,
+    /// decided after the replay where a recording ran.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub settings_advice: Option<super::SettingsAdvice>,
 }
 
 /// `name` with only what file names take everywhere: letters, digits, `.`,
@@ -339,6 +360,7 @@ impl Render for OomReport {
         }
         doc.blank();
         doc.append(Render::document(d));
+        self.settings_advice_document(&mut doc);
         doc.blank();
         doc.heading(format!("Allocator ({})", d.device));
         doc.label(W, "allocated (live tensors)", Cell::bytes(d.figures.allocated));
@@ -461,23 +483,6 @@ impl Render for OomReport {
             for d in &replayed.devices {
                 doc.table(d.outcomes());
                 doc.append(d.verdict());
-                // The diagnosis advises expandable segments from the figures
-                // alone; the replay has tried it.
-                let expandable_fails = d.replays.iter().any(|x| {
-                    let keys: Vec<&str> = x.settings.split(',').collect();
-                    keys.contains(&"expandable_segments:True")
-                        && !keys.iter().any(|k| k.starts_with("max_split_size_mb"))
-                        && !x.ooms.is_empty()
-                });
-                if d.recorded_oom().is_some()
-                    && expandable_fails
-                    && self.diagnosis.advice.contains("expandable_segments:True")
-                {
-                    doc.line(
-                        "So the advice above to set expandable_segments:True would not have avoided this failure: \
-                         the replay under it runs out of memory too.",
-                    );
-                }
             }
             doc.line("`memlab replay` on the snapshot adds each setting's fragmentation at its peak.");
         }
@@ -510,6 +515,107 @@ impl Render for OomReport {
             doc.indented(2, "a larger OomRecorder::reserve (or a smaller recording) makes room for them");
         }
         doc
+    }
+}
+
+impl OomReport {
+    /// The report's HTML page: the report first (the verdict, the advice,
+    /// what held the memory, the replay), then the recording's own report
+    /// (its summary, memory over time, what was live at the peak), where a
+    /// recording ran. One file, styles inline, nothing fetched.
+    pub fn to_page(&self, recording: Option<&crate::export::HtmlReport>) -> String {
+        let mut doc = Document::new();
+        doc.title("memlab: out-of-memory report");
+        doc.append(self.document());
+        if let Some(recording) = recording {
+            // It opens with its own title, its summary's.
+            doc.append(recording.document());
+        }
+        doc.to_page(&format!("memlab: out of memory on {} (report {})", self.diagnosis.device, self.number))
+    }
+
+    /// The advice on the allocator's settings, right after the verdict's.
+    fn settings_advice_document(&self, doc: &mut Document) {
+        use super::SettingsAdvice;
+        let Some(advice) = &self.settings_advice else {
+            if let Some(conf) = self.allocator_settings.as_deref().filter(|c| !c.is_empty()) {
+                doc.line(format!("This process runs with PYTORCH_CUDA_ALLOC_CONF={conf}."));
+            }
+            return;
+        };
+        let named = |conf: &str| {
+            if conf.is_empty() {
+                "libtorch's default settings (PYTORCH_CUDA_ALLOC_CONF unset)".to_string()
+            } else {
+                format!("PYTORCH_CUDA_ALLOC_CONF={conf}")
+            }
+        };
+        let process = self.allocator_settings.as_deref().map(|c| format!(" (this process: {})", named(c)));
+        doc.blank();
+        doc.heading(format!("Allocator settings{}", process.unwrap_or_default()));
+        match advice {
+            SettingsAdvice::Replayed { avoiding } => {
+                for a in avoiding {
+                    doc.line(format!(
+                        "{} would have avoided this failure: the recording's replay under it runs out of memory \
+                         nowhere, with a peak of {} reserved. Set it before the process starts.",
+                        named(&a.settings),
+                        Cell::bytes(a.peak_reserved)
+                    ));
+                }
+            }
+            SettingsAdvice::NoSettingHelps { free, tensors_alone, empty_cache } => {
+                doc.line(
+                    "No allocator setting avoids this failure: the recording's replay runs out of memory under \
+                     each one tried (the table below). What would:",
+                );
+                if *tensors_alone {
+                    doc.indented(2, format!("free at least {} of tensors before this request", Cell::bytes(*free)));
+                } else {
+                    doc.indented(
+                        2,
+                        format!(
+                            "free tensors so that the allocator can give back at least {} of its segments for this \
+                             request (a segment goes back only when no tensor uses it)",
+                            Cell::bytes(*free)
+                        ),
+                    );
+                }
+                let largest = self.holders.largest(3);
+                if !largest.is_empty() {
+                    let list: Vec<String> = largest.iter().map(|(n, b)| format!("{n}: {}", Cell::bytes(*b))).collect();
+                    doc.indented(2, format!("the largest holders: {}", list.join("; ")));
+                }
+                if let Some(p) = empty_cache {
+                    doc.indented(
+                        2,
+                        format!(
+                            "or memlab::gpu::empty_cache() before history entry {} (+{:.3}s{}, {} allocated then): \
+                             the replay with it there runs out of memory nowhere",
+                            p.entry,
+                            p.time_us as f64 / 1e6,
+                            p.site.as_ref().map(|s| format!(", where {s} allocates")).unwrap_or_default(),
+                            Cell::bytes(p.allocated)
+                        ),
+                    );
+                }
+            }
+            SettingsAdvice::NotReproduced => {
+                doc.line(
+                    "The recording's replay under this process's settings does not reproduce the failure, so it \
+                     backs no setting.",
+                );
+            }
+            SettingsAdvice::Untested { setting } => {
+                doc.line(format!(
+                    "Untested: {} may avoid it (segments then grow instead of splitting). No recording ran, so it was \
+                 not replayed: start a memlab::Recording before the failing code and the next report replays it \
+                 under the settings people try, or run `memlab replay SNAPSHOT --compare` on a recording \
+                 (memlab's, or PyTorch's torch.cuda.memory._record_memory_history).",
+                    named(setting)
+                ));
+            }
+        }
     }
 }
 
@@ -584,16 +690,26 @@ mod tests {
         ] {
             assert!(rows.iter().any(|r| r == row), "{row}\n{text}");
         }
-        assert!(!text.contains("So the advice above"), "the advice did not name expandable segments: {text}");
-        // Where the diagnosis advised expandable segments, the replay says it would not have helped.
-        report.diagnosis.advice.push_str(" PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True lets the cache grow.");
-        let advised = report.to_text();
-        assert!(
-            advised.contains("So the advice above to set expandable_segments:True would not have avoided"),
-            "{advised}"
+        // The settings advice follows the replay: the three settings it
+        // backs, and never expandable segments, which it refutes.
+        let process = crate::replay::AllocatorConfig::default();
+        report.allocator_settings = Some(String::new());
+        report.settings_advice = super::super::advise_settings(
+            report.diagnosis.verdict,
+            false,
+            &process,
+            Some((&file.snapshot, report.replay.as_ref().unwrap())),
+            "cuda:0",
         );
+        let advised = report.to_text();
+        for mss in [64, 128, 512] {
+            let line = format!("PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:{mss} would have avoided this failure");
+            assert!(advised.contains(&line), "{line}\n{advised}");
+        }
+        assert!(!advised.contains("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True would"), "{advised}");
+        assert!(advised.contains("Allocator settings (this process: libtorch's default settings"), "{advised}");
         let again = OomReport::from_json(&report.to_json()).unwrap();
-        assert_eq!(again.to_text(), advised, "the replay reads back as it was written");
+        assert_eq!(again.to_text(), advised, "the replay and the advice read back as they were written");
     }
 
     #[test]

@@ -217,18 +217,23 @@ pub fn replay_snapshot(name: &str, snapshot: &Snapshot, options: &ReplayOptions)
     Ok(Replayed { file: name.to_string(), recorded_settings, assumptions, notes, devices })
 }
 
-/// Settings as the table names them: without the memory fraction where it
-/// is the device's (`fraction`, the same for every such row, said above the
-/// table), `default` for none. A row with a fraction of its own keeps it.
-fn settings_name(conf: &str, fraction: f64) -> String {
+/// Settings without the memory fraction where it is the device's
+/// (`fraction`, the same for every such row, said above the table). A row
+/// with a fraction of its own keeps it.
+fn without_fraction(conf: &str, fraction: f64) -> String {
     let device_fraction = |key: &str| {
         key.strip_prefix("per_process_memory_fraction:").and_then(|v| v.parse::<f64>().ok()) == Some(fraction)
     };
-    let kept: Vec<&str> = conf.split(',').filter(|k| !k.is_empty() && !device_fraction(k)).collect();
+    conf.split(',').filter(|k| !k.is_empty() && !device_fraction(k)).collect::<Vec<_>>().join(",")
+}
+
+/// Settings as the table names them: [`without_fraction`], `default` for none.
+fn settings_name(conf: &str, fraction: f64) -> String {
+    let kept = without_fraction(conf, fraction);
     if kept.is_empty() {
         "default".into()
     } else {
-        kept.join(",")
+        kept
     }
 }
 
@@ -352,9 +357,16 @@ impl Render for Replayed {
 
 impl DeviceReplays {
     /// A replay's settings as its row names them: the device's memory
-    /// fraction, said above the table, left out.
+    /// fraction, said above the table, left out; `default` for none.
     pub fn name(&self, replay: &DeviceReplay) -> String {
         settings_name(&replay.settings, self.memory_fraction)
+    }
+
+    /// A replay's settings as `PYTORCH_CUDA_ALLOC_CONF` would set them in
+    /// the device's process: its memory fraction (set at run time, or by
+    /// the recorded settings) left out.
+    pub fn conf(&self, replay: &DeviceReplay) -> String {
+        without_fraction(&replay.settings, self.memory_fraction)
     }
 
     /// The recording's out-of-memory error as the replay under the
@@ -509,6 +521,7 @@ mod tests {
             device_memory: vec![crate::export::DeviceMemory { device: "cuda:0".into(), total, memory_fraction: 1.0 }],
             profile: None,
             ops: None,
+            unseen_before: Vec::new(),
         });
         s
     }

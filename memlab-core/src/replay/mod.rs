@@ -80,4 +80,4 @@ pub use reduction::{staging as reduction_staging, ReductionDevice};
 pub use run::{replay_device, replay_device_at, AtPeak, Card, DeviceReplay, Mismatch, ReplayOom};
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;

@@ -9,7 +9,7 @@ const GIB: u64 = 1 << 30;
 /// A snapshot of one CUDA device, stream 0, whose history is `entries`:
 /// (action, address, bytes), one microsecond apart. No segments, no
 /// settings, no notes of memlab's: each test adds what it needs.
-pub(super) fn history(entries: &[(crate::events::Action, u64, u64)]) -> crate::export::Snapshot {
+pub(crate) fn history(entries: &[(crate::events::Action, u64, u64)]) -> crate::export::Snapshot {
     let trace = entries
         .iter()
         .enumerate()
