@@ -12,6 +12,7 @@ use common::chromium::{self, Browser};
 use common::pytorch::{bytes_as_pytorch_prints, python, VALIDATE};
 use common::{floats, serial};
 use memlab::export::Exporter;
+use memlab::render::Cell;
 use memlab::Device;
 use memlab::Render;
 use tch::nn::{self, Module, OptimizerConfig};
@@ -207,6 +208,21 @@ fn trace_counters_equal_the_allocators_figures() {
         assert_eq!((level.allocated, level.active), (*allocated, *active), "after CPU event {n}");
     }
     assert!(samples.windows(2).all(|w| w[0].time_us <= w[1].time_us));
+    // The page's peak counts what the recording saw; the trace's, walked
+    // back from the allocator, also what lived before it (they differed by
+    // what was allocated before). The page gives both, each labelled.
+    let page = Exporter::registered().html_report().unwrap();
+    let cpu = page.summary.devices.iter().find(|d| d.device == "cpu").unwrap();
+    assert!(cpu.unseen_before >= 5000 * 4, "the floats made before the recording: {}", cpu.unseen_before);
+    let trace_peak = samples.iter().map(|s| s.level.allocated).max().unwrap();
+    assert_eq!((cpu.peak.allocated + cpu.unseen_before) as i64, trace_peak);
+    let text = page.summary.to_text();
+    let row = |label: &str| {
+        let line = text.lines().find(|l| l.starts_with(label)).unwrap_or_else(|| panic!("{label}:\n{text}"));
+        line[label.len()..].split_whitespace().next().unwrap().to_string()
+    };
+    assert_eq!(row("peak allocated, since the recording began"), Cell::bytes(cpu.peak.allocated).to_string());
+    assert_eq!(row("peak allocated, with what lived before"), Cell::bytes(trace_peak).to_string());
 
     // The JSON: a counter track per device, one sample per event.
     let path = temp("trace.json");

@@ -138,7 +138,7 @@ fn a_failed_request_is_reported_before_the_error_arrives_and_training_goes_on() 
         std::process::id(),
         report.number
     );
-    let expected: Vec<String> = ["txt", "json", "html", "pickle"].iter().map(|e| format!("{base}.{e}")).collect();
+    let expected: Vec<String> = ["txt", "json", "pickle", "html"].iter().map(|e| format!("{base}.{e}")).collect();
     let names: Vec<String> =
         report.files.iter().map(|f| f.file_name().unwrap().to_string_lossy().into_owned()).collect();
     assert_eq!(names, expected, "{:?}", report.file_errors);
@@ -149,9 +149,26 @@ fn a_failed_request_is_reported_before_the_error_arrives_and_training_goes_on() 
     assert_eq!(json["diagnosis"]["requested"], 1u64 << 48);
     assert_eq!(json["number"], report.number);
     assert_eq!(json["holders"]["named_bytes"], h.named_bytes);
-    // The HTML sibling is a whole page that opens on its own, content security policy included.
-    let page = std::fs::read_to_string(&report.files[2]).unwrap();
+    // The HTML sibling is a whole page that opens on its own, content
+    // security policy included; it opens with the report (verdict, advice,
+    // holders), then the recording (its summary, memory over time).
+    let page = std::fs::read_to_string(&report.files[3]).unwrap();
     assert!(page.starts_with("<!DOCTYPE html>") && page.contains("default-src 'none'"), "{}", &page[..200]);
+    let at = |needle: &str| page.find(needle).unwrap_or_else(|| panic!("{needle:?} in the page"));
+    let order = [
+        at("Verdict: the request alone exceeds the device"),
+        at("no amount of freeing makes it fit"),
+        at("What holds the memory"),
+        at("model.fc.weight.exp_avg"),
+        at("<h1>memlab summary: this process&#39;s recording</h1>"),
+        at("memory over time"),
+    ];
+    assert!(order.windows(2).all(|w| w[0] < w[1]), "the report, then the recording: {order:?}");
+    // What lived before the recording (the model and Adam's state, made
+    // before it started) is in the allocator's figures, not the history's:
+    // the page gives the peak both ways.
+    assert!(page.contains("peak allocated, since the recording began"), "the page's summary");
+    assert!(page.contains("peak allocated, with what lived before"), "the page's summary");
     let text = std::fs::read_to_string(&report.files[0]).unwrap();
     for needle in [
         "Verdict: the request alone exceeds the device",
@@ -164,7 +181,7 @@ fn a_failed_request_is_reported_before_the_error_arrives_and_training_goes_on() 
     }
     assert_eq!(text, report.to_text(), "the file is the report's text");
     // PyTorch's reader takes the snapshot, whose trace has the failure.
-    let pickle = report.files[3].to_str().unwrap();
+    let pickle = report.files[2].to_str().unwrap();
     python(&["-c", VALIDATE, pickle]);
     let trace = python(&["-m", "torch.cuda._memory_viz", "trace", pickle]);
     assert!(trace.contains("raise OutOfMemoryError # 256.0TiB requested"), "{trace}");

@@ -186,6 +186,7 @@ fn a_partial_memlab_history_says_so() {
             device_memory: Vec::new(),
             profile: None,
             ops: None,
+            unseen_before: Vec::new(),
         }),
     };
     let path = temp("partial.pickle");
@@ -539,6 +540,7 @@ fn merge_tells_processes_on_one_gpu_apart_and_keeps_a_process_on_two() {
                 device_memory: Vec::new(),
                 profile: None,
                 ops: None,
+                unseen_before: Vec::new(),
             }),
         };
         let path = temp(name);
@@ -642,6 +644,7 @@ fn a_snapshot_that_says_its_devices_memory_replays_without_flags() {
         }],
         profile: None,
         ops: None,
+        unseen_before: Vec::new(),
     });
     let written = temp("fragmentation_with_memory.pickle");
     file.snapshot.write_pickle(&written).unwrap();

@@ -4,8 +4,8 @@
 //! allocation's category named by the walk over the model.
 
 use memlab_core::export::{
-    Block, BlockState, Category, DeviceMemory, Frames, Segment, SegmentType, Snapshot, SnapshotFrame, SnapshotInfo,
-    Stack, TraceEntry,
+    Block, BlockState, Category, DeviceBytes, DeviceMemory, Frames, Segment, SegmentType, Snapshot, SnapshotFrame,
+    SnapshotInfo, Stack, TraceEntry,
 };
 use memlab_core::hash::FastMap;
 
@@ -20,7 +20,16 @@ const OUTSIDE: &str = "outside the user's code (libtorch's own threads and works
 
 pub(crate) fn capture(sources: &Model) -> Result<Snapshot> {
     let (history, stats) = events::history();
-    let live = events::live();
+    // The CPU allocator's figures read with the live set, under the
+    // recorder's lock: what it counts beyond the live set was allocated
+    // before the recording began (memlab's CPU segments are the live set).
+    let (live, cpu_now) = events::live_with(|| {
+        let mut raw = memlab_core::stats::RawStats::default();
+        memlab_core::Backend::sample(&memlab_tch::BACKEND, Device::Cpu, &mut raw, false).map(|()| raw.to_device_stats())
+    });
+    let seen_cpu: u64 = live.iter().filter(|a| a.device == Device::Cpu).map(|a| a.size).sum();
+    let unseen_cpu =
+        cpu_now.map_or(0, |s| u64::try_from(s.allocated_bytes.all.current).unwrap_or(0).saturating_sub(seen_cpu));
     let cuda_devices = memlab_tch::cuda_device_count();
     let cpu_index = cuda_devices;
     let index_of = |device: Device| match device {
@@ -154,6 +163,10 @@ pub(crate) fn capture(sources: &Model) -> Result<Snapshot> {
             device_memory,
             profile: Some(Report::collect()).filter(|p| p.functions.iter().any(|f| f.calls > 0)),
             ops: memlab_tch::ops::watched(),
+            unseen_before: (unseen_cpu > 0 && events::is_active())
+                .then(|| DeviceBytes { device: Device::Cpu.to_string(), bytes: unseen_cpu })
+                .into_iter()
+                .collect(),
         }),
     })
 }

@@ -519,6 +519,18 @@ pub fn live() -> Vec<LiveAllocation> {
     all
 }
 
+/// [`live`], together with `read()`'s figures taken under the recorder's
+/// lock (see [`history_with`]): the CPU's counters then count exactly the
+/// live set's allocations and those the recording never saw.
+pub fn live_with<R>(read: impl FnOnce() -> R) -> (Vec<LiveAllocation>, R) {
+    let (mut all, figures) = with(|r| {
+        let figures = read();
+        (r.live.iter().map(|(key, held)| held.at(*key)).collect::<Vec<LiveAllocation>>(), figures)
+    });
+    all.sort_by_key(|l| l.seq);
+    (all, figures)
+}
+
 /// The event numbers (`seq`) of the live allocations at `keys` (device,
 /// address), read under one lock; `None` where recording did not see one made.
 pub fn live_seqs(keys: &[(Device, u64)]) -> Vec<Option<u64>> {

@@ -175,6 +175,16 @@ pub struct DeviceSummary {
     pub by_site: Vec<SiteShare>,
     /// Failed allocations.
     pub ooms: Vec<OomAt>,
+    /// Bytes allocated before the recording began and still allocated,
+    /// which neither the history nor the segments show (memlab's CPU
+    /// segments are what its recording saw made): not in `peak`, in the
+    /// allocator's own figures (and so a trace's).
+    #[serde(skip_serializing_if = "is_zero")]
+    pub unseen_before: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 impl DeviceSummary {
@@ -412,6 +422,8 @@ fn replay(s: &Snapshot, index: usize, device: String) -> Option<DeviceSummary> {
         sites.into_iter().map(|((site, before_history), held)| SiteShare { site, before_history, held }).collect();
     by_site.sort_by(|a, b| b.held.bytes.cmp(&a.held.bytes).then_with(|| a.site.cmp(&b.site)));
 
+    let unseen_before =
+        s.memlab.iter().flat_map(|m| &m.unseen_before).find(|u| u.device == device).map_or(0, |u| u.bytes);
     Some(DeviceSummary {
         device,
         events: trace.len() as u64,
@@ -425,6 +437,7 @@ fn replay(s: &Snapshot, index: usize, device: String) -> Option<DeviceSummary> {
         by_category,
         by_site,
         ooms,
+        unseen_before,
     })
 }
 

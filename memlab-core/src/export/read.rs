@@ -587,6 +587,12 @@ fn read_info(strings: &Strings, b: &mut Builder, value: &Value) -> std::result::
                 info.device_memory = serde_json::from_value(json)
                     .map_err(|e| format!("`memlab.device_memory` is not a list of devices' memory: {e}"))?;
             }
+            "unseen_before" => {
+                let json =
+                    to_json(strings, &value).map_err(|e| format!("`memlab.unseen_before` is not plain data: {e}"))?;
+                info.unseen_before = serde_json::from_value(json)
+                    .map_err(|e| format!("`memlab.unseen_before` is not a list of devices' bytes: {e}"))?;
+            }
             "ops" => {
                 let json = to_json(strings, &value).map_err(|e| format!("`memlab.ops` is not plain data: {e}"))?;
                 info.ops =
@@ -784,6 +790,7 @@ mod tests {
                         reduced: 1,
                     }),
                 }]),
+                unseen_before: Vec::new(),
             }),
         };
         let read = Snapshot::from_pickle(&written.to_pickle().unwrap()).unwrap();

@@ -271,6 +271,20 @@ pub struct SnapshotInfo {
     /// ([`Settings::ops`](crate::events::Settings::ops)); `None` where it
     /// did not.
     pub ops: Option<Vec<crate::ops::OpRecord>>,
+    /// Per device, bytes allocated before the recording began and still
+    /// allocated at export, which neither the history nor the segments
+    /// show: memlab's CPU segments are the allocations it saw made. Their
+    /// allocator counts them (a trace's figures, walked back from it, do).
+    pub unseen_before: Vec<DeviceBytes>,
+}
+
+/// Bytes of one device.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct DeviceBytes {
+    /// `cpu`, `cuda:0`.
+    pub device: String,
+    /// The bytes.
+    pub bytes: u64,
 }
 
 /// A CUDA device's memory as its caching allocator saw it.
@@ -329,6 +343,8 @@ impl Snapshot {
             device_memory.transpose().map_err(|e| as_data("the devices' memory", e))?.unwrap_or_default();
         let ops = self.memlab.as_ref().map(|m| serde_json::to_value(&m.ops)).transpose();
         let ops = ops.map_err(|e| as_data("the ops", e))?.unwrap_or_default();
+        let unseen_before = self.memlab.as_ref().map(|m| serde_json::to_value(&m.unseen_before)).transpose();
+        let unseen_before = unseen_before.map_err(|e| as_data("the bytes unseen before", e))?.unwrap_or_default();
         let mut p = Pickler::new();
         p.dict(|p| {
             p.str("segments");
@@ -365,6 +381,10 @@ impl Snapshot {
                     if memlab.ops.is_some() {
                         p.str("ops");
                         p.json(&ops);
+                    }
+                    if !memlab.unseen_before.is_empty() {
+                        p.str("unseen_before");
+                        p.json(&unseen_before);
                     }
                     if let Some(profile) = &profile {
                         // As plain dicts and lists, which Python reads too.

@@ -32,7 +32,25 @@ fn device(doc: &mut Document, d: &DeviceSummary, sites: usize) {
         Column::new("bytes", Layout::Figure),
         Column::new("when", Layout::Text),
     ]);
-    figures.row([Cell::text("peak allocated"), Cell::bytes(d.peak.allocated), Cell::text(when(&d.peak))]);
+    if d.unseen_before > 0 {
+        // The allocator's figures (a trace's) count what the recording never saw.
+        figures.row([
+            Cell::text("peak allocated, since the recording began"),
+            Cell::bytes(d.peak.allocated),
+            Cell::text(when(&d.peak)),
+        ]);
+        figures.row([
+            Cell::text("peak allocated, with what lived before"),
+            Cell::bytes(d.peak.allocated.saturating_add(d.unseen_before)),
+            Cell::text(format!(
+                "{} allocated before the recording began and still allocated, which it never saw (the \
+                 allocator's figures, and a trace's, count it)",
+                Cell::bytes(d.unseen_before)
+            )),
+        ]);
+    } else {
+        figures.row([Cell::text("peak allocated"), Cell::bytes(d.peak.allocated), Cell::text(when(&d.peak))]);
+    }
     if let (Some(reserved), Some(unallocated)) = (d.peak.reserved, d.unallocated_at_peak()) {
         figures.row([
             Cell::text("reserved then"),

@@ -267,6 +267,7 @@ fn as_cuda(
             device_memory: vec![DeviceMemory { device: "cuda:0".into(), total, memory_fraction: 1.0 }],
             profile: None,
             ops: None,
+            unseen_before: Vec::new(),
         }),
     };
     let allocations = trace.iter().filter(|e| e.action == Action::Alloc).count() as u64;
