@@ -68,7 +68,9 @@
 //! process's one recording, which a second prediction's steps would join.
 //! A prediction asked for while another runs (on another thread, or a
 //! `find_batch_size` with `Budget::CudaCard`) waits for it to end; one asked
-//! for inside a step being predicted is refused.
+//! for inside a step being predicted is refused. The recording sees every
+//! thread of the process: what other threads allocate or free while the
+//! steps run (a data loader, say) joins the prediction.
 //!
 //! A step that allocates nothing on the CPU is predicted too: what lived
 //! before it and what CUDA adds (the context, the workspaces), said so in

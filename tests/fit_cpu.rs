@@ -295,35 +295,57 @@ fn a_recording_watches_the_ops_whose_cuda_kernels_allocate_otherwise() {
 /// peak, and the small model's prediction took in the large one's steps.
 #[test]
 fn two_predictions_at_once_each_get_their_own_figures() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::{Duration, Instant};
     let _s = serial();
     memlab::clear_registry();
-    /// A model of `width`, its data, and a step that dawdles, so that two
-    /// runs overlap wherever they may.
-    fn predict(width: i64, start: Option<&std::sync::Barrier>) -> u64 {
+    /// Whether each of the two threads has begun a step.
+    static STEPPING: [AtomicBool; 2] = [AtomicBool::new(false), AtomicBool::new(false)];
+    /// A model of `width` and its step. Run as thread `overlap` of two, the
+    /// two models are made before either prediction starts and freed after
+    /// both end (a recording sees every thread's allocations and frees), and
+    /// each step first waits (at most
+    /// 300 ms) for the other thread to be in a step too: where predictions
+    /// may overlap, they do.
+    fn predict(width: i64, overlap: Option<(usize, &std::sync::Barrier)>) -> u64 {
         tch::manual_seed(0);
         let vs = nn::VarStore::new(tch::Device::Cpu);
         let net = nn::seq().add(nn::linear(vs.root() / "fc", 256, width, Default::default()));
         let mut sgd = nn::Sgd::default().build(&vs, 1e-3).unwrap();
         let data = Tensor::randn([64, 256], (Kind::Float, tch::Device::Cpu));
+        if let Some((_, made)) = overlap {
+            made.wait();
+        }
         let mut step = || {
+            if let Some((me, _)) = overlap {
+                STEPPING[me].store(true, Ordering::SeqCst);
+                let waited = Instant::now();
+                while !STEPPING[1 - me].load(Ordering::SeqCst) && waited.elapsed() < Duration::from_millis(300) {
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
             let loss = net.forward(&data).square().mean(Kind::Float);
-            std::thread::sleep(std::time::Duration::from_millis(20));
             sgd.backward_step(&loss);
             Ok(())
         };
-        if let Some(start) = start {
-            start.wait();
+        let peak = WillItFit::peaks().of(&vs).max_steps(3).run(&mut step).unwrap().settings[0].peak_reserved;
+        // The model is freed once both predictions are done: a free is an
+        // event the other's recording would see.
+        if let Some((_, both)) = overlap {
+            both.wait();
         }
-        WillItFit::peaks().of(&vs).max_steps(3).run(&mut step).unwrap().settings[0].peak_reserved
+        peak
     }
     let (small, large) = (predict(64, None), predict(8192, None));
     assert!(large > small);
-    let start = std::sync::Arc::new(std::sync::Barrier::new(2));
+    let made = std::sync::Arc::new(std::sync::Barrier::new(2));
     let threads: Vec<_> = [64, 8192]
         .into_iter()
-        .map(|width| {
-            let start = start.clone();
-            std::thread::spawn(move || predict(width, Some(&start)))
+        .enumerate()
+        .map(|(i, width)| {
+            let made = made.clone();
+            std::thread::spawn(move || predict(width, Some((i, &made))))
         })
         .collect();
     let at_once: Vec<u64> = threads.into_iter().map(|t| t.join().unwrap()).collect();
