@@ -8,8 +8,9 @@
 //! here). A probe costs the difference between a profiled loop and the same
 //! loop plain, and a slowdown is a ratio of the profiled step's median to the
 //! plain step's, both taken over alternating rounds so that drift hits both
-//! sides; a harness times one closure at a time and cannot pair them, so this
-//! benchmark keeps its own `main`.
+//! sides, with the median of each round's own ratio beside it; a harness
+//! times one closure at a time and cannot pair them, so this benchmark keeps
+//! its own `main`. On CUDA it also times what a probe asks libtorch for.
 //!
 //! Without `--bench` (`cargo test --benches` runs it so) every measurement
 //! runs one short round to show that it works.
@@ -133,6 +134,9 @@ struct Case {
 struct StepResult {
     plain: Duration,
     profiled: Duration,
+    /// The median of each round's profiled block over its own plain block:
+    /// drift between rounds (a GPU's clocks, the host's other work) cancels.
+    paired: f64,
 }
 
 fn step_slowdown(device: Device, widths: &[i64], batch: i64, steps: usize, rounds: usize) -> StepResult {
@@ -167,7 +171,32 @@ fn step_slowdown(device: Device, widths: &[i64], batch: i64, steps: usize, round
             sync();
         }));
     }
-    StepResult { plain: median(plain) / steps as u32, profiled: median(prof) / steps as u32 }
+    let mut ratios: Vec<f64> = plain.iter().zip(&prof).map(|(p, q)| q.as_secs_f64() / p.as_secs_f64()).collect();
+    ratios.sort_by(f64::total_cmp);
+    let paired = ratios[ratios.len() / 2];
+    StepResult { plain: median(plain) / steps as u32, profiled: median(prof) / steps as u32, paired }
+}
+
+/// What one CUDA probe is made of, in ns per call: the allocator's figures
+/// read and its peaks reset through the shim (what a probe asks libtorch
+/// for), and the same read without the reset.
+fn cuda_read_cost(calls: u64, rounds: usize) -> (f64, f64) {
+    use memlab_core::Backend;
+    let device = memlab::Device::Cuda(0);
+    let mut raw = memlab_core::stats::RawStats::default();
+    let mut per_call = |reset: bool| {
+        let rounds: Vec<Duration> = (0..rounds)
+            .map(|_| {
+                time(|| {
+                    for _ in 0..calls {
+                        memlab_tch::BACKEND.sample(device, black_box(&mut raw), reset).unwrap();
+                    }
+                })
+            })
+            .collect();
+        median(rounds).as_secs_f64() / calls as f64 * 1e9
+    };
+    (per_call(true), per_call(false))
 }
 
 fn main() {
@@ -191,11 +220,15 @@ fn main() {
         let _warm = Tensor::zeros([1], (Kind::Float, Device::Cuda(0)));
         let (best, median) = probe_cost("cuda:0", cuda_loop, probes, probe_rounds);
         println!("| cuda:0 | {best:.1} | {median:.1} |");
+        let (read_reset, read) = cuda_read_cost(probes / 4, probe_rounds);
+        println!("\nOf a CUDA probe: libtorch's figures read and peaks reset through the shim {read_reset:.1} ns a call (read alone {read:.1} ns); the rest is memlab's own.");
     }
 
     println!("\n## Training step, profiled (4 statements) vs plain\n");
-    println!("| device | model | batch | plain step | profiled step | ratio |");
-    println!("|---|---|---:|---:|---:|---:|");
+    println!("Medians over rounds that alternate a block of plain steps and a block of profiled ones; the");
+    println!("paired ratio is the median of each round's profiled block over its own plain block.\n");
+    println!("| device | model | batch | rounds | plain step | profiled step | ratio of medians | paired ratio |");
+    println!("|---|---|---:|---:|---:|---:|---:|---:|");
     let mut cases = vec![
         Case {
             device: Device::Cpu,
@@ -203,7 +236,7 @@ fn main() {
             widths: &[256, 256, 10],
             batch: 64,
             steps: 50,
-            rounds: 9,
+            rounds: 31,
         },
         Case {
             device: Device::Cpu,
@@ -211,18 +244,18 @@ fn main() {
             widths: &[2048, 2048, 2048, 10],
             batch: 256,
             steps: 5,
-            rounds: 7,
+            rounds: 31,
         },
     ];
     if cuda {
         let gpu = Device::Cuda(0);
         cases.push(Case {
             device: gpu,
-            name: "small 256-256-10",
-            widths: &[256, 256, 10],
+            name: "small 4 x Linear(256)",
+            widths: &[256, 256, 256, 256, 256],
             batch: 64,
             steps: 200,
-            rounds: 11,
+            rounds: 41,
         });
         cases.push(Case {
             device: gpu,
@@ -230,7 +263,7 @@ fn main() {
             widths: &[4096, 4096, 4096, 4096, 10],
             batch: 1024,
             steps: 50,
-            rounds: 11,
+            rounds: 31,
         });
     }
     for case in cases {
@@ -243,11 +276,12 @@ fn main() {
         memlab::profiler::set_target_device(memlab::profiler::DeviceSelector::Fixed(measured));
         let r = step_slowdown(device, widths, batch, steps, rounds);
         println!(
-            "| {} | {name} | {batch} | {:.1} µs | {:.1} µs | {:.3}× |",
+            "| {} | {name} | {batch} | {rounds} | {:.1} µs | {:.1} µs | {:.3}× | {:.3}× |",
             measured,
             r.plain.as_secs_f64() * 1e6,
             r.profiled.as_secs_f64() * 1e6,
-            r.profiled.as_secs_f64() / r.plain.as_secs_f64()
+            r.profiled.as_secs_f64() / r.plain.as_secs_f64(),
+            r.paired
         );
     }
 }

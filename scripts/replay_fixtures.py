@@ -2,7 +2,9 @@
 loops (an MLP, a conv net, a transformer over varying sequence lengths),
 pytorch#123548's allocation pattern, a fragmentation out-of-memory error
 under a memory fraction, a side stream with record_stream and empty_cache,
-garbage collection under a fraction, and roundup_power2_divisions, each run in a process of its own under each
+garbage collection under a fraction, roundup_power2_divisions, a program
+that catches its out-of-memory errors and goes on, and a fragmentation
+failure at the scale of the device, each run in a process of its own under each
 allocator setting (libtorch reads PYTORCH_CUDA_ALLOC_CONF when CUDA starts).
 Each run is recorded from its first CUDA allocation by PyTorch's own
 recorder (torch.cuda.memory._record_memory_history, no stacks, max_entries
@@ -35,6 +37,10 @@ WORKLOADS = {
     "gc": {"default": "", "gc": "garbage_collection_threshold:0.5", "expandable": "expandable_segments:True"},
     "divisions": {"default": "", "div4": "roundup_power2_divisions:4",
                   "divlist": "roundup_power2_divisions:[64:2,256:4,>:8]"},
+    "caught": {"default": "", "expandable": "expandable_segments:True"},
+    # At the device's scale (its recordings are a few MB: only the figures
+    # of its runs are kept, in fixtures/oom/).
+    "frag93": SETTINGS,
 }
 # The fragmentation run's memory fraction: 1.5 GiB of the device.
 FRACTION_BYTES = 3 * (1 << 29)
@@ -143,6 +149,37 @@ def divisions(torch, dev):
         if i % 4 == 0:
             kept.append(t)
         del t
+
+
+def caught(torch, dev):
+    """A program that catches an out-of-memory error and goes on: under a
+    3 GiB memory fraction, 8 MiB blocks until the allocator fails; the
+    error caught, every other block freed, then 256 MiB asked (which fails
+    too, caught again)."""
+    total = torch.cuda.get_device_properties(0).total_memory
+    torch.cuda.set_per_process_memory_fraction(3 * (1 << 30) / total)
+    blocks = []
+    try:
+        while True:
+            blocks.append(torch.empty(8 * MIB, dtype=torch.uint8, device=dev))
+    except torch.OutOfMemoryError:
+        pass
+    del blocks[::2]
+    try:
+        torch.empty(256 * MIB, dtype=torch.uint8, device=dev)
+    except torch.OutOfMemoryError:
+        pass
+
+
+def frag93(torch, dev):
+    """8 MiB blocks until 93% of the device is in use, every other freed,
+    then 40 GiB asked: free memory in pieces under every setting."""
+    total = torch.cuda.get_device_properties(0).total_memory
+    blocks = []
+    while torch.cuda.mem_get_info()[0] > total * 7 // 100:
+        blocks.append(torch.empty(8 * MIB, dtype=torch.uint8, device=dev))
+    del blocks[::2]
+    torch.empty(40 << 30, dtype=torch.uint8, device=dev)
 
 
 def run_one(workload, setting, out):

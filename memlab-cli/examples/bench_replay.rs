@@ -2,7 +2,10 @@
 //! loop's CUDA history of EVENTS entries (default 1,000,000: allocations
 //! of a dozen sizes from 4 KiB to 96 MiB, most freed a few steps later,
 //! every fourth kept for a while), replayed under four settings, each the
-//! median of ROUNDS runs. Prints a table.
+//! median of ROUNDS runs; then what an out-of-memory report adds on CUDA
+//! when that history ends in a failure: the replay under the settings people
+//! try and the settings advice decided from it (target: at most 2 s for a
+//! million entries). Prints two tables.
 //!
 //!     cargo run --release -p memlab-cli --example bench_replay [EVENTS] [ROUNDS]
 
@@ -99,4 +102,69 @@ fn main() {
         let name = if conf.is_empty() { "default" } else { conf };
         println!("| `{name}` | {n} | {t:.3} | {:.0} | {} MiB |", n as f64 / t, peak >> 20);
     }
+    report_replay(snapshot, rounds);
+}
+
+/// The out-of-memory report's part on CUDA: the history ending the way
+/// a fragmentation failure does (1,000 blocks of 8 MiB, every other freed,
+/// then a request no setting can place among the holes), on a card as
+/// large as the history's reserved peak, replayed under the settings people
+/// try (`replay_snapshot` with `compare`, as the recorder runs it), and the
+/// settings advice decided from that: none helps, so an `empty_cache` is
+/// looked for, four more replays (the most work the advice does).
+fn report_replay(mut snapshot: Snapshot, rounds: usize) {
+    use memlab_core::oom::{advise_settings, SettingsAdvice, Verdict};
+    use memlab_core::replay::{replay_snapshot, ReplayOptions};
+    let trace = &mut snapshot.device_traces[0];
+    let mut t = trace.len() as u64;
+    let mut at = |action, addr, size| {
+        t += 1;
+        TraceEntry::new(action, addr, size, t)
+    };
+    let blocks: Vec<u64> = (0..1000u64).map(|i| (1 << 50) + i * (8 << 20)).collect();
+    let mut tail: Vec<TraceEntry> = blocks.iter().map(|&a| at(Action::Alloc, Some(a), 8 << 20)).collect();
+    for &a in blocks.iter().step_by(2) {
+        tail.push(at(Action::FreeRequested, Some(a), 8 << 20));
+        tail.push(at(Action::FreeCompleted, Some(a), 8 << 20));
+    }
+    trace.extend(tail);
+    let big = Card { capacity: 80 << 30, total: 80 << 30 };
+    let default = AllocatorConfig::default();
+    let whole = replay_device(&snapshot, 0, &default, &default, big).expect("the history replays");
+    // Room for the request among the tensors, none among the holes.
+    let capacity = whole.peak_reserved;
+    let request = capacity - whole.peak_allocated;
+    let failing = at(Action::Oom, None, request);
+    snapshot.device_traces[0].push(failing);
+    let n = snapshot.device_traces[0].len();
+    let options =
+        ReplayOptions { capacity: Some(capacity), total: Some(80 << 30), compare: true, ..Default::default() };
+    let mut advice = None;
+    let times = (0..rounds)
+        .map(|_| {
+            let start = Instant::now();
+            let replayed = replay_snapshot("bench", &snapshot, &options).expect("replays");
+            advice = advise_settings(Verdict::Fragmentation, false, &default, Some((&snapshot, &replayed)), "cuda:0");
+            start.elapsed().as_secs_f64()
+        })
+        .collect();
+    let kind = match advice {
+        Some(SettingsAdvice::NoSettingHelps { tensors_alone: false, empty_cache, .. }) => {
+            format!(
+                "none helps; an empty_cache looked for, {}",
+                if empty_cache.is_some() { "found" } else { "none found" }
+            )
+        }
+        other => format!("{other:?}"),
+    };
+    println!(
+        "\n| the out-of-memory report's replay and advice | history entries | seconds (median of {rounds}) | advice |"
+    );
+    println!("|---|---:|---:|---|");
+    println!(
+        "| {} MiB asked on a card of {} MiB | {n} | {:.3} | {kind} |",
+        request >> 20,
+        capacity >> 20,
+        median(times)
+    );
 }

@@ -196,8 +196,8 @@
 //!   the out-of-memory handler read no tensor that a step writes.
 
 pub use memlab_core::oom::{
-    CacheFree, DeviceMemory, Diagnosis, FailingThread, Holders, HostLimit, LeftOut, MemoryFigures, NamedHolder,
-    NamedRest, OomReport, SiteHolder, Verdict,
+    Avoiding, CacheFree, DeviceMemory, Diagnosis, EmptyCachePoint, FailingThread, Holders, HostLimit, LeftOut,
+    MemoryFigures, NamedHolder, NamedRest, OomReport, SettingsAdvice, SiteHolder, Verdict,
 };
 
 mod capture;

@@ -143,3 +143,88 @@ fn an_oom_while_a_var_store_moves_to_the_gpu_is_reported_not_deadlocked() {
     memlab::gpu::empty_cache().unwrap();
     std::fs::remove_dir_all(&dir).ok();
 }
+
+/// A fragmentation failure (8 MiB blocks until 93% of the device is used,
+/// every other freed, then 40 GiB asked), in a process under libtorch's
+/// defaults and in one already running with expandable segments, while a
+/// recording runs. The report's settings advice follows its replay: a
+/// setting only where the replay avoids the failure, never one the process
+/// has (the process under expandable segments was told to set them). With
+/// `MEMLAB_FIXTURE_OUT` set, the reports' JSON and recordings are copied
+/// there (`fixtures/oom/`, where CPU tests replay them).
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_fragmentation_report_advises_only_what_its_replay_supports() {
+    const DIR: &str = "MEMLAB_TEST_OOM_REPORTS";
+    let name = "oom::a_fragmentation_report_advises_only_what_its_replay_supports";
+    if common::child(name) {
+        let dir = std::path::PathBuf::from(std::env::var(DIR).unwrap());
+        memlab::OomRecorder::new(&dir).max_reports(10).init_cuda(true).arm().unwrap();
+        let recording = memlab::Recording::start(memlab::events::Settings::default().backtraces(true)).unwrap();
+        // Until 93% of the device is in use.
+        let (_, total) = memlab::gpu::cuda_mem_info(0).unwrap();
+        let mut held: Vec<Tensor> = Vec::new();
+        while memlab::gpu::cuda_mem_info(0).unwrap().0 > total * 7 / 100 {
+            held.push(Tensor::empty([8 << 20], (Kind::Uint8, GPU)));
+        }
+        let mut i = 0;
+        held.retain(|_| {
+            i += 1;
+            i % 2 == 0
+        });
+        let err = Tensor::f_empty([40 << 30], (Kind::Uint8, GPU)).expect_err("40 GiB among the holes");
+        assert!(err.to_string().contains("out of memory"), "{err}");
+        let report = memlab::last_oom().expect("a report of the failure");
+        println!("REPORT {}", report.files[0].display());
+        drop((held, recording));
+        return;
+    }
+    let _s = serial();
+    memlab::gpu::empty_cache().unwrap();
+    for (setting, conf) in [("default", ""), ("expandable", "expandable_segments:True")] {
+        let dir = oom_dir(&format!("advice-{setting}"));
+        let env = [(DIR, dir.to_str().unwrap()), ("PYTORCH_CUDA_ALLOC_CONF", conf)];
+        let (stdout, _) = common::check_child(name, &env);
+        // The harness prints the test's name first, on the same line.
+        let text_file = stdout.lines().find_map(|l| l.split_once("REPORT ").map(|(_, path)| path));
+        let text_file = text_file.expect("the report's path");
+        let json = std::path::Path::new(text_file).with_extension("json");
+        let report = memlab::oom::OomReport::read(&json).unwrap();
+        let text = report.to_text();
+        println!("{text}");
+        assert_eq!(report.diagnosis.verdict, memlab::oom::Verdict::Fragmentation, "{setting}");
+        assert_eq!(report.allocator_settings.as_deref(), Some(conf), "the process's settings, as libtorch held them");
+        let replayed = report.replay.as_ref().expect("a recording ran: the report replays it");
+        let device = &replayed.devices[0];
+        assert!(device.recorded_oom().is_some(), "{setting}: the replay reproduces the failure:\n{text}");
+        // Advice after the replay, never contradicting it.
+        match report.settings_advice.as_ref().expect("settings advice") {
+            memlab::oom::SettingsAdvice::Replayed { avoiding } => {
+                for a in avoiding {
+                    let row = device.replays.iter().find(|x| device.conf(x) == a.settings).expect("its row");
+                    assert!(
+                        row.ooms.is_empty(),
+                        "{setting}: advised {} where its replay runs out:\n{text}",
+                        a.settings
+                    );
+                }
+            }
+            memlab::oom::SettingsAdvice::NoSettingHelps { free, .. } => {
+                assert!(*free > 0);
+                assert!(device.replays.iter().all(|x| !x.ooms.is_empty()), "{setting}: {text}");
+            }
+            other => panic!("{setting}: {other:?}\n{text}"),
+        }
+        if !conf.is_empty() {
+            assert!(!text.contains(&format!("PYTORCH_CUDA_ALLOC_CONF={conf} would")), "{text}");
+            assert!(!text.contains("Untested"), "{text}");
+        }
+        if let Some(out) = std::env::var_os("MEMLAB_FIXTURE_OUT") {
+            let out = std::path::PathBuf::from(out);
+            std::fs::create_dir_all(&out).unwrap();
+            std::fs::copy(&json, out.join(format!("frag93_{setting}.json"))).unwrap();
+            std::fs::copy(json.with_extension("pickle"), out.join(format!("frag93_{setting}.pickle"))).unwrap();
+        }
+        std::fs::remove_dir_all(&dir).ok();
+    }
+}

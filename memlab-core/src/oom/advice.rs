@@ -37,6 +37,13 @@ pub enum SettingsAdvice {
     /// The replay under the process's own settings does not reproduce the
     /// failure: it backs no setting.
     NotReproduced,
+    /// The program caught an earlier out-of-memory error and went on (at
+    /// this history entry): what it asked for after it depended on the
+    /// error, which another setting moves, so the replay backs no setting.
+    WentOnAfterError {
+        /// The earlier error's history entry.
+        entry: usize,
+    },
     /// No recording ran: a setting the figures suggest, not tried.
     Untested {
         /// As `PYTORCH_CUDA_ALLOC_CONF` writes it.
@@ -88,6 +95,11 @@ pub fn advise_settings(
             .then(|| SettingsAdvice::Untested { setting: "expandable_segments:True".into() });
     };
     let d = replayed.devices.iter().find(|d| d.recorded.device == device)?;
+    // A report's history ends at its failure: an error the program went
+    // on after is an earlier one.
+    if let Some(entry) = d.recorded.continued_after_oom {
+        return Some(SettingsAdvice::WentOnAfterError { entry });
+    }
     let Some(oom) = d.recorded_oom() else {
         return Some(SettingsAdvice::NotReproduced);
     };
@@ -227,5 +239,44 @@ mod tests {
             empty_cache: Some(EmptyCachePoint { entry: 4, time_us: 4, site: None, allocated: 0 }),
         };
         assert_eq!(advice, expected, "38 - (58 - 30) to give back, or an empty_cache before the 4 MiB");
+    }
+
+    #[test]
+    fn after_an_error_the_program_went_on_from_no_setting_is_backed() {
+        use Action::*;
+        // The GPU's recording of a program that allocates 8 MiB blocks until
+        // the allocator fails under a 3 GiB memory fraction, catches the
+        // error, frees every other block and asks for 256 MiB (failing
+        // again). Replayed under expandable segments its recorded requests
+        // fit; on the GPU that setting ran out twice as well
+        // (fixtures/replay/results.jsonl), since the loop went on further.
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/replay/caught__default.pickle");
+        let file = crate::export::Snapshot::read_pickle(path).unwrap();
+        let options = ReplayOptions {
+            fraction: Some(0.021459116915775848),
+            total: Some(150_109_880_320),
+            compare: true,
+            ..Default::default()
+        };
+        let replayed = replay_snapshot("caught", &file.snapshot, &options).unwrap();
+        let d = &replayed.devices[0];
+        assert!(d.avoiding().any(|x| d.conf(x) == "expandable_segments:True"), "the requests as recorded fit");
+        let first = file.snapshot.device_traces[0].iter().position(|e| e.action == Oom);
+        assert_eq!(d.recorded.continued_after_oom, first);
+        let advice = advise_settings(
+            Verdict::Fragmentation,
+            false,
+            &AllocatorConfig::default(),
+            Some((&file.snapshot, &replayed)),
+            "cuda:0",
+        );
+        assert_eq!(advice, Some(SettingsAdvice::WentOnAfterError { entry: first.unwrap() }));
+        let json: serde_json::Value = serde_json::from_str(&crate::render::Render::to_json(&replayed)).unwrap();
+        assert_eq!(json["devices"][0]["continued_after_oom"], serde_json::json!(first.unwrap()));
+        let text = crate::render::Render::to_text(&replayed);
+        assert!(
+            text.contains(&format!("The program went on after the error at history entry {}", first.unwrap())),
+            "{text}"
+        );
     }
 }

@@ -606,6 +606,13 @@ impl OomReport {
                      backs no setting.",
                 );
             }
+            SettingsAdvice::WentOnAfterError { entry } => {
+                doc.line(format!(
+                    "The program caught an earlier out-of-memory error (history entry {entry}) and went on: what \
+                     it asked for after it depended on that error, which another setting would move, so the \
+                     recording's replay backs no setting."
+                ));
+            }
             SettingsAdvice::Untested { setting } => {
                 doc.line(format!(
                     "Untested: {} may avoid it (segments then grow instead of splitting). No recording ran, so it was \
@@ -710,6 +717,72 @@ mod tests {
         assert!(advised.contains("Allocator settings (this process: libtorch's default settings"), "{advised}");
         let again = OomReport::from_json(&report.to_json()).unwrap();
         assert_eq!(again.to_text(), advised, "the replay and the advice read back as they were written");
+    }
+
+    /// The reports an H200 wrote of a fragmentation failure (8 MiB blocks
+    /// until 93% of the device was in use, every other freed, 40 GiB
+    /// asked; `tests/cuda/oom.rs`), in a process under libtorch's defaults
+    /// and in one under expandable segments, with their recordings
+    /// (`fixtures/oom/`). The process under expandable segments was told to
+    /// set them, and the default's was told to set them and then that the
+    /// replay refuted it. Each report's advice is what its replay backs,
+    /// decided again here from its recording; and the GPU agreed with the
+    /// replay: PyTorch's runs of the pattern under the three settings ran
+    /// out of memory, each (`pytorch_frag93.jsonl`).
+    #[test]
+    fn the_gpus_fragmentation_reports_advise_only_what_their_replay_backs() {
+        let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/oom");
+        let gpu: Vec<serde_json::Value> = std::fs::read_to_string(format!("{dir}/pytorch_frag93.jsonl"))
+            .unwrap()
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        assert_eq!(gpu.len(), 3);
+        assert!(gpu.iter().all(|run| run["num_ooms"] == 1), "every setting ran out on the GPU");
+        for (setting, conf) in [("default", ""), ("expandable", "expandable_segments:True")] {
+            let report = OomReport::read(format!("{dir}/frag93_{setting}.json")).unwrap();
+            let file = crate::export::Snapshot::read_pickle(format!("{dir}/frag93_{setting}.pickle")).unwrap();
+            assert_eq!(report.diagnosis.verdict, Verdict::Fragmentation, "{setting}");
+            assert_eq!(report.allocator_settings.as_deref(), Some(conf), "{setting}");
+            // The replay again, on the memory the allocator had when it failed.
+            let figures = &report.diagnosis.figures;
+            let capacity = figures.reserved as u64 + figures.device.unwrap().free;
+            let options =
+                crate::replay::ReplayOptions { capacity: Some(capacity), compare: true, ..Default::default() };
+            let replayed = crate::replay::replay_snapshot("the recording", &file.snapshot, &options).unwrap();
+            let (d, written) = (&replayed.devices[0], &report.replay.as_ref().unwrap().devices[0]);
+            let outcome = |x: &crate::replay::DeviceReplay| (x.settings.clone(), x.peak_reserved, x.ooms.is_empty());
+            let again: Vec<_> = std::iter::once(&d.recorded).chain(&d.replays).map(outcome).collect();
+            let then: Vec<_> = std::iter::once(&written.recorded).chain(&written.replays).map(outcome).collect();
+            assert_eq!(again, then, "{setting}: the replay is the report's");
+            let process = crate::replay::AllocatorConfig::parse(conf).unwrap();
+            let advice = super::super::advise_settings(
+                Verdict::Fragmentation,
+                false,
+                &process,
+                Some((&file.snapshot, &replayed)),
+                "cuda:0",
+            );
+            assert_eq!(advice, report.settings_advice, "{setting}: the advice follows the replay");
+            // No setting avoids it, in the replay as on the GPU.
+            let Some(super::super::SettingsAdvice::NoSettingHelps { tensors_alone: false, .. }) = advice else {
+                panic!("{setting}: {advice:?}")
+            };
+            for run in &gpu {
+                let row = std::iter::once(&d.recorded).chain(&d.replays).find(|x| d.conf(x) == run["conf"]);
+                assert!(
+                    row.is_some_and(|x| !x.ooms.is_empty()),
+                    "{setting}: {} runs out in the replay too",
+                    run["conf"]
+                );
+            }
+            let text = report.to_text();
+            assert!(
+                !text.contains("Set PYTORCH_CUDA_ALLOC_CONF") && !text.contains("would have avoided this failure"),
+                "{text}"
+            );
+            assert!(text.contains("No allocator setting avoids this failure"), "{text}");
+        }
     }
 
     #[test]

@@ -416,6 +416,15 @@ impl DeviceReplays {
         if recorded_errors == 0 {
             return doc;
         }
+        if let Some(entry) = r.continued_after_oom {
+            doc.caution(format!(
+                "The program went on after the error at history entry {entry}: it caught the error and asked for \
+                 memory again. The replay follows its requests as recorded, so it is exact up to that entry; what \
+                 it says after it, each error avoided included, holds only if the program's requests did not \
+                 depend on the error (a loop that allocates until it fails asks for more wherever more is left)."
+            ));
+        }
+
         let Some(oom) = self.recorded_oom() else {
             doc.caution(format!(
                 "Under the recorded settings the replay serves the request the recording failed ({} of {} \
@@ -442,14 +451,6 @@ impl DeviceReplays {
                     Cell::bytes(x.peak_reserved)
                 ));
             }
-        }
-        if let Some(entry) = r.continued_after_oom {
-            doc.caution(format!(
-                "The program went on after the error at history entry {entry}: it caught the error and asked for \
-                 memory again. The replay follows its requests as recorded, so it is exact up to that entry; what \
-                 it says after it, each error avoided included, holds only if the program's requests did not \
-                 depend on the error (a loop that allocates until it fails asks for more wherever more is left)."
-            ));
         }
         let unrebuilt = r.reserved_before > 0 && r.rebuilt_segments == 0;
         if r.unknown_frees > 0 || unrebuilt || r.segment_events_matched < r.segment_events {

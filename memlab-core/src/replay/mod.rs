@@ -77,7 +77,7 @@ pub use kernels::{
     Measured, Workspace, H100_MEASURED,
 };
 pub use reduction::{staging as reduction_staging, ReductionDevice};
-pub use run::{replay_device, replay_device_at, AtPeak, Card, DeviceReplay, Mismatch, ReplayOom};
+pub use run::{replay_device, replay_device_at, AtPeak, Card, DeviceReplay, Mismatch, ReplayOom, OOMS_KEPT};
 
 #[cfg(test)]
 pub(crate) mod tests;

@@ -11,6 +11,10 @@ use crate::error::{Error, Result};
 use crate::events::Action;
 use crate::export::{Snapshot, TraceEntry};
 
+/// How many of the failures only the replay has (the recording served
+/// them) a [`DeviceReplay`] lists.
+pub const OOMS_KEPT: usize = 16;
+
 /// The card a replay runs on: the bytes for the allocator, and its total.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Card {
@@ -44,9 +48,13 @@ pub struct DeviceReplay {
     pub peak_allocated: u64,
     /// The segments at the reserved peak, at their fullest.
     pub at_peak: AtPeak,
-    /// Requests the model could not serve, in order (the recording's own
-    /// out-of-memory requests included, where the model fails them too).
+    /// Requests the model could not serve, in order: every one the
+    /// recording failed too, and the first [`OOMS_KEPT`] others (a history
+    /// replayed under settings it does not fit may fail thousands).
     pub ooms: Vec<ReplayOom>,
+    /// How many requests the model could not serve, all of them.
+    #[serde(default)]
+    pub oom_count: usize,
     /// The recording's out-of-memory requests that the model served.
     pub avoided: usize,
     /// The history entry of the recording's first out-of-memory error where
@@ -211,6 +219,7 @@ fn run(
         peak_allocated: 0,
         at_peak: AtPeak::default(),
         ooms: Vec::new(),
+        oom_count: 0,
         avoided: 0,
         continued_after_oom: continued_after_oom(trace),
         empty_cache_at: Vec::new(),
@@ -273,7 +282,12 @@ fn run(
                         live.insert(addr, id);
                     }
                 }
-                Err(oom) => out.ooms.push(ReplayOom { entry: i, recorded: false, oom }),
+                Err(oom) => {
+                    out.oom_count += 1;
+                    if out.ooms.iter().filter(|o| !o.recorded).count() < OOMS_KEPT {
+                        out.ooms.push(ReplayOom { entry: i, recorded: false, oom });
+                    }
+                }
             },
             Action::Oom => match model.malloc(e.size, e.stream) {
                 // The program got its error there: what the model served is given back.
@@ -281,7 +295,10 @@ fn run(
                     out.avoided += 1;
                     model.free(id);
                 }
-                Err(oom) => out.ooms.push(ReplayOom { entry: i, recorded: true, oom }),
+                Err(oom) => {
+                    out.oom_count += 1;
+                    out.ooms.push(ReplayOom { entry: i, recorded: true, oom });
+                }
             },
             Action::FreeRequested => match e.addr.as_ref().and_then(|a| live.get(a)) {
                 Some(&id) => drop(model.free_deferred(id)),
