@@ -385,8 +385,13 @@ impl CachingAllocator {
     /// A block in use when the replay began: `size` bytes at `address` (the
     /// model's) inside a segment [`restore_segment`](Self::restore_segment)
     /// made, cut out of the free block that covers it. `None` where no free
-    /// block covers it (an overlap with another restored block).
+    /// block covers it (an overlap with another restored block), or for a
+    /// block of no bytes.
     pub fn restore_block(&mut self, address: u64, size: u64) -> Option<BlockId> {
+        // No allocator hands out a block of nothing (libtorch's smallest is 512 bytes).
+        if size == 0 {
+            return None;
+        }
         let id = (0..self.blocks.len()).find(|&i| {
             let b = &self.blocks[i];
             b.live && !b.allocated && !b.waiting && b.address <= address && address + size <= b.address + b.size
@@ -776,8 +781,12 @@ impl CachingAllocator {
         let Some(mss) = self.config.max_split_size else { return false };
         let key = size.max(mss);
         let pool = if small { &self.small } else { &self.large };
+        // Only whole segments go back. libtorch never splits a block of
+        // max_split_size or more; a replay can meet one split all the same,
+        // in a segment rebuilt under other settings with blocks in use.
+        let whole = |b: &Block| b.expandable.is_none() && !b.is_split();
         if let Some(&(s, _, _, id)) = pool.free.range((stream, key, 0, 0)..).next() {
-            if s == stream && self.blocks[id].expandable.is_none() {
+            if s == stream && whole(&self.blocks[id]) {
                 self.release_segment(id);
                 return true;
             }
@@ -795,7 +804,7 @@ impl CachingAllocator {
             if released >= key {
                 break;
             }
-            if self.blocks[id].expandable.is_none() {
+            if whole(&self.blocks[id]) {
                 released += block_size;
                 self.release_segment(id);
             }
@@ -838,7 +847,7 @@ impl CachingAllocator {
     /// expandable segment, mapping what is not mapped yet; `None` when the
     /// device cannot back them (pages mapped before the failure stay).
     fn expandable_block(&mut self, small: bool, stream: u64, size: u64) -> Option<usize> {
-        let mut candidate = self.find_expandable(small, stream, size);
+        let mut candidate = self.find_expandable(small, stream, size)?;
         if !self.blocks[candidate].mapped {
             let want = self.blocks[candidate].size.min(size);
             candidate = self.map(candidate, want)?;
@@ -861,8 +870,10 @@ impl CachingAllocator {
     /// `find_expandable_block`: the lowest unmapped part of the stream's
     /// expandable segments (with the free block before it) with room for
     /// `size` bytes, or a new segment: 1.125 times the device's memory of
-    /// address space, nothing mapped.
-    fn find_expandable(&mut self, small: bool, stream: u64, size: u64) -> usize {
+    /// address space, nothing mapped. `None` for a request larger than a
+    /// whole segment's range: no device can back it (libtorch would fail
+    /// mapping it; only a replay with a card larger than its device gets here).
+    fn find_expandable(&mut self, small: bool, stream: u64, size: u64) -> Option<usize> {
         let free = |b: &Block| b.live && !b.allocated && !b.waiting;
         let pool = if small { &self.small } else { &self.large };
         let gaps: Vec<usize> =
@@ -878,15 +889,18 @@ impl CachingAllocator {
                 at = self.blocks[id].next;
             }
             if room >= size {
-                return start;
+                return Some(start);
             }
         }
         let page = if small { SMALL_BUFFER } else { self.config.large_segment_size };
         let pages = (self.total + self.total / 8).div_ceil(page);
+        if pages.saturating_mul(page) < size {
+            return None;
+        }
         let base = self.addresses(pages * page, page);
         let id = self.new_block(Block::segment(base, pages * page, stream, small, Some((base, page))));
         self.insert_unmapped(id);
-        id
+        Some(id)
     }
 
     /// `map_block`: backs the first pages of unmapped block `id` covering

@@ -577,4 +577,22 @@ mod tests {
         let config = AllocatorConfig::parse("large_segment_size_mb:25").unwrap();
         assert_eq!(replay_device(&s, 0, &config, &config, CARD).unwrap().first_mismatch, None);
     }
+
+    /// Found by the property tests: a history that frees a 1-byte block and
+    /// a 1 TiB segment it never saw made, on a card of nothing. The rebuilt
+    /// block is cut out of the rebuilt segment; the replay neither panics
+    /// nor gives back a segment a block still holds.
+    #[test]
+    fn a_rebuilt_block_of_odd_bytes_in_a_segment_larger_than_the_card_replays() {
+        use Action::*;
+        let mut s = snapshot(&[(Oom, 0, MIB + 1), (FreeRequested, 1 << 32, 1), (SegmentFree, 1 << 32, 1 << 40)]);
+        s.device_traces[0][0].addr = None;
+        let default = AllocatorConfig::default();
+        let card = Card { capacity: 0, total: 80 << 30 };
+        for conf in ["", "max_split_size_mb:64", "expandable_segments:True"] {
+            let config = AllocatorConfig::parse(conf).unwrap();
+            let r = replay_device(&s, 0, &default, &config, card).unwrap();
+            assert_eq!((r.rebuilt_segments, r.rebuilt_blocks), (1, 1), "{conf}");
+        }
+    }
 }

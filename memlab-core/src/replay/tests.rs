@@ -513,3 +513,18 @@ fn a_device_beyond_one_exabyte_is_refused_and_one_at_it_replays() {
     // The running totals of a long history stop at i64::MAX.
     assert_eq!(b.stats().allocated_bytes.all.allocated, i64::MAX);
 }
+
+#[test]
+fn a_request_larger_than_an_expandable_segments_range_fails_without_mapping_it() {
+    // Found by the property tests: an expandable segment is 1.125 times the
+    // device's memory of address space; on a card larger than its device (a
+    // prediction's unlimited replay), a request beyond that range used to
+    // walk off the segment's end. libtorch cannot map it either: it fails,
+    // and nothing is mapped for it.
+    let config = AllocatorConfig::parse("expandable_segments:True").unwrap();
+    let mut a = CachingAllocator::new(config, 1 << 40, 80 * GIB).unwrap();
+    let oom = a.malloc(100 * GIB, 0).unwrap_err();
+    assert_eq!((oom.requested, reserved(&a)), (100 * GIB, 0));
+    // Within the range, the same card serves it.
+    assert!(a.malloc(85 * GIB, 0).is_ok());
+}
