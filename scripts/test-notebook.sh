@@ -10,6 +10,9 @@
 #   bash scripts/test-notebook.sh            # run and check
 #   bash scripts/test-notebook.sh --picture  # also screenshot the rendering
 #                                            # into docs/notebook.png (chromium)
+#   bash scripts/test-notebook.sh --fresh-kernel
+#       # the kernel scripts/notebook-kernel.sh registers, started from a
+#       # bare environment (nothing of env.sh's), runs memlab's first cells
 #
 # Too slow for CI: the first run installs evcxr_jupyter (cargo install
 # --locked, 20 minutes to an hour on 2 cores; cached in target/evcxr) and
@@ -20,10 +23,12 @@ source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 cd "$MEMLAB_ROOT"
 
 picture=0
+fresh=0
 case "${1:-}" in
   --picture) picture=1 ;;
+  --fresh-kernel) fresh=1 ;;
   "") ;;
-  *) echo "usage: bash scripts/test-notebook.sh [--picture]" >&2; exit 2 ;;
+  *) echo "usage: bash scripts/test-notebook.sh [--picture | --fresh-kernel]" >&2; exit 2 ;;
 esac
 
 EVCXR_VERSION="0.22.0"
@@ -62,7 +67,12 @@ rm -rf "$run_dir"
 had_rust_src=0
 if rustup component list --installed 2>/dev/null | grep -qx 'rust-src'; then had_rust_src=1; fi
 status=0
-"$MEMLAB_VENV/bin/python" scripts/notebook_run.py examples/notebook/memlab.ipynb "$run_dir" || status=$?
+if [ "$fresh" = 1 ]; then
+  bash scripts/notebook-kernel.sh --name memlab-rust --evcxr "$tools/bin/evcxr_jupyter"
+  "$MEMLAB_VENV/bin/python" scripts/notebook_fresh_kernel.py memlab-rust "$MEMLAB_ROOT" || status=$?
+else
+  "$MEMLAB_VENV/bin/python" scripts/notebook_run.py examples/notebook/memlab.ipynb "$run_dir" || status=$?
+fi
 if [ "$had_rust_src" = 0 ] && rustup component list --installed 2>/dev/null | grep -qx 'rust-src'; then
   echo "memlab: removing the rust-src component evcxr added, as the toolchain was" >&2
   rustup component remove rust-src >&2 || true
@@ -71,6 +81,7 @@ if [ "$status" != 0 ]; then
   echo "memlab in evcxr: some checks failed (the executed notebook is $run_dir/memlab.ipynb)" >&2
   exit 1
 fi
+[ "$fresh" = 1 ] && exit 0
 echo "memlab in evcxr_jupyter $EVCXR_VERSION: every check passed; rendered to target/notebook/memlab.html"
 if [ "$picture" = 1 ]; then
   # The page's height first (a copy that writes it into its title), then a

@@ -420,7 +420,7 @@ impl Render for StepData {
         table.row([
             Cell::text("RAM:"),
             Cell::text("Consumed"),
-            Cell::text("Peaked"),
+            Cell::text("Peak over end"),
             Cell::text("Used"),
             Cell::text("Total"),
             Cell::text(format!("in {} ({})", Cell::Duration(self.time), self.label)),

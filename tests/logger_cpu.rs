@@ -78,7 +78,7 @@ fn printed_forms_and_start_stop() {
     memlab::profiler::set_output(memlab::profiler::Output::Stdout);
     let printed = printed.lock().unwrap();
     assert_eq!(printed.len(), 2);
-    assert!(printed[0].starts_with("RAM:  Consumed    Peaked      Used     Total  in "), "{}", printed[0]);
+    assert!(printed[0].starts_with("RAM:  Consumed  Peak over end      Used     Total  in "), "{}", printed[0]);
     assert!(printed[0].contains("(table)\nGen: "), "{}", printed[0]);
     assert!(printed[1].starts_with("one line: ") && printed[1].contains("s | RAM "), "{}", printed[1]);
     assert!(printed[1].contains("  (sampled)"), "RAM figures from samples say so: {}", printed[1]);
@@ -128,10 +128,10 @@ fn printed_forms_snapshot() {
     (gpu.driver_used, gpu.driver_peaked, gpu.process_used) = (Some(1 << 30), Some(0), Some(900 << 20));
     data.gpu = Some(gpu);
     let table = "\
-RAM:  Consumed    Peaked      Used     Total  in 0.013s (step 3)
-Gen:     4.00M     1.00M   512.00M    16.00G  (sampled)
-CPU:    -2.00M     8.00M   100.00M            (tensors, libtorch's CPU allocator)
-GPU:    64.00M   192.00M   129.00M    80.00G  (cuda:0, libtorch's allocator; reserved 160.00M)
+RAM:  Consumed  Peak over end      Used     Total  in 0.013s (step 3)
+Gen:     4.00M          1.00M   512.00M    16.00G  (sampled)
+CPU:    -2.00M          8.00M   100.00M            (tensors, libtorch's CPU allocator)
+GPU:    64.00M        192.00M   129.00M    80.00G  (cuda:0, libtorch's allocator; reserved 160.00M)
      driver (sampled): device-wide 1.00G used, peaked 0.00B above; this process 900.00M (NVML)
 ";
     assert_eq!(data.to_string(), table);

@@ -74,9 +74,9 @@ fn a_line_after_every_cell_with_exact_figures() {
 
     // The table form, after what the cell printed, with the allocator's exact figures.
     let keep = out("keep_4_temporary_8");
-    assert!(keep.contains("kept\nRAM:  Consumed    Peaked      Used     Total  in "), "{keep}");
+    assert!(keep.contains("kept\nRAM:  Consumed  Peak over end      Used     Total  in "), "{keep}");
     let cpu = keep.lines().find(|l| l.starts_with("CPU:")).unwrap_or_else(|| panic!("a CPU row:\n{keep}"));
-    assert!(cpu.starts_with("CPU:     4.00M     8.00M     8.00M"), "{cpu}");
+    assert!(cpu.starts_with("CPU:     4.00M          8.00M     8.00M"), "{cpu}");
 
     // The time is the cell's run, not the user's pause before it.
     let sleep = out("sleep");

@@ -36,10 +36,28 @@
 //!   [`Recording`](crate::Recording) runs, with its frames;
 //! - a [`Verdict`] with its figures and what to do: **the request alone
 //!   exceeds the device** (a shape bug), **fragmentation** (free in the cache
-//!   ≥ the request, but no block that large:
-//!   `PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`, `empty_cache`),
-//!   **other processes hold the memory**, or **not enough free memory**
-//!   (naming the largest holders to shrink);
+//!   ≥ the request, but no block that large), **other processes hold the
+//!   memory**, or **not enough free memory** (naming the largest holders to
+//!   shrink);
+//! - on CUDA, advice on the caching allocator's settings
+//!   ([`SettingsAdvice`]), never one the process already has (its settings
+//!   are in the report: [`OomReport::allocator_settings`]). While a
+//!   `Recording` runs, the report replays the recording's history through
+//!   memlab's model of the allocator under the settings people try
+//!   (`memlab replay --compare`), on the memory the allocator had, and
+//!   advises a setting only where its replay avoids the failure; where none
+//!   does, it says what would: the bytes to free, the largest holders, and an
+//!   `empty_cache()` at a point of the history where the replay shows it
+//!   avoiding the failure, if there is one. A program that caught an earlier
+//!   failure and went on gets no setting from the replay (what it asked for
+//!   after it depended on the error). Without a recording, the setting the
+//!   figures suggest (`expandable_segments:True` for memory in pieces) is
+//!   labelled untested, with how to test it. On an H200, a fragmentation
+//!   failure (8 MiB blocks to 93% of the device, every other freed, 40 GiB
+//!   asked) gets "no setting avoids it" under libtorch's defaults and under
+//!   expandable segments alike, as PyTorch's own runs of the pattern under
+//!   the three settings did (`fixtures/oom/`). On a history of a million
+//!   entries the replay and the advice take about a second (BENCHMARKS.md);
 //! - `DIR/memlab_oom_<host>_<start>_<pid>_<n>.txt` is written, named after the
 //!   host, the process's start (`YYYYMMDDTHHMMSS`, UTC), its id and the
 //!   report's number. Two containers sharing a report volume may both be PID 1,
@@ -48,8 +66,10 @@
 //!   `<pid>-<tag>` (eight random hexadecimal digits, kept for its later
 //!   reports), so no report is lost and no file is ever overwritten. Beside it
 //!   go `.json` (the [`OomReport`] as data, verdict included, for other tools)
-//!   and, while a `Recording` runs, `.html` and `.pickle` (the recording's
-//!   report and PyTorch memory snapshot); the report is kept for
+//!   and, while a `Recording` runs, `.pickle` and `.html` (the recording's
+//!   PyTorch memory snapshot, and a page that opens with this report, then
+//!   the recording's own: memory over time, what was live at the peak); the
+//!   report is kept for
 //!   [`last_oom`]. With a rank (see [`crate::run`]) the name ends in
 //!   `_rank{N}`;
 //! - a one-paragraph summary goes to memlab's warnings (standard error by
@@ -60,7 +80,7 @@
 //! for 512 GiB. From the CPU run:
 //!
 //! ```text
-//! memlab: out of memory on cpu: 512.00G requested, 22.21G free on cpu at oom::Attention::forward (examples/oom.rs:46): let scores = q.unsqueeze(2).f_mul(&k.unsqueeze(1))?.sum_dim_intlist(-1, false, Kind::Float);. Verdict: the request alone exceeds the device. Report: DIR/memlab_oom_vm_20261123T144519_3753_1.txt (and .json, .html, .pickle).
+//! memlab: out of memory on cpu: 512.00G requested, 22.21G free on cpu at oom::Attention::forward (examples/oom.rs:46): let scores = q.unsqueeze(2).f_mul(&k.unsqueeze(1))?.sum_dim_intlist(-1, false, Kind::Float);. Verdict: the request alone exceeds the device. Report: DIR/memlab_oom_vm_20261123T144519_3753_1.txt (and .json, .pickle, .html).
 //! step 3: failed: Internal torch error: [enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: you tried to allocate 549755813952 bytes. Error code 12 (Cannot allocate memory)
 //!   memlab's verdict: the request alone exceeds the device
 //! step 4: loss 0.03531

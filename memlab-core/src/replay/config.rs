@@ -4,33 +4,7 @@
 //! `c10/core/AllocatorConfig.cpp` (`AcceleratorAllocatorConfig::parseArgs`)
 //! and `c10/cuda/CUDAAllocatorConfig.cpp` (`CUDAAllocatorConfig::parseArgs`)
 //! as shipped in 2.11.0 (git 70d99e99), whose headers the wheel carries.
-//!
-//! What libtorch 2.11 does with each key: how it reads the value, what it
-//! refuses (with its own message, which memlab quotes) and what it clamps,
-//! each refusal and clamp tried on 2.11.0+cu130's own libraries. The one
-//! table `--setting` strings and the settings a snapshot records are both
-//! read through.
-//!
-//! | key | value | refused | clamped or changed |
-//! |---|---|---|---|
-//! | `large_segment_size_mb` | `stoull`, MiB, read before every other key | ≤ 10 | above `SIZE_MAX / 1 MiB` |
-//! | `max_split_size_mb` | `stoull`, MiB | below the large segment size | above `SIZE_MAX / 1 MiB`: not unlimited then |
-//! | `max_non_split_rounding_mb` | `stoull`, MiB | below the large segment size | above `SIZE_MAX / 1 MiB`; a request plus it wraps in `size_t` |
-//! | `garbage_collection_threshold` | `stod` | outside (0, 1) | |
-//! | `roundup_power2_divisions` | `stoull`, or `[MiB:n,…,>:n]` | not a power of two (0 too; in a list 0 is "none"); a list's bound not a power of two | a bound past 32 GiB goes to the last bucket; 2^55 or more rounds to powers of two (`512 × n` wraps) |
-//! | `expandable_segments` | `True` or `False` | anything else | |
-//! | `per_process_memory_fraction` | `stod` | outside [0, 1] | |
-//! | `backend` | `native` or `cudaMallocAsync` | anything else; memlab refuses `cudaMallocAsync` (not modelled) | |
-//! | `pinned_num_register_threads` | `stoull` | not a power of two, above 128 | |
-//! | `pinned_reserve_segment_size_mb` | `stoull` | 0 | |
-//! | `release_lock_on_cudamalloc`, `release_lock_on_hipmalloc`, `pinned_use_cuda_host_register`, `pinned_use_hip_host_register`, `pinned_use_background_threads`, `graph_capture_record_stream_reuse` | `True` or `False` | anything else | |
-//!
-//! Every number is read as C++'s `stoull` and `stod` read it: digits after
-//! an optional sign, the rest ignored (`30abc` is 30, said in the notes), a
-//! negative wrapped modulo 2^64 (`-1` is 2^64 − 1, then clamped); no digits,
-//! or a number past the type, is refused. Separators are not checked
-//! (`max_split_size_mb,128` is read as `max_split_size_mb:128`), as
-//! libtorch does not check them.
+//! The table of what it refuses and clamps is on [`AllocatorConfig`].
 
 use crate::error::{Error, Result};
 
@@ -44,9 +18,38 @@ pub const DIVISION_BUCKETS: usize = 16;
 pub const MIN_LARGE_ALLOC: u64 = 10 * MIB;
 
 /// The settings of libtorch's CUDA caching allocator that decide where
-/// memory goes. The default is libtorch's: no `max_split_size`, no rounding
-/// beyond 512 bytes, 20 MiB large segments, no garbage collection, no
-/// expandable segments, no memory fraction.
+/// memory goes, read as libtorch 2.11 reads `PYTORCH_CUDA_ALLOC_CONF`.
+///
+/// What libtorch 2.11 does with each key: how it reads the value, what it
+/// refuses (with its own message, which memlab quotes) and what it clamps,
+/// each refusal and clamp tried on 2.11.0+cu130's own libraries. The one
+/// table `--setting` strings and the settings a snapshot records are both
+/// read through.
+///
+/// | key | value | refused | clamped or changed |
+/// |---|---|---|---|
+/// | `large_segment_size_mb` | `stoull`, MiB, read before every other key | ≤ 10 | above `SIZE_MAX / 1 MiB` |
+/// | `max_split_size_mb` | `stoull`, MiB | below the large segment size | above `SIZE_MAX / 1 MiB`: not unlimited then |
+/// | `max_non_split_rounding_mb` | `stoull`, MiB | below the large segment size | above `SIZE_MAX / 1 MiB`; a request plus it wraps in `size_t` |
+/// | `garbage_collection_threshold` | `stod` | outside (0, 1) | |
+/// | `roundup_power2_divisions` | `stoull`, or `[MiB:n,…,>:n]` | not a power of two (0 too; in a list 0 is "none"); a list's bound not a power of two | a bound past 32 GiB goes to the last bucket; 2^55 or more rounds to powers of two (`512 × n` wraps) |
+/// | `expandable_segments` | `True` or `False` | anything else | |
+/// | `per_process_memory_fraction` | `stod` | outside [0, 1] | |
+/// | `backend` | `native` or `cudaMallocAsync` | anything else; memlab refuses `cudaMallocAsync` (not modelled) | |
+/// | `pinned_num_register_threads` | `stoull` | not a power of two, above 128 | |
+/// | `pinned_reserve_segment_size_mb` | `stoull` | 0 | |
+/// | `release_lock_on_cudamalloc`, `release_lock_on_hipmalloc`, `pinned_use_cuda_host_register`, `pinned_use_hip_host_register`, `pinned_use_background_threads`, `graph_capture_record_stream_reuse` | `True` or `False` | anything else | |
+///
+/// Every number is read as C++'s `stoull` and `stod` read it: digits after
+/// an optional sign, the rest ignored (`30abc` is 30, said in the notes), a
+/// negative wrapped modulo 2^64 (`-1` is 2^64 − 1, then clamped); no digits,
+/// or a number past the type, is refused. Separators are not checked
+/// (`max_split_size_mb,128` is read as `max_split_size_mb:128`), as
+/// libtorch does not check them.
+///
+/// The default is libtorch's: no `max_split_size`, no rounding beyond 512
+/// bytes, 20 MiB large segments, no garbage collection, no expandable
+/// segments, no memory fraction.
 #[derive(Clone, Debug, PartialEq, serde::Serialize, serde::Deserialize)]
 #[non_exhaustive]
 pub struct AllocatorConfig {
@@ -130,7 +133,7 @@ pub struct ReadSettings {
 impl AllocatorConfig {
     /// Parses settings written as for `PYTORCH_CUDA_ALLOC_CONF`
     /// (`key:value,key:value`; whitespace ignored), as libtorch 2.11 reads
-    /// them (see the [module](self)'s table). An empty string is
+    /// them (see the table on [`AllocatorConfig`]). An empty string is
     /// the default. Refuses what libtorch refuses, and
     /// `backend:cudaMallocAsync`, which is another allocator: CUDA's own,
     /// which memlab does not model.
