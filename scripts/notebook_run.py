@@ -74,7 +74,7 @@ def main():
     check(figure("cell 2", "CPU tensors.consumed") == MODEL, f"the model's cell consumed {MODEL} B of CPU tensors")
     check(figure("cell 3", "CPU tensors.consumed") == 4 * MIB, "keep 4 MiB: consumed exactly 4 MiB")
     check(figure("cell 3", "CPU tensors.peaked") == 8 * MIB, "a temporary 8 MiB: peaked exactly 8 MiB")
-    check("CPU:     4.00M     8.00M" in streams(keep), "the line shows it", keep)
+    check("CPU:     4.00M          8.00M" in streams(keep), "the line shows it", keep)
     check(len(rows) == 8, f"the table holds the 8 cells that ended before it ({len(rows)})")
 
     # Displays: HTML and text in one bundle.

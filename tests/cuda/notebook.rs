@@ -50,7 +50,7 @@ fn gpu_columns_of_every_cell() {
     assert!(exited);
     let keep = outputs[1].join("\n");
     let gpu = keep.lines().find(|l| l.starts_with("GPU:")).unwrap_or_else(|| panic!("a GPU row:\n{keep}"));
-    assert!(gpu.starts_with("GPU:     4.00M     8.00M     5.00M"), "{gpu}");
+    assert!(gpu.starts_with("GPU:     4.00M          8.00M     5.00M"), "{gpu}");
     let csv: Vec<String> = outputs[3].join("\n").split("END CSV").next().unwrap().lines().map(String::from).collect();
     assert_eq!(csv_figure(&csv, "cell 2", "GPU.consumed"), 4 * MIB);
     assert_eq!(csv_figure(&csv, "cell 2", "GPU.peaked"), 8 * MIB);
