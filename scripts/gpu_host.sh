@@ -26,7 +26,11 @@ OUT=${1:?usage: gpu_host.sh OUT [fixtures] [tests] [bench]}
 shift
 mkdir -p "$OUT"
 made=$(mktemp -d)
-TL=$(python3 -c 'import torch, os; print(os.path.dirname(torch.__file__))')
+TL=$(python3 -c 'import torch, os; print(os.path.dirname(torch.__file__))') || {
+  echo "no torch for python3: this runs on a GPU host whose python3 has torch 2.11.0+cu130" >&2
+  exit 2
+}
+trap 'rm -rf "$made"' EXIT
 export LD_LIBRARY_PATH="$TL/lib:$TL/../nvidia/cu13/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 log="$OUT/log.txt"
 {

@@ -39,22 +39,28 @@ if [ ! -x "$evcxr" ]; then
   echo "memlab: no evcxr_jupyter at $evcxr; install it (cargo install --locked evcxr_jupyter --version 0.22.0) or give --evcxr PATH" >&2
   exit 2
 fi
-# The kernel compiles each cell with cargo: the toolchain's directory too.
-cargo_dir="$(dirname "$(command -v cargo)")"
+# Jupyter starts the kernel from its own directory: the path, whole.
+evcxr="$(cd "$(dirname "$evcxr")" && pwd)/$(basename "$evcxr")"
+# The kernel compiles each cell with cargo.
+if ! command -v cargo >/dev/null; then
+  echo "memlab: no cargo on PATH; the kernel compiles every cell with it (install Rust with rustup)" >&2
+  exit 2
+fi
 if [ -n "${JUPYTER_PATH:-}" ]; then
   kernels="${JUPYTER_PATH%%:*}/kernels"
 else
   kernels="${JUPYTER_DATA_DIR:-$HOME/.local/share/jupyter}/kernels"
 fi
 mkdir -p "$kernels/$name" "$MEMLAB_ROOT/target/evcxr-cells"
-"$MEMLAB_VENV/bin/python" - "$kernels/$name/kernel.json" "$evcxr" "$cargo_dir" "$MEMLAB_ROOT" "$MEMLAB_TORCH_VERSION" <<'PY'
+"$MEMLAB_VENV/bin/python" - "$kernels/$name/kernel.json" "$evcxr" "$MEMLAB_ROOT" "$MEMLAB_TORCH_VERSION" <<'PY'
 import json, os, sys
-spec, evcxr, cargo_dir, root, torch = sys.argv[1:]
+spec, evcxr, root, torch = sys.argv[1:]
 env = {
     # What env.sh sets: tch builds against the venv's torch, the cells load its libraries.
     "LIBTORCH_USE_PYTORCH": "1",
     "LD_LIBRARY_PATH": os.environ["LD_LIBRARY_PATH"],
-    "PATH": ":".join(dict.fromkeys([os.environ["MEMLAB_ADDED_PATH"], cargo_dir, "/usr/local/bin", "/usr/bin", "/bin"])),
+    # This shell's PATH as env.sh left it: the venv's python first, cargo on it.
+    "PATH": os.environ["PATH"],
     # The cells' build, kept between kernel restarts.
     "EVCXR_TMPDIR": os.path.join(root, "target", "evcxr-cells"),
     # Line tables in the cells' libraries: their frames in backtraces get a file and line.

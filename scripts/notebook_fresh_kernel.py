@@ -6,7 +6,7 @@ answer with the CPU allocator's figure, with no "dlopen failed". Prints how
 long the first memlab cell took (it builds memlab and tch, unless the
 kernel's kept build already holds them).
 
-    python scripts/notebook_fresh_kernel.py KERNEL_NAME MEMLAB_ROOT
+    python scripts/notebook_fresh_kernel.py KERNEL_NAME MEMLAB_ROOT [TCH_VERSION]
 """
 
 import os
@@ -18,6 +18,7 @@ from jupyter_client.manager import start_new_kernel
 
 def main():
     name, root = sys.argv[1], sys.argv[2]
+    tch = sys.argv[3] if len(sys.argv) > 3 else "0.24"
     keep = ("HOME", "USER", "LANG", "JUPYTER_PATH", "JUPYTER_RUNTIME_DIR", "JUPYTER_DATA_DIR")
     clean = {k: v for k, v in os.environ.items() if k in keep}
     clean["PATH"] = "/usr/bin:/bin"
@@ -25,7 +26,7 @@ def main():
     failures = []
     try:
         cells = [
-            ':dep tch = "0.24"',
+            ':dep tch = "%s"' % tch,
             ':dep memlab = { path = "%s" }' % root,
             "let kept = tch::Tensor::zeros([1 << 20], (tch::Kind::Float, tch::Device::Cpu));\n"
             "memlab::stats::device_stats(memlab::Device::Cpu).unwrap().allocated_bytes.all.current",

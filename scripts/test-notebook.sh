@@ -69,7 +69,8 @@ if rustup component list --installed 2>/dev/null | grep -qx 'rust-src'; then had
 status=0
 if [ "$fresh" = 1 ]; then
   bash scripts/notebook-kernel.sh --name memlab-rust --evcxr "$tools/bin/evcxr_jupyter"
-  "$MEMLAB_VENV/bin/python" scripts/notebook_fresh_kernel.py memlab-rust "$MEMLAB_ROOT" || status=$?
+  tch_version=$([ "$MEMLAB_TORCH_VERSION" = 2.13.0 ] && echo 0.26 || echo 0.24)
+  "$MEMLAB_VENV/bin/python" scripts/notebook_fresh_kernel.py memlab-rust "$MEMLAB_ROOT" "$tch_version" || status=$?
 else
   "$MEMLAB_VENV/bin/python" scripts/notebook_run.py examples/notebook/memlab.ipynb "$run_dir" || status=$?
 fi
@@ -77,7 +78,10 @@ if [ "$had_rust_src" = 0 ] && rustup component list --installed 2>/dev/null | gr
   echo "memlab: removing the rust-src component evcxr added, as the toolchain was" >&2
   rustup component remove rust-src >&2 || true
 fi
-if [ "$status" != 0 ]; then
+if [ "$status" != 0 ] && [ "$fresh" = 1 ]; then
+  echo "memlab in evcxr: the registered kernel failed from a bare environment (its cells' output is above)" >&2
+  exit 1
+elif [ "$status" != 0 ]; then
   echo "memlab in evcxr: some checks failed (the executed notebook is $run_dir/memlab.ipynb)" >&2
   exit 1
 fi

@@ -68,7 +68,9 @@
 //! process's one recording, which a second prediction's steps would join.
 //! A prediction asked for while another runs (on another thread, or a
 //! `find_batch_size` with `Budget::CudaCard`) waits for it to end; one asked
-//! for inside a step being predicted is refused. The recording sees every
+//! for inside a step being predicted, on the step's own thread, is refused
+//! (one asked for on a thread the step starts and waits for would wait for
+//! ever: predict from outside the step). The recording sees every
 //! thread of the process: what other threads allocate or free while the
 //! steps run (a data loader, say) joins the prediction.
 //!

@@ -390,3 +390,18 @@ fn a_step_that_allocates_nothing_is_predicted_and_said_so() {
     assert!(matches!(p.settings[0].fit, Some(Fit::Fits { .. })), "{p}");
     assert!(p.to_string().contains("The CPU run made no allocation"), "{p}");
 }
+
+/// A prediction asked for inside a step being predicted, on its thread, is
+/// refused rather than left waiting on its own turn.
+#[test]
+fn a_prediction_inside_a_predicted_step_is_refused() {
+    let _s = serial();
+    let mut inner = None;
+    let outer = memlab::will_it_fit(80 << 30, || {
+        inner = Some(memlab::will_it_fit(80 << 30, || Ok(())));
+        Ok(())
+    });
+    assert!(outer.is_ok(), "{outer:?}");
+    let e = inner.expect("the step ran").unwrap_err().to_string();
+    assert!(e.contains("inside the step of another on the same thread"), "{e}");
+}

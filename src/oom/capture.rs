@@ -98,13 +98,21 @@ pub(super) fn capture(failure: &Failure, number: u64, dir: &Path) -> OomReport {
 
 /// CUDA: the process's allocator settings, the recording's replay where
 /// one runs, and what the report advises about the settings, decided after
-/// the replay.
+/// the replay. No advice where the process's settings cannot be read (a
+/// setting it has could be advised), or where a recording ran but its
+/// replay could not (the advice would be labelled untested for want of a
+/// recording that exists).
 fn advise(report: &mut OomReport, failure: &Failure, index: usize) {
     use memlab_core::replay::AllocatorConfig;
     let (settings, _) = crate::capture::snapshot::cuda_allocators(index + 1);
     let process = settings.as_ref().and_then(|s| AllocatorConfig::from_snapshot(s).ok());
     report.allocator_settings = process.as_ref().map(AllocatorConfig::to_conf);
-    let replayed = events::is_active().then(|| replay(failure, index, report.diagnosis.figures.reserved)).flatten();
+    let recording = events::is_active();
+    let replayed = recording.then(|| replay(failure, index, report.diagnosis.figures.reserved)).flatten();
+    let (Some(process), true) = (process, replayed.is_some() || !recording) else {
+        report.replay = replayed.map(|r| r.replayed);
+        return;
+    };
     let d = &report.diagnosis;
     let device_free = d.figures.device.map_or(0, |m| m.free);
     let cache_would_suffice =
@@ -112,29 +120,33 @@ fn advise(report: &mut OomReport, failure: &Failure, index: usize) {
     let advice = memlab_core::oom::advise_settings(
         d.verdict,
         cache_would_suffice,
-        &process.unwrap_or_default(),
-        replayed.as_ref().map(|(snapshot, replayed)| (snapshot, replayed)),
+        &process,
+        replayed.as_ref().map(|r| (&r.snapshot, &r.replayed)),
         &Device::Cuda(index).to_string(),
     );
     report.settings_advice = advice.map(|mut advice| {
         // The replay reads no frames: the site of an empty_cache's point is
-        // read from the recording's own event.
-        if let memlab_core::oom::SettingsAdvice::NoSettingHelps { empty_cache: Some(point), .. } = &mut advice {
-            point.site = site_of_entry(index, point.entry);
+        // read from the recording's own event, the one it replayed.
+        if let (Some(r), memlab_core::oom::SettingsAdvice::NoSettingHelps { empty_cache: Some(point), .. }) =
+            (&replayed, &mut advice)
+        {
+            point.site = r.events.get(point.entry).and_then(|e| {
+                let frames = e.backtrace.as_ref().map(|b| b.frames().to_vec()).unwrap_or_default();
+                frames.first().map(Frame::to_string).or_else(|| e.statement.map(|s| s.to_string()))
+            });
         }
         advice
     });
-    report.replay = replayed.map(|(_, replayed)| replayed);
+    report.replay = replayed.map(|r| r.replayed);
 }
 
-/// Where the allocation at entry `entry` of device `index`'s history was
-/// made, by the recording's backtrace or statement.
-fn site_of_entry(index: usize, entry: usize) -> Option<String> {
-    let device = Device::Cuda(index);
-    let (history, _) = events::history();
-    let e = history.iter().filter(|e| e.device == device).nth(entry)?;
-    let frames = e.backtrace.as_ref().map(|b| b.frames().to_vec()).unwrap_or_default();
-    frames.first().map(Frame::to_string).or_else(|| e.statement.map(|s| s.to_string()))
+/// A recording's replay at a failure: the history of the failing device
+/// as a snapshot, its replay, and the recording's events it was made of
+/// (entry for entry).
+struct Replay {
+    snapshot: memlab_core::export::Snapshot,
+    replayed: memlab_core::replay::Replayed,
+    events: Vec<memlab_core::events::Event>,
 }
 
 /// What holds `device`'s memory, named without waiting for any lock.
@@ -218,18 +230,15 @@ fn holders(device: Device, sources: &Model, with_sites: bool) -> Holders {
 /// with the snapshot replayed. `None` where the figures it needs cannot be
 /// read, or the model cannot replay them: the report then goes without the
 /// answer.
-fn replay(
-    failure: &Failure,
-    index: usize,
-    reserved: i64,
-) -> Option<(memlab_core::export::Snapshot, memlab_core::replay::Replayed)> {
+fn replay(failure: &Failure, index: usize, reserved: i64) -> Option<Replay> {
     use crate::capture::snapshot::{cuda_allocators, entry, segment};
     use memlab_core::export::{Snapshot, SnapshotInfo, Stack};
     let device = Device::Cuda(index);
-    let (history, stats) = events::history();
+    let (mut history, stats) = events::history();
+    history.retain(|e| e.device == device);
     // The replay reads no frames: every entry shares one empty stack.
     let none = Stack::default();
-    let trace = history.iter().filter(|e| e.device == device).map(|e| entry(e, none.clone())).collect();
+    let trace = history.iter().map(|e| entry(e, none.clone())).collect();
     let cuda_devices = memlab_tch::cuda_device_count();
     let mut device_traces = vec![Vec::new(); cuda_devices];
     *device_traces.get_mut(index)? = trace;
@@ -264,5 +273,5 @@ fn replay(
         ..Default::default()
     };
     let replayed = memlab_core::replay::replay_snapshot("the recording", &snapshot, &options).ok()?;
-    Some((snapshot, replayed))
+    Some(Replay { snapshot, replayed, events: history })
 }

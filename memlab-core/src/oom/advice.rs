@@ -69,7 +69,8 @@ pub struct EmptyCachePoint {
     pub time_us: u64,
     /// Where that entry's allocation was made, where known.
     pub site: Option<String>,
-    /// Bytes allocated to tensors at that point.
+    /// Bytes allocated to tensors at that point, by the history's own
+    /// allocations (blocks held before the history began are not counted).
     pub allocated: u64,
 }
 
@@ -103,12 +104,22 @@ pub fn advise_settings(
     let Some(oom) = d.recorded_oom() else {
         return Some(SettingsAdvice::NotReproduced);
     };
-    let avoiding: Vec<Avoiding> =
-        d.avoiding().map(|x| Avoiding { settings: d.conf(x), peak_reserved: x.peak_reserved }).collect();
+    // Never a setting that does what the process's own do.
+    let has = |conf: &str| AllocatorConfig::parse(conf).is_ok_and(|c| c.same_effect(process));
+    let avoiding: Vec<Avoiding> = d
+        .avoiding()
+        .map(|x| Avoiding { settings: d.conf(x), peak_reserved: x.peak_reserved })
+        .filter(|a| !has(&a.settings))
+        .collect();
     if !avoiding.is_empty() {
         return Some(SettingsAdvice::Replayed { avoiding });
     }
     let m = &oom.oom;
+    if m.requested > m.limit || m.requested >= crate::replay::ONE_EXABYTE {
+        // The request alone exceeds what the allocator may hold: no setting
+        // and no freeing helps, as the verdict says.
+        return None;
+    }
     let tensors_alone = u128::from(m.allocated) + u128::from(m.requested) > u128::from(m.limit);
     let free = if tensors_alone {
         (m.allocated.saturating_add(m.requested)).saturating_sub(m.limit)
@@ -193,10 +204,14 @@ mod tests {
         // A process already under expandable segments is never told to set
         // them: the replay of the same history under them is its own.
         let s =
-            snapshot(&[(SegmentMap, 1, 20 * MIB), (Alloc, 1, 5 * MIB), (Oom, 0, 50 * MIB)], "expandable_segments:True");
+            snapshot(&[(SegmentMap, 1, 20 * MIB), (Alloc, 1, 5 * MIB), (Oom, 0, 38 * MIB)], "expandable_segments:True");
         let advice = advise(&s, 40 * MIB, Verdict::NotEnoughFree).unwrap();
         let SettingsAdvice::NoSettingHelps { free, tensors_alone, empty_cache } = advice else { panic!("{advice:?}") };
-        assert_eq!((free, tensors_alone, empty_cache), (15 * MIB, true, None), "5 + 50 - 40");
+        assert_eq!((free, tensors_alone, empty_cache), (3 * MIB, true, None), "5 + 38 - 40");
+        // A request larger than all the allocator may hold gets no settings
+        // advice (and no bytes to free: none would do): the verdict says so.
+        let s = snapshot(&[(SegmentAlloc, 1, 20 * MIB), (Alloc, 1, 5 * MIB), (Oom, 0, 50 * MIB)], "");
+        assert_eq!(advise(&s, 40 * MIB, Verdict::RequestExceedsDevice), None);
     }
 
     #[test]

@@ -429,7 +429,11 @@ pub fn predict_cuda(name: &str, snapshot: &Snapshot, options: &PredictOptions) -
     for read in check_settings(&settings)? {
         notes.extend(read.notes.into_iter().filter(|n| !notes.contains(n)).collect::<Vec<_>>());
         let config = read.config;
-        let card = Card { capacity: super::ONE_EXABYTE, total };
+        // Unlimited: the largest device the model takes, whose expandable
+        // segments' ranges no request outgrows (one of the card's own
+        // would fail a request over 1.125 times the card, which a larger
+        // card would serve: that is for the search under the card below).
+        let card = Card { capacity: super::ONE_EXABYTE, total: super::ONE_EXABYTE };
         let unlimited = replay_device_at(&history, 0, &config, card, &emptied(&history))?;
         let peak_device = unlimited.peak_reserved + additions.outside_allocator;
         // A request that fails on the largest card the model takes fails on
@@ -1114,6 +1118,23 @@ mod tests {
             assert!(text.contains("which libtorch refuses at once"), "{text}");
             assert!(!text.contains("to spare"), "{text}");
         }
+    }
+
+    /// A request larger than a card's expandable segment (1.125 times the
+    /// card) does not fit that card, but a larger card holds it: not
+    /// "fits no card", as the unlimited replay on a range of the card's
+    /// own said.
+    #[test]
+    fn a_request_beyond_the_cards_expandable_range_needs_a_larger_card() {
+        let snapshot = cpu(&[(Action::Alloc, 1 << 40, 100 << 30)]);
+        let options = PredictOptions {
+            capacity: Some(80 << 30),
+            settings: vec!["expandable_segments:True".into()],
+            ..PredictOptions::default()
+        };
+        let p = predict_cuda("large", &snapshot, &options).unwrap();
+        assert!(matches!(p.settings[0].fit, Some(Fit::DoesNotFit { .. })), "{p}");
+        assert!(p.settings[0].peak_allocated >= 100 << 30, "the request in the peak: {p}");
     }
 
     /// A step that made no allocation on the CPU is predicted from what

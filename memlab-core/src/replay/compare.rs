@@ -189,7 +189,9 @@ pub fn replay_snapshot(name: &str, snapshot: &Snapshot, options: &ReplayOptions)
             if c.memory_fraction == 1.0 {
                 c.memory_fraction = recorded.memory_fraction;
             }
-            if c != recorded && !others.contains(&c) {
+            // Keys without effect make no row of their own.
+            let same = |o: &AllocatorConfig| o.same_effect(&c) && o.memory_fraction == c.memory_fraction;
+            if !same(&recorded) && !others.iter().any(same) {
                 others.push(c);
             }
         }

@@ -274,6 +274,15 @@ impl AllocatorConfig {
         Ok(read)
     }
 
+    /// Whether `other` places memory as these settings do: the same in
+    /// everything but the keys without effect and the memory fraction (which
+    /// the device's run, not the settings string, decides).
+    pub fn same_effect(&self, other: &AllocatorConfig) -> bool {
+        let plain =
+            |c: &AllocatorConfig| AllocatorConfig { without_effect: Vec::new(), memory_fraction: 1.0, ..c.clone() };
+        plain(self) == plain(other)
+    }
+
     /// The power-of-two divisions for a request of `size` bytes
     /// (`roundup_power2_divisions(size)`, AllocatorConfig.cpp).
     pub fn divisions(&self, size: u64) -> u64 {
@@ -283,13 +292,14 @@ impl AllocatorConfig {
     }
 }
 
-/// The string cut as libtorch's `ConfigTokenizer` cuts it: whitespace
+/// The string cut as libtorch's `ConfigTokenizer` cuts it: C's whitespace
 /// dropped anywhere, each of `,` `:` `[` `]` a token of its own, the runs
 /// between them words.
 fn tokenize(text: &str) -> Vec<String> {
     let mut tokens = Vec::new();
     let mut word = String::new();
-    for c in text.chars().filter(|c| !c.is_whitespace()) {
+    // C's isspace, not Unicode's: a no-break space stays in its word.
+    for c in text.chars().filter(|c| !matches!(c, ' ' | '\t' | '\n' | '\x0B' | '\x0C' | '\r')) {
         if matches!(c, ',' | ':' | '[' | ']') {
             if !word.is_empty() {
                 tokens.push(std::mem::take(&mut word));
@@ -348,13 +358,6 @@ impl Reader<'_> {
                         config.max_split_size = Some(bytes);
                     } else {
                         config.max_non_split_rounding = bytes;
-                        if mb > MAX_MB - ONE_EXABYTE_MB {
-                            self.notes.push(format!(
-                                "max_non_split_rounding_mb:{mb}: libtorch adds it to a request's size in 64 bits, \
-                                 where the sum wraps, so a cached block of max_split_size_mb or more is never \
-                                 reused: the model does the same"
-                            ));
-                        }
                     }
                 }
                 "garbage_collection_threshold" => {
@@ -415,6 +418,26 @@ impl Reader<'_> {
                 i += 1;
             }
             i += 1;
+        }
+        // libtorch adds the rounding to an oversize request's size (one of
+        // max_split_size or more) in size_t: from where the sum wraps, no
+        // cached block serves it.
+        let wraps_from = (u64::MAX - config.max_non_split_rounding).saturating_add(1);
+        let Some(mss) = config.max_split_size else { return Ok(config) };
+        if wraps_from <= mss {
+            self.notes.push(format!(
+                "max_non_split_rounding_mb:{}: libtorch adds it to a request's size in 64 bits, where the sum \
+                 wraps for every request of max_split_size_mb or more, so no cached block serves one again: the \
+                 model does the same",
+                config.max_non_split_rounding / MIB
+            ));
+        } else if wraps_from < super::allocator::ONE_EXABYTE {
+            self.notes.push(format!(
+                "max_non_split_rounding_mb:{}: libtorch adds it to a request's size in 64 bits, where the sum \
+                 wraps for requests of {wraps_from} bytes or more: no cached block serves those again (the model \
+                 does the same)",
+                config.max_non_split_rounding / MIB
+            ));
         }
         Ok(config)
     }
@@ -488,7 +511,9 @@ impl Reader<'_> {
         };
         let finite_text = !head.to_ascii_lowercase().contains("inf");
         let nonzero_text = head.bytes().take_while(|b| !matches!(b, b'e' | b'E')).any(|b| (b'1'..=b'9').contains(&b));
-        if (value.is_infinite() && finite_text) || (value == 0.0 && nonzero_text) {
+        // glibc's strtod reports a subnormal result out of range too.
+        let underflow = (value == 0.0 && nonzero_text) || (value != 0.0 && value.abs() < f64::MIN_POSITIVE);
+        if (value.is_infinite() && finite_text) || underflow {
             return Err(bad(
                 self.text,
                 format!("{token} is past what a double holds; libtorch 2.11 refuses it (\"stod\")"),
@@ -574,10 +599,6 @@ impl Reader<'_> {
         Ok((out, at))
     }
 }
-
-/// 1 EiB in MiB: a `max_non_split_rounding_mb` within this of [`MAX_MB`]
-/// wraps when added to any request libtorch serves.
-const ONE_EXABYTE_MB: u64 = 1 << 40;
 
 #[cfg(test)]
 mod tests {
