@@ -14,7 +14,7 @@
 
 use std::collections::BTreeSet;
 
-use super::config::{AllocatorConfig, MIB, MIN_LARGE_ALLOC};
+use super::config::{AllocatorConfig, MIB, MIN_LARGE_ALLOC, ONE_EXABYTE};
 use crate::error::{Error, Result};
 use crate::stats::{DeviceStats, Stat, StatArray};
 
@@ -26,10 +26,6 @@ pub const SMALL_SIZE: u64 = MIB;
 pub const SMALL_BUFFER: u64 = 2 * MIB;
 /// `kRoundLarge`: large segments from 10 MiB are multiples of it.
 pub const ROUND_LARGE: u64 = 2 * MIB;
-/// Requests from here on fail at once, as libtorch's (`one_exa_bytes`).
-/// Also the largest device the model takes: no device has as much, and
-/// below it every sum of the model's figures stays within `i64`.
-pub const ONE_EXABYTE: u64 = 1 << 60;
 /// Where the model's addresses start: away from 0, aligned as the driver
 /// aligns large allocations.
 const FIRST_ADDRESS: u64 = 1 << 32;

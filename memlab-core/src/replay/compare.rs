@@ -6,8 +6,9 @@
 
 use serde::{Deserialize, Serialize};
 
-use super::allocator::{ModelOom, ONE_EXABYTE};
+use super::allocator::ModelOom;
 use super::config::AllocatorConfig;
+use super::config::ONE_EXABYTE;
 use super::run::{replay_device, replay_device_at, Card, DeviceReplay};
 use crate::error::{Error, Result};
 use crate::export::Snapshot;

@@ -13,6 +13,10 @@ pub const MIB: u64 = 1 << 20;
 /// Buckets of `roundup_power2_divisions`: `[1 MiB, 2 MiB)` and below, then
 /// one per power of two up to `>= 32 GiB` (`kRoundUpPowerOfTwoIntervals`).
 pub const DIVISION_BUCKETS: usize = 16;
+/// Requests from here on fail at once, as libtorch's (`one_exa_bytes`).
+/// Also the largest device the model takes: no device has as much, and
+/// below it every sum of the model's figures stays within `i64`.
+pub const ONE_EXABYTE: u64 = 1 << 60;
 /// `kMinLargeAlloc`: requests from here on get a segment of their own size
 /// (rounded up to 2 MiB), and `large_segment_size_mb` must exceed it.
 pub const MIN_LARGE_ALLOC: u64 = 10 * MIB;
@@ -431,7 +435,7 @@ impl Reader<'_> {
                  model does the same",
                 config.max_non_split_rounding / MIB
             ));
-        } else if wraps_from < super::allocator::ONE_EXABYTE {
+        } else if wraps_from < ONE_EXABYTE {
             self.notes.push(format!(
                 "max_non_split_rounding_mb:{}: libtorch adds it to a request's size in 64 bits, where the sum \
                  wraps for requests of {wraps_from} bytes or more: no cached block serves those again (the model \

@@ -63,15 +63,14 @@ mod reduction;
 mod run;
 
 pub use allocator::{
-    BlockId, CachingAllocator, ModelOom, SegmentAction, SegmentEvent, MIN_BLOCK, ONE_EXABYTE, ROUND_LARGE,
-    SMALL_BUFFER, SMALL_SIZE,
+    BlockId, CachingAllocator, ModelOom, SegmentAction, SegmentEvent, MIN_BLOCK, ROUND_LARGE, SMALL_BUFFER, SMALL_SIZE,
 };
 pub use as_cuda::{
     check_settings, cpu_history_as_cuda, predict_cuda, CudaAdditions, CudaPrediction, Fit, PredictOptions,
     SettingPrediction, NOT_MODELLED, NOT_WATCHED,
 };
 pub use compare::{replay_snapshot, DeviceReplays, ReplayOptions, Replayed, COMPARED};
-pub use config::{AllocatorConfig, ReadSettings, DIVISION_BUCKETS, MAX_MB, MIB, MIN_LARGE_ALLOC};
+pub use config::{AllocatorConfig, ReadSettings, DIVISION_BUCKETS, MAX_MB, MIB, MIN_LARGE_ALLOC, ONE_EXABYTE};
 pub use kernels::{
     cudnn_workspaces, embedding_backward_temporaries, scratch_of_ops, Computing, KernelSteps, KernelsModelled, Life,
     Measured, Workspace, H100_MEASURED,
