@@ -134,7 +134,7 @@ fn advice(failure: &Failure, f: &MemoryFigures, verdict: Verdict, holders: Optio
                 " Shrink what they hold: a smaller batch or sequence, fewer or smaller layers, mixed precision, \
                  or tensors an earlier step kept (a list of outputs or losses with their graphs).",
             );
-            if f.cache_free.bytes > 0 && device_free + f.cache_free.bytes >= failure.requested {
+            if f.would_suffice_in_one_piece(failure.requested) {
                 text.push_str(&format!(
                     " Free memory would have sufficed in one piece: the device's and the cache's ({} in blocks of \
                      at most {}) are apart.",

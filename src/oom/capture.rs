@@ -114,12 +114,9 @@ fn advise(report: &mut OomReport, failure: &Failure, index: usize) {
         return;
     };
     let d = &report.diagnosis;
-    let device_free = d.figures.device.map_or(0, |m| m.free);
-    let cache_would_suffice =
-        d.figures.cache_free.bytes > 0 && device_free.saturating_add(d.figures.cache_free.bytes) >= failure.requested;
     let advice = memlab_core::oom::advise_settings(
         d.verdict,
-        cache_would_suffice,
+        d.figures.would_suffice_in_one_piece(failure.requested),
         &process,
         replayed.as_ref().map(|r| (&r.snapshot, &r.replayed)),
         &Device::Cuda(index).to_string(),

@@ -165,8 +165,7 @@ fn empty_cache_point(snapshot: &Snapshot, d: &DeviceReplays, failed: usize) -> O
         let replay = replay_device_at(snapshot, index, &config, card, &points).ok()?;
         if replay.ooms.is_empty() {
             let e = &trace[entry];
-            let site = e.frames.first().map(|f| format!("{} ({}:{})", f.name, f.filename, f.line));
-            return Some(EmptyCachePoint { entry, time_us: e.time_us, site, allocated });
+            return Some(EmptyCachePoint { entry, time_us: e.time_us, site: crate::replay::site(e), allocated });
         }
     }
     None

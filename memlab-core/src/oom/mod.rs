@@ -277,6 +277,15 @@ impl MemoryFigures {
     pub fn fragmentation_share(&self) -> Option<f64> {
         (self.cache_free.bytes > 0).then(|| self.fragmentation() as f64 / self.cache_free.bytes as f64)
     }
+
+    /// Whether a request of `requested` bytes would have fitted in the free
+    /// memory the device and the cache have apart, had it been in one piece:
+    /// the cache has free blocks, and they and the device's free bytes add
+    /// up to the request.
+    pub fn would_suffice_in_one_piece(&self, requested: u64) -> bool {
+        let device_free = self.device.map_or(0, |d| d.free);
+        self.cache_free.bytes > 0 && device_free.saturating_add(self.cache_free.bytes) >= requested
+    }
 }
 
 impl Verdict {

@@ -540,9 +540,9 @@ pub fn check_settings(settings: &[String]) -> Result<Vec<super::ReadSettings>> {
         .collect()
 }
 
-/// Where the CPU run made `entry`: its innermost frame, where the recording
-/// has backtraces.
-fn site(entry: &TraceEntry) -> Option<String> {
+/// Where `entry` was made: its innermost frame, `function (file:line)`,
+/// where the recording has frames.
+pub(crate) fn site(entry: &TraceEntry) -> Option<String> {
     entry.frames.first().map(|f| format!("{} ({}:{})", f.name, f.filename, f.line))
 }
 

@@ -65,6 +65,7 @@ mod run;
 pub use allocator::{
     BlockId, CachingAllocator, ModelOom, SegmentAction, SegmentEvent, MIN_BLOCK, ROUND_LARGE, SMALL_BUFFER, SMALL_SIZE,
 };
+pub(crate) use as_cuda::site;
 pub use as_cuda::{
     check_settings, cpu_history_as_cuda, predict_cuda, CudaAdditions, CudaPrediction, Fit, PredictOptions,
     SettingPrediction, NOT_MODELLED, NOT_WATCHED,
