@@ -530,7 +530,9 @@ fn twin_child() {
     std::io::stdout().flush().unwrap();
     let mut go = [0u8];
     std::io::stdin().read_exact(&mut go).unwrap();
-    assert!(Tensor::f_empty([TOO_BIG], (Kind::Float, tch::Device::Cpu)).is_err());
+    // Each twin asks for its own size: the parent tells their reports apart.
+    let extra: i64 = std::env::var("MEMLAB_TWIN_EXTRA").map_or(0, |v| v.parse().unwrap());
+    assert!(Tensor::f_empty([TOO_BIG + extra], (Kind::Float, tch::Device::Cpu)).is_err());
     let report = memlab::last_oom().expect("reported");
     assert_eq!(report.file_errors, Vec::<String>::new(), "every file written");
     assert_eq!(report.files.len(), 2, "{:?}", report.files);
@@ -557,12 +559,13 @@ fn two_containers_pid_1_keep_both_reports() {
     }
     let out = dir("containers");
     std::fs::create_dir_all(&out).unwrap();
-    let spawn = || {
+    let spawn = |extra: i64| {
         let mut twin = Command::new("unshare")
             .args(["--pid", "--fork", "--kill-child"])
             .arg(std::env::current_exe().unwrap())
             .args(["--exact", TWIN, "--nocapture", "--test-threads=1"])
             .env("MEMLAB_CHILD", TWIN)
+            .env("MEMLAB_TWIN_EXTRA", extra.to_string())
             .env("MEMLAB_OOM_DIR", &out)
             .env_remove("MEMLAB_CPU_ALLOCATOR")
             .stdin(Stdio::piped())
@@ -589,7 +592,7 @@ fn two_containers_pid_1_keep_both_reports() {
     // twin's start alone can take more than a second.
     let twins = (0..10)
         .find_map(|_| {
-            let ((mut a, a_lines), (mut b, b_lines)) = (spawn(), spawn());
+            let ((mut a, a_lines), (mut b, b_lines)) = (spawn(0), spawn(1));
             let (a_ready, b_ready) = (ready(a_lines), ready(b_lines));
             if a_ready == b_ready {
                 return Some((a, b, a_ready));
@@ -613,14 +616,19 @@ fn two_containers_pid_1_keep_both_reports() {
     let texts = reports(&out, "txt");
     let jsons = reports(&out, "json");
     assert_eq!((texts.len(), jsons.len()), (2, 2), "both reports kept: {texts:?} {jsons:?}");
-    let zeros: Vec<u64> = jsons
+    // Two processes' reports, not one twice: each holds its own twin's
+    // request. (Their clock zeros may be equal: a wall clock that ticks in
+    // milliseconds gives two processes started together one reading.)
+    let mut requested: Vec<u64> = jsons
         .iter()
         .map(|j| {
             let report: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(j).unwrap()).unwrap();
             assert_eq!(report["run"]["pid"], 1);
-            report["run"]["clock_zero_unix_us"].as_u64().unwrap()
+            report["diagnosis"]["requested"].as_u64().unwrap()
         })
         .collect();
-    assert_ne!(zeros[0], zeros[1], "two processes' reports, not one twice");
+    requested.sort_unstable();
+    let float = 4u64;
+    assert_eq!(requested, [TOO_BIG as u64 * float, (TOO_BIG as u64 + 1) * float], "one report of each twin");
     std::fs::remove_dir_all(&out).ok();
 }
