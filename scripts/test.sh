@@ -9,12 +9,26 @@ set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 cd "$MEMLAB_ROOT"
 cargo test --release --workspace "$@"
-# The command-line tool needs no libtorch to build or run: its tests again,
-# with the torch venv off PATH and LD_LIBRARY_PATH.
+# The command-line tool needs no libtorch to run: its test binaries, just
+# built, again with the torch venv off PATH and LD_LIBRARY_PATH (its crate
+# graph holds no libtorch, so nothing needs building without it; building
+# `-p memlab-cli` alone would unify other features and rebuild for a minute).
+cli_tests="$(cargo test --release --workspace --no-run --message-format=json 2>/dev/null | python3 -c '
+import json, sys
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable") and m["profile"]["test"] \
+            and "/memlab-cli#" in m["package_id"]:
+        print(m["executable"])')"
+[ -n "$cli_tests" ] || { echo "memlab: found no test binary of memlab-cli" >&2; exit 1; }
 (
   PATH="$(printf '%s' "$PATH" | tr ':' '\n' | grep -vxF "$MEMLAB_VENV/bin" | paste -sd:)"
   unset LD_LIBRARY_PATH LIBTORCH_USE_PYTORCH
-  cargo test --release -p memlab-cli
+  cd memlab-cli
+  for test in $cli_tests; do
+    echo "memlab: $(basename "$test") without libtorch"
+    "$test"
+  done
 )
 # The engine once more in debug, where an overflow that wraps in release
 # panics: the allocator model, its readers and the property tests of their

@@ -3,7 +3,7 @@
 //! alive): the out-of-memory recorder writes an export only where the memory
 //! left covers its estimate. The figures per event were measured with a
 //! counting allocator on recordings of several shapes (one call site, and
-//! thousands of distinct deep stacks; see `tests/oom_limits_cpu.rs`, which
+//! thousands of distinct deep stacks; see `tests/cpu/oom_limits.rs`, which
 //! checks that each estimate stays above what the export really took) and
 //! carry a margin; they are estimates, and every report that uses one says so.
 //! Reached by that test through `memlab::testing` (the `testing` feature):

@@ -90,9 +90,24 @@ pub fn within<R: Send + 'static>(limit: std::time::Duration, f: impl FnOnce() ->
     receive.recv_timeout(limit).unwrap_or_else(|_| panic!("did not return within {limit:?}: a hang or deadlock"))
 }
 
-/// Runs test `name` of this binary in a child process with `env` set, and
-/// returns its output. The child runs only that test (see [`child`]).
+/// The name libtest gives test `name` of the calling file: `module::name` in
+/// a test binary made of modules (`tests/cpu/`, `tests/cuda/`: one module
+/// per file beside `main.rs`), `name` in a binary of one file.
+#[track_caller]
+pub fn test_path(name: &str) -> String {
+    let file = std::path::Path::new(std::panic::Location::caller().file());
+    let in_modules = file.parent().and_then(|d| d.file_name()).is_some_and(|d| d != "tests");
+    match file.file_stem().and_then(|s| s.to_str()) {
+        Some(module) if in_modules && module != "main" && module != "mod" => format!("{module}::{name}"),
+        _ => name.to_string(),
+    }
+}
+
+/// Runs test `name` of the calling file in a child process with `env` set,
+/// and returns its output. The child runs only that test (see [`child`]).
+#[track_caller]
 pub fn run_child(name: &str, env: &[(&str, &str)]) -> std::process::Output {
+    let name = &test_path(name);
     let mut command = std::process::Command::new(std::env::current_exe().unwrap());
     // `--include-ignored`: the child runs the named test even when it is one for a GPU machine.
     command.args(["--exact", name, "--nocapture", "--test-threads=1", "--include-ignored"]).env("MEMLAB_CHILD", name);
@@ -105,9 +120,18 @@ pub fn run_child(name: &str, env: &[(&str, &str)]) -> std::process::Output {
     command.output().unwrap()
 }
 
-/// Whether this process is the child that runs `name`; the test body runs only then.
+/// Whether this process is the child that runs test `name` of the calling
+/// file; the test body runs only then.
+#[track_caller]
 pub fn child(name: &str) -> bool {
+    let name = test_path(name);
     std::env::var("MEMLAB_CHILD").is_ok_and(|c| c == name)
+}
+
+/// Whether this process is a child that runs some other test (see
+/// [`run_child`]): a test that starts children does nothing there.
+pub fn in_a_child() -> bool {
+    std::env::var_os("MEMLAB_CHILD").is_some()
 }
 
 /// Bytes a child printed, as text.
@@ -117,6 +141,7 @@ pub fn text(bytes: &[u8]) -> String {
 
 /// Runs test `name` in a child (see [`run_child`]), checks that it ran and
 /// passed, and returns what it printed on standard output and error.
+#[track_caller]
 pub fn check_child(name: &str, env: &[(&str, &str)]) -> (String, String) {
     let out = run_child(name, env);
     let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));

@@ -4,7 +4,6 @@
 //! load, a stack overflow, libtorch's warnings on stderr) run this binary
 //! again as a child with `MEMLAB_CHILD` naming the test to run.
 
-mod common;
 
 use std::future::Future;
 use std::pin::Pin;
@@ -13,7 +12,7 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::task::{Context, Poll, Waker};
 use std::time::{Duration, Instant};
 
-use common::{check_child, child, floats, serial, within};
+use crate::common::{check_child, child, floats, serial, within};
 use memlab::Render;
 use memlab::{
     events::Settings, profiler::DeviceSelector, reporter::RowKind, Device, DisposeScope, MemReporter, OnEscape,
@@ -63,7 +62,7 @@ fn a_last_release_cannot_clear_hooks_that_a_new_user_set() {
 #[test]
 fn concurrent_checks_catch_every_leak() {
     let _s = serial();
-    let checks = common::concurrent_checks_catch_every_leak(2, Device::Cpu, 256, || floats(64));
+    let checks = crate::common::concurrent_checks_catch_every_leak(2, Device::Cpu, 256, || floats(64));
     assert!(checks > 100, "the stress ran ({checks} checks)");
 }
 
@@ -514,18 +513,18 @@ fn generic_and_trait_methods_are_found_by_their_names() {
     memlab::reset();
     drop((Holder(1u8).make(), Net.step(), other::make()));
     let report = memlab::report();
-    for name in ["Holder::make", "Holder<T>::make", "reliability_cpu::Holder::make"] {
-        assert_eq!(report.function(name).unwrap().name, "reliability_cpu::Holder::make", "{name}");
+    for name in ["Holder::make", "Holder<T>::make", "cpu::reliability::Holder::make"] {
+        assert_eq!(report.function(name).unwrap().name, "cpu::reliability::Holder::make", "{name}");
     }
     for name in ["Net::step", "<Net as Step>::step", "step"] {
         let f = report.function(name).unwrap();
-        assert_eq!((f.name.as_str(), f.trait_name.as_deref()), ("reliability_cpu::Net::step", Some("Step")), "{name}");
+        assert_eq!((f.name.as_str(), f.trait_name.as_deref()), ("cpu::reliability::Net::step", Some("Step")), "{name}");
     }
     let err = report.function("make").unwrap_err().to_string();
-    assert!(err.contains("reliability_cpu::Holder::make") && err.contains("reliability_cpu::other::make"), "{err}");
+    assert!(err.contains("cpu::reliability::Holder::make") && err.contains("cpu::reliability::other::make"), "{err}");
     let table = report.clone().filter("Net::step").to_text();
-    assert!(table.contains("## reliability_cpu::Net::step (Step)"), "{table}");
-    assert!(report.filter("Holder::make").to_text().contains("## reliability_cpu::Holder::make  (cpu"));
+    assert!(table.contains("## cpu::reliability::Net::step (Step)"), "{table}");
+    assert!(report.filter("Holder::make").to_text().contains("## cpu::reliability::Holder::make  (cpu"));
 }
 
 // 19. A tracker that cannot read its device says so.

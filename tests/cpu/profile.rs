@@ -3,9 +3,8 @@
 //! The allocator's counters are process-wide: the tests of this file run one
 //! at a time (see `serial`).
 
-mod common;
 
-use common::{floats, serial};
+use crate::common::{floats, serial};
 use std::panic;
 use std::sync::{Arc, Mutex};
 
@@ -413,7 +412,7 @@ fn profile_every_prints_the_last_n_calls() {
     let printed = printed.lock().unwrap();
     assert_eq!(printed.len(), 2);
     for table in printed.iter() {
-        assert!(table.starts_with("## profile_cpu::every_second_call  (cpu, 2 calls)\n"), "{table}");
+        assert!(table.starts_with("## cpu::profile::every_second_call  (cpu, 2 calls)\n"), "{table}");
         assert!(table.contains("+4.00K     2"), "{table}");
     }
     // The report keeps every call.
@@ -448,7 +447,7 @@ fn text_table_snapshot() {
         "   -4.00M           -8.00M     2  {6}  }}",
     ];
     let mut expected = String::from(
-        "## profile_cpu::snapshot_subject  (cpu, 2 calls)\n\nincrement  increment_total  hits  line  code\n",
+        "## cpu::profile::snapshot_subject  (cpu, 2 calls)\n\nincrement  increment_total  hits  line  code\n",
     );
     for (i, row) in rows.iter().enumerate() {
         let line = format!("{:>4}", SNAPSHOT_LINE + i as u32);
@@ -518,7 +517,7 @@ fn uncalled_functions_are_listed() {
     let f = report.function("never_called").expect("registered at compile time");
     assert!(!f.ran());
     assert!(
-        report.to_text().contains("Profiled, never called: ") && report.to_text().contains("profile_cpu::never_called")
+        report.to_text().contains("Profiled, never called: ") && report.to_text().contains("cpu::profile::never_called")
     );
 }
 

@@ -2,9 +2,8 @@
 //! its largest rows and a summary row, and a click on that row opens the
 //! rest, in a real browser, with no script on the page.
 
-mod common;
 
-use common::chromium::Browser;
+use crate::common::chromium::Browser;
 use memlab::render::{Cell, Column, Document, Layout, Table};
 
 /// A page with a table of `rows` sites, largest first, `shown` of them shown.
@@ -78,7 +77,7 @@ fn tables_keep_their_layout_inside_a_notebooks_stylesheet() {
     std::fs::write(&path, page).unwrap();
     let Some(mut browser) = Browser::launch(1000, 900) else { return };
     let mut tab = browser.open(&format!("file://{}", path.display()));
-    let style = |tab: &mut common::chromium::Page<'_>, selector: &str, property: &str| {
+    let style = |tab: &mut crate::common::chromium::Page<'_>, selector: &str, property: &str| {
         tab.eval(&format!("getComputedStyle(document.querySelector('{selector}')).{property}"))
             .as_str()
             .unwrap_or_default()

@@ -1,9 +1,8 @@
 //! `track!()` on the CPU: call sites, totals, and the +/- lines of storages
 //! that appeared or disappeared, grouped by kind, shape and dtype.
 
-mod common;
 
-use common::{floats, serial};
+use crate::common::{floats, serial};
 use memlab::Render;
 use memlab::{Device, Tracker};
 use tch::nn;
@@ -26,8 +25,8 @@ fn logs_what_appeared_and_disappeared() {
 
     let first = memlab::track!(tracker).to_text();
     let header = first.lines().next().unwrap();
-    assert!(header.contains("tests/tracker_cpu.rs:"), "{header}");
-    assert!(header.contains("tracker_cpu::logs_what_appeared_and_disappeared — live tensors"), "{header}");
+    assert!(header.contains("tests/cpu/tracker.rs:"), "{header}");
+    assert!(header.contains("cpu::tracker::logs_what_appeared_and_disappeared — live tensors"), "{header}");
     assert!(first.contains("  + 1 × [16, 32] Float parameter 2.00K"), "{first}");
     assert!(first.contains("  + 1 × [16] Float parameter 64.00B"), "{first}");
 
@@ -37,7 +36,7 @@ fn logs_what_appeared_and_disappeared() {
     let second = memlab::track!(tracker).to_text();
     let growth = second.lines().filter(|l| l.starts_with("  +")).collect::<Vec<_>>();
     assert_eq!(growth.len(), 1, "{second}");
-    assert!(growth[0].starts_with("  + 2 × unnamed 16.00K, allocated at tracker_cpu::grow"), "{second}");
+    assert!(growth[0].starts_with("  + 2 × unnamed 16.00K, allocated at cpu::tracker::grow"), "{second}");
     assert!(growth[0].contains("let entry = floats(2048);"), "{second}");
     assert!(!second.contains("  -"), "nothing went away: {second}");
 
@@ -92,7 +91,7 @@ fn with_backtraces_unnamed_storages_name_their_caller() {
     println!("{text}");
     let line = text.lines().find(|l| l.starts_with("  + 1 × unnamed 16.00K")).unwrap_or_else(|| panic!("{text}"));
     // The innermost of the user's frames: the helper that made the tensor.
-    assert!(line.contains("allocated at floats at ") && line.contains("tests/common/mod.rs:"), "{line}");
+    assert!(line.contains("allocated at floats at ") && line.contains("common/mod.rs:"), "{line}");
     drop((kept, tracker, recording));
     // Back to the default settings (no backtraces) for the other tests.
     drop(memlab::Recording::start(memlab::events::Settings::default()).unwrap());

@@ -6,14 +6,13 @@
 //! profiled function: the two calls land within a millisecond of each other
 //! on the merged axis, whenever each process's clock started.
 
-mod common;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 
-use common::chromium::Browser;
-use common::{child, floats};
+use crate::common::chromium::Browser;
+use crate::common::{child, floats};
 use memlab::export::Exporter;
 use memlab::OomRecorder;
 use memlab_cli::merge::{merge, Options};
@@ -68,8 +67,8 @@ fn rank_child() {
 fn spawn(rank: u32, dir: &Path, stdin: std::io::PipeReader) -> Child {
     let mut command = Command::new(std::env::current_exe().unwrap());
     command
-        .args(["--exact", CHILD, "--nocapture", "--test-threads=1"])
-        .env("MEMLAB_CHILD", CHILD)
+        .args(["--exact", &crate::common::test_path(CHILD), "--nocapture", "--test-threads=1"])
+        .env("MEMLAB_CHILD", crate::common::test_path(CHILD))
         .env("MEMLAB_RANK", rank.to_string())
         .env("WORLD_SIZE", "2")
         .env("MEMLAB_TEST_DIR", dir)
@@ -198,7 +197,7 @@ fn two_ranks_merge_into_one_trace_and_page() {
     let verdict = report["diagnosis"]["verdict"].as_str().unwrap().replace('_', " ");
     assert!(page.contains("ran out of memory on cpu") && page.contains(&format!("verdict: {verdict}")), "{page}");
     let statement = oom.statement.as_deref().expect("the recorder names the statement");
-    assert!(statement.contains("ranks_cpu.rs"), "{statement}");
+    assert!(statement.contains("cpu/ranks.rs"), "{statement}");
     if let Some(mut browser) = Browser::launch(1100, 1400) {
         let mut tab = browser.open(&format!("file://{}", merged.page));
         assert_eq!(tab.console_errors(), Vec::<String>::new(), "no console errors or CSP violations");
@@ -226,7 +225,8 @@ fn print_run_child() {
 /// rank or world-size variable; with what it warned.
 fn run_under(env: &[(&str, &str)]) -> (memlab::run::RunInfo, String) {
     let mut command = Command::new(std::env::current_exe().unwrap());
-    command.args(["--exact", PRINT_RUN, "--nocapture", "--test-threads=1"]).env("MEMLAB_CHILD", PRINT_RUN);
+    let name = crate::common::test_path(PRINT_RUN);
+    command.args(["--exact", &name, "--nocapture", "--test-threads=1"]).env("MEMLAB_CHILD", &name);
     for (rank, size) in memlab::run::RANK_VARIABLES {
         command.env_remove(rank);
         if let Some(size) = size {
@@ -235,7 +235,7 @@ fn run_under(env: &[(&str, &str)]) -> (memlab::run::RunInfo, String) {
     }
     command.envs(env.iter().copied());
     let out = command.output().unwrap();
-    let (stdout, stderr) = (common::text(&out.stdout), common::text(&out.stderr));
+    let (stdout, stderr) = (crate::common::text(&out.stdout), crate::common::text(&out.stderr));
     assert!(out.status.success(), "{stdout}\n{stderr}");
     let json = stdout.lines().find_map(|l| l.split_once(RUN_IS)).map(|(_, json)| json).expect("the child printed it");
     (serde_json::from_str(json).unwrap(), stderr)

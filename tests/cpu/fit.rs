@@ -3,9 +3,8 @@
 //! step's peak plus the modelled workspaces and CUDA's rounding, and the
 //! answer for cards that fit and do not.
 
-mod common;
 
-use common::serial;
+use crate::common::serial;
 use memlab::replay::{CudaAdditions, Fit};
 use memlab::{Device, WillItFit};
 use tch::nn::{self, Module, OptimizerConfig};

@@ -3,14 +3,13 @@
 //! key by key against the `Snapshot`, `Segment`, `Block`, `TraceEntry` and
 //! `Frame` types `torch/cuda/memory.py` documents.
 
-mod common;
 
 use std::path::PathBuf;
 use std::process::Command;
 
-use common::chromium::{self, Browser};
-use common::pytorch::{bytes_as_pytorch_prints, python, VALIDATE};
-use common::{floats, serial};
+use crate::common::chromium::{self, Browser};
+use crate::common::pytorch::{bytes_as_pytorch_prints, python, VALIDATE};
+use crate::common::{floats, serial};
 use memlab::export::Exporter;
 use memlab::render::Cell;
 use memlab::Device;
@@ -66,7 +65,7 @@ fn a_cpu_recording_opens_in_pytorchs_reader() {
     let total = stats.lines().find(|l| l.starts_with("total_allocated:")).unwrap_or_default().to_string();
     assert!(total.contains(&bytes_as_pytorch_prints(live_cpu)), "{total} vs {live_cpu}\n{stats}");
     let files = summary["files"].as_array().unwrap();
-    assert!(files.iter().any(|f| f == "export_cpu.rs"), "the user's .rs file in the frames: {files:?}");
+    assert!(files.iter().any(|f| f == "export.rs"), "the user's .rs file in the frames: {files:?}");
     let categories = summary["categories"].as_array().unwrap();
     for c in ["parameter", "gradient", "optimizer_state", "unnamed"] {
         assert!(categories.iter().any(|x| x == c), "category {c}: {categories:?}");
@@ -181,7 +180,7 @@ fn a_bounded_history_says_the_data_is_partial() {
 
 /// The line of this file where `code` is.
 fn line_of(code: &str) -> u32 {
-    let source = include_str!("export_cpu.rs");
+    let source = include_str!("export.rs");
     source.lines().position(|l| l.contains(code)).expect("the code is in this file") as u32 + 1
 }
 
@@ -287,7 +286,7 @@ fn the_html_report_opens_offline_in_chromium() {
     let targets = page.eval("document.querySelectorAll('svg.by-time rect.hover').length").as_u64().unwrap();
     assert_eq!(targets as usize, cpu.points.len());
     // One drawing shows at a time; the switch shows the other.
-    let visible = |page: &mut common::chromium::Page<'_>, class: &str| {
+    let visible = |page: &mut crate::common::chromium::Page<'_>, class: &str| {
         page.eval(&format!("getComputedStyle(document.querySelector('div.chart.{class}')).display != 'none'")).as_bool()
     };
     assert_ne!(visible(&mut page, "by-time"), visible(&mut page, "by-event"), "one drawing at a time");
@@ -315,7 +314,7 @@ fn the_html_report_opens_offline_in_chromium() {
     // its finer ticks with it, its labels unstretched.
     let shown_ticks = "[...document.querySelectorAll('div.chart.by-time div.ticks span')]\
                        .filter(s => getComputedStyle(s).display != 'none').length";
-    let width = |page: &mut common::chromium::Page<'_>, what: &str| {
+    let width = |page: &mut crate::common::chromium::Page<'_>, what: &str| {
         page.eval(&format!("document.querySelector('div.chart.by-time {what}').getBoundingClientRect().width")).as_f64()
     };
     let (plot, box_width, ticks) = (width(&mut page, "svg"), width(&mut page, "div.scroll"), page.eval(shown_ticks));
@@ -336,7 +335,7 @@ fn the_html_report_opens_offline_in_chromium() {
 
     // The icicle graph names the user's function; hovering it gives its bytes.
     let flame = page.eval("document.querySelector('svg.flame').textContent").as_str().unwrap().to_string();
-    assert!(flame.contains("leaky_step (tests/export_cpu.rs:"), "{flame}");
+    assert!(flame.contains("leaky_step (tests/cpu/export.rs:"), "{flame}");
     page.eval(
         "[...document.querySelectorAll('svg.flame g.frame')].find(g => \
          g.querySelector('text') && g.querySelector('text').textContent.includes('leaky_step')).id = 'probe'",
@@ -349,7 +348,7 @@ fn the_html_report_opens_offline_in_chromium() {
     );
     // The line profile is there with its bars.
     let profile = page.eval("document.body.innerHTML").as_str().unwrap().to_string();
-    assert!(profile.contains("export_cpu::leaky_step") && profile.contains("linear-gradient"), "line profile");
+    assert!(profile.contains("cpu::export::leaky_step") && profile.contains("linear-gradient"), "line profile");
     drop(page);
 
     // The console check catches a page that breaks the policy.
@@ -539,7 +538,7 @@ fn a_failed_cpu_request_is_an_oom_event_and_the_error_still_arrives() {
     let at = failing.iter().position(|w| *w == line.to_string()).unwrap();
     assert_eq!((failing[at - 2], failing[at - 1]), ("1", "1"), "hits and ooms: {failing:?}");
     // Other tables (other tests' profiled functions, when they ran) keep their columns.
-    for other in text.split("## ").filter(|t| t.contains("hits") && !t.starts_with("export_cpu::asks_too_much")) {
+    for other in text.split("## ").filter(|t| t.contains("hits") && !t.starts_with("cpu::export::asks_too_much")) {
         assert!(!other.contains("ooms"), "a function without an OOM keeps its columns:\n{other}");
     }
 }
@@ -618,7 +617,7 @@ fn the_live_report_and_memlab_view_of_its_snapshot_are_one_page() {
     let viewed = viewed.replacen(&format!("<title>memlab: {name}</title>"), "<title>TITLE</title>", 1);
     let live = live.replace("this process&#39;s recording", "FILE");
     let viewed = viewed.replace(name, "FILE");
-    assert!(live.contains("model.fc.weight (named at export)") && live.contains("leaky_step (tests/export_cpu.rs:"));
+    assert!(live.contains("model.fc.weight (named at export)") && live.contains("leaky_step (tests/cpu/export.rs:"));
     if live != viewed {
         let at = live.bytes().zip(viewed.bytes()).position(|(a, b)| a != b).unwrap_or(live.len().min(viewed.len()));
         let around = |page: &str| page[at.saturating_sub(200)..(at + 200).min(page.len())].to_string();
@@ -699,6 +698,6 @@ fn a_backward_allocations_native_frames_name_its_op() {
     // The snapshot keeps the user's line: the backward() call.
     let snapshot = Exporter::registered().snapshot().unwrap();
     let entry = snapshot.device_traces.iter().flatten().find(|e| e.addr == Some(grad.data_ptr() as u64)).unwrap();
-    assert!(entry.frames.iter().any(|f| f.filename.ends_with("export_cpu.rs")), "{:?}", entry.frames);
+    assert!(entry.frames.iter().any(|f| f.filename.ends_with("cpu/export.rs")), "{:?}", entry.frames);
     drop((grad, loss, x, w, recording));
 }

@@ -2,9 +2,8 @@
 //! storages, sparse tensors, weak registration, and rows that add up to the
 //! allocator's figure. One test at a time: the allocator is process-wide.
 
-mod common;
 
-use common::serial;
+use crate::common::serial;
 
 use memlab::Render;
 use memlab::{

@@ -4,12 +4,11 @@
 //! it says, and `scripts/env.sh` sourced twice in one shell picks the venv
 //! of the torch asked for.
 
-mod common;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use common::{check_child, child};
+use crate::common::{check_child, child};
 use memlab_core::profiler::{FLAG_OFF, FLAG_ON};
 
 fn workspace() -> &'static Path {

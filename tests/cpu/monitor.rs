@@ -2,11 +2,10 @@
 //! printing, CSV files that append with one header, and a bad directory that
 //! does not stop training.
 
-mod common;
 
 use std::sync::{Arc, Mutex};
 
-use common::serial;
+use crate::common::serial;
 use memlab::monitor::TensorBytes;
 use memlab::{Device, TensorKind, TrainingMonitor};
 use tch::nn::{self, Module, OptimizerConfig};

@@ -4,9 +4,8 @@
 //! the optimizer's var store was not given. One test at a time: the
 //! allocator is process-wide.
 
-mod common;
 
-use common::serial;
+use crate::common::serial;
 
 use memlab::reporter::{MemReport, Row, RowKind};
 use memlab::Render;
@@ -194,7 +193,7 @@ fn the_tch_built_against_is_one_whose_layout_memlab_knows() {
     // covers the releases it checked, and the one built against is one of
     // them (this suite runs on each: scripts/test-versions.sh). Every class
     // tch builds is recognised.
-    let manifest = include_str!("../Cargo.toml");
+    let manifest = include_str!("../../Cargo.toml");
     assert!(manifest.contains("tch = \">=0.24, <0.27\""), "{manifest}");
     assert_eq!(memlab::optimizer::TCH_RELEASES, ["0.24", "0.26"]);
     let release = memlab::optimizer::tch_release();

@@ -2,11 +2,10 @@
 //! for what does not depend on one, anywhere): RAM figures of a step, the
 //! compact and table forms, start/stop, and "no GPU" answers that never panic.
 
-mod common;
 
 use std::sync::{Arc, Mutex};
 
-use common::serial;
+use crate::common::serial;
 use memlab::StepLogger;
 use tch::{Kind, Tensor};
 

@@ -3,12 +3,11 @@
 //! its CPU tensors, its time without the pause before the next cell, the
 //! compact form, stop and resume, and the table of every cell as CSV.
 
-mod common;
 
 use std::sync::Mutex;
 use std::time::Duration;
 
-use common::cells::{child_runtime, csv_figure, drive};
+use crate::common::cells::{child_runtime, csv_figure, drive};
 use memlab::Render;
 use tch::{Kind, Tensor};
 
@@ -63,7 +62,7 @@ fn cells_child() {
 fn a_line_after_every_cell_with_exact_figures() {
     let cells =
         ["before", "start", "keep_4_temporary_8", "sleep", "compact", "free_4", "stop", "quiet", "resume", "table"];
-    let (outputs, exited) = drive("cells_child", &[], &cells, Duration::from_millis(600));
+    let (outputs, exited) = drive(&crate::common::test_path("cells_child"), &[], &cells, Duration::from_millis(600));
     assert!(exited, "the child ends when the kernel closes its input");
     let out = |cell: &str| outputs[cells.iter().position(|c| *c == cell).unwrap()].join("\n");
 
@@ -111,7 +110,7 @@ fn a_line_after_every_cell_with_exact_figures() {
 #[test]
 fn the_logger_leaves_the_programs_figures_as_they_are() {
     let peaks = |cells: &[&str]| {
-        let (outputs, exited) = drive("cells_child", &[], cells, Duration::from_millis(50));
+        let (outputs, exited) = drive(&crate::common::test_path("cells_child"), &[], cells, Duration::from_millis(50));
         assert!(exited);
         let line = outputs.last().unwrap().join("\n");
         let figure = |name: &str| -> i64 {

@@ -1,9 +1,8 @@
 //! Allocation events, the live set and dispose scopes on CPU tensors, with
 //! exact byte counts. One test at a time: the recorder is process-wide.
 
-mod common;
 
-use common::{floats, serial};
+use crate::common::{floats, serial};
 
 use memlab::{
     events::{Action, Settings},
@@ -109,7 +108,7 @@ fn backtraces_name_the_user_frames() {
     // up to the test harness.
     assert!(backtrace.addresses().len() > 10, "{:?}", backtrace.addresses());
     let frames = backtrace.user_frames();
-    assert!(frames[0].starts_with("floats") && frames[0].contains("tests/common/mod.rs:"), "{frames:#?}");
+    assert!(frames[0].starts_with("floats") && frames[0].contains("common/mod.rs:"), "{frames:#?}");
     assert!(frames.iter().any(|f| f.starts_with("backtraces_name_the_user_frames")), "{frames:#?}");
     assert!(frames.iter().all(|f| !f.contains("memlab-core") && !f.contains(".cargo")), "{frames:#?}");
     drop(Recording::start(Settings::default()).unwrap());

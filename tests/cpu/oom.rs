@@ -2,15 +2,14 @@
 //! under any overcommit setting, the counting allocator sees the failure,
 //! and the recorder writes its report before libtorch's error reaches the
 //! caller. Limits and the environment variable are per process: those tests
-//! run this binary again as a child (see `common::run_child`).
+//! run this binary again as a child (see `crate::common::run_child`).
 
-mod common;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use common::pytorch::{python, VALIDATE};
-use common::{check_child, child, floats, serial, within};
+use crate::common::pytorch::{python, VALIDATE};
+use crate::common::{check_child, child, floats, serial, within};
 use memlab::oom::Verdict;
 use memlab::Render;
 use memlab::{Device, OomRecorder};
@@ -36,7 +35,7 @@ fn reports(dir: &Path, extension: &str) -> Vec<PathBuf> {
 
 /// The line of this file where `code` is.
 fn line_of(code: &str) -> u32 {
-    let source = include_str!("oom_cpu.rs");
+    let source = include_str!("oom.rs");
     source.lines().position(|l| l.contains(code)).expect("the code is in this file") as u32 + 1
 }
 
@@ -95,7 +94,7 @@ fn a_failed_request_is_reported_before_the_error_arrives_and_training_goes_on() 
     // The statement and the frames of the failing call.
     let line = line_of("let _huge = Tensor::f_empty([TOO_BIG]");
     let statement = report.statement.as_deref().expect("a profiled statement ran");
-    assert!(statement.contains(&format!("oom_cpu.rs:{line}")) && statement.contains("f_empty"), "{statement}");
+    assert!(statement.contains(&format!("cpu/oom.rs:{line}")) && statement.contains("f_empty"), "{statement}");
     assert!(report.frames.iter().any(|f| f.function.contains("train_step")), "{:?}", report.frames);
     // What held the memory: the model by name, exactly; the rest by site.
     let h = &report.holders;
@@ -120,7 +119,7 @@ fn a_failed_request_is_reported_before_the_error_arrives_and_training_goes_on() 
     let mine = sites.iter().find(|s| s.bytes == 12_000).expect("the 12,000-byte tensor by its site");
     // Its site is the helper that made it; its frames lead back to this test.
     assert!(
-        mine.site.starts_with("floats at ") && mine.frames.iter().any(|f| f.file.ends_with("oom_cpu.rs")),
+        mine.site.starts_with("floats at ") && mine.frames.iter().any(|f| f.file.ends_with("cpu/oom.rs")),
         "{mine:?}"
     );
     assert!(h.busy.is_empty(), "{:?}", h.busy);
@@ -173,7 +172,7 @@ fn a_failed_request_is_reported_before_the_error_arrives_and_training_goes_on() 
     for needle in [
         "Verdict: the request alone exceeds the device",
         "281474976710656 bytes, as asked",
-        &format!("oom_cpu.rs:{line}"),
+        &format!("cpu/oom.rs:{line}"),
         "model.fc.weight",
         "not named",
     ] {
@@ -472,9 +471,10 @@ fn a_relative_directory_is_resolved_when_armed() {
     }
     let work = dir("relative");
     std::fs::create_dir_all(&work).unwrap();
+    let name = crate::common::test_path("a_relative_directory_is_resolved_when_armed");
     let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", "a_relative_directory_is_resolved_when_armed", "--nocapture", "--test-threads=1"])
-        .env("MEMLAB_CHILD", "a_relative_directory_is_resolved_when_armed")
+        .args(["--exact", &name, "--nocapture", "--test-threads=1"])
+        .env("MEMLAB_CHILD", &name)
         .env_remove("MEMLAB_OOM_DIR")
         .current_dir(&work)
         .output()
@@ -559,12 +559,13 @@ fn two_containers_pid_1_keep_both_reports() {
     }
     let out = dir("containers");
     std::fs::create_dir_all(&out).unwrap();
+    let twin_test = crate::common::test_path(TWIN);
     let spawn = |extra: i64| {
         let mut twin = Command::new("unshare")
             .args(["--pid", "--fork", "--kill-child"])
             .arg(std::env::current_exe().unwrap())
-            .args(["--exact", TWIN, "--nocapture", "--test-threads=1"])
-            .env("MEMLAB_CHILD", TWIN)
+            .args(["--exact", &twin_test, "--nocapture", "--test-threads=1"])
+            .env("MEMLAB_CHILD", &twin_test)
             .env("MEMLAB_TWIN_EXTRA", extra.to_string())
             .env("MEMLAB_OOM_DIR", &out)
             .env_remove("MEMLAB_CPU_ALLOCATOR")

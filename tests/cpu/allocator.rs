@@ -2,9 +2,8 @@
 //! counts computed independently from shapes and dtypes. Runs one test at a
 //! time: the counters are process-wide.
 
-mod common;
 
-use common::serial;
+use crate::common::serial;
 
 use memlab::{stats::StorageLayout, Device};
 use tch::{Kind, Tensor};
