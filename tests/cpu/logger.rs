@@ -2,15 +2,19 @@
 //! for what does not depend on one, anywhere): RAM figures of a step, the
 //! compact and table forms, start/stop, and "no GPU" answers that never panic.
 
-
 use std::sync::{Arc, Mutex};
 
-use crate::common::serial;
+use crate::common::{check_child, child, serial};
 use memlab::StepLogger;
 use tch::{Kind, Tensor};
 
 #[test]
 fn ram_figures_of_a_step() {
+    // The resident set and the threads are the process's: alone in a child.
+    if !child("ram_figures_of_a_step") {
+        check_child("ram_figures_of_a_step", &[]);
+        return;
+    }
     let _s = serial();
     let mut logger = StepLogger::new().exact_ram(true).exact_ram_peak(true);
     logger.stop();
@@ -38,6 +42,11 @@ fn ram_figures_of_a_step() {
 
 #[test]
 fn ram_follows_the_background_readings_by_default() {
+    // The resident set and the threads are the process's: alone in a child.
+    if !child("ram_follows_the_background_readings_by_default") {
+        check_child("ram_follows_the_background_readings_by_default", &[]);
+        return;
+    }
     let _s = serial();
     let mut logger = StepLogger::new();
     logger.stop();
@@ -148,6 +157,11 @@ fn thread_names() -> Vec<String> {
 #[test]
 fn one_sampler_serves_a_step_and_a_sampling_recording_at_once() {
     use std::time::Duration;
+    // The resident set and the threads are the process's: alone in a child.
+    if !child("one_sampler_serves_a_step_and_a_sampling_recording_at_once") {
+        check_child("one_sampler_serves_a_step_and_a_sampling_recording_at_once", &[]);
+        return;
+    }
     let _s = serial();
     let settings = memlab::events::Settings::default().sampling(Duration::from_millis(1));
     let recording = memlab::Recording::start(settings).unwrap();
