@@ -30,7 +30,7 @@ impl CpuSteps {
     /// Runs `step` on the CPU until its peak is steady, then predicts. The
     /// settings are checked first: a bad one is refused before any step runs.
     pub(crate) fn predict(self, step: impl FnMut() -> Result<()>) -> Result<CudaPrediction> {
-        memlab_core::replay::check_settings(&self.settings)?;
+        memlab_core::replay::check_settings_as(&self.settings, process_libtorch())?;
         let _turn = Turn::take()?;
         let steps = Steps::record(self.max_steps, &self.model, step)?;
         self.predict_from(&steps)
@@ -47,6 +47,7 @@ impl CpuSteps {
             live_before: steps.live_before.clone(),
             workspaces_after: steps.workspaces_after,
             empty_cache_at_us: steps.empty_cache_at_us,
+            libtorch: process_libtorch(),
         };
         let mut prediction = predict_cuda("the step's CPU run", &steps.snapshot, &options)?;
         prediction.cpu_step_peaks = steps.peaks.clone();
@@ -399,4 +400,10 @@ mod tests {
         assert!(!both.ran_out_without_gradients(400));
         assert!(both.ran_out_without_gradients(401));
     }
+}
+
+/// The allocator a prediction follows: that of the libtorch this process
+/// runs, where memlab models it, else 2.11's.
+fn process_libtorch() -> memlab_core::replay::Libtorch {
+    crate::run::this_process().libtorch.as_deref().and_then(memlab_core::replay::Libtorch::of_recording).unwrap_or_default()
 }

@@ -15,7 +15,7 @@
 //! memlab view SNAPSHOT [-o FILE.html] [--json]
 //! memlab diff A B [--html FILE.html] [--json]
 //! memlab merge FILES… -o DIR [--offset RANK=µs]… [--json]
-//! memlab replay SNAPSHOT [--setting CONF]… [--capacity BYTES | --fraction F] [--total BYTES] [--compare] [--json]
+//! memlab replay SNAPSHOT [--setting CONF]… [--capacity BYTES | --fraction F] [--total BYTES] [--compare] [--libtorch VERSION] [--json]
 //! ```
 //!
 //! This crate is the command's parts, as a library: reading snapshots into

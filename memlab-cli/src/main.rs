@@ -7,7 +7,7 @@
 //! memlab view SNAPSHOT [-o FILE.html] [--all-frames] [--json]
 //! memlab diff A B [--html FILE.html] [--json]
 //! memlab merge FILES… -o DIR [--offset RANK=µs]… [--json]
-//! memlab replay SNAPSHOT [--setting CONF]… [--capacity BYTES | --fraction F] [--total BYTES] [--compare] [--json]
+//! memlab replay SNAPSHOT [--setting CONF]… [--capacity BYTES | --fraction F] [--total BYTES] [--compare] [--libtorch VERSION] [--json]
 //! memlab replay CPU_SNAPSHOT --as-cuda [--capacity BYTES] [--setting CONF]… [--json]
 //! ```
 //!
@@ -21,6 +21,7 @@ use memlab_cli::{analysis, diff, merge, replay, view};
 use clap::{Parser, Subcommand};
 use memlab_core::export::Snapshot;
 use memlab_core::render::Render;
+use memlab_core::replay::Libtorch;
 
 #[derive(Parser)]
 #[command(name = "memlab", version, about = "Reads memory snapshots: memlab's and PyTorch's own, without libtorch")]
@@ -95,8 +96,8 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Replays a snapshot's CUDA history through a model of libtorch 2.11's
-    /// caching allocator: under the recorded settings (with how many of the
+    /// Replays a snapshot's CUDA history through a model of libtorch's
+    /// caching allocator (2.11's or 2.13's, as the recording says): under the recorded settings (with how many of the
     /// allocator's own segment events the model made too) and others, the
     /// peaks, and whether and where memory runs out. With --as-cuda, predicts
     /// a CUDA run from a CPU history instead: will it fit?
@@ -132,6 +133,11 @@ enum Command {
         /// memory: whether the step fits.
         #[arg(long = "as-cuda", conflicts_with = "fraction")]
         as_cuda: bool,
+        /// The libtorch that made the recording, where the file does not say
+        /// (PyTorch's snapshots never do): 2.11 (the default) or 2.13, whose
+        /// allocators differ. With --as-cuda: the libtorch to predict for.
+        #[arg(long, value_name = "VERSION")]
+        libtorch: Option<String>,
         /// Print every figure as JSON: one object per device, or with
         /// --as-cuda the prediction.
         #[arg(long)]
@@ -238,10 +244,11 @@ fn run(command: Command) -> Result<(), String> {
             show(&diff, json);
             Ok(())
         }
-        Command::Replay { snapshot, settings, capacity, as_cuda: true, json, .. } => {
+        Command::Replay { snapshot, settings, capacity, as_cuda: true, json, libtorch, .. } => {
             let options = memlab_core::replay::PredictOptions {
                 capacity: capacity.as_deref().map(|c| bytes(c, "--capacity")).transpose()?,
                 settings,
+                libtorch: libtorch.as_deref().map(Libtorch::parse).transpose().map_err(|e| e.to_string())?.unwrap_or_default(),
                 ..Default::default()
             };
             let file = Snapshot::read_pickle(&snapshot).map_err(|e| e.to_string())?;
@@ -250,7 +257,7 @@ fn run(command: Command) -> Result<(), String> {
             show(&predicted, json);
             Ok(())
         }
-        Command::Replay { snapshot, settings, capacity, fraction, total, compare, json, .. } => {
+        Command::Replay { snapshot, settings, capacity, fraction, total, compare, json, libtorch, .. } => {
             if let Some(f) = fraction.filter(|f| !(0.0..=1.0).contains(f)) {
                 return Err(format!("--fraction {f}: a memory fraction is between 0 and 1"));
             }
@@ -260,6 +267,7 @@ fn run(command: Command) -> Result<(), String> {
                 fraction,
                 total: total.as_deref().map(|t| bytes(t, "--total")).transpose()?,
                 compare,
+                libtorch: libtorch.as_deref().map(Libtorch::parse).transpose().map_err(|e| e.to_string())?,
             };
             let file = Snapshot::read_pickle(&snapshot).map_err(|e| e.to_string())?;
             let replayed = replay::replay(&snapshot, &file, &options)?;

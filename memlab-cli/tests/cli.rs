@@ -723,7 +723,7 @@ fn replay_refuses_what_it_cannot_replay_in_one_line() {
     // Without a capacity, the replay says what it assumed.
     let text = stdout(&memlab(&["replay", cuda]));
     assert!(text.contains("Assumed: the file does not say what the allocator could reserve"), "{text}");
-    assert!(text.contains("the model follows libtorch 2.11.0's allocator"), "{text}");
+    assert!(text.contains("replayed as libtorch 2.11's allocator (give --libtorch)"), "{text}");
     // memlab's own snapshot says its version: 2.11.0 needs no warning.
     let memlab_cuda = fixture("memlab_cuda.pickle");
     let text = stdout(&memlab(&["replay", memlab_cuda.to_str().unwrap()]));
@@ -1021,4 +1021,28 @@ fn replay_takes_hostile_settings_and_sizes_as_libtorch_would_and_says_so() {
     let cpu = history_file("exabyte_step.pickle", "cpu", &[(Alloc, 1 << 40, 4 * MIB), (Alloc, 2 << 40, 1 << 60)]);
     let text = stdout(&memlab(&["replay", &cpu, "--as-cuda", "--capacity", "80G"]));
     assert!(text.contains("does not fit on any card") && !text.contains("to spare"), "{text}");
+}
+
+/// PyTorch's snapshots never say their libtorch: `--libtorch` does, and the
+/// replay names the allocator it followed; a version memlab does not model
+/// is refused with the list of those it does.
+#[test]
+fn replay_follows_the_libtorch_it_is_told() {
+    let file = fixture("replay/fragmentation__default.pickle");
+    let file = file.to_str().unwrap();
+    let text = stdout(&memlab(&["replay", file, "--libtorch", "2.13"]));
+    assert!(text.contains("model of libtorch 2.13's CUDA caching allocator"), "{text}");
+    assert!(!text.contains("does not say its libtorch version"), "{text}");
+    let replayed = json(&["replay", file, "--libtorch", "2.13.0", "--json"]);
+    assert_eq!(replayed["libtorch"], "2.13");
+    let text = stdout(&memlab(&["replay", file]));
+    assert!(text.contains("libtorch 2.11's") && text.contains("give --libtorch"), "{text}");
+    // 2.13 knows keys 2.11 refuses.
+    let setting = ["replay", file, "--setting", "pinned_max_cached_size_mb:64"];
+    assert!(stdout(&memlab(&[&setting[..], &["--libtorch", "2.13"]].concat())).contains("libtorch 2.13"));
+    let refused = memlab(&setting);
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("Unrecognized key"), "{refused:?}");
+    let wrong = memlab(&["replay", file, "--libtorch", "2.9"]);
+    let stderr = String::from_utf8_lossy(&wrong.stderr);
+    assert!(!wrong.status.success() && stderr.contains("2.11.0, 2.13.0"), "{stderr}");
 }

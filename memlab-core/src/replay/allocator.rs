@@ -104,12 +104,22 @@ struct Block {
     expandable: Option<(u64, u64)>,
     /// Backed by memory (always, outside expandable segments).
     mapped: bool,
+    /// How many segments were made before its own (`registration_counter`,
+    /// which libtorch 2.13 orders free blocks of one size by).
+    segment: u64,
 }
 
 impl Block {
     /// A whole segment, free, as the device gave it: mapped, or (an
     /// expandable segment's range, with its start and page) not yet.
-    fn segment(address: u64, size: u64, stream: u64, small: bool, expandable: Option<(u64, u64)>) -> Block {
+    fn segment(
+        address: u64,
+        size: u64,
+        stream: u64,
+        small: bool,
+        expandable: Option<(u64, u64)>,
+        segment: u64,
+    ) -> Block {
         Block {
             address,
             size,
@@ -124,6 +134,7 @@ impl Block {
             live: true,
             expandable,
             mapped: expandable.is_none(),
+            segment,
         }
     }
 
@@ -132,11 +143,13 @@ impl Block {
     }
 }
 
-/// Free blocks ordered as `BlockComparatorSize`: stream, size, address;
+/// Free blocks ordered as libtorch's comparator orders them: stream, size,
+/// then [`Libtorch::free_order`] (2.11's `BlockComparatorSize`: address;
+/// 2.13's `BlockComparatorSizeCounterAddress`: the segment's age, address);
 /// unmapped parts of expandable segments as `BlockComparatorAddress`.
 #[derive(Clone, Default, Debug)]
 struct Pool {
-    free: BTreeSet<(u64, u64, u64, usize)>,
+    free: BTreeSet<(u64, u64, u128, usize)>,
     unmapped: BTreeSet<(u64, u64, usize)>,
     /// `get_free_blocks_call_count`: the garbage collector's clock.
     calls: u64,
@@ -155,6 +168,9 @@ pub struct CachingAllocator {
     total: u64,
     blocks: Vec<Block>,
     spare: Vec<usize>,
+    /// Segments made so far (`cudaMalloc`s, expandable segments, and those
+    /// rebuilt before a history).
+    segments_made: u64,
     small: Pool,
     large: Pool,
     /// `total_allocated_memory`: the bytes of the segments held.
@@ -204,6 +220,7 @@ impl CachingAllocator {
             total,
             blocks: Vec::new(),
             spare: Vec::new(),
+            segments_made: 0,
             small: Pool::default(),
             large: Pool::default(),
             reserved: 0,
@@ -225,7 +242,7 @@ impl CachingAllocator {
         if !(0.0..=1.0).contains(&fraction) {
             return Err(Error::InvalidArgument(format!("memory fraction {fraction} is not between 0 and 1")));
         }
-        self.allowed = (fraction < 1.0).then_some((fraction * total as f64) as u64);
+        self.allowed = (fraction < 1.0).then_some(self.config.libtorch.fraction_limit(fraction, total));
         Ok(())
     }
 
@@ -291,10 +308,16 @@ impl CachingAllocator {
         }
     }
 
+    /// The count a new segment's blocks carry: the segments made before it.
+    fn next_segment(&mut self) -> u64 {
+        self.segments_made += 1;
+        self.segments_made - 1
+    }
+
     fn insert_free(&mut self, id: usize) {
         let (small, key) = {
             let b = &self.blocks[id];
-            (b.small, (b.stream, b.size, b.address, id))
+            (b.small, (b.stream, b.size, self.config.libtorch.free_order(b.segment, b.address), id))
         };
         let pool = self.pool(small);
         let calls = pool.calls;
@@ -304,7 +327,7 @@ impl CachingAllocator {
 
     fn remove_free(&mut self, id: usize) {
         let b = &self.blocks[id];
-        let key = (b.stream, b.size, b.address, id);
+        let key = (b.stream, b.size, self.config.libtorch.free_order(b.segment, b.address), id);
         let small = b.small;
         self.pool(small).free.remove(&key);
     }
@@ -373,7 +396,8 @@ impl CachingAllocator {
         if size >= self.max_split() {
             change(&mut self.stats.oversize_segments, 1);
         }
-        let id = self.new_block(Block::segment(address, size, stream, small, None));
+        let segment = self.next_segment();
+        let id = self.new_block(Block::segment(address, size, stream, small, None, segment));
         self.insert_free(id);
         address
     }
@@ -591,7 +615,8 @@ impl CachingAllocator {
         }
         self.stats.num_device_alloc += 1;
         self.segments.push(SegmentEvent { action: SegmentAction::Alloc, address, size: bytes, stream });
-        Some(self.new_block(Block::segment(address, bytes, stream, small, None)))
+        let segment = self.next_segment();
+        Some(self.new_block(Block::segment(address, bytes, stream, small, None, segment)))
     }
 
     /// `alloc_found_block`: hands out `id` for a request of `size` bytes
@@ -788,7 +813,7 @@ impl CachingAllocator {
             }
         }
         // Below the key, largest first: oversize blocks of this stream.
-        let below: Vec<(u64, u64, u64, usize)> = pool
+        let below: Vec<(u64, u64, u128, usize)> = pool
             .free
             .range(..(stream, key, 0, 0))
             .rev()
@@ -894,7 +919,8 @@ impl CachingAllocator {
             return None;
         }
         let base = self.addresses(pages * page, page);
-        let id = self.new_block(Block::segment(base, pages * page, stream, small, Some((base, page))));
+        let segment = self.next_segment();
+        let id = self.new_block(Block::segment(base, pages * page, stream, small, Some((base, page)), segment));
         self.insert_unmapped(id);
         Some(id)
     }

@@ -12,6 +12,7 @@ use crate::render::{Cell, Column, Document, Layout, Render, Table};
 
 use super::kernels::{plan, KernelsModelled, Life};
 use super::reduction::ReductionDevice;
+use super::Libtorch;
 
 const MIB: u64 = 1 << 20;
 
@@ -299,6 +300,10 @@ pub struct PredictOptions {
     /// the later one through what it left alive: the segments its live
     /// blocks keep, holes and all.
     pub empty_cache_at_us: Option<u64>,
+    /// The libtorch whose allocator runs the prediction (2.11 by default).
+    /// The kernels' additions were measured with 2.11's libraries whichever
+    /// is chosen, which the prediction says.
+    pub libtorch: Libtorch,
 }
 
 /// A CUDA run's peaks predicted from a CPU run's recording: estimates, from
@@ -315,7 +320,10 @@ pub struct CudaPrediction {
     pub capacity: Option<u64>,
     /// One per setting.
     pub settings: Vec<SettingPrediction>,
-    /// Settings libtorch 2.11 reads otherwise than written (a value
+    /// The libtorch whose allocator the prediction followed.
+    #[serde(default)]
+    pub libtorch: Libtorch,
+    /// Settings libtorch reads otherwise than written (a value
     /// clamped, wrapped or cut short), each a sentence.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub notes: Vec<String>,
@@ -426,7 +434,7 @@ pub fn predict_cuda(name: &str, snapshot: &Snapshot, options: &PredictOptions) -
     let settings = if options.settings.is_empty() { vec![String::new()] } else { options.settings.clone() };
     let mut out = Vec::new();
     let mut notes: Vec<String> = Vec::new();
-    for read in check_settings(&settings)? {
+    for read in check_settings_as(&settings, options.libtorch)? {
         notes.extend(read.notes.into_iter().filter(|n| !notes.contains(n)).collect::<Vec<_>>());
         let config = read.config;
         // Unlimited: the largest device the model takes, whose expandable
@@ -513,6 +521,7 @@ pub fn predict_cuda(name: &str, snapshot: &Snapshot, options: &PredictOptions) -
         additions,
         capacity: options.capacity,
         settings: out,
+        libtorch: options.libtorch,
         notes,
         cpu_allocations: allocations,
         cpu_step_peaks: Vec::new(),
@@ -525,10 +534,15 @@ pub fn predict_cuda(name: &str, snapshot: &Snapshot, options: &PredictOptions) -
 /// whole card. What [`predict_cuda`] does first; a caller that runs the
 /// steps itself (`memlab::will_it_fit`) checks them before it does.
 pub fn check_settings(settings: &[String]) -> Result<Vec<super::ReadSettings>> {
+    check_settings_as(settings, Libtorch::default())
+}
+
+/// [`check_settings`] as `libtorch` reads them.
+pub fn check_settings_as(settings: &[String], libtorch: Libtorch) -> Result<Vec<super::ReadSettings>> {
     settings
         .iter()
         .map(|conf| {
-            let read = super::AllocatorConfig::read(conf)?;
+            let read = super::AllocatorConfig::read_as(conf, libtorch)?;
             if read.config.memory_fraction < 1.0 {
                 return Err(Error::InvalidArgument(format!(
                     "{conf}: a prediction runs on a whole card; give the memory the allocator may use as the \
@@ -638,9 +652,16 @@ impl Render for CudaPrediction {
         doc.title(format!("Will it fit? {}", self.file));
         doc.line(format!(
             "A CUDA run predicted from a CPU run's recording: its allocations, in order, replayed through the model \
-             of libtorch {}'s CUDA caching allocator, with what CUDA adds. Every figure is an estimate.",
-            super::MODELLED_LIBTORCH
+             of {}'s CUDA caching allocator, with what CUDA adds. Every figure is an estimate.",
+            self.libtorch
         ));
+        if self.libtorch != Libtorch::V2_11 {
+            doc.note(format!(
+                "What CUDA's kernels and libraries add was measured and read with libtorch 2.11's (cuDNN's \
+                 workspaces, cuBLAS's, the reductions' staging): on {} they are assumed the same.",
+                self.libtorch
+            ));
+        }
         let a = &self.additions;
         doc.line(format!(
             "Modelled: {} cuBLAS workspace(s) of {} and a cuBLASLt workspace of {} (made by each thread's first product, or by the step before), and \
@@ -702,7 +723,7 @@ impl Render for CudaPrediction {
         }
         doc.table(table);
         for n in &self.notes {
-            doc.note(format!("Read as libtorch 2.11 reads it: {n}."));
+            doc.note(format!("Read as {} reads it: {n}.", self.libtorch));
         }
         if self.cpu_allocations == 0 {
             doc.caution(
@@ -732,11 +753,10 @@ impl Render for CudaPrediction {
             Some(k) => {
                 doc.note(format!(
                     "Reductions: the CPU run ran {} sums and means; the CUDA kernels of {} of them stage through \
-                     a buffer (the largest {}), added as libtorch {} sizes it on {} multiprocessors.",
+                     a buffer (the largest {}), added as libtorch 2.11 sizes it on {} multiprocessors.",
                     k.reductions,
                     k.staged,
                     Cell::bytes(k.largest_staging),
-                    super::MODELLED_LIBTORCH,
                     a.reduction_device.sms
                 ));
                 if k.convolutions > 0 {
@@ -766,10 +786,9 @@ impl Render for CudaPrediction {
                 if k.embedding_backwards > 0 {
                     doc.note(format!(
                         "Embedding backward passes: {} ran; CUDA's sorts the indices and sums the gradient per \
-                         partial segment in temporaries the CPU's does not make, added for each in libtorch {}'s \
+                         partial segment in temporaries the CPU's does not make, added for each in libtorch 2.11's \
                          order (the largest {}), the CPU kernel's own left out.",
                         k.embedding_backwards,
-                        super::MODELLED_LIBTORCH,
                         Cell::bytes(k.largest_embedding_temporary)
                     ));
                 }

@@ -10,6 +10,7 @@ use super::allocator::ModelOom;
 use super::config::AllocatorConfig;
 use super::config::ONE_EXABYTE;
 use super::run::{replay_device, replay_device_at, Card, DeviceReplay};
+use super::Libtorch;
 use crate::error::{Error, Result};
 use crate::export::Snapshot;
 use crate::render::{Cell, Column, Document, Layout, Render, Table};
@@ -43,6 +44,9 @@ pub struct ReplayOptions {
     pub total: Option<u64>,
     /// Also the settings people try ([`COMPARED`]; `--compare`).
     pub compare: bool,
+    /// The libtorch that made the recording, where the file does not say
+    /// (`--libtorch`; PyTorch's snapshots never do): its allocator is replayed.
+    pub libtorch: Option<Libtorch>,
 }
 
 /// A replay of every CUDA device of a file.
@@ -52,6 +56,10 @@ pub struct Replayed {
     pub file: String,
     /// The settings it was recorded with (as the file says, else libtorch's defaults).
     pub recorded_settings: String,
+    /// The libtorch whose allocator was replayed: the recording's, as it or
+    /// `--libtorch` says, else 2.11 (an assumption then).
+    #[serde(default)]
+    pub libtorch: Libtorch,
     /// What the replay assumed where the file says nothing, each a sentence.
     pub assumptions: Vec<String>,
     /// Settings libtorch 2.11 reads otherwise than written (a value
@@ -85,24 +93,37 @@ pub struct DeviceReplays {
 pub fn replay_snapshot(name: &str, snapshot: &Snapshot, options: &ReplayOptions) -> Result<Replayed> {
     crate::export::check_figures(snapshot).map_err(|why| Error::InvalidArgument(format!("{name}: {why}")))?;
     let mut assumptions = Vec::new();
-    let libtorch = snapshot.memlab.as_ref().and_then(|m| m.run.as_ref()).and_then(|r| r.libtorch.clone());
-    let modelled = super::MODELLED_LIBTORCH;
-    match libtorch {
-        Some(v) if v.split('+').next() == Some(modelled) => {}
-        Some(v) => assumptions.push(format!(
-            "the recording was made by libtorch {v}; the model follows libtorch {modelled}'s allocator, so figures \
-             may differ where the two allocators do"
-        )),
-        None => assumptions.push(format!(
-            "the file does not say its libtorch version (PyTorch's snapshots do not): the model follows libtorch \
-             {modelled}'s allocator"
-        )),
-    }
+    let said = snapshot.memlab.as_ref().and_then(|m| m.run.as_ref()).and_then(|r| r.libtorch.clone());
+    let libtorch = match (options.libtorch, said) {
+        (Some(given), Some(v)) if Libtorch::of_recording(&v).is_some_and(|own| own != given) => {
+            return Err(Error::InvalidArgument(format!(
+                "{name} says libtorch {v} made it; --libtorch {} contradicts the file: leave --libtorch out",
+                given.release()
+            )))
+        }
+        (Some(given), _) => given,
+        (None, Some(v)) => Libtorch::of_recording(&v).unwrap_or_else(|| {
+            let modelled = Libtorch::default();
+            assumptions.push(format!(
+                "the recording was made by libtorch {v}, whose allocator memlab does not model: replayed as \
+                 {modelled}'s, so figures may differ where the two allocators do"
+            ));
+            modelled
+        }),
+        (None, None) => {
+            let modelled = Libtorch::default();
+            assumptions.push(format!(
+                "the file does not say its libtorch version (PyTorch's snapshots do not): replayed as {modelled}'s \
+                 allocator (give --libtorch)"
+            ));
+            modelled
+        }
+    };
     let mut notes = Vec::new();
     let recorded = match &snapshot.allocator_settings {
         Some(settings) => {
-            let read =
-                AllocatorConfig::read_snapshot(settings).map_err(|e| Error::InvalidArgument(format!("{name}: {e}")))?;
+            let read = AllocatorConfig::read_snapshot_as(settings, libtorch)
+                .map_err(|e| Error::InvalidArgument(format!("{name}: {e}")))?;
             notes.extend(read.notes);
             read.config
         }
@@ -112,7 +133,7 @@ pub fn replay_snapshot(name: &str, snapshot: &Snapshot, options: &ReplayOptions)
                  read them): replayed as recorded under libtorch's defaults"
                     .to_string(),
             );
-            AllocatorConfig::default()
+            AllocatorConfig::read_as("", libtorch)?.config
         }
     };
     let recorded_settings = recorded.to_conf();
@@ -123,7 +144,7 @@ pub fn replay_snapshot(name: &str, snapshot: &Snapshot, options: &ReplayOptions)
     }
     let mut configs_wanted = Vec::new();
     for conf in &wanted {
-        let read = AllocatorConfig::read(conf)?;
+        let read = AllocatorConfig::read_as(conf, libtorch)?;
         notes.extend(read.notes.into_iter().filter(|n| !notes.contains(n)).collect::<Vec<_>>());
         configs_wanted.push(read.config);
     }
@@ -177,7 +198,7 @@ pub fn replay_snapshot(name: &str, snapshot: &Snapshot, options: &ReplayOptions)
         let mut configs = wanted.clone();
         if options.compare {
             if recorded.memory_fraction < 1.0 {
-                configs.push(AllocatorConfig::parse("garbage_collection_threshold:0.6")?);
+                configs.push(AllocatorConfig::read_as("garbage_collection_threshold:0.6", libtorch)?.config);
             } else {
                 assume(
                     "garbage_collection_threshold is left out of the comparison: libtorch applies it only under a \
@@ -217,7 +238,7 @@ pub fn replay_snapshot(name: &str, snapshot: &Snapshot, options: &ReplayOptions)
              or a memlab Recording on CUDA; a CPU recording predicts a CUDA run with `memlab replay --as-cuda`)"
         )));
     }
-    Ok(Replayed { file: name.to_string(), recorded_settings, assumptions, notes, devices })
+    Ok(Replayed { file: name.to_string(), recorded_settings, libtorch, assumptions, notes, devices })
 }
 
 /// Settings without the memory fraction where it is the device's
@@ -246,11 +267,14 @@ impl Render for Replayed {
         let mut doc = Document::new();
         doc.title(format!("memlab replay: {}", self.file));
         doc.line(
-            "A replay through the model of libtorch 2.11's CUDA caching allocator (figures replayed, not measured).",
+            format!(
+                "A replay through the model of {}'s CUDA caching allocator (figures replayed, not measured).",
+                self.libtorch
+            ),
         );
         doc.line(format!("Recorded with: {}", settings_name(&self.recorded_settings, 1.0)));
         for n in &self.notes {
-            doc.note(format!("Read as libtorch 2.11 reads it: {n}."));
+            doc.note(format!("Read as {} reads it: {n}.", self.libtorch));
         }
         for a in &self.assumptions {
             doc.note(format!("Assumed: {a}."));

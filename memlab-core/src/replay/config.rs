@@ -6,6 +6,7 @@
 //! as shipped in 2.11.0 (git 70d99e99), whose headers the wheel carries.
 //! The table of what it refuses and clamps is on [`AllocatorConfig`].
 
+use super::Libtorch;
 use crate::error::{Error, Result};
 
 /// One MiB, the unit of the `_mb` keys.
@@ -43,6 +44,13 @@ pub const MIN_LARGE_ALLOC: u64 = 10 * MIB;
 /// | `pinned_num_register_threads` | `stoull` | not a power of two, above 128 | |
 /// | `pinned_reserve_segment_size_mb` | `stoull` | 0 | |
 /// | `release_lock_on_cudamalloc`, `release_lock_on_hipmalloc`, `pinned_use_cuda_host_register`, `pinned_use_hip_host_register`, `pinned_use_background_threads`, `graph_capture_record_stream_reuse` | `True` or `False` | anything else | |
+/// | 2.13 only: `pinned_free_catch_all` | `True` or `False` | anything else | |
+/// | 2.13 only: `pinned_max_round_threshold_mb`, `pinned_max_cached_size_mb` | `stoull`, MiB | | |
+/// | 2.13 only: `throw_on_cudamalloc_oom` | `True` or `False` | anything else; memlab refuses `True` (not modelled) | |
+///
+/// [`read_as`](Self::read_as) reads a string as another version does
+/// (see [`Libtorch`] for what differs); 2.13's four keys more were read in
+/// its headers, not tried against its libraries.
 ///
 /// Every number is read as C++'s `stoull` and `stod` read it: digits after
 /// an optional sign, the rest ignored (`30abc` is 30, said in the notes), a
@@ -80,6 +88,9 @@ pub struct AllocatorConfig {
     /// Keys that libtorch accepts and that change nothing the model shows
     /// (pinned host memory, locking), as given.
     pub without_effect: Vec<String>,
+    /// The libtorch whose allocator these settings are for: how they were
+    /// read, and which allocator the model follows.
+    pub libtorch: Libtorch,
 }
 
 impl Default for AllocatorConfig {
@@ -93,21 +104,10 @@ impl Default for AllocatorConfig {
             large_segment_size: 20 * MIB,
             memory_fraction: 1.0,
             without_effect: Vec::new(),
+            libtorch: Libtorch::default(),
         }
     }
 }
-
-/// Keys libtorch 2.11 accepts that do not move device memory.
-const WITHOUT_EFFECT: [&str; 8] = [
-    "release_lock_on_cudamalloc",
-    "release_lock_on_hipmalloc",
-    "pinned_use_cuda_host_register",
-    "pinned_use_hip_host_register",
-    "pinned_use_background_threads",
-    "graph_capture_record_stream_reuse",
-    "pinned_num_register_threads",
-    "pinned_reserve_segment_size_mb",
-];
 
 /// The most MiB a size key holds: libtorch clamps to `SIZE_MAX / 1 MiB`.
 pub const MAX_MB: u64 = u64::MAX / MIB;
@@ -120,8 +120,8 @@ fn bad(text: &str, why: impl std::fmt::Display) -> Error {
 }
 
 /// libtorch's own refusal, quoted.
-fn refused(message: impl std::fmt::Display) -> String {
-    format!("libtorch 2.11 refuses it (\"{message}\")")
+fn refused(libtorch: Libtorch, message: impl std::fmt::Display) -> String {
+    format!("{libtorch} refuses it (\"{message}\")")
 }
 
 /// Settings as libtorch reads them, with what it changed on the way.
@@ -147,8 +147,14 @@ impl AllocatorConfig {
 
     /// [`parse`](Self::parse), with what libtorch changed on the way.
     pub fn read(text: &str) -> Result<ReadSettings> {
+        AllocatorConfig::read_as(text, Libtorch::default())
+    }
+
+    /// [`read`](Self::read) as `libtorch` reads the string (2.13 knows four
+    /// keys more): settings for that version's allocator.
+    pub fn read_as(text: &str, libtorch: Libtorch) -> Result<ReadSettings> {
         let tokens = tokenize(text);
-        let mut reader = Reader { text, tokens: &tokens, notes: Vec::new() };
+        let mut reader = Reader { text, tokens: &tokens, notes: Vec::new(), libtorch };
         let config = reader.settings()?;
         Ok(ReadSettings { config, notes: reader.notes })
     }
@@ -204,14 +210,19 @@ impl AllocatorConfig {
     /// [`from_snapshot`](Self::from_snapshot), with what libtorch changed
     /// on the way in the environment's string.
     pub fn read_snapshot(settings: &serde_json::Value) -> Result<ReadSettings> {
+        AllocatorConfig::read_snapshot_as(settings, Libtorch::default())
+    }
+
+    /// [`read_snapshot`](Self::read_snapshot) for a snapshot `libtorch` wrote.
+    pub fn read_snapshot_as(settings: &serde_json::Value, libtorch: Libtorch) -> Result<ReadSettings> {
         let held = |key: &str, why: String| {
             Error::InvalidArgument(format!(
-                "the snapshot's allocator_settings hold {key} = {}, which libtorch 2.11 cannot hold: {why}",
+                "the snapshot's allocator_settings hold {key} = {}, which {libtorch} cannot hold: {why}",
                 settings.get(key).map_or_else(String::new, |v| v.to_string())
             ))
         };
         let conf = settings.get("PYTORCH_CUDA_ALLOC_CONF").and_then(|v| v.as_str()).unwrap_or("");
-        let mut read = AllocatorConfig::read(conf)?;
+        let mut read = AllocatorConfig::read_as(conf, libtorch)?;
         let config = &mut read.config;
         let minimum = config.large_segment_size;
         if let Some(v) = settings.get("max_split_size").filter(|v| !v.is_null()) {
@@ -230,7 +241,7 @@ impl AllocatorConfig {
                     format!(
                         "it is set in whole MiB, at least the large segment size ({}); {}",
                         minimum / MIB,
-                        refused(format!(
+                        refused(libtorch, format!(
                             "CachingAllocator option max_split_size_mb too small, must be >= {}",
                             minimum / MIB
                         ))
@@ -246,7 +257,7 @@ impl AllocatorConfig {
             if t != 0.0 && !(t > 0.0 && t < 1.0) {
                 return Err(held(
                     "garbage_collection_threshold",
-                    refused("garbage_collect_threshold is invalid, set it in (0.0, 1.0)"),
+                    refused(libtorch, "garbage_collect_threshold is invalid, set it in (0.0, 1.0)"),
                 ));
             }
             config.garbage_collection_threshold = t;
@@ -269,7 +280,7 @@ impl AllocatorConfig {
                 let n = n.as_u64().filter(|&n| n == 0 || n.is_power_of_two()).ok_or_else(|| {
                     held(
                         "roundup_power2_divisions",
-                        refused("For roundups, the divisions has to be power of 2 or 0 to disable roundup"),
+                        refused(libtorch, "For roundups, the divisions has to be power of 2 or 0 to disable roundup"),
                     )
                 })?;
                 config.roundup_power2_divisions[bucket as usize] = n;
@@ -325,11 +336,13 @@ struct Reader<'t> {
     text: &'t str,
     tokens: &'t [String],
     notes: Vec<String>,
+    libtorch: Libtorch,
 }
 
 impl Reader<'_> {
     fn settings(&mut self) -> Result<AllocatorConfig> {
-        let mut config = AllocatorConfig::default();
+        let mut config = AllocatorConfig { libtorch: self.libtorch, ..AllocatorConfig::default() };
+        let (switches, pinned_sizes) = (self.libtorch.switches_without_effect(), self.libtorch.pinned_sizes());
         // libtorch reads the large segment size first, wherever it is: the
         // other sizes are checked against it.
         for i in 0..self.tokens.len() {
@@ -409,12 +422,28 @@ impl Reader<'_> {
                         return Err(self.refused("Pinned reserve segment size has to be greater than 0"));
                     }
                 }
-                k if WITHOUT_EFFECT.contains(&k) => {
+                k if pinned_sizes.contains(&k) => {
+                    self.size(value)?;
+                }
+                "throw_on_cudamalloc_oom" if self.libtorch.has_preemptive_oom() => {
+                    if self.boolean(value)? {
+                        return Err(bad(
+                            self.text,
+                            format!(
+                                "throw_on_cudamalloc_oom:True makes {} refuse a request over the memory fraction \
+                                 before it frees its cache, which memlab does not model yet; replay without it",
+                                self.libtorch
+                            ),
+                        ));
+                    }
+                }
+                k if switches.contains(&k) => {
                     self.boolean(value)?;
                 }
                 other => return Err(self.refused(format!("Unrecognized key '{other}' in CUDA allocator config."))),
             }
-            if WITHOUT_EFFECT.contains(&key) {
+            let kept = ["pinned_num_register_threads", "throw_on_cudamalloc_oom"];
+            if switches.contains(&key) || pinned_sizes.contains(&key) || kept.contains(&key) {
                 config.without_effect.push(format!("{key}:{}", self.tokens[value]));
             }
             // The separator after the value, whatever it is.
@@ -447,7 +476,7 @@ impl Reader<'_> {
     }
 
     fn refused(&self, message: impl std::fmt::Display) -> Error {
-        bad(self.text, refused(message))
+        bad(self.text, refused(self.libtorch, message))
     }
 
     /// The token at `i`, or libtorch's internal assertion when there is none.
@@ -455,7 +484,7 @@ impl Reader<'_> {
         self.tokens.get(i).map(String::as_str).ok_or_else(|| {
             bad(
                 self.text,
-                "a key without its value; libtorch 2.11 stops on an internal assertion (\"Index out of bounds in \
+                "a key without its value; libtorch stops on an internal assertion (\"Index out of bounds in \
                  ConfigTokenizer\")",
             )
         })
@@ -488,11 +517,11 @@ impl Reader<'_> {
         if digits == 0 {
             return Err(bad(
                 self.text,
-                format!("`{token}` is not a whole number; libtorch 2.11 refuses it (\"stoull\")"),
+                format!("`{token}` is not a whole number; {} refuses it (\"stoull\")", self.libtorch),
             ));
         }
         let magnitude: u64 = rest[..digits].parse().map_err(|_| {
-            bad(self.text, format!("{token} is past the largest 64-bit number; libtorch 2.11 refuses it (\"stoull\")"))
+            bad(self.text, format!("{token} is past the largest 64-bit number; {} refuses it (\"stoull\")", self.libtorch))
         })?;
         let value = if negative { magnitude.wrapping_neg() } else { magnitude };
         if digits < rest.len() {
@@ -511,7 +540,7 @@ impl Reader<'_> {
             head.parse::<f64>().ok().map(|v| (v, head))
         });
         let Some((value, head)) = number else {
-            return Err(bad(self.text, format!("`{token}` is not a number; libtorch 2.11 refuses it (\"stod\")")));
+            return Err(bad(self.text, format!("`{token}` is not a number; {} refuses it (\"stod\")", self.libtorch)));
         };
         let finite_text = !head.to_ascii_lowercase().contains("inf");
         let nonzero_text = head.bytes().take_while(|b| !matches!(b, b'e' | b'E')).any(|b| (b'1'..=b'9').contains(&b));
@@ -520,7 +549,7 @@ impl Reader<'_> {
         if (value.is_infinite() && finite_text) || underflow {
             return Err(bad(
                 self.text,
-                format!("{token} is past what a double holds; libtorch 2.11 refuses it (\"stod\")"),
+                format!("{token} is past what a double holds; {} refuses it (\"stod\")", self.libtorch),
             ));
         }
         if head.len() < token.len() {

@@ -51,9 +51,6 @@
 //! # Ok::<(), memlab_core::Error>(())
 //! ```
 
-/// The libtorch version whose allocator the model follows.
-pub const MODELLED_LIBTORCH: &str = "2.11.0";
-
 mod allocator;
 mod as_cuda;
 mod compare;
@@ -61,13 +58,15 @@ mod config;
 mod kernels;
 mod reduction;
 mod run;
+mod version;
 
 pub use allocator::{
     BlockId, CachingAllocator, ModelOom, SegmentAction, SegmentEvent, MIN_BLOCK, ROUND_LARGE, SMALL_BUFFER, SMALL_SIZE,
 };
 pub(crate) use as_cuda::site;
+pub use version::Libtorch;
 pub use as_cuda::{
-    check_settings, cpu_history_as_cuda, predict_cuda, CudaAdditions, CudaPrediction, Fit, PredictOptions,
+    check_settings, check_settings_as, cpu_history_as_cuda, predict_cuda, CudaAdditions, CudaPrediction, Fit, PredictOptions,
     SettingPrediction, NOT_MODELLED, NOT_WATCHED,
 };
 pub use compare::{replay_snapshot, DeviceReplays, ReplayOptions, Replayed, COMPARED};

@@ -528,3 +528,84 @@ fn a_request_larger_than_an_expandable_segments_range_fails_without_mapping_it()
     // Within the range, the same card serves it.
     assert!(a.malloc(85 * GIB, 0).is_ok());
 }
+
+// libtorch 2.13 against 2.11 (see `Libtorch`).
+
+#[test]
+fn libtorch_2_13_rounds_the_memory_fraction_where_2_11_truncates() {
+    // 0.3 of 6,990,506 bytes is 2,097,151.8: 2.11 may hold 2,097,151 bytes,
+    // one short of the 2 MiB segment a 512-byte request takes; 2.13 rounds
+    // to 2,097,152 and makes it.
+    let run = |libtorch: Libtorch| {
+        let config = AllocatorConfig::read_as("per_process_memory_fraction:0.3", libtorch).unwrap().config;
+        let mut a = CachingAllocator::new(config, GIB, 6_990_506).unwrap();
+        a.malloc(512, 0).map(|_| reserved(&a)).map_err(|oom| oom.limit)
+    };
+    assert_eq!(run(Libtorch::V2_11), Err(2_097_151));
+    assert_eq!(run(Libtorch::V2_13), Ok(2 * MIB));
+}
+
+#[test]
+fn libtorch_2_13_orders_free_blocks_of_one_size_by_their_segments_age() {
+    // A block of an older segment at a higher address: 2.11 takes the
+    // lower address first, 2.13 the older segment.
+    let (older_high, newer_low) = ((0, 7 << 40), (1, 3 << 40));
+    let order = |v: Libtorch, (segment, address): (u64, u64)| v.free_order(segment, address);
+    assert!(order(Libtorch::V2_11, newer_low) < order(Libtorch::V2_11, older_high));
+    assert!(order(Libtorch::V2_13, older_high) < order(Libtorch::V2_13, newer_low));
+    // Within one segment both go by address.
+    assert!(order(Libtorch::V2_13, (4, 1 << 30)) < order(Libtorch::V2_13, (4, 2 << 30)));
+}
+
+#[test]
+fn libtorch_2_13_reads_its_own_keys_and_2_11_refuses_them() {
+    for conf in ["pinned_max_cached_size_mb:64", "pinned_max_round_threshold_mb:8", "pinned_free_catch_all:True"] {
+        let e = AllocatorConfig::read(conf).unwrap_err().to_string();
+        assert!(e.contains("libtorch 2.11 refuses it") && e.contains("Unrecognized key"), "{e}");
+        let read = AllocatorConfig::read_as(conf, Libtorch::V2_13).unwrap();
+        assert_eq!(read.config.without_effect, [conf], "kept, moving no device memory");
+        assert!(read.config.same_effect(&AllocatorConfig::read_as("", Libtorch::V2_13).unwrap().config));
+    }
+    let e = AllocatorConfig::read_as("pinned_free_catch_all:maybe", Libtorch::V2_13).unwrap_err().to_string();
+    assert!(e.contains("libtorch 2.13 refuses it"), "{e}");
+    // Refusing a request before the cache is freed is not modelled: said, not ignored.
+    let e = AllocatorConfig::read_as("throw_on_cudamalloc_oom:True", Libtorch::V2_13).unwrap_err().to_string();
+    assert!(e.contains("does not model") && e.contains("libtorch 2.13"), "{e}");
+    assert!(AllocatorConfig::read_as("throw_on_cudamalloc_oom:False", Libtorch::V2_13).is_ok());
+    assert!(AllocatorConfig::read("throw_on_cudamalloc_oom:False").is_err(), "2.11 has no such key");
+    // The same words under two versions are two settings.
+    let (old, new) = (AllocatorConfig::default(), AllocatorConfig::read_as("", Libtorch::V2_13).unwrap().config);
+    assert!(!old.same_effect(&new));
+}
+
+#[test]
+fn a_recording_names_the_allocator_it_replays_and_a_file_that_does_not_is_told() {
+    use crate::events::Action::{Alloc, FreeCompleted};
+    use crate::render::Render;
+    let mut snapshot = history(&[(Alloc, 1 << 32, 512), (FreeCompleted, 1 << 32, 512)]);
+    let (none, asked_13) = (ReplayOptions::default(), ReplayOptions { libtorch: Some(Libtorch::V2_13), ..Default::default() });
+    // A file that says nothing: 2.11, assumed and said; or what --libtorch says.
+    let r = replay_snapshot("pytorch", &snapshot, &none).unwrap();
+    assert_eq!(r.libtorch, Libtorch::V2_11);
+    assert!(r.assumptions.iter().any(|a| a.contains("does not say its libtorch version")), "{:?}", r.assumptions);
+    let r = replay_snapshot("pytorch", &snapshot, &asked_13).unwrap();
+    assert_eq!(r.libtorch, Libtorch::V2_13);
+    assert!(!r.assumptions.iter().any(|a| a.contains("libtorch version") || a.contains("libtorch 2.")), "{:?}", r.assumptions);
+    assert!(r.to_text().contains("model of libtorch 2.13's CUDA caching allocator"), "{}", r.to_text());
+    // A recording that names 2.13 replays as 2.13 with no caveat.
+    let run = crate::run::RunInfo { libtorch: Some("2.13.0+cu130".into()), ..Default::default() };
+    let devices = vec!["cuda:0".to_string()];
+    snapshot.memlab = Some(crate::export::SnapshotInfo { run: Some(run), devices, ..Default::default() });
+    let r = replay_snapshot("memlab's", &snapshot, &none).unwrap();
+    assert_eq!(r.libtorch, Libtorch::V2_13);
+    assert!(!r.assumptions.iter().any(|a| a.contains("libtorch version") || a.contains("libtorch 2.")), "{:?}", r.assumptions);
+    // --libtorch against the file's own word is refused.
+    let asked_11 = ReplayOptions { libtorch: Some(Libtorch::V2_11), ..Default::default() };
+    let e = replay_snapshot("memlab's", &snapshot, &asked_11).unwrap_err().to_string();
+    assert!(e.contains("2.13.0+cu130") && e.contains("leave --libtorch out"), "{e}");
+    // A version memlab does not model replays as 2.11's, said.
+    snapshot.memlab.as_mut().unwrap().run.as_mut().unwrap().libtorch = Some("2.12.1".into());
+    let r = replay_snapshot("memlab's", &snapshot, &none).unwrap();
+    assert_eq!(r.libtorch, Libtorch::V2_11);
+    assert!(r.assumptions.iter().any(|a| a.contains("2.12.1") && a.contains("does not model")), "{:?}", r.assumptions);
+}

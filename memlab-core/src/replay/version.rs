@@ -1,0 +1,167 @@
+//! The libtorch versions whose CUDA caching allocator the replay models, and
+//! everything in which they differ: one value of [`Libtorch`] per version.
+//!
+//! libtorch 2.13 (git cf30153c) against 2.11 (git 70d99e99), in what
+//! `memlab replay` uses (read from both releases' headers and compiled
+//! allocators, and the pull requests that changed them):
+//!
+//! | | 2.11 | 2.13 |
+//! |---|---|---|
+//! | size rounding, `roundup_power2_divisions` | | same |
+//! | pools, 1 MiB / 2 MiB / 10 MiB / 20 MiB thresholds, `large_segment_size_mb` | | same |
+//! | best fit, `max_split_size`, splitting and merging | | same |
+//! | free blocks of one size, one stream | by address | by their segment's age (its `cudaMalloc`, or its expandable segment's creation), then address (pytorch#183591) |
+//! | the memory fraction's limit | `fraction × total`, truncated | rounded to the nearest byte (pytorch#179444) |
+//! | a failed `cudaMalloc` | free the cache, retry | the same; with `throw_on_cudamalloc_oom:True` under a memory fraction, refused at once (not modelled: memlab refuses the setting) |
+//! | expandable segments, `empty_cache` | | same |
+//! | keys | | adds `throw_on_cudamalloc_oom`, `pinned_free_catch_all`, `pinned_max_round_threshold_mb`, `pinned_max_cached_size_mb` (the pinned ones move no device memory) |
+//! | the snapshot's `allocator_settings` | | adds `max_round_threshold`, `max_cached_size` (pinned memory) |
+//!
+//! The kernels' additions of a CPU run replayed as CUDA's (`kernels.rs`,
+//! `reduction.rs`: cuDNN's workspaces, the reductions' staging, the
+//! embedding's backward pass) were measured and read with 2.11's libraries,
+//! for both versions.
+
+use crate::error::{Error, Result};
+
+/// A libtorch version whose CUDA caching allocator memlab models.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+pub enum Libtorch {
+    /// libtorch 2.11 (git 70d99e99), the version memlab's CUDA figures are
+    /// verified on.
+    #[default]
+    #[serde(rename = "2.11")]
+    V2_11,
+    /// libtorch 2.13 (git cf30153c): free blocks of one size taken oldest
+    /// segment first, the memory fraction's limit rounded.
+    #[serde(rename = "2.13")]
+    V2_13,
+}
+
+impl Libtorch {
+    /// Every version modelled, oldest first.
+    pub const ALL: [Libtorch; 2] = [Libtorch::V2_11, Libtorch::V2_13];
+
+    /// The version as libtorch numbers its release (`2.11.0`).
+    pub fn release(self) -> &'static str {
+        match self {
+            Libtorch::V2_11 => "2.11.0",
+            Libtorch::V2_13 => "2.13.0",
+        }
+    }
+
+    /// The version modelled for a recording made by libtorch `version`
+    /// (`2.13.0+cu130`, `2.11`): the one of its minor version, if memlab
+    /// models it.
+    pub fn of_recording(version: &str) -> Option<Libtorch> {
+        let mut parts = version.split('+').next()?.trim().split('.');
+        let (major, minor) = (parts.next()?, parts.next()?);
+        Libtorch::ALL.into_iter().find(|v| {
+            let mut own = v.release().split('.');
+            own.next() == Some(major) && own.next() == Some(minor)
+        })
+    }
+
+    /// `--libtorch VERSION`: a version memlab models, or an error that lists them.
+    pub fn parse(version: &str) -> Result<Libtorch> {
+        Libtorch::of_recording(version).ok_or_else(|| {
+            let known: Vec<&str> = Libtorch::ALL.iter().map(|v| v.release()).collect();
+            Error::InvalidArgument(format!(
+                "libtorch {version:?} is not a version whose allocator memlab models; give one of {}",
+                known.join(", ")
+            ))
+        })
+    }
+
+    /// The free blocks' order after stream and size: a block's place among
+    /// those of its size. `segment` counts the segments made before its own.
+    pub(crate) fn free_order(self, segment: u64, address: u64) -> u128 {
+        match self {
+            Libtorch::V2_11 => u128::from(address),
+            Libtorch::V2_13 => (u128::from(segment) << 64) | u128::from(address),
+        }
+    }
+
+    /// The most the allocator may hold under memory `fraction` of `total`
+    /// bytes (`allowed_memory_maximum`).
+    pub(crate) fn fraction_limit(self, fraction: f64, total: u64) -> u64 {
+        let exact = fraction * total as f64;
+        match self {
+            Libtorch::V2_11 => exact as u64,
+            Libtorch::V2_13 => exact.round() as u64,
+        }
+    }
+
+    /// Boolean keys this version accepts that move no device memory.
+    pub(crate) fn switches_without_effect(self) -> &'static [&'static str] {
+        const V2_11: &[&str] = &[
+            "release_lock_on_cudamalloc",
+            "release_lock_on_hipmalloc",
+            "pinned_use_cuda_host_register",
+            "pinned_use_hip_host_register",
+            "pinned_use_background_threads",
+            "graph_capture_record_stream_reuse",
+        ];
+        const V2_13: &[&str] = &[
+            "release_lock_on_cudamalloc",
+            "release_lock_on_hipmalloc",
+            "pinned_use_cuda_host_register",
+            "pinned_use_hip_host_register",
+            "pinned_use_background_threads",
+            "graph_capture_record_stream_reuse",
+            "pinned_free_catch_all",
+        ];
+        match self {
+            Libtorch::V2_11 => V2_11,
+            Libtorch::V2_13 => V2_13,
+        }
+    }
+
+    /// Size keys (MiB) this version accepts for pinned host memory, which
+    /// move no device memory.
+    pub(crate) fn pinned_sizes(self) -> &'static [&'static str] {
+        match self {
+            Libtorch::V2_11 => &["pinned_reserve_segment_size_mb"],
+            Libtorch::V2_13 => {
+                &["pinned_reserve_segment_size_mb", "pinned_max_round_threshold_mb", "pinned_max_cached_size_mb"]
+            }
+        }
+    }
+
+    /// Whether this version reads `throw_on_cudamalloc_oom`.
+    pub(crate) fn has_preemptive_oom(self) -> bool {
+        self >= Libtorch::V2_13
+    }
+}
+
+impl std::fmt::Display for Libtorch {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let release = self.release();
+        write!(f, "libtorch {}", release.strip_suffix(".0").unwrap_or(release))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_recordings_version_names_the_model_of_its_minor_version() {
+        assert_eq!(Libtorch::of_recording("2.11.0+cu130"), Some(Libtorch::V2_11));
+        assert_eq!(Libtorch::of_recording("2.13.1"), Some(Libtorch::V2_13));
+        assert_eq!(Libtorch::of_recording("2.13"), Some(Libtorch::V2_13));
+        assert_eq!(Libtorch::of_recording("2.12.0"), None);
+        assert_eq!(Libtorch::of_recording("2.1.0"), None);
+        assert_eq!(Libtorch::of_recording(""), None);
+        let e = Libtorch::parse("2.9").unwrap_err().to_string();
+        assert!(e.contains("2.11.0, 2.13.0"), "{e}");
+        assert_eq!(Libtorch::V2_13.to_string(), "libtorch 2.13");
+    }
+
+    #[test]
+    fn the_fraction_is_truncated_by_2_11_and_rounded_by_2_13() {
+        // 0.3 × 6,990,506 = 2,097,151.8.
+        assert_eq!(Libtorch::V2_11.fraction_limit(0.3, 6_990_506), 2_097_151);
+        assert_eq!(Libtorch::V2_13.fraction_limit(0.3, 6_990_506), 2_097_152);
+    }
+}
