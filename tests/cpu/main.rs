@@ -19,6 +19,7 @@ mod dispose;
 mod export;
 mod fit;
 mod logger;
+mod macro_forms;
 mod monitor;
 mod notebook;
 mod oom;

@@ -95,8 +95,9 @@ fn periodic() -> Tensor {
 
 fn assert_send<T: Send>(_: &T) {}
 
-fn main() {
-    memlab::profiler::set_print_at_exit(false);
+#[test]
+fn builds_and_runs() {
+    let _s = crate::common::serial();
     memlab::profiler::set_output(memlab::profiler::Output::Sink(Box::new(|_| {})));
     let x = Tensor::ones([2], (Kind::Float, tch::Device::Cpu));
     let mut m = Model::associated();
@@ -115,7 +116,7 @@ fn main() {
     drop(fut);
     assert_eq!(diverging_else(None), 0);
     for _ in 0..3 {
-        periodic();
+        let _ = periodic();
     }
     let report = memlab::report();
     for name in ["Model::by_ref", "<Model as Forward>::forward", "Model::forward", "generic", "unsafe_fn", "c_abi"] {
@@ -123,4 +124,5 @@ fn main() {
         assert!(report.function(name).is_ok_and(|f| f.ran()), "{name} was profiled: {names:?}");
     }
     assert!(report.function("async_fn").is_ok_and(|f| !f.ran()), "an unpolled future has not run");
+    memlab::profiler::set_output(memlab::profiler::Output::Stdout);
 }

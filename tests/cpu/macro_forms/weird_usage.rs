@@ -50,8 +50,9 @@ fn labelled_blocks(n: u32) -> u32 {
     v
 }
 
-fn main() {
-    memlab::profiler::set_print_at_exit(false);
+#[test]
+fn builds_and_runs() {
+    let _s = crate::common::serial();
     assert_eq!(r#match(4), 4);
     assert_eq!(with_nested_items(), 7);
     assert_eq!(through_reexport(), 7);

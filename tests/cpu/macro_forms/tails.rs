@@ -73,15 +73,16 @@ fn search(stop: u32) -> Option<u32> {
     None
 }
 
-fn main() {
-    memlab::profiler::set_print_at_exit(false);
+#[test]
+fn builds_and_runs() {
+    let _s = crate::common::serial();
     assert_eq!(unsized_tail(1.5).area(), 9.0);
     assert_eq!(inferred_tail(), vec![0, 1, 2]);
     assert_eq!(returning_tail(1), 2);
     assert_eq!(diverging_tail(1), 2);
     assert_eq!(borrowing_tails(&[1, 2]), 3);
     assert_eq!(search(4), Some(2));
-    if std::env::args().count() > 5 {
+    if std::hint::black_box(false) {
         never_returns();
     }
 }
