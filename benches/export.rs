@@ -150,7 +150,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 base = base.min(load(&empty)?);
                 page = page.min(load(&html)?);
             }
-            println!("\nHTML report in headless Chromium: {page:.2} s to load and lay out, {base:.2} s for an empty page (best of 3): {:.2} s for the report", page - base);
+            println!(
+                "\nHTML report in headless Chromium: {page:.2} s to load and lay out, {base:.2} s for an empty page (best of 3): {:.2} s for the report",
+                page - base
+            );
         }
         None if measuring => println!("\nno chromium on PATH: the rendering time is not measured"),
         None => {}

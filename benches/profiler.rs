@@ -221,7 +221,9 @@ fn main() {
         let (best, median) = probe_cost("cuda:0", cuda_loop, probes, probe_rounds);
         println!("| cuda:0 | {best:.1} | {median:.1} |");
         let (read_reset, read) = cuda_read_cost(probes / 4, probe_rounds);
-        println!("\nOf a CUDA probe: libtorch's figures read and peaks reset through the shim {read_reset:.1} ns a call (read alone {read:.1} ns); the rest is memlab's own.");
+        println!(
+            "\nOf a CUDA probe: libtorch's figures read and peaks reset through the shim {read_reset:.1} ns a call (read alone {read:.1} ns); the rest is memlab's own."
+        );
     }
 
     println!("\n## Training step, profiled (4 statements) vs plain\n");

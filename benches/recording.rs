@@ -114,7 +114,9 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     let modes = [Mode::Plain, Mode::Events, Mode::Backtraces];
     let mut notes = Vec::new();
-    println!("{LAYERS}-layer {WIDTH}-wide MLP, batch {BATCH}, forward + backward + SGD step; {rounds} rounds of {STEPS} steps per mode\n");
+    println!(
+        "{LAYERS}-layer {WIDTH}-wide MLP, batch {BATCH}, forward + backward + SGD step; {rounds} rounds of {STEPS} steps per mode\n"
+    );
     println!("| device | mode | step (median) | × plain | × plain, paired by round | events per step | per event |");
     println!("|---|---|---:|---:|---:|---:|---:|");
     for device in devices {

@@ -69,8 +69,13 @@ fn main() -> Result<(), Box<dyn Error>> {
     let labels = Tensor::randint(CLASSES, [BATCH], (Kind::Int64, device));
 
     let loss = train(&model, &mut opt, &data, &labels, 5);
-    println!("memlab demo: trained a {INPUT}-{INPUT}-{HIDDEN}-{CLASSES} MLP for 5 steps on {device:?} (memlab measures {}); final loss {loss:.4}", memlab::gpu::auto_device());
-    println!("The fc1 line of Mlp::new creates a {INPUT}x{INPUT} f32 weight: its increment is exactly {INPUT}*{INPUT}*4 bytes = +4.00M.\n");
+    println!(
+        "memlab demo: trained a {INPUT}-{INPUT}-{HIDDEN}-{CLASSES} MLP for 5 steps on {device:?} (memlab measures {}); final loss {loss:.4}",
+        memlab::gpu::auto_device()
+    );
+    println!(
+        "The fc1 line of Mlp::new creates a {INPUT}x{INPUT} f32 weight: its increment is exactly {INPUT}*{INPUT}*4 bytes = +4.00M.\n"
+    );
 
     let mut args = std::env::args().skip(1);
     while let Some(flag) = args.next() {
@@ -89,7 +94,7 @@ fn main() -> Result<(), Box<dyn Error>> {
             other => {
                 return Err(
                     format!("unknown option {other}: use --html, --csv or --json FILE, or --will-it-fit GIB").into()
-                )
+                );
             }
         };
         std::fs::write(&path, text).map_err(|e| format!("cannot write {path}: {e}"))?;

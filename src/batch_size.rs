@@ -138,7 +138,7 @@ pub fn find_batch_size(
             Device::Cpu => {
                 return Err(Error::InvalidArgument(
                     "FreeDeviceMemory is a CUDA budget; give the CPU a Budget::Bytes".to_string(),
-                ))
+                ));
             }
         },
     };
@@ -313,11 +313,11 @@ mod quiet_oom_panics {
         fn drop(&mut self) {
             let mut searches = SEARCHES.locked();
             searches.0 -= 1;
-            if searches.0 == 0 {
-                if let Some(previous) = searches.1.take() {
-                    drop(std::panic::take_hook());
-                    std::panic::set_hook(Box::new(move |info| previous(info)));
-                }
+            if searches.0 == 0
+                && let Some(previous) = searches.1.take()
+            {
+                drop(std::panic::take_hook());
+                std::panic::set_hook(Box::new(move |info| previous(info)));
             }
         }
     }

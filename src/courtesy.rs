@@ -139,10 +139,10 @@ impl Courtesy {
             // too, unlike the reporter's rows, which name gradients of
             // variables only): a gradient left on the GPU behind its tensor
             // would fail the next backward pass with a device mismatch.
-            if part != Part::OptimizerState {
-                if let Some(grad) = memlab_tch::grad_of(tensor) {
-                    out.push((format!("{name}.grad"), grad, Part::Gradient));
-                }
+            if part != Part::OptimizerState
+                && let Some(grad) = memlab_tch::grad_of(tensor)
+            {
+                out.push((format!("{name}.grad"), grad, Part::Gradient));
             }
             out.push((name.to_string(), tensor.shallow_clone(), part));
             Ok(())
@@ -250,7 +250,7 @@ impl Courtesy {
                         m.name,
                         m.home,
                         total - restored
-                    )))
+                    )));
                 }
             };
             m.tensor.f_set_data(&back).map_err(memlab_tch::torch_error)?;
@@ -263,10 +263,10 @@ impl Courtesy {
 
 impl Drop for Courtesy {
     fn drop(&mut self) {
-        if self.is_yielded() {
-            if let Err(e) = self.restore() {
-                memlab_core::output::warn(&format!("memlab Courtesy: {e}\n"));
-            }
+        if self.is_yielded()
+            && let Err(e) = self.restore()
+        {
+            memlab_core::output::warn(&format!("memlab Courtesy: {e}\n"));
         }
     }
 }

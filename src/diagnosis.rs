@@ -41,13 +41,13 @@ pub(crate) fn diagnose(failure: &Failure, holders: Option<&Holders>) -> (Diagnos
         let which = if device == Device::Cpu { "the host's memory" } else { "the driver's free and total memory" };
         missing.push(format!("{which}: {e}"));
     }
-    if let Device::Cuda(i) = device {
-        if figures.device.is_some_and(|d| d.this_process.is_none()) {
-            match memlab_tch::process_gpu_memory(i) {
-                Ok(None) => missing.push("this process's use: NVML does not list this process".to_string()),
-                Err(e) => missing.push(format!("this process's and other processes' use (NVML): {e}")),
-                Ok(Some(_)) => {}
-            }
+    if let Device::Cuda(i) = device
+        && figures.device.is_some_and(|d| d.this_process.is_none())
+    {
+        match memlab_tch::process_gpu_memory(i) {
+            Ok(None) => missing.push("this process's use: NVML does not list this process".to_string()),
+            Err(e) => missing.push(format!("this process's and other processes' use (NVML): {e}")),
+            Ok(Some(_)) => {}
         }
     }
     let verdict = Verdict::decide(failure.requested, &figures);

@@ -162,7 +162,9 @@ fn account(model: &Model, index: usize) -> Result<GpuAccount> {
         part(
             label,
             attribution.unattributed,
-            format!("{UNNAMED}; register the model with memlab::register_var_store (and its optimizer with register_optimizer) to name it"),
+            format!(
+                "{UNNAMED}; register the model with memlab::register_var_store (and its optimizer with register_optimizer) to name it"
+            ),
         );
     }
     if attribution.rounding != 0 {

@@ -165,10 +165,10 @@ impl Steps {
             let (_, end) = watch.finish()?;
             let peak = end.to_device_stats().allocated_bytes.all.peak;
             peaks.push(u64::try_from(peak).unwrap_or(0));
-            if let [.., before, last] = peaks[..] {
-                if before == last {
-                    break;
-                }
+            if let [.., before, last] = peaks[..]
+                && before == last
+            {
+                break;
             }
         }
         // The history alone: the export need not name what the steps left alive.
@@ -300,6 +300,16 @@ fn first_free(snapshot: &Snapshot, cpu: usize, addresses: &[u64]) -> Option<u64>
     e.map(|e| e.time_us)
 }
 
+/// The allocator a prediction follows: that of the libtorch this process
+/// runs, where memlab models it, else 2.11's.
+fn process_libtorch() -> memlab_core::replay::Libtorch {
+    crate::run::this_process()
+        .libtorch
+        .as_deref()
+        .and_then(memlab_core::replay::Libtorch::of_recording)
+        .unwrap_or_default()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -400,10 +410,4 @@ mod tests {
         assert!(!both.ran_out_without_gradients(400));
         assert!(both.ran_out_without_gradients(401));
     }
-}
-
-/// The allocator a prediction follows: that of the libtorch this process
-/// runs, where memlab models it, else 2.11's.
-fn process_libtorch() -> memlab_core::replay::Libtorch {
-    crate::run::this_process().libtorch.as_deref().and_then(memlab_core::replay::Libtorch::of_recording).unwrap_or_default()
 }

@@ -454,10 +454,10 @@ impl TrainingMonitor {
                     let kind = trainable.kind(tensor);
                     put_row(&mut weight_rows, &mut n_weights, name, kind, param.nbytes as i64);
                 }
-                if let Some(grad) = grad.filter(|g| g.device == Some(self.device)) {
-                    if grad.storage_id.is_none_or(|id| self.seen.insert(id)) {
-                        put_row(&mut gradient_rows, &mut n_gradients, name, TensorKind::Gradient, grad.nbytes as i64);
-                    }
+                if let Some(grad) = grad.filter(|g| g.device == Some(self.device))
+                    && grad.storage_id.is_none_or(|id| self.seen.insert(id))
+                {
+                    put_row(&mut gradient_rows, &mut n_gradients, name, TensorKind::Gradient, grad.nbytes as i64);
                 }
             }
         }

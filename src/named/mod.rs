@@ -678,10 +678,8 @@ impl Model {
             let grad_name = || format!("{name}.grad");
             if let Some(grad) = grad {
                 named.add(&grad_name(), Source::GradOf(tensor), grad, TensorKind::Gradient)?;
-                if remember {
-                    if let Some(weak) = memlab_tch::grad_of(tensor).and_then(|g| WeakTensor::new(&g).ok()) {
-                        seen.push((grad_name(), weak));
-                    }
+                if remember && let Some(weak) = memlab_tch::grad_of(tensor).and_then(|g| WeakTensor::new(&g).ok()) {
+                    seen.push((grad_name(), weak));
                 }
             } else if kind == TensorKind::Parameter {
                 let kept = remembered.as_deref().and_then(Option::as_ref).and_then(|r| r.get(&grad_name()));

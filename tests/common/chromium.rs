@@ -101,6 +101,9 @@ impl Browser {
             let mut buf = Vec::new();
             while reader.read_until(0, &mut buf).is_ok_and(|n| n > 0) {
                 buf.pop_if(|b| *b == 0);
+                // Two ifs, not a let chain: memlab-cli's tests (edition 2021)
+                // share this file.
+                #[allow(clippy::collapsible_if)]
                 if let Ok(message) = serde_json::from_slice::<Value>(&buf) {
                     if send.send(message).is_err() {
                         break;

@@ -2,7 +2,6 @@
 //! counts computed independently from shapes and dtypes. Runs one test at a
 //! time: the counters are process-wide.
 
-
 use crate::common::serial;
 
 use memlab::{stats::StorageLayout, Device};

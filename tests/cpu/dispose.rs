@@ -1,7 +1,6 @@
 //! Allocation events, the live set and dispose scopes on CPU tensors, with
 //! exact byte counts. One test at a time: the recorder is process-wide.
 
-
 use crate::common::{floats, serial};
 
 use memlab::{

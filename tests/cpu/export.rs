@@ -3,7 +3,6 @@
 //! key by key against the `Snapshot`, `Segment`, `Block`, `TraceEntry` and
 //! `Frame` types `torch/cuda/memory.py` documents.
 
-
 use std::path::PathBuf;
 use std::process::Command;
 

@@ -3,7 +3,6 @@
 //! step's peak plus the modelled workspaces and CUDA's rounding, and the
 //! answer for cards that fit and do not.
 
-
 use crate::common::serial;
 use memlab::replay::{CudaAdditions, Fit};
 use memlab::{Device, WillItFit};

@@ -27,8 +27,8 @@ fn ram_figures_of_a_step() {
     let data = logger.data().unwrap();
     assert_eq!(data.label, "allocate");
     assert!(data.ram.total > data.ram.used && data.ram.used > 0);
-    let gen = data.to_string().lines().nth(1).unwrap().to_string();
-    assert!(!data.ram.sampled && gen.starts_with("Gen:") && !gen.contains("sampled"), "{data}");
+    let second = data.to_string().lines().nth(1).unwrap().to_string();
+    assert!(!data.ram.sampled && second.starts_with("Gen:") && !second.contains("sampled"), "{data}");
     // glibc returns large blocks to the system at once, so the 64 MiB spike is
     // a peak above what stays.
     assert!(data.ram.peaked >= 40 << 20, "peaked {} (exact: {})", data.ram.peaked, data.ram.peak_exact);
@@ -143,8 +143,7 @@ GPU:    64.00M        192.00M   129.00M    80.00G  (cuda:0, libtorch's allocator
      driver (sampled): device-wide 1.00G used, peaked 0.00B above; this process 900.00M (NVML)
 ";
     assert_eq!(data.to_string(), table);
-    let line =
-        "step 3: 0.013s | RAM +4.00M ^1.00M =512.00M of 16.00G  (sampled) | CPU tensors -2.00M ^8.00M =100.00M | GPU +64.00M ^192.00M =129.00M of 80.00G\n";
+    let line = "step 3: 0.013s | RAM +4.00M ^1.00M =512.00M of 16.00G  (sampled) | CPU tensors -2.00M ^8.00M =100.00M | GPU +64.00M ^192.00M =129.00M of 80.00G\n";
     assert_eq!(data.compact_line(), line);
 }
 

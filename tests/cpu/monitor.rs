@@ -2,7 +2,6 @@
 //! printing, CSV files that append with one header, and a bad directory that
 //! does not stop training.
 
-
 use std::sync::{Arc, Mutex};
 
 use crate::common::serial;

@@ -3,7 +3,6 @@
 //! its CPU tensors, its time without the pause before the next cell, the
 //! compact form, stop and resume, and the table of every cell as CSV.
 
-
 use std::sync::Mutex;
 use std::time::Duration;
 

@@ -4,7 +4,6 @@
 //! caller. Limits and the environment variable are per process: those tests
 //! run this binary again as a child (see `crate::common::run_child`).
 
-
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 

@@ -6,7 +6,6 @@
 //! the recorder goes by: each must stay above what the part it estimates
 //! really takes, measured by a counting allocator.
 
-
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::sync::atomic::{AtomicUsize, Ordering};
 

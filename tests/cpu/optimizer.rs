@@ -4,7 +4,6 @@
 //! the optimizer's var store was not given. One test at a time: the
 //! allocator is process-wide.
 
-
 use crate::common::serial;
 
 use memlab::reporter::{MemReport, Row, RowKind};
@@ -18,7 +17,7 @@ const HIDDEN: i64 = 64;
 const OUT: i64 = 10;
 
 /// A two-layer model, its head in parameter group 1.
-fn model(vs: &nn::VarStore) -> impl Module {
+fn model(vs: &nn::VarStore) -> impl Module + use<> {
     nn::seq().add(nn::linear(vs.root() / "body", IN, HIDDEN, Default::default())).add_fn(|x| x.relu()).add(nn::linear(
         vs.root().set_group(1) / "head",
         HIDDEN,

@@ -3,7 +3,6 @@
 //! The allocator's counters are process-wide: the tests of this file run one
 //! at a time (see `serial`).
 
-
 use crate::common::{floats, serial};
 use std::panic;
 use std::sync::{Arc, Mutex};
@@ -186,7 +185,7 @@ fn a_return_inside_nested_loops_frees_on_its_own_line() {
     // Found at once: the 400-byte local is freed by the `return`, and the
     // inner loop's closing brace never ran.
     assert_eq!(search(0), 100);
-    let f = function("search");
+    let f = function("profile::search");
     let r = line(&f, "return seen");
     assert_eq!((r.hits, r.increment), (1, -400));
     let brace = f.lines.iter().filter(|l| l.code.trim() == "}").nth(1).expect("the inner loop's brace");
@@ -195,7 +194,7 @@ fn a_return_inside_nested_loops_frees_on_its_own_line() {
     // Found at the fifth visit: four bodies end at the brace, one returns.
     memlab::reset();
     assert_eq!(search(4), 500);
-    let f = function("search");
+    let f = function("profile::search");
     let r = line(&f, "return seen");
     assert_eq!((r.hits, r.increment, r.increment_total), (1, -400, -400));
     let brace = brace_after(&f, "return seen", 2);
@@ -214,12 +213,12 @@ fn question_mark_records_the_failing_statement() {
     let _s = serial();
     memlab::reset();
     assert!(with_question_mark("not a number").is_err());
-    let f = function("with_question_mark");
+    let f = function("profile::with_question_mark");
     let q = line(&f, "text.parse()?");
     assert_eq!((q.hits, q.increment), (1, -4 * MIB));
     assert!(never_ran(&f, "Ok(n + t.numel())"));
     assert_eq!(with_question_mark("2"), Ok(2 + 1024 * 1024));
-    assert_eq!(line(&function("with_question_mark"), "Ok(n + t.numel())").hits, 1);
+    assert_eq!(line(&function("profile::with_question_mark"), "Ok(n + t.numel())").hits, 1);
 }
 
 #[memlab::profile(device = "cpu")]
@@ -517,7 +516,8 @@ fn uncalled_functions_are_listed() {
     let f = report.function("never_called").expect("registered at compile time");
     assert!(!f.ran());
     assert!(
-        report.to_text().contains("Profiled, never called: ") && report.to_text().contains("cpu::profile::never_called")
+        report.to_text().contains("Profiled, never called: ")
+            && report.to_text().contains("cpu::profile::never_called")
     );
 }
 

@@ -6,7 +6,6 @@
 //! profiled function: the two calls land within a millisecond of each other
 //! on the merged axis, whenever each process's clock started.
 
-
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

@@ -4,7 +4,6 @@
 //! load, a stack overflow, libtorch's warnings on stderr) run this binary
 //! again as a child with `MEMLAB_CHILD` naming the test to run.
 
-
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -124,20 +123,20 @@ fn interleaved_futures_leave_no_stale_statement() {
     let (mut done_a, mut done_b) = (None, None);
     // A first, then B, then A finishes before B: frames close out of order.
     while done_a.is_none() || done_b.is_none() {
-        if done_a.is_none() {
-            if let Poll::Ready(t) = a.as_mut().poll(&mut cx) {
-                done_a = Some(t);
-            }
+        if done_a.is_none()
+            && let Poll::Ready(t) = a.as_mut().poll(&mut cx)
+        {
+            done_a = Some(t);
         }
         // Plain code between polls runs in no profiled statement.
         let between = floats(8);
         let live = memlab::events::live();
         let entry = live.iter().find(|l| l.address == memlab::stats::storage_info(&between).unwrap().data_ptr).unwrap();
         assert!(entry.statement.is_none(), "plain code attributed to {:?}", entry.statement);
-        if done_b.is_none() {
-            if let Poll::Ready(t) = b.as_mut().poll(&mut cx) {
-                done_b = Some(t);
-            }
+        if done_b.is_none()
+            && let Poll::Ready(t) = b.as_mut().poll(&mut cx)
+        {
+            done_b = Some(t);
         }
     }
     let plain = floats(4);

@@ -2,7 +2,6 @@
 //! its largest rows and a summary row, and a click on that row opens the
 //! rest, in a real browser, with no script on the page.
 
-
 use crate::common::chromium::Browser;
 use memlab::render::{Cell, Column, Document, Layout, Table};
 

@@ -2,7 +2,6 @@
 //! storages, sparse tensors, weak registration, and rows that add up to the
 //! allocator's figure. One test at a time: the allocator is process-wide.
 
-
 use crate::common::serial;
 
 use memlab::Render;

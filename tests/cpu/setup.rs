@@ -4,7 +4,6 @@
 //! it says, and `scripts/env.sh` sourced twice in one shell picks the venv
 //! of the torch asked for.
 
-
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -154,7 +153,10 @@ fn fake_root(name: &str) -> PathBuf {
 /// Sources `scripts/env.sh` of `root` with each of `steps` (variables set
 /// before it) in one bash, and returns what bash printed of the result.
 fn source_in_one_shell(root: &Path, steps: &[&str]) -> String {
-    let mut script = format!("export PATH={}/bin:/usr/bin:/bin; unset MEMLAB_VENV MEMLAB_VENV_CHOSEN MEMLAB_TORCH LD_LIBRARY_PATH MEMLAB_ADDED_PATH MEMLAB_ADDED_LIBRARY_PATH;", root.display());
+    let mut script = format!(
+        "export PATH={}/bin:/usr/bin:/bin; unset MEMLAB_VENV MEMLAB_VENV_CHOSEN MEMLAB_TORCH LD_LIBRARY_PATH MEMLAB_ADDED_PATH MEMLAB_ADDED_LIBRARY_PATH;",
+        root.display()
+    );
     for step in steps {
         script.push_str(&format!(" {step} source {}/scripts/env.sh || exit 7;", root.display()));
     }

@@ -2,7 +2,6 @@
 //! state bytes, a training-step peak within 1% of a real step's, the model
 //! left as it was, and a batch-size search that survives failing tries.
 
-
 use crate::common::serial;
 use memlab::{Budget, Device, StepOptimizer};
 use tch::nn::{self, Module, OptimizerConfig};

@@ -1,7 +1,6 @@
 //! `track!()` on the CPU: call sites, totals, and the +/- lines of storages
 //! that appeared or disappeared, grouped by kind, shape and dtype.
 
-
 use crate::common::{floats, serial};
 use memlab::Render;
 use memlab::{Device, Tracker};

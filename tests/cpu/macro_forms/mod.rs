@@ -3,6 +3,9 @@
 //! warning and run. (What the attribute must refuse, with a message that
 //! says what to do, is `tests/ui`, compiled by trybuild.)
 
+// Forms a user may write, kept as written even where clippy would not.
+#[allow(clippy::multiple_bound_locations)]
 mod signatures;
 mod tails;
+#[allow(clippy::assertions_on_constants, clippy::eq_op)]
 mod weird_usage;

@@ -30,7 +30,7 @@ fn inferred_tail() -> Vec<u32> {
 #[memlab::profile]
 fn returning_tail(x: u32) -> u32 {
     let y = x + 1;
-    return y
+    return y;
 }
 
 #[memlab::profile]

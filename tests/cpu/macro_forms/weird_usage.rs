@@ -24,10 +24,7 @@ fn with_nested_items() -> usize {
         1
     }
 
-    let add = |x: usize| {
-        let y = x + 1;
-        y
-    };
+    let add = |x: usize| x + 1;
     Local(helper()).0 + K + nested_profiled() + add(0)
 }
 
