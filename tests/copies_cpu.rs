@@ -23,11 +23,15 @@ fn workspace() -> &'static Path {
 }
 
 /// Builds the two plugins (release, like the suite) and returns their paths.
+/// Built with the whole workspace and its tests selected, as `cargo test
+/// --workspace` resolves features: memlab and its crates are then the ones
+/// the suite just built, and only the plugins are compiled (selecting the
+/// two alone resolves other features and rebuilds memlab, a minute).
 fn build_plugins() -> [PathBuf; 2] {
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let out = Command::new(cargo)
         .current_dir(workspace())
-        .args(["build", "--release", "-p", "memlab-plugin-a", "-p", "memlab-plugin-b", "--message-format=short"])
+        .args(["build", "--release", "--workspace", "--lib", "--tests", "--message-format=short"])
         .output()
         .expect("cargo runs");
     assert!(out.status.success(), "building the plugins failed:\n{}", String::from_utf8_lossy(&out.stderr));
