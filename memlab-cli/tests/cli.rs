@@ -1046,3 +1046,78 @@ fn replay_follows_the_libtorch_it_is_told() {
     let stderr = String::from_utf8_lossy(&wrong.stderr);
     assert!(!wrong.status.success() && stderr.contains("2.11.0, 2.13.0"), "{stderr}");
 }
+
+/// Every text and JSON output of the command on the fixtures, and the
+/// renderings of an out-of-memory report, against files kept in
+/// `fixtures/golden/`: a change to any output shows as a diff there.
+/// `MEMLAB_BLESS=1` writes them anew (review the diff before committing).
+#[test]
+fn outputs_match_the_golden_files() {
+    use memlab_core::oom::OomReport;
+    use memlab_core::render::Render;
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let golden = root.join("fixtures/golden");
+    let bless = std::env::var_os("MEMLAB_BLESS").is_some();
+    let merged = temp("golden-merge");
+    let merged = merged.to_str().unwrap();
+    let cases: Vec<(&str, Vec<&str>)> = vec![
+        ("summary_leaky.txt", vec!["summary", "fixtures/leaky.pickle"]),
+        ("summary_leaky.json", vec!["summary", "fixtures/leaky.pickle", "--json"]),
+        ("summary_memlab_cpu.txt", vec!["summary", "fixtures/memlab_cpu.pickle"]),
+        ("summary_memlab_cuda.json", vec!["summary", "fixtures/memlab_cuda.pickle", "--json"]),
+        ("summary_transformer_all.txt", vec!["summary", "fixtures/transformer_all.pickle"]),
+        ("view_memlab_cpu.json", vec!["view", "fixtures/memlab_cpu.pickle", "--json"]),
+        ("diff_leaky_fixed.txt", vec!["diff", "fixtures/leaky.pickle", "fixtures/fixed.pickle"]),
+        ("diff_leaky_fixed.json", vec!["diff", "fixtures/leaky.pickle", "fixtures/fixed.pickle", "--json"]),
+        (
+            "replay_fragmentation.txt",
+            vec![
+                "replay",
+                "fixtures/replay/fragmentation__default.pickle",
+                "--total",
+                "85017493504",
+                "--fraction",
+                "0.01894448624181354",
+                "--compare",
+            ],
+        ),
+        ("replay_pattern123548.json", vec!["replay", "fixtures/replay/pattern123548__default.pickle", "--compare", "--json"]),
+        ("replay_mlp_as_cuda.txt", vec!["replay", "fixtures/fit/mlp_1024_cpu.pickle", "--as-cuda", "--capacity", "80G"]),
+        (
+            "replay_mlp_as_cuda.json",
+            vec!["replay", "fixtures/fit/mlp_1024_cpu.pickle", "--as-cuda", "--capacity", "80G", "--json"],
+        ),
+        (
+            "merge_ranks.json",
+            vec!["merge", "fixtures/ranks/memlab_trace_rank0.json", "fixtures/ranks/memlab_trace_rank1.json", "-o", merged, "--json"],
+        ),
+    ];
+    let mut outputs: Vec<(String, String)> = cases
+        .into_iter()
+        .map(|(name, args)| {
+            let out = Command::new(env!("CARGO_BIN_EXE_memlab")).args(&args).current_dir(&root).output().unwrap();
+            assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
+            (name.to_string(), String::from_utf8(out.stdout).unwrap().replace(merged, "MERGED"))
+        })
+        .collect();
+    let report = std::fs::read_to_string(root.join("fixtures/oom/frag93_default.json")).unwrap();
+    let report = OomReport::from_json(&report).unwrap();
+    outputs.push(("oom_frag93_default.txt".into(), report.to_text()));
+    outputs.push(("oom_frag93_default.json".into(), report.to_json()));
+    outputs.push(("oom_frag93_default.csv".into(), report.to_csv().unwrap()));
+    let mut changed = Vec::new();
+    for (name, actual) in outputs {
+        let path = golden.join(&name);
+        if bless {
+            std::fs::create_dir_all(&golden).unwrap();
+            std::fs::write(&path, &actual).unwrap();
+            continue;
+        }
+        let expected = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        if expected != actual {
+            let line = expected.lines().zip(actual.lines()).position(|(a, b)| a != b);
+            changed.push(format!("{name} (first differing line: {line:?})"));
+        }
+    }
+    assert!(changed.is_empty(), "outputs changed (MEMLAB_BLESS=1 writes them anew): {changed:#?}");
+}
