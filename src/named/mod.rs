@@ -294,10 +294,15 @@ impl std::fmt::Debug for RegisteredOptimizer {
 /// [`DisposeScope::of`](crate::DisposeScope::of), [`Tracker::of`](crate::tracker::Tracker::of),
 /// [`TrainingMonitor::of`](crate::TrainingMonitor::of),
 /// [`GpuAccount::of`](crate::gpu::GpuAccount::of)), or `registered()` for the
-/// registry. A var store is a model too (`MemReporter::of(&vs)`). Each tool's
-/// `var_store(prefix, vs)`, `tensor(name, t)` and `optimizer(&opt)` add to its
-/// model. The out-of-memory recorder takes its model with
-/// [`OomRecorder::of`](crate::OomRecorder::of), and the registry without one.
+/// registry. A var store is a model too (`MemReporter::of(&vs)`). These
+/// tools' `var_store(prefix, vs)`, `tensor(name, t)` and `optimizer(&opt)`
+/// add to their model. A tool made from more than its model takes the model
+/// with `.of(model)`, and names memory after the registry without one:
+/// [`OomRecorder::of`](crate::OomRecorder::of),
+/// [`StepLogger::of`](crate::StepLogger::of),
+/// [`WillItFit::of`](crate::WillItFit::of) and
+/// [`BatchSizeSearch::of`](crate::BatchSizeSearch::of);
+/// [`measure_model`](crate::measure_model) takes it as its first argument.
 ///
 /// ```
 /// use tch::{nn, Device, Kind, Tensor};
@@ -698,7 +703,8 @@ impl Model {
 }
 
 /// A [`Model`] held weakly, for the walks inside an allocator: the
-/// out-of-memory recorder's, armed for the whole process. It keeps none of the model's memory
+/// out-of-memory recorder's, armed for the whole process, and a batch
+/// search's at its tries' failures. It keeps none of the model's memory
 /// alive, and what the program drops is no longer named. Its optimizers'
 /// state is what they held when it was made. It is walked as
 /// [`now`](Self::now) gives it.

@@ -237,6 +237,31 @@ fn the_reports_name_memory_after_the_model_given_and_hold_it_weakly() {
 }
 
 #[test]
+fn a_batch_search_names_the_holders_of_its_first_failure_after_its_model() {
+    let _s = serial();
+    memlab::clear_registry();
+    let vs = nn::VarStore::new(tch::Device::Cpu);
+    let _fc = nn::linear(vs.root() / "fc", 64, 64, Default::default());
+    let step = |batch: usize| -> Result<(), Box<dyn std::error::Error>> {
+        let size = if batch <= 2 { 1024 * batch as i64 } else { TOO_BIG };
+        let _t = Tensor::f_empty([size], (Kind::Float, tch::Device::Cpu))?;
+        Ok(())
+    };
+    let budget = memlab::Budget::Bytes(1 << 30);
+    let search = memlab::BatchSizeSearch::new(Device::Cpu, budget).of(memlab::Model::new().var_store("model", &vs));
+    let search = search.run(16, step).unwrap();
+    assert_eq!(search.largest, Some(2));
+    let first = search.first_oom.as_ref().expect("batch 4 ran out");
+    assert_eq!((first.batch_size, first.diagnosis.verdict), (4, Verdict::RequestExceedsDevice));
+    let weight = first.holders.named.iter().find(|n| n.name == "model.fc.weight").expect("the model by name");
+    assert_eq!((weight.kind, weight.bytes), (memlab::TensorKind::Parameter, 64 * 64 * 4));
+    assert_eq!(first.holders.named_bytes, (64 * 64 + 64) * 4);
+    // The one-liner names the registry's, here nothing.
+    let plain = memlab::find_batch_size(Device::Cpu, budget, 16, step).unwrap();
+    assert!(plain.first_oom.expect("batch 4 ran out").holders.named.is_empty());
+}
+
+#[test]
 fn a_failure_on_another_thread_is_caught() {
     let _s = serial();
     let out = dir("thread");
@@ -332,7 +357,7 @@ fn find_batch_size_keeps_its_failures_quiet_and_says_why_the_first_one_failed() 
     })
     .unwrap();
     assert_eq!(search.largest, Some(4));
-    let memlab::batch_size::FirstOom { batch_size: batch, diagnosis: why } =
+    let memlab::batch_size::FirstOom { batch_size: batch, diagnosis: why, .. } =
         search.first_oom.as_ref().expect("the first failing batch's verdict");
     assert_eq!((*batch, why.verdict, why.requested), (8, Verdict::RequestExceedsDevice, 1 << 48));
     assert!(search
