@@ -29,9 +29,30 @@
 //! or none where that try ran out once its first step had freed them.
 //! [`model_size`](crate::model_size) measures what one batch takes.
 //! `cargo run --release --example model_size`.
+//!
+//! [`find_batch_size`] is the one-line form of a [`BatchSizeSearch`], which
+//! says more: [`of(model)`](BatchSizeSearch::of) names the memory the first
+//! failing try's diagnosis lists ([`FirstOom::holders`]; the registry's by
+//! default), and, with [`Budget::CudaCard`], what was made before each try's
+//! steps.
+//!
+//! ```rust,no_run
+//! # let vs = tch::nn::VarStore::new(tch::Device::Cpu);
+//! use memlab::{BatchSizeSearch, Budget, Device};
+//!
+//! let search = BatchSizeSearch::new(Device::Cpu, Budget::Bytes(2 << 30)).of(&vs).run(4096, |batch| {
+//!     // one real training step with `batch` samples
+//!     Ok(())
+//! })?;
+//! if let Some(oom) = &search.first_oom {
+//!     println!("batch {} ran out; the largest holders: {:?}", oom.batch_size, oom.holders.largest(3));
+//! }
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 use serde::Serialize;
 use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::Arc;
 
 use memlab_core::oom::Failure;
 use memlab_core::profiler::PeakWatch;
@@ -39,10 +60,10 @@ use memlab_core::render::{Cell, Column, Document, Layout, Render, Table};
 use memlab_core::{Device, Error, Result};
 use memlab_tch::BACKEND;
 
-use crate::diagnosis::diagnose;
-use crate::named::Model;
+use crate::diagnosis::{diagnose, holders};
+use crate::named::{Model, WeakModel};
 use crate::prediction::{CpuSteps, Steps};
-use memlab_core::oom::Diagnosis;
+use memlab_core::oom::{Diagnosis, Holders};
 
 /// How much memory [`find_batch_size`] may use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -90,11 +111,16 @@ pub struct FirstOom {
     pub batch_size: usize,
     /// Why it failed: the out-of-memory recorder's verdict, with its figures.
     pub diagnosis: Diagnosis,
+    /// What held the device's memory then: the storages of the search's
+    /// model by name (see [`BatchSizeSearch::of`]), largest first, and the
+    /// bytes they leave unnamed (a search lists no sites).
+    pub holders: Holders,
 }
 
 /// Finds the largest batch size in `1..=max` whose `step` stays within
-/// `budget` on `device`, by doubling and then binary search over real runs of
-/// `step` (like
+/// `budget` on `device` (`BatchSizeSearch::new(device, budget).run(max,
+/// step)`: see [`BatchSizeSearch`] for more), by doubling and then binary
+/// search over real runs of `step` (like
 /// accelerate's `find_executable_batch_size`, but measured: a try fails when
 /// its peak exceeds the budget or when it panics or errs, e.g. CUDA out of
 /// memory). Failures are caught and the CUDA cache emptied after each try, so
@@ -111,53 +137,97 @@ pub fn find_batch_size(
     device: Device,
     budget: Budget,
     max: usize,
-    mut step: impl FnMut(usize) -> std::result::Result<(), Box<dyn std::error::Error>>,
+    step: impl FnMut(usize) -> std::result::Result<(), Box<dyn std::error::Error>>,
 ) -> Result<BatchSearch> {
-    let budget = match budget {
-        Budget::Bytes(b) => b,
-        Budget::CudaCard(card) => {
-            if device != Device::Cpu {
-                return Err(Error::InvalidArgument(
-                    "Budget::CudaCard searches on the CPU: give Device::Cpu and a step that runs there".to_string(),
-                ));
-            }
-            // One prediction at a time in the process, for the whole search.
-            let _turn = crate::prediction::Turn::take()?;
-            let _quiet = quiet_oom_panics::install();
-            let mut searched = Searched::default();
-            return search(i64::try_from(card).unwrap_or(i64::MAX), max, |n| {
-                predicted_need(card, &mut step, n, &mut searched)
-            });
-        }
-        Budget::FreeDeviceMemory => match device {
-            Device::Cuda(i) => {
-                let (free, _) = memlab_tch::cuda_mem_info(i)?;
-                let s = memlab_tch::device_stats(device)?;
-                free as i64 + s.reserved_bytes.all.current - s.allocated_bytes.all.current
-            }
-            Device::Cpu => {
-                return Err(Error::InvalidArgument(
-                    "FreeDeviceMemory is a CUDA budget; give the CPU a Budget::Bytes".to_string(),
-                ));
-            }
-        },
-    };
-    let _quiet = quiet_oom_panics::install();
-    search(budget, max, |n| try_once(device, &mut step, n))
+    BatchSizeSearch::new(device, budget).run(max, step)
 }
+
+/// [`find_batch_size`] with more to say: what the search names memory after
+/// (see the [module docs](self)).
+#[derive(Debug)]
+#[must_use = "nothing is searched until `run` is called"]
+pub struct BatchSizeSearch {
+    device: Device,
+    budget: Budget,
+    model: Model,
+}
+
+impl BatchSizeSearch {
+    /// A search on `device` within `budget`, naming memory after the registry.
+    pub fn new(device: Device, budget: Budget) -> BatchSizeSearch {
+        BatchSizeSearch { device, budget, model: Model::registered() }
+    }
+
+    /// Names memory after `model` (or a var store, `of(&vs)`) rather than the
+    /// registry (see [`Model`]): the holders of the first try that runs out
+    /// of memory ([`FirstOom::holders`], and the largest of them in its
+    /// advice), and with [`Budget::CudaCard`], what was made before each
+    /// try's steps (as [`WillItFit::of`](crate::WillItFit::of) does).
+    pub fn of(mut self, model: impl Into<Model>) -> BatchSizeSearch {
+        self.model = model.into();
+        self
+    }
+
+    /// Searches `1..=max` with `step` as [`find_batch_size`] does. Fails
+    /// before any try when an optimizer of the model could not be read.
+    pub fn run(
+        self,
+        max: usize,
+        mut step: impl FnMut(usize) -> std::result::Result<(), Box<dyn std::error::Error>>,
+    ) -> Result<BatchSearch> {
+        let BatchSizeSearch { device, budget, model } = self;
+        // Walked at a try's failure, inside the allocator, as the
+        // out-of-memory recorder walks its model: without waiting for a lock.
+        let named = Arc::new(model.downgrade()?);
+        let budget = match budget {
+            Budget::Bytes(b) => b,
+            Budget::CudaCard(card) => {
+                if device != Device::Cpu {
+                    return Err(Error::InvalidArgument(
+                        "Budget::CudaCard searches on the CPU: give Device::Cpu and a step that runs there".to_string(),
+                    ));
+                }
+                // One prediction at a time in the process, for the whole search.
+                let _turn = crate::prediction::Turn::take()?;
+                let _quiet = quiet_oom_panics::install();
+                let mut searched = Searched::default();
+                return search(i64::try_from(card).unwrap_or(i64::MAX), max, |n| {
+                    predicted_need(card, &model, &mut step, n, &mut searched)
+                });
+            }
+            Budget::FreeDeviceMemory => match device {
+                Device::Cuda(i) => {
+                    let (free, _) = memlab_tch::cuda_mem_info(i)?;
+                    let s = memlab_tch::device_stats(device)?;
+                    free as i64 + s.reserved_bytes.all.current - s.allocated_bytes.all.current
+                }
+                Device::Cpu => {
+                    return Err(Error::InvalidArgument(
+                        "FreeDeviceMemory is a CUDA budget; give the CPU a Budget::Bytes".to_string(),
+                    ));
+                }
+            },
+        };
+        let _quiet = quiet_oom_panics::install();
+        search(budget, max, |n| try_once(device, &named, &mut step, n))
+    }
+}
+
+/// What a try's first out-of-memory failure was: why, and what held the memory.
+type Diagnosed = (Diagnosis, Holders);
 
 /// The search itself: doubling, then halving the gap, over `try_n`'s
 /// outcomes (a figure within `budget` fits).
 fn search(
     budget: i64,
     max: usize,
-    mut try_n: impl FnMut(usize) -> (std::result::Result<i64, String>, Option<Diagnosis>),
+    mut try_n: impl FnMut(usize) -> (std::result::Result<i64, String>, Option<Diagnosed>),
 ) -> Result<BatchSearch> {
     let mut search = BatchSearch { largest: None, budget, tried: Vec::new(), first_oom: None };
     let mut run = |n: usize| {
         let (outcome, oom) = try_n(n);
         if search.first_oom.is_none() {
-            search.first_oom = oom.map(|diagnosis| FirstOom { batch_size: n, diagnosis });
+            search.first_oom = oom.map(|(diagnosis, holders)| FirstOom { batch_size: n, diagnosis, holders });
         }
         let ok = matches!(outcome, Ok(peak) if peak <= budget);
         search.tried.push(Try { batch_size: n, outcome });
@@ -214,10 +284,11 @@ struct Searched {
 /// try ran out after its first step freed them ([`Steps::after`]).
 fn predicted_need(
     card: u64,
+    model: &Model,
     step: &mut impl FnMut(usize) -> std::result::Result<(), Box<dyn std::error::Error>>,
     n: usize,
     search: &mut Searched,
-) -> (std::result::Result<i64, String>, Option<Diagnosis>) {
+) -> (std::result::Result<i64, String>, Option<Diagnosed>) {
     use memlab_core::replay::Fit;
     // A try that panics (the host out of memory at a large batch, a shape
     // bug) fails, as a GPU try would; its panic is reported as usual unless
@@ -227,7 +298,7 @@ fn predicted_need(
             let prediction = CpuSteps {
                 card: Some(card),
                 settings: Vec::new(),
-                model: Model::registered(),
+                model: model.clone(),
                 additions: None,
                 max_steps: 3,
             };
@@ -347,19 +418,25 @@ fn is_out_of_memory(message: &str) -> bool {
 }
 
 /// One try: its peak or why it failed, and the diagnosis of its first
-/// out-of-memory failure (kept quiet: not counted, written or printed).
+/// out-of-memory failure, with the holders named after `model` (kept
+/// quiet: not counted, written or printed).
 fn try_once(
     device: Device,
+    model: &Arc<WeakModel>,
     step: &mut impl FnMut(usize) -> std::result::Result<(), Box<dyn std::error::Error>>,
     n: usize,
-) -> (std::result::Result<i64, String>, Option<Diagnosis>) {
+) -> (std::result::Result<i64, String>, Option<Diagnosed>) {
     let _ = memlab_tch::empty_cache();
     let watch = match PeakWatch::start(&BACKEND, device) {
         Ok(watch) => watch,
         Err(e) => return (Err(e.to_string()), None),
     };
     memlab_tch::oom::watch_cuda();
-    let first_failure = |failure: &Failure| diagnose(failure, None).0;
+    let model = model.clone();
+    let first_failure = move |failure: &Failure| {
+        let holders = holders(failure.device, &model.now(), false);
+        (diagnose(failure, Some(&holders)).0, holders)
+    };
     let (ran, oom) = memlab_core::oom::quietly(device, first_failure, |ticket| {
         quiet_oom_panics::trying(ticket, || catch_unwind(AssertUnwindSafe(|| step(n))))
     });
@@ -416,7 +493,7 @@ impl Render for BatchSearch {
             };
         }
         doc.table(table);
-        if let Some(FirstOom { batch_size: n, diagnosis: why }) = &self.first_oom {
+        if let Some(FirstOom { batch_size: n, diagnosis: why, .. }) = &self.first_oom {
             doc.blank();
             doc.line(format!("Batch {n} ran out of memory on {}. Verdict: {}.", why.device, why.verdict.title()));
             doc.indented(2, why.advice.clone());

@@ -1,14 +1,22 @@
 //! Why a request failed, in figures and words: the device's memory at the
-//! failure, the [`Verdict`], and advice that names the figures and the
-//! largest holders (the model of both, [`Diagnosis`], is `memlab_core`'s). A shared layer: the out-of-memory recorder writes it in
+//! failure, the [`Verdict`], what held the memory, and advice that names the
+//! figures and the largest holders (the model of both, [`Diagnosis`], is `memlab_core`'s). A shared layer: the out-of-memory recorder writes it in
 //! its reports, the batch-size search keeps it for its first failing try.
 
+use std::sync::Arc;
+
+use memlab_core::events::{self, Backtrace, Frame, LiveAllocation};
+use memlab_core::hash::FastMap;
 use memlab_core::oom::{
-    DeviceMemory, Diagnosis, Failure, Holders, HostLimit, MemoryFigures, Serving, Verdict, SMALL_SEGMENT,
+    DeviceMemory, Diagnosis, Failure, Holders, HostLimit, MemoryFigures, NamedHolder, NamedRest, Serving, SiteHolder,
+    Verdict, SMALL_SEGMENT,
 };
 use memlab_core::render::Cell;
 use memlab_core::Device;
 use memlab_tch::BACKEND;
+
+use crate::attribution::{attribute, site_label};
+use crate::named::{Model, Named};
 
 /// The figures of `failure`'s device and the verdict; with the holders,
 /// advice that names the largest of them.
@@ -53,6 +61,88 @@ pub(crate) fn diagnose(failure: &Failure, holders: Option<&Holders>) -> (Diagnos
     let verdict = Verdict::decide(failure.requested, &figures);
     let advice = advice(failure, &figures, verdict, holders);
     (Diagnosis { device, requested: failure.requested, rounded: failure.rounded, figures, verdict, advice }, missing)
+}
+
+/// Holders listed by name and by site (each); the rest are added up.
+const TOP_HOLDERS: usize = 20;
+/// Frames shown under an unnamed site.
+const SITE_FRAMES: usize = 6;
+
+/// What holds `device`'s memory: the storages of `sources` by name (walked
+/// without waiting for any lock when `sources` is a handler's, see
+/// [`WeakModel::now`](crate::named::WeakModel::now)), and with `with_sites`,
+/// while a recording runs, the rest by the site that allocated it.
+pub(crate) fn holders(device: Device, sources: &Model, with_sites: bool) -> Holders {
+    let mut out = Holders::default();
+    let Ok(stats) = memlab_tch::device_stats(device) else { return out };
+    let named = match sources.collect() {
+        Ok(named) => named,
+        Err(e) => {
+            out.busy.push(format!("the named tensors could not be walked: {e}"));
+            Named::default()
+        }
+    };
+    let live = (with_sites && events::is_active()).then(events::live);
+    let account = attribute(device, &stats, &named, live.as_deref());
+    out.named_bytes = account.named;
+    out.not_named = account.allocated - account.named as i64;
+    out.rounding = account.rounding;
+    out.workspaces = account
+        .workspaces
+        .iter()
+        .map(|w| memlab_core::oom::WorkspaceHolder { name: w.label.clone(), bytes: w.bytes })
+        .collect();
+    let mut rows: Vec<NamedHolder> = named
+        .storages(device)
+        .iter()
+        .filter(|s| s.from_allocator)
+        .map(|s| {
+            let first = &s.views[0];
+            let more = s.views.len() - 1;
+            NamedHolder {
+                name: if more > 0 { format!("{} (+{more} views)", first.name) } else { first.name.clone() },
+                kind: first.kind,
+                bytes: s.nbytes,
+            }
+        })
+        .collect();
+    // Largest first; equal sizes by name, shorter first (`layer2` before `layer10`).
+    rows.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| (a.name.len(), &a.name).cmp(&(b.name.len(), &b.name))));
+    let rest = rows.split_off(rows.len().min(TOP_HOLDERS));
+    out.named_rest = NamedRest { count: rest.len(), bytes: rest.iter().map(|r| r.bytes).sum() };
+    out.named = rows;
+    if let (Some(groups), Some(live)) = (account.unnamed, live.as_deref()) {
+        // Each site's first backtrace, the site of each distinct stack read
+        // once (allocations from one call path share their backtrace).
+        // A statement hashes by its site's address and line, never by what
+        // the site holds.
+        #[allow(clippy::mutable_key_type)]
+        let mut site_of_stack = FastMap::default();
+        let mut first: FastMap<Option<String>, &Arc<Backtrace>> = FastMap::default();
+        for a in live.iter().filter(|a: &&LiveAllocation| a.device == device) {
+            let Some(backtrace) = a.backtrace.as_ref() else { continue };
+            let site = site_of_stack
+                .entry((Arc::as_ptr(backtrace), a.statement))
+                .or_insert_with(|| memlab_core::export::site_of(a));
+            first.entry(site.clone()).or_insert(backtrace);
+        }
+        let frames_of = |site: &Option<String>| -> Vec<Frame> {
+            first.get(site).map(|b| b.frames().iter().take(SITE_FRAMES).cloned().collect()).unwrap_or_default()
+        };
+        out.by_site = Some(
+            groups
+                .iter()
+                .take(TOP_HOLDERS)
+                .map(|g| SiteHolder {
+                    site: site_label(g).to_string(),
+                    bytes: g.bytes,
+                    blocks: g.blocks,
+                    frames: frames_of(&g.site),
+                })
+                .collect(),
+        );
+    }
+    out
 }
 
 /// `memory` as a CUDA failure's figures give it (the driver's free bytes,
@@ -150,7 +240,6 @@ fn advice(failure: &Failure, f: &MemoryFigures, verdict: Verdict, holders: Optio
 #[cfg(test)]
 mod tests {
     use super::*;
-    use memlab_core::oom::NamedHolder;
 
     #[test]
     fn under_a_memory_fraction_free_is_what_the_fraction_leaves() {

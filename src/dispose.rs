@@ -127,8 +127,9 @@ pub enum OnEscape {
 /// a training step replaces them every time (libtorch's `zero_grad` sets them
 /// to none, and backward makes new ones). The scope lists them apart, as
 /// replaced model state, for every var store registered with
-/// [`register_var_store`](crate::register_var_store) or given with
-/// [`model`](Self::model).
+/// [`register_var_store`](crate::register_var_store), or of the model the
+/// scope was opened with ([`of`](Self::of)) or given with
+/// [`var_store`](Self::var_store).
 #[must_use = "a DisposeScope reports when it is dropped; bind it to a named variable"]
 pub struct DisposeScope {
     id: u64,
@@ -190,21 +191,6 @@ impl DisposeScope {
         Ok(scope)
     }
 
-    /// Adds the variables of `vs` and their gradients to the scope's model.
-    #[deprecated(note = "write `.var_store(\"\", &vs)`, as every tool that names memory has it")]
-    pub fn model(self, vs: &VarStore) -> Self {
-        self.var_store("", vs)
-    }
-
-    /// Replaces the scope's model by `model`.
-    #[deprecated(
-        note = "open the scope with `DisposeScope::of(name, model)`, as every tool that names memory takes it"
-    )]
-    pub fn with_model(mut self, model: Model) -> Self {
-        self.model = model;
-        self
-    }
-
     /// Chooses what happens on drop when allocations escaped.
     pub fn on_escape(mut self, on_escape: OnEscape) -> Self {
         self.on_escape = on_escape;
@@ -246,9 +232,10 @@ impl DisposeScope {
     }
 
     /// Like [`finish`](Self::finish), with the state of `optimizer` (built on
-    /// a var store of the model: given with [`model`](Self::model) or
-    /// registered) counted as model state: the moments a first step creates,
-    /// a momentum buffer, are listed as replaced model state, not escapes.
+    /// a var store of the model: given with [`of`](Self::of) or
+    /// [`var_store`](Self::var_store), or registered) counted as model
+    /// state: the moments a first step creates, a momentum buffer, are
+    /// listed as replaced model state, not escapes.
     /// The optimizer is read now, under this borrow; when it cannot be read,
     /// the report says so in `model_error` and its state counts as escapes.
     pub fn finish_with(mut self, optimizer: &tch::nn::Optimizer) -> ScopeReport {

@@ -209,7 +209,7 @@ pub mod reporter;
 pub mod run;
 pub mod tracker;
 
-pub use batch_size::{find_batch_size, Budget};
+pub use batch_size::{find_batch_size, BatchSizeSearch, Budget};
 pub use courtesy::Courtesy;
 pub use dispose::{check_step, check_step_with, check_step_with_optimizer, DisposeScope, OnEscape};
 pub use export::Exporter;

@@ -29,6 +29,12 @@
 //! `preinit_cuda()` initialises CUDA up front and reports the context's cost
 //! once. Without a GPU the GPU line says so; nothing panics.
 //! `cargo run --release --example step_logger`.
+//!
+//! While a [`Recording`](crate::Recording) runs, each step is a span of the
+//! recording's timeline, and the allocations that hold the model's
+//! parameters, gradients and optimizer state after it are noted, so that
+//! an export names them even once they have died. The model is the
+//! registry's, or the one given to [`StepLogger::of`](crate::StepLogger::of).
 
 use serde::Serialize;
 use std::time::{Duration, Instant};
@@ -42,6 +48,8 @@ use memlab_tch::driver_memory;
 use memlab_tch::BACKEND;
 
 use memlab_tch::sampler::{latest_driver_memory, sampled_process_memory, sampled_rss, StepWindow};
+
+use crate::named::Model;
 
 /// General RAM figures of one step, in bytes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
@@ -147,6 +155,7 @@ pub struct StepLogger {
     running: bool,
     last: Option<StepData>,
     context_reported: bool,
+    model: Model,
 }
 
 impl Default for StepLogger {
@@ -158,7 +167,25 @@ impl Default for StepLogger {
 impl StepLogger {
     /// A logger that prints a report after every step (see [`stop`](Self::stop)).
     pub fn new() -> StepLogger {
-        StepLogger { compact: false, how: How::default(), running: true, last: None, context_reported: false }
+        StepLogger {
+            compact: false,
+            how: How::default(),
+            running: true,
+            last: None,
+            context_reported: false,
+            model: Model::registered(),
+        }
+    }
+
+    /// Names the memory of the steps after `model` (or a var store,
+    /// `of(&vs)`) rather than the registry (see [`Model`]). While a
+    /// [`Recording`](crate::Recording) runs, the logger notes after each
+    /// step which allocations hold the model's parameters, gradients and
+    /// optimizer state, so that an export names them as such even once
+    /// they have died (a step's gradients, freed by the next `zero_grad`).
+    pub fn of(mut self, model: impl Into<Model>) -> StepLogger {
+        self.model = model.into();
+        self
     }
 
     /// One line per step instead of the three-line table.
@@ -250,7 +277,7 @@ impl StepLogger {
         if memlab_core::events::is_active() {
             // The step on the recording's timeline, and what the model's tensors are now.
             memlab_core::events::span(SpanKind::Step, label.to_string(), span_start);
-            crate::named::seen::note(&crate::named::Model::registered());
+            crate::named::seen::note(&self.model);
         }
         let data = measure.finish(label, time);
         if self.running {

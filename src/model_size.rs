@@ -21,9 +21,12 @@
 //! with or without amsgrad, RMSprop plain or centred with momentum), read from
 //! the optimizer after a real step, and the peak of a steady-state training
 //! step (within 1% of a real one in the tests). The model is left as it was.
+//! It is a var store, or a [`Model`] of several
+//! (`Model::registered()` for those registered).
 //! `cargo run --release --example model_size`.
 
 use serde::Serialize;
+use std::sync::Arc;
 
 use memlab_core::profiler::PeakWatch;
 use memlab_core::render::{Cell, Document, Render};
@@ -34,7 +37,7 @@ use tch::{Kind, Tensor};
 use memlab_tch::optimizer::StepOptimizer;
 use memlab_tch::BACKEND;
 
-use crate::named::OptimizerStates;
+use crate::named::{Model, OptimizerStates};
 
 /// What [`measure_model`] found. All byte counts are measured on the model's
 /// device, as its allocator counts them (on CUDA every block is rounded up to
@@ -78,19 +81,32 @@ pub struct OptimizerSize {
     pub training_step_peak: i64,
 }
 
-/// Measures `forward` on `input` with the variables of `vs`, for the given
-/// optimizers. The model is left as it was: its weights are restored after
-/// the optimizer steps and its gradients cleared.
+/// Measures `forward` on `input` with the trainable variables of the var
+/// stores of `model` (a var store is a model, `measure_model(&vs, ..)`;
+/// `Model::registered()` takes the registered ones: see [`Model`]), for the
+/// given optimizers. The model's named tensors and optimizer state are not
+/// its parameters, and are left out. The model is left as it was: its
+/// weights are restored after the optimizer steps and its gradients cleared.
 ///
-/// The output of `forward` is reduced with `mean()` for backward.
+/// The output of `forward` is reduced with `mean()` for backward. tch builds
+/// an optimizer over one var store: each optimizer asked for is built over
+/// each var store, and a step steps them all, as a training loop over
+/// several var stores does.
 pub fn measure_model(
-    vs: &VarStore,
+    model: impl Into<Model>,
     forward: impl Fn(&Tensor) -> Tensor,
     input: &Tensor,
     optimizers: &[StepOptimizer],
 ) -> Result<ModelSize> {
-    let device = memlab_tch::device_of(vs.device());
-    let variables = vs.trainable_variables();
+    let stores = var_stores(model.into());
+    if stores.is_empty() {
+        return Err(Error::InvalidArgument(
+            "the model has no var store to measure: give measure_model a var store (`&vs`), or a Model with one"
+                .to_string(),
+        ));
+    }
+    let variables: Vec<Tensor> = stores.iter().flat_map(VarStore::trainable_variables).collect();
+    let device = memlab_tch::device_of(variables.first().map_or(input.device(), Tensor::device));
     let parameters: u64 = variables.iter().map(|t| t.numel() as u64).sum();
     let parameter_bytes: u64 =
         variables.iter().map(|t| memlab_tch::storage_info(t).map(|i| i.nbytes)).sum::<Result<u64>>()?;
@@ -100,14 +116,14 @@ pub fn measure_model(
         .iter()
         .map(|t| if t.device() == tch::Device::Cpu { t.copy() } else { t.to_device(tch::Device::Cpu) })
         .collect();
-    clear_grads(vs)?;
+    clear_grads(&stores)?;
 
     let (forward_peak_no_grad, _, ()) = peak_of(device, || drop(tch::no_grad(|| forward(input))))?;
     let (forward_peak, activations, output) = peak_of(device, || forward(input))?;
     if !output.requires_grad() {
         return Err(Error::InvalidArgument(
             "the forward pass's output does not require grad, so there is no backward pass to measure: \
-             give measure_model a forward that uses the var store's trainable variables (not under no_grad, \
+             give measure_model a forward that uses the model's trainable variables (not under no_grad, \
              and without detach)"
                 .to_string(),
         ));
@@ -119,31 +135,32 @@ pub fn measure_model(
         .filter_map(memlab_tch::grad_of)
         .map(|g| memlab_tch::storage_info(&g).map(|i| i.nbytes as i64))
         .sum::<Result<i64>>()?;
-    clear_grads(vs)?;
+    clear_grads(&stores)?;
 
     let mut sizes = Vec::new();
     for &kind in optimizers {
-        let mut opt = kind.build(vs)?;
+        let mut opts = stores.iter().map(|vs| kind.build(vs)).collect::<Result<Vec<_>>>()?;
         // The first step creates the optimizer's state: what it holds is read
         // from the optimizer; what it costs the allocator (block rounding
         // included) counts towards the step's peak...
         let before = allocated(device)?;
-        opt.backward_step(&forward(input).mean(Kind::Float));
-        opt.zero_grad();
+        backward_step(&mut opts, &forward(input).mean(Kind::Float));
+        opts.iter_mut().for_each(nn::Optimizer::zero_grad);
         let state_allocated = allocated(device)? - before;
-        let states = OptimizerStates::read(&opt, &[(String::new(), vs.variables_.clone())])?;
         let mut seen = std::collections::HashSet::new();
         let mut state = 0i64;
-        for (_, tensor) in &states.tensors {
-            let info = memlab_tch::storage_info(tensor)?;
-            if info.device == Some(device) && seen.insert(info.storage_id) {
-                state += info.nbytes as i64;
+        for (opt, vs) in opts.iter().zip(&stores) {
+            let states = OptimizerStates::read(opt, &[(String::new(), vs.variables_.clone())])?;
+            for (_, tensor) in &states.tensors {
+                let info = memlab_tch::storage_info(tensor)?;
+                if info.device == Some(device) && seen.insert(info.storage_id) {
+                    state += info.nbytes as i64;
+                }
             }
         }
-        drop(states);
         // ...the second is a steady-state step, state already there.
-        let (peak, _, ()) = peak_of(device, || opt.backward_step(&forward(input).mean(Kind::Float)))?;
-        opt.zero_grad();
+        let (peak, _, ()) = peak_of(device, || backward_step(&mut opts, &forward(input).mean(Kind::Float)))?;
+        opts.iter_mut().for_each(nn::Optimizer::zero_grad);
         sizes.push(OptimizerSize {
             optimizer: kind,
             state,
@@ -169,6 +186,30 @@ pub fn measure_model(
     })
 }
 
+/// The var stores of `model`, each once (a store given and registered too
+/// is one store), as tch's `VarStore`s sharing their variables, which is
+/// what tch builds optimizers over. Their `device()` is not the store's:
+/// nothing here reads it or makes a variable.
+fn var_stores(model: Model) -> Vec<VarStore> {
+    let mut stores: Vec<VarStore> = Vec::new();
+    for (_, variables) in model.stores() {
+        if !stores.iter().any(|vs| Arc::ptr_eq(&vs.variables_, &variables)) {
+            let mut vs = VarStore::new(tch::Device::Cpu);
+            vs.variables_ = variables;
+            stores.push(vs);
+        }
+    }
+    stores
+}
+
+/// tch's `backward_step` over several optimizers: their gradients cleared,
+/// one backward pass, each optimizer stepped.
+fn backward_step(optimizers: &mut [nn::Optimizer], loss: &Tensor) {
+    optimizers.iter_mut().for_each(nn::Optimizer::zero_grad);
+    loss.backward();
+    optimizers.iter_mut().for_each(nn::Optimizer::step);
+}
+
 fn allocated(device: Device) -> Result<i64> {
     Ok(memlab_tch::device_stats(device)?.allocated_bytes.all.current)
 }
@@ -187,11 +228,13 @@ fn peak_of<R>(device: Device, f: impl FnOnce() -> R) -> Result<(i64, i64, R)> {
     ))
 }
 
-/// Drops the gradients of the variables of `vs` (they read as undefined
+/// Drops the gradients of the variables of `stores` (they read as undefined
 /// again): tch offers no way to do it but an optimizer's `zero_grad`, which
 /// sets them to none (libtorch's default).
-fn clear_grads(vs: &VarStore) -> Result<()> {
-    nn::Sgd::default().build(vs, 0.0).map_err(memlab_tch::torch_error)?.zero_grad();
+fn clear_grads(stores: &[VarStore]) -> Result<()> {
+    for vs in stores {
+        nn::Sgd::default().build(vs, 0.0).map_err(memlab_tch::torch_error)?.zero_grad();
+    }
     Ok(())
 }
 

@@ -34,9 +34,10 @@
 //! read from the optimizer tensor by tensor (`fc.weight.exp_avg`; tch keeps it
 //! inside its C++ optimizer, and memlab reads it under the borrow), and what
 //! else stays allocated. With `record_stats()` only the total besides weights
-//! and gradients is known, and [`optimizer`](crate::TrainingMonitor::optimizer)
-//! (`.optimizer_kind(StepOptimizer::Adam)`) adds an estimate of the state, labelled
-//! as one. From `cargo run --release --example monitor` (CPU):
+//! and gradients is known, and
+//! [`optimizer_kind`](crate::TrainingMonitor::optimizer_kind)
+//! (`.optimizer_kind(StepOptimizer::Adam)`) adds an estimate of the state,
+//! labelled as one. From `cargo run --release --example monitor` (CPU):
 //!
 //! ```text
 //! Optimizer state.................................     4.09M
@@ -266,12 +267,6 @@ impl TrainingMonitor {
     pub fn optimizer_kind(mut self, kind: StepOptimizer) -> TrainingMonitor {
         self.optimizer = Some(kind);
         self
-    }
-
-    /// Names the optimizer as configured: [`optimizer_kind`](Self::optimizer_kind).
-    #[deprecated(note = "write `.optimizer_kind(kind)`: every tool's `optimizer` takes the optimizer itself")]
-    pub fn optimizer(self, kind: StepOptimizer) -> TrainingMonitor {
-        self.optimizer_kind(kind)
     }
 
     /// Appends every record to `dir/memlab_iterations.csv` (one row per

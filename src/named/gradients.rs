@@ -1,5 +1,7 @@
 //! The gradients the walks outside an out-of-memory handler saw, held
-//! weakly by the full name of their parameter. A handler runs on whatever
+//! weakly by their parameter (its `TensorImpl`), so that a handler names
+//! them after its own model whatever names the walk that saw them gave
+//! the parameter. A handler runs on whatever
 //! thread failed, possibly while the autograd engine writes gradients on
 //! another: asking libtorch for a parameter's gradient then races with it
 //! (as plain tch would), so the handler names gradients from here instead.
@@ -12,12 +14,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Mutex;
 
 use memlab_core::Result;
+use memlab_tch::optimizer::tensor_impl;
 use memlab_tch::WeakTensor;
 use tch::nn::Variables;
 use tch::Tensor;
 
 memlab_core::process::process_wide! {
-    static GRADIENTS: Mutex<Option<HashMap<String, WeakTensor>>> = Mutex::new(None);
+    static GRADIENTS: Mutex<Option<HashMap<u64, WeakTensor>>> = Mutex::new(None);
 }
 memlab_core::process::process_wide! {
     /// Set while the out-of-memory recorder is armed (by a call or by
@@ -39,24 +42,23 @@ pub(super) fn kept() -> bool {
     KEEP.load(Ordering::Relaxed)
 }
 
-/// Keeps the gradients of the variables of `store` (named `prefix.name`),
-/// read in one call into libtorch.
-pub(super) fn remember_store(prefix: &str, store: &Mutex<Variables>) -> Result<()> {
-    let (names, weak) = {
+/// Keeps the gradients of the variables of `store`, read in one call into
+/// libtorch.
+pub(super) fn remember_store(store: &Mutex<Variables>) -> Result<()> {
+    let (parameters, weak) = {
         let variables = store.locked();
-        let (names, tensors): (Vec<&String>, Vec<&Tensor>) = variables.named_variables.iter().unzip();
+        let tensors: Vec<&Tensor> = variables.named_variables.values().collect();
         let weak = memlab_tch::registry::weak_gradients(&tensors)?;
-        let full =
-            |name: &str| if prefix.is_empty() { format!("{name}.grad") } else { format!("{prefix}.{name}.grad") };
-        (names.into_iter().map(|n| full(n)).collect::<Vec<_>>(), weak)
+        (tensors.into_iter().map(tensor_impl).collect::<Result<Vec<u64>>>()?, weak)
     };
-    remember(names.into_iter().zip(weak).filter_map(|(name, weak)| weak.map(|w| (name, w))).collect());
+    remember(parameters.into_iter().zip(weak).filter_map(|(parameter, weak)| weak.map(|w| (parameter, w))).collect());
     Ok(())
 }
 
-/// Keeps what a walk saw, in place of what earlier walks saw under the
-/// same names; gradients that are gone drop out.
-pub(super) fn remember(seen: Vec<(String, WeakTensor)>) {
+/// Keeps what a walk saw (each gradient by its parameter's `TensorImpl`),
+/// in place of what earlier walks saw of the same parameters; gradients
+/// that are gone drop out.
+pub(super) fn remember(seen: Vec<(u64, WeakTensor)>) {
     let mut all = GRADIENTS.locked();
     let all = all.get_or_insert_with(HashMap::new);
     all.retain(|_, weak| !weak.is_gone());
@@ -65,7 +67,7 @@ pub(super) fn remember(seen: Vec<(String, WeakTensor)>) {
 
 /// The gradients kept, without waiting: `None` while another thread
 /// updates them.
-pub(super) fn now() -> Option<std::sync::MutexGuard<'static, Option<HashMap<String, WeakTensor>>>> {
+pub(super) fn now() -> Option<std::sync::MutexGuard<'static, Option<HashMap<u64, WeakTensor>>>> {
     match GRADIENTS.try_lock() {
         Ok(all) => Some(all),
         Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),

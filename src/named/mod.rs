@@ -262,7 +262,7 @@ impl RegisteredOptimizer {
             self.seen = Some((count, trainable));
         }
         if gradients::kept() {
-            gradients::remember_store(&self.store.0, &self.store.1)?;
+            gradients::remember_store(&self.store.1)?;
         }
         Ok(())
     }
@@ -294,10 +294,15 @@ impl std::fmt::Debug for RegisteredOptimizer {
 /// [`DisposeScope::of`](crate::DisposeScope::of), [`Tracker::of`](crate::tracker::Tracker::of),
 /// [`TrainingMonitor::of`](crate::TrainingMonitor::of),
 /// [`GpuAccount::of`](crate::gpu::GpuAccount::of)), or `registered()` for the
-/// registry. A var store is a model too (`MemReporter::of(&vs)`). Each tool's
-/// `var_store(prefix, vs)`, `tensor(name, t)` and `optimizer(&opt)` add to its
-/// model. The out-of-memory recorder always names memory after the registry:
-/// it runs inside the allocator, where nothing else can be handed to it.
+/// registry. A var store is a model too (`MemReporter::of(&vs)`). These
+/// tools' `var_store(prefix, vs)`, `tensor(name, t)` and `optimizer(&opt)`
+/// add to their model. A tool made from more than its model takes the model
+/// with `.of(model)`, and names memory after the registry without one:
+/// [`OomRecorder::of`](crate::OomRecorder::of),
+/// [`StepLogger::of`](crate::StepLogger::of),
+/// [`WillItFit::of`](crate::WillItFit::of) and
+/// [`BatchSizeSearch::of`](crate::BatchSizeSearch::of);
+/// [`measure_model`](crate::measure_model) takes it as its first argument.
 ///
 /// ```
 /// use tch::{nn, Device, Kind, Tensor};
@@ -317,8 +322,8 @@ pub struct Model {
     stores: Vec<(String, Arc<Mutex<Variables>>)>,
     tensors: Vec<(String, Tensor)>,
     optimizers: Vec<OptimizerStates>,
-    /// Optimizer state tensors taken from the registry when these sources
-    /// were made (see [`registered_now`](Self::registered_now)).
+    /// Optimizer state tensors taken when these sources were made, inside an
+    /// out-of-memory handler (see [`WeakModel::now`]).
     states: Vec<(String, Tensor)>,
     /// Why an optimizer given could not be read: returned by the first walk.
     error: Option<Error>,
@@ -333,6 +338,10 @@ pub struct Model {
 
 fn shallow(tensors: &[(String, Tensor)]) -> Vec<(String, Tensor)> {
     tensors.iter().map(|(name, t)| (name.clone(), t.shallow_clone())).collect()
+}
+
+fn weakly<'a>(tensors: impl IntoIterator<Item = &'a (String, Tensor)>) -> Result<Vec<(String, WeakTensor)>> {
+    tensors.into_iter().map(|(name, t)| WeakTensor::new(t).map(|w| (name.clone(), w))).collect()
 }
 
 impl Clone for OptimizerStates {
@@ -467,23 +476,18 @@ impl Model {
         self
     }
 
-    /// Everything registered, taken now without waiting for any lock: for
-    /// code that runs inside an allocator (an out-of-memory handler), where
-    /// the failing thread may hold a var store's lock itself (tch holds it
-    /// while `set_device`, `load` and `copy` allocate). A registry or var
-    /// store that is held is passed by and listed in [`busy`](Self::busy).
-    pub(crate) fn registered_now() -> Model {
-        let mut sources = Model { in_handler: true, ..Model::default() };
-        match registry::try_all() {
-            Some(registered) => {
-                let stores = registered.var_stores.into_iter();
-                sources.stores = stores.filter_map(|vs| vs.variables.upgrade().map(|v| (vs.name, v))).collect();
-                sources.tensors = registered.tensors;
-                sources.states = registered.states;
-            }
-            None => sources.note_busy("memlab's registry (held by another thread)"),
+    /// A copy held weakly (see [`WeakModel`]). The error of an optimizer
+    /// that could not be read is returned now.
+    pub(crate) fn downgrade(&self) -> Result<WeakModel> {
+        if let Some(e) = &self.error {
+            return Err(e.clone());
         }
-        sources
+        Ok(WeakModel {
+            stores: self.stores.iter().map(|(prefix, v)| (prefix.clone(), Arc::downgrade(v))).collect(),
+            tensors: weakly(&self.tensors)?,
+            states: weakly(self.optimizers.iter().flat_map(|o| &o.tensors).chain(&self.states))?,
+            registry: self.registry,
+        })
     }
 
     fn note_busy(&self, what: impl Into<String>) {
@@ -666,7 +670,7 @@ impl Model {
     pub(crate) fn collect(&self) -> Result<Named> {
         let mut named = Named::default();
         let remember = !self.in_handler && gradients::kept();
-        let mut seen: Vec<(String, WeakTensor)> = Vec::new();
+        let mut seen: Vec<(u64, WeakTensor)> = Vec::new();
         let remembered = if self.in_handler { gradients::now() } else { None };
         if self.in_handler && remembered.is_none() {
             self.note_busy("the gradients (memlab's record of them was being updated by another thread)");
@@ -679,10 +683,11 @@ impl Model {
             if let Some(grad) = grad {
                 named.add(&grad_name(), Source::GradOf(tensor), grad, TensorKind::Gradient)?;
                 if remember && let Some(weak) = memlab_tch::grad_of(tensor).and_then(|g| WeakTensor::new(&g).ok()) {
-                    seen.push((grad_name(), weak));
+                    seen.push((tensor_impl(tensor)?, weak));
                 }
             } else if kind == TensorKind::Parameter {
-                let kept = remembered.as_deref().and_then(Option::as_ref).and_then(|r| r.get(&grad_name()));
+                let kept =
+                    remembered.as_deref().and_then(Option::as_ref).and_then(|r| r.get(&tensor_impl(tensor).ok()?));
                 if let Some(grad) = kept.and_then(WeakTensor::upgrade) {
                     let (facts, _) = facts(&grad, false)?;
                     named.add(&grad_name(), Source::Tensor(&grad), facts, TensorKind::Gradient)?;
@@ -694,6 +699,61 @@ impl Model {
             gradients::remember(seen);
         }
         Ok(named)
+    }
+}
+
+/// A [`Model`] held weakly, for the walks inside an allocator: the
+/// out-of-memory recorder's, armed for the whole process, and a batch
+/// search's at its tries' failures. It keeps none of the model's memory
+/// alive, and what the program drops is no longer named. Its optimizers'
+/// state is what they held when it was made. It is walked as
+/// [`now`](Self::now) gives it.
+#[derive(Debug)]
+pub(crate) struct WeakModel {
+    stores: Vec<(String, std::sync::Weak<Mutex<Variables>>)>,
+    tensors: Vec<(String, WeakTensor)>,
+    states: Vec<(String, WeakTensor)>,
+    registry: bool,
+}
+
+impl WeakModel {
+    /// Everything registered, at each walk.
+    pub(crate) fn registered() -> WeakModel {
+        WeakModel { stores: Vec::new(), tensors: Vec::new(), states: Vec::new(), registry: true }
+    }
+
+    /// What is alive of the model now, and everything registered when it
+    /// takes the registry, taken without waiting for any lock: for code
+    /// that runs inside an allocator (an out-of-memory handler), where the
+    /// failing thread may hold a var store's lock itself (tch holds it while
+    /// `set_device`, `load` and `copy` allocate). A registry or var store
+    /// that is held is passed by and listed in [`busy`](Model::busy).
+    pub(crate) fn now(&self) -> Model {
+        let alive = |list: &[(String, WeakTensor)]| -> Vec<(String, Tensor)> {
+            list.iter().filter_map(|(name, w)| w.upgrade().map(|t| (name.clone(), t))).collect()
+        };
+        let mut model = Model {
+            stores: self.stores.iter().filter_map(|(prefix, v)| v.upgrade().map(|v| (prefix.clone(), v))).collect(),
+            tensors: alive(&self.tensors),
+            states: alive(&self.states),
+            in_handler: true,
+            ..Model::default()
+        };
+        if !self.registry {
+            return model;
+        }
+        match registry::try_all() {
+            Some(registered) => {
+                let stores = registered.var_stores.into_iter();
+                model.stores.extend(stores.filter_map(|vs| vs.variables.upgrade().map(|v| (vs.name, v))));
+                model.tensors.extend(registered.tensors);
+                // An optimizer both registered and given is visited once.
+                let given: HashSet<String> = model.states.iter().map(|(name, _)| name.clone()).collect();
+                model.states.extend(registered.states.into_iter().filter(|(name, _)| !given.contains(name)));
+            }
+            None => model.note_busy("memlab's registry (held by another thread)"),
+        }
+        model
     }
 }
 

@@ -6,21 +6,14 @@
 use std::path::Path;
 use std::sync::{Arc, OnceLock};
 
-use memlab_core::events::{self, Backtrace, Frame, LiveAllocation};
-use memlab_core::hash::FastMap;
+use memlab_core::events::{self, Backtrace, Frame};
 use memlab_core::oom::Failure;
 use memlab_core::Device;
 
 use super::files::{fits, room};
-use super::{FailingThread, Holders, LeftOut, NamedHolder, NamedRest, OomReport, SiteHolder};
-use crate::attribution::{attribute, site_label};
-use crate::diagnosis::diagnose;
-use crate::named::{self, Model};
-
-/// Holders listed by name and by site (each); the rest are added up.
-const TOP_HOLDERS: usize = 20;
-/// Frames shown under an unnamed site.
-const SITE_FRAMES: usize = 6;
+use super::{FailingThread, LeftOut, OomReport};
+use crate::diagnosis::{diagnose, holders};
+use crate::named::WeakModel;
 
 /// This process's part of every report's file name: the host's name and
 /// the process's start, `host_YYYYMMDDTHHMMSS` (read once: the reports of
@@ -33,12 +26,13 @@ fn identity() -> &'static (String, Option<String>) {
     })
 }
 
-/// Takes the facts of `failure` and writes the report's files in `dir`.
-pub(super) fn capture(failure: &Failure, number: u64, dir: &Path) -> OomReport {
+/// Takes the facts of `failure`, with the memory named after `model`, and
+/// writes the report's files in `dir`.
+pub(super) fn capture(failure: &Failure, number: u64, dir: &Path, model: &WeakModel) -> OomReport {
     // On the failing thread: its stack is the failing call's (memlab's
     // own frames are left out when resolved).
     let backtrace = failure.backtrace.clone().unwrap_or_else(|| Arc::new(Backtrace::capture()));
-    let sources = Model::registered_now();
+    let sources = model.now();
     let mut left_out = Vec::new();
     // Listing the unnamed allocations by site copies the live set.
     let live = events::stats().live as u64;
@@ -92,7 +86,7 @@ pub(super) fn capture(failure: &Failure, number: u64, dir: &Path) -> OomReport {
     if let Device::Cuda(index) = failure.device {
         advise(&mut report, failure, index);
     }
-    super::files::write(&mut report, dir, &sources);
+    super::files::write(&mut report, dir, model, &sources);
     report
 }
 
@@ -144,80 +138,6 @@ struct Replay {
     snapshot: memlab_core::export::Snapshot,
     replayed: memlab_core::replay::Replayed,
     events: Vec<memlab_core::events::Event>,
-}
-
-/// What holds `device`'s memory, named without waiting for any lock.
-fn holders(device: Device, sources: &Model, with_sites: bool) -> Holders {
-    let mut out = Holders::default();
-    let Ok(stats) = memlab_tch::device_stats(device) else { return out };
-    let named = match sources.collect() {
-        Ok(named) => named,
-        Err(e) => {
-            out.busy.push(format!("the named tensors could not be walked: {e}"));
-            named::Named::default()
-        }
-    };
-    let live = (with_sites && events::is_active()).then(events::live);
-    let account = attribute(device, &stats, &named, live.as_deref());
-    out.named_bytes = account.named;
-    out.not_named = account.allocated - account.named as i64;
-    out.rounding = account.rounding;
-    out.workspaces = account
-        .workspaces
-        .iter()
-        .map(|w| memlab_core::oom::WorkspaceHolder { name: w.label.clone(), bytes: w.bytes })
-        .collect();
-    let mut rows: Vec<NamedHolder> = named
-        .storages(device)
-        .iter()
-        .filter(|s| s.from_allocator)
-        .map(|s| {
-            let first = &s.views[0];
-            let more = s.views.len() - 1;
-            NamedHolder {
-                name: if more > 0 { format!("{} (+{more} views)", first.name) } else { first.name.clone() },
-                kind: first.kind,
-                bytes: s.nbytes,
-            }
-        })
-        .collect();
-    // Largest first; equal sizes by name, shorter first (`layer2` before `layer10`).
-    rows.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| (a.name.len(), &a.name).cmp(&(b.name.len(), &b.name))));
-    let rest = rows.split_off(rows.len().min(TOP_HOLDERS));
-    out.named_rest = NamedRest { count: rest.len(), bytes: rest.iter().map(|r| r.bytes).sum() };
-    out.named = rows;
-    if let (Some(groups), Some(live)) = (account.unnamed, live.as_deref()) {
-        // Each site's first backtrace, the site of each distinct stack read
-        // once (allocations from one call path share their backtrace).
-        // A statement hashes by its site's address and line, never by what
-        // the site holds.
-        #[allow(clippy::mutable_key_type)]
-        let mut site_of_stack = FastMap::default();
-        let mut first: FastMap<Option<String>, &Arc<Backtrace>> = FastMap::default();
-        for a in live.iter().filter(|a: &&LiveAllocation| a.device == device) {
-            let Some(backtrace) = a.backtrace.as_ref() else { continue };
-            let site = site_of_stack
-                .entry((Arc::as_ptr(backtrace), a.statement))
-                .or_insert_with(|| memlab_core::export::site_of(a));
-            first.entry(site.clone()).or_insert(backtrace);
-        }
-        let frames_of = |site: &Option<String>| -> Vec<Frame> {
-            first.get(site).map(|b| b.frames().iter().take(SITE_FRAMES).cloned().collect()).unwrap_or_default()
-        };
-        out.by_site = Some(
-            groups
-                .iter()
-                .take(TOP_HOLDERS)
-                .map(|g| SiteHolder {
-                    site: site_label(g).to_string(),
-                    bytes: g.bytes,
-                    blocks: g.blocks,
-                    frames: frames_of(&g.site),
-                })
-                .collect(),
-        );
-    }
-    out
 }
 
 /// CUDA, while a recording runs: its history of device `index` replayed

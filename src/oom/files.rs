@@ -11,7 +11,7 @@ use memlab_core::sync::LockExt;
 use memlab_core::{Backend, Device, Error, Result};
 use memlab_tch::BACKEND;
 
-use crate::named::Model;
+use crate::named::{Model, WeakModel};
 
 /// What this process could still obtain now, in bytes: the host's free
 /// memory, or what its address-space or cgroup limit leaves (the reserve,
@@ -93,8 +93,9 @@ fn claim(report: &mut OomReport, dir: &Path) -> Option<(String, std::fs::File)> 
 /// runs, its HTML report and PyTorch snapshot where the memory left
 /// suffices for them, then the text and JSON again with the final list
 /// of files. Every file is created anew (never overwriting one);
-/// failures to write are kept, never raised.
-pub(super) fn write(report: &mut OomReport, dir: &Path, sources: &Model) {
+/// failures to write are kept, never raised. `sources` is what the report
+/// walked; the exports walk `model` again.
+pub(super) fn write(report: &mut OomReport, dir: &Path, model: &WeakModel, sources: &Model) {
     let (stem, text_file) = match claim(report, dir) {
         Some((stem, file)) => (stem, Some(file)),
         None => (report.file_stem(None), None),
@@ -115,7 +116,7 @@ pub(super) fn write(report: &mut OomReport, dir: &Path, sources: &Model) {
     if !events::is_active() {
         return;
     }
-    let sources = Model::registered_now();
+    let sources = model.now();
     // The page last: its list of files then holds the snapshot's.
     let exports = [
         ("the PyTorch memory snapshot", "pickle", crate::capture::estimate::snapshot()),

@@ -30,7 +30,8 @@
 //!   (NVML), or why one could not be read (for the CPU, the kernel's and the
 //!   process's limits' figures);
 //! - what holds the memory is named: the registered var stores, gradients,
-//!   optimizer state and tensors by name (largest first, exact bytes), by a
+//!   optimizer state and tensors (or those of the model given to
+//!   [`of`](crate::OomRecorder::of)) by name (largest first, exact bytes), by a
 //!   walk that waits for no lock and never asks libtorch for a gradient (see
 //!   "Threads" below), and the rest by the site that allocated it while a
 //!   [`Recording`](crate::Recording) runs, with its frames;
@@ -200,8 +201,9 @@
 //! then races with libtorch (plain tch's `grad()` would too), so the handler
 //! never asks libtorch for one: it names the gradients the last walk outside a
 //! handler saw (a report, an export, a monitor's record, a step of a
-//! [`RegisteredOptimizer`](crate::RegisteredOptimizer)), held weakly by name; a
-//! gradient made since (every step's `zero_grad` sets them to none) counts
+//! [`RegisteredOptimizer`](crate::RegisteredOptimizer)), held weakly by their
+//! parameter, whatever that walk named it; a gradient made since (every
+//! step's `zero_grad` sets them to none) counts
 //! among the unnamed bytes, by site while a recording runs.
 //!
 //! Which memlab reads race with a concurrent `backward_step` on another thread:
@@ -235,7 +237,7 @@ use memlab_core::render::Cell;
 use memlab_core::{Backend, Error, Result};
 use memlab_tch::BACKEND;
 
-use crate::named;
+use crate::named::{self, Model, WeakModel};
 
 /// Reports written per process unless [`OomRecorder::max_reports`] says otherwise.
 pub const DEFAULT_MAX_REPORTS: usize = 3;
@@ -269,12 +271,15 @@ pub struct OomRecorder {
     init_cuda: bool,
     reserve: u64,
     watermark: Option<f64>,
+    model: Model,
 }
 
 #[derive(Clone, Debug)]
 struct Config {
     dir: PathBuf,
     max_reports: usize,
+    /// What the reports name memory after, held weakly.
+    model: Arc<WeakModel>,
 }
 
 memlab_core::process::process_wide! {
@@ -302,7 +307,28 @@ impl OomRecorder {
             init_cuda: false,
             reserve: DEFAULT_RESERVE,
             watermark: Some(DEFAULT_WATERMARK),
+            model: Model::registered(),
         }
+    }
+
+    /// Names the memory in the reports after `model` (or a var store,
+    /// `of(&vs)`) rather than the registry (see [`Model`]):
+    ///
+    /// ```rust,no_run
+    /// # let vs = tch::nn::VarStore::new(tch::Device::Cpu);
+    /// memlab::OomRecorder::new("oom_reports").of(&vs).arm()?; // its variables and their gradients by name
+    /// # Ok::<(), memlab::Error>(())
+    /// ```
+    ///
+    /// From arming on the recorder holds the model weakly, as the registry
+    /// holds what is registered: it keeps none of the model's memory alive,
+    /// and what the program drops is no longer named. An optimizer given
+    /// with [`Model::optimizer`] is named with the state it had then (state
+    /// its later steps create is not: register the optimizer for that, see
+    /// [`register_optimizer`](crate::register_optimizer)).
+    pub fn of(mut self, model: impl Into<Model>) -> OomRecorder {
+        self.model = model.into();
+        self
     }
 
     /// Writes at most `n` reports for the whole process (3 by default);
@@ -346,9 +372,10 @@ impl OomRecorder {
     }
 
     /// Arms the recorder for the whole process (arming again replaces the
-    /// directory, the limit, the reserve and the watermark; the count of
-    /// reports goes on). Fails, and arms nothing, when `dir` is empty or
-    /// cannot be written, or the reserve cannot be kept.
+    /// directory, the limit, the reserve, the watermark and the model; the
+    /// count of reports goes on). Fails, and arms nothing, when `dir` is
+    /// empty or cannot be written, the reserve cannot be kept, or an
+    /// optimizer of the model could not be read.
     pub fn arm(self) -> Result<()> {
         if self.dir.as_os_str().is_empty() {
             return Err(Error::InvalidArgument(
@@ -366,6 +393,7 @@ impl OomRecorder {
         let dir = std::path::absolute(&self.dir)
             .map_err(|e| Error::io(format!("make {} absolute (give an absolute path)", self.dir.display()), e))?;
         environment::usable_dir(&dir)?;
+        let model = Arc::new(self.model.downgrade()?);
         if self.init_cuda && memlab_tch::cuda_is_available() {
             let device = tch::Device::Cuda(Backend::current_cuda_device(&BACKEND).unwrap_or(0));
             let first = tch::Tensor::f_zeros([1], (tch::Kind::Float, device)).map_err(memlab_tch::torch_error)?;
@@ -378,7 +406,7 @@ impl OomRecorder {
         memlab_tch::oom::prepare_failure_path();
         // Read now, while memory is plentiful: every report carries it.
         let _ = crate::run::this_process();
-        *CONFIG.locked() = Some(Config { dir, max_reports: self.max_reports });
+        *CONFIG.locked() = Some(Config { dir, max_reports: self.max_reports, model });
         DISARMED.store(false, Ordering::Relaxed);
         named::gradients::keep(true);
         watermark::watch(self.watermark);
@@ -410,7 +438,11 @@ fn config() -> Option<Config> {
     if let Some(c) = CONFIG.locked().clone() {
         return Some(c);
     }
-    environment::dir().map(|dir| Config { dir: dir.clone(), max_reports: DEFAULT_MAX_REPORTS })
+    environment::dir().map(|dir| Config {
+        dir: dir.clone(),
+        max_reports: DEFAULT_MAX_REPORTS,
+        model: Arc::new(WeakModel::registered()),
+    })
 }
 
 /// The last out-of-memory report written in this process, if any.
@@ -438,7 +470,7 @@ pub(crate) fn on_failure(failure: &Failure) {
         }
         return;
     }
-    let report = Arc::new(capture::capture(failure, number, &config.dir));
+    let report = Arc::new(capture::capture(failure, number, &config.dir, &config.model));
     let summary = report.summary();
     {
         // Reports of two threads may finish out of order: the last is the highest number.

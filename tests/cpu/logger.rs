@@ -185,3 +185,28 @@ fn one_sampler_serves_a_step_and_a_sampling_recording_at_once() {
     let above_start = data.ram.consumed + data.ram.peaked;
     assert!(data.ram.sampled && above_start >= 12 << 20, "the step's own peak: {data}");
 }
+
+#[test]
+fn a_step_notes_the_memory_of_the_model_given_for_the_exports() {
+    use tch::nn::{self, Module, OptimizerConfig};
+    let _s = serial();
+    memlab::clear_registry();
+    let recording = memlab::Recording::start(memlab::events::Settings::default()).unwrap();
+    let vs = nn::VarStore::new(tch::Device::Cpu);
+    let fc = nn::linear(vs.root() / "fc", 64, 64, Default::default());
+    let mut opt = nn::Sgd::default().build(&vs, 0.1).unwrap();
+    let mut logger = StepLogger::new().of(&vs);
+    logger.stop();
+    let x = Tensor::ones([8, 64], (Kind::Float, tch::Device::Cpu));
+    logger.log("step", || fc.forward(&x).sum(Kind::Float).backward());
+    let gradient = fc.ws.grad().data_ptr() as u64;
+    // Freed: no later walk can name them. The exporter's own model is
+    // empty: the category comes from the step's note.
+    opt.zero_grad();
+    let snapshot = memlab::export::Exporter::default().snapshot().unwrap();
+    drop(recording);
+    let cpu = snapshot.devices().iter().position(|d| d == "cpu").unwrap();
+    let allocs = snapshot.device_traces[cpu].iter().filter(|e| e.action == "alloc" && e.addr == Some(gradient));
+    let categories: Vec<_> = allocs.map(|e| (e.size, e.category)).collect();
+    assert_eq!(categories.last(), Some(&(64 * 64 * 4, Some(memlab::export::Category::Gradient))), "{categories:?}");
+}

@@ -191,6 +191,77 @@ fn a_failed_request_is_reported_before_the_error_arrives_and_training_goes_on() 
 }
 
 #[test]
+fn the_reports_name_memory_after_the_model_given_and_hold_it_weakly() {
+    let _s = serial();
+    memlab::clear_registry();
+    let out = dir("model");
+    let vs = nn::VarStore::new(tch::Device::Cpu);
+    let net = nn::seq().add(nn::linear(vs.root() / "fc", 64, 64, Default::default()));
+    let cache = floats(1 << 20); // 4 MiB
+    let model = memlab::Model::new().var_store("model", &vs).tensor("cache", &cache);
+    OomRecorder::new(&out).max_reports(100).of(model).arm().unwrap();
+    net.forward(&Tensor::ones([8, 64], (Kind::Float, tch::Device::Cpu))).sum(Kind::Float).backward();
+    // A walk under other names (no prefix) keeps the gradients for the
+    // handler, which names them after the recorder's model.
+    memlab::MemReporter::new(&vs).report().unwrap();
+
+    assert!(Tensor::f_empty([TOO_BIG], (Kind::Float, tch::Device::Cpu)).is_err());
+    let report = memlab::last_oom().expect("the failure was recorded");
+    let named = |report: &memlab::oom::OomReport| -> Vec<String> {
+        report.holders.named.iter().map(|n| n.name.clone()).collect()
+    };
+    for name in ["cache", "model.fc.weight", "model.fc.weight.grad", "model.fc.bias.grad"] {
+        assert!(named(&report).iter().any(|n| n == name), "{name}: {:?}", named(&report));
+    }
+    assert_eq!(report.holders.named_bytes, (4 << 20) + 2 * (64 * 64 + 64) * 4);
+
+    // Held weakly: what the program drops is freed, and no longer named.
+    let allocated = || memlab::stats::device_stats(Device::Cpu).unwrap().allocated_bytes.all.current;
+    let before = allocated();
+    drop(cache);
+    assert_eq!(before - allocated(), 4 << 20, "the recorder kept the tensor alive");
+    drop((net, vs));
+    assert!(Tensor::f_empty([TOO_BIG], (Kind::Float, tch::Device::Cpu)).is_err());
+    let after = memlab::last_oom().unwrap();
+    assert!(after.number > report.number && after.holders.named.is_empty(), "{:?}", named(&after));
+
+    // A model whose optimizer cannot be read arms nothing.
+    let other = nn::VarStore::new(tch::Device::Cpu);
+    let _w = other.root().zeros("w", &[4]);
+    let lost = nn::Sgd::default().build(&other, 0.1).unwrap();
+    let broken = memlab::Model::new().optimizer(&lost);
+    OomRecorder::disarm();
+    assert!(OomRecorder::new(&out).of(broken).arm().is_err());
+    assert_eq!(OomRecorder::armed_dir(), None, "nothing armed");
+    std::fs::remove_dir_all(&out).ok();
+}
+
+#[test]
+fn a_batch_search_names_the_holders_of_its_first_failure_after_its_model() {
+    let _s = serial();
+    memlab::clear_registry();
+    let vs = nn::VarStore::new(tch::Device::Cpu);
+    let _fc = nn::linear(vs.root() / "fc", 64, 64, Default::default());
+    let step = |batch: usize| -> Result<(), Box<dyn std::error::Error>> {
+        let size = if batch <= 2 { 1024 * batch as i64 } else { TOO_BIG };
+        let _t = Tensor::f_empty([size], (Kind::Float, tch::Device::Cpu))?;
+        Ok(())
+    };
+    let budget = memlab::Budget::Bytes(1 << 30);
+    let search = memlab::BatchSizeSearch::new(Device::Cpu, budget).of(memlab::Model::new().var_store("model", &vs));
+    let search = search.run(16, step).unwrap();
+    assert_eq!(search.largest, Some(2));
+    let first = search.first_oom.as_ref().expect("batch 4 ran out");
+    assert_eq!((first.batch_size, first.diagnosis.verdict), (4, Verdict::RequestExceedsDevice));
+    let weight = first.holders.named.iter().find(|n| n.name == "model.fc.weight").expect("the model by name");
+    assert_eq!((weight.kind, weight.bytes), (memlab::TensorKind::Parameter, 64 * 64 * 4));
+    assert_eq!(first.holders.named_bytes, (64 * 64 + 64) * 4);
+    // The one-liner names the registry's, here nothing.
+    let plain = memlab::find_batch_size(Device::Cpu, budget, 16, step).unwrap();
+    assert!(plain.first_oom.expect("batch 4 ran out").holders.named.is_empty());
+}
+
+#[test]
 fn a_failure_on_another_thread_is_caught() {
     let _s = serial();
     let out = dir("thread");
@@ -286,7 +357,7 @@ fn find_batch_size_keeps_its_failures_quiet_and_says_why_the_first_one_failed() 
     })
     .unwrap();
     assert_eq!(search.largest, Some(4));
-    let memlab::batch_size::FirstOom { batch_size: batch, diagnosis: why } =
+    let memlab::batch_size::FirstOom { batch_size: batch, diagnosis: why, .. } =
         search.first_oom.as_ref().expect("the first failing batch's verdict");
     assert_eq!((*batch, why.verdict, why.requested), (8, Verdict::RequestExceedsDevice, 1 << 48));
     assert!(search

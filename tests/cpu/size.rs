@@ -71,6 +71,37 @@ fn measures_parameters_activations_and_optimizer_state() {
 }
 
 #[test]
+fn measures_a_model_of_several_var_stores() {
+    let _s = serial();
+    memlab::clear_registry();
+    let input = Tensor::randn([16, 256], (Kind::Float, tch::Device::Cpu));
+    let (encoder, decoder) = (nn::VarStore::new(tch::Device::Cpu), nn::VarStore::new(tch::Device::Cpu));
+    let first = nn::linear(encoder.root() / "fc", 256, 512, Default::default());
+    let second = nn::linear(decoder.root() / "fc", 512, 10, Default::default());
+    let forward = |x: &Tensor| second.forward(&first.forward(x).relu());
+    let before: Vec<Tensor> =
+        [&encoder, &decoder].iter().flat_map(|vs| vs.trainable_variables()).map(|t| t.copy()).collect();
+    // Both stores, the decoder both given and registered: measured once.
+    memlab::register_var_store("decoder", &decoder);
+    let model = memlab::Model::registered().var_store("encoder", &encoder).var_store("decoder", &decoder);
+    let size = memlab::measure_model(model, forward, &input, &[StepOptimizer::Adam]).unwrap();
+    assert_eq!((size.parameters, size.parameter_bytes), (PARAMS, PARAMS * 4));
+    assert_eq!(size.gradient_bytes, (PARAMS * 4) as i64);
+    assert_eq!(size.optimizers[0].state, (2 * PARAMS * 4) as i64, "Adam's two moments of both stores");
+    // Both left as they were: same weights, no gradients.
+    let after: Vec<Tensor> = [&encoder, &decoder].iter().flat_map(|vs| vs.trainable_variables()).collect();
+    for (t, b) in after.iter().zip(&before) {
+        assert!(t.equal(b) && !t.grad().defined());
+    }
+    // The registry alone: the decoder's parameters only.
+    let decoder_only = memlab::measure_model(memlab::Model::registered(), forward, &input, &[]).unwrap();
+    assert_eq!(decoder_only.parameters, 512 * 10 + 10);
+    memlab::clear_registry();
+    let err = memlab::measure_model(memlab::Model::registered(), forward, &input, &[]).unwrap_err();
+    assert!(err.to_string().contains("no var store"), "{err}");
+}
+
+#[test]
 fn batch_size_search_within_a_byte_budget() {
     let _s = serial();
     // A step that holds 4 KiB per sample at its peak.

@@ -30,7 +30,7 @@ fn model_size_and_batch_search_on_cuda() {
     assert!(search.largest.is_some_and(|n| n > 1000));
     // Its out-of-memory failures (some on the autograd engine's own thread)
     // are the search's: it says why the first failed.
-    let memlab::batch_size::FirstOom { batch_size: batch, diagnosis: why } =
+    let memlab::batch_size::FirstOom { batch_size: batch, diagnosis: why, .. } =
         search.first_oom.as_ref().expect("the first failing batch's verdict");
     assert!(*batch > 1000 && why.device == Device::Cuda(0), "{batch} {why:?}");
     let after = floats(1024);

@@ -123,7 +123,7 @@ pub fn dispatch(failure: &Failure) {
 /// ```
 pub fn quietly<R, T: Send + 'static>(
     device: Device,
-    inspect: fn(&Failure) -> T,
+    inspect: impl Fn(&Failure) -> T + Send + Sync + 'static,
     f: impl FnOnce(u64) -> R,
 ) -> (R, Option<T>) {
     let ticket = quiet::start(device, Arc::new(move |failure: &Failure| Box::new(inspect(failure)) as quiet::Seen));
