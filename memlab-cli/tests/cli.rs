@@ -1060,13 +1060,15 @@ fn outputs_match_the_golden_files() {
     let bless = std::env::var_os("MEMLAB_BLESS").is_some();
     let merged = temp("golden-merge");
     let merged = merged.to_str().unwrap();
+    let page = temp("golden-view.html");
+    let page = page.to_str().unwrap();
     let cases: Vec<(&str, Vec<&str>)> = vec![
         ("summary_leaky.txt", vec!["summary", "fixtures/leaky.pickle"]),
         ("summary_leaky.json", vec!["summary", "fixtures/leaky.pickle", "--json"]),
         ("summary_memlab_cpu.txt", vec!["summary", "fixtures/memlab_cpu.pickle"]),
         ("summary_memlab_cuda.json", vec!["summary", "fixtures/memlab_cuda.pickle", "--json"]),
         ("summary_transformer_all.txt", vec!["summary", "fixtures/transformer_all.pickle"]),
-        ("view_memlab_cpu.json", vec!["view", "fixtures/memlab_cpu.pickle", "--json"]),
+        ("view_memlab_cpu.json", vec!["view", "fixtures/memlab_cpu.pickle", "-o", page, "--json"]),
         ("diff_leaky_fixed.txt", vec!["diff", "fixtures/leaky.pickle", "fixtures/fixed.pickle"]),
         ("diff_leaky_fixed.json", vec!["diff", "fixtures/leaky.pickle", "fixtures/fixed.pickle", "--json"]),
         (
@@ -1097,7 +1099,7 @@ fn outputs_match_the_golden_files() {
         .map(|(name, args)| {
             let out = Command::new(env!("CARGO_BIN_EXE_memlab")).args(&args).current_dir(&root).output().unwrap();
             assert!(out.status.success(), "{args:?}: {}", String::from_utf8_lossy(&out.stderr));
-            (name.to_string(), String::from_utf8(out.stdout).unwrap().replace(merged, "MERGED"))
+            (name.to_string(), String::from_utf8(out.stdout).unwrap().replace(merged, "MERGED").replace(page, "PAGE"))
         })
         .collect();
     let report = std::fs::read_to_string(root.join("fixtures/oom/frag93_default.json")).unwrap();
