@@ -21,6 +21,9 @@ if ! rustup component "${switch[0]}" rust-src >&2; then
   exit 0
 fi
 status=0
-cargo test --release --test ui || status=$?
+# --workspace: features resolved as the suite's own run resolved them, so
+# nothing but the test's cases is built again (alone, `--test ui` resolves
+# others and rebuilds memlab and its crates, 45 s).
+cargo test --release --workspace --test ui || status=$?
 rustup component "${switch[1]#restore=}" rust-src >&2 || true
 exit "$status"

@@ -2,8 +2,8 @@
 # memlab's CPU suite on its other supported tch: tch 0.26 over libtorch 2.13.
 # Sets up that torch's venv (.venv-2.13.0, see env.sh), selects tch 0.26 on a
 # copy of Cargo.lock (the project's own lock stays on tch 0.24, the version
-# CUDA is verified on, and is put back on exit), builds into its own target
-# directory, and runs the unit, integration and documentation tests (the UI
+# CUDA is verified on, and is put back on exit), builds beside the first
+# pass's build, and runs the unit, integration and documentation tests (the UI
 # tests, whose compiler messages are the default's, only run there). Then a
 # user's crate pinned to tch 0.26, with memlab as a path dependency, builds
 # and runs its demo (examples/tch-0.26-user).
@@ -12,7 +12,11 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export MEMLAB_TORCH=2.13.0
 source scripts/env.sh
 cd "$MEMLAB_ROOT"
-export CARGO_TARGET_DIR="$MEMLAB_ROOT/target/tch-0.26"
+# The default target directory, shared with the first pass: cargo keeps both
+# tch's builds side by side, and everything that does not depend on tch
+# (memlab-core, memlab-cli, every other crate) is built once for both. The
+# user's crate of tch 0.26 builds there too.
+export CARGO_TARGET_DIR="$MEMLAB_ROOT/target"
 saved="$(mktemp)"
 cp Cargo.lock "$saved"
 trap 'cp "$saved" Cargo.lock; rm -f "$saved"' EXIT

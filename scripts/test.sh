@@ -6,9 +6,20 @@
 # that need a CUDA GPU are ignored here; on a GPU machine pass
 # `-- --include-ignored`.
 set -euo pipefail
+started=$SECONDS
 source "$(dirname "${BASH_SOURCE[0]}")/env.sh"
 cd "$MEMLAB_ROOT"
-cargo test --release --workspace "$@"
+# Each step's wall time, printed as it ends and again at the end, so that a
+# slow step shows in every log (BENCHMARKS.md has the suite's figures).
+times=("$(printf '%5d s  %s' $((SECONDS - started)) "setup (the venv)")")
+step() {
+  local name="$1" began=$SECONDS
+  shift
+  "$@"
+  times+=("$(printf '%5d s  %s' $((SECONDS - began)) "$name")")
+  echo "memlab: ${times[-1]}"
+}
+step "unit, integration, UI and doc tests" cargo test --release --workspace "$@"
 # The command-line tool needs no libtorch to run: its test binaries, just
 # built, again with the torch venv off PATH and LD_LIBRARY_PATH (its crate
 # graph holds no libtorch, so nothing needs building without it; building
@@ -21,7 +32,7 @@ for line in sys.stdin:
             and "/memlab-cli#" in m["package_id"]:
         print(m["executable"])')"
 [ -n "$cli_tests" ] || { echo "memlab: found no test binary of memlab-cli" >&2; exit 1; }
-(
+without_libtorch() (
   PATH="$(printf '%s' "$PATH" | tr ':' '\n' | grep -vxF "$MEMLAB_VENV/bin" | paste -sd:)"
   unset LD_LIBRARY_PATH LIBTORCH_USE_PYTORCH
   cd memlab-cli
@@ -30,12 +41,18 @@ for line in sys.stdin:
     "$test"
   done
 )
+step "memlab-cli's tests without libtorch" without_libtorch
 # The engine once more in debug, where an overflow that wraps in release
 # panics: the allocator model, its readers and the property tests of their
 # hostile inputs (memlab-core needs no libtorch: it builds in seconds).
-cargo test -p memlab-core
+step "memlab-core in debug" cargo test -p memlab-core
 # The backend with its optional parts left out: their calls say which feature they need.
-cargo test --release -p memlab-tch --no-default-features --lib
-cargo clippy --release --workspace --all-targets -- -D warnings
-RUSTDOCFLAGS="-D warnings" CARGO_TARGET_DIR=target/doc-only \
-  cargo doc --workspace --no-deps --features doc-only
+step "memlab-tch without its features" cargo test --release -p memlab-tch --no-default-features --lib
+step "clippy" cargo clippy --release --workspace --all-targets -- -D warnings
+docs_without_libtorch() {
+  RUSTDOCFLAGS="-D warnings" CARGO_TARGET_DIR=target/doc-only cargo doc --workspace --no-deps --features doc-only
+}
+step "the documentation without libtorch" docs_without_libtorch
+echo "memlab: the suite's steps:"
+printf '%s\n' "${times[@]}"
+printf '%5d s  in all\n' $((SECONDS - started))
