@@ -12,7 +12,6 @@ use std::collections::BTreeMap;
 use std::io::{BufWriter, Read};
 use std::path::{Path, PathBuf};
 
-use memlab_core::events::Action;
 use memlab_core::export::{
     InstantScope, Phase, Snapshot, SnapshotFile, TraceArgs, TraceEvent, TraceFile, TraceInfo, TraceWriter,
 };
@@ -22,7 +21,7 @@ use memlab_core::run::RunInfo;
 use serde::de::IgnoredAny;
 use serde::Serialize;
 
-use crate::analysis::{self, Start, Summary};
+use crate::analysis::{self, Offer, Start, Stretches, Summary};
 
 /// The most points a device's timeline on the page has.
 const PAGE_POINTS: usize = 400;
@@ -479,35 +478,19 @@ fn snapshot_levels(s: &Snapshot, points: usize) -> Vec<Levels> {
         }
         let mut live = start.live.clone();
         let mut allocated: u64 = live.values().map(|(size, _)| size).sum();
-        // Reserved: the final segments less what the trace added.
-        let end: i128 = s.segments.iter().filter(|seg| seg.device == index).map(|seg| i128::from(seg.total_size)).sum();
-        let added: i128 = start
-            .trace
-            .iter()
-            .map(|e| match e.action {
-                Action::SegmentAlloc | Action::SegmentMap => i128::from(e.size),
-                Action::SegmentFree | Action::SegmentUnmap => -i128::from(e.size),
-                _ => 0,
-            })
-            .sum();
-        let mut reserved = end - added;
+        let mut reserved = analysis::reserved_before(s, index, start.trace);
         let reserves = device.starts_with("cuda");
-        let per = start.trace.len().div_ceil(points).max(1);
-        let mut levels: Vec<(i64, u64, Option<u64>)> = Vec::new();
+        // Per stretch: the moment allocated peaked, with the stretch's highest reserved.
+        let mut stretches: Stretches<(i64, u64, Option<u64>)> = Stretches::new(start.trace.len(), points);
         for (i, e) in start.trace.iter().enumerate() {
             analysis::apply(e, i, start.release, &mut live, &mut allocated, &mut reserved);
             let r = reserves.then(|| u64::try_from(reserved).unwrap_or(0));
-            if i % per == 0 {
-                levels.push((e.time_us as i64, allocated, r));
-            } else if let Some(last) = levels.last_mut() {
-                if allocated > last.1 {
-                    *last = (e.time_us as i64, allocated, r.max(last.2));
-                } else {
-                    last.2 = r.max(last.2);
-                }
+            match stretches.offer(i, i128::from(allocated), || (0, 0, None)) {
+                Offer::Highest(last) => *last = (e.time_us as i64, allocated, r.max(last.2)),
+                Offer::Lower(last) => last.2 = r.max(last.2),
             }
         }
-        out.push(Levels { device: device.clone(), points: levels });
+        out.push(Levels { device: device.clone(), points: stretches.points() });
     }
     out
 }

@@ -304,6 +304,69 @@ impl<'s> Start<'s> {
     }
 }
 
+/// Device `index`'s reserved bytes before `trace` (its history) began: what
+/// its final segments hold less what the history's segment events added
+/// (allocations and maps, less frees and unmaps). Below 0 where the events
+/// add up to more than the final segments: the history is partial then, and
+/// the bytes before it unknown. The one computation the summary, the replay
+/// and `memlab merge` share.
+pub fn reserved_before(s: &Snapshot, index: usize, trace: &[TraceEntry]) -> i128 {
+    let at_end: i128 = s.segments.iter().filter(|seg| seg.device == index).map(|seg| i128::from(seg.total_size)).sum();
+    let added: i128 = trace
+        .iter()
+        .map(|e| match e.action {
+            Action::SegmentAlloc | Action::SegmentMap => i128::from(e.size),
+            Action::SegmentFree | Action::SegmentUnmap => -i128::from(e.size),
+            _ => 0,
+        })
+        .sum();
+    at_end - added
+}
+
+/// A long history drawn as at most a given number of points: its events cut
+/// into consecutive stretches of equal count, each kept as the moment its
+/// rank (allocated bytes) was highest, the first of equals. The HTML
+/// report's timelines and `memlab merge`'s levels both keep their points so.
+pub struct Stretches<T> {
+    per: usize,
+    kept: Vec<(i128, T)>,
+}
+
+/// Where an event offered to [`Stretches`] stands in its stretch.
+pub enum Offer<'a, T> {
+    /// The highest of its stretch so far: the caller writes its moment here.
+    Highest(&'a mut T),
+    /// Below what the stretch keeps, which the caller may still update.
+    Lower(&'a mut T),
+}
+
+impl<T> Stretches<T> {
+    /// Stretches for a history of `events` events, at most `points` of them.
+    pub fn new(events: usize, points: usize) -> Stretches<T> {
+        Stretches { per: events.div_ceil(points.max(1)).max(1), kept: Vec::new() }
+    }
+
+    /// Event `i` (offered in order, each once) with its `rank`; `new` makes
+    /// the moment of a stretch's first event, which is then its highest.
+    pub fn offer(&mut self, i: usize, rank: i128, new: impl FnOnce() -> T) -> Offer<'_, T> {
+        if self.kept.len() <= i / self.per {
+            self.kept.push((i128::MIN, new()));
+        }
+        let (best, kept) = self.kept.last_mut().expect("a stretch");
+        if rank > *best {
+            *best = rank;
+            Offer::Highest(kept)
+        } else {
+            Offer::Lower(kept)
+        }
+    }
+
+    /// The moments kept, one per stretch, in order.
+    pub fn points(self) -> Vec<T> {
+        self.kept.into_iter().map(|(_, moment)| moment).collect()
+    }
+}
+
 /// The blocks of device `index`'s final segments that are not free.
 fn live_blocks(s: &Snapshot, index: usize) -> impl Iterator<Item = &Block> {
     s.segments
@@ -324,16 +387,7 @@ fn replay(s: &Snapshot, index: usize, device: String) -> Option<DeviceSummary> {
         b.add(*size);
         b
     });
-    // Reserved: the final segments less what the trace added.
     let final_reserved: u64 = segments.iter().map(|seg| seg.total_size).sum();
-    let mut net: i128 = 0;
-    for e in trace {
-        match e.action {
-            Action::SegmentAlloc | Action::SegmentMap => net += i128::from(e.size),
-            Action::SegmentFree | Action::SegmentUnmap => net -= i128::from(e.size),
-            _ => {}
-        }
-    }
     let mut partial = Vec::new();
     if let Some(info) = s.memlab.as_ref().filter(|i| i.partial) {
         partial.push(format!(
@@ -348,7 +402,7 @@ fn replay(s: &Snapshot, index: usize, device: String) -> Option<DeviceSummary> {
             missing_frees.blocks, missing_frees.bytes
         ));
     }
-    let start_reserved = i128::from(final_reserved) - net;
+    let start_reserved = reserved_before(s, index, trace);
     let reserved_known = !cpu && start_reserved >= 0;
     if !cpu && start_reserved < 0 {
         partial.push("the segment events add up to more than the final segments: reserved bytes are unknown".into());

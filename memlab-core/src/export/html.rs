@@ -14,7 +14,7 @@ use serde::Serialize;
 
 use std::collections::HashMap;
 
-use super::analysis::{OomAt, Origin, Site, Start, Summary};
+use super::analysis::{Offer, OomAt, Origin, Site, Start, Stretches, Summary};
 use super::frames::Level as FoldLevel;
 use super::{SnapshotFile, SnapshotFrame};
 use crate::events::Action;
@@ -263,9 +263,8 @@ impl HtmlReport {
                 })
             };
 
-            // The timeline: per bucket of events, the moment allocated memory peaked.
-            let per_bucket = start.trace.len().div_ceil(BUCKETS).max(1);
-            let mut points: Vec<Point> = Vec::new();
+            // The timeline: per stretch of events, the moment allocated memory peaked.
+            let mut stretches = Stretches::new(start.trace.len(), BUCKETS);
             let mut running = vec![0i64; layers.len()];
             let mut live = start.live.clone();
             for (size, origin) in live.values() {
@@ -288,24 +287,16 @@ impl HtmlReport {
                     }
                     _ => {}
                 }
-                let bucket = i / per_bucket;
-                if points.len() == bucket {
-                    points.push(Point {
-                        time_us: 0.0,
-                        allocated: i64::MIN,
-                        layers: vec![0; layers.len()],
-                        event: None,
-                    });
-                }
                 let allocated: i64 = running.iter().sum();
-                let p = &mut points[bucket];
-                if p.allocated < allocated {
+                let blank = || Point { time_us: 0.0, allocated, layers: vec![0; layers.len()], event: None };
+                if let Offer::Highest(p) = stretches.offer(i, i128::from(allocated), blank) {
                     p.time_us = e.time_us.saturating_sub(t0) as f64;
                     p.event = Some(i as u64 + 1);
                     p.allocated = allocated;
                     p.layers.copy_from_slice(&running);
                 }
             }
+            let points = stretches.points();
 
             // Live at the peak: by the tensor's name where memlab's exporter
             // named the allocation (still alive at export), else by site.

@@ -228,17 +228,7 @@ fn run(
         rebuilt_segments: 0,
         rebuilt_blocks: 0,
     };
-    let held_at_end: i128 =
-        snapshot.segments.iter().filter(|s| s.device == index).map(|s| i128::from(s.total_size)).sum();
-    let added: i128 = trace
-        .iter()
-        .map(|e| match e.action {
-            Action::SegmentAlloc | Action::SegmentMap => i128::from(e.size),
-            Action::SegmentFree | Action::SegmentUnmap => -i128::from(e.size),
-            _ => 0,
-        })
-        .sum();
-    out.reserved_before = u64::try_from(held_at_end - added).unwrap_or(0);
+    out.reserved_before = u64::try_from(crate::export::analysis::reserved_before(snapshot, index, trace)).unwrap_or(0);
     if out.reserved_before > 0 {
         (out.rebuilt_segments, out.rebuilt_blocks) = rebuild(snapshot, index, trace, &mut model, &mut live);
     }
