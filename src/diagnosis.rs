@@ -247,7 +247,7 @@ mod tests {
         // fraction's bytes as the total and the driver's 77 GiB as free,
         // with 1 GiB reserved. What this process could still obtain was
         // 0.5 GiB.
-        const MIB: u64 = 1 << 20;
+        use memlab_core::units::MIB;
         let (reserved, device_total) = (1024 * MIB, 85_017_493_504);
         let given = DeviceMemory::new(82_741_248_000, 1536 * MIB, Some(1640 * MIB), None);
         let limited = under_fraction(given, reserved as i64, device_total);

@@ -19,6 +19,7 @@ pub mod replay;
 pub mod report;
 pub mod run;
 pub mod stats;
+pub mod units;
 mod verdict;
 
 // memlab's own plumbing, public because memlab's other crates use it (and

@@ -318,8 +318,7 @@ mod tests {
     use super::*;
     use crate::backend::ScriptedBackend;
 
-    const GIB: u64 = 1 << 30;
-    const MIB: u64 = 1 << 20;
+    use crate::units::{GIB, MIB};
 
     /// A scripted 80 GiB device holding `allocated` bytes, with a cache and driver figures.
     fn device(allocated: u64, cache: CacheFree, memory: DeviceMemory) -> (ScriptedBackend, Device) {

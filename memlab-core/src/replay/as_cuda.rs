@@ -14,7 +14,7 @@ use super::kernels::{plan, KernelsModelled, Life};
 use super::reduction::ReductionDevice;
 use super::Libtorch;
 
-const MIB: u64 = 1 << 20;
+use crate::units::MIB;
 
 /// What a CUDA run of a step allocates that the same step on the CPU does
 /// not, as libtorch 2.11 does it.
