@@ -7,7 +7,7 @@
 
 use memlab_core::events::LiveAllocation;
 use memlab_core::hash::FastMap;
-use memlab_core::render::{by_site_with, SiteGroup};
+use memlab_core::events::{by_site_with, SiteGroup};
 use memlab_core::{Device, DeviceStats};
 use memlab_tch::segments::{BlasWorkspace, BlockState, CudaSegment};
 

@@ -41,7 +41,8 @@
 use serde::Serialize;
 use std::collections::BTreeMap;
 
-use memlab_core::render::{by_site, Cell, Column, Document, Layout, Render, Table};
+use memlab_core::events::by_site;
+use memlab_core::render::{Cell, Column, Document, Layout, Render, Table};
 use memlab_core::{events, Device, Error, Result};
 use tch::Tensor;
 

@@ -75,7 +75,8 @@ use std::collections::{BTreeMap, HashSet};
 
 use memlab_core::events::{self, LiveAllocation, ScopeCounts, ScopeOutcome};
 use memlab_core::profiler::PeakWatch;
-use memlab_core::render::{by_site, Cell, Column, Document, Layout, Render, SiteGroup, Table};
+use memlab_core::events::{by_site, SiteGroup};
+use memlab_core::render::{Cell, Column, Document, Layout, Render, Table};
 use memlab_core::{Device, Error, Result};
 
 use tch::nn::VarStore;

@@ -11,6 +11,7 @@ mod clock;
 pub(crate) mod context;
 mod loader;
 mod recorder;
+mod sites;
 #[cfg(all(target_os = "linux", target_pointer_width = "64"))]
 mod symbols;
 mod timeline;
@@ -23,6 +24,7 @@ use std::sync::Arc;
 
 pub use clock::{clock_us, is_active, zero_unix_us};
 pub use context::{current_statement, StatementRef};
+pub use sites::{by_site, by_site_with, SiteGroup};
 pub use recorder::{
     attribute, current_settings, history, history_with, live, live_seqs, live_with, record, record_counted, recorded,
     release, retain, scope_close, scope_keep, scope_open, stats, LiveAllocation, ScopeCounts, ScopeOutcome, Settings,
