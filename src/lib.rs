@@ -207,6 +207,7 @@ pub mod oom;
 mod prediction;
 pub mod reporter;
 pub mod run;
+mod step_figures;
 pub mod tracker;
 
 pub use batch_size::{find_batch_size, BatchSizeSearch, Budget};

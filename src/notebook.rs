@@ -7,7 +7,7 @@ use memlab_core::render::{Cell, Column, Document, Layout, Render, Table};
 use memlab_core::sync::LockExt;
 use memlab_core::{Error, Result};
 
-use crate::logger::{How, Measure, StepData};
+use crate::step_figures::{How, Measure, StepData};
 
 /// The variable evcxr sets in the child process that runs a notebook's cells.
 const EVCXR_RUNTIME: &str = "EVCXR_IS_RUNTIME";

@@ -35,7 +35,7 @@ const PER_COPY: &[(&str, &str, &str)] = &[
     ("memlab-tch/src/lib.rs", "COUNT", "the device count, the same in every copy"),
     ("memlab-tch/src/optimizer.rs", "LAYOUT", "how libtorch lays out a tensor handle, the same in every copy"),
     ("src/oom/capture.rs", "IDENTITY", "the host's name and the process's start, the same in every copy"),
-    ("src/logger.rs", "TOTAL", "the host's memory, the same in every copy"),
+    ("src/step_figures.rs", "TOTAL", "the host's memory, the same in every copy"),
     ("src/batch_size.rs", "SEARCHES", "the panic hook it wraps is this copy's standard library's"),
     ("src/notebook.rs", "KERNEL_OUT", "the kernel's output, for the exit hook of the copy whose threads took it over"),
     ("src/notebook.rs", "OUTPUT_DONE", "whether that copy's output thread has passed everything on"),
