@@ -917,7 +917,7 @@ fn history_file(name: &str, device: &str, entries: &[(memlab_core::events::Actio
     let snapshot = Snapshot {
         segments: Vec::new(),
         device_traces: vec![trace],
-        allocator_settings: Some(serde_json::json!({"PYTORCH_CUDA_ALLOC_CONF": ""})),
+        allocator_settings: Some(memlab_core::export::AllocatorSettings { conf: Some(String::new()), ..Default::default() }),
         memlab: Some(SnapshotInfo { devices: vec![device.into()], ..SnapshotInfo::default() }),
     };
     let path = temp(name);

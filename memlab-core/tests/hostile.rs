@@ -135,7 +135,7 @@ fn snapshot(device: &'static str) -> impl Strategy<Value = Snapshot> {
         Snapshot {
             segments,
             device_traces: vec![trace],
-            allocator_settings: Some(serde_json::json!({ "PYTORCH_CUDA_ALLOC_CONF": "" })),
+            allocator_settings: Some(memlab_core::export::AllocatorSettings { conf: Some(String::new()), ..Default::default() }),
             memlab: Some(SnapshotInfo { devices: vec![device.into()], ..SnapshotInfo::default() }),
         }
     })

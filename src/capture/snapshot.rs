@@ -4,7 +4,7 @@
 //! allocation's category named by the walk over the model.
 
 use memlab_core::export::{
-    Block, BlockState, Category, DeviceBytes, DeviceMemory, Frames, Segment, SegmentType, Snapshot, SnapshotFrame,
+    AllocatorSettings, Block, BlockState, Category, DeviceBytes, DeviceMemory, Frames, Segment, SegmentType, Snapshot, SnapshotFrame,
     SnapshotInfo, Stack, TraceEntry,
 };
 use memlab_core::hash::FastMap;
@@ -177,27 +177,26 @@ pub(crate) fn capture(sources: &Model) -> Result<Snapshot> {
 /// allocator does not exist (no CUDA memory was ever allocated); a device
 /// whose figures cannot be read is left out, with a warning, and its
 /// replay says what it assumed.
-pub(crate) fn cuda_allocators(cuda_devices: usize) -> (Option<serde_json::Value>, Vec<DeviceMemory>) {
+pub(crate) fn cuda_allocators(cuda_devices: usize) -> (Option<AllocatorSettings>, Vec<DeviceMemory>) {
     let mut settings = None;
     let mut memory = Vec::new();
     for i in 0..cuda_devices {
         match memlab_tch::cuda_allocator_settings(i) {
             Ok(Some(s)) => {
-                settings.get_or_insert_with(|| {
+                settings.get_or_insert_with(|| AllocatorSettings {
+                    conf: Some(s.conf.clone()),
+                    max_split_size: Some(i128::from(s.max_split_size)),
+                    garbage_collection_threshold: Some(s.garbage_collection_threshold),
+                    expandable_segments: Some(s.expandable_segments),
                     // Keyed by each bucket's start in MiB, as PyTorch writes them.
-                    let divisions: serde_json::Map<String, serde_json::Value> = s
-                        .roundup_power2_divisions
-                        .iter()
-                        .enumerate()
-                        .map(|(bucket, &d)| ((1u64 << bucket).to_string(), d.into()))
-                        .collect();
-                    serde_json::json!({
-                        "PYTORCH_CUDA_ALLOC_CONF": s.conf,
-                        "max_split_size": s.max_split_size,
-                        "garbage_collection_threshold": s.garbage_collection_threshold,
-                        "expandable_segments": s.expandable_segments,
-                        "roundup_power2_divisions": divisions,
-                    })
+                    roundup_power2_divisions: Some(
+                        s.roundup_power2_divisions
+                            .iter()
+                            .enumerate()
+                            .map(|(bucket, &d)| ((1u64 << bucket).to_string(), d))
+                            .collect(),
+                    ),
+                    ..AllocatorSettings::default()
                 });
                 memory.push(DeviceMemory {
                     device: Device::Cuda(i).to_string(),

@@ -156,7 +156,7 @@ fn memlabs_own_recordings_replay_event_for_event() {
         let file = Snapshot::read_pickle(&path).unwrap();
         let settings = file.snapshot.allocator_settings.as_ref().expect("the allocator's settings are recorded");
         let mut config = AllocatorConfig::from_snapshot(settings).unwrap();
-        assert_eq!(config, AllocatorConfig::parse(&conf).unwrap(), "{settings}");
+        assert_eq!(config, AllocatorConfig::parse(&conf).unwrap(), "{settings:?}");
         let info = file.snapshot.memlab.as_ref().unwrap();
         let memory = info.device_memory.iter().find(|m| m.device == "cuda:0").expect("cuda:0's memory is recorded");
         assert_eq!(memory.total, memlab::gpu::cuda_mem_info(0).unwrap().1);

@@ -25,7 +25,7 @@ pub use html::{DeviceTimeline, FlameNode, HtmlReport, PeakRow, Point};
 pub use pickle::PROTOCOL as PICKLE_PROTOCOL;
 pub use read::{check_figures, SnapshotFile};
 pub use snapshot::{
-    site_of, Block, BlockState, Category, DeviceBytes, DeviceMemory, Frames, Segment, SegmentType, Snapshot,
+    site_of, AllocatorSettings, Block, BlockState, Category, DeviceBytes, DeviceMemory, Frames, Segment, SegmentType, Snapshot,
     SnapshotFrame, SnapshotInfo, Stack, TraceEntry,
 };
 pub use trace::{

@@ -22,7 +22,8 @@ use std::rc::Rc;
 use std::sync::Arc;
 
 use super::snapshot::{
-    Block, BlockState, Category, Segment, SegmentType, Snapshot, SnapshotFrame, SnapshotInfo, Stack,
+    AllocatorSettings, Block, BlockState, Category, Segment, SegmentType, Snapshot, SnapshotFrame, SnapshotInfo,
+    Stack,
 };
 use super::unpickle::{self, Dict, Fault, List, Shaper, Strings, Value};
 use super::TraceEntry;
@@ -350,9 +351,10 @@ fn read<R: Read + Seek>(source: R) -> std::result::Result<SnapshotFile, String> 
             "device_traces" => traces = Some(value),
             "memlab" => memlab = Some(value),
             "allocator_settings" => {
+                let value = to_json(&strings, &value)
+                    .map_err(|e| format!("its `allocator_settings` are not plain data: {e}"))?;
                 allocator_settings = Some(
-                    to_json(&strings, &value)
-                        .map_err(|e| format!("its `allocator_settings` are not plain data: {e}"))?,
+                    AllocatorSettings::from_json(value).ok_or_else(|| "its `allocator_settings` are not a dict".to_string())?,
                 )
             }
             other => *builder.ignored.entry(other.to_string()).or_default() += 1,
@@ -666,7 +668,7 @@ mod tests {
         assert_eq!(file.ignored.get("segments[].segment_pool_id"), Some(&15));
         let settings =
             file.snapshot.allocator_settings.as_ref().expect("PyTorch 2.5 and later write the allocator's settings");
-        assert!(settings.get("expandable_segments").is_some(), "{settings}");
+        assert!(settings.expandable_segments.is_some() && settings.other.is_empty(), "{settings:?}");
         let first = &trace[0];
         assert_eq!((first.addr, first.size, first.time_us), (Some(139883191910912), 524288, 1795489044207495));
         assert_eq!(first.frames[0].name, "leaky_or_fixed");
@@ -752,12 +754,13 @@ mod tests {
                 vec![entry(Action::Alloc, 1 << 63, 512, 3), entry(Action::SegmentMap, 4096, 1 << 21, 4)],
                 vec![entry(Action::Alloc, 64, 100, 5), entry(Action::FreeRequested, 64, 100, 6)],
             ],
-            allocator_settings: Some(serde_json::json!({
+            allocator_settings: AllocatorSettings::from_json(serde_json::json!({
                 "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
                 "max_split_size": 134217728_u64,
                 "garbage_collection_threshold": 0.0,
                 "expandable_segments": true,
                 "roundup_power2_divisions": {"1": 0, "2": 4},
+                "max_cached_size": 1_073_741_824_u64,
             })),
             memlab: Some(SnapshotInfo {
                 devices: vec!["cuda:0".into(), "cpu".into()],

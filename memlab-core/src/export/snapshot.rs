@@ -298,6 +298,97 @@ pub struct DeviceMemory {
     pub memory_fraction: f64,
 }
 
+/// The CUDA caching allocator's settings as a snapshot records them
+/// (`allocator_settings`, PyTorch 2.5 and later): the environment's
+/// `PYTORCH_CUDA_ALLOC_CONF` as written, then the values libtorch held,
+/// which win where they differ (a setting changed at run time shows there),
+/// every key libtorch 2.11 writes typed.
+/// A key a newer PyTorch adds (2.13's `max_round_threshold` and
+/// `max_cached_size`, for pinned host memory), and a value not of the type
+/// libtorch writes, are kept as read in `other` and written back; the
+/// replay refuses a known key whose value it cannot read, naming it.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct AllocatorSettings {
+    /// The settings string, as `PYTORCH_CUDA_ALLOC_CONF` held it.
+    #[serde(rename = "PYTORCH_CUDA_ALLOC_CONF", skip_serializing_if = "Option::is_none")]
+    pub conf: Option<String>,
+    /// `max_split_size` in bytes, as libtorch writes its `size_t` in an
+    /// `int64_t`: -1 for no limit (PyTorch's), or 2^64 − 1 (memlab's).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_split_size: Option<i128>,
+    /// `garbage_collection_threshold` (0: off).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub garbage_collection_threshold: Option<f64>,
+    /// `expandable_segments`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expandable_segments: Option<bool>,
+    /// `roundup_power2_divisions`, keyed by each bucket's start in MiB as
+    /// PyTorch writes them (`"1"`, `"2"`, … `"32768"`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub roundup_power2_divisions: Option<std::collections::BTreeMap<String, u64>>,
+    /// `release_lock_on_cudamalloc`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub release_lock_on_cudamalloc: Option<bool>,
+    /// `pinned_use_cuda_host_register`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pinned_use_cuda_host_register: Option<bool>,
+    /// `pinned_num_register_threads`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pinned_num_register_threads: Option<u64>,
+    /// `graph_capture_record_stream_reuse`.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub graph_capture_record_stream_reuse: Option<bool>,
+    /// Every other key, as read.
+    #[serde(flatten)]
+    pub other: serde_json::Map<String, serde_json::Value>,
+}
+
+impl AllocatorSettings {
+    /// The settings from a snapshot's plain data (a dict): each key libtorch
+    /// 2.11 writes taken as its type where it is of it, everything else kept
+    /// in `other`. `None` where the data is not a dict.
+    pub fn from_json(value: serde_json::Value) -> Option<AllocatorSettings> {
+        let serde_json::Value::Object(map) = value else { return None };
+        let mut settings = AllocatorSettings::default();
+        for (key, value) in map {
+            let taken = match key.as_str() {
+                "PYTORCH_CUDA_ALLOC_CONF" => value.as_str().map(|c| settings.conf = Some(c.to_string())),
+                "max_split_size" => value
+                    .as_i64()
+                    .map(i128::from)
+                    .or_else(|| value.as_u64().map(i128::from))
+                    .map(|n| settings.max_split_size = Some(n)),
+                "garbage_collection_threshold" => {
+                    value.as_f64().map(|t| settings.garbage_collection_threshold = Some(t))
+                }
+                "expandable_segments" => value.as_bool().map(|e| settings.expandable_segments = Some(e)),
+                "release_lock_on_cudamalloc" => value.as_bool().map(|b| settings.release_lock_on_cudamalloc = Some(b)),
+                "pinned_use_cuda_host_register" => {
+                    value.as_bool().map(|b| settings.pinned_use_cuda_host_register = Some(b))
+                }
+                "pinned_num_register_threads" => value.as_u64().map(|n| settings.pinned_num_register_threads = Some(n)),
+                "graph_capture_record_stream_reuse" => {
+                    value.as_bool().map(|b| settings.graph_capture_record_stream_reuse = Some(b))
+                }
+                "roundup_power2_divisions" => serde_json::from_value(value.clone())
+                    .ok()
+                    .map(|d| settings.roundup_power2_divisions = Some(d)),
+                _ => None,
+            };
+            // null is "not set", as libtorch writes an unset value.
+            if taken.is_none() && !value.is_null() {
+                settings.other.insert(key, value);
+            }
+        }
+        Some(settings)
+    }
+
+    /// The settings as plain data, as the snapshot holds them.
+    pub fn to_json(&self) -> serde_json::Value {
+        serde_json::to_value(self).unwrap_or_default()
+    }
+}
+
 /// A PyTorch memory snapshot of memlab's recording.
 #[derive(Clone, Debug, Serialize)]
 pub struct Snapshot {
@@ -306,12 +397,10 @@ pub struct Snapshot {
     /// Per device (see [`SnapshotInfo::devices`]): its events, oldest first.
     pub device_traces: Vec<Vec<TraceEntry>>,
     /// The CUDA caching allocator's settings as libtorch held them, as
-    /// PyTorch's snapshots give them (`allocator_settings`: the settings
-    /// string as `PYTORCH_CUDA_ALLOC_CONF`, then `max_split_size`,
-    /// `expandable_segments`, …), as plain data; `None` where the file has
-    /// none (PyTorch before 2.5; memlab before it recorded them, or without
+    /// PyTorch's snapshots give them; `None` where the file has none
+    /// (PyTorch before 2.5; memlab before it recorded them, or without
     /// CUDA).
-    pub allocator_settings: Option<serde_json::Value>,
+    pub allocator_settings: Option<AllocatorSettings>,
     /// memlab's notes on the data: `None` in PyTorch's own snapshots.
     pub memlab: Option<SnapshotInfo>,
 }
@@ -357,7 +446,7 @@ impl Snapshot {
             });
             if let Some(settings) = &self.allocator_settings {
                 p.str("allocator_settings");
-                p.json(settings);
+                p.json(&settings.to_json());
             }
             if let Some(memlab) = &self.memlab {
                 p.str("memlab");

@@ -539,7 +539,7 @@ mod tests {
     /// under the default settings.
     fn snapshot(entries: &[(Action, u64, u64)], total: u64) -> Snapshot {
         let mut s = crate::replay::tests::history(entries);
-        s.allocator_settings = Some(serde_json::json!({"PYTORCH_CUDA_ALLOC_CONF": ""}));
+        s.allocator_settings = Some(crate::export::AllocatorSettings { conf: Some(String::new()), ..Default::default() });
         s.memlab = Some(SnapshotInfo {
             devices: vec!["cuda:0".into()],
             partial: false,

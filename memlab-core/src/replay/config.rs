@@ -7,10 +7,10 @@
 //! The table of what it refuses and clamps is on [`AllocatorConfig`].
 
 use super::Libtorch;
+use crate::export::AllocatorSettings;
 use crate::error::{Error, Result};
 
-/// One MiB, the unit of the `_mb` keys.
-pub const MIB: u64 = 1 << 20;
+pub use crate::units::MIB;
 /// Buckets of `roundup_power2_divisions`: `[1 MiB, 2 MiB)` and below, then
 /// one per power of two up to `>= 32 GiB` (`kRoundUpPowerOfTwoIntervals`).
 pub const DIVISION_BUCKETS: usize = 16;
@@ -203,41 +203,48 @@ impl AllocatorConfig {
     /// libtorch 2.11 could not have held (a `max_split_size` below the
     /// large segment size or not whole MiB, a threshold outside (0, 1),
     /// divisions not a power of two) is refused, saying which.
-    pub fn from_snapshot(settings: &serde_json::Value) -> Result<AllocatorConfig> {
+    pub fn from_snapshot(settings: &AllocatorSettings) -> Result<AllocatorConfig> {
         AllocatorConfig::read_snapshot(settings).map(|read| read.config)
     }
 
     /// [`from_snapshot`](Self::from_snapshot), with what libtorch changed
     /// on the way in the environment's string.
-    pub fn read_snapshot(settings: &serde_json::Value) -> Result<ReadSettings> {
+    pub fn read_snapshot(settings: &AllocatorSettings) -> Result<ReadSettings> {
         AllocatorConfig::read_snapshot_as(settings, Libtorch::default())
     }
 
     /// [`read_snapshot`](Self::read_snapshot) for a snapshot `libtorch` wrote.
-    pub fn read_snapshot_as(settings: &serde_json::Value, libtorch: Libtorch) -> Result<ReadSettings> {
-        let held = |key: &str, why: String| {
+    pub fn read_snapshot_as(settings: &AllocatorSettings, libtorch: Libtorch) -> Result<ReadSettings> {
+        let held = |key: &str, value: String, why: String| {
             Error::InvalidArgument(format!(
-                "the snapshot's allocator_settings hold {key} = {}, which {libtorch} cannot hold: {why}",
-                settings.get(key).map_or_else(String::new, |v| v.to_string())
+                "the snapshot's allocator_settings hold {key} = {value}, which {libtorch} cannot hold: {why}"
             ))
         };
-        let conf = settings.get("PYTORCH_CUDA_ALLOC_CONF").and_then(|v| v.as_str()).unwrap_or("");
-        let mut read = AllocatorConfig::read_as(conf, libtorch)?;
+        // A key libtorch writes, with a value not of its type.
+        for (key, why) in [
+            ("PYTORCH_CUDA_ALLOC_CONF", "not a string"),
+            ("max_split_size", "not a whole number of bytes"),
+            ("garbage_collection_threshold", "not a number"),
+            ("expandable_segments", "not True or False"),
+            ("roundup_power2_divisions", "not a dict of whole numbers"),
+        ] {
+            if let Some(value) = settings.other.get(key) {
+                return Err(held(key, value.to_string(), why.to_string()));
+            }
+        }
+        let mut read = AllocatorConfig::read_as(settings.conf.as_deref().unwrap_or(""), libtorch)?;
         let config = &mut read.config;
         let minimum = config.large_segment_size;
-        if let Some(v) = settings.get("max_split_size").filter(|v| !v.is_null()) {
+        if let Some(n) = settings.max_split_size {
             // libtorch writes `int64_t(size_t)`: unlimited (SIZE_MAX) as -1,
             // its clamped largest as -1048576.
-            let bytes = match (v.as_i64(), v.as_u64()) {
-                (Some(n), _) if n < 0 => n as u64,
-                (_, Some(n)) => n,
-                _ => return Err(held("max_split_size", "not a whole number of bytes".into())),
-            };
+            let bytes = if n < 0 { n as i64 as u64 } else { u64::try_from(n).unwrap_or(u64::MAX) };
             config.max_split_size = if bytes == u64::MAX {
                 None
             } else if bytes % MIB != 0 || bytes < minimum {
                 return Err(held(
                     "max_split_size",
+                    n.to_string(),
                     format!(
                         "it is set in whole MiB, at least the large segment size ({}); {}",
                         minimum / MIB,
@@ -251,38 +258,39 @@ impl AllocatorConfig {
                 Some(bytes)
             };
         }
-        if let Some(v) = settings.get("garbage_collection_threshold").filter(|v| !v.is_null()) {
-            let t = v.as_f64().ok_or_else(|| held("garbage_collection_threshold", "not a number".into()))?;
+        if let Some(t) = settings.garbage_collection_threshold {
             // 0 is libtorch's default: off.
             if t != 0.0 && !(t > 0.0 && t < 1.0) {
                 return Err(held(
                     "garbage_collection_threshold",
+                    t.to_string(),
                     refused(libtorch, "garbage_collect_threshold is invalid, set it in (0.0, 1.0)"),
                 ));
             }
             config.garbage_collection_threshold = t;
         }
-        if let Some(v) = settings.get("expandable_segments").filter(|v| !v.is_null()) {
-            config.expandable_segments =
-                v.as_bool().ok_or_else(|| held("expandable_segments", "not True or False".into()))?;
+        if let Some(expandable) = settings.expandable_segments {
+            config.expandable_segments = expandable;
         }
-        if let Some(v) = settings.get("roundup_power2_divisions").filter(|v| !v.is_null()) {
-            let map = v.as_object().ok_or_else(|| held("roundup_power2_divisions", "not a dict".into()))?;
+        if let Some(divisions) = &settings.roundup_power2_divisions {
+            let shown = || serde_json::to_string(divisions).unwrap_or_default();
             // Keyed by each bucket's start in MiB: 1, 2, 4, … 32768.
-            for (mb, n) in map {
+            for (mb, &n) in divisions {
                 let bucket = mb.parse::<u64>().ok().filter(|m| m.is_power_of_two()).map(|m| m.trailing_zeros());
                 let Some(bucket) = bucket.filter(|&b| (b as usize) < DIVISION_BUCKETS) else {
                     return Err(held(
                         "roundup_power2_divisions",
+                        shown(),
                         format!("{mb} is not a bucket (1, 2, 4, … 32768 MiB)"),
                     ));
                 };
-                let n = n.as_u64().filter(|&n| n == 0 || n.is_power_of_two()).ok_or_else(|| {
-                    held(
+                if n != 0 && !n.is_power_of_two() {
+                    return Err(held(
                         "roundup_power2_divisions",
+                        shown(),
                         refused(libtorch, "For roundups, the divisions has to be power of 2 or 0 to disable roundup"),
-                    )
-                })?;
+                    ));
+                }
                 config.roundup_power2_divisions[bucket as usize] = n;
             }
         }
@@ -636,6 +644,7 @@ impl Reader<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::export::AllocatorSettings;
 
     #[test]
     fn the_default_is_libtorchs() {
@@ -680,13 +689,13 @@ mod tests {
             "max_split_size": 134217728u64, "garbage_collection_threshold": 0.0, "expandable_segments": true,
             "roundup_power2_divisions": {"1": 0, "2": 4, "4": 0},
         });
-        let c = AllocatorConfig::from_snapshot(&settings).unwrap();
+        let c = AllocatorConfig::from_snapshot(&AllocatorSettings::from_json(settings).unwrap()).unwrap();
         assert_eq!((c.max_split_size, c.expandable_segments, c.large_segment_size), (Some(128 * MIB), true, 32 * MIB));
         assert_eq!(&c.roundup_power2_divisions[..3], &[0, 4, 0]);
         // Unlimited, as libtorch writes it; and a setting changed at run time wins over the environment's.
         let settings = serde_json::json!({"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True",
             "max_split_size": u64::MAX, "expandable_segments": false});
-        let c = AllocatorConfig::from_snapshot(&settings).unwrap();
+        let c = AllocatorConfig::from_snapshot(&AllocatorSettings::from_json(settings).unwrap()).unwrap();
         assert_eq!((c.max_split_size, c.expandable_segments), (None, false));
     }
 
@@ -793,7 +802,7 @@ mod tests {
     /// and of its clamped largest are read as such.
     #[test]
     fn a_snapshots_settings_go_through_the_same_table() {
-        let read = |settings: serde_json::Value| AllocatorConfig::from_snapshot(&settings);
+        let read = |settings: serde_json::Value| AllocatorConfig::from_snapshot(&AllocatorSettings::from_json(settings).unwrap());
         for (settings, says) in [
             (serde_json::json!({"max_split_size": 100}), "max_split_size = 100"),
             (serde_json::json!({"max_split_size": 25 * MIB + 1}), "whole MiB"),
@@ -812,5 +821,26 @@ mod tests {
         assert_eq!(read(serde_json::json!({"max_split_size": -1})).unwrap().max_split_size, None);
         assert_eq!(read(serde_json::json!({"max_split_size": -1048576})).unwrap().max_split_size, Some(MAX_MB * MIB));
         assert_eq!(read(serde_json::json!({"max_split_size": 20 * MIB})).unwrap().max_split_size, Some(20 * MIB));
+    }
+
+    /// The settings are typed as libtorch 2.11 writes them; what a newer
+    /// PyTorch adds stays as read, and goes back into the file.
+    #[test]
+    fn a_snapshots_settings_keep_the_keys_a_newer_pytorch_adds() {
+        let written = serde_json::json!({
+            "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True", "max_split_size": -1,
+            "garbage_collection_threshold": 0.0, "expandable_segments": true,
+            "roundup_power2_divisions": {"1": 0, "2": 4}, "max_round_threshold": 0, "max_cached_size": 1 << 30,
+        });
+        let settings = AllocatorSettings::from_json(written.clone()).unwrap();
+        assert_eq!((settings.conf.as_deref(), settings.max_split_size), (Some("expandable_segments:True"), Some(-1)));
+        assert_eq!(settings.other.keys().collect::<Vec<_>>(), ["max_cached_size", "max_round_threshold"]);
+        assert_eq!(settings.to_json(), written, "written back as read");
+        let c = AllocatorConfig::from_snapshot(&settings).unwrap();
+        assert_eq!((c.max_split_size, c.expandable_segments, c.roundup_power2_divisions[1]), (None, true, 4));
+        // A value unset (None in Python) is not set.
+        let settings = AllocatorSettings::from_json(serde_json::json!({"max_split_size": null})).unwrap();
+        assert_eq!(settings, AllocatorSettings::default());
+        assert!(AllocatorSettings::from_json(serde_json::json!([1, 2])).is_none());
     }
 }
