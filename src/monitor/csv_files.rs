@@ -5,37 +5,115 @@
 
 use std::collections::{HashMap, HashSet};
 use std::fs::{File, OpenOptions};
-use std::io::{BufRead, BufReader, BufWriter, Write as _};
+use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use memlab_core::Device;
+use serde::{Deserialize, Serialize};
+
+use memlab_core::{Device, TensorKind};
 
 use super::{IterationRecord, Row, TensorBytes};
 
-const ITERATION_HEADER: [&str; 14] = [
-    "epoch",
-    "iteration",
-    "device",
-    "peak_reserved",
-    "current_reserved",
-    "peak_allocated",
-    "current_allocated",
-    "weights",
-    "gradients",
-    "optimizer_state",
-    "optimizer_state_measured",
-    "optimizer_state_estimate",
-    "feature_maps",
-    "intermediate_gradients",
-];
+/// One row of `memlab_iterations.csv`: an [`IterationRecord`]'s figures, in
+/// bytes (a figure the record has not is an empty field).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct IterationRow {
+    /// [`IterationRecord::epoch`].
+    pub epoch: u64,
+    /// [`IterationRecord::iteration`].
+    pub iteration: u64,
+    /// `cpu`, `cuda:0`, …; empty where the monitor has no device.
+    pub device: String,
+    /// [`IterationRecord::peak_reserved`].
+    pub peak_reserved: i64,
+    /// [`IterationRecord::current_reserved`].
+    pub current_reserved: i64,
+    /// [`IterationRecord::peak_allocated`].
+    pub peak_allocated: i64,
+    /// [`IterationRecord::current_allocated`].
+    pub current_allocated: i64,
+    /// [`IterationRecord::weights`].
+    pub weights: i64,
+    /// [`IterationRecord::gradients`].
+    pub gradients: i64,
+    /// [`IterationRecord::optimizer_state`].
+    pub optimizer_state: Option<i64>,
+    /// [`IterationRecord::optimizer_state_measured`].
+    pub optimizer_state_measured: i64,
+    /// [`IterationRecord::optimizer_state_estimate`].
+    pub optimizer_state_estimate: Option<i64>,
+    /// [`IterationRecord::feature_maps`].
+    pub feature_maps: i64,
+    /// [`IterationRecord::intermediate_gradients`].
+    pub intermediate_gradients: Option<i64>,
+}
 
-const VARIABLE_HEADER: [&str; 6] = ["epoch", "iteration", "device", "variable", "kind", "bytes"];
+/// One row of `memlab_variables.csv`: a variable's weight, gradient or
+/// optimizer state whose bytes changed at that iteration (0 when it went).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VariableRow {
+    /// The epoch of the record that saw the change.
+    pub epoch: u64,
+    /// Its iteration.
+    pub iteration: u64,
+    /// `cpu`, `cuda:0`, …; empty where the monitor has no device.
+    pub device: String,
+    /// The variable's name (`fc.weight`).
+    pub variable: String,
+    /// What the tensor is: the weight, its gradient or optimizer state.
+    pub kind: TensorKind,
+    /// Its bytes from that iteration on.
+    pub bytes: i64,
+}
 
-/// Opens `path` for appending; writes the header when the file is new, and
-/// refuses a file whose header is another one.
-fn open_csv(path: &Path, header: &[&str]) -> std::io::Result<csv::Writer<File>> {
-    let expected = header.join(",");
+impl IterationRow {
+    fn of(r: &IterationRecord, device: &str) -> IterationRow {
+        IterationRow {
+            epoch: r.epoch,
+            iteration: r.iteration,
+            device: device.to_string(),
+            peak_reserved: r.peak_reserved,
+            current_reserved: r.current_reserved,
+            peak_allocated: r.peak_allocated,
+            current_allocated: r.current_allocated,
+            weights: r.weights,
+            gradients: r.gradients,
+            optimizer_state: r.optimizer_state,
+            optimizer_state_measured: r.optimizer_state_measured,
+            optimizer_state_estimate: r.optimizer_state_estimate,
+            feature_maps: r.feature_maps,
+            intermediate_gradients: r.intermediate_gradients,
+        }
+    }
+}
+
+/// Reads a CSV file the monitor wrote, `memlab_iterations.csv` as
+/// [`IterationRow`]s or `memlab_variables.csv` as [`VariableRow`]s.
+pub fn read_rows<T: for<'de> Deserialize<'de>>(path: impl AsRef<Path>) -> memlab_core::Result<Vec<T>> {
+    let path = path.as_ref();
+    let what = || format!("read {}", path.display());
+    let mut reader =
+        csv::Reader::from_path(path).map_err(|e| memlab_core::Error::io(what(), std::io::Error::other(e)))?;
+    reader.deserialize().collect::<Result<Vec<T>, _>>().map_err(|e| {
+        memlab_core::Error::InvalidArgument(format!(
+            "{} is not a CSV file the monitor wrote ({e}); give memlab_iterations.csv or memlab_variables.csv",
+            path.display()
+        ))
+    })
+}
+
+/// The header line of rows of type `T`: its fields' names.
+fn header<T: Serialize>(row: &T) -> String {
+    let mut w = csv::WriterBuilder::new().has_headers(true).from_writer(Vec::new());
+    let line = w.serialize(row).ok().and_then(|()| w.into_inner().ok()).unwrap_or_default();
+    String::from_utf8_lossy(&line).lines().next().unwrap_or_default().to_string()
+}
+
+/// Opens `path` for appending rows like `example`; writes the header when
+/// the file is new, and refuses a file whose header is another one.
+fn open_csv<T: Serialize>(path: &Path, example: &T) -> std::io::Result<csv::Writer<File>> {
+    let expected = header(example);
     let exists = path.exists();
     if exists {
         let first = BufReader::new(File::open(path)?).lines().next().transpose()?.unwrap_or_default();
@@ -50,7 +128,7 @@ fn open_csv(path: &Path, header: &[&str]) -> std::io::Result<csv::Writer<File>> 
     let empty = file.metadata()?.len() == 0;
     let mut w = csv::WriterBuilder::new().has_headers(false).from_writer(file);
     if empty {
-        w.write_record(header)?;
+        w.write_record(expected.split(','))?;
     }
     Ok(w)
 }
@@ -62,8 +140,7 @@ fn open_csv(path: &Path, header: &[&str]) -> std::io::Result<csv::Writer<File>> 
 /// row at once would cost a small training step more than the rest of the
 /// monitor.
 pub(super) struct CsvFiles {
-    /// Numbers and device names only, which CSV never quotes: written as they are.
-    iterations: BufWriter<File>,
+    iterations: csv::Writer<File>,
     variables: csv::Writer<File>,
     flushed: Instant,
     /// The rows of the last record: the variables' bytes as last written.
@@ -72,30 +149,6 @@ pub(super) struct CsvFiles {
     last_states: Vec<Row>,
     /// The device of the records and its name.
     device: (Option<Device>, String),
-}
-
-/// Formats integers for the CSV files without allocating.
-#[derive(Default)]
-struct Digits([u8; 20]);
-
-impl Digits {
-    fn of(&mut self, value: i64) -> &[u8] {
-        let mut n = value.unsigned_abs();
-        let mut at = self.0.len();
-        loop {
-            at -= 1;
-            self.0[at] = b'0' + (n % 10) as u8;
-            n /= 10;
-            if n == 0 {
-                break;
-            }
-        }
-        if value < 0 {
-            at -= 1;
-            self.0[at] = b'-';
-        }
-        &self.0[at..]
-    }
 }
 
 /// The longest rows wait in memory before they are written.
@@ -109,13 +162,17 @@ impl CsvFiles {
                 "the directory does not exist; create it first",
             ));
         }
+        let variable = VariableRow {
+            epoch: 0,
+            iteration: 0,
+            device: String::new(),
+            variable: String::new(),
+            kind: TensorKind::Parameter,
+            bytes: 0,
+        };
         Ok(CsvFiles {
-            iterations: BufWriter::new(
-                open_csv(&dir.join("memlab_iterations.csv"), &ITERATION_HEADER)?
-                    .into_inner()
-                    .map_err(|e| e.into_error())?,
-            ),
-            variables: open_csv(&dir.join("memlab_variables.csv"), &VARIABLE_HEADER)?,
+            iterations: open_csv(&dir.join("memlab_iterations.csv"), &IterationRow::default())?,
+            variables: open_csv(&dir.join("memlab_variables.csv"), &variable)?,
             flushed: Instant::now(),
             last_weights: Vec::new(),
             last_gradients: Vec::new(),
@@ -129,32 +186,7 @@ impl CsvFiles {
             self.device = (r.device, r.device.map(|d| d.to_string()).unwrap_or_default());
         }
         let device = &self.device.1;
-        let mut digits = Digits::default();
-        let w = &mut self.iterations;
-        w.write_all(digits.of(r.epoch as i64))?;
-        w.write_all(b",")?;
-        w.write_all(digits.of(r.iteration as i64))?;
-        w.write_all(b",")?;
-        w.write_all(device.as_bytes())?;
-        for value in [
-            Some(r.peak_reserved),
-            Some(r.current_reserved),
-            Some(r.peak_allocated),
-            Some(r.current_allocated),
-            Some(r.weights),
-            Some(r.gradients),
-            r.optimizer_state,
-            Some(r.optimizer_state_measured),
-            r.optimizer_state_estimate,
-            Some(r.feature_maps),
-            r.intermediate_gradients,
-        ] {
-            w.write_all(b",")?;
-            if let Some(v) = value {
-                w.write_all(digits.of(v))?;
-            }
-        }
-        w.write_all(b"\n")?;
+        self.iterations.serialize(IterationRow::of(r, device))?;
         // Variables: a row when a variable's bytes change (every variable at
         // the first record), and a 0-byte row when a gradient goes away.
         for (rows, last) in [
@@ -171,15 +203,14 @@ impl CsvFiles {
             let changed = rows.iter().filter(|r| before.get(r.name.as_str()) != Some(&r.bytes)).map(|r| (r, r.bytes));
             let gone = last.iter().filter(|r| !now.contains(r.name.as_str())).map(|r| (r, 0));
             for (TensorBytes { name, kind, .. }, bytes) in changed.chain(gone) {
-                let kind = kind.as_str();
-                let w = &mut self.variables;
-                w.write_field(digits.of(r.epoch as i64))?;
-                w.write_field(digits.of(r.iteration as i64))?;
-                w.write_field(device)?;
-                w.write_field(name)?;
-                w.write_field(kind)?;
-                w.write_field(digits.of(bytes))?;
-                w.write_record(None::<&[u8]>)?;
+                self.variables.serialize(VariableRow {
+                    epoch: r.epoch,
+                    iteration: r.iteration,
+                    device: device.clone(),
+                    variable: name.clone(),
+                    kind: *kind,
+                    bytes,
+                })?;
             }
             last.clone_from(rows);
         }

@@ -60,7 +60,9 @@
 //! does not write hundreds of unchanged rows a step. Rows are written at least
 //! once a second, at each epoch's end and when the monitor is dropped (also by
 //! a panic). A CSV directory that cannot be written is reported once; training
-//! goes on.
+//! goes on. Each file's rows are a type, [`IterationRow`] and [`VariableRow`],
+//! and [`read_rows`] reads them back:
+//! `read_rows::<IterationRow>("memlab_csv/memlab_iterations.csv")?`.
 //!
 //! Records read gradients: take them on the thread that steps the model, or
 //! between steps (see the "Threads" section of [`crate::oom`]).
@@ -84,6 +86,7 @@ use memlab_tch::storage::storages;
 
 mod csv_files;
 use csv_files::CsvFiles;
+pub use csv_files::{read_rows, IterationRow, VariableRow};
 use memlab_tch::optimizer::StepOptimizer;
 use memlab_tch::BACKEND;
 

@@ -126,6 +126,37 @@ fn csv_files_append_with_one_header() {
 }
 
 #[test]
+fn csv_rows_read_back_as_the_records_they_were() {
+    use memlab::monitor::{read_rows, IterationRow, VariableRow};
+    let _s = serial();
+    let dir = std::env::temp_dir().join(format!("memlab-monitor-rows-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let mut s = setup();
+    let mut monitor = TrainingMonitor::new(&s.vs).device(Device::Cpu).print_period(0).csv_dir(&dir);
+    let mut records = Vec::new();
+    for _ in 0..3 {
+        step(&mut s);
+        records.push(monitor.record_stats().unwrap().clone());
+    }
+    drop(monitor);
+    let rows: Vec<IterationRow> = read_rows(dir.join("memlab_iterations.csv")).unwrap();
+    assert_eq!(rows.len(), 3);
+    for (row, r) in rows.iter().zip(&records) {
+        assert_eq!((row.epoch, row.iteration, row.device.as_str()), (r.epoch, r.iteration, "cpu"));
+        assert_eq!((row.peak_allocated, row.weights, row.gradients), (r.peak_allocated, r.weights, r.gradients));
+        assert_eq!((row.optimizer_state, row.feature_maps), (r.optimizer_state, r.feature_maps));
+    }
+    let variables: Vec<VariableRow> = read_rows(dir.join("memlab_variables.csv")).unwrap();
+    let weight = variables.iter().find(|v| v.variable == "fc.weight" && v.kind == TensorKind::Parameter).unwrap();
+    assert_eq!((weight.iteration, weight.bytes), (1, 256 * 128 * 4));
+    // Another file is refused, saying which files it reads.
+    let e = read_rows::<IterationRow>(dir.join("memlab_variables.csv")).unwrap_err().to_string();
+    assert!(e.contains("memlab_iterations.csv or memlab_variables.csv"), "{e}");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
 fn csv_rows_reach_the_disk_at_flush_epoch_end_and_panic() {
     let _s = serial();
     let dir = std::env::temp_dir().join(format!("memlab-monitor-flush-{}", std::process::id()));
