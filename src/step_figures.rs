@@ -31,7 +31,7 @@ pub struct RamFigures {
     pub peak_exact: bool,
     /// Whether `consumed` and `used` come from the background thread's
     /// readings (at most one sampling period old) instead of readings at the
-    /// step's two ends (see [`StepLogger::exact_ram`]).
+    /// step's two ends (see [`StepLogger::exact_ram`](crate::StepLogger::exact_ram)).
     pub sampled: bool,
 }
 
