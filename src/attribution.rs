@@ -5,9 +5,8 @@
 //! not attribute, and on CUDA the caching allocator's rounding. The reporter and the GPU
 //! account render from this one model, so their figures cannot disagree.
 
-use memlab_core::events::LiveAllocation;
+use memlab_core::events::{by_site_with, LiveAllocation, SiteGroup};
 use memlab_core::hash::FastMap;
-use memlab_core::events::{by_site_with, SiteGroup};
 use memlab_core::{Device, DeviceStats};
 use memlab_tch::segments::{BlasWorkspace, BlockState, CudaSegment};
 

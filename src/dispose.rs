@@ -73,9 +73,8 @@
 use serde::Serialize;
 use std::collections::{BTreeMap, HashSet};
 
-use memlab_core::events::{self, LiveAllocation, ScopeCounts, ScopeOutcome};
+use memlab_core::events::{self, by_site, LiveAllocation, ScopeCounts, ScopeOutcome, SiteGroup};
 use memlab_core::profiler::PeakWatch;
-use memlab_core::events::{by_site, SiteGroup};
 use memlab_core::render::{Cell, Column, Document, Layout, Render, Table};
 use memlab_core::{Device, Error, Result};
 

@@ -44,8 +44,8 @@ use memlab_core::{Backend, Result};
 use memlab_tch::{driver_memory, BACKEND};
 
 use crate::named::Model;
-use crate::step_figures::{How, Measure};
 pub use crate::step_figures::{host_memory, rss, CpuFigures, GpuFigures, RamFigures, StepData};
+use crate::step_figures::{How, Measure};
 
 /// Logs the memory and time of steps. See the module documentation.
 ///
@@ -195,4 +195,3 @@ impl StepLogger {
         value
     }
 }
-

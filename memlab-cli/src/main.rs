@@ -248,7 +248,12 @@ fn run(command: Command) -> Result<(), String> {
             let options = memlab_core::replay::PredictOptions {
                 capacity: capacity.as_deref().map(|c| bytes(c, "--capacity")).transpose()?,
                 settings,
-                libtorch: libtorch.as_deref().map(Libtorch::parse).transpose().map_err(|e| e.to_string())?.unwrap_or_default(),
+                libtorch: libtorch
+                    .as_deref()
+                    .map(Libtorch::parse)
+                    .transpose()
+                    .map_err(|e| e.to_string())?
+                    .unwrap_or_default(),
                 ..Default::default()
             };
             let file = Snapshot::read_pickle(&snapshot).map_err(|e| e.to_string())?;

@@ -917,7 +917,10 @@ fn history_file(name: &str, device: &str, entries: &[(memlab_core::events::Actio
     let snapshot = Snapshot {
         segments: Vec::new(),
         device_traces: vec![trace],
-        allocator_settings: Some(memlab_core::export::AllocatorSettings { conf: Some(String::new()), ..Default::default() }),
+        allocator_settings: Some(memlab_core::export::AllocatorSettings {
+            conf: Some(String::new()),
+            ..Default::default()
+        }),
         memlab: Some(SnapshotInfo { devices: vec![device.into()], ..SnapshotInfo::default() }),
     };
     let path = temp(name);
@@ -1083,15 +1086,28 @@ fn outputs_match_the_golden_files() {
                 "--compare",
             ],
         ),
-        ("replay_pattern123548.json", vec!["replay", "fixtures/replay/pattern123548__default.pickle", "--compare", "--json"]),
-        ("replay_mlp_as_cuda.txt", vec!["replay", "fixtures/fit/mlp_1024_cpu.pickle", "--as-cuda", "--capacity", "80G"]),
+        (
+            "replay_pattern123548.json",
+            vec!["replay", "fixtures/replay/pattern123548__default.pickle", "--compare", "--json"],
+        ),
+        (
+            "replay_mlp_as_cuda.txt",
+            vec!["replay", "fixtures/fit/mlp_1024_cpu.pickle", "--as-cuda", "--capacity", "80G"],
+        ),
         (
             "replay_mlp_as_cuda.json",
             vec!["replay", "fixtures/fit/mlp_1024_cpu.pickle", "--as-cuda", "--capacity", "80G", "--json"],
         ),
         (
             "merge_ranks.json",
-            vec!["merge", "fixtures/ranks/memlab_trace_rank0.json", "fixtures/ranks/memlab_trace_rank1.json", "-o", merged, "--json"],
+            vec![
+                "merge",
+                "fixtures/ranks/memlab_trace_rank0.json",
+                "fixtures/ranks/memlab_trace_rank1.json",
+                "-o",
+                merged,
+                "--json",
+            ],
         ),
     ];
     let mut outputs: Vec<(String, String)> = cases

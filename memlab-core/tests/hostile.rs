@@ -135,7 +135,10 @@ fn snapshot(device: &'static str) -> impl Strategy<Value = Snapshot> {
         Snapshot {
             segments,
             device_traces: vec![trace],
-            allocator_settings: Some(memlab_core::export::AllocatorSettings { conf: Some(String::new()), ..Default::default() }),
+            allocator_settings: Some(memlab_core::export::AllocatorSettings {
+                conf: Some(String::new()),
+                ..Default::default()
+            }),
             memlab: Some(SnapshotInfo { devices: vec![device.into()], ..SnapshotInfo::default() }),
         }
     })

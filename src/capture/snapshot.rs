@@ -4,8 +4,8 @@
 //! allocation's category named by the walk over the model.
 
 use memlab_core::export::{
-    AllocatorSettings, Block, BlockState, Category, DeviceBytes, DeviceMemory, Frames, Segment, SegmentType, Snapshot, SnapshotFrame,
-    SnapshotInfo, Stack, TraceEntry,
+    AllocatorSettings, Block, BlockState, Category, DeviceBytes, DeviceMemory, Frames, Segment, SegmentType, Snapshot,
+    SnapshotFrame, SnapshotInfo, Stack, TraceEntry,
 };
 use memlab_core::hash::FastMap;
 

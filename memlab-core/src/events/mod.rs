@@ -24,12 +24,12 @@ use std::sync::Arc;
 
 pub use clock::{clock_us, is_active, zero_unix_us};
 pub use context::{current_statement, StatementRef};
-pub use sites::{by_site, by_site_with, SiteGroup};
 pub use recorder::{
     attribute, current_settings, history, history_with, live, live_seqs, live_with, record, record_counted, recorded,
     release, retain, scope_close, scope_keep, scope_open, stats, LiveAllocation, ScopeCounts, ScopeOutcome, Settings,
     Stats, User,
 };
+pub use sites::{by_site, by_site_with, SiteGroup};
 pub use timeline::{
     reading, span, span_start, timeline, DriverUsed, Reading, Span, SpanKind, Timeline, TIMELINE_CAPACITY,
 };

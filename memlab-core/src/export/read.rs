@@ -22,8 +22,7 @@ use std::rc::Rc;
 use std::sync::Arc;
 
 use super::snapshot::{
-    AllocatorSettings, Block, BlockState, Category, Segment, SegmentType, Snapshot, SnapshotFrame, SnapshotInfo,
-    Stack,
+    AllocatorSettings, Block, BlockState, Category, Segment, SegmentType, Snapshot, SnapshotFrame, SnapshotInfo, Stack,
 };
 use super::unpickle::{self, Dict, Fault, List, Shaper, Strings, Value};
 use super::TraceEntry;
@@ -354,7 +353,8 @@ fn read<R: Read + Seek>(source: R) -> std::result::Result<SnapshotFile, String> 
                 let value = to_json(&strings, &value)
                     .map_err(|e| format!("its `allocator_settings` are not plain data: {e}"))?;
                 allocator_settings = Some(
-                    AllocatorSettings::from_json(value).ok_or_else(|| "its `allocator_settings` are not a dict".to_string())?,
+                    AllocatorSettings::from_json(value)
+                        .ok_or_else(|| "its `allocator_settings` are not a dict".to_string())?,
                 )
             }
             other => *builder.ignored.entry(other.to_string()).or_default() += 1,

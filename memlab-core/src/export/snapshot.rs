@@ -370,9 +370,9 @@ impl AllocatorSettings {
                 "graph_capture_record_stream_reuse" => {
                     value.as_bool().map(|b| settings.graph_capture_record_stream_reuse = Some(b))
                 }
-                "roundup_power2_divisions" => serde_json::from_value(value.clone())
-                    .ok()
-                    .map(|d| settings.roundup_power2_divisions = Some(d)),
+                "roundup_power2_divisions" => {
+                    serde_json::from_value(value.clone()).ok().map(|d| settings.roundup_power2_divisions = Some(d))
+                }
                 _ => None,
             };
             // null is "not set", as libtorch writes an unset value.

@@ -178,7 +178,8 @@ mod tests {
 
     fn snapshot(entries: &[(Action, u64, u64)], conf: &str) -> Snapshot {
         let mut s = crate::replay::tests::history(entries);
-        s.allocator_settings = Some(crate::export::AllocatorSettings { conf: Some(conf.to_string()), ..Default::default() });
+        s.allocator_settings =
+            Some(crate::export::AllocatorSettings { conf: Some(conf.to_string()), ..Default::default() });
         s
     }
 

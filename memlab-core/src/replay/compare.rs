@@ -266,12 +266,10 @@ impl Render for Replayed {
     fn document(&self) -> Document {
         let mut doc = Document::new();
         doc.title(format!("memlab replay: {}", self.file));
-        doc.line(
-            format!(
-                "A replay through the model of {}'s CUDA caching allocator (figures replayed, not measured).",
-                self.libtorch
-            ),
-        );
+        doc.line(format!(
+            "A replay through the model of {}'s CUDA caching allocator (figures replayed, not measured).",
+            self.libtorch
+        ));
         doc.line(format!("Recorded with: {}", settings_name(&self.recorded_settings, 1.0)));
         for n in &self.notes {
             doc.note(format!("Read as {} reads it: {n}.", self.libtorch));
@@ -539,7 +537,8 @@ mod tests {
     /// under the default settings.
     fn snapshot(entries: &[(Action, u64, u64)], total: u64) -> Snapshot {
         let mut s = crate::replay::tests::history(entries);
-        s.allocator_settings = Some(crate::export::AllocatorSettings { conf: Some(String::new()), ..Default::default() });
+        s.allocator_settings =
+            Some(crate::export::AllocatorSettings { conf: Some(String::new()), ..Default::default() });
         s.memlab = Some(SnapshotInfo {
             devices: vec!["cuda:0".into()],
             partial: false,

@@ -7,8 +7,8 @@
 //! The table of what it refuses and clamps is on [`AllocatorConfig`].
 
 use super::Libtorch;
-use crate::export::AllocatorSettings;
 use crate::error::{Error, Result};
+use crate::export::AllocatorSettings;
 
 pub use crate::units::MIB;
 /// Buckets of `roundup_power2_divisions`: `[1 MiB, 2 MiB)` and below, then
@@ -248,10 +248,13 @@ impl AllocatorConfig {
                     format!(
                         "it is set in whole MiB, at least the large segment size ({}); {}",
                         minimum / MIB,
-                        refused(libtorch, format!(
-                            "CachingAllocator option max_split_size_mb too small, must be >= {}",
-                            minimum / MIB
-                        ))
+                        refused(
+                            libtorch,
+                            format!(
+                                "CachingAllocator option max_split_size_mb too small, must be >= {}",
+                                minimum / MIB
+                            )
+                        )
                     ),
                 ));
             } else {
@@ -529,7 +532,10 @@ impl Reader<'_> {
             ));
         }
         let magnitude: u64 = rest[..digits].parse().map_err(|_| {
-            bad(self.text, format!("{token} is past the largest 64-bit number; {} refuses it (\"stoull\")", self.libtorch))
+            bad(
+                self.text,
+                format!("{token} is past the largest 64-bit number; {} refuses it (\"stoull\")", self.libtorch),
+            )
         })?;
         let value = if negative { magnitude.wrapping_neg() } else { magnitude };
         if digits < rest.len() {
@@ -802,7 +808,9 @@ mod tests {
     /// and of its clamped largest are read as such.
     #[test]
     fn a_snapshots_settings_go_through_the_same_table() {
-        let read = |settings: serde_json::Value| AllocatorConfig::from_snapshot(&AllocatorSettings::from_json(settings).unwrap());
+        let read = |settings: serde_json::Value| {
+            AllocatorConfig::from_snapshot(&AllocatorSettings::from_json(settings).unwrap())
+        };
         for (settings, says) in [
             (serde_json::json!({"max_split_size": 100}), "max_split_size = 100"),
             (serde_json::json!({"max_split_size": 25 * MIB + 1}), "whole MiB"),

@@ -64,10 +64,9 @@ pub use allocator::{
     BlockId, CachingAllocator, ModelOom, SegmentAction, SegmentEvent, MIN_BLOCK, ROUND_LARGE, SMALL_BUFFER, SMALL_SIZE,
 };
 pub(crate) use as_cuda::site;
-pub use version::Libtorch;
 pub use as_cuda::{
-    check_settings, check_settings_as, cpu_history_as_cuda, predict_cuda, CudaAdditions, CudaPrediction, Fit, PredictOptions,
-    SettingPrediction, NOT_MODELLED, NOT_WATCHED,
+    check_settings, check_settings_as, cpu_history_as_cuda, predict_cuda, CudaAdditions, CudaPrediction, Fit,
+    PredictOptions, SettingPrediction, NOT_MODELLED, NOT_WATCHED,
 };
 pub use compare::{replay_snapshot, DeviceReplays, ReplayOptions, Replayed, COMPARED};
 pub use config::{AllocatorConfig, ReadSettings, DIVISION_BUCKETS, MAX_MB, MIB, MIN_LARGE_ALLOC, ONE_EXABYTE};
@@ -77,6 +76,7 @@ pub use kernels::{
 };
 pub use reduction::{staging as reduction_staging, ReductionDevice};
 pub use run::{replay_device, replay_device_at, AtPeak, Card, DeviceReplay, Mismatch, ReplayOom, OOMS_KEPT};
+pub use version::Libtorch;
 
 #[cfg(test)]
 pub(crate) mod tests;

@@ -583,14 +583,19 @@ fn a_recording_names_the_allocator_it_replays_and_a_file_that_does_not_is_told()
     use crate::events::Action::{Alloc, FreeCompleted};
     use crate::render::Render;
     let mut snapshot = history(&[(Alloc, 1 << 32, 512), (FreeCompleted, 1 << 32, 512)]);
-    let (none, asked_13) = (ReplayOptions::default(), ReplayOptions { libtorch: Some(Libtorch::V2_13), ..Default::default() });
+    let (none, asked_13) =
+        (ReplayOptions::default(), ReplayOptions { libtorch: Some(Libtorch::V2_13), ..Default::default() });
     // A file that says nothing: 2.11, assumed and said; or what --libtorch says.
     let r = replay_snapshot("pytorch", &snapshot, &none).unwrap();
     assert_eq!(r.libtorch, Libtorch::V2_11);
     assert!(r.assumptions.iter().any(|a| a.contains("does not say its libtorch version")), "{:?}", r.assumptions);
     let r = replay_snapshot("pytorch", &snapshot, &asked_13).unwrap();
     assert_eq!(r.libtorch, Libtorch::V2_13);
-    assert!(!r.assumptions.iter().any(|a| a.contains("libtorch version") || a.contains("libtorch 2.")), "{:?}", r.assumptions);
+    assert!(
+        !r.assumptions.iter().any(|a| a.contains("libtorch version") || a.contains("libtorch 2.")),
+        "{:?}",
+        r.assumptions
+    );
     assert!(r.to_text().contains("model of libtorch 2.13's CUDA caching allocator"), "{}", r.to_text());
     // A recording that names 2.13 replays as 2.13 with no caveat.
     let run = crate::run::RunInfo { libtorch: Some("2.13.0+cu130".into()), ..Default::default() };
@@ -598,7 +603,11 @@ fn a_recording_names_the_allocator_it_replays_and_a_file_that_does_not_is_told()
     snapshot.memlab = Some(crate::export::SnapshotInfo { run: Some(run), devices, ..Default::default() });
     let r = replay_snapshot("memlab's", &snapshot, &none).unwrap();
     assert_eq!(r.libtorch, Libtorch::V2_13);
-    assert!(!r.assumptions.iter().any(|a| a.contains("libtorch version") || a.contains("libtorch 2.")), "{:?}", r.assumptions);
+    assert!(
+        !r.assumptions.iter().any(|a| a.contains("libtorch version") || a.contains("libtorch 2.")),
+        "{:?}",
+        r.assumptions
+    );
     // --libtorch against the file's own word is refused.
     let asked_11 = ReplayOptions { libtorch: Some(Libtorch::V2_11), ..Default::default() };
     let e = replay_snapshot("memlab's", &snapshot, &asked_11).unwrap_err().to_string();
