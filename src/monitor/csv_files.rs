@@ -16,15 +16,17 @@ use memlab_core::{Device, TensorKind};
 use super::{IterationRecord, Row, TensorBytes};
 
 /// One row of `memlab_iterations.csv`: an [`IterationRecord`]'s figures, in
-/// bytes (a figure the record has not is an empty field).
+/// bytes (a figure the record has not is an empty field). Read back with its
+/// strings owned; the monitor writes it with them borrowed (`S = &str`), so
+/// that a record costs no allocation.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct IterationRow {
+pub struct IterationRow<S = String> {
     /// [`IterationRecord::epoch`].
     pub epoch: u64,
     /// [`IterationRecord::iteration`].
     pub iteration: u64,
     /// `cpu`, `cuda:0`, …; empty where the monitor has no device.
-    pub device: String,
+    pub device: S,
     /// [`IterationRecord::peak_reserved`].
     pub peak_reserved: i64,
     /// [`IterationRecord::current_reserved`].
@@ -51,28 +53,29 @@ pub struct IterationRow {
 
 /// One row of `memlab_variables.csv`: a variable's weight, gradient or
 /// optimizer state whose bytes changed at that iteration (0 when it went).
+/// Strings as in [`IterationRow`].
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct VariableRow {
+pub struct VariableRow<S = String> {
     /// The epoch of the record that saw the change.
     pub epoch: u64,
     /// Its iteration.
     pub iteration: u64,
     /// `cpu`, `cuda:0`, …; empty where the monitor has no device.
-    pub device: String,
+    pub device: S,
     /// The variable's name (`fc.weight`).
-    pub variable: String,
+    pub variable: S,
     /// What the tensor is: the weight, its gradient or optimizer state.
     pub kind: TensorKind,
     /// Its bytes from that iteration on.
     pub bytes: i64,
 }
 
-impl IterationRow {
-    fn of(r: &IterationRecord, device: &str) -> IterationRow {
+impl<'a> IterationRow<&'a str> {
+    fn of(r: &IterationRecord, device: &'a str) -> IterationRow<&'a str> {
         IterationRow {
             epoch: r.epoch,
             iteration: r.iteration,
-            device: device.to_string(),
+            device,
             peak_reserved: r.peak_reserved,
             current_reserved: r.current_reserved,
             peak_allocated: r.peak_allocated,
@@ -162,16 +165,10 @@ impl CsvFiles {
                 "the directory does not exist; create it first",
             ));
         }
-        let variable = VariableRow {
-            epoch: 0,
-            iteration: 0,
-            device: String::new(),
-            variable: String::new(),
-            kind: TensorKind::Parameter,
-            bytes: 0,
-        };
+        let variable =
+            VariableRow { epoch: 0, iteration: 0, device: "", variable: "", kind: TensorKind::Parameter, bytes: 0 };
         Ok(CsvFiles {
-            iterations: open_csv(&dir.join("memlab_iterations.csv"), &IterationRow::default())?,
+            iterations: open_csv(&dir.join("memlab_iterations.csv"), &IterationRow::<&str>::default())?,
             variables: open_csv(&dir.join("memlab_variables.csv"), &variable)?,
             flushed: Instant::now(),
             last_weights: Vec::new(),
@@ -206,8 +203,8 @@ impl CsvFiles {
                 self.variables.serialize(VariableRow {
                     epoch: r.epoch,
                     iteration: r.iteration,
-                    device: device.clone(),
-                    variable: name.clone(),
+                    device: device.as_str(),
+                    variable: name.as_str(),
                     kind: *kind,
                     bytes,
                 })?;
