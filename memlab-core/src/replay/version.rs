@@ -92,17 +92,10 @@ impl Libtorch {
         }
     }
 
-    /// Boolean keys this version accepts that move no device memory.
+    /// Boolean keys this version accepts that move no device memory: 2.11's,
+    /// then what 2.13 adds.
     pub(crate) fn switches_without_effect(self) -> &'static [&'static str] {
-        const V2_11: &[&str] = &[
-            "release_lock_on_cudamalloc",
-            "release_lock_on_hipmalloc",
-            "pinned_use_cuda_host_register",
-            "pinned_use_hip_host_register",
-            "pinned_use_background_threads",
-            "graph_capture_record_stream_reuse",
-        ];
-        const V2_13: &[&str] = &[
+        const SWITCHES: [&str; 7] = [
             "release_lock_on_cudamalloc",
             "release_lock_on_hipmalloc",
             "pinned_use_cuda_host_register",
@@ -112,19 +105,19 @@ impl Libtorch {
             "pinned_free_catch_all",
         ];
         match self {
-            Libtorch::V2_11 => V2_11,
-            Libtorch::V2_13 => V2_13,
+            Libtorch::V2_11 => &SWITCHES[..6],
+            Libtorch::V2_13 => &SWITCHES,
         }
     }
 
     /// Size keys (MiB) this version accepts for pinned host memory, which
-    /// move no device memory.
+    /// move no device memory: 2.11's, then what 2.13 adds.
     pub(crate) fn pinned_sizes(self) -> &'static [&'static str] {
+        const SIZES: [&str; 3] =
+            ["pinned_reserve_segment_size_mb", "pinned_max_round_threshold_mb", "pinned_max_cached_size_mb"];
         match self {
-            Libtorch::V2_11 => &["pinned_reserve_segment_size_mb"],
-            Libtorch::V2_13 => {
-                &["pinned_reserve_segment_size_mb", "pinned_max_round_threshold_mb", "pinned_max_cached_size_mb"]
-            }
+            Libtorch::V2_11 => &SIZES[..1],
+            Libtorch::V2_13 => &SIZES,
         }
     }
 
