@@ -13,7 +13,7 @@
 use std::error::Error;
 
 use memlab::events::Settings;
-use memlab::replay::{cudnn_workspaces, reduction_staging, scratch_of_ops, Op, ReductionDevice};
+use memlab::replay::{cudnn_workspaces, reduction_staging, scratch_of_ops, Libtorch, Op, ReductionDevice};
 use tch::nn::{self, Module};
 use tch::{Device, Kind, Tensor};
 
@@ -93,7 +93,7 @@ fn main() -> Result<(), Box<dyn Error>> {
             }
             let Op::Convolution(c) = &record.op else { continue };
             let (i, w, o) = c.bytes();
-            let estimate: Vec<u64> = cudnn_workspaces(c).into_iter().map(|w| w.bytes).collect();
+            let estimate: Vec<u64> = cudnn_workspaces(c, Libtorch::V2_11).into_iter().map(|w| w.bytes).collect();
             let op = if c.backward { "backward" } else { "forward" };
             if json {
                 let row = serde_json::json!({

@@ -17,7 +17,7 @@ use super::Libtorch;
 use crate::units::MIB;
 
 /// What a CUDA run of a step allocates that the same step on the CPU does
-/// not, as libtorch 2.11 does it.
+/// not, as a libtorch version does it ([`CudaAdditions::of`]).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct CudaAdditions {
     /// cuBLAS's workspace of one handle and stream, allocated through the
@@ -39,24 +39,27 @@ pub struct CudaAdditions {
 }
 
 impl CudaAdditions {
-    /// What libtorch 2.11 (CUDA 13) adds on a device of this compute
-    /// capability's major version, as measured on an H100 (9.0): two
-    /// 32 MiB cuBLAS workspaces, a 1 MiB cuBLASLt workspace and 742 MiB
-    /// outside the allocator.
-    pub fn libtorch_2_11(major: u32) -> CudaAdditions {
+    /// What `libtorch` adds on a device of this compute capability's major
+    /// version, from its [`KernelTables`](super::KernelTables): for 2.11
+    /// (CUDA 13), as measured on an H100 (9.0), two 32 MiB cuBLAS
+    /// workspaces, a 1 MiB cuBLASLt workspace and 742 MiB outside the
+    /// allocator.
+    pub fn of(libtorch: Libtorch, major: u32) -> CudaAdditions {
+        let tables = libtorch.kernels();
         CudaAdditions {
-            cublas_workspace: if major >= 9 { 32 * MIB } else { 8 * MIB + 128 * 1024 },
-            cublas_handles: 2,
-            cublaslt_workspace: MIB,
-            outside_allocator: 742 * MIB,
-            reduction_device: ReductionDevice::H100,
+            cublas_workspace: tables.cublas_workspace[usize::from(major < 9)],
+            cublas_handles: tables.cublas_handles,
+            cublaslt_workspace: tables.cublaslt_workspace,
+            outside_allocator: tables.outside_allocator,
+            reduction_device: tables.reduction_device,
         }
     }
 }
 
 impl Default for CudaAdditions {
+    /// libtorch 2.11's on an H100.
     fn default() -> CudaAdditions {
-        CudaAdditions::libtorch_2_11(9)
+        CudaAdditions::of(Libtorch::default(), 9)
     }
 }
 
@@ -85,11 +88,12 @@ impl Default for CudaAdditions {
 pub fn cpu_history_as_cuda(
     snapshot: &Snapshot,
     additions: &CudaAdditions,
+    libtorch: Libtorch,
     total: u64,
     live_before: &[(u64, u64)],
     workspaces_after: Option<usize>,
 ) -> Result<(Snapshot, KernelsModelled)> {
-    as_cuda(snapshot, additions, total, live_before, workspaces_after).map(|h| (h.snapshot, h.kernels))
+    as_cuda(snapshot, additions, libtorch, total, live_before, workspaces_after).map(|h| (h.snapshot, h.kernels))
 }
 
 /// [`cpu_history_as_cuda`]'s history, and the addresses of the allocations
@@ -105,6 +109,7 @@ struct AsCuda {
 fn as_cuda(
     snapshot: &Snapshot,
     additions: &CudaAdditions,
+    libtorch: Libtorch,
     total: u64,
     live_before: &[(u64, u64)],
     workspaces_after: Option<usize>,
@@ -157,7 +162,7 @@ fn as_cuda(
         block(workspace_address, size)
     };
     let ops = snapshot.memlab.as_ref().and_then(|m| m.ops.as_deref()).unwrap_or_default();
-    let plan = plan(trace, ops, additions.reduction_device);
+    let plan = plan(trace, ops, additions.reduction_device, libtorch);
     // The cuBLAS workspaces stay for the process's life. After a step, the
     // caller's thread's (and cuBLASLt's) come after the weights and
     // autograd's with the first gradient, as that step made them. Else,
@@ -284,8 +289,8 @@ pub struct PredictOptions {
     /// Allocator settings to predict under (`PYTORCH_CUDA_ALLOC_CONF`
     /// syntax); none: libtorch's defaults.
     pub settings: Vec<String>,
-    /// What CUDA adds to the CPU run's allocations (default: libtorch 2.11 on
-    /// compute capability 9.0).
+    /// What CUDA adds to the CPU run's allocations (default: `libtorch`'s on
+    /// compute capability 9.0, [`CudaAdditions::of`]).
     pub additions: Option<CudaAdditions>,
     /// Blocks live before the history began (address, bytes) that the
     /// snapshot does not show (see [`cpu_history_as_cuda`]).
@@ -404,7 +409,7 @@ pub enum Fit {
 pub fn predict_cuda(name: &str, snapshot: &Snapshot, options: &PredictOptions) -> Result<CudaPrediction> {
     use super::{replay_device_at, Card};
     crate::export::check_figures(snapshot).map_err(|why| Error::InvalidArgument(format!("{name}: {why}")))?;
-    let additions = options.additions.clone().unwrap_or_default();
+    let additions = options.additions.clone().unwrap_or_else(|| CudaAdditions::of(options.libtorch, 9));
     if additions.cublas_handles > MAX_HANDLES {
         return Err(Error::InvalidArgument(format!(
             "{} cuBLAS handles: a prediction models at most {MAX_HANDLES}",
@@ -418,10 +423,11 @@ pub fn predict_cuda(name: &str, snapshot: &Snapshot, options: &PredictOptions) -
     }
     let total = options.capacity.unwrap_or(MAX_CARD);
     let AsCuda { snapshot: history, allocations, kernels, soft } =
-        as_cuda(snapshot, &additions, total, &options.live_before, options.workspaces_after).map_err(|e| match e {
-            Error::InvalidArgument(why) => Error::InvalidArgument(format!("{name}: {why}")),
-            other => other,
-        })?;
+        as_cuda(snapshot, &additions, options.libtorch, total, &options.live_before, options.workspaces_after)
+            .map_err(|e| match e {
+                Error::InvalidArgument(why) => Error::InvalidArgument(format!("{name}: {why}")),
+                other => other,
+            })?;
     let watched = snapshot.memlab.as_ref().is_some_and(|m| m.ops.is_some());
     let first_us = history.device_traces[0].first().map_or(0, |e| e.time_us);
     // Where `empty_cache` runs, in a history as given (the cuDNN model
@@ -655,9 +661,10 @@ impl Render for CudaPrediction {
              of {}'s CUDA caching allocator, with what CUDA adds. Every figure is an estimate.",
             self.libtorch
         ));
-        if self.libtorch != Libtorch::V2_11 {
+        let measured_with = self.libtorch.kernels().measured_with;
+        if measured_with != self.libtorch {
             doc.note(format!(
-                "What CUDA's kernels and libraries add was measured and read with libtorch 2.11's (cuDNN's \
+                "What CUDA's kernels and libraries add was measured and read with {measured_with}'s (cuDNN's \
                  workspaces, cuBLAS's, the reductions' staging): on {} they are assumed the same.",
                 self.libtorch
             ));
@@ -872,7 +879,7 @@ mod tests {
     fn a_workspace_that_cannot_be_had_is_done_without() {
         let snapshot = fixture("conv_256_cpu.pickle");
         let additions = CudaAdditions::default();
-        let history = as_cuda(&snapshot, &additions, 80 << 30, &[], None).unwrap();
+        let history = as_cuda(&snapshot, &additions, Libtorch::V2_11, 80 << 30, &[], None).unwrap();
         assert_eq!(history.soft.len(), history.kernels.workspaces, "every cuDNN workspace may be done without");
         let config = super::super::AllocatorConfig::default();
         // The least limit of a history, in 2 MiB steps.
@@ -990,10 +997,12 @@ mod tests {
                 .map(|(i, e)| (i, e.size))
                 .collect::<Vec<_>>()
         };
-        let after = as_cuda(&snapshot, &additions, 80 << 30, &[weight, gradient], Some(1)).unwrap().snapshot;
+        let after =
+            as_cuda(&snapshot, &additions, Libtorch::V2_11, 80 << 30, &[weight, gradient], Some(1)).unwrap().snapshot;
         assert_eq!(sizes(&after, 5), [4 * MIB, 32 * MIB, MIB, 4 * MIB, 32 * MIB]);
         assert_eq!(workspaces(&after), [(1, 32 * MIB), (2, MIB), (4, 32 * MIB)]);
-        let fresh = as_cuda(&snapshot, &additions, 80 << 30, &[weight, gradient], None).unwrap().snapshot;
+        let fresh =
+            as_cuda(&snapshot, &additions, Libtorch::V2_11, 80 << 30, &[weight, gradient], None).unwrap().snapshot;
         let made = workspaces(&fresh);
         assert_eq!(made.iter().map(|w| w.1).collect::<Vec<_>>(), [32 * MIB, MIB, 32 * MIB]);
         assert!(made.iter().all(|&(i, _)| i > 2), "made by the history's products: {made:?}");

@@ -12,6 +12,7 @@ use crate::export::TraceEntry;
 use crate::ops::{Convolution, EmbeddingBackward, Op, OpRecord};
 
 use super::reduction::{staging, ReductionDevice};
+use super::Libtorch;
 
 /// What the prediction changed of a CPU history for its watched ops.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -101,14 +102,15 @@ pub(super) struct Plan {
     pub(super) modelled: KernelsModelled,
 }
 
-/// cuDNN's workspaces for `conv` on CUDA, in the order it asks for them
-/// (forward: one; backward: the input's gradient's, then the weight's).
+/// cuDNN's workspaces for `conv` on CUDA under `libtorch`, in the order it
+/// asks for them (forward: one; backward: the input's gradient's, then the
+/// weight's).
 ///
 /// cuDNN picks an algorithm per shape and device, and each algorithm its
-/// workspace, so no formula gives them all. For the shapes an H100 was
-/// measured on with libtorch 2.11's cuDNN ([`H100_MEASURED`], from
-/// `examples/cudnn_workspaces.rs`), they are what it allocated; for others,
-/// an estimate ruled from those measurements:
+/// workspace, so no formula gives them all. For the shapes measured with the
+/// version's cuDNN (its [`KernelTables::cudnn`](super::KernelTables), for
+/// 2.11 [`H100_MEASURED`], from `examples/cudnn_workspaces.rs`), they are
+/// what it allocated; for others, an estimate ruled from those measurements:
 ///
 /// - forward, fewer than 16 input channels a group, or a 1 x 1 kernel at
 ///   stride 1: none (at most a few hundred bytes);
@@ -135,7 +137,7 @@ pub(super) struct Plan {
 /// H100, the forward pass settled on one taking the input and weight and
 /// 16 bytes where the first took more, the gradients on ones taking a few
 /// KiB at most (counted as none).
-pub fn cudnn_workspaces(conv: &Convolution) -> Vec<Workspace> {
+pub fn cudnn_workspaces(conv: &Convolution, libtorch: Libtorch) -> Vec<Workspace> {
     let (input, weight, output) = conv.bytes();
     let fallback = |computing: Computing, bytes: u64| match computing {
         Computing::Output if bytes > input + weight + 16 => input + weight + 16,
@@ -154,7 +156,7 @@ pub fn cudnn_workspaces(conv: &Convolution) -> Vec<Workspace> {
     // The shape measured at this batch, else at the nearest other: the
     // tensors' part of each workspace grows with the batch, the rest stays.
     let batch = conv.input.first().copied().unwrap_or(0);
-    let nearest = H100_MEASURED.iter().filter(|m| m.same_shape(conv)).min_by_key(|m| m.n.abs_diff(batch));
+    let nearest = libtorch.kernels().cudnn.iter().filter(|m| m.same_shape(conv)).min_by_key(|m| m.n.abs_diff(batch));
     if let Some(m) = nearest.filter(|_| batch > 0) {
         let (input0, output0) = (input / batch as u64 * m.n as u64, output / batch as u64 * m.n as u64);
         return all
@@ -299,7 +301,7 @@ pub enum Computing {
 
 /// The plan for `trace` (one device's events, in order) and the ops watched
 /// while it was recorded.
-pub(super) fn plan(trace: &[TraceEntry], ops: &[OpRecord], device: ReductionDevice) -> Plan {
+pub(super) fn plan(trace: &[TraceEntry], ops: &[OpRecord], device: ReductionDevice, libtorch: Libtorch) -> Plan {
     let mut plan = Plan {
         dropped: vec![false; trace.len()],
         temporaries: Vec::new(),
@@ -360,7 +362,8 @@ pub(super) fn plan(trace: &[TraceEntry], ops: &[OpRecord], device: ReductionDevi
         // cuDNN asks for a workspace once it has allocated the tensor it
         // computes: after the kept allocation of that tensor's size.
         let (input_bytes, weight_bytes, output_bytes) = conv.bytes();
-        for (nth, Workspace { computing, bytes, measured, fallback }) in cudnn_workspaces(conv).into_iter().enumerate()
+        for (nth, Workspace { computing, bytes, measured, fallback }) in
+            cudnn_workspaces(conv, libtorch).into_iter().enumerate()
         {
             plan.modelled.workspaces += 1;
             plan.modelled.measured_workspaces += usize::from(measured);
@@ -641,7 +644,7 @@ mod tests {
             record(30, 34, Op::Convolution(backward)),
             record(20, 20, Op::Reduction(Reduction { shape: vec![8], strides: vec![1], element_size: 4, reduced: 1 })),
         ];
-        let plan = plan(&trace, &ops, ReductionDevice::H100);
+        let plan = plan(&trace, &ops, ReductionDevice::H100, Libtorch::V2_11);
         assert_eq!(plan.dropped, [false, true, true, false, false, false, false, true, true]);
         let measured = H100_MEASURED.iter().find(|m| m.n == 256 && m.c_in == 64).unwrap();
         let bias_sum = staging(&conv(true, 256, 64, 128, 32, 3, 7).bias_gradient_sum().unwrap(), ReductionDevice::H100);
@@ -686,7 +689,7 @@ mod tests {
             record(45, 60, Op::Convolution(conv(true, 2, 3, 4, 8, 3, 3))),
             record(50, 50, Op::Reduction(big_sum)),
         ];
-        let plan = plan(&trace, &ops, ReductionDevice::H100);
+        let plan = plan(&trace, &ops, ReductionDevice::H100, Libtorch::V2_11);
         assert_eq!(plan.first_matmul, [Some(1), Some(3)]);
         assert_eq!(plan.modelled.reductions, 0, "the sum inside the convolution is not counted twice");
     }
@@ -700,7 +703,7 @@ mod tests {
         use Action::Alloc;
         let trace = vec![event(Alloc, 1, 64, 5), event(Alloc, 2, 111_149_056, 10), event(Alloc, 3, 4096, 20)];
         let ops = [record(9, 12, Op::SoftmaxBackward { shape: vec![53, 8, 256, 256], element_size: 4 })];
-        let plan = plan(&trace, &ops, ReductionDevice::H100);
+        let plan = plan(&trace, &ops, ReductionDevice::H100, Libtorch::V2_11);
         let temporaries: Vec<(usize, u64, bool)> =
             plan.temporaries.iter().map(|t| (t.after, t.bytes, t.soft.is_some())).collect();
         assert_eq!(temporaries, [(1, 111_149_056, false)]);
@@ -784,7 +787,7 @@ mod tests {
             event(Free, 5, 32_768, 23),
         ];
         let ops = [record(10, 12, Op::EmbeddingBackward(e.clone())), record(21, 23, Op::EmbeddingBackward(e.clone()))];
-        let plan = plan(&trace, &ops, ReductionDevice::H100);
+        let plan = plan(&trace, &ops, ReductionDevice::H100, Libtorch::V2_11);
         assert_eq!(plan.dropped, [false, true, false, true, false, true, false, true]);
         let (before, after) = embedding_backward_temporaries(&e);
         let of = |t: &[Temporary], at: usize| {
@@ -818,7 +821,10 @@ mod tests {
         let (i, w, o) = ruled.bytes();
         let each = i + w + o + 147;
         let only = |c: &Convolution| {
-            cudnn_workspaces(c).into_iter().map(|w| (w.computing, w.bytes, w.measured)).collect::<Vec<_>>()
+            cudnn_workspaces(c, Libtorch::V2_11)
+                .into_iter()
+                .map(|w| (w.computing, w.bytes, w.measured))
+                .collect::<Vec<_>>()
         };
         assert_eq!(only(&ruled), [(Computing::Output, each, false)]);
         assert_eq!(

@@ -76,7 +76,7 @@ pub use kernels::{
 };
 pub use reduction::{staging as reduction_staging, ReductionDevice};
 pub use run::{replay_device, replay_device_at, AtPeak, Card, DeviceReplay, Mismatch, ReplayOom, OOMS_KEPT};
-pub use version::Libtorch;
+pub use version::{KernelTables, Libtorch};
 
 #[cfg(test)]
 pub(crate) mod tests;

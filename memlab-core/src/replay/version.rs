@@ -17,12 +17,56 @@
 //! | keys | | adds `throw_on_cudamalloc_oom`, `pinned_free_catch_all`, `pinned_max_round_threshold_mb`, `pinned_max_cached_size_mb` (the pinned ones move no device memory) |
 //! | the snapshot's `allocator_settings` | | adds `max_round_threshold`, `max_cached_size` (pinned memory) |
 //!
-//! The kernels' additions of a CPU run replayed as CUDA's (`kernels.rs`,
-//! `reduction.rs`: cuDNN's workspaces, the reductions' staging, the
-//! embedding's backward pass) were measured and read with 2.11's libraries,
-//! for both versions.
+//! What a version's CUDA libraries allocate beside the tensors, which a CPU
+//! run replayed as CUDA's adds ([`KernelTables`], `Libtorch::kernels`: cuDNN's
+//! workspaces, cuBLAS's, the reductions' staging, what the process holds
+//! outside the allocator), was measured and read with 2.11's libraries on
+//! an H100. 2.13's tables are 2.11's until they are measured with 2.13's;
+//! a prediction for 2.13 says so.
 
+use super::kernels::{Measured, H100_MEASURED};
+use super::reduction::ReductionDevice;
 use crate::error::{Error, Result};
+use crate::units::MIB;
+
+/// What a libtorch version's CUDA kernels and libraries allocate that the
+/// CPU's do not, as a CPU run replayed as CUDA's models it, and where the
+/// figures come from.
+#[derive(Debug, PartialEq)]
+pub struct KernelTables {
+    /// The libtorch whose libraries (cuDNN, cuBLAS) the figures were
+    /// measured and read with.
+    pub measured_with: Libtorch,
+    /// The GPU they were measured on.
+    pub measured_on: &'static str,
+    /// cuDNN's workspaces of the convolutions measured (see
+    /// [`cudnn_workspaces`](super::cudnn_workspaces) for the others).
+    pub cudnn: &'static [Measured],
+    /// The device whose figures size the reductions' staging buffers.
+    pub reduction_device: ReductionDevice,
+    /// cuBLAS's workspace of one handle: on compute capability 9.0 and
+    /// later (libtorch's `:4096:8`), and before (`:4096:2:16:8`).
+    pub cublas_workspace: [u64; 2],
+    /// The handles that make one: the forward pass's thread's and autograd's.
+    pub cublas_handles: u32,
+    /// cuBLASLt's workspace, made once.
+    pub cublaslt_workspace: u64,
+    /// What the process holds on the device outside the allocator (the CUDA
+    /// context, the kernels' modules, the libraries' own memory).
+    pub outside_allocator: u64,
+}
+
+/// libtorch 2.11 (CUDA 13) on an H100, measured 2026-11-26.
+const TABLES_2_11: KernelTables = KernelTables {
+    measured_with: Libtorch::V2_11,
+    measured_on: "NVIDIA H100 80GB HBM3",
+    cudnn: H100_MEASURED,
+    reduction_device: ReductionDevice::H100,
+    cublas_workspace: [32 * MIB, 8 * MIB + 128 * 1024],
+    cublas_handles: 2,
+    cublaslt_workspace: MIB,
+    outside_allocator: 742 * MIB,
+};
 
 /// A libtorch version whose CUDA caching allocator memlab models.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
@@ -121,6 +165,15 @@ impl Libtorch {
         }
     }
 
+    /// What this version's CUDA kernels and libraries allocate beside the
+    /// tensors. 2.13's are 2.11's (`measured_with` says so) until measured
+    /// with 2.13's libraries.
+    pub fn kernels(self) -> &'static KernelTables {
+        match self {
+            Libtorch::V2_11 | Libtorch::V2_13 => &TABLES_2_11,
+        }
+    }
+
     /// Whether this version reads `throw_on_cudamalloc_oom`.
     pub(crate) fn has_preemptive_oom(self) -> bool {
         self >= Libtorch::V2_13
@@ -149,6 +202,16 @@ mod tests {
         let e = Libtorch::parse("2.9").unwrap_err().to_string();
         assert!(e.contains("2.11.0, 2.13.0"), "{e}");
         assert_eq!(Libtorch::V2_13.to_string(), "libtorch 2.13");
+    }
+
+    #[test]
+    fn each_versions_kernel_tables_say_what_they_were_measured_with() {
+        let (old, new) = (Libtorch::V2_11.kernels(), Libtorch::V2_13.kernels());
+        assert_eq!(old.measured_with, Libtorch::V2_11);
+        assert_eq!(new.measured_with, Libtorch::V2_11, "2.13's are 2.11's until measured, and say so");
+        assert_eq!(old.cudnn.len(), 24, "the shapes of examples/cudnn_workspaces.rs");
+        let additions = super::super::CudaAdditions::of(Libtorch::V2_11, 8);
+        assert_eq!(additions.cublas_workspace, 8 * MIB + 128 * 1024, "before compute capability 9.0");
     }
 
     #[test]
