@@ -125,13 +125,14 @@
 
 pub use memlab_core::export::{
     Block, BlockState, Category, DeviceTimeline, FlameNode, HtmlReport, Level, Oom, PeakRow, Point, Sample, Segment,
-    SegmentType, Snapshot, SnapshotFrame, SnapshotInfo, Stack, Trace, TraceEntry,
+    SegmentType, Snapshot, SnapshotFile, SnapshotFrame, SnapshotInfo, Stack, Trace, TraceEntry, TraceFile,
 };
 
 use memlab_core::Result;
 use tch::nn::VarStore;
 
 use crate::capture::{html, snapshot, trace};
+use crate::format;
 use crate::named::Model;
 
 /// Builds exports of the current recording.
@@ -193,8 +194,9 @@ impl Exporter {
         trace::capture()
     }
 
-    /// Writes the three files into `dir` (made if missing) under their
-    /// default names, `memlab_snapshot.pickle`, `memlab_trace.json` and
+    /// Writes a file of every format registered for exports (see
+    /// [`crate::format`]) into `dir` (made if missing) under its default
+    /// name: `memlab_snapshot.pickle`, `memlab_trace.json` and
     /// `memlab_report.html`, each with `_rank{N}` before its extension when
     /// the process has a rank (see [`crate::run`]), so that the ranks of a
     /// run can write into one directory and `memlab merge` read them all.
@@ -203,12 +205,31 @@ impl Exporter {
         let dir = dir.as_ref();
         std::fs::create_dir_all(dir).map_err(|e| memlab_core::Error::io(format!("make {}", dir.display()), e))?;
         let rank = crate::run::this_process().file_suffix();
-        let path = |stem: &str, extension: &str| dir.join(format!("{stem}{rank}.{extension}"));
-        let (snapshot, trace, page) =
-            (path("memlab_snapshot", "pickle"), path("memlab_trace", "json"), path("memlab_report", "html"));
-        self.snapshot()?.write_pickle(&snapshot)?;
-        self.trace()?.write_json(&trace)?;
-        self.html_report()?.write(&page)?;
-        Ok(vec![snapshot, trace, page])
+        let mut written = Vec::new();
+        for format in format::written_in(|set| set.exports) {
+            let path = dir.join(format!("{}{rank}.{}", format.stem(), format.extension()));
+            let io = |e| memlab_core::Error::io(format!("write {}", path.display()), e);
+            let mut file = std::io::BufWriter::new(std::fs::File::create(&path).map_err(io)?);
+            format.write(self, &mut file)?;
+            std::io::Write::flush(&mut file).map_err(io)?;
+            written.push(path);
+        }
+        Ok(written)
+    }
+}
+
+/// The exporter is what its files are written from: the recording, named
+/// after its model.
+impl format::Source for Exporter {
+    fn snapshot(&self) -> Result<Snapshot> {
+        Exporter::snapshot(self)
+    }
+
+    fn trace(&self) -> Result<Trace> {
+        Exporter::trace(self)
+    }
+
+    fn html_report(&self) -> Result<HtmlReport> {
+        Exporter::html_report(self)
     }
 }

@@ -321,6 +321,26 @@ pub mod replay {
     pub use memlab_core::replay::*;
 }
 
+/// memlab's file formats, one trait ([`FileFormat`](format::FileFormat))
+/// and one registry ([`formats`](format::formats)): what the exporter and an
+/// out-of-memory report write, and what [`format::read`] and the `memlab`
+/// command recognise. A format of one's own is one type and one
+/// `memlab::format::inventory::submit! { Registered(&MyFormat) }`; the
+/// guide is `memlab_core::format`'s.
+///
+/// ```
+/// let names: Vec<&str> = memlab::format::formats().iter().map(|f| f.name()).collect();
+/// assert!(names.contains(&"snapshot") && names.contains(&"trace") && names.contains(&"page"));
+/// let (format, contents) = memlab::format::read("fixtures/leaky.pickle")?;
+/// assert_eq!(format.name(), "snapshot");
+/// assert!(contents.is::<memlab::export::SnapshotFile>());
+/// # Ok::<(), memlab::Error>(())
+/// ```
+pub mod format {
+    pub use memlab_core::format::*;
+    pub use memlab_core::inventory;
+}
+
 /// Allocator statistics and storage facts: every `memory_stats()` figure of a
 /// device, its resets, and what memory a tensor keeps alive.
 pub mod stats {
@@ -420,7 +440,6 @@ pub fn reset() {
 #[cfg(feature = "testing")]
 #[doc(hidden)]
 pub mod testing {
-    pub use crate::capture::estimate;
     pub use memlab_tch::events_testing::*;
     pub use memlab_tch::storage::gradient_reads;
 }

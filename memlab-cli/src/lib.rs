@@ -103,6 +103,12 @@
 //! memlab: cannot read exploit.pickle: refused: the pickle builds objects (STACK_GLOBAL at byte 39); memlab reads plain data only and never runs a pickle's code
 //! ```
 //!
+//! Every command recognises a file through memlab's registry of formats
+//! (`memlab_core::format`), so a file of another format memlab writes is
+//! named for what it is: `memlab summary memlab_trace.json` says it is the
+//! trace JSON, not a snapshot, and `memlab merge` names a file it takes no
+//! data from (the monitor's CSVs) and lists what it reads.
+//!
 //! # `memlab view`
 //!
 //! `memlab view SNAPSHOT [-o FILE.html] [--all-frames]` writes the

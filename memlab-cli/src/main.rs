@@ -19,7 +19,8 @@ use std::process::ExitCode;
 use memlab_cli::{analysis, diff, merge, replay, view};
 
 use clap::{Parser, Subcommand};
-use memlab_core::export::Snapshot;
+use memlab_core::export::{Snapshot, SnapshotFile};
+use memlab_core::format;
 use memlab_core::render::Render;
 use memlab_core::replay::Libtorch;
 
@@ -197,16 +198,33 @@ fn main() -> ExitCode {
     }
 }
 
+/// The snapshot at `path`, for `memlab COMMAND`: the file is recognised by
+/// memlab's registry of formats, so that a file of another format memlab
+/// writes is named for what it is; a file of none gets the snapshot
+/// reader's own word on what is wrong with it.
+fn read_snapshot(path: &str, command: &str) -> Result<SnapshotFile, String> {
+    match format::read(path) {
+        Ok((format, contents)) => contents.downcast::<SnapshotFile>().map_err(|_| {
+            format!(
+                "cannot read {path}: it is {}, not a snapshot; memlab {command} reads snapshot pickles (memlab merge reads traces and out-of-memory reports too)",
+                format.description()
+            )
+        }),
+        Err(e) if format::is_unrecognised(&e) => Snapshot::read_pickle(path).map_err(|e| e.to_string()),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
 fn run(command: Command) -> Result<(), String> {
     match command {
         Command::Summary { snapshot, json } => {
-            let file = Snapshot::read_pickle(&snapshot).map_err(|e| e.to_string())?;
+            let file = read_snapshot(&snapshot, "summary")?;
             let summary = analysis::Summary::of(&snapshot, &file);
             show(&summary, json);
             Ok(())
         }
         Command::View { snapshot, output, json, all_frames } => {
-            let file = Snapshot::read_pickle(&snapshot).map_err(|e| e.to_string())?;
+            let file = read_snapshot(&snapshot, "view")?;
             let summary = analysis::Summary::of(&snapshot, &file);
             let output = output.unwrap_or_else(|| {
                 let path = std::path::Path::new(&snapshot);
@@ -232,7 +250,7 @@ fn run(command: Command) -> Result<(), String> {
         Command::Diff { a, b, html, json } => {
             // One file at a time: only its summary is kept.
             let summary = |path: &str| -> Result<analysis::Summary, String> {
-                let file = Snapshot::read_pickle(path).map_err(|e| e.to_string())?;
+                let file = read_snapshot(path, "diff")?;
                 Ok(analysis::Summary::of(path, &file))
             };
             let (sa, sb) = (summary(&a)?, summary(&b)?);
@@ -256,7 +274,7 @@ fn run(command: Command) -> Result<(), String> {
                     .unwrap_or_default(),
                 ..Default::default()
             };
-            let file = Snapshot::read_pickle(&snapshot).map_err(|e| e.to_string())?;
+            let file = read_snapshot(&snapshot, "replay")?;
             let predicted =
                 memlab_core::replay::predict_cuda(&snapshot, &file.snapshot, &options).map_err(|e| e.to_string())?;
             show(&predicted, json);
@@ -274,7 +292,7 @@ fn run(command: Command) -> Result<(), String> {
                 compare,
                 libtorch: libtorch.as_deref().map(Libtorch::parse).transpose().map_err(|e| e.to_string())?,
             };
-            let file = Snapshot::read_pickle(&snapshot).map_err(|e| e.to_string())?;
+            let file = read_snapshot(&snapshot, "replay")?;
             let replayed = replay::replay(&snapshot, &file, &options)?;
             show(&replayed, json);
             Ok(())

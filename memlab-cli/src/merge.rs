@@ -9,16 +9,16 @@
 //! RANK=µs` corrects a rank whose host's clock is off.
 
 use std::collections::BTreeMap;
-use std::io::{BufWriter, Read};
+use std::io::BufWriter;
 use std::path::{Path, PathBuf};
 
 use memlab_core::export::{
     InstantScope, Phase, Snapshot, SnapshotFile, TraceArgs, TraceEvent, TraceFile, TraceInfo, TraceWriter,
 };
+use memlab_core::format;
 use memlab_core::oom::{OomReport, Verdict};
 use memlab_core::render::{Cell, Column, Document, Layout, Mark, Point, Render, Scale, Table, Timeline};
 use memlab_core::run::RunInfo;
-use serde::de::IgnoredAny;
 use serde::Serialize;
 
 use crate::analysis::{self, Offer, Start, Stretches, Summary};
@@ -418,43 +418,22 @@ fn name_parts(parts: &mut [Part], origin: i64) -> Vec<String> {
 }
 
 fn read(path: &str) -> Result<Input, String> {
-    let cannot = |e: std::io::Error| format!("cannot read {path}: {e}");
-    let mut file = std::fs::File::open(path).map_err(cannot)?;
-    if file.metadata().map_err(cannot)?.is_dir() {
-        return Err(format!("cannot read {path}: it is a directory; give the files themselves"));
+    let (format, contents) = format::read(path).map_err(|e| e.to_string())?;
+    let contents = match contents.downcast::<SnapshotFile>() {
+        Ok(snapshot) => return Ok(Input::Snapshot(Box::new(snapshot))),
+        Err(other) => other,
+    };
+    let contents = match contents.downcast::<TraceFile>() {
+        Ok(trace) => return Ok(Input::Trace(Box::new(trace))),
+        Err(other) => other,
+    };
+    match contents.downcast::<OomReport>() {
+        Ok(report) => Ok(Input::Oom(Box::new(report))),
+        Err(_) => Err(format!(
+            "cannot merge {path}: it is {}; give the ranks' snapshots, trace JSONs and out-of-memory report JSONs",
+            format.description()
+        )),
     }
-    let mut first = [0u8; 1];
-    let n = file.read(&mut first).map_err(cannot)?;
-    if n == 0 {
-        return Err(format!("cannot read {path}: the file is empty"));
-    }
-    if first[0] == 0x80 {
-        return Snapshot::read_pickle(path).map(|f| Input::Snapshot(Box::new(f))).map_err(|e| e.to_string());
-    }
-    let text = std::fs::read_to_string(path).map_err(cannot)?;
-    serde_json::from_str::<IgnoredAny>(&text).map_err(|e| {
-        format!("cannot read {path}: neither a snapshot pickle nor JSON ({e}); give memlab's or PyTorch's snapshots, memlab's trace JSONs and out-of-memory report JSONs")
-    })?;
-    let kind = serde_json::from_str::<JsonKind>(&text).unwrap_or(JsonKind { trace: None, diagnosis: None });
-    if kind.trace.is_some() {
-        TraceFile::from_json(&text).map(|t| Input::Trace(Box::new(t))).map_err(|e| format!("cannot read {path}: {e}"))
-    } else if kind.diagnosis.is_some() {
-        OomReport::from_json(&text)
-            .map(|report| Input::Oom(Box::new(report)))
-            .map_err(|e| format!("cannot read {path}: {e}"))
-    } else {
-        Err(format!(
-            "cannot read {path}: a JSON document that is neither a trace (no `traceEvents`) nor an out-of-memory report (no `diagnosis`)"
-        ))
-    }
-}
-
-/// Which of memlab's JSON files a document is: the key only it has.
-#[derive(serde::Deserialize)]
-struct JsonKind {
-    #[serde(rename = "traceEvents")]
-    trace: Option<IgnoredAny>,
-    diagnosis: Option<IgnoredAny>,
 }
 
 /// The rank a file's name gives: the digits after its last `rank`

@@ -233,6 +233,14 @@ fn bad_input_gets_one_clear_line_and_exit_code_2() {
         .collect();
     inputs.push((std::env::temp_dir().to_str().unwrap().to_string(), "is a directory".into()));
     inputs.push((temp("missing.pickle").to_str().unwrap().to_string(), "no such file".into()));
+    // Files of memlab's other formats are named for what they are.
+    for (name, what) in [
+        ("memlab_trace_rank0.json", "it is the trace JSON, not a snapshot"),
+        ("memlab_oom_rank1.json", "it is an out-of-memory report's JSON, not a snapshot"),
+        ("golden/monitor_variables.csv", "it is the training monitor's variables CSV, not a snapshot"),
+    ] {
+        inputs.push((fixture(name).to_str().unwrap().to_string(), what.into()));
+    }
     let page = temp("bad.html");
     let (page, good) = (page.to_str().unwrap(), fixture("leaky.pickle"));
     let good = good.to_str().unwrap();
@@ -490,11 +498,11 @@ fn merge_refuses_what_it_cannot_place_with_one_line() {
     let (leaky, dir) = (leaky.to_str().unwrap(), temp("merge-bad"));
     let dir = dir.to_str().unwrap();
     for (args, why) in [
-        (vec![text.to_str().unwrap()], "neither a trace"),
-        (vec![garbage.to_str().unwrap()], "neither a snapshot pickle nor JSON"),
+        (vec![text.to_str().unwrap()], "a JSON object without their keys"),
+        (vec![garbage.to_str().unwrap()], "none of the formats memlab reads; give "),
         (vec![leaky, "--offset", "1"], "write RANK=MICROSECONDS"),
         (vec![leaky, "--offset", "4=10"], "no file is of rank 4"),
-        (vec![leaky, "/no/such/file.pickle"], "No such file"),
+        (vec![leaky, "/no/such/file.pickle"], "no such file"),
     ] {
         let mut all = vec!["merge", "-o", dir];
         all.extend(args.iter().copied());

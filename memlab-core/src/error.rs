@@ -73,6 +73,15 @@ pub enum Error {
         /// What is wrong with it, and what to do.
         why: String,
     },
+    /// A file is none that memlab reads, or cannot be opened (see
+    /// `memlab_core::format`).
+    #[error("cannot read {file}: {why}")]
+    UnreadableFile {
+        /// The file.
+        file: String,
+        /// What is wrong with it, and what to do.
+        why: String,
+    },
     /// Reading or writing failed.
     #[error("could not {what}: {source}")]
     Io {

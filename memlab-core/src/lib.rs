@@ -10,6 +10,7 @@ mod dtype;
 mod error;
 pub mod events;
 pub mod export;
+pub mod format;
 pub mod kind;
 pub mod oom;
 pub mod ops;

@@ -9,7 +9,6 @@
 //!
 //! [`Model`]: crate::Model
 
-pub mod estimate;
 pub(crate) mod html;
 pub(crate) mod snapshot;
 pub(crate) mod trace;

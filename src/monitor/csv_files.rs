@@ -9,108 +9,36 @@ use std::io::{BufRead, BufReader};
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 
-use memlab_core::{Device, TensorKind};
+use memlab_core::format::{csv_header as header, FileFormat, IterationRow, IterationsCsv, VariableRow, VariablesCsv};
+use memlab_core::Device;
 
 use super::{IterationRecord, Row, TensorBytes};
 
-/// One row of `memlab_iterations.csv`: an [`IterationRecord`]'s figures, in
-/// bytes (a figure the record has not is an empty field). Read back with its
-/// strings owned; the monitor writes it with them borrowed (`S = &str`), so
-/// that a record costs no allocation.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-pub struct IterationRow<S = String> {
-    /// [`IterationRecord::epoch`].
-    pub epoch: u64,
-    /// [`IterationRecord::iteration`].
-    pub iteration: u64,
-    /// `cpu`, `cuda:0`, …; empty where the monitor has no device.
-    pub device: S,
-    /// [`IterationRecord::peak_reserved`].
-    pub peak_reserved: i64,
-    /// [`IterationRecord::current_reserved`].
-    pub current_reserved: i64,
-    /// [`IterationRecord::peak_allocated`].
-    pub peak_allocated: i64,
-    /// [`IterationRecord::current_allocated`].
-    pub current_allocated: i64,
-    /// [`IterationRecord::weights`].
-    pub weights: i64,
-    /// [`IterationRecord::gradients`].
-    pub gradients: i64,
-    /// [`IterationRecord::optimizer_state`].
-    pub optimizer_state: Option<i64>,
-    /// [`IterationRecord::optimizer_state_measured`].
-    pub optimizer_state_measured: i64,
-    /// [`IterationRecord::optimizer_state_estimate`].
-    pub optimizer_state_estimate: Option<i64>,
-    /// [`IterationRecord::feature_maps`].
-    pub feature_maps: i64,
-    /// [`IterationRecord::intermediate_gradients`].
-    pub intermediate_gradients: Option<i64>,
-}
-
-/// One row of `memlab_variables.csv`: a variable's weight, gradient or
-/// optimizer state whose bytes changed at that iteration (0 when it went).
-/// Strings as in [`IterationRow`].
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct VariableRow<S = String> {
-    /// The epoch of the record that saw the change.
-    pub epoch: u64,
-    /// Its iteration.
-    pub iteration: u64,
-    /// `cpu`, `cuda:0`, …; empty where the monitor has no device.
-    pub device: S,
-    /// The variable's name (`fc.weight`).
-    pub variable: S,
-    /// What the tensor is: the weight, its gradient or optimizer state.
-    pub kind: TensorKind,
-    /// Its bytes from that iteration on.
-    pub bytes: i64,
-}
-
-impl<'a> IterationRow<&'a str> {
-    fn of(r: &IterationRecord, device: &'a str) -> IterationRow<&'a str> {
-        IterationRow {
-            epoch: r.epoch,
-            iteration: r.iteration,
-            device,
-            peak_reserved: r.peak_reserved,
-            current_reserved: r.current_reserved,
-            peak_allocated: r.peak_allocated,
-            current_allocated: r.current_allocated,
-            weights: r.weights,
-            gradients: r.gradients,
-            optimizer_state: r.optimizer_state,
-            optimizer_state_measured: r.optimizer_state_measured,
-            optimizer_state_estimate: r.optimizer_state_estimate,
-            feature_maps: r.feature_maps,
-            intermediate_gradients: r.intermediate_gradients,
-        }
+/// A record's row of `memlab_iterations.csv`, its strings borrowed.
+fn iteration_row<'a>(r: &IterationRecord, device: &'a str) -> IterationRow<&'a str> {
+    IterationRow {
+        epoch: r.epoch,
+        iteration: r.iteration,
+        device,
+        peak_reserved: r.peak_reserved,
+        current_reserved: r.current_reserved,
+        peak_allocated: r.peak_allocated,
+        current_allocated: r.current_allocated,
+        weights: r.weights,
+        gradients: r.gradients,
+        optimizer_state: r.optimizer_state,
+        optimizer_state_measured: r.optimizer_state_measured,
+        optimizer_state_estimate: r.optimizer_state_estimate,
+        feature_maps: r.feature_maps,
+        intermediate_gradients: r.intermediate_gradients,
     }
 }
 
-/// Reads a CSV file the monitor wrote, `memlab_iterations.csv` as
-/// [`IterationRow`]s or `memlab_variables.csv` as [`VariableRow`]s.
-pub fn read_rows<T: for<'de> Deserialize<'de>>(path: impl AsRef<Path>) -> memlab_core::Result<Vec<T>> {
-    let path = path.as_ref();
-    let what = || format!("read {}", path.display());
-    let mut reader =
-        csv::Reader::from_path(path).map_err(|e| memlab_core::Error::io(what(), std::io::Error::other(e)))?;
-    reader.deserialize().collect::<Result<Vec<T>, _>>().map_err(|e| {
-        memlab_core::Error::InvalidArgument(format!(
-            "{} is not a CSV file the monitor wrote ({e}); give memlab_iterations.csv or memlab_variables.csv",
-            path.display()
-        ))
-    })
-}
-
-/// The header line of rows of type `T`: its fields' names.
-fn header<T: Serialize>(row: &T) -> String {
-    let mut w = csv::WriterBuilder::new().has_headers(true).from_writer(Vec::new());
-    let line = w.serialize(row).ok().and_then(|()| w.into_inner().ok()).unwrap_or_default();
-    String::from_utf8_lossy(&line).lines().next().unwrap_or_default().to_string()
+/// `dir`'s file of `format`, under its default name.
+fn file_of(dir: &Path, format: &dyn FileFormat) -> std::path::PathBuf {
+    dir.join(format!("{}.{}", format.stem(), format.extension()))
 }
 
 /// Opens `path` for appending rows like `example`; writes the header when
@@ -165,11 +93,9 @@ impl CsvFiles {
                 "the directory does not exist; create it first",
             ));
         }
-        let variable =
-            VariableRow { epoch: 0, iteration: 0, device: "", variable: "", kind: TensorKind::Parameter, bytes: 0 };
         Ok(CsvFiles {
-            iterations: open_csv(&dir.join("memlab_iterations.csv"), &IterationRow::<&str>::default())?,
-            variables: open_csv(&dir.join("memlab_variables.csv"), &variable)?,
+            iterations: open_csv(&file_of(dir, &IterationsCsv), &IterationRow::<&str>::default())?,
+            variables: open_csv(&file_of(dir, &VariablesCsv), &VariableRow::EXAMPLE)?,
             flushed: Instant::now(),
             last_weights: Vec::new(),
             last_gradients: Vec::new(),
@@ -183,7 +109,7 @@ impl CsvFiles {
             self.device = (r.device, r.device.map(|d| d.to_string()).unwrap_or_default());
         }
         let device = &self.device.1;
-        self.iterations.serialize(IterationRow::of(r, device))?;
+        self.iterations.serialize(iteration_row(r, device))?;
         // Variables: a row when a variable's bytes change (every variable at
         // the first record), and a 0-byte row when a gradient goes away.
         for (rows, last) in [

@@ -86,7 +86,7 @@ use memlab_tch::storage::storages;
 
 mod csv_files;
 use csv_files::CsvFiles;
-pub use csv_files::{read_rows, IterationRow, VariableRow};
+pub use memlab_core::format::{read_rows, IterationRow, VariableRow};
 use memlab_tch::optimizer::StepOptimizer;
 use memlab_tch::BACKEND;
 

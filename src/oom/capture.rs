@@ -36,7 +36,7 @@ pub(super) fn capture(failure: &Failure, number: u64, dir: &Path, model: &WeakMo
     let mut left_out = Vec::new();
     // Listing the unnamed allocations by site copies the live set.
     let live = events::stats().live as u64;
-    let by_site = events::is_active().then(|| crate::capture::estimate::by_site(live));
+    let by_site = events::is_active().then(|| memlab_core::format::Cost::BY_SITE.of(0, live));
     let available = room();
     let with_sites = match by_site {
         Some(needed) if !fits(needed, available) => {

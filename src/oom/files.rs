@@ -1,12 +1,17 @@
-//! A report's files: the text and JSON of the model (`memlab_core`'s
-//! [`OomReport`]), then, while a recording runs, its HTML report and
-//! snapshot, under names no other report (of this process or another) has.
+//! A report's files, one of every format registered for out-of-memory
+//! reports (`memlab_core::format`): the text and JSON of the model
+//! (`memlab_core`'s [`OomReport`]), then, while a recording runs, its
+//! snapshot and HTML report, under names no other report (of this process
+//! or another) has.
 
 use std::path::{Path, PathBuf};
 
+use std::io::Write;
+
 use memlab_core::events;
+use memlab_core::export::{HtmlReport, Snapshot, Trace};
+use memlab_core::format::{self as format, FileFormat, Source};
 use memlab_core::oom::{LeftOut, OomReport};
-use memlab_core::render::Render;
 use memlab_core::sync::LockExt;
 use memlab_core::{Backend, Device, Error, Result};
 use memlab_tch::BACKEND;
@@ -27,16 +32,35 @@ pub(super) fn fits(needed: u64, available: Option<u64>) -> bool {
     available.is_none_or(|room| needed.saturating_add(needed / 4) <= room)
 }
 
-/// Writes `bytes` into `file`, a report's file created for them.
-fn write_to(mut file: std::fs::File, bytes: &[u8]) -> Result<()> {
-    use std::io::Write;
-    file.write_all(bytes).map_err(|e| Error::io("write an out-of-memory report's file", e))
-}
-
 /// `dir/stem.extension`. Not `Path::with_extension`: a stem may hold dots
 /// (a host `node1.cluster`), which that would take for an extension.
 fn report_file(dir: &Path, stem: &str, extension: &str) -> PathBuf {
     dir.join(format!("{stem}.{extension}"))
+}
+
+/// What a report's files are written from: the report, and the recording
+/// named after the model.
+struct ReportSource<'a> {
+    report: &'a OomReport,
+    model: &'a Model,
+}
+
+impl Source for ReportSource<'_> {
+    fn snapshot(&self) -> Result<Snapshot> {
+        crate::capture::snapshot::capture(self.model)
+    }
+
+    fn trace(&self) -> Result<Trace> {
+        crate::capture::trace::capture()
+    }
+
+    fn html_report(&self) -> Result<HtmlReport> {
+        crate::capture::html::capture(self.model)
+    }
+
+    fn oom_report(&self) -> Option<&OomReport> {
+        Some(self.report)
+    }
 }
 
 memlab_core::process::process_wide! {
@@ -56,18 +80,18 @@ fn random_tag() -> String {
     format!("{:08x}", hasher.finish() as u32)
 }
 
-/// Creates the text report's file under a name no file has, and
+/// Creates the report's first file (its text) under a name no file has, and
 /// returns the name (without extension) and the file. The name is the
 /// usual one unless another process's report took it (two containers'
 /// pid 1, started in one second on hosts of one name, writing to one
 /// directory): then this process's names carry a random tag from then
 /// on, drawn again while the name is taken. Created exclusively, so of
 /// two processes that race for a name, one gets it and the other draws.
-fn claim(report: &mut OomReport, dir: &Path) -> Option<(String, std::fs::File)> {
+fn claim(report: &mut OomReport, dir: &Path, extension: &str) -> Option<(String, std::fs::File)> {
     let mut tag = TAG.locked().clone();
     for _ in 0..16 {
         let stem = report.file_stem(tag.as_deref());
-        let path = report_file(dir, &stem, "txt");
+        let path = report_file(dir, &stem, extension);
         match std::fs::OpenOptions::new().write(true).create_new(true).open(&path) {
             Ok(file) => {
                 if tag.is_some() {
@@ -84,50 +108,58 @@ fn claim(report: &mut OomReport, dir: &Path) -> Option<(String, std::fs::File)> 
     }
     report.file_errors.push(format!(
         "{}: every name tried was taken; the report is not written to a file",
-        report_file(dir, &report.file_stem(None), "txt").display()
+        report_file(dir, &report.file_stem(None), extension).display()
     ));
     None
 }
 
-/// Writes the text report and its JSON first, then, while a recording
-/// runs, its HTML report and PyTorch snapshot where the memory left
-/// suffices for them, then the text and JSON again with the final list
-/// of files. Every file is created anew (never overwriting one);
-/// failures to write are kept, never raised. `sources` is what the report
-/// walked; the exports walk `model` again.
+/// A report's own file (its text, its JSON), open to be written again.
+struct OwnFile {
+    format: &'static dyn FileFormat,
+    file: Option<std::fs::File>,
+    path: PathBuf,
+}
+
+/// Writes the files of every format registered for out-of-memory reports:
+/// the report's own (its text and JSON) first, then, while a recording
+/// runs, those made from the recording (its PyTorch snapshot, then its HTML
+/// report) where the memory left suffices for them, then the report's own
+/// again with the final list of files. Every file is created anew (never
+/// overwriting one); failures to write are kept, never raised. `sources` is
+/// what the report walked; the recording's files walk `model` again.
 pub(super) fn write(report: &mut OomReport, dir: &Path, model: &WeakModel, sources: &Model) {
-    let (stem, text_file) = match claim(report, dir) {
+    let (own, recorded): (Vec<_>, Vec<_>) =
+        format::written_in(|set| set.oom_reports).into_iter().partition(|f| !f.made_from_recording());
+    let claimed = own.first().and_then(|first| claim(report, dir, first.extension()));
+    let (stem, mut claimed) = match claimed {
         Some((stem, file)) => (stem, Some(file)),
         None => (report.file_stem(None), None),
     };
-    let (text_path, json_path) = (report_file(dir, &stem, "txt"), report_file(dir, &stem, "json"));
-    let mut reports = [(text_file, text_path), (create(report, &json_path), json_path)];
-    for (file, path) in &reports {
+    let mut files = Vec::new();
+    for format in own {
+        let path = report_file(dir, &stem, format.extension());
+        let file = if files.is_empty() { claimed.take() } else { create(report, &path) };
         if file.is_some() {
             report.files.push(path.clone());
         }
+        files.push(OwnFile { format, file, path });
     }
     for busy in sources.busy() {
         if !report.holders.busy.contains(&busy) {
             report.holders.busy.push(busy);
         }
     }
-    rewrite(report, &mut reports);
+    rewrite(report, &mut files, sources);
     if !events::is_active() {
         return;
     }
     let sources = model.now();
-    // The page last: its list of files then holds the snapshot's.
-    let exports = [
-        ("the PyTorch memory snapshot", "pickle", crate::capture::estimate::snapshot()),
-        ("the HTML report", "html", crate::capture::estimate::html()),
-    ];
-    for (part, extension, needed) in exports {
-        let path = report_file(dir, &stem, extension);
-        let available = room();
+    for format in recorded {
+        let path = report_file(dir, &stem, format.extension());
+        let (needed, available) = (format.estimate(), room());
         if !fits(needed, available) {
             report.left_out.push(LeftOut {
-                part: part.to_string(),
+                part: format.description().to_string(),
                 file: Some(path),
                 needed_estimate: needed,
                 available: available.unwrap_or(0),
@@ -135,15 +167,11 @@ pub(super) fn write(report: &mut OomReport, dir: &Path, model: &WeakModel, sourc
             continue;
         }
         let Some(file) = create(report, &path) else { continue };
-        let written = if extension == "html" {
-            // The page opens with the report, then the recording.
-            crate::capture::html::capture(&sources)
-                .and_then(|recording| write_to(file, report.to_page(Some(&recording)).as_bytes()))
-        } else {
-            crate::capture::snapshot::capture(&sources)
-                .and_then(|s| s.to_pickle())
-                .and_then(|bytes| write_to(file, &bytes))
-        };
+        let source = ReportSource { report, model: &sources };
+        let mut out = std::io::BufWriter::new(file);
+        let written = format
+            .write(&source, &mut out)
+            .and_then(|()| out.flush().map_err(|e| Error::io("write an out-of-memory report's file", e)));
         match written {
             Ok(()) => report.files.push(path),
             Err(e) => {
@@ -157,7 +185,7 @@ pub(super) fn write(report: &mut OomReport, dir: &Path, model: &WeakModel, sourc
             report.holders.busy.push(busy);
         }
     }
-    rewrite(report, &mut reports);
+    rewrite(report, &mut files, &sources);
 }
 
 /// Creates `path` for this report; `None`, with the reason kept, when it
@@ -176,20 +204,27 @@ fn create(report: &mut OomReport, path: &Path) -> Option<std::fs::File> {
     }
 }
 
-/// Writes the text report and its JSON (from the start) into the files
-/// made for them; a file that cannot be written is left out from then on,
-/// with the reason kept.
-fn rewrite(report: &mut OomReport, reports: &mut [(Option<std::fs::File>, PathBuf); 2]) {
-    use std::io::{Seek, Write};
-    let contents = [report.to_text(), report.to_json()];
-    for ((file, path), text) in reports.iter_mut().zip(contents) {
-        let Some(open) = file.as_mut() else { continue };
-        let done = open.set_len(0).and_then(|()| open.rewind()).and_then(|()| open.write_all(text.as_bytes()));
+/// Writes the report's own files (from the start) again; a file that
+/// cannot be written is left out from then on, with the reason kept.
+fn rewrite(report: &mut OomReport, files: &mut [OwnFile], model: &Model) {
+    use std::io::Seek;
+    let mut failed = Vec::new();
+    for own in files.iter_mut() {
+        let Some(open) = own.file.as_mut() else { continue };
+        let source = ReportSource { report, model };
+        let done = open
+            .set_len(0)
+            .and_then(|()| open.rewind())
+            .map_err(|e| Error::io("write an out-of-memory report's file", e))
+            .and_then(|()| own.format.write(&source, open));
         if let Err(e) = done {
-            *file = None;
-            report.files.retain(|f| f != path);
-            report.file_errors.push(format!("{}: {e}", path.display()));
+            own.file = None;
+            failed.push((own.path.clone(), e));
         }
+    }
+    for (path, e) in failed {
+        report.files.retain(|f| *f != path);
+        report.file_errors.push(format!("{}: {e}", path.display()));
     }
 }
 

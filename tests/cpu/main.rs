@@ -18,6 +18,7 @@ mod allocator;
 mod dispose;
 mod export;
 mod fit;
+mod formats;
 mod golden;
 mod logger;
 mod macro_forms;

@@ -130,9 +130,10 @@ fn the_estimates_stay_above_what_each_part_takes() {
         churn(pairs, deep, keep, &mut kept);
         let stats = memlab::events::stats();
         let exporter = memlab::export::Exporter::registered();
-        let html = memlab::testing::estimate::html();
-        let snapshot = memlab::testing::estimate::snapshot();
-        let by_site = memlab::testing::estimate::by_site(stats.live as u64);
+        use memlab::format::FileFormat;
+        let html = memlab::format::HtmlPage.estimate();
+        let snapshot = memlab::format::SnapshotPickle.estimate();
+        let by_site = memlab::format::Cost::BY_SITE.of(0, stats.live as u64);
         let (_, html_took) = peak_of(|| exporter.html_report().unwrap().to_page().len());
         let (_, snapshot_took) = peak_of(|| exporter.snapshot().unwrap().to_pickle().unwrap().len());
         let (_, by_site_took) = peak_of(|| {
@@ -264,7 +265,14 @@ fn a_request_over_an_address_space_limit_is_reported_and_the_process_goes_on() {
     // A hundred thousand events: the reserve and 256 MiB cover both exports.
     let env = [("HEADROOM_MIB", "256"), ("ARMED", "1"), ("EVENTS", "100000"), ("EXPORTS", "1")];
     let (stdout, stderr) = check_child(NAME, &env);
-    assert!(stdout.contains("went on") && stdout.contains("(and .json, .pickle, .html)"), "{stdout}\n{stderr}");
+    // Every format registered for reports, `formats.rs`'s own included.
+    let rest: Vec<String> = memlab::format::written_in(|set| set.oom_reports)
+        .iter()
+        .skip(1)
+        .map(|f| format!(".{}", f.extension()))
+        .collect();
+    let files = format!("(and {})", rest.join(", "));
+    assert!(stdout.contains("went on") && stdout.contains(&files), "{files}: {stdout}\n{stderr}");
 }
 
 #[test]
