@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # memlab's CPU suite on its other supported tch: tch 0.26 over libtorch 2.13.
-# Sets up that torch's venv (.venv-2.13.0, see env.sh), selects tch 0.26 on a
-# copy of Cargo.lock (the project's own lock stays on tch 0.24, the version
-# CUDA is verified on, and is put back on exit), builds beside the first
+# Sets up that torch's venv (.venv-2.13.0, see env.sh), selects tch 0.26 in
+# Cargo.lock (the project's own lock, on tch 0.24, the version CUDA is
+# verified on, is saved first and put back on exit), builds beside the first
 # pass's build, and runs the unit, integration and documentation tests (the UI
 # tests, whose compiler messages are the default's, only run there). Then a
 # user's crate pinned to tch 0.26, with memlab as a path dependency, builds

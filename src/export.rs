@@ -128,11 +128,10 @@ pub use memlab_core::export::{
     SegmentType, Snapshot, SnapshotFile, SnapshotFrame, SnapshotInfo, Stack, Trace, TraceEntry, TraceFile,
 };
 
-use memlab_core::Result;
+use memlab_core::{format, Result};
 use tch::nn::VarStore;
 
 use crate::capture::{html, snapshot, trace};
-use crate::format;
 use crate::named::Model;
 
 /// Builds exports of the current recording.
