@@ -16,6 +16,9 @@
 //! `ZOO {…}` line of JSON: on CUDA the peaks over `--steps` steps (5) from a
 //! fresh process, on the CPU the prediction for the setting
 //! (`WillItFit::peaks().setting(…)`), with the CPU's thread count.
+//! `--out FILE.pickle` records the steps instead (their ops watched; on CUDA
+//! beside the peaks, on the CPU in place of the prediction) and writes the
+//! recording as a memlab snapshot, which `memlab replay --as-cuda` reads.
 //!
 //! The models, each with its optimizer: an MLP (Adam); a CNN (SGD with
 //! momentum); a ResNet with batch norm (AdamW); a U-Net (transposed
@@ -477,10 +480,12 @@ struct Args {
     device: Device,
     setting: String,
     steps: usize,
+    out: Option<String>,
 }
 
 fn args() -> Result<Option<Args>, Box<dyn Error>> {
-    let mut args = Args { model: String::new(), size: 0, device: Device::Cpu, setting: "default".into(), steps: 5 };
+    let mut args =
+        Args { model: String::new(), size: 0, device: Device::Cpu, setting: "default".into(), steps: 5, out: None };
     let mut given = std::env::args().skip(1);
     while let Some(flag) = given.next() {
         let mut value = || given.next().ok_or_else(|| format!("{flag} needs a value"));
@@ -499,6 +504,7 @@ fn args() -> Result<Option<Args>, Box<dyn Error>> {
             "--size" => args.size = value()?.parse()?,
             "--setting" => args.setting = value()?,
             "--steps" => args.steps = value()?.parse()?,
+            "--out" => args.out = Some(value()?),
             "--device" => {
                 args.device = match value()?.as_str() {
                     "cpu" => Device::Cpu,
@@ -524,7 +530,19 @@ fn main() -> Result<(), Box<dyn Error>> {
         "device": if args.device.is_cuda() { "cuda" } else { "cpu" },
         "threads": tch::get_num_threads(),
     });
-    if args.device.is_cuda() {
+    // With --out, the CUDA steps run under a recording (ops watched, no
+    // stacks) whose snapshot is written there: what CUDA allocated, event by
+    // event, to set beside the CPU run's.
+    let recording = match &args.out {
+        Some(_) => Some(memlab::Recording::start(memlab::events::Settings::default().capacity(10_000_000).ops(true))?),
+        None => None,
+    };
+    if !args.device.is_cuda() && recording.is_some() {
+        // The CPU run itself, recorded: what `memlab replay --as-cuda` reads.
+        for _ in 0..args.steps {
+            optimizer.backward_step(&model.loss(args.size, args.device));
+        }
+    } else if args.device.is_cuda() {
         let conf = std::env::var("PYTORCH_CUDA_ALLOC_CONF").unwrap_or_default();
         let expected = if args.setting == "default" { "" } else { args.setting.as_str() };
         if conf != expected {
@@ -559,6 +577,10 @@ fn main() -> Result<(), Box<dyn Error>> {
         line["predicted_reserved"] = setting.peak_reserved.into();
         line["predicted_allocated"] = setting.peak_allocated.into();
         line["seconds"] = started.elapsed().as_secs_f64().into();
+    }
+    if let (Some(out), Some(recording)) = (&args.out, recording) {
+        memlab::export::Exporter::of(&vs).snapshot()?.write_pickle(out)?;
+        drop(recording);
     }
     println!("ZOO {line}");
     Ok(())
