@@ -206,7 +206,7 @@ impl Exporter {
         let rank = crate::run::this_process().file_suffix();
         let mut written = Vec::new();
         for format in format::written_in(|set| set.exports) {
-            let path = dir.join(format!("{}{rank}.{}", format.stem(), format.extension()));
+            let path = dir.join(format.about().file_name(&rank));
             let io = |e| memlab_core::Error::io(format!("write {}", path.display()), e);
             let mut file = std::io::BufWriter::new(std::fs::File::create(&path).map_err(io)?);
             format.write(self, &mut file)?;

@@ -36,11 +36,6 @@ fn iteration_row<'a>(r: &IterationRecord, device: &'a str) -> IterationRow<&'a s
     }
 }
 
-/// `dir`'s file of `format`, under its default name.
-fn file_of(dir: &Path, format: &dyn FileFormat) -> std::path::PathBuf {
-    dir.join(format!("{}.{}", format.stem(), format.extension()))
-}
-
 /// Opens `path` for appending rows like `example`; writes the header when
 /// the file is new, and refuses a file whose header is another one.
 fn open_csv<T: Serialize>(path: &Path, example: &T) -> std::io::Result<csv::Writer<File>> {
@@ -94,8 +89,8 @@ impl CsvFiles {
             ));
         }
         Ok(CsvFiles {
-            iterations: open_csv(&file_of(dir, &IterationsCsv), &IterationRow::<&str>::default())?,
-            variables: open_csv(&file_of(dir, &VariablesCsv), &VariableRow::EXAMPLE)?,
+            iterations: open_csv(&dir.join(IterationsCsv.about().file_name("")), &IterationRow::<&str>::default())?,
+            variables: open_csv(&dir.join(VariablesCsv.about().file_name("")), &VariableRow::EXAMPLE)?,
             flushed: Instant::now(),
             last_weights: Vec::new(),
             last_gradients: Vec::new(),

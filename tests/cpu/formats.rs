@@ -8,7 +8,7 @@
 
 use std::collections::BTreeMap;
 
-use memlab::format::{Contents, FileFormat, Input, Registered, Source, WrittenIn};
+use memlab::format::{About, Contents, FileFormat, Input, Registered, Source, WrittenIn};
 use memlab::{Error, Result};
 use tch::{Kind, Tensor};
 
@@ -24,32 +24,17 @@ memlab::format::inventory::submit! { Registered(&FoldedStacks) }
 struct Folded(BTreeMap<String, u64>);
 
 impl FileFormat for FoldedStacks {
-    fn name(&self) -> &'static str {
-        "folded-stacks"
-    }
-
-    fn description(&self) -> &'static str {
-        "the folded stacks of the memory alive"
-    }
-
-    fn recognised_by(&self) -> Option<&'static str> {
-        Some("lines of `device;frame;… BYTES`")
-    }
-
-    fn extension(&self) -> &'static str {
-        "folded"
-    }
-
-    fn stem(&self) -> &'static str {
-        "memlab_stacks"
-    }
-
-    fn written_in(&self) -> WrittenIn {
-        WrittenIn::BOTH
-    }
-
-    fn order(&self) -> u8 {
-        30
+    fn about(&self) -> &'static About {
+        &About {
+            name: "folded-stacks",
+            description: "the folded stacks of the memory alive",
+            recognised_by: Some("lines of `device;frame;… BYTES`"),
+            extension: "folded",
+            stem: "memlab_stacks",
+            written_in: WrittenIn::BOTH,
+            order: 30,
+            made_from_recording: true,
+        }
     }
 
     /// It builds the snapshot, then a line per stack: the snapshot's cost.

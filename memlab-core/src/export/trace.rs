@@ -469,7 +469,7 @@ impl<W: std::io::Write> TraceWriter<W> {
 
 impl Trace {
     /// Writes the trace-event JSON document to `out`, one event per line.
-    pub fn write_to(&self, out: &mut impl std::io::Write) -> std::io::Result<()> {
+    pub fn write_to(&self, out: &mut (impl std::io::Write + ?Sized)) -> std::io::Result<()> {
         let used: Vec<String> = self.counters.keys().map(Device::to_string).collect();
         let used: Vec<&str> = used.iter().map(String::as_str).collect();
         let mut name = match self.run.as_ref().filter(|r| r.rank.is_some()) {

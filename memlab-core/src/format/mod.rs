@@ -14,8 +14,9 @@
 //! | [`IterationsCsv`] | `memlab_iterations.csv` | the training monitor, a row per record | `Vec<IterationRow>` |
 //! | [`VariablesCsv`] | `memlab_variables.csv` | the training monitor, a row per change | `Vec<VariableRow>` |
 //!
-//! A new format is one file: a type that implements [`FileFormat`] and one
-//! `inventory::submit! { Registered(&TheFormat) }` beside it (plus the
+//! A new format is one file: a type that implements [`FileFormat`] (an
+//! [`About`] constant, an estimate, a writer, a reader where it has one) and
+//! one `inventory::submit! { Registered(&TheFormat) }` beside it (plus the
 //! `mod` line that compiles the file). From then on the exporter writes it
 //! where it says it belongs to exports, an out-of-memory report writes it
 //! where it says it belongs to reports, and every reader recognises it where
@@ -52,49 +53,14 @@ use crate::{Error, Result};
 
 /// A file format memlab writes, and where it has a reader, reads back.
 ///
-/// A format says what it is (its name, a description that says how a file of
-/// it is recognised, its default file name), which sets of files it belongs
-/// to, how much memory writing a file takes (the out-of-memory recorder
-/// writes a file only where what is left covers that), how to write a file
-/// from a [`Source`] and how to read one back.
+/// A format says what it is ([`About`]: its name, how a file of it is
+/// recognised, its default file name, which sets of files it belongs to),
+/// how much memory writing a file takes (the out-of-memory recorder writes a
+/// file only where what is left covers that), how to write a file from a
+/// [`Source`] and how to read one back.
 pub trait FileFormat: Sync {
-    /// A short name, unique among the formats: `snapshot`, `trace`, `page`.
-    fn name(&self) -> &'static str;
-
-    /// What a file of the format is, as messages and reports name it: `the
-    /// PyTorch memory snapshot`.
-    fn description(&self) -> &'static str;
-
-    /// How a file of the format is told from others (`its first byte is
-    /// 0x80`), for a format with a reader; `None` for one without.
-    fn recognised_by(&self) -> Option<&'static str> {
-        None
-    }
-
-    /// The file name's extension, without the dot: `pickle`.
-    fn extension(&self) -> &'static str;
-
-    /// The file's default name without its extension, where the exporter or
-    /// the monitor writes it: `memlab_snapshot`. An out-of-memory report's
-    /// files are named after the report instead.
-    fn stem(&self) -> &'static str;
-
-    /// The sets of files memlab writes that hold one of this format.
-    fn written_in(&self) -> WrittenIn;
-
-    /// Where the format's file comes in a set: lowest first. A file that
-    /// lists the others (the HTML page) comes last.
-    fn order(&self) -> u8 {
-        50
-    }
-
-    /// Whether a file is made from the recording (an out-of-memory report
-    /// writes these only while a recording runs, and only where the memory
-    /// left covers [`estimate`](Self::estimate)); the report's own text and
-    /// JSON are not.
-    fn made_from_recording(&self) -> bool {
-        true
-    }
+    /// What the format is: a constant of its own.
+    fn about(&self) -> &'static About;
 
     /// An upper estimate of the heap memory that writing a file takes now,
     /// in bytes, from the recording's size alone (nothing is built to tell):
@@ -103,23 +69,104 @@ pub trait FileFormat: Sync {
     /// recording must count it (see [`Cost`]).
     fn estimate(&self) -> u64;
 
-    /// Writes the file of `source` into `out`. The default says that the
-    /// format is not written from a source (the monitor's CSVs).
+    /// Writes the file of `source` into `out`, which the caller buffers. The
+    /// default says that the format is not written from a source (the
+    /// monitor's CSVs).
     fn write(&self, source: &dyn Source, out: &mut dyn std::io::Write) -> Result<()> {
         let _ = (source, out);
         Err(Error::InvalidArgument(format!(
             "{} is written as memlab records, not from a recording",
-            self.description()
+            self.about().description
         )))
     }
 
     /// Reads `input` when it is a file of this format: `None` when it is
     /// not (the next format is asked), else what the file holds or why it
     /// cannot be read. The default: the format has no reader (and
-    /// [`recognised_by`](Self::recognised_by) is `None`).
+    /// [`About::recognised_by`] is `None`).
     fn read(&self, input: &Input) -> Option<Result<Contents>> {
         let _ = input;
         None
+    }
+}
+
+/// What a format is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct About {
+    /// A short name, unique among the formats: `snapshot`, `trace`, `page`.
+    pub name: &'static str,
+    /// What a file of the format is, as messages and reports name it: `the
+    /// PyTorch memory snapshot`.
+    pub description: &'static str,
+    /// How a file of the format is told from others (`its first byte is
+    /// 0x80`), for a format with a reader; `None` for one without.
+    pub recognised_by: Option<&'static str>,
+    /// The file name's extension, without the dot: `pickle`.
+    pub extension: &'static str,
+    /// The file's default name without its extension, where the exporter or
+    /// the monitor writes it: `memlab_snapshot`. An out-of-memory report's
+    /// files are named after the report instead.
+    pub stem: &'static str,
+    /// The sets of files memlab writes that hold one of this format.
+    pub written_in: WrittenIn,
+    /// Where the format's file comes in a set: lowest first. A file that
+    /// lists the others (the HTML page) comes last.
+    pub order: u8,
+    /// Whether a file is made from the recording (an out-of-memory report
+    /// writes these only while a recording runs, and only where the memory
+    /// left covers [`FileFormat::estimate`]); the report's own text and JSON
+    /// are not.
+    pub made_from_recording: bool,
+}
+
+impl About {
+    /// The file's default name, with `suffix` before the extension (a
+    /// rank's `_rank1`, or nothing): `memlab_snapshot_rank1.pickle`.
+    pub fn file_name(&self, suffix: &str) -> String {
+        format!("{}{suffix}.{}", self.stem, self.extension)
+    }
+}
+
+/// A format's [`About`], field by field.
+impl dyn FileFormat {
+    /// [`About::name`].
+    pub fn name(&self) -> &'static str {
+        self.about().name
+    }
+
+    /// [`About::description`].
+    pub fn description(&self) -> &'static str {
+        self.about().description
+    }
+
+    /// [`About::recognised_by`].
+    pub fn recognised_by(&self) -> Option<&'static str> {
+        self.about().recognised_by
+    }
+
+    /// [`About::extension`].
+    pub fn extension(&self) -> &'static str {
+        self.about().extension
+    }
+
+    /// [`About::stem`].
+    pub fn stem(&self) -> &'static str {
+        self.about().stem
+    }
+
+    /// [`About::written_in`].
+    pub fn written_in(&self) -> WrittenIn {
+        self.about().written_in
+    }
+
+    /// [`About::order`].
+    pub fn order(&self) -> u8 {
+        self.about().order
+    }
+
+    /// [`About::made_from_recording`].
+    pub fn made_from_recording(&self) -> bool {
+        self.about().made_from_recording
     }
 }
 
@@ -223,6 +270,11 @@ impl Input {
         Ok(Input { path: path.to_path_buf(), head, text: OnceLock::new(), keys: OnceLock::new() })
     }
 
+    /// The error of a file recognised but unreadable: why, naming the file.
+    pub fn unreadable(&self, why: impl std::fmt::Display) -> Error {
+        unreadable(&self.path, why.to_string())
+    }
+
     /// The file's path.
     pub fn path(&self) -> &Path {
         &self.path
@@ -297,7 +349,7 @@ pub struct Registered(pub &'static dyn FileFormat);
 
 inventory::collect!(Registered);
 
-/// Every registered format, in [`FileFormat::order`] (then by name).
+/// Every registered format, in [`About::order`] (then by name).
 pub fn formats() -> Vec<&'static dyn FileFormat> {
     let mut all: Vec<&'static dyn FileFormat> = inventory::iter::<Registered>.into_iter().map(|r| r.0).collect();
     all.sort_by_key(|f| (f.order(), f.name()));

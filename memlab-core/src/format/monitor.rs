@@ -7,7 +7,7 @@ use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
-use super::{Contents, FileFormat, Input, Registered, WrittenIn};
+use super::{About, Contents, FileFormat, Input, Registered, WrittenIn};
 use crate::{Error, Result, TensorKind};
 
 /// One row of `memlab_iterations.csv`: a monitor record's figures, in bytes
@@ -111,28 +111,17 @@ where
 }
 
 impl FileFormat for IterationsCsv {
-    fn name(&self) -> &'static str {
-        "iterations-csv"
-    }
-
-    fn description(&self) -> &'static str {
-        "the training monitor's iterations CSV"
-    }
-
-    fn recognised_by(&self) -> Option<&'static str> {
-        Some("its header")
-    }
-
-    fn extension(&self) -> &'static str {
-        "csv"
-    }
-
-    fn stem(&self) -> &'static str {
-        "memlab_iterations"
-    }
-
-    fn written_in(&self) -> WrittenIn {
-        WrittenIn::ITS_TOOL
+    fn about(&self) -> &'static About {
+        &About {
+            name: "iterations-csv",
+            description: "the training monitor's iterations CSV",
+            recognised_by: Some("its header"),
+            extension: "csv",
+            stem: "memlab_iterations",
+            written_in: WrittenIn::ITS_TOOL,
+            order: 50,
+            made_from_recording: true,
+        }
     }
 
     /// Appended a row at a time by the monitor.
@@ -146,28 +135,17 @@ impl FileFormat for IterationsCsv {
 }
 
 impl FileFormat for VariablesCsv {
-    fn name(&self) -> &'static str {
-        "variables-csv"
-    }
-
-    fn description(&self) -> &'static str {
-        "the training monitor's variables CSV"
-    }
-
-    fn recognised_by(&self) -> Option<&'static str> {
-        Some("its header")
-    }
-
-    fn extension(&self) -> &'static str {
-        "csv"
-    }
-
-    fn stem(&self) -> &'static str {
-        "memlab_variables"
-    }
-
-    fn written_in(&self) -> WrittenIn {
-        WrittenIn::ITS_TOOL
+    fn about(&self) -> &'static About {
+        &About {
+            name: "variables-csv",
+            description: "the training monitor's variables CSV",
+            recognised_by: Some("its header"),
+            extension: "csv",
+            stem: "memlab_variables",
+            written_in: WrittenIn::ITS_TOOL,
+            order: 50,
+            made_from_recording: true,
+        }
     }
 
     /// Appended a row at a time by the monitor.

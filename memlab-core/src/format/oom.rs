@@ -1,6 +1,6 @@
 //! An out-of-memory report's own files: its text and its JSON.
 
-use super::{Contents, FileFormat, Input, Registered, Source, WrittenIn};
+use super::{About, Contents, FileFormat, Input, Registered, Source, WrittenIn};
 use crate::oom::OomReport;
 use crate::render::Render;
 use crate::{Error, Result};
@@ -24,32 +24,17 @@ fn write(out: &mut dyn std::io::Write, text: &str) -> Result<()> {
 }
 
 impl FileFormat for OomText {
-    fn name(&self) -> &'static str {
-        "oom-text"
-    }
-
-    fn description(&self) -> &'static str {
-        "an out-of-memory report's text"
-    }
-
-    fn extension(&self) -> &'static str {
-        "txt"
-    }
-
-    fn stem(&self) -> &'static str {
-        "memlab_oom"
-    }
-
-    fn written_in(&self) -> WrittenIn {
-        WrittenIn::OOM_REPORTS
-    }
-
-    fn order(&self) -> u8 {
-        0
-    }
-
-    fn made_from_recording(&self) -> bool {
-        false
+    fn about(&self) -> &'static About {
+        &About {
+            name: "oom-text",
+            description: "an out-of-memory report's text",
+            recognised_by: None,
+            extension: "txt",
+            stem: "memlab_oom",
+            written_in: WrittenIn::OOM_REPORTS,
+            order: 0,
+            made_from_recording: false,
+        }
     }
 
     /// The report is built before its files: writing it takes its text.
@@ -63,36 +48,17 @@ impl FileFormat for OomText {
 }
 
 impl FileFormat for OomJson {
-    fn name(&self) -> &'static str {
-        "oom-report"
-    }
-
-    fn description(&self) -> &'static str {
-        "an out-of-memory report's JSON"
-    }
-
-    fn recognised_by(&self) -> Option<&'static str> {
-        Some("a `diagnosis` key")
-    }
-
-    fn extension(&self) -> &'static str {
-        "json"
-    }
-
-    fn stem(&self) -> &'static str {
-        "memlab_oom"
-    }
-
-    fn written_in(&self) -> WrittenIn {
-        WrittenIn::OOM_REPORTS
-    }
-
-    fn order(&self) -> u8 {
-        1
-    }
-
-    fn made_from_recording(&self) -> bool {
-        false
+    fn about(&self) -> &'static About {
+        &About {
+            name: "oom-report",
+            description: "an out-of-memory report's JSON",
+            recognised_by: Some("a `diagnosis` key"),
+            extension: "json",
+            stem: "memlab_oom",
+            written_in: WrittenIn::OOM_REPORTS,
+            order: 1,
+            made_from_recording: false,
+        }
     }
 
     /// The report is built before its files: writing it takes its text.
@@ -107,9 +73,7 @@ impl FileFormat for OomJson {
     fn read(&self, input: &Input) -> Option<Result<Contents>> {
         input.has_json_key("diagnosis").then(|| {
             let text = input.text()?;
-            OomReport::from_json(text)
-                .map(Contents::new)
-                .map_err(|e| Error::UnreadableFile { file: input.path().display().to_string(), why: e.to_string() })
+            OomReport::from_json(text).map(Contents::new).map_err(|e| input.unreadable(e))
         })
     }
 }

@@ -1,7 +1,7 @@
 //! The self-contained HTML page: the recording drawn, and for an
 //! out-of-memory report, the report above it.
 
-use super::{Cost, FileFormat, Registered, Source, WrittenIn};
+use super::{About, Cost, FileFormat, Registered, Source, WrittenIn};
 use crate::{Error, Result};
 
 /// `memlab_report.html`: one page that opens offline. Of an out-of-memory
@@ -12,28 +12,17 @@ pub struct HtmlPage;
 inventory::submit! { Registered(&HtmlPage) }
 
 impl FileFormat for HtmlPage {
-    fn name(&self) -> &'static str {
-        "page"
-    }
-
-    fn description(&self) -> &'static str {
-        "the HTML report"
-    }
-
-    fn extension(&self) -> &'static str {
-        "html"
-    }
-
-    fn stem(&self) -> &'static str {
-        "memlab_report"
-    }
-
-    fn written_in(&self) -> WrittenIn {
-        WrittenIn::BOTH
-    }
-
-    fn order(&self) -> u8 {
-        90
+    fn about(&self) -> &'static About {
+        &About {
+            name: "page",
+            description: "the HTML report",
+            recognised_by: None,
+            extension: "html",
+            stem: "memlab_report",
+            written_in: WrittenIn::BOTH,
+            order: 90,
+            made_from_recording: true,
+        }
     }
 
     fn estimate(&self) -> u64 {

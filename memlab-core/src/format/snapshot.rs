@@ -2,7 +2,7 @@
 //! writes, read by pytorch.org/memory_viz, by `python -m
 //! torch.cuda._memory_viz` and by every `memlab` command.
 
-use super::{Contents, Cost, FileFormat, Input, Registered, Source, WrittenIn};
+use super::{About, Contents, Cost, FileFormat, Input, Registered, Source, WrittenIn};
 use crate::export::Snapshot;
 use crate::Result;
 
@@ -13,32 +13,17 @@ pub struct SnapshotPickle;
 inventory::submit! { Registered(&SnapshotPickle) }
 
 impl FileFormat for SnapshotPickle {
-    fn name(&self) -> &'static str {
-        "snapshot"
-    }
-
-    fn description(&self) -> &'static str {
-        "the PyTorch memory snapshot"
-    }
-
-    fn recognised_by(&self) -> Option<&'static str> {
-        Some("its first byte is 0x80")
-    }
-
-    fn extension(&self) -> &'static str {
-        "pickle"
-    }
-
-    fn stem(&self) -> &'static str {
-        "memlab_snapshot"
-    }
-
-    fn written_in(&self) -> WrittenIn {
-        WrittenIn::BOTH
-    }
-
-    fn order(&self) -> u8 {
-        10
+    fn about(&self) -> &'static About {
+        &About {
+            name: "snapshot",
+            description: "the PyTorch memory snapshot",
+            recognised_by: Some("its first byte is 0x80"),
+            extension: "pickle",
+            stem: "memlab_snapshot",
+            written_in: WrittenIn::BOTH,
+            order: 10,
+            made_from_recording: true,
+        }
     }
 
     fn estimate(&self) -> u64 {

@@ -1,6 +1,6 @@
 //! The trace-event JSON that ui.perfetto.dev and chrome://tracing open.
 
-use super::{Contents, Cost, FileFormat, Input, Registered, Source, WrittenIn};
+use super::{About, Contents, Cost, FileFormat, Input, Registered, Source, WrittenIn};
 use crate::export::TraceFile;
 use crate::{Error, Result};
 
@@ -11,32 +11,17 @@ pub struct TraceJson;
 inventory::submit! { Registered(&TraceJson) }
 
 impl FileFormat for TraceJson {
-    fn name(&self) -> &'static str {
-        "trace"
-    }
-
-    fn description(&self) -> &'static str {
-        "the trace JSON"
-    }
-
-    fn recognised_by(&self) -> Option<&'static str> {
-        Some("a `traceEvents` key")
-    }
-
-    fn extension(&self) -> &'static str {
-        "json"
-    }
-
-    fn stem(&self) -> &'static str {
-        "memlab_trace"
-    }
-
-    fn written_in(&self) -> WrittenIn {
-        WrittenIn::EXPORTS
-    }
-
-    fn order(&self) -> u8 {
-        20
+    fn about(&self) -> &'static About {
+        &About {
+            name: "trace",
+            description: "the trace JSON",
+            recognised_by: Some("a `traceEvents` key"),
+            extension: "json",
+            stem: "memlab_trace",
+            written_in: WrittenIn::EXPORTS,
+            order: 20,
+            made_from_recording: true,
+        }
     }
 
     /// The history copied with its figures, written event by event.
@@ -45,17 +30,13 @@ impl FileFormat for TraceJson {
     }
 
     fn write(&self, source: &dyn Source, out: &mut dyn std::io::Write) -> Result<()> {
-        let mut out = std::io::BufWriter::new(out);
-        source.trace()?.write_to(&mut out).map_err(|e| Error::io("write the trace", e))?;
-        std::io::Write::flush(&mut out).map_err(|e| Error::io("write the trace", e))
+        source.trace()?.write_to(out).map_err(|e| Error::io("write the trace", e))
     }
 
     fn read(&self, input: &Input) -> Option<Result<Contents>> {
         input.has_json_key("traceEvents").then(|| {
             let text = input.text()?;
-            TraceFile::from_json(text)
-                .map(Contents::new)
-                .map_err(|e| Error::UnreadableFile { file: input.path().display().to_string(), why: e.to_string() })
+            TraceFile::from_json(text).map(Contents::new).map_err(|e| input.unreadable(e))
         })
     }
 }
