@@ -17,9 +17,11 @@ cd "$MEMLAB_ROOT"
 # (memlab-core, memlab-cli, every other crate) is built once for both. The
 # user's crate of tch 0.26 builds there too.
 export CARGO_TARGET_DIR="$MEMLAB_ROOT/target"
-saved="$(mktemp)"
+saved="$(mktemp)" user_saved="$(mktemp)"
+user_lock=examples/tch-0.26-user/Cargo.lock
 cp Cargo.lock "$saved"
-trap 'cp "$saved" Cargo.lock; rm -f "$saved"' EXIT
+cp "$user_lock" "$user_saved"
+trap 'cp "$saved" Cargo.lock; cp "$user_saved" "$user_lock"; rm -f "$saved" "$user_saved"' EXIT
 cargo update --quiet -p tch --precise 0.26.0
 grep -A1 '^name = "torch-sys"' Cargo.lock | grep -q 'version = "0.26.0"' || {
   echo "memlab: selecting tch 0.26 did not select torch-sys 0.26" >&2
@@ -32,4 +34,9 @@ grep -A1 '^name = "torch-sys"' Cargo.lock | grep -q 'version = "0.26.0"' || {
 selected=(--workspace --exclude memlab-cli)
 cargo test --release "${selected[@]}" --lib --bins --tests "$@" -- --exact --skip ui
 cargo test --release "${selected[@]}" --doc "$@"
+# The user's crate resolves against memlab's own lock, now on tch 0.26 (its
+# committed lock is put back on exit): the same versions of every crate, so
+# that it reuses this pass's build of them (torch-sys's C++ above all) and
+# builds only what its features change, 55 s where its own lock took 150 s.
+cp Cargo.lock "$user_lock"
 (cd examples/tch-0.26-user && cargo run --release --quiet)
