@@ -719,6 +719,47 @@ mod tests {
         assert_eq!(again.to_text(), advised, "the replay and the advice read back as they were written");
     }
 
+    /// The H200's recording of a program that caught an out-of-memory error
+    /// and went on (`fixtures/replay/caught__default.pickle`), carried by a
+    /// report: its text and its page both say the program went on, at
+    /// which entry, and that no setting is backed; the JSON keeps it.
+    #[test]
+    fn a_report_of_a_program_that_went_on_after_an_error_says_so_in_every_file() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../fixtures/replay/caught__default.pickle");
+        let file = crate::export::Snapshot::read_pickle(path).unwrap();
+        let options = crate::replay::ReplayOptions {
+            fraction: Some(0.021459116915775848),
+            total: Some(150_109_880_320),
+            compare: true,
+            ..Default::default()
+        };
+        let mut report = fixture();
+        report.replay = Some(crate::replay::replay_snapshot("the recording", &file.snapshot, &options).unwrap());
+        report.allocator_settings = Some(String::new());
+        report.settings_advice = super::super::advise_settings(
+            Verdict::Fragmentation,
+            false,
+            &crate::replay::AllocatorConfig::default(),
+            Some((&file.snapshot, report.replay.as_ref().unwrap())),
+            "cuda:0",
+        );
+        let first = file.snapshot.device_traces[0].iter().position(|e| e.action == crate::events::Action::Oom).unwrap();
+        let line = format!("The program caught an earlier out-of-memory error (history entry {first}) and went on");
+        let text = report.to_text();
+        assert!(text.contains(&line), "{line}\n{text}");
+        assert!(text.contains("backs no setting"), "{text}");
+        assert!(
+            !text.contains("would have avoided this failure"),
+            "nothing advised from a replay that went on: {text}"
+        );
+        let page = report.to_page(None);
+        assert!(page.contains(&line), "the page says it too");
+        let again = OomReport::from_json(&report.to_json()).unwrap();
+        assert_eq!(again.settings_advice, Some(super::super::SettingsAdvice::WentOnAfterError { entry: first }));
+        let json: serde_json::Value = serde_json::from_str(&report.to_json()).unwrap();
+        assert_eq!(json["replay"]["devices"][0]["continued_after_oom"], serde_json::json!(first));
+    }
+
     /// The reports an H200 wrote of a fragmentation failure (8 MiB blocks
     /// until 93% of the device was in use, every other freed, 40 GiB
     /// asked; `tests/cuda/oom.rs`), in a process under libtorch's defaults
