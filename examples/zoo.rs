@@ -576,6 +576,11 @@ fn main() -> Result<(), Box<dyn Error>> {
         line["predicted_settings"] = setting.settings.clone().into();
         line["predicted_reserved"] = setting.peak_reserved.into();
         line["predicted_allocated"] = setting.peak_allocated.into();
+        if let Some(range) = setting.range {
+            line["predicted_low"] = range.low.reserved.into();
+            line["predicted_high"] = range.high.reserved.into();
+            line["unmodelled"] = predicted.unmodelled.iter().map(|u| u.name.clone()).collect::<Vec<_>>().into();
+        }
         line["seconds"] = started.elapsed().as_secs_f64().into();
     }
     if let (Some(out), Some(recording)) = (&args.out, recording) {

@@ -327,10 +327,13 @@ fn predicted_need(
     });
     let need = predicted.map_err(|e| e.to_string()).map(|p| {
         let s = &p.settings[0];
-        match s.fit {
+        match &s.fit {
             Some(Fit::Fits { .. }) | None => s.peak_device,
-            Some(Fit::FitsGivingCacheBack { least }) => least,
+            Some(Fit::FitsGivingCacheBack { least }) => *least,
             Some(Fit::DoesNotFit { needing, .. }) => card + needing,
+            // The card lies inside the range: the search counts its high end,
+            // so that it never names a batch that may run out.
+            Some(Fit::MayNotFit { .. }) => s.range.map_or(s.peak_device, |r| r.high.device),
             // No card holds it: the most any figure can say.
             Some(Fit::NoCard { .. }) => u64::MAX,
         }

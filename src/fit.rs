@@ -46,10 +46,25 @@
 //! - the CUDA context and libraries outside the allocator, for the device's
 //!   peak.
 //!
-//! What it does not model is listed in its output
-//! ([`NOT_MODELLED`](crate::replay::NOT_MODELLED)). On an H100, the reserved
-//! peak of three models came out to the byte under both settings
-//! (BENCHMARKS.md).
+//! The steps run with every aten op watched, and each op that allocated is
+//! looked up in memlab's table of ops (`memlab_core::ops::table`): the same
+//! on both devices, modelled, or not modelled. Where an op not modelled
+//! ran (cuDNN's RNNs, transposed convolutions, fused attention), or one the
+//! table does not name, the prediction is a range
+//! ([`SettingPrediction::range`](crate::replay::SettingPrediction::range)):
+//! at its low end those ops add nothing on CUDA and what their CPU kernels
+//! made for themselves is not made there; at its high end each holds a
+//! workspace of its tensor arguments and outputs while it runs, and the
+//! RNNs and attention a reserve of that size as long as their outputs. The
+//! ops are named with what one run may add
+//! ([`CudaPrediction::unmodelled`](crate::replay::CudaPrediction::unmodelled)),
+//! the verdict is "fits" only where the high end fits and "may not fit"
+//! ([`Fit::MayNotFit`](crate::replay::Fit::MayNotFit)) where the card lies
+//! inside the range, and a range wider than a tenth of the estimate is
+//! said to be not predictable. The allocations of an op are those made
+//! while it was the innermost op running, to the recorder's microsecond.
+//! On an H100, the reserved peak of three models came out to the byte
+//! under both settings (BENCHMARKS.md).
 //!
 //! What was made before the first step counts where memlab can name it: the
 //! registered var stores, optimizers and tensors (or the model given to

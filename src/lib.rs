@@ -317,7 +317,7 @@ pub mod render {
 /// # Ok::<(), memlab::Error>(())
 /// ```
 pub mod replay {
-    pub use memlab_core::ops::{Convolution, EmbeddingBackward, Op, OpRecord, Reduction};
+    pub use memlab_core::ops::{table, Convolution, EmbeddingBackward, Op, OpRecord, Reduction, TensorArg, TensorArgs};
     pub use memlab_core::replay::*;
 }
 

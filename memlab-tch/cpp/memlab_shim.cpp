@@ -787,6 +787,37 @@ bool convolution(c10::ArrayRef<const c10::IValue> inputs, bool backward, memlab_
   return true;
 }
 
+// Every op's name (after "aten::") and tensor arguments, lists included.
+void name_and_tensors(const char* op_name, c10::ArrayRef<const c10::IValue> inputs, memlab_op* op) {
+  std::strncpy(op->name, op_name, sizeof(op->name) - 1);
+  auto add = [op](const at::Tensor& t) {
+    const int32_t i = op->tensors++;
+    if (t.defined()) {
+      op->tensor_bytes += static_cast<uint64_t>(t.nbytes());
+    }
+    if (i >= MEMLAB_OP_MAX_TENSORS) {
+      return;
+    }
+    if (!t.defined()) {
+      op->tensor_ndim[i] = -2;
+      return;
+    }
+    op->tensor_dtype[i] = static_cast<int32_t>(t.scalar_type());
+    op->tensor_ndim[i] = copy_dims(t.sizes(), op->tensor_shape[i]) ? static_cast<int32_t>(t.dim()) : -1;
+  };
+  for (const c10::IValue& value : inputs) {
+    if (value.isTensor()) {
+      add(value.toTensor());
+    } else if (value.isList()) {
+      for (const c10::IValue& element : value.toListRef()) {
+        if (element.isTensor()) {
+          add(element.toTensor());
+        }
+      }
+    }
+  }
+}
+
 std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
   memlab_op_hook hook = op_hook.load(std::memory_order_acquire);
   if (hook == nullptr) {
@@ -819,8 +850,10 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
       known = true;
     }
     if (!known) {
-      return nullptr;
+      op = memlab_op{};
+      op.kind = MEMLAB_OP_OTHER;
     }
+    name_and_tensors(op_name, fn.inputs(), &op);
     op.in_backward = backward_depth > 0 ? 1 : 0;
     op.id = next_op_id.fetch_add(1, std::memory_order_relaxed);
     hook(&op, op.id);

@@ -349,6 +349,7 @@ void memlab_set_cpu_event_hook(memlab_event_hook hook);
 // elements, `ndim` entries each; stride, padding and dilation `ndim - 2`
 // entries.
 #define MEMLAB_OP_MAX_DIMS 8
+#define MEMLAB_OP_MAX_TENSORS 4
 enum memlab_op_kind {
   MEMLAB_OP_REDUCTION = 1,
   MEMLAB_OP_CONVOLUTION = 2,
@@ -364,6 +365,10 @@ enum memlab_op_kind {
   // CPU kernel does not make. `input`: the gradient's shape; `indices`,
   // `index_element_size`, `num_weights` and `flags` as below.
   MEMLAB_OP_EMBEDDING_BACKWARD = 6,
+  // Any other aten op: its name and tensor arguments only (below). Whether
+  // its CUDA kernel allocates as its CPU kernel does is memlab's table's
+  // question (memlab_core::ops::table).
+  MEMLAB_OP_OTHER = 7,
 };
 // Bits of `memlab_op.flags` for an embedding backward.
 #define MEMLAB_EMBEDDING_SCALE_GRAD_BY_FREQ 1
@@ -398,15 +403,28 @@ typedef struct memlab_op {
   int64_t num_weights;
   int32_t index_element_size;
   int32_t flags;
+  // Every op: its name after "aten::" (NUL-terminated, cut to 63 bytes) and
+  // its tensor arguments, lists of tensors included: how many, their bytes
+  // in all, and the first MEMLAB_OP_MAX_TENSORS with their element types
+  // (c10::ScalarType) and shapes (ndim -1: more than MEMLAB_OP_MAX_DIMS
+  // dimensions, shape not given; -2: an undefined tensor).
+  char name[64];
+  int32_t tensors;
+  int32_t tensor_ndim[MEMLAB_OP_MAX_TENSORS];
+  int32_t tensor_dtype[MEMLAB_OP_MAX_TENSORS];
+  int64_t tensor_shape[MEMLAB_OP_MAX_TENSORS][MEMLAB_OP_MAX_DIMS];
+  uint64_t tensor_bytes;
 } memlab_op;
 
 // Called on the op's thread when a watched op begins (`op`, with its `id`)
 // and when it ends (`op` NULL, the same `id`); it must not throw.
 typedef void (*memlab_op_hook)(const memlab_op* op, uint64_t id);
 
-// Reports the ops above to `hook` from now on, on every thread, through a
-// libtorch RecordFunction callback (NULL: stops). Ops with tensors of more
-// than MEMLAB_OP_MAX_DIMS dimensions are not reported.
+// Reports every aten op to `hook` from now on, on every thread, through a
+// libtorch RecordFunction callback (NULL: stops): the kinds above with their
+// details where their tensors have at most MEMLAB_OP_MAX_DIMS dimensions,
+// every other one (or one whose details cannot be read) as
+// MEMLAB_OP_OTHER.
 char* memlab_watch_ops(memlab_op_hook hook);
 // Counts a CPU allocation (MEMLAB_ACTION_ALLOC) or free
 // (MEMLAB_ACTION_FREE_REQUESTED) of `size` bytes. While a CPU event hook is

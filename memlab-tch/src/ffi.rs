@@ -95,7 +95,7 @@ pub const OP_MAX_DIMS: usize = 8;
 
 /// `memlab_op`: an op a RecordFunction callback saw begin.
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug)]
 pub struct Op {
     pub id: u64,
     pub kind: i32,
@@ -117,6 +117,12 @@ pub struct Op {
     pub num_weights: i64,
     pub index_element_size: i32,
     pub flags: i32,
+    pub name: [std::ffi::c_char; 64],
+    pub tensors: i32,
+    pub tensor_ndim: [i32; OP_MAX_TENSORS],
+    pub tensor_dtype: [i32; OP_MAX_TENSORS],
+    pub tensor_shape: [[i64; OP_MAX_DIMS]; OP_MAX_TENSORS],
+    pub tensor_bytes: u64,
 }
 
 /// `MEMLAB_OP_REDUCTION`, `MEMLAB_OP_CONVOLUTION`, `MEMLAB_OP_CONVOLUTION_BACKWARD`.
@@ -126,6 +132,10 @@ pub const OP_CONVOLUTION_BACKWARD: i32 = 3;
 pub const OP_MATMUL: i32 = 4;
 pub const OP_SOFTMAX_BACKWARD: i32 = 5;
 pub const OP_EMBEDDING_BACKWARD: i32 = 6;
+/// `MEMLAB_OP_OTHER`: any other aten op, its name and tensors only.
+pub const OP_OTHER: i32 = 7;
+/// `MEMLAB_OP_MAX_TENSORS`: the tensor arguments an op's record details.
+pub const OP_MAX_TENSORS: usize = 4;
 /// `MEMLAB_EMBEDDING_*`: bits of an embedding backward's `flags`.
 pub const EMBEDDING_SCALE_GRAD_BY_FREQ: i32 = 1;
 pub const EMBEDDING_INDICES_CONTIGUOUS: i32 = 2;

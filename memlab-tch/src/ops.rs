@@ -1,18 +1,21 @@
-//! The ops whose CUDA kernels allocate otherwise than their CPU kernels
-//! (sums, means, convolutions: see [`memlab_core::ops`]), as the shim's
-//! RecordFunction callback reports them while an [`OpWatch`] lives.
+//! Every aten op libtorch runs, as the shim's RecordFunction callback
+//! reports it while an [`OpWatch`] lives: its name and tensor arguments,
+//! and for the ops whose CUDA kernels memlab models (sums, means,
+//! convolutions, …: see [`memlab_core::ops`]) what their kernels size
+//! their buffers by.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 
-use memlab_core::ops::{Convolution, EmbeddingBackward, Op, OpRecord, Reduction};
+use memlab_core::ops::{Convolution, EmbeddingBackward, Op, OpRecord, Reduction, TensorArg, TensorArgs};
 use memlab_core::sync::LockExt;
+use memlab_core::DType;
 use memlab_core::Result;
 
 use crate::ffi;
 
-/// The most ops kept; older ones go first.
-const KEEP: usize = 1 << 20;
+/// The most ops kept (about 300 bytes each); older ones go first.
+const KEEP: usize = 1 << 18;
 
 /// The watches alive, and what they saw.
 struct Watched {
@@ -35,7 +38,7 @@ memlab_core::process::process_wide! {
 #[must_use = "the ops are watched only while the watch lives"]
 pub struct OpWatch(());
 
-/// Starts watching the ops whose CUDA kernels allocate otherwise.
+/// Starts watching every aten op.
 pub fn watch_ops() -> Result<OpWatch> {
     let mut watch = WATCH.locked();
     if watch.watches == 0 {
@@ -77,8 +80,33 @@ impl Drop for OpWatch {
     }
 }
 
-/// The op the shim reported, as memlab-core's.
-fn op_of(raw: &ffi::Op) -> Option<Op> {
+/// The op the shim reported, as memlab-core's: its kind with its details,
+/// else [`Op::Other`].
+fn op_of(raw: &ffi::Op) -> Op {
+    details_of(raw).unwrap_or(Op::Other)
+}
+
+/// The op's name and tensor arguments.
+fn name_and_tensors(raw: &ffi::Op) -> (String, TensorArgs) {
+    // SAFETY: the shim NUL-terminates the name within its 64 bytes.
+    let name = unsafe { std::ffi::CStr::from_ptr(raw.name.as_ptr()) }.to_string_lossy().into_owned();
+    let count = u32::try_from(raw.tensors).unwrap_or(0);
+    let first = (0..ffi::OP_MAX_TENSORS.min(count as usize))
+        .map(|i| {
+            let ndim = raw.tensor_ndim[i];
+            let dtype = (ndim != -2).then(|| DType::from_code(raw.tensor_dtype[i]));
+            let shape = usize::try_from(ndim)
+                .ok()
+                .filter(|&n| n <= ffi::OP_MAX_DIMS)
+                .map(|n| raw.tensor_shape[i][..n].to_vec());
+            TensorArg { dtype, shape }
+        })
+        .collect();
+    (name, TensorArgs { count, bytes: raw.tensor_bytes, first })
+}
+
+/// The details of an op of a kind memlab models, where they can be read.
+fn details_of(raw: &ffi::Op) -> Option<Op> {
     if raw.kind == ffi::OP_MATMUL {
         return Some(Op::Matmul { in_backward: raw.in_backward != 0 });
     }
@@ -130,6 +158,7 @@ fn op_of(raw: &ffi::Op) -> Option<Op> {
                 output_mask: u8::try_from(raw.output_mask & 7).unwrap_or(0),
             })
         }
+        ffi::OP_OTHER => return None,
         _ => return None,
     })
 }
@@ -139,20 +168,20 @@ extern "C" fn on_op(op: *const ffi::Op, id: u64) {
     let _ = std::panic::catch_unwind(|| {
         let at = memlab_core::events::clock_us();
         // SAFETY: the shim passes a valid op for the call's duration, or null.
-        let op = unsafe { op.as_ref() }.and_then(op_of);
+        let op = unsafe { op.as_ref() }.map(|raw| (op_of(raw), name_and_tensors(raw)));
         let mut watch = WATCH.locked();
         if watch.watches == 0 {
             return;
         }
         match op {
-            Some(op) => {
+            Some((op, (name, tensors))) => {
                 if watch.ops.len() == KEEP {
                     watch.ops.pop_front();
                 }
                 let index = watch.pushed;
                 watch.pushed += 1;
                 watch.open.insert(id, index);
-                watch.ops.push_back(OpRecord { start_us: at, end_us: at, op });
+                watch.ops.push_back(OpRecord { start_us: at, end_us: at, op, name, tensors: Some(tensors) });
             }
             None => {
                 if let Some(index) = watch.open.remove(&id) {

@@ -150,6 +150,7 @@ pub(crate) fn capture(sources: &Model) -> Result<Snapshot> {
     let mut devices: Vec<String> = (0..cuda_devices).map(|i| Device::Cuda(i).to_string()).collect();
     devices.push(Device::Cpu.to_string());
     let (allocator_settings, device_memory) = cuda_allocators(cuda_devices);
+    let ops = memlab_tch::ops::watched().map(|ops| memlab_core::ops::that_allocate(ops, &traces));
     Ok(Snapshot {
         segments,
         device_traces: traces,
@@ -162,7 +163,7 @@ pub(crate) fn capture(sources: &Model) -> Result<Snapshot> {
             run: Some(crate::run::this_process()),
             device_memory,
             profile: Some(Report::collect()).filter(|p| p.functions.iter().any(|f| f.calls > 0)),
-            ops: memlab_tch::ops::watched(),
+            ops,
             unseen_before: (unseen_cpu > 0 && events::is_active())
                 .then(|| DeviceBytes { device: Device::Cpu.to_string(), bytes: unseen_cpu })
                 .into_iter()

@@ -71,6 +71,10 @@ fn a_step_is_predicted_from_its_cpu_runs_with_the_weights_made_before_it() {
     }
     let text = prediction.to_string();
     assert!(text.contains("Every figure is an estimate") && text.contains("The CPU run's peak was steady"), "{text}");
+    // Every op of the step is in memlab's table, modelled or the same on
+    // both devices: the prediction is a point.
+    assert!(prediction.unmodelled.is_empty(), "{text}");
+    assert!(prediction.settings.iter().all(|p| p.range.is_none()), "{text}");
 
     // Without the registry what was made before the step is not known: the
     // prediction is smaller by what of it lives through the step, the
@@ -93,6 +97,47 @@ fn a_step_is_predicted_from_its_cpu_runs_with_the_weights_made_before_it() {
     let larger = WillItFit::new(additions.outside_allocator + 16 * MIB + needing).of(&vs).run(&mut step).unwrap();
     assert!(matches!(larger.settings[0].fit, Some(Fit::Fits { .. } | Fit::FitsGivingCacheBack { .. })), "{larger}");
     assert!(small.to_string().contains("does not fit: runs out at +"));
+}
+
+/// An LSTM's step on the CPU runs `aten::lstm`, whose CUDA kernel (cuDNN's
+/// RNN) memlab does not model: the prediction is a range that contains its
+/// point estimate, the op is named with its runs, and a card inside the
+/// range gets "may not fit".
+#[test]
+fn an_op_memlab_does_not_model_makes_the_prediction_a_range_that_names_it() {
+    let _s = serial();
+    memlab::clear_registry();
+    tch::manual_seed(0);
+    let vs = nn::VarStore::new(tch::Device::Cpu);
+    let lstm = nn::lstm(vs.root() / "lstm", 64, 128, Default::default());
+    let head = nn::linear(vs.root() / "head", 128, 10, Default::default());
+    let mut adam = nn::Adam::default().build(&vs, 1e-3).unwrap();
+    let data = Tensor::randn([16, 32, 64], (Kind::Float, tch::Device::Cpu));
+    let mut step = || {
+        use tch::nn::RNN;
+        let (out, _) = lstm.seq(&data);
+        adam.backward_step(&head.forward(&out).mean(None));
+        Ok(())
+    };
+    // Under expandable segments reserved grows by 2 MiB pages: the range
+    // shows in it (under the defaults a 20 MiB segment can hold it all).
+    let expandable = "expandable_segments:True";
+    let p = WillItFit::peaks().setting(expandable).of(&vs).run(&mut step).unwrap();
+    let names: Vec<&str> = p.unmodelled.iter().map(|u| u.name.as_str()).collect();
+    assert!(names.contains(&"lstm"), "{p}");
+    let lstm_runs = p.unmodelled.iter().find(|u| u.name == "lstm").unwrap();
+    assert_eq!(lstm_runs.runs as usize, p.cpu_step_peaks.len(), "one run a step: {p}");
+    assert!(lstm_runs.may_add > 0, "{p}");
+    let s = &p.settings[1];
+    let range = s.range.expect("a range");
+    assert!(range.low.reserved <= s.peak_reserved && s.peak_reserved < range.high.reserved, "{p}");
+    assert!(range.low.allocated < s.peak_allocated && s.peak_allocated < range.high.allocated, "{p}");
+    let text = p.to_string();
+    assert!(text.contains("lstm") && text.contains("reserved, high"), "{text}");
+
+    let inside = s.peak_device + (range.high.device - s.peak_device) / 2;
+    let card = WillItFit::new(inside).setting(expandable).of(&vs).run(&mut step).unwrap();
+    assert!(matches!(&card.settings[1].fit, Some(Fit::MayNotFit { ops }) if ops.iter().any(|o| o == "lstm")), "{card}");
 }
 
 #[test]
@@ -239,6 +284,19 @@ fn a_recording_watches_the_ops_whose_cuda_kernels_allocate_otherwise() {
     assert_eq!((forward.padding.clone(), forward.stride.clone()), (vec![1, 1], vec![1, 1]));
     // The images need no gradient: the weight's and the bias's only.
     assert_eq!((backward.output.clone(), backward.output_mask), (vec![4, 8, 16, 16], 0b110));
+    // Every other op that allocated is kept too, by name, with its tensor
+    // arguments; one that allocated nothing (a view) is not.
+    assert!(ops.iter().all(|r| !r.name.is_empty()), "{ops:?}");
+    let names: Vec<&str> = ops.iter().map(|r| r.name.as_str()).collect();
+    // The CPU's relu is clamp_min's.
+    let relu =
+        ops.iter().find(|r| r.name == "clamp_min").unwrap_or_else(|| panic!("relu allocated its output: {names:?}"));
+    assert!(matches!(relu.op, Op::Other));
+    let arguments = relu.tensors.as_ref().unwrap();
+    assert_eq!((arguments.count, arguments.bytes), (1, 4 * 8 * 16 * 16 * 4));
+    assert_eq!(arguments.first[0].shape.as_deref(), Some(&[4, 8, 16, 16][..]));
+    assert_eq!(arguments.first[0].dtype, Some(memlab::DType::Float));
+    assert!(!ops.iter().any(|r| r.name == "flatten" || r.name == "view"), "views allocate nothing: {ops:?}");
     let matmuls: Vec<bool> = ops
         .iter()
         .filter_map(|r| match r.op {

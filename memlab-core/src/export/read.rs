@@ -792,6 +792,15 @@ mod tests {
                         element_size: 4,
                         reduced: 1,
                     }),
+                    name: "sum".into(),
+                    tensors: Some(crate::ops::TensorArgs {
+                        count: 1,
+                        bytes: 4096 * 512 * 4,
+                        first: vec![crate::ops::TensorArg {
+                            dtype: Some(crate::DType::Float),
+                            shape: Some(vec![4096, 512]),
+                        }],
+                    }),
                 }]),
                 unseen_before: Vec::new(),
             }),
@@ -832,6 +841,10 @@ mod tests {
         // (added in 64 bits, two of 2^63 made 0).
         let e = refused(file(vec![segment(0, 1 << 62), segment(1 << 62, 1 << 62)], Vec::new()));
         assert!(e.contains("segment 1 (cuda:0 at 0x4000000000000000)") && e.contains("past 2^63 - 1"), "{e}");
+        // Two of 2^63 each, the pair whose sum wrapped to 0 B reserved: the
+        // first is already past what any allocator holds.
+        let e = refused(file(vec![segment(0, 1 << 63), segment(1 << 63, 1 << 63)], Vec::new()));
+        assert!(e.contains("segment 0 (cuda:0 at 0x0)") && e.contains("past 2^63 - 1"), "{e}");
         // A history whose allocations pass it, at the entry that does.
         let e = refused(file(
             Vec::new(),

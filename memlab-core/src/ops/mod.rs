@@ -1,13 +1,17 @@
-//! The ops of a recorded run whose CUDA kernels allocate otherwise than
-//! their CPU kernels, as memlab saw them begin and end: sums and means (a
-//! CUDA reduction may stage its partial results through a buffer),
-//! convolutions (cuDNN's workspaces on CUDA, oneDNN's scratch on the CPU),
-//! matrix products (the first on a thread makes its cuBLAS workspace),
-//! softmax's backward pass (a temporary product on CUDA) and an embedding's
-//! (a sort and partial sums on CUDA).
-//! A recording with [`Settings::ops`](crate::events::Settings::ops) keeps
-//! them in its snapshot, so that a CUDA run predicted from a CPU one
-//! (`memlab replay --as-cuda`) can model what each would allocate on CUDA.
+//! The ops of a recorded run, as memlab saw them begin and end. A
+//! recording with [`Settings::ops`](crate::events::Settings::ops) keeps, in
+//! its snapshot, every aten op that allocated (innermost: [`that_allocate`])
+//! with its name and tensor arguments, and with their details the ops whose
+//! CUDA kernels allocate otherwise than their CPU kernels in ways memlab
+//! models: sums and means (a CUDA reduction may stage its partial results
+//! through a buffer), convolutions (cuDNN's workspaces on CUDA, oneDNN's
+//! scratch on the CPU), matrix products (the first on a thread makes its
+//! cuBLAS workspace), softmax's backward pass (a temporary product on
+//! CUDA) and an embedding's (a sort and partial sums on CUDA). A CUDA run
+//! predicted from a CPU one (`memlab replay --as-cuda`) models what each
+//! would allocate on CUDA, and [`table`] says which ops it does not model.
+
+pub mod table;
 
 use serde::{Deserialize, Serialize};
 
@@ -21,6 +25,42 @@ pub struct OpRecord {
     pub end_us: u64,
     /// The op.
     pub op: Op,
+    /// The aten op's name without `aten::` (`addmm`, `_to_copy`); empty in
+    /// recordings made before memlab kept every op's name.
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub name: String,
+    /// Its tensor arguments, where the recording kept them.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tensors: Option<TensorArgs>,
+}
+
+impl OpRecord {
+    /// An op of `kind` from `start_us` to `end_us`, without a name or tensors.
+    pub fn new(start_us: u64, end_us: u64, op: Op) -> OpRecord {
+        OpRecord { start_us, end_us, op, name: String::new(), tensors: None }
+    }
+}
+
+/// An op's tensor arguments (lists of tensors counted one by one).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TensorArgs {
+    /// How many.
+    pub count: u32,
+    /// Their bytes in all (elements times element size, views as their
+    /// elements).
+    pub bytes: u64,
+    /// The first four, in order.
+    pub first: Vec<TensorArg>,
+}
+
+/// One tensor argument.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TensorArg {
+    /// Its element type; `None` for an undefined tensor.
+    pub dtype: Option<crate::DType>,
+    /// Its sizes; `None` for an undefined tensor or one of more than eight
+    /// dimensions.
+    pub shape: Option<Vec<i64>>,
 }
 
 /// An op memlab watches.
@@ -51,6 +91,10 @@ pub enum Op {
     /// kernel sorts the indices and sums the gradient's rows in temporaries
     /// the CPU kernel does not make.
     EmbeddingBackward(EmbeddingBackward),
+    /// Any other aten op: its [`OpRecord::name`] and tensors say what it
+    /// was, and [`table`] whether its CUDA kernel allocates as its CPU
+    /// kernel does.
+    Other,
 }
 
 /// An embedding's backward pass: what its CUDA kernel sizes its
@@ -164,5 +208,119 @@ impl Convolution {
         }
         let reduced = ((1u64 << self.output.len()) - 1) & !2;
         Some(Reduction { shape: self.output.clone(), strides, element_size: self.element_size, reduced })
+    }
+}
+
+/// The ops that only make memory for their caller (`empty`, `empty_like`,
+/// …): an allocation inside one belongs to the op that called it, where one
+/// did.
+const ALLOCATION_PRIMITIVES: [&str; 6] =
+    ["empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "resize_"];
+
+/// For each event of `trace` (one device's history, in time order), the
+/// index in `ops` of the innermost op running when it happened, if any: of
+/// the ops whose window holds the event's time, the one that began last
+/// (ties: the one recorded last, since an op's record comes before those of
+/// the ops it calls), passing over an op that only makes memory for the op
+/// that called it (`empty`). Ops are taken to nest, as they do on one
+/// thread.
+pub fn innermost(trace: &[crate::export::TraceEntry], ops: &[OpRecord]) -> Vec<Option<usize>> {
+    let mut order: Vec<usize> = (0..ops.len()).collect();
+    order.sort_by_key(|&i| (ops[i].start_us, i));
+    let end = |i: usize| ops[i].end_us.max(ops[i].start_us);
+    let (mut next, mut open): (usize, Vec<usize>) = (0, Vec::new());
+    trace
+        .iter()
+        .map(|e| {
+            while next < order.len() && ops[order[next]].start_us <= e.time_us {
+                let op = order[next];
+                open.retain(|&o| end(o) >= ops[op].start_us);
+                open.push(op);
+                next += 1;
+            }
+            open.retain(|&o| end(o) >= e.time_us);
+            let primitive = |o: &&usize| ALLOCATION_PRIMITIVES.contains(&ops[**o].name.as_str());
+            open.iter().rev().find(|o| !primitive(o)).or(open.last()).copied()
+        })
+        .collect()
+}
+
+/// The ops of `ops` worth keeping with `traces`: those of the kinds memlab
+/// models, each other op that allocated, innermost, on some device's
+/// history, and each op the [`table`] names as not modelled during which
+/// anything was allocated (its kernel may call others that allocate, as
+/// the CPU's RNNs do). What a recording's snapshot carries.
+pub fn that_allocate(ops: Vec<OpRecord>, traces: &[Vec<crate::export::TraceEntry>]) -> Vec<OpRecord> {
+    use crate::events::Action;
+    let mut allocated = vec![false; ops.len()];
+    let mut times: Vec<u64> = Vec::new();
+    for trace in traces {
+        for (e, op) in trace.iter().zip(innermost(trace, &ops)) {
+            if e.action == Action::Alloc {
+                times.push(e.time_us);
+                if let Some(op) = op {
+                    allocated[op] = true;
+                }
+            }
+        }
+    }
+    times.sort_unstable();
+    for (r, allocated) in ops.iter().zip(allocated.iter_mut()) {
+        let named = matches!(table::entry(&r.name), Some(e) if matches!(e.class, table::Class::NotModelled(_)));
+        if named && !*allocated {
+            let from = times.partition_point(|&t| t < r.start_us);
+            *allocated = times.get(from).is_some_and(|&t| t <= r.end_us.max(r.start_us));
+        }
+    }
+    ops.into_iter()
+        .zip(allocated)
+        .filter(|(r, allocated)| *allocated || !matches!(r.op, Op::Other))
+        .map(|(r, _)| r)
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::events::Action;
+    use crate::export::TraceEntry;
+
+    fn op(name: &str, start_us: u64, end_us: u64) -> OpRecord {
+        OpRecord { name: name.into(), ..OpRecord::new(start_us, end_us, Op::Other) }
+    }
+
+    /// `linear` (10–20) calls `t` (11, allocating nothing) and `addmm`
+    /// (12–15); `relu` (30–31) comes after; `sum` (40–41) allocates
+    /// nothing but is of a kind memlab models.
+    #[test]
+    fn an_allocation_belongs_to_the_innermost_op_and_only_allocating_ops_are_kept() {
+        let ops = vec![
+            op("linear", 10, 20),
+            op("t", 11, 11),
+            op("addmm", 12, 15),
+            op("empty", 13, 13),
+            op("relu", 30, 31),
+            OpRecord::new(40, 41, Op::Matmul { in_backward: false }),
+            op("empty", 60, 60),
+        ];
+        let event = |action, time_us| TraceEntry::new(action, Some(time_us), 64, time_us);
+        let trace = vec![
+            event(Action::Alloc, 5),
+            event(Action::Alloc, 13),
+            event(Action::Alloc, 18),
+            event(Action::FreeRequested, 30),
+            event(Action::Alloc, 31),
+            event(Action::Alloc, 50),
+            event(Action::Alloc, 60),
+        ];
+        // addmm's output, made through `empty`, is addmm's; an `empty` no op
+        // called is its own.
+        assert_eq!(innermost(&trace, &ops), vec![None, Some(2), Some(0), Some(4), Some(4), None, Some(6)]);
+        let kept: Vec<String> = that_allocate(ops, &[trace]).into_iter().map(|r| r.name).collect();
+        assert_eq!(
+            kept,
+            ["linear", "addmm", "relu", "", "empty"],
+            "`t` made nothing; the product is kept for its kind"
+        );
     }
 }

@@ -10,7 +10,7 @@ use crate::events::Action;
 use crate::export::{DeviceMemory, Snapshot, SnapshotInfo, TraceEntry};
 use crate::render::{Cell, Column, Document, Layout, Render, Table};
 
-use super::kernels::{plan, KernelsModelled, Life};
+use super::kernels::{plan, KernelsModelled, Life, Side, Unmodelled};
 use super::reduction::ReductionDevice;
 use super::Libtorch;
 
@@ -93,7 +93,7 @@ pub fn cpu_history_as_cuda(
     live_before: &[(u64, u64)],
     workspaces_after: Option<usize>,
 ) -> Result<(Snapshot, KernelsModelled)> {
-    as_cuda(snapshot, additions, libtorch, total, live_before, workspaces_after).map(|h| (h.snapshot, h.kernels))
+    as_cuda(snapshot, additions, libtorch, total, live_before, workspaces_after, None).map(|h| (h.snapshot, h.kernels))
 }
 
 /// [`cpu_history_as_cuda`]'s history, and the addresses of the allocations
@@ -113,6 +113,7 @@ fn as_cuda(
     total: u64,
     live_before: &[(u64, u64)],
     workspaces_after: Option<usize>,
+    side: Option<Side>,
 ) -> Result<AsCuda> {
     let names = snapshot.devices();
     let cpu = names.iter().position(|n| n == "cpu").ok_or_else(|| {
@@ -162,7 +163,7 @@ fn as_cuda(
         block(workspace_address, size)
     };
     let ops = snapshot.memlab.as_ref().and_then(|m| m.ops.as_deref()).unwrap_or_default();
-    let plan = plan(trace, ops, additions.reduction_device, libtorch);
+    let plan = plan(trace, ops, additions.reduction_device, libtorch, side);
     // The cuBLAS workspaces stay for the process's life. After a step, the
     // caller's thread's (and cuBLASLt's) come after the weights and
     // autograd's with the first gradient, as that step made them. Else,
@@ -344,6 +345,65 @@ pub struct CudaPrediction {
     /// otherwise, as modelled; `None` where it did not watch them
     /// ([`Settings::ops`](crate::events::Settings::ops)).
     pub kernels: Option<KernelsModelled>,
+    /// The ops that ran whose CUDA allocations memlab does not model
+    /// ([`crate::ops::table`]): with any, each setting's prediction is a
+    /// range ([`SettingPrediction::range`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unmodelled: Vec<Unmodelled>,
+    /// The recording watched every aten op that allocated, by name (not only
+    /// the kinds memlab models): `unmodelled` is then complete.
+    #[serde(default)]
+    pub every_op_watched: bool,
+}
+
+/// A prediction's peaks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Peaks {
+    /// Peak reserved by the caching allocator.
+    pub reserved: u64,
+    /// Peak allocated to tensors.
+    pub allocated: u64,
+    /// Peak of the process's device memory: reserved plus what lies outside
+    /// the allocator.
+    pub device: u64,
+}
+
+/// Where the peaks lie when ops memlab does not model ran: at the low end
+/// they add nothing on CUDA and their CPU kernels' own temporaries are not
+/// made there; at the high end each adds what its rule bounds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PeakRange {
+    /// The low end.
+    pub low: Peaks,
+    /// The high end.
+    pub high: Peaks,
+}
+
+impl Peaks {
+    fn min_each(self, other: Peaks) -> Peaks {
+        Peaks {
+            reserved: self.reserved.min(other.reserved),
+            allocated: self.allocated.min(other.allocated),
+            device: self.device.min(other.device),
+        }
+    }
+
+    fn max_each(self, other: Peaks) -> Peaks {
+        Peaks {
+            reserved: self.reserved.max(other.reserved),
+            allocated: self.allocated.max(other.allocated),
+            device: self.device.max(other.device),
+        }
+    }
+}
+
+impl PeakRange {
+    /// The range's width is at most a tenth of `point` (a peak reserved):
+    /// narrow enough to plan with. Wider, the model is not predictable
+    /// until memlab models its ops.
+    pub fn is_narrow(&self, point: u64) -> bool {
+        self.high.reserved.saturating_sub(self.low.reserved) <= point / 10
+    }
 }
 
 /// The prediction under one setting.
@@ -362,6 +422,10 @@ pub struct SettingPrediction {
     /// With a capacity: fits, or where the step runs out; without one, set
     /// only where no card holds the step ([`Fit::NoCard`]).
     pub fit: Option<Fit>,
+    /// Where ops memlab does not model ran: the range the peaks lie in
+    /// (the figures above are its point estimate).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub range: Option<PeakRange>,
 }
 
 /// Whether the step fits a card.
@@ -390,6 +454,12 @@ pub enum Fit {
         /// The bytes the card would need beyond its memory: the least card
         /// the step fits in (to 2 MiB) less the card's.
         needing: u64,
+    },
+    /// It may or may not: the card lies inside the prediction's range, which
+    /// these ops (memlab does not model them) make.
+    MayNotFit {
+        /// The ops, by name.
+        ops: Vec<String>,
     },
     /// No card holds it: a request libtorch refuses at once (1 EiB or
     /// more), or the step's tensors pass the largest device the model takes.
@@ -422,13 +492,30 @@ pub fn predict_cuda(name: &str, snapshot: &Snapshot, options: &PredictOptions) -
         )));
     }
     let total = options.capacity.unwrap_or(MAX_CARD);
-    let AsCuda { snapshot: history, allocations, kernels, soft } =
-        as_cuda(snapshot, &additions, options.libtorch, total, &options.live_before, options.workspaces_after)
+    let history_of = |side: Option<Side>| {
+        as_cuda(snapshot, &additions, options.libtorch, total, &options.live_before, options.workspaces_after, side)
             .map_err(|e| match e {
                 Error::InvalidArgument(why) => Error::InvalidArgument(format!("{name}: {why}")),
                 other => other,
-            })?;
+            })
+    };
+    let AsCuda { snapshot: history, allocations, kernels, soft } = history_of(None)?;
     let watched = snapshot.memlab.as_ref().is_some_and(|m| m.ops.is_some());
+    // The ops memlab does not model make the prediction a range: its ends
+    // from histories of their own.
+    let ops = snapshot.memlab.as_ref().and_then(|m| m.ops.as_deref()).unwrap_or_default();
+    let cpu_trace = snapshot
+        .devices()
+        .iter()
+        .position(|n| n == "cpu")
+        .and_then(|cpu| snapshot.device_traces.get(cpu))
+        .map(Vec::as_slice)
+        .unwrap_or_default();
+    let unmodelled = super::kernels::unmodelled(cpu_trace, ops);
+    let ends = match unmodelled.is_empty() {
+        true => None,
+        false => Some((history_of(Some(Side::Low))?, history_of(Some(Side::High))?)),
+    };
     let first_us = history.device_traces[0].first().map_or(0, |e| e.time_us);
     // Where `empty_cache` runs, in a history as given (the cuDNN model
     // inserts entries, at the times of those it follows).
@@ -450,6 +537,25 @@ pub fn predict_cuda(name: &str, snapshot: &Snapshot, options: &PredictOptions) -
         let card = Card { capacity: super::ONE_EXABYTE, total: super::ONE_EXABYTE };
         let unlimited = replay_device_at(&history, 0, &config, card, &emptied(&history))?;
         let peak_device = unlimited.peak_reserved + additions.outside_allocator;
+        let peaks = |h: &Snapshot| -> Result<Peaks> {
+            let r = replay_device_at(h, 0, &config, card, &emptied(h))?;
+            Ok(Peaks {
+                reserved: r.peak_reserved,
+                allocated: r.peak_allocated,
+                device: r.peak_reserved + additions.outside_allocator,
+            })
+        };
+        // The allocator's caching is not monotonic (a block added early can
+        // leave a later segment better used): each end holds the point.
+        let point =
+            Peaks { reserved: unlimited.peak_reserved, allocated: unlimited.peak_allocated, device: peak_device };
+        let range = match &ends {
+            Some((low, high)) => {
+                let (low, high) = (peaks(&low.snapshot)?, peaks(&high.snapshot)?);
+                Some(PeakRange { low: low.min_each(point), high: high.max_each(point) })
+            }
+            None => None,
+        };
         // A request that fails on the largest card the model takes fails on
         // every card: libtorch refuses it at once (1 EiB or more), or the
         // step holds more than any device has. No cache given back helps.
@@ -457,6 +563,28 @@ pub fn predict_cuda(name: &str, snapshot: &Snapshot, options: &PredictOptions) -
             let entry = &history.device_traces[0][o.entry];
             Fit::NoCard { at_us: entry.time_us.saturating_sub(first_us), site: site(entry), requested: o.oom.requested }
         });
+        // Whether the history runs out under a limit: the allocator gives
+        // cached blocks back before it fails, and cuDNN does without a
+        // workspace it cannot have.
+        let runs_out_in = |history: &Snapshot,
+                           soft: &std::collections::HashMap<u64, super::kernels::Soft>,
+                           limit: u64|
+         -> Result<Option<(super::ReplayOom, TraceEntry)>> {
+            let card = Card { capacity: limit, total };
+            let mut cudnn = CudnnUnderLimit::new(history, soft);
+            loop {
+                let h = cudnn.history();
+                let replay = replay_device_at(h, 0, &config, card, &emptied(h))?;
+                // The attempts that fail on purpose are not the step's failure.
+                let Some(oom) = replay.ooms.into_iter().find(|o| !o.recorded) else {
+                    return Ok(None);
+                };
+                let entry = h.device_traces[0][oom.entry].clone();
+                if !cudnn.done_without(oom.entry) {
+                    return Ok(Some((oom, entry)));
+                }
+            }
+        };
         let fit = match options.capacity {
             _ if never.is_some() => never,
             None => None,
@@ -464,22 +592,7 @@ pub fn predict_cuda(name: &str, snapshot: &Snapshot, options: &PredictOptions) -
             Some(capacity) => {
                 // Under a limit the allocator gives cached blocks back before
                 // it fails: the least card is found by replaying under limits.
-                let runs_out = |limit: u64| -> Result<Option<(super::ReplayOom, TraceEntry)>> {
-                    let card = Card { capacity: limit, total };
-                    let mut cudnn = CudnnUnderLimit::new(&history, &soft);
-                    loop {
-                        let h = cudnn.history();
-                        let replay = replay_device_at(h, 0, &config, card, &emptied(h))?;
-                        // The attempts that fail on purpose are not the step's failure.
-                        let Some(oom) = replay.ooms.into_iter().find(|o| !o.recorded) else {
-                            return Ok(None);
-                        };
-                        let entry = h.device_traces[0][oom.entry].clone();
-                        if !cudnn.done_without(oom.entry) {
-                            return Ok(Some((oom, entry)));
-                        }
-                    }
-                };
+                let runs_out = |limit: u64| runs_out_in(&history, &soft, limit);
                 // The least limit, in 2 MiB steps, between one known to fail
                 // and one known to fit.
                 let least_between = |mut fails: u64, mut fits: u64| -> Result<u64> {
@@ -514,12 +627,29 @@ pub fn predict_cuda(name: &str, snapshot: &Snapshot, options: &PredictOptions) -
                 })
             }
         };
+        // With a range, "fits" holds only where its high end fits, and
+        // "does not fit" only where its low end does not.
+        let limit = options.capacity.map(|c| c.saturating_sub(additions.outside_allocator));
+        let fit = match (fit, &ends, limit) {
+            (Some(Fit::Fits { .. } | Fit::FitsGivingCacheBack { .. }), Some((_, high)), Some(limit))
+                if runs_out_in(&high.snapshot, &high.soft, limit)?.is_some() =>
+            {
+                Some(Fit::MayNotFit { ops: unmodelled.iter().map(|u| u.name.clone()).collect() })
+            }
+            (Some(Fit::DoesNotFit { .. }), Some((low, _)), Some(limit))
+                if runs_out_in(&low.snapshot, &low.soft, limit)?.is_none() =>
+            {
+                Some(Fit::MayNotFit { ops: unmodelled.iter().map(|u| u.name.clone()).collect() })
+            }
+            (fit, ..) => fit,
+        };
         out.push(SettingPrediction {
             settings: config.to_conf(),
             peak_reserved: unlimited.peak_reserved,
             peak_allocated: unlimited.peak_allocated,
             peak_device,
             fit,
+            range,
         });
     }
     Ok(CudaPrediction {
@@ -532,6 +662,8 @@ pub fn predict_cuda(name: &str, snapshot: &Snapshot, options: &PredictOptions) -
         cpu_allocations: allocations,
         cpu_step_peaks: Vec::new(),
         kernels: watched.then_some(kernels),
+        unmodelled,
+        every_op_watched: ops.iter().any(|r| !r.name.is_empty()),
     })
 }
 
@@ -632,9 +764,12 @@ const MAX_CARD: u64 = 1 << 50;
 /// The most cuBLAS handles a prediction models.
 const MAX_HANDLES: u32 = 64;
 
-/// What the prediction leaves out, each a sentence: where a CUDA run
-/// allocates otherwise than the CPU run, as measured on an H100 with
-/// libtorch 2.11 (BENCHMARKS.md has the figures).
+/// What a prediction from a recording that watched only the kinds of op
+/// memlab models (made before it watched every op) leaves out, each a
+/// sentence: where a CUDA run allocates otherwise than the CPU run, as
+/// measured on an H100 with libtorch 2.11 (BENCHMARKS.md has the figures).
+/// A recording that watched every op has its ops not modelled listed
+/// instead ([`CudaPrediction::unmodelled`]).
 pub const NOT_MODELLED: [&str; 2] = [
     "ops whose CUDA kernels allocate otherwise than their CPU kernels, besides sums, means, convolutions and \
      the backward passes of softmax and embeddings (fused attention, for one): the CPU run's allocations stand \
@@ -687,6 +822,12 @@ impl Render for CudaPrediction {
         if let Some(capacity) = self.capacity {
             doc.line(format!("On a card of {}:", Cell::bytes(capacity)));
         }
+        let ranged = self.settings.iter().any(|p| p.range.is_some());
+        if ranged {
+            columns.push(Column::new("reserved, low", Layout::Figure));
+            columns.push(Column::new("reserved, high", Layout::Figure));
+            columns.push(Column::new("device, high", Layout::Figure));
+        }
         if self.capacity.is_some() || self.settings.iter().any(|p| p.fit.is_some()) {
             columns.push(Column::new("fits?", Layout::Text));
         }
@@ -698,6 +839,13 @@ impl Render for CudaPrediction {
                 Cell::bytes(p.peak_allocated),
                 Cell::bytes(p.peak_device),
             ];
+            match &p.range {
+                Some(r) => {
+                    row.extend([Cell::bytes(r.low.reserved), Cell::bytes(r.high.reserved), Cell::bytes(r.high.device)])
+                }
+                None if ranged => row.extend([Cell::Empty, Cell::Empty, Cell::Empty]),
+                None => {}
+            }
             if let Some(fit) = &p.fit {
                 row.push(Cell::text(match fit {
                     Fit::Fits { spare } => format!("fits, {} to spare", Cell::bytes(*spare)),
@@ -711,6 +859,9 @@ impl Render for CudaPrediction {
                         site.as_ref().map_or(String::new(), |s| format!(" in {s}")),
                         Cell::bytes(*needing)
                     ),
+                    Fit::MayNotFit { ops } => {
+                        format!("may not fit: the card lies inside the range, which {} make", ops.join(", "))
+                    }
                     Fit::NoCard { at_us, site, requested } => format!(
                         "does not fit on any card: the allocation at +{:.3}s{} asks {} ({requested} bytes){}",
                         *at_us as f64 / 1e6,
@@ -731,6 +882,42 @@ impl Render for CudaPrediction {
         doc.table(table);
         for n in &self.notes {
             doc.note(format!("Read as {} reads it: {n}.", self.libtorch));
+        }
+        if !self.unmodelled.is_empty() {
+            doc.caution(
+                "Ops ran whose CUDA allocations memlab does not model: each figure is a range. At its low end they \
+                 add nothing on CUDA and what their CPU kernels made for themselves is not made there; at its high \
+                 end each adds what its rule bounds. \"fits\" holds only where the high end fits.",
+            );
+            let mut ops = Table::new(vec![
+                Column::new("op not modelled", Layout::Text),
+                Column::new("runs", Layout::Figure),
+                Column::new("may add (one run)", Layout::Figure),
+                Column::new("CPU's own (one run)", Layout::Figure),
+                Column::new("rule", Layout::Text),
+            ]);
+            for u in &self.unmodelled {
+                ops.row(vec![
+                    Cell::text(u.name.clone()),
+                    Cell::count(u.runs),
+                    Cell::bytes(u.may_add),
+                    Cell::bytes(u.cpu_own),
+                    Cell::text(u.rule.clone()),
+                ]);
+            }
+            doc.table(ops);
+            for p in &self.settings {
+                if let Some(r) = p.range.filter(|r| !r.is_narrow(p.peak_reserved)) {
+                    doc.caution(format!(
+                        "{}: the range ({} to {} reserved) is wider than a tenth of the estimate, so this step is \
+                         not predictable from a CPU run until memlab models {}.",
+                        if p.settings.is_empty() { "default" } else { &p.settings },
+                        Cell::bytes(r.low.reserved),
+                        Cell::bytes(r.high.reserved),
+                        self.unmodelled.iter().map(|u| u.name.as_str()).collect::<Vec<_>>().join(", ")
+                    ));
+                }
+            }
         }
         if self.cpu_allocations == 0 {
             doc.caution(
@@ -804,8 +991,16 @@ impl Render for CudaPrediction {
                 doc.note(format!("Not modelled: {NOT_WATCHED}."));
             }
         }
-        for n in NOT_MODELLED {
-            doc.note(format!("Not modelled: {n}."));
+        if self.every_op_watched {
+            doc.note(
+                "Every aten op that allocated was watched and looked up in memlab's table of ops \
+                 (memlab_core::ops::table): those it does not model are listed above, none where the figures are a \
+                 point.",
+            );
+        } else {
+            for n in NOT_MODELLED {
+                doc.note(format!("Not modelled: {n}."));
+            }
         }
         doc
     }
@@ -879,7 +1074,7 @@ mod tests {
     fn a_workspace_that_cannot_be_had_is_done_without() {
         let snapshot = fixture("conv_256_cpu.pickle");
         let additions = CudaAdditions::default();
-        let history = as_cuda(&snapshot, &additions, Libtorch::V2_11, 80 << 30, &[], None).unwrap();
+        let history = as_cuda(&snapshot, &additions, Libtorch::V2_11, 80 << 30, &[], None, None).unwrap();
         assert_eq!(history.soft.len(), history.kernels.workspaces, "every cuDNN workspace may be done without");
         let config = super::super::AllocatorConfig::default();
         // The least limit of a history, in 2 MiB steps.
@@ -997,12 +1192,14 @@ mod tests {
                 .map(|(i, e)| (i, e.size))
                 .collect::<Vec<_>>()
         };
-        let after =
-            as_cuda(&snapshot, &additions, Libtorch::V2_11, 80 << 30, &[weight, gradient], Some(1)).unwrap().snapshot;
+        let after = as_cuda(&snapshot, &additions, Libtorch::V2_11, 80 << 30, &[weight, gradient], Some(1), None)
+            .unwrap()
+            .snapshot;
         assert_eq!(sizes(&after, 5), [4 * MIB, 32 * MIB, MIB, 4 * MIB, 32 * MIB]);
         assert_eq!(workspaces(&after), [(1, 32 * MIB), (2, MIB), (4, 32 * MIB)]);
-        let fresh =
-            as_cuda(&snapshot, &additions, Libtorch::V2_11, 80 << 30, &[weight, gradient], None).unwrap().snapshot;
+        let fresh = as_cuda(&snapshot, &additions, Libtorch::V2_11, 80 << 30, &[weight, gradient], None, None)
+            .unwrap()
+            .snapshot;
         let made = workspaces(&fresh);
         assert_eq!(made.iter().map(|w| w.1).collect::<Vec<_>>(), [32 * MIB, MIB, 32 * MIB]);
         assert!(made.iter().all(|&(i, _)| i > 2), "made by the history's products: {made:?}");
@@ -1128,6 +1325,68 @@ mod tests {
             allocator_settings: None,
             memlab: Some(SnapshotInfo { devices: vec!["cpu".into()], ..SnapshotInfo::default() }),
         }
+    }
+
+    /// An op outside memlab's table of ops (or one the table does not
+    /// model) makes the prediction a range: at its low end the op's own
+    /// temporaries on the CPU are not made, at its high end it holds a
+    /// workspace of its tensor arguments and outputs; "fits" only where the
+    /// high end fits, "may not fit" inside the range. An op the table knows
+    /// allocates the same on both devices leaves the prediction a point.
+    #[test]
+    fn an_op_outside_the_table_makes_a_range_and_the_verdict_follows_it() {
+        use crate::ops::{Op, OpRecord, TensorArgs};
+        let mut snapshot = cpu(&[
+            (Action::Alloc, 1 << 40, 8 * MIB),
+            (Action::Alloc, 2 << 40, 40 * MIB),
+            (Action::FreeRequested, 2 << 40, 40 * MIB),
+            (Action::Alloc, 3 << 40, 16 * MIB),
+            (Action::Alloc, 4 << 40, 4 * MIB),
+            (Action::FreeRequested, 3 << 40, 16 * MIB),
+            (Action::FreeRequested, 4 << 40, 4 * MIB),
+        ]);
+        let op = |name: &str| OpRecord {
+            name: name.into(),
+            tensors: Some(TensorArgs { count: 1, bytes: 8 * MIB, first: Vec::new() }),
+            ..OpRecord::new(1, 3, Op::Other)
+        };
+        let predict = |snapshot: &Snapshot, capacity: Option<u64>| {
+            predict_cuda("op", snapshot, &PredictOptions { capacity, ..PredictOptions::default() }).unwrap()
+        };
+        snapshot.memlab.as_mut().unwrap().ops = Some(vec![op("add")]);
+        let known = predict(&snapshot, None);
+        assert!(known.unmodelled.is_empty() && known.settings[0].range.is_none(), "{known}");
+
+        snapshot.memlab.as_mut().unwrap().ops = Some(vec![op("a_kernel_nobody_listed")]);
+        let p = predict(&snapshot, None);
+        let u = &p.unmodelled[..];
+        assert_eq!(u.len(), 1, "{p}");
+        assert_eq!(
+            (u[0].name.as_str(), u[0].runs, u[0].may_add, u[0].cpu_own),
+            ("a_kernel_nobody_listed", 1, 24 * MIB, 40 * MIB)
+        );
+        let s = &p.settings[0];
+        let r = s.range.unwrap();
+        // The same workspaces everywhere: the ends differ by the op alone.
+        assert_eq!(s.peak_allocated - r.low.allocated, 20 * MIB, "48 MiB at the peak, 28 without the op's own 40");
+        assert_eq!(r.high.allocated - s.peak_allocated, 24 * MIB, "its workspace beside its own 40 MiB");
+        assert!(r.low.reserved <= s.peak_reserved && s.peak_reserved <= r.high.reserved, "{p}");
+        let text = p.to_text();
+        assert!(text.contains("a_kernel_nobody_listed") && text.contains("reserved, high"), "{text}");
+        let json: serde_json::Value = serde_json::from_str(&p.to_json()).unwrap();
+        assert_eq!(json["settings"][0]["range"]["high"]["allocated"], serde_json::json!(r.high.allocated));
+        assert_eq!(json["unmodelled"][0]["name"], "a_kernel_nobody_listed");
+
+        // Inside the range: may not fit, naming the op; above it: fits.
+        let inside = s.peak_device + (r.high.device - s.peak_device) / 2;
+        let p = predict(&snapshot, Some(inside));
+        assert_eq!(p.settings[0].fit, Some(Fit::MayNotFit { ops: vec!["a_kernel_nobody_listed".into()] }), "{p}");
+        assert!(p.to_text().contains("may not fit"), "{p}");
+        let p = predict(&snapshot, Some(r.high.device));
+        assert!(matches!(p.settings[0].fit, Some(Fit::Fits { .. })), "{p}");
+        // Below the low end: does not fit.
+        let p = predict(&snapshot, Some(r.low.device - 4 * MIB));
+        assert!(matches!(p.settings[0].fit, Some(Fit::DoesNotFit { .. })), "{p}");
     }
 
     /// An allocation no card serves (libtorch refuses 1 EiB or more at

@@ -9,6 +9,7 @@ use std::collections::HashMap;
 
 use crate::events::Action;
 use crate::export::TraceEntry;
+use crate::ops::table::{Bound, Class};
 use crate::ops::{Convolution, EmbeddingBackward, Op, OpRecord};
 
 use super::reduction::{staging, ReductionDevice};
@@ -301,7 +302,13 @@ pub enum Computing {
 
 /// The plan for `trace` (one device's events, in order) and the ops watched
 /// while it was recorded.
-pub(super) fn plan(trace: &[TraceEntry], ops: &[OpRecord], device: ReductionDevice, libtorch: Libtorch) -> Plan {
+pub(super) fn plan(
+    trace: &[TraceEntry],
+    ops: &[OpRecord],
+    device: ReductionDevice,
+    libtorch: Libtorch,
+    side: Option<Side>,
+) -> Plan {
     let mut plan = Plan {
         dropped: vec![false; trace.len()],
         temporaries: Vec::new(),
@@ -446,8 +453,173 @@ pub(super) fn plan(trace: &[TraceEntry], ops: &[OpRecord], device: ReductionDevi
             *slot = Some(after(r, &output, 1));
         }
     }
+    if let Some(side) = side {
+        bound(&mut plan, trace, ops, &freed_at, side);
+    }
     plan.temporaries.sort_by_key(|t| t.after);
     plan
+}
+
+/// Which end of a prediction's range a history is made for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Side {
+    /// The ops memlab does not model add nothing on CUDA, and their CPU
+    /// kernels' own temporaries are not made there.
+    Low,
+    /// Each op memlab does not model adds what its rule bounds.
+    High,
+}
+
+/// An op memlab does not model, as a prediction's range counts it: the
+/// runs of one op, by name.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Unmodelled {
+    /// The aten op (`lstm`), or a convolution that memlab does not model
+    /// (`convolution (transposed)`).
+    pub name: String,
+    /// How many times it ran.
+    pub runs: u64,
+    /// What one run may add on CUDA at most, by its rule: the largest of
+    /// its runs', in bytes.
+    pub may_add: u64,
+    /// What its CPU kernel made and freed for itself in one run, at most,
+    /// which CUDA may not make, in bytes.
+    pub cpu_own: u64,
+    /// The rule ([`crate::ops::table::Bound::rule`]).
+    pub rule: String,
+}
+
+/// The outermost runs of the ops memlab does not model (an op inside
+/// another is the outer one's, and one inside an op whose CUDA kernel
+/// memlab models with its details, a convolution's oneDNN kernel say, is
+/// that op's), each with its bound's rule.
+fn unmodelled_runs(ops: &[OpRecord]) -> Vec<(&OpRecord, Bound)> {
+    let mut runs: Vec<(&OpRecord, Bound)> = Vec::new();
+    let mut order: Vec<&OpRecord> = ops.iter().collect();
+    order.sort_by_key(|r| r.start_us);
+    let mut outer_end: Option<u64> = None;
+    let mut modelled_end: Option<u64> = None;
+    for r in order {
+        let end = r.end_us.max(r.start_us);
+        let inside = |outer: Option<u64>| outer.is_some_and(|outer| r.start_us <= outer);
+        let class = crate::ops::table::class_of(r);
+        if class == Class::Modelled && !matches!(r.op, Op::Other | Op::Matmul { .. }) && !inside(modelled_end) {
+            modelled_end = Some(end);
+        }
+        let Class::NotModelled(bound) = class else { continue };
+        if inside(outer_end) || inside(modelled_end) {
+            continue;
+        }
+        outer_end = Some(end);
+        runs.push((r, bound));
+    }
+    runs
+}
+
+/// The name a prediction gives an op memlab does not model.
+fn unmodelled_name(r: &OpRecord) -> String {
+    match &r.op {
+        Op::Convolution(c) => format!("convolution{} (transposed)", if c.backward { "_backward" } else { "" }),
+        _ if r.name.is_empty() => "an op without a name".to_string(),
+        _ => r.name.clone(),
+    }
+}
+
+/// The runs of ops memlab does not model in `trace`, by name, in the order
+/// each first ran.
+pub fn unmodelled(trace: &[TraceEntry], ops: &[OpRecord]) -> Vec<Unmodelled> {
+    let freed_at = freed_at(trace);
+    let mut out: Vec<Unmodelled> = Vec::new();
+    for (r, bound) in unmodelled_runs(ops) {
+        let (own, may_add) = bounds_of(trace, r, &freed_at, bound);
+        let name = unmodelled_name(r);
+        match out.iter_mut().find(|u| u.name == name) {
+            Some(u) => {
+                u.runs += 1;
+                u.may_add = u.may_add.max(may_add);
+                u.cpu_own = u.cpu_own.max(own);
+            }
+            None => out.push(Unmodelled { name, runs: 1, may_add, cpu_own: own, rule: bound.rule().to_string() }),
+        }
+    }
+    out
+}
+
+/// One run's CPU-own bytes (made and freed inside it) and what it may add
+/// on CUDA by its rule: its tensor arguments' and outputs' bytes, once for
+/// a workspace, twice with a reserve.
+fn bounds_of(trace: &[TraceEntry], r: &OpRecord, freed_at: &[usize], bound: Bound) -> (u64, u64) {
+    let range = window(trace, r);
+    let (mut own, mut kept) = (0u64, 0u64);
+    for i in range.clone().filter(|&i| trace[i].action == Action::Alloc) {
+        if freed_at[i] < range.end {
+            own = own.saturating_add(trace[i].size);
+        } else {
+            kept = kept.saturating_add(trace[i].size);
+        }
+    }
+    let arguments = match (&r.tensors, &r.op) {
+        (Some(t), _) => t.bytes,
+        (None, Op::Convolution(c)) => c.bytes().0.saturating_add(c.bytes().1),
+        (None, _) => 0,
+    };
+    let each = arguments.saturating_add(kept);
+    let times = match bound {
+        Bound::Workspace => 1,
+        Bound::WorkspaceAndReserve => 2,
+    };
+    (own, each.saturating_mul(times))
+}
+
+/// Lives numbered from here are the range's, apart from the kernels'.
+const RANGE_LIVES: u32 = 1 << 30;
+
+/// Changes `plan` for one end of the range: at the low end, the CPU
+/// kernels' own temporaries of the ops memlab does not model go; at the
+/// high end, each run holds a workspace of its rule's size while it runs
+/// and, with a reserve, one more kept until its longest-lived output is
+/// freed (for the rest of the history where one never is).
+fn bound(plan: &mut Plan, trace: &[TraceEntry], ops: &[OpRecord], freed_at: &[usize], side: Side) {
+    let mut life = RANGE_LIVES;
+    for (r, bound) in unmodelled_runs(ops) {
+        let range = window(trace, r);
+        match side {
+            Side::Low => {
+                for i in range.clone() {
+                    if trace[i].action == Action::Alloc && !plan.dropped[i] && freed_at[i] < range.end {
+                        plan.dropped[i] = true;
+                        plan.dropped[freed_at[i]] = true;
+                    }
+                }
+            }
+            Side::High => {
+                let (_, may_add) = bounds_of(trace, r, freed_at, bound);
+                let bytes = match bound {
+                    Bound::Workspace => may_add,
+                    Bound::WorkspaceAndReserve => may_add / 2,
+                };
+                if bytes == 0 || trace.is_empty() {
+                    continue;
+                }
+                let first = range.start.saturating_sub(1).min(trace.len() - 1);
+                let last = range.end.saturating_sub(1).max(first).min(trace.len() - 1);
+                let mut hold = |after_open: usize, after_close: Option<usize>| {
+                    life += 1;
+                    plan.temporaries.push(Temporary { after: after_open, bytes, soft: None, life: Life::Opens(life) });
+                    if let Some(after) = after_close {
+                        plan.temporaries.push(Temporary { after, bytes, soft: None, life: Life::Closes(life) });
+                    }
+                };
+                hold(first, Some(last));
+                if bound == Bound::WorkspaceAndReserve {
+                    let outputs =
+                        range.clone().filter(|&i| trace[i].action == Action::Alloc && freed_at[i] >= range.end);
+                    let freed = outputs.map(|i| freed_at[i]).max();
+                    hold(first, freed.filter(|&f| f != usize::MAX));
+                }
+            }
+        }
+    }
 }
 
 /// A kernel's temporaries in the order it makes and frees them: each one's
@@ -614,7 +786,7 @@ mod tests {
     }
 
     fn record(start_us: u64, end_us: u64, op: Op) -> OpRecord {
-        OpRecord { start_us, end_us, op }
+        OpRecord::new(start_us, end_us, op)
     }
 
     /// Forward: the CPU convolution's scratch (allocated and freed inside
@@ -644,7 +816,7 @@ mod tests {
             record(30, 34, Op::Convolution(backward)),
             record(20, 20, Op::Reduction(Reduction { shape: vec![8], strides: vec![1], element_size: 4, reduced: 1 })),
         ];
-        let plan = plan(&trace, &ops, ReductionDevice::H100, Libtorch::V2_11);
+        let plan = plan(&trace, &ops, ReductionDevice::H100, Libtorch::V2_11, None);
         assert_eq!(plan.dropped, [false, true, true, false, false, false, false, true, true]);
         let measured = H100_MEASURED.iter().find(|m| m.n == 256 && m.c_in == 64).unwrap();
         let bias_sum = staging(&conv(true, 256, 64, 128, 32, 3, 7).bias_gradient_sum().unwrap(), ReductionDevice::H100);
@@ -689,7 +861,7 @@ mod tests {
             record(45, 60, Op::Convolution(conv(true, 2, 3, 4, 8, 3, 3))),
             record(50, 50, Op::Reduction(big_sum)),
         ];
-        let plan = plan(&trace, &ops, ReductionDevice::H100, Libtorch::V2_11);
+        let plan = plan(&trace, &ops, ReductionDevice::H100, Libtorch::V2_11, None);
         assert_eq!(plan.first_matmul, [Some(1), Some(3)]);
         assert_eq!(plan.modelled.reductions, 0, "the sum inside the convolution is not counted twice");
     }
@@ -703,7 +875,7 @@ mod tests {
         use Action::Alloc;
         let trace = vec![event(Alloc, 1, 64, 5), event(Alloc, 2, 111_149_056, 10), event(Alloc, 3, 4096, 20)];
         let ops = [record(9, 12, Op::SoftmaxBackward { shape: vec![53, 8, 256, 256], element_size: 4 })];
-        let plan = plan(&trace, &ops, ReductionDevice::H100, Libtorch::V2_11);
+        let plan = plan(&trace, &ops, ReductionDevice::H100, Libtorch::V2_11, None);
         let temporaries: Vec<(usize, u64, bool)> =
             plan.temporaries.iter().map(|t| (t.after, t.bytes, t.soft.is_some())).collect();
         assert_eq!(temporaries, [(1, 111_149_056, false)]);
@@ -787,7 +959,7 @@ mod tests {
             event(Free, 5, 32_768, 23),
         ];
         let ops = [record(10, 12, Op::EmbeddingBackward(e.clone())), record(21, 23, Op::EmbeddingBackward(e.clone()))];
-        let plan = plan(&trace, &ops, ReductionDevice::H100, Libtorch::V2_11);
+        let plan = plan(&trace, &ops, ReductionDevice::H100, Libtorch::V2_11, None);
         assert_eq!(plan.dropped, [false, true, false, true, false, true, false, true]);
         let (before, after) = embedding_backward_temporaries(&e);
         let of = |t: &[Temporary], at: usize| {

@@ -66,13 +66,13 @@ pub use allocator::{
 pub(crate) use as_cuda::site;
 pub use as_cuda::{
     check_settings, check_settings_as, cpu_history_as_cuda, predict_cuda, CudaAdditions, CudaPrediction, Fit,
-    PredictOptions, SettingPrediction, NOT_MODELLED, NOT_WATCHED,
+    PeakRange, Peaks, PredictOptions, SettingPrediction, NOT_MODELLED, NOT_WATCHED,
 };
 pub use compare::{replay_snapshot, DeviceReplays, ReplayOptions, Replayed, COMPARED};
 pub use config::{AllocatorConfig, ReadSettings, DIVISION_BUCKETS, MAX_MB, MIB, MIN_LARGE_ALLOC, ONE_EXABYTE};
 pub use kernels::{
-    cudnn_workspaces, embedding_backward_temporaries, scratch_of_ops, Computing, KernelSteps, KernelsModelled, Life,
-    Measured, Workspace, H100_MEASURED,
+    cudnn_workspaces, embedding_backward_temporaries, scratch_of_ops, unmodelled, Computing, KernelSteps,
+    KernelsModelled, Life, Measured, Unmodelled, Workspace, H100_MEASURED,
 };
 pub use reduction::{staging as reduction_staging, ReductionDevice};
 pub use run::{replay_device, replay_device_at, AtPeak, Card, DeviceReplay, Mismatch, ReplayOom, OOMS_KEPT};
