@@ -11,12 +11,12 @@
 
 use std::collections::BTreeMap;
 
-use memlab_core::events::Action;
+use memlab_core::export::ops::allocated_by_name;
 use memlab_core::export::Snapshot;
 use memlab_core::ops::table::{class_of, Class};
-use memlab_core::ops::{innermost, OpRecord};
+use memlab_core::ops::OpRecord;
 
-/// Per op name: runs, and bytes allocated while it was innermost.
+/// Per op name: runs, bytes allocated while it was innermost, and class.
 type PerOp = BTreeMap<String, (u64, u64, Class)>;
 
 fn per_op(path: &str) -> Result<PerOp, Box<dyn std::error::Error>> {
@@ -24,21 +24,14 @@ fn per_op(path: &str) -> Result<PerOp, Box<dyn std::error::Error>> {
     let ops: Vec<OpRecord> = snapshot.memlab.as_ref().and_then(|m| m.ops.clone()).ok_or_else(|| {
         format!("{path}: the recording did not watch its ops (record with `Settings::ops`, as zoo --out does)")
     })?;
-    let mut out = PerOp::new();
-    for r in &ops {
-        let name = if r.name.is_empty() { format!("{:?}", r.op) } else { r.name.clone() };
-        out.entry(name).or_insert((0, 0, class_of(r))).0 += 1;
-    }
-    for trace in &snapshot.device_traces {
-        for (e, op) in trace.iter().zip(innermost(trace, &ops)) {
-            if let (Action::Alloc, Some(op)) = (e.action, op) {
-                let r = &ops[op];
-                let name = if r.name.is_empty() { format!("{:?}", r.op) } else { r.name.clone() };
-                out.entry(name).or_insert((0, 0, class_of(r))).1 += e.size;
-            }
-        }
-    }
-    Ok(out)
+    let classes: BTreeMap<String, Class> = ops.iter().map(|r| (r.name.clone(), class_of(r))).collect();
+    Ok(allocated_by_name(&snapshot.device_traces, &ops)
+        .into_iter()
+        .map(|(name, (runs, bytes))| {
+            let class = classes.get(&name).copied().unwrap_or(Class::Modelled);
+            (name, (runs, bytes, class))
+        })
+        .collect())
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {

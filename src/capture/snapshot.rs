@@ -150,7 +150,7 @@ pub(crate) fn capture(sources: &Model) -> Result<Snapshot> {
     let mut devices: Vec<String> = (0..cuda_devices).map(|i| Device::Cuda(i).to_string()).collect();
     devices.push(Device::Cpu.to_string());
     let (allocator_settings, device_memory) = cuda_allocators(cuda_devices);
-    let ops = memlab_tch::ops::watched().map(|ops| memlab_core::ops::that_allocate(ops, &traces));
+    let ops = memlab_tch::ops::watched().map(|ops| memlab_core::export::ops::that_allocate(ops, &traces));
     Ok(Snapshot {
         segments,
         device_traces: traces,

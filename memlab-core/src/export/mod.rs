@@ -14,6 +14,7 @@
 pub mod analysis;
 pub mod frames;
 mod html;
+pub mod ops;
 mod pickle;
 mod read;
 mod snapshot;
