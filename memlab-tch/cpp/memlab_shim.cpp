@@ -792,7 +792,10 @@ void name_and_tensors(const char* op_name, c10::ArrayRef<const c10::IValue> inpu
   std::strncpy(op->name, op_name, sizeof(op->name) - 1);
   auto add = [op](const at::Tensor& t) {
     const int32_t i = op->tensors++;
-    if (t.defined()) {
+    // A sparse or nested tensor has no strided sizes and no nbytes(): it is
+    // counted, without its bytes or shape.
+    const bool strided = t.defined() && t.layout() == at::kStrided && !t.is_nested();
+    if (strided) {
       op->tensor_bytes += static_cast<uint64_t>(t.nbytes());
     }
     if (i >= MEMLAB_OP_MAX_TENSORS) {
@@ -803,7 +806,8 @@ void name_and_tensors(const char* op_name, c10::ArrayRef<const c10::IValue> inpu
       return;
     }
     op->tensor_dtype[i] = static_cast<int32_t>(t.scalar_type());
-    op->tensor_ndim[i] = copy_dims(t.sizes(), op->tensor_shape[i]) ? static_cast<int32_t>(t.dim()) : -1;
+    op->tensor_ndim[i] =
+        strided && copy_dims(t.sizes(), op->tensor_shape[i]) ? static_cast<int32_t>(t.dim()) : -1;
   };
   for (const c10::IValue& value : inputs) {
     if (value.isTensor()) {

@@ -415,6 +415,11 @@ typedef struct memlab_op {
   int64_t tensor_shape[MEMLAB_OP_MAX_TENSORS][MEMLAB_OP_MAX_DIMS];
   uint64_t tensor_bytes;
 } memlab_op;
+#ifdef __cplusplus
+static_assert(sizeof(memlab_op) == 888, "memlab_op's layout is memlab-tch's ffi::Op's");
+static_assert(offsetof(memlab_op, name) == 520 && offsetof(memlab_op, tensor_shape) == 624,
+              "memlab_op's layout is memlab-tch's ffi::Op's");
+#endif
 
 // Called on the op's thread when a watched op begins (`op`, with its `id`)
 // and when it ends (`op` NULL, the same `id`); it must not throw.

@@ -125,6 +125,10 @@ pub struct Op {
     pub tensor_bytes: u64,
 }
 
+// The shim's memlab_op, field for field (memlab_shim.h asserts the same).
+const _: () = assert!(size_of::<Op>() == 888);
+const _: () = assert!(std::mem::offset_of!(Op, name) == 520 && std::mem::offset_of!(Op, tensor_shape) == 624);
+
 /// `MEMLAB_OP_REDUCTION`, `MEMLAB_OP_CONVOLUTION`, `MEMLAB_OP_CONVOLUTION_BACKWARD`.
 pub const OP_REDUCTION: i32 = 1;
 pub const OP_CONVOLUTION: i32 = 2;

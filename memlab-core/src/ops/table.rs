@@ -155,7 +155,12 @@ pub const TABLE: &[Entry] = &[
     same("diagonal", VIEW),
     same("div", ELEMENTWISE),
     modelled("dot", MATMUL),
-    same("dropout", ELEMENTWISE),
+    not_modelled(
+        "dropout",
+        Bound::Workspace,
+        "the CPU keeps a noise tensor of the input's type for the backward pass, CUDA's fused kernel a mask of one \
+         byte an element",
+    ),
     same("embedding", LAYOUT),
     modelled(
         "embedding_dense_backward",
@@ -291,7 +296,12 @@ pub fn entry(name: &str) -> Option<&'static Entry> {
 pub fn class_of(record: &OpRecord) -> Class {
     match &record.op {
         Op::Convolution(c) if c.transposed => Class::NotModelled(Bound::Workspace),
-        Op::Other => entry(&record.name).map_or(Class::NotModelled(Bound::Workspace), |e| e.class),
+        // An op of a modelled kind whose details could not be read (more
+        // than eight dimensions, say) is not modelled.
+        Op::Other => match entry(&record.name).map(|e| e.class) {
+            Some(Class::Modelled) | None => Class::NotModelled(Bound::Workspace),
+            Some(class) => class,
+        },
         _ => Class::Modelled,
     }
 }
@@ -318,5 +328,7 @@ mod tests {
         assert_eq!(class_of(&other("lstm")), Class::NotModelled(Bound::WorkspaceAndReserve));
         assert_eq!(class_of(&other("a_kernel_nobody_listed")), Class::NotModelled(Bound::Workspace));
         assert_eq!(class_of(&OpRecord::new(0, 1, Op::Matmul { in_backward: false })), Class::Modelled);
+        // A sum whose details could not be read is not modelled.
+        assert_eq!(class_of(&other("sum")), Class::NotModelled(Bound::Workspace));
     }
 }

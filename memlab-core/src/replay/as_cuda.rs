@@ -156,8 +156,9 @@ fn as_cuda(
             }
         }
     }
-    // Addresses no CPU allocation has: the top of the address space.
-    let mut workspace_address = u64::MAX - (1 << 40);
+    // Addresses no CPU allocation has (user space ends below 2^57), with
+    // room for 2^30 blocks of up to 4 GiB apart.
+    let mut workspace_address = WORKSPACE_ADDRESSES;
     let mut workspace = |size: u64| {
         workspace_address += 1 << 32;
         block(workspace_address, size)
@@ -627,10 +628,14 @@ pub fn predict_cuda(name: &str, snapshot: &Snapshot, options: &PredictOptions) -
                 })
             }
         };
-        // With a range, "fits" holds only where its high end fits, and
-        // "does not fit" only where its low end does not.
+        // With a range, "fits" holds only where its high end fits (with what
+        // is left at the high end to spare), and "does not fit" only where
+        // its low end does not.
         let limit = options.capacity.map(|c| c.saturating_sub(additions.outside_allocator));
         let fit = match (fit, &ends, limit) {
+            (Some(Fit::Fits { .. }), Some(_), Some(_)) if range.is_some_and(|r| r.high.device <= total) => {
+                Some(Fit::Fits { spare: total - range.map_or(peak_device, |r| r.high.device) })
+            }
             (Some(Fit::Fits { .. } | Fit::FitsGivingCacheBack { .. }), Some((_, high)), Some(limit))
                 if runs_out_in(&high.snapshot, &high.soft, limit)?.is_some() =>
             {
@@ -760,6 +765,9 @@ const STEP: u64 = 2 * MIB;
 /// The largest card a prediction takes (1 PiB): far above any device, and
 /// far below where the allocator model's address arithmetic would overflow.
 const MAX_CARD: u64 = 1 << 50;
+
+/// Where the addresses of the blocks a prediction adds begin.
+const WORKSPACE_ADDRESSES: u64 = 1 << 62;
 
 /// The most cuBLAS handles a prediction models.
 const MAX_HANDLES: u32 = 64;
@@ -1188,7 +1196,7 @@ mod tests {
             t.iter()
                 .enumerate()
                 .filter(|(_, e)| e.action == Action::Alloc)
-                .filter(|(_, e)| e.addr.is_some_and(|a| a > u64::MAX - (1 << 40) && !freed.contains(&a)))
+                .filter(|(_, e)| e.addr.is_some_and(|a| a > WORKSPACE_ADDRESSES && !freed.contains(&a)))
                 .map(|(i, e)| (i, e.size))
                 .collect::<Vec<_>>()
         };

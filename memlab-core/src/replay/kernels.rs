@@ -614,8 +614,12 @@ fn bound(plan: &mut Plan, trace: &[TraceEntry], ops: &[OpRecord], freed_at: &[us
                 if bound == Bound::WorkspaceAndReserve {
                     let outputs =
                         range.clone().filter(|&i| trace[i].action == Action::Alloc && freed_at[i] >= range.end);
-                    let freed = outputs.map(|i| freed_at[i]).max();
-                    hold(first, freed.filter(|&f| f != usize::MAX));
+                    // No output made inside it: the reserve goes with the op.
+                    let freed = match outputs.map(|i| freed_at[i]).max() {
+                        None => Some(last),
+                        Some(f) => (f != usize::MAX).then_some(f),
+                    };
+                    hold(first, freed);
                 }
             }
         }
