@@ -104,6 +104,8 @@ struct AsCuda {
     allocations: u64,
     kernels: KernelsModelled,
     soft: std::collections::HashMap<u64, super::kernels::Soft>,
+    /// The ops that ran whose CUDA allocations memlab does not model.
+    unmodelled: Vec<Unmodelled>,
 }
 
 fn as_cuda(
@@ -279,7 +281,9 @@ fn as_cuda(
         }),
     };
     let allocations = trace.iter().filter(|e| e.action == Action::Alloc).count() as u64;
-    Ok(AsCuda { snapshot: cuda, allocations, kernels: plan.modelled, soft })
+    // The point's history lists them; a range's ends are made for them.
+    let unmodelled = if side.is_none() { super::kernels::unmodelled(trace, ops) } else { Vec::new() };
+    Ok(AsCuda { snapshot: cuda, allocations, kernels: plan.modelled, soft, unmodelled })
 }
 
 /// What to predict for: [`predict_cuda`]'s options, `memlab replay
@@ -500,19 +504,10 @@ pub fn predict_cuda(name: &str, snapshot: &Snapshot, options: &PredictOptions) -
                 other => other,
             })
     };
-    let AsCuda { snapshot: history, allocations, kernels, soft } = history_of(None)?;
+    let AsCuda { snapshot: history, allocations, kernels, soft, unmodelled } = history_of(None)?;
     let watched = snapshot.memlab.as_ref().is_some_and(|m| m.ops.is_some());
     // The ops memlab does not model make the prediction a range: its ends
     // from histories of their own.
-    let ops = snapshot.memlab.as_ref().and_then(|m| m.ops.as_deref()).unwrap_or_default();
-    let cpu_trace = snapshot
-        .devices()
-        .iter()
-        .position(|n| n == "cpu")
-        .and_then(|cpu| snapshot.device_traces.get(cpu))
-        .map(Vec::as_slice)
-        .unwrap_or_default();
-    let unmodelled = super::kernels::unmodelled(cpu_trace, ops);
     let ends = match unmodelled.is_empty() {
         true => None,
         false => Some((history_of(Some(Side::Low))?, history_of(Some(Side::High))?)),
@@ -634,7 +629,7 @@ pub fn predict_cuda(name: &str, snapshot: &Snapshot, options: &PredictOptions) -
         let limit = options.capacity.map(|c| c.saturating_sub(additions.outside_allocator));
         let fit = match (fit, &ends, limit) {
             (Some(Fit::Fits { .. }), Some(_), Some(_)) if range.is_some_and(|r| r.high.device <= total) => {
-                Some(Fit::Fits { spare: total - range.map_or(peak_device, |r| r.high.device) })
+                Some(Fit::Fits { spare: total - range.map_or(0, |r| r.high.device) })
             }
             (Some(Fit::Fits { .. } | Fit::FitsGivingCacheBack { .. }), Some((_, high)), Some(limit))
                 if runs_out_in(&high.snapshot, &high.soft, limit)?.is_some() =>
@@ -668,7 +663,11 @@ pub fn predict_cuda(name: &str, snapshot: &Snapshot, options: &PredictOptions) -
         cpu_step_peaks: Vec::new(),
         kernels: watched.then_some(kernels),
         unmodelled,
-        every_op_watched: ops.iter().any(|r| !r.name.is_empty()),
+        every_op_watched: snapshot
+            .memlab
+            .as_ref()
+            .and_then(|m| m.ops.as_deref())
+            .is_some_and(|ops| ops.iter().any(|r| !r.name.is_empty())),
     })
 }
 

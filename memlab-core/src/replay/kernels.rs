@@ -531,7 +531,11 @@ pub fn unmodelled(trace: &[TraceEntry], ops: &[OpRecord]) -> Vec<Unmodelled> {
     let freed_at = freed_at(trace);
     let mut out: Vec<Unmodelled> = Vec::new();
     for (r, bound) in unmodelled_runs(ops) {
-        let (own, may_add) = bounds_of(trace, r, &freed_at, bound);
+        let (own, each) = bounds_of(trace, r, &freed_at);
+        let may_add = match bound {
+            Bound::Workspace => each,
+            Bound::WorkspaceAndReserve => each.saturating_mul(2),
+        };
         let name = unmodelled_name(r);
         match out.iter_mut().find(|u| u.name == name) {
             Some(u) => {
@@ -545,10 +549,10 @@ pub fn unmodelled(trace: &[TraceEntry], ops: &[OpRecord]) -> Vec<Unmodelled> {
     out
 }
 
-/// One run's CPU-own bytes (made and freed inside it) and what it may add
-/// on CUDA by its rule: its tensor arguments' and outputs' bytes, once for
-/// a workspace, twice with a reserve.
-fn bounds_of(trace: &[TraceEntry], r: &OpRecord, freed_at: &[usize], bound: Bound) -> (u64, u64) {
+/// One run's CPU-own bytes (made and freed inside it), and what each of
+/// its rule's blocks may take on CUDA: its tensor arguments' and outputs'
+/// bytes.
+fn bounds_of(trace: &[TraceEntry], r: &OpRecord, freed_at: &[usize]) -> (u64, u64) {
     let range = window(trace, r);
     let (mut own, mut kept) = (0u64, 0u64);
     for i in range.clone().filter(|&i| trace[i].action == Action::Alloc) {
@@ -563,12 +567,7 @@ fn bounds_of(trace: &[TraceEntry], r: &OpRecord, freed_at: &[usize], bound: Boun
         (None, Op::Convolution(c)) => c.bytes().0.saturating_add(c.bytes().1),
         (None, _) => 0,
     };
-    let each = arguments.saturating_add(kept);
-    let times = match bound {
-        Bound::Workspace => 1,
-        Bound::WorkspaceAndReserve => 2,
-    };
-    (own, each.saturating_mul(times))
+    (own, arguments.saturating_add(kept))
 }
 
 /// Lives numbered from here are the range's, apart from the kernels'.
@@ -593,11 +592,7 @@ fn bound(plan: &mut Plan, trace: &[TraceEntry], ops: &[OpRecord], freed_at: &[us
                 }
             }
             Side::High => {
-                let (_, may_add) = bounds_of(trace, r, freed_at, bound);
-                let bytes = match bound {
-                    Bound::Workspace => may_add,
-                    Bound::WorkspaceAndReserve => may_add / 2,
-                };
+                let (_, bytes) = bounds_of(trace, r, freed_at);
                 if bytes == 0 || trace.is_empty() {
                     continue;
                 }
