@@ -5,8 +5,11 @@
 //! backward (input, weight and bias gradients) under a recording that
 //! watches its ops; what each op allocated and freed before it ended is its
 //! workspace. Prints one row per op, and `--json` one object per op.
+//! `--transposed` runs each shape as a transposed convolution instead (the
+//! shape's output channels in, its input channels out) and prints, as JSON,
+//! what every op allocated: what memlab's table calls not modelled yet.
 //!
-//!     cargo run --release --example cudnn_workspaces [-- --json]
+//!     cargo run --release --example cudnn_workspaces [-- --json | --transposed]
 //!
 //! Needs a CUDA device.
 
@@ -59,6 +62,9 @@ fn main() -> Result<(), Box<dyn Error>> {
             "N", "Cin", "Cout", "H", "k", "s", "op", "input", "weight", "output", "in+out+w"
         );
     }
+    if std::env::args().any(|a| a == "--transposed") {
+        return transposed(device);
+    }
     for &(n, c_in, c_out, h, k, s) in SHAPES {
         let vs = nn::VarStore::new(device);
         let config = nn::ConvConfig { stride: s, padding: k / 2, ..Default::default() };
@@ -108,6 +114,52 @@ fn main() -> Result<(), Box<dyn Error>> {
                 );
             }
         }
+    }
+    Ok(())
+}
+
+/// Each shape as a transposed convolution (and the U-Net's of
+/// `examples/zoo.rs`: 64 to 32 channels, kernel 2, stride 2, at batches 8 to
+/// 32): every op's allocations, each with whether the op freed it.
+fn transposed(device: Device) -> Result<(), Box<dyn Error>> {
+    let unet = [8, 16, 32].map(|n| (n, 32, 64, 64, 2, 2));
+    for &(n, c_out, c_in, h, k, s) in SHAPES.iter().chain(unet.iter()) {
+        let vs = nn::VarStore::new(device);
+        let padding = if k == 2 { 0 } else { k / 2 };
+        let config = nn::ConvTransposeConfig { stride: s, padding, output_padding: s - 1, ..Default::default() };
+        let conv = nn::conv_transpose2d(vs.root() / "conv", c_in, c_out, k, config);
+        let input = Tensor::randn([n, c_in, h, h], (Kind::Float, device)).set_requires_grad(true);
+        conv.forward(&input).sum(Kind::Float).backward();
+        let recording = memlab::Recording::start(Settings::default().ops(true))?;
+        conv.forward(&input).sum(Kind::Float).backward();
+        tch::Cuda::synchronize(0);
+        let snapshot = memlab::export::Exporter::of(&vs).snapshot()?;
+        drop(recording);
+        let cuda = snapshot.devices().iter().position(|d| d == "cuda:0").ok_or("no cuda:0 history")?;
+        let trace = &snapshot.device_traces[cuda];
+        let ops = snapshot.memlab.as_ref().and_then(|m| m.ops.clone()).unwrap_or_default();
+        let mut per_op = Vec::new();
+        for r in &ops {
+            let from = trace.partition_point(|e| e.time_us < r.start_us);
+            let to = trace.partition_point(|e| e.time_us <= r.end_us);
+            let window = &trace[from..to];
+            let allocations: Vec<(u64, bool)> = window
+                .iter()
+                .filter(|e| e.action == memlab::events::Action::Alloc)
+                .map(|a| {
+                    let freed =
+                        window.iter().any(|f| f.action == memlab::events::Action::FreeRequested && f.addr == a.addr);
+                    (a.size, freed)
+                })
+                .collect();
+            if !allocations.is_empty() {
+                per_op.push(serde_json::json!({ "op": r.name, "allocations": allocations }));
+            }
+        }
+        let row = serde_json::json!({
+            "n": n, "c_in": c_in, "c_out": c_out, "h": h, "k": k, "stride": s, "ops": per_op,
+        });
+        println!("{row}");
     }
     Ok(())
 }
