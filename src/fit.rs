@@ -161,6 +161,19 @@ impl WillItFit {
         self
     }
 
+    /// How the model's LSTM and GRU weights reach cuDNN on CUDA, which a
+    /// CPU run cannot say: flattened into one buffer (the default: its
+    /// `VarStore` made on CUDA, as tch's `nn::lstm` and `nn::gru` then
+    /// flatten them) or copied into one at every forward pass (a model made
+    /// on the CPU and moved, or cast after it was made), a buffer of the
+    /// weights' size kept for the backward pass.
+    pub fn rnn_weights(mut self, weights: crate::replay::rnn::RnnWeights) -> WillItFit {
+        let mut additions = self.additions.take().unwrap_or_default();
+        additions.rnn_weights = weights;
+        self.additions = Some(additions);
+        self
+    }
+
     /// Runs at most `steps` steps (default 5, at least 2) waiting for a
     /// steady peak.
     pub fn max_steps(mut self, steps: usize) -> WillItFit {

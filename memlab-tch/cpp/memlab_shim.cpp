@@ -7,6 +7,7 @@
 #include <c10/core/CachingDeviceAllocator.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <ATen/core/Tensor.h>
+#include <ATen/SequenceNumber.h>
 #include <ATen/record_function.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
@@ -614,10 +615,11 @@ std::atomic<uint64_t> next_op_id{1};
 std::mutex op_watch_lock;
 at::CallbackHandle op_watch = 0;
 
-// The op's id, for its end callback (0: a backward function's record).
+// The op's id, for its end callback, and whether it is a backward node.
 struct OpContext : at::ObserverContext {
-  explicit OpContext(uint64_t id) : id(id) {}
+  explicit OpContext(uint64_t id, bool backward_node = false) : id(id), backward_node(backward_node) {}
   uint64_t id;
+  bool backward_node;
 };
 
 // How deep this thread is in backward functions' records.
@@ -818,6 +820,13 @@ void name_and_tensors(const char* op_name, c10::ArrayRef<const c10::IValue> inpu
           add(element.toTensor());
         }
       }
+    } else if (value.isBool() || value.isInt() || value.isDouble()) {
+      const int32_t i = op->scalars++;
+      if (i < MEMLAB_OP_MAX_SCALARS) {
+        op->scalar[i] = value.isBool()  ? (value.toBool() ? 1.0 : 0.0)
+                        : value.isInt() ? static_cast<double>(value.toInt())
+                                        : value.toDouble();
+      }
     }
   }
 }
@@ -830,7 +839,15 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
   try {
     if (fn.scope() == at::RecordScope::BACKWARD_FUNCTION) {
       backward_depth++;
-      return std::make_unique<OpContext>(0);
+      memlab_op node{};
+      node.kind = MEMLAB_OP_BACKWARD_NODE;
+      const char* name = fn.name();
+      std::strncpy(node.name, name == nullptr ? "" : name, sizeof(node.name) - 1);
+      node.sequence_nr = fn.seqNr();
+      node.in_backward = 1;
+      node.id = next_op_id.fetch_add(1, std::memory_order_relaxed);
+      hook(&node, node.id, -1);
+      return std::make_unique<OpContext>(node.id, true);
     }
     const char* name = fn.name();
     if (name == nullptr || std::strncmp(name, "aten::", 6) != 0) {
@@ -858,9 +875,12 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
       op.kind = MEMLAB_OP_OTHER;
     }
     name_and_tensors(op_name, fn.inputs(), &op);
+    // The thread's next number: the first any backward node the op (or an
+    // op it calls) makes takes.
+    op.sequence_nr = static_cast<int64_t>(at::sequence_number::peek());
     op.in_backward = backward_depth > 0 ? 1 : 0;
     op.id = next_op_id.fetch_add(1, std::memory_order_relaxed);
-    hook(&op, op.id);
+    hook(&op, op.id, -1);
     return std::make_unique<OpContext>(op.id);
   } catch (...) {
     // An op the callback cannot read is not reported.
@@ -872,14 +892,14 @@ void on_op_end(const at::RecordFunction&, at::ObserverContext* context) {
   if (context == nullptr) {
     return;
   }
-  const uint64_t id = static_cast<OpContext*>(context)->id;
-  if (id == 0) {
+  const OpContext* op = static_cast<OpContext*>(context);
+  const uint64_t id = op->id;
+  if (op->backward_node) {
     backward_depth--;
-    return;
   }
   memlab_op_hook hook = op_hook.load(std::memory_order_acquire);
   if (hook != nullptr) {
-    hook(nullptr, id);
+    hook(nullptr, id, op->backward_node ? -1 : static_cast<int64_t>(at::sequence_number::peek()));
   }
 }
 

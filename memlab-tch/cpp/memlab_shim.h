@@ -350,6 +350,7 @@ void memlab_set_cpu_event_hook(memlab_event_hook hook);
 // entries.
 #define MEMLAB_OP_MAX_DIMS 8
 #define MEMLAB_OP_MAX_TENSORS 4
+#define MEMLAB_OP_MAX_SCALARS 8
 enum memlab_op_kind {
   MEMLAB_OP_REDUCTION = 1,
   MEMLAB_OP_CONVOLUTION = 2,
@@ -369,6 +370,10 @@ enum memlab_op_kind {
   // its CUDA kernel allocates as its CPU kernel does is memlab's table's
   // question (memlab_core::ops::table).
   MEMLAB_OP_OTHER = 7,
+  // Not an aten op: one of autograd's backward nodes running (its name, such
+  // as "CudnnRnnBackward0", and its sequence number; no tensors). The aten
+  // ops it runs are reported inside it.
+  MEMLAB_OP_BACKWARD_NODE = 8,
 };
 // Bits of `memlab_op.flags` for an embedding backward.
 #define MEMLAB_EMBEDDING_SCALE_GRAD_BY_FREQ 1
@@ -414,16 +419,30 @@ typedef struct memlab_op {
   int32_t tensor_dtype[MEMLAB_OP_MAX_TENSORS];
   int64_t tensor_shape[MEMLAB_OP_MAX_TENSORS][MEMLAB_OP_MAX_DIMS];
   uint64_t tensor_bytes;
+  // Autograd's sequence number: for an aten op, its thread's next one when
+  // it began (the number of the first backward node it, or an op it calls,
+  // makes); for a backward node, its own (-1 where it has none, as
+  // AccumulateGrad). What links a forward op to the backward pass of it.
+  int64_t sequence_nr;
+  // The op's bool, int and float arguments, in order (bools as 0 and 1):
+  // how many, and the first MEMLAB_OP_MAX_SCALARS of them.
+  int32_t scalars;
+  int32_t unused;
+  double scalar[MEMLAB_OP_MAX_SCALARS];
 } memlab_op;
 #ifdef __cplusplus
-static_assert(sizeof(memlab_op) == 888, "memlab_op's layout is memlab-tch's ffi::Op's");
-static_assert(offsetof(memlab_op, name) == 520 && offsetof(memlab_op, tensor_shape) == 624,
+static_assert(sizeof(memlab_op) == 968, "memlab_op's layout is memlab-tch's ffi::Op's");
+static_assert(offsetof(memlab_op, name) == 520 && offsetof(memlab_op, tensor_shape) == 624 &&
+                  offsetof(memlab_op, scalar) == 904,
               "memlab_op's layout is memlab-tch's ffi::Op's");
 #endif
 
 // Called on the op's thread when a watched op begins (`op`, with its `id`)
-// and when it ends (`op` NULL, the same `id`); it must not throw.
-typedef void (*memlab_op_hook)(const memlab_op* op, uint64_t id);
+// and when it ends (`op` NULL, the same `id`); it must not throw. At an
+// aten op's end, `sequence_end` is the thread's next autograd sequence
+// number (the numbers from the op's `sequence_nr` up to it went to the
+// backward nodes the op and the ops it called made); -1 otherwise.
+typedef void (*memlab_op_hook)(const memlab_op* op, uint64_t id, int64_t sequence_end);
 
 // Reports every aten op to `hook` from now on, on every thread, through a
 // libtorch RecordFunction callback (NULL: stops): the kinds above with their

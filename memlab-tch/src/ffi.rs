@@ -123,11 +123,19 @@ pub struct Op {
     pub tensor_dtype: [i32; OP_MAX_TENSORS],
     pub tensor_shape: [[i64; OP_MAX_DIMS]; OP_MAX_TENSORS],
     pub tensor_bytes: u64,
+    pub sequence_nr: i64,
+    pub scalars: i32,
+    pub unused: i32,
+    pub scalar: [f64; OP_MAX_SCALARS],
 }
 
 // The shim's memlab_op, field for field (memlab_shim.h asserts the same).
-const _: () = assert!(size_of::<Op>() == 888);
-const _: () = assert!(std::mem::offset_of!(Op, name) == 520 && std::mem::offset_of!(Op, tensor_shape) == 624);
+const _: () = assert!(size_of::<Op>() == 968);
+const _: () = assert!(
+    std::mem::offset_of!(Op, name) == 520
+        && std::mem::offset_of!(Op, tensor_shape) == 624
+        && std::mem::offset_of!(Op, scalar) == 904
+);
 
 /// `MEMLAB_OP_REDUCTION`, `MEMLAB_OP_CONVOLUTION`, `MEMLAB_OP_CONVOLUTION_BACKWARD`.
 pub const OP_REDUCTION: i32 = 1;
@@ -138,15 +146,21 @@ pub const OP_SOFTMAX_BACKWARD: i32 = 5;
 pub const OP_EMBEDDING_BACKWARD: i32 = 6;
 /// `MEMLAB_OP_OTHER`: any other aten op, its name and tensors only.
 pub const OP_OTHER: i32 = 7;
+/// `MEMLAB_OP_BACKWARD_NODE`: one of autograd's backward nodes, its name
+/// and sequence number only.
+pub const OP_BACKWARD_NODE: i32 = 8;
 /// `MEMLAB_OP_MAX_TENSORS`: the tensor arguments an op's record details.
 pub const OP_MAX_TENSORS: usize = 4;
+/// `MEMLAB_OP_MAX_SCALARS`: the bool, int and float arguments it keeps.
+pub const OP_MAX_SCALARS: usize = 8;
 /// `MEMLAB_EMBEDDING_*`: bits of an embedding backward's `flags`.
 pub const EMBEDDING_SCALE_GRAD_BY_FREQ: i32 = 1;
 pub const EMBEDDING_INDICES_CONTIGUOUS: i32 = 2;
 pub const EMBEDDING_GRAD_CONTIGUOUS: i32 = 4;
 
-/// `memlab_op_hook`: an op begins (`op` set) or ends (`op` null), by id.
-pub type OpHook = extern "C" fn(op: *const Op, id: u64);
+/// `memlab_op_hook`: an op begins (`op` set) or ends (`op` null, with the
+/// thread's next autograd sequence number where it is an aten op), by id.
+pub type OpHook = extern "C" fn(op: *const Op, id: u64, sequence_end: i64);
 
 /// `MEMLAB_MAX_DIMS`: the most dimensions `TensorFacts` carries.
 pub const MAX_DIMS: usize = 16;

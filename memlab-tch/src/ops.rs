@@ -7,7 +7,7 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::Mutex;
 
-use memlab_core::ops::{Convolution, EmbeddingBackward, Op, OpRecord, Reduction, TensorArg, TensorArgs};
+use memlab_core::ops::{Convolution, EmbeddingBackward, Op, OpRecord, Reduction, Scalar, TensorArg, TensorArgs};
 use memlab_core::sync::LockExt;
 use memlab_core::DType;
 use memlab_core::Result;
@@ -83,7 +83,16 @@ impl Drop for OpWatch {
 /// The op the shim reported, as memlab-core's: its kind with its details,
 /// else [`Op::Other`].
 fn op_of(raw: &ffi::Op) -> Op {
+    if raw.kind == ffi::OP_BACKWARD_NODE {
+        return Op::BackwardNode;
+    }
     details_of(raw).unwrap_or(Op::Other)
+}
+
+/// The op's bool, int and float arguments the shim kept, in order.
+fn scalars_of(raw: &ffi::Op) -> Vec<Scalar> {
+    let kept = usize::try_from(raw.scalars).unwrap_or(0).min(ffi::OP_MAX_SCALARS);
+    raw.scalar[..kept].iter().map(|&v| Scalar(v)).collect()
 }
 
 /// The op's name and tensor arguments.
@@ -164,30 +173,39 @@ fn details_of(raw: &ffi::Op) -> Option<Op> {
 }
 
 /// The shim's callback: runs on the op's thread, and never unwinds.
-extern "C" fn on_op(op: *const ffi::Op, id: u64) {
+extern "C" fn on_op(op: *const ffi::Op, id: u64, sequence_end: i64) {
     let _ = std::panic::catch_unwind(|| {
         let at = memlab_core::events::clock_us();
         // SAFETY: the shim passes a valid op for the call's duration, or null.
-        let op = unsafe { op.as_ref() }.map(|raw| (op_of(raw), name_and_tensors(raw)));
+        let op = unsafe { op.as_ref() }.map(|raw| {
+            let (name, tensors) = name_and_tensors(raw);
+            let mut record = OpRecord::new(at, at, op_of(raw));
+            record.name = name;
+            record.tensors = (raw.kind != ffi::OP_BACKWARD_NODE).then_some(tensors);
+            record.sequence = u64::try_from(raw.sequence_nr).ok();
+            record.scalars = scalars_of(raw);
+            record
+        });
         let mut watch = WATCH.locked();
         if watch.watches == 0 {
             return;
         }
         match op {
-            Some((op, (name, tensors))) => {
+            Some(record) => {
                 if watch.ops.len() == KEEP {
                     watch.ops.pop_front();
                 }
                 let index = watch.pushed;
                 watch.pushed += 1;
                 watch.open.insert(id, index);
-                watch.ops.push_back(OpRecord { start_us: at, end_us: at, op, name, tensors: Some(tensors) });
+                watch.ops.push_back(record);
             }
             None => {
                 if let Some(index) = watch.open.remove(&id) {
                     let first = watch.pushed - watch.ops.len();
                     if let Some(record) = index.checked_sub(first).and_then(|i| watch.ops.get_mut(i)) {
                         record.end_us = at;
+                        record.sequence_end = u64::try_from(sequence_end).ok();
                     }
                 }
             }

@@ -71,7 +71,9 @@ pub fn allocated_by_name(
 /// models, each other op that allocated, innermost, on some device's
 /// history, and each op the [`table`] names as not modelled during which
 /// anything was allocated (its kernel may call others that allocate, as
-/// the CPU's RNNs do). What a recording's snapshot carries.
+/// the CPU's RNNs do), and each backward node during which anything was
+/// allocated (what links a forward op to its backward pass). What a
+/// recording's snapshot carries.
 pub fn that_allocate(ops: Vec<OpRecord>, traces: &[Vec<TraceEntry>]) -> Vec<OpRecord> {
     let mut allocated = vec![false; ops.len()];
     let mut times: Vec<u64> = Vec::new();
@@ -87,7 +89,8 @@ pub fn that_allocate(ops: Vec<OpRecord>, traces: &[Vec<TraceEntry>]) -> Vec<OpRe
     }
     times.sort_unstable();
     for (r, allocated) in ops.iter().zip(allocated.iter_mut()) {
-        let named = matches!(table::entry(&r.name), Some(e) if matches!(e.class, table::Class::NotModelled(_)));
+        let named = matches!(table::entry(&r.name), Some(e) if matches!(e.class, table::Class::NotModelled(_)))
+            || matches!(r.op, Op::BackwardNode);
         if named && !*allocated {
             let from = times.partition_point(|&t| t < r.start_us);
             *allocated = times.get(from).is_some_and(|&t| t <= r.end_us.max(r.start_us));
@@ -95,7 +98,7 @@ pub fn that_allocate(ops: Vec<OpRecord>, traces: &[Vec<TraceEntry>]) -> Vec<OpRe
     }
     ops.into_iter()
         .zip(allocated)
-        .filter(|(r, allocated)| *allocated || !matches!(r.op, Op::Other))
+        .filter(|(r, allocated)| *allocated || !matches!(r.op, Op::Other | Op::BackwardNode))
         .map(|(r, _)| r)
         .collect()
 }

@@ -11,6 +11,7 @@
 //! predicted from a CPU one (`memlab replay --as-cuda`) models what each
 //! would allocate on CUDA, and [`table`] says which ops it does not model.
 
+pub mod rnn;
 pub mod table;
 
 use serde::{Deserialize, Serialize};
@@ -32,12 +33,60 @@ pub struct OpRecord {
     /// Its tensor arguments, where the recording kept them.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tensors: Option<TensorArgs>,
+    /// Autograd's sequence number: an aten op's thread's next one when it
+    /// began (the number of the first backward node it, or an op it calls,
+    /// makes); a backward node's ([`Op::BackwardNode`]) own, where it has
+    /// one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sequence: Option<u64>,
+    /// A forward op's thread's next sequence number when it ended: the
+    /// backward nodes numbered from [`sequence`](Self::sequence) up to this
+    /// one are the backward pass of this op and the ops it called.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sequence_end: Option<u64>,
+    /// The op's bool, int and float arguments in order (bools as 0 and 1),
+    /// the first eight: an RNN's layers and directions, say.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub scalars: Vec<Scalar>,
 }
+
+/// A bool, int or float argument of an op, as a float (bools as 0 and 1).
+#[derive(Clone, Copy, Debug, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Scalar(pub f64);
+
+impl PartialEq for Scalar {
+    fn eq(&self, other: &Scalar) -> bool {
+        self.0.to_bits() == other.0.to_bits()
+    }
+}
+
+impl Eq for Scalar {}
 
 impl OpRecord {
     /// An op of `kind` from `start_us` to `end_us`, without a name or tensors.
     pub fn new(start_us: u64, end_us: u64, op: Op) -> OpRecord {
-        OpRecord { start_us, end_us, op, name: String::new(), tensors: None }
+        OpRecord {
+            start_us,
+            end_us,
+            op,
+            name: String::new(),
+            tensors: None,
+            sequence: None,
+            sequence_end: None,
+            scalars: Vec::new(),
+        }
+    }
+
+    /// The backward nodes of `ops` that make this forward op's backward
+    /// pass (of it and of the ops it called), by their sequence numbers;
+    /// none where either was recorded without them.
+    pub fn backward_nodes<'a>(&self, ops: &'a [OpRecord]) -> impl Iterator<Item = &'a OpRecord> {
+        let range = match (self.sequence, self.sequence_end) {
+            (Some(first), Some(end)) if !matches!(self.op, Op::BackwardNode) => first..end,
+            _ => 0..0,
+        };
+        ops.iter().filter(move |r| matches!(r.op, Op::BackwardNode) && r.sequence.is_some_and(|s| range.contains(&s)))
     }
 }
 
@@ -95,6 +144,11 @@ pub enum Op {
     /// was, and [`table`] whether its CUDA kernel allocates as its CPU
     /// kernel does.
     Other,
+    /// Not an aten op: one of autograd's backward nodes (`name`: its own,
+    /// `CudnnRnnBackward0` say), inside which the aten ops of the backward
+    /// pass of a forward op run. Linked to that op by
+    /// [`OpRecord::sequence`].
+    BackwardNode,
 }
 
 /// An embedding's backward pass: what its CUDA kernel sizes its

@@ -98,7 +98,8 @@ const REDUCTION: &str = "CUDA's reduction may stage partial results through a bu
 const SDPA: &str = "CUDA runs flash, memory-efficient or cuDNN attention, each with its own logsumexp, seeds and \
                     workspace; the CPU runs its own flash kernel with per-thread scratch";
 const RNN: &str = "CUDA runs cuDNN's RNN (a flattened weight buffer where the weights are not, a workspace, and a \
-                   reserve kept for the backward pass); the CPU runs oneDNN's or per-step cells";
+                   reserve kept for the backward pass); the CPU runs oneDNN's or per-step cells. An LSTM or GRU \
+                   call whose record gives its shapes and flags is modelled (`RnnCall`), with its backward pass";
 
 /// The table, by name. Ops that allocate nothing on either device (views,
 /// in-place updates that need no temporary) are not listed: they never
@@ -298,6 +299,11 @@ pub fn class_of(record: &OpRecord) -> Class {
         Op::Convolution(c) if c.transposed => Class::NotModelled(Bound::Workspace),
         // An op of a modelled kind whose details could not be read (more
         // than eight dimensions, say) is not modelled.
+        // What an RNN's CPU kernels run inside it, and its backward pass,
+        // are the RNN's (see `replay::rnn`).
+        Op::Other if super::rnn::RnnCall::of(record).is_some() => Class::Modelled,
+        // Not an op: the ops inside it are classed.
+        Op::BackwardNode => Class::Same,
         Op::Other => match entry(&record.name).map(|e| e.class) {
             Some(Class::Modelled) | None => Class::NotModelled(Bound::Workspace),
             Some(class) => class,

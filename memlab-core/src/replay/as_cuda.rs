@@ -36,6 +36,10 @@ pub struct CudaAdditions {
     pub outside_allocator: u64,
     /// What sizes the reductions' staging buffers, of the device.
     pub reduction_device: ReductionDevice,
+    /// How an LSTM's or GRU's weights reach cuDNN: how the model is made,
+    /// which a CPU run does not say (flattened: its `VarStore` made on CUDA).
+    #[serde(default)]
+    pub rnn_weights: super::rnn::RnnWeights,
 }
 
 impl CudaAdditions {
@@ -52,6 +56,7 @@ impl CudaAdditions {
             cublaslt_workspace: tables.cublaslt_workspace,
             outside_allocator: tables.outside_allocator,
             reduction_device: tables.reduction_device,
+            rnn_weights: super::rnn::RnnWeights::default(),
         }
     }
 }
@@ -166,7 +171,8 @@ fn as_cuda(
         block(workspace_address, size)
     };
     let ops = snapshot.memlab.as_ref().and_then(|m| m.ops.as_deref()).unwrap_or_default();
-    let plan = plan(trace, ops, additions.reduction_device, libtorch, side);
+    let watched = snapshot.memlab.as_ref().is_some_and(|m| m.ops.is_some());
+    let plan = plan(trace, ops, additions.reduction_device, additions.rnn_weights, libtorch, side);
     // The cuBLAS workspaces stay for the process's life. After a step, the
     // caller's thread's (and cuBLASLt's) come after the weights and
     // autograd's with the first gradient, as that step made them. Else,
@@ -174,6 +180,7 @@ fn as_cuda(
     // first matrix product and autograd's thread at the first in a backward
     // function, as on CUDA; the other handles', and all where the ops were
     // not watched, come first.
+    #[derive(Clone, Copy)]
     enum At {
         Before(usize),
         Entry(usize),
@@ -187,11 +194,21 @@ fn as_cuda(
             (Some(n), 0 | 1) => At::Before(n + handle as usize),
             _ => plan.first_matmul.get(handle as usize).copied().flatten().map_or(At::Start, At::Entry),
         };
-        let mut sizes = vec![additions.cublas_workspace];
+        let mut sizes = vec![(at, additions.cublas_workspace)];
         if handle == 0 {
-            sizes.push(additions.cublaslt_workspace);
+            // cuBLASLt's with the caller's first product where a step ran
+            // before or the ops were not watched; else with the first
+            // product that goes through cuBLASLt, if one does.
+            let lt = match (at, plan.first_lt) {
+                (At::Entry(_), Some(i)) => Some(At::Entry(i)),
+                (At::Entry(_), None) => None,
+                (At::Start, _) if watched => plan.first_lt.map(At::Entry),
+                (At::Before(n), _) => Some(At::Before(n)),
+                (At::Start, _) => Some(At::Start),
+            };
+            sizes.extend(lt.map(|lt| (lt, additions.cublaslt_workspace)));
         }
-        for size in sizes.into_iter().filter(|&s| s > 0) {
+        for (at, size) in sizes.into_iter().filter(|&(_, s)| s > 0) {
             match at {
                 At::Before(n) => before_history.push((n, size)),
                 At::Entry(i) => persistent.push((i, size)),
@@ -506,12 +523,17 @@ pub fn predict_cuda(name: &str, snapshot: &Snapshot, options: &PredictOptions) -
     };
     let AsCuda { snapshot: history, allocations, kernels, soft, unmodelled } = history_of(None)?;
     let watched = snapshot.memlab.as_ref().is_some_and(|m| m.ops.is_some());
-    // The ops memlab does not model make the prediction a range: its ends
-    // from histories of their own.
-    let ends = match unmodelled.is_empty() {
+    // The ops memlab does not model make the prediction a range, and so do
+    // cuDNN RNN workspaces estimated: its ends from histories of their own.
+    let ends = match unmodelled.is_empty() && kernels.rnn_workspaces_estimated == 0 {
         true => None,
         false => Some((history_of(Some(Side::Low))?, history_of(Some(Side::High))?)),
     };
+    // What makes the range, for a verdict inside it.
+    let mut range_makers: Vec<String> = unmodelled.iter().map(|u| u.name.clone()).collect();
+    if kernels.rnn_workspaces_estimated > 0 {
+        range_makers.push("cuDNN's RNN workspace (estimated)".to_string());
+    }
     let first_us = history.device_traces[0].first().map_or(0, |e| e.time_us);
     // Where `empty_cache` runs, in a history as given (the cuDNN model
     // inserts entries, at the times of those it follows).
@@ -634,12 +656,12 @@ pub fn predict_cuda(name: &str, snapshot: &Snapshot, options: &PredictOptions) -
             (Some(Fit::Fits { .. } | Fit::FitsGivingCacheBack { .. }), Some((_, high)), Some(limit))
                 if runs_out_in(&high.snapshot, &high.soft, limit)?.is_some() =>
             {
-                Some(Fit::MayNotFit { ops: unmodelled.iter().map(|u| u.name.clone()).collect() })
+                Some(Fit::MayNotFit { ops: range_makers.clone() })
             }
             (Some(Fit::DoesNotFit { .. }), Some((low, _)), Some(limit))
                 if runs_out_in(&low.snapshot, &low.soft, limit)?.is_none() =>
             {
-                Some(Fit::MayNotFit { ops: unmodelled.iter().map(|u| u.name.clone()).collect() })
+                Some(Fit::MayNotFit { ops: range_makers.clone() })
             }
             (fit, ..) => fit,
         };
@@ -984,6 +1006,30 @@ impl Render for CudaPrediction {
                         Cell::bytes(k.largest_softmax_product)
                     ));
                 }
+                if k.rnns > 0 {
+                    doc.note(format!(
+                        "RNNs: {} LSTM or GRU calls ran; cuDNN's RNN replaces what the CPU's kernels made in each \
+                         and in its backward pass, as libtorch 2.11 allocates it (the largest reserve space kept \
+                         for a backward pass {}; weights {}). Of their workspaces, {} were measured on an H200 at \
+                         their shape (along the batch) and {} estimated.",
+                        k.rnns,
+                        Cell::bytes(k.largest_rnn_reserve),
+                        match a.rnn_weights {
+                            super::rnn::RnnWeights::Flattened => "flattened, as a VarStore made on CUDA has them",
+                            super::rnn::RnnWeights::CopiedEachStep => "copied into a buffer at every forward pass",
+                        },
+                        k.rnns - k.rnn_workspaces_estimated,
+                        k.rnn_workspaces_estimated
+                    ));
+                    if k.rnn_workspaces_estimated > 0 && self.unmodelled.is_empty() {
+                        doc.caution(
+                            "cuDNN's workspace was estimated for an RNN of a shape not measured: each figure is a \
+                             range, its ends from the estimate's band (every measured workspace lay within 0.65 to \
+                             2.75 times the estimate for an LSTM, 0.63 to 1.72 for a GRU). \"fits\" holds only where \
+                             the high end fits.",
+                        );
+                    }
+                }
                 if k.embedding_backwards > 0 {
                     doc.note(format!(
                         "Embedding backward passes: {} ran; CUDA's sorts the indices and sums the gradient per \
@@ -1210,6 +1256,42 @@ mod tests {
         let made = workspaces(&fresh);
         assert_eq!(made.iter().map(|w| w.1).collect::<Vec<_>>(), [32 * MIB, MIB, 32 * MIB]);
         assert!(made.iter().all(|&(i, _)| i > 2), "made by the history's products: {made:?}");
+    }
+
+    /// cuBLASLt's workspace is made by the first product through cuBLASLt
+    /// (`addmm`, a bias added in the product), not by cuBLAS's `mm`: a step
+    /// of `mm`s alone makes none (an LSTM's head on the H200: its peak
+    /// allocated was the prediction's less 1 MiB while it made one).
+    #[test]
+    fn cublaslts_workspace_comes_with_the_first_product_through_it() {
+        let made = |name: &str| {
+            let trace = vec![
+                TraceEntry::new(Action::Alloc, Some(4096), 1 << 20, 10),
+                TraceEntry::new(Action::FreeRequested, Some(4096), 1 << 20, 30),
+            ];
+            use crate::ops::{Op, OpRecord};
+            let product = OpRecord { name: name.into(), ..OpRecord::new(5, 20, Op::Matmul { in_backward: false }) };
+            let info =
+                SnapshotInfo { devices: vec!["cpu".into()], ops: Some(vec![product]), ..SnapshotInfo::default() };
+            let snapshot = Snapshot {
+                segments: Vec::new(),
+                device_traces: vec![trace],
+                allocator_settings: None,
+                memlab: Some(info),
+            };
+            let history = as_cuda(&snapshot, &CudaAdditions::default(), Libtorch::V2_11, 80 << 30, &[], None, None)
+                .unwrap()
+                .snapshot;
+            history.device_traces[0]
+                .iter()
+                .filter(|e| e.action == Action::Alloc && e.addr.is_some_and(|a| a > WORKSPACE_ADDRESSES))
+                .map(|e| e.size)
+                .collect::<Vec<_>>()
+        };
+        // (autograd's thread's cuBLAS workspace comes first where the
+        // history has no backward product: two of 32 MiB either way.)
+        assert_eq!(made("mm"), [32 * MIB, 32 * MIB]);
+        assert_eq!(made("addmm"), [32 * MIB, 32 * MIB, MIB]);
     }
 
     /// A history of two parts with `empty_cache` between them (a batch

@@ -13,7 +13,9 @@ use crate::ops::table::{Bound, Class};
 use crate::ops::{Convolution, EmbeddingBackward, Op, OpRecord};
 
 use super::reduction::{staging, ReductionDevice};
+use super::rnn::{input_copy, reserve, workspace, Found, RnnWeights};
 use super::Libtorch;
+use crate::ops::rnn::RnnCall;
 
 /// What the prediction changed of a CPU history for its watched ops.
 #[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -52,6 +54,16 @@ pub struct KernelsModelled {
     /// The largest of their temporaries, in bytes.
     #[serde(default)]
     pub largest_embedding_temporary: u64,
+    /// LSTM and GRU calls watched: cuDNN's RNN replaces what the CPU's
+    /// kernels made in them and in their backward passes ([`super::rnn`]).
+    #[serde(default)]
+    pub rnns: usize,
+    /// Of their workspaces, those estimated (not measured at their shape).
+    #[serde(default)]
+    pub rnn_workspaces_estimated: usize,
+    /// The largest reserve space kept for a backward pass, in bytes.
+    #[serde(default)]
+    pub largest_rnn_reserve: u64,
 }
 
 /// A kernel's scratch, allocated right after an event: freed at once, or
@@ -100,6 +112,10 @@ pub(super) struct Plan {
     /// allocated, and the first inside them: where the CUDA run's threads
     /// (the caller's, autograd's) make their cuBLAS workspaces.
     pub(super) first_matmul: [Option<usize>; 2],
+    /// After which event the first product through cuBLASLt (`addmm`,
+    /// `_addmm_activation`: a bias added in the product) allocated: where
+    /// cuBLASLt's workspace is made.
+    pub(super) first_lt: Option<usize>,
     pub(super) modelled: KernelsModelled,
 }
 
@@ -306,6 +322,7 @@ pub(super) fn plan(
     trace: &[TraceEntry],
     ops: &[OpRecord],
     device: ReductionDevice,
+    rnn_weights: RnnWeights,
     libtorch: Libtorch,
     side: Option<Side>,
 ) -> Plan {
@@ -313,6 +330,7 @@ pub(super) fn plan(
         dropped: vec![false; trace.len()],
         temporaries: Vec::new(),
         first_matmul: [None, None],
+        first_lt: None,
         modelled: KernelsModelled::default(),
     };
     if trace.is_empty() {
@@ -337,6 +355,14 @@ pub(super) fn plan(
             plan.temporaries.push(Temporary { after: at, bytes: semaphores, soft: None, life: Life::Instant });
         }
     };
+    // The RNNs first: what ran inside them and their backward passes is
+    // theirs, and no other op's model applies there.
+    let rnns = rnn_runs(ops);
+    let covered: Vec<(u64, u64)> = rnns.iter().flat_map(|run| run.spans()).collect();
+    let in_rnn = |r: &OpRecord| covered.iter().any(|&(start, end)| start <= r.start_us && r.start_us <= end);
+    for (k, run) in rnns.iter().enumerate() {
+        model_rnn(&mut plan, trace, ops, &freed_at, run, RNN_LIVES + RNN_LIVES_EACH * k as u32, rnn_weights, side);
+    }
     // libtorch's cache of algorithms: one key per shape and pass.
     type Key<'a> = (&'a [i64], &'a [i64], &'a [i64], &'a [i64], &'a [i64], i64, u32, Computing);
     let mut keys: std::collections::HashMap<Key<'_>, usize> = std::collections::HashMap::new();
@@ -360,7 +386,7 @@ pub(super) fn plan(
         }
         (kept, gone)
     };
-    for r in ops {
+    for r in ops.iter().filter(|r| !in_rnn(r)) {
         let Op::Convolution(conv) = &r.op else { continue };
         let (kept, scratch) = cpu_own(&mut plan.dropped, r);
         plan.modelled.cpu_scratch += scratch.len();
@@ -398,7 +424,7 @@ pub(super) fn plan(
     // gradient, on some CPU paths), which the convolution's model covers.
     let convolutions: Vec<(u64, u64)> =
         ops.iter().filter(|r| matches!(r.op, Op::Convolution(_))).map(|r| (r.start_us, r.end_us)).collect();
-    for r in ops {
+    for r in ops.iter().filter(|r| !in_rnn(r)) {
         let Op::Reduction(reduction) = &r.op else { continue };
         if convolutions.iter().any(|&(start, end)| start <= r.start_us && r.start_us <= end) {
             continue;
@@ -407,7 +433,7 @@ pub(super) fn plan(
             window(r).filter(|&i| trace[i].action == Action::Alloc && !plan.dropped[i]).take(1).collect();
         stage(&mut plan, reduction, after(r, &kept, 1));
     }
-    for r in ops {
+    for r in ops.iter().filter(|r| !in_rnn(r)) {
         let Op::SoftmaxBackward { shape, element_size } = &r.op else { continue };
         // After the gradient it computes, which the op allocates first.
         let kept: Vec<usize> =
@@ -443,14 +469,19 @@ pub(super) fn plan(
             }
         }
     }
-    for r in ops {
+    for r in ops.iter().filter(|r| !in_rnn(r)) {
         let Op::Matmul { in_backward } = r.op else { continue };
+        // After the product's output: cuBLAS is called once it is there.
+        let output: Vec<usize> =
+            window(r).filter(|&i| trace[i].action == Action::Alloc && !plan.dropped[i]).take(1).collect();
         let slot = &mut plan.first_matmul[usize::from(in_backward)];
         if slot.is_none() {
-            // After the product's output: cuBLAS is called once it is there.
-            let output: Vec<usize> =
-                window(r).filter(|&i| trace[i].action == Action::Alloc && !plan.dropped[i]).take(1).collect();
             *slot = Some(after(r, &output, 1));
+        }
+        // (A record without a name, from before names were recorded, may
+        // have been one.)
+        if plan.first_lt.is_none() && matches!(r.name.as_str(), "addmm" | "_addmm_activation" | "") {
+            plan.first_lt = Some(after(r, &output, 1));
         }
     }
     if let Some(side) = side {
@@ -494,8 +525,11 @@ pub struct Unmodelled {
 /// memlab models with its details, a convolution's oneDNN kernel say, is
 /// that op's), each with its bound's rule.
 fn unmodelled_runs(ops: &[OpRecord]) -> Vec<(&OpRecord, Bound)> {
+    let covered: Vec<(u64, u64)> = rnn_runs(ops).iter().flat_map(|run| run.spans()).collect();
+    let ops: Vec<&OpRecord> =
+        ops.iter().filter(|r| !covered.iter().any(|&(s, e)| s <= r.start_us && r.start_us <= e)).collect();
     let mut runs: Vec<(&OpRecord, Bound)> = Vec::new();
-    let mut order: Vec<&OpRecord> = ops.iter().collect();
+    let mut order: Vec<&OpRecord> = ops;
     order.sort_by_key(|r| r.start_us);
     let mut outer_end: Option<u64> = None;
     let mut modelled_end: Option<u64> = None;
@@ -618,6 +652,244 @@ fn bound(plan: &mut Plan, trace: &[TraceEntry], ops: &[OpRecord], freed_at: &[us
                 }
             }
         }
+    }
+}
+
+/// Where the RNNs' lives are numbered: each run takes the next
+/// [`RNN_LIVES_EACH`], apart from the embeddings' and the range's.
+const RNN_LIVES: u32 = 1 << 29;
+const RNN_LIVES_EACH: u32 = 32;
+
+/// An LSTM or GRU call memlab models, with its backward pass.
+struct RnnRun<'a> {
+    record: &'a OpRecord,
+    call: RnnCall,
+    /// From the first of its backward nodes' start to the last's end.
+    backward: Option<(u64, u64)>,
+    /// Backward nodes of other ops that ran in that time.
+    foreign: Vec<(u64, u64)>,
+}
+
+impl RnnRun<'_> {
+    /// The times that are the RNN's: its call, and its backward pass.
+    fn spans(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        std::iter::once((self.record.start_us, self.record.end_us.max(self.record.start_us))).chain(self.backward)
+    }
+}
+
+/// The outermost LSTM and GRU calls memlab can read ([`RnnCall::of`]), each
+/// with its backward pass: the backward nodes numbered from its sequence
+/// number up to the one after it.
+fn rnn_runs(ops: &[OpRecord]) -> Vec<RnnRun<'_>> {
+    let mut runs: Vec<RnnRun<'_>> = Vec::new();
+    let mut order: Vec<&OpRecord> = ops.iter().collect();
+    order.sort_by_key(|r| r.start_us);
+    for r in order {
+        if runs.last().is_some_and(|last| r.start_us <= last.record.end_us) {
+            continue;
+        }
+        let Some(call) = RnnCall::of(r) else { continue };
+        let nodes: Vec<&OpRecord> = r.backward_nodes(ops).collect();
+        let backward = nodes.iter().map(|n| n.start_us).min().zip(nodes.iter().map(|n| n.end_us.max(n.start_us)).max());
+        let foreign = match backward {
+            Some((start, end)) => ops
+                .iter()
+                .filter(|n| matches!(n.op, Op::BackwardNode) && start <= n.start_us && n.start_us <= end)
+                .filter(|n| !nodes.iter().any(|m| std::ptr::eq(*m, *n)))
+                .filter(|n| n.sequence.is_some())
+                .map(|n| (n.start_us, n.end_us.max(n.start_us)))
+                .collect(),
+            None => Vec::new(),
+        };
+        runs.push(RnnRun { record: r, call, backward, foreign });
+    }
+    runs
+}
+
+/// What cuDNN's RNN allocates for `run` on CUDA, in place of what the CPU
+/// made inside the call and inside its backward pass (libtorch 2.11's
+/// `_cudnn_rnn` and `_cudnn_rnn_backward`, in the order an H200's recording
+/// shows):
+///
+/// - the call: a contiguous copy of a batch-first input, the weights'
+///   buffer where they are not flattened, the output and final states, the
+///   workspace and the reserve space, then the workspace and the copy
+///   freed. The output and states live as the CPU's did; the reserve and the
+///   weights' buffer until the backward pass ends (or the call, without one).
+/// - the backward pass: zeros for the final states' gradients where the
+///   states were not used, copies of the input and of the output's
+///   gradient, the gradients of the input and initial states, a workspace;
+///   then a copy of the input, the weights' flat gradient and a workspace.
+///   The input's gradient lives as the CPU's did; the weights' gradient as
+///   the CPU's weight gradients did (kept where they were, freed with the
+///   last where they were freed).
+#[allow(clippy::too_many_arguments)]
+fn model_rnn(
+    plan: &mut Plan,
+    trace: &[TraceEntry],
+    _ops: &[OpRecord],
+    freed_at: &[usize],
+    run: &RnnRun<'_>,
+    base: u32,
+    weights: RnnWeights,
+    side: Option<Side>,
+) {
+    if trace.is_empty() {
+        return;
+    }
+    let call = &run.call;
+    let last = trace.len() - 1;
+    let forward = window(trace, run.record);
+    let kept = |i: usize| trace[i].action == Action::Alloc && !plan.dropped[i];
+    let forward_allocations: Vec<usize> = forward.clone().filter(|&i| kept(i)).collect();
+    // The CPU's outputs: the last allocations of their sizes that outlive the call.
+    let mut taken: Vec<usize> = Vec::new();
+    let mut last_of = |size: u64| {
+        let found = forward_allocations
+            .iter()
+            .rev()
+            .copied()
+            .find(|&i| trace[i].size == size && freed_at[i] >= forward.end && !taken.contains(&i));
+        taken.extend(found);
+        found
+    };
+    let output = last_of(call.output_bytes());
+    let states: Vec<Option<usize>> = (0..call.states()).map(|_| last_of(call.state_bytes())).collect();
+    let backward = run.backward.map(|(start, end)| {
+        let from = trace.partition_point(|e| e.time_us < start);
+        let to = trace.partition_point(|e| e.time_us <= end);
+        from..to
+    });
+    let foreign = |i: usize| run.foreign.iter().any(|&(s, e)| s <= trace[i].time_us && trace[i].time_us <= e);
+    let backward_allocations: Vec<usize> =
+        backward.clone().map(|b| b.filter(|&i| kept(i) && !foreign(i)).collect()).unwrap_or_default();
+    let outlive: Vec<usize> = match &backward {
+        Some(b) => backward_allocations.iter().copied().filter(|&i| freed_at[i] >= b.end).collect(),
+        None => Vec::new(),
+    };
+    // The input's gradient goes on to the layer below, soon freed; the
+    // weights' gradients are kept or freed last.
+    let input_gradient =
+        outlive.iter().copied().filter(|&i| trace[i].size == call.input_bytes()).min_by_key(|&i| freed_at[i]);
+    let weight_gradients_freed =
+        outlive.iter().copied().filter(|&i| Some(i) != input_gradient).map(|i| freed_at[i]).max();
+    // cuDNN's backward pass reads the input the call was given, which
+    // autograd keeps until the pass ends; the CPU's kernels keep copies of
+    // their own instead, and may free the input sooner. The input: the
+    // latest allocation of its size live when the call began.
+    let input = (0..forward.start)
+        .rev()
+        .find(|&i| {
+            kept(i) && trace[i].size == call.input_bytes() && freed_at[i] != usize::MAX && freed_at[i] >= forward.end
+        })
+        .filter(|&i| backward.as_ref().is_some_and(|b| freed_at[i] < b.end));
+    for &i in forward_allocations.iter().chain(&backward_allocations).chain(&input) {
+        plan.dropped[i] = true;
+        if freed_at[i] != usize::MAX {
+            plan.dropped[freed_at[i]] = true;
+        }
+    }
+    let ws = workspace(call);
+    let ws_bytes = match (ws.found, side) {
+        (Found::Estimated { low, .. }, Some(Side::Low)) => low,
+        (Found::Estimated { high, .. }, Some(Side::High)) => high,
+        _ => ws.bytes,
+    };
+    plan.modelled.rnns += 1;
+    plan.modelled.rnn_workspaces_estimated += usize::from(matches!(ws.found, Found::Estimated { .. }));
+    plan.modelled.largest_rnn_reserve = plan.modelled.largest_rnn_reserve.max(reserve(call));
+    let mut push = |after: usize, bytes: u64, life: Life| {
+        plan.temporaries.push(Temporary { after: after.min(last), bytes, soft: None, life });
+    };
+    let (copy, buffer) =
+        (input_copy(call), if weights == RnnWeights::CopiedEachStep { call.weight_bytes() } else { 0 });
+    // Lives: 0 copy, 1 weights' buffer, 2 output, 3–4 states, 5 workspace,
+    // 6 reserve; backward: 7–8 zeros, 9 copy, 10 gradient copy, 11 input's
+    // gradient, 12–13 states' gradients, 14 workspace, 15 copy, 16 weights'
+    // gradient, 17 workspace; 18 the input, kept to the backward pass's end.
+    if let (Some(i), Some(b)) = (input, &backward) {
+        push(i.saturating_sub(1), trace[i].size, Life::Opens(base + 18));
+        push(b.end.saturating_sub(1), trace[i].size, Life::Closes(base + 18));
+    }
+    let at = forward.start.saturating_sub(1);
+    let call_end = forward.end.saturating_sub(1).max(at);
+    let lives = |n: u32| base + n;
+    push(at, copy, Life::Opens(lives(0)));
+    push(at, buffer, Life::Opens(lives(1)));
+    push(at, call.output_bytes(), Life::Opens(lives(2)));
+    for n in 0..call.states() as u32 {
+        push(at, call.state_bytes(), Life::Opens(lives(3 + n)));
+    }
+    push(at, ws_bytes, Life::Opens(lives(5)));
+    push(at, reserve(call), Life::Opens(lives(6)));
+    push(at, ws_bytes, Life::Closes(lives(5)));
+    push(at, copy, Life::Closes(lives(0)));
+    // The output and states are freed where the CPU's were.
+    let close_as = |cpu: Option<usize>| match cpu {
+        Some(i) => (freed_at[i] != usize::MAX).then_some(freed_at[i]),
+        None => Some(call_end),
+    };
+    let mut closes: Vec<(usize, u64, u32)> = Vec::new();
+    if let Some(after) = close_as(output) {
+        closes.push((after, call.output_bytes(), lives(2)));
+    }
+    for (n, state) in states.iter().enumerate() {
+        if let Some(after) = close_as(*state) {
+            closes.push((after, call.state_bytes(), lives(3 + n as u32)));
+        }
+    }
+    match &backward {
+        None => {
+            closes.push((call_end, reserve(call), lives(6)));
+            closes.push((call_end, buffer, lives(1)));
+        }
+        Some(b) => {
+            let (start, end) = (b.start.saturating_sub(1), b.end.saturating_sub(1));
+            let grad_copy = if copy > 0 { call.output_bytes() } else { 0 };
+            // A state the program did not use has no gradient: zeros for it.
+            let unused: Vec<u32> = (0..call.states() as u32)
+                .filter(|&n| states[n as usize].is_none_or(|i| freed_at[i] < b.start))
+                .collect();
+            for &n in &unused {
+                push(start, call.state_bytes(), Life::Opens(lives(7 + n)));
+            }
+            push(start, copy, Life::Opens(lives(9)));
+            push(start, grad_copy, Life::Opens(lives(10)));
+            push(start, call.input_bytes(), Life::Opens(lives(11)));
+            for n in 0..call.states() as u32 {
+                push(start, call.state_bytes(), Life::Opens(lives(12 + n)));
+            }
+            push(start, ws_bytes, Life::Opens(lives(14)));
+            push(start, ws_bytes, Life::Closes(lives(14)));
+            push(start, grad_copy, Life::Closes(lives(10)));
+            push(start, copy, Life::Closes(lives(9)));
+            push(start, copy, Life::Opens(lives(15)));
+            push(start, call.weight_bytes(), Life::Opens(lives(16)));
+            push(start, ws_bytes, Life::Opens(lives(17)));
+            push(start, ws_bytes, Life::Closes(lives(17)));
+            push(start, copy, Life::Closes(lives(15)));
+            for n in 0..call.states() as u32 {
+                closes.push((end, call.state_bytes(), lives(12 + n)));
+            }
+            for &n in &unused {
+                closes.push((end, call.state_bytes(), lives(7 + n)));
+            }
+            closes.push((end, reserve(call), lives(6)));
+            closes.push((end, buffer, lives(1)));
+            match input_gradient {
+                Some(i) if freed_at[i] != usize::MAX => closes.push((freed_at[i], call.input_bytes(), lives(11))),
+                Some(_) => {}
+                None => closes.push((end, call.input_bytes(), lives(11))),
+            }
+            match weight_gradients_freed {
+                Some(usize::MAX) => {}
+                Some(f) => closes.push((f, call.weight_bytes(), lives(16))),
+                None => closes.push((end, call.weight_bytes(), lives(16))),
+            }
+        }
+    }
+    for (after, bytes, n) in closes {
+        push(after, bytes, Life::Closes(n));
     }
 }
 
@@ -815,7 +1087,7 @@ mod tests {
             record(30, 34, Op::Convolution(backward)),
             record(20, 20, Op::Reduction(Reduction { shape: vec![8], strides: vec![1], element_size: 4, reduced: 1 })),
         ];
-        let plan = plan(&trace, &ops, ReductionDevice::H100, Libtorch::V2_11, None);
+        let plan = plan(&trace, &ops, ReductionDevice::H100, RnnWeights::Flattened, Libtorch::V2_11, None);
         assert_eq!(plan.dropped, [false, true, true, false, false, false, false, true, true]);
         let measured = H100_MEASURED.iter().find(|m| m.n == 256 && m.c_in == 64).unwrap();
         let bias_sum = staging(&conv(true, 256, 64, 128, 32, 3, 7).bias_gradient_sum().unwrap(), ReductionDevice::H100);
@@ -860,7 +1132,7 @@ mod tests {
             record(45, 60, Op::Convolution(conv(true, 2, 3, 4, 8, 3, 3))),
             record(50, 50, Op::Reduction(big_sum)),
         ];
-        let plan = plan(&trace, &ops, ReductionDevice::H100, Libtorch::V2_11, None);
+        let plan = plan(&trace, &ops, ReductionDevice::H100, RnnWeights::Flattened, Libtorch::V2_11, None);
         assert_eq!(plan.first_matmul, [Some(1), Some(3)]);
         assert_eq!(plan.modelled.reductions, 0, "the sum inside the convolution is not counted twice");
     }
@@ -874,7 +1146,7 @@ mod tests {
         use Action::Alloc;
         let trace = vec![event(Alloc, 1, 64, 5), event(Alloc, 2, 111_149_056, 10), event(Alloc, 3, 4096, 20)];
         let ops = [record(9, 12, Op::SoftmaxBackward { shape: vec![53, 8, 256, 256], element_size: 4 })];
-        let plan = plan(&trace, &ops, ReductionDevice::H100, Libtorch::V2_11, None);
+        let plan = plan(&trace, &ops, ReductionDevice::H100, RnnWeights::Flattened, Libtorch::V2_11, None);
         let temporaries: Vec<(usize, u64, bool)> =
             plan.temporaries.iter().map(|t| (t.after, t.bytes, t.soft.is_some())).collect();
         assert_eq!(temporaries, [(1, 111_149_056, false)]);
@@ -958,7 +1230,7 @@ mod tests {
             event(Free, 5, 32_768, 23),
         ];
         let ops = [record(10, 12, Op::EmbeddingBackward(e.clone())), record(21, 23, Op::EmbeddingBackward(e.clone()))];
-        let plan = plan(&trace, &ops, ReductionDevice::H100, Libtorch::V2_11, None);
+        let plan = plan(&trace, &ops, ReductionDevice::H100, RnnWeights::Flattened, Libtorch::V2_11, None);
         assert_eq!(plan.dropped, [false, true, false, true, false, true, false, true]);
         let (before, after) = embedding_backward_temporaries(&e);
         let of = |t: &[Temporary], at: usize| {

@@ -57,6 +57,7 @@ mod compare;
 mod config;
 mod kernels;
 mod reduction;
+pub mod rnn;
 mod run;
 mod version;
 
