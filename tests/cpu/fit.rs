@@ -195,6 +195,41 @@ fn an_lstm_is_modelled_as_cudnn_runs_it() {
     assert!(range.low.allocated < s.peak_allocated && s.peak_allocated < range.high.allocated, "{p}");
 }
 
+/// Float attention without a mask: CUDA's memory-efficient kernel is
+/// modelled in place of the CPU's flash kernel (forward and backward), so the
+/// prediction is a point; in bfloat16 (cuDNN's attention on an H200, not
+/// modelled) it is a range that names the ops.
+#[test]
+fn float_attention_is_modelled_as_cudas_memory_efficient_kernel() {
+    let _s = serial();
+    let predict = |kind: Kind| {
+        memlab::clear_registry();
+        tch::manual_seed(0);
+        let vs = nn::VarStore::new(tch::Device::Cpu);
+        let proj = nn::linear(vs.root() / "proj", 64, 64, Default::default());
+        let mut adam = nn::Adam::default().build(&vs, 1e-3).unwrap();
+        let x = Tensor::randn([2, 4, 100, 64], (Kind::Float, tch::Device::Cpu));
+        let mut step = || {
+            let h = proj.forward(&x).to_kind(kind);
+            let out = Tensor::scaled_dot_product_attention(&h, &h, &h, None::<&Tensor>, 0.0, true, None, false);
+            adam.backward_step(&out.to_kind(Kind::Float).mean(None));
+            Ok(())
+        };
+        WillItFit::peaks().of(&vs).run(&mut step).unwrap()
+    };
+    let p = predict(Kind::Float);
+    assert!(p.unmodelled.is_empty(), "{p}");
+    assert!(p.settings[0].range.is_none(), "{p}");
+    let kernels = p.kernels.clone().unwrap();
+    assert_eq!(kernels.attentions, 2 * p.cpu_step_peaks.len(), "forward and backward, a step: {p}");
+    // 100 steps: the workspace's rows rounded up to 128, of 64 floats, and
+    // a quarter byte a row.
+    assert_eq!(kernels.largest_attention_workspace, 2 * 4 * 128 * 64 * 4 + 2 * 4 * 128 / 4, "{p}");
+    let p = predict(Kind::BFloat16);
+    assert!(p.unmodelled.iter().any(|u| u.name.contains("attention")), "{p}");
+    assert!(p.settings[0].range.is_some(), "{p}");
+}
+
 #[test]
 fn a_failing_step_is_returned_as_it_failed() {
     let _s = serial();

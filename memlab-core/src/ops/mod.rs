@@ -11,6 +11,7 @@
 //! predicted from a CPU one (`memlab replay --as-cuda`) models what each
 //! would allocate on CUDA, and [`table`] says which ops it does not model.
 
+pub mod attention;
 pub mod rnn;
 pub mod table;
 

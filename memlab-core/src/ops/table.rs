@@ -96,7 +96,8 @@ const LOSS: &str = "its output (and the reduction's, a scalar) only, on both dev
 const MATMUL: &str = "cuBLAS on CUDA: the first product on a thread makes that thread's workspace (modelled)";
 const REDUCTION: &str = "CUDA's reduction may stage partial results through a buffer (modelled)";
 const SDPA: &str = "CUDA runs flash, memory-efficient or cuDNN attention, each with its own logsumexp, seeds and \
-                    workspace; the CPU runs its own flash kernel with per-thread scratch";
+                    workspace; the CPU runs its own flash kernel with per-thread scratch. Float attention without \
+                    a mask or dropout is modelled as CUDA's memory-efficient kernel (`AttentionCall`)";
 const RNN: &str = "CUDA runs cuDNN's RNN (a flattened weight buffer where the weights are not, a workspace, and a \
                    reserve kept for the backward pass); the CPU runs oneDNN's or per-step cells. An LSTM or GRU \
                    call whose record gives its shapes and flags is modelled (`RnnCall`), with its backward pass";
@@ -302,6 +303,9 @@ pub fn class_of(record: &OpRecord) -> Class {
         // What an RNN's CPU kernels run inside it, and its backward pass,
         // are the RNN's (see `replay::rnn`).
         Op::Other if super::rnn::RnnCall::of(record).is_some() => Class::Modelled,
+        // Float attention without a mask or dropout: CUDA's memory-efficient
+        // kernel (see `replay::attention`).
+        Op::Other if super::attention::AttentionCall::of(record).is_some() => Class::Modelled,
         // Not an op: the ops inside it are classed.
         Op::BackwardNode => Class::Same,
         Op::Other => match entry(&record.name).map(|e| e.class) {

@@ -1030,6 +1030,16 @@ impl Render for CudaPrediction {
                         );
                     }
                 }
+                if k.attentions > 0 {
+                    doc.note(format!(
+                        "Attention: {} float kernels without a mask ran (forward and backward); CUDA runs them as \
+                         memory-efficient attention: its logsumexp padded to 32 steps, and in the backward pass a \
+                         temporary of the query's size, two row sums and a workspace (the largest {}), as an H200 \
+                         allocated them; the CPU kernel's own scratch left out.",
+                        k.attentions,
+                        Cell::bytes(k.largest_attention_workspace)
+                    ));
+                }
                 if k.embedding_backwards > 0 {
                     doc.note(format!(
                         "Embedding backward passes: {} ran; CUDA's sorts the indices and sums the gradient per \

@@ -12,9 +12,11 @@ use crate::export::TraceEntry;
 use crate::ops::table::{Bound, Class};
 use crate::ops::{Convolution, EmbeddingBackward, Op, OpRecord};
 
+use super::attention;
 use super::reduction::{staging, ReductionDevice};
 use super::rnn::{input_copy, reserve, workspace, Found, RnnWeights};
 use super::Libtorch;
+use crate::ops::attention::{AttentionCall, AttentionOp};
 use crate::ops::rnn::RnnCall;
 
 /// What the prediction changed of a CPU history for its watched ops.
@@ -64,6 +66,13 @@ pub struct KernelsModelled {
     /// The largest reserve space kept for a backward pass, in bytes.
     #[serde(default)]
     pub largest_rnn_reserve: u64,
+    /// Attention kernels watched (forward and backward) that CUDA runs as
+    /// memory-efficient attention ([`super::attention`]).
+    #[serde(default)]
+    pub attentions: usize,
+    /// The largest of their backward passes' workspaces, in bytes.
+    #[serde(default)]
+    pub largest_attention_workspace: u64,
 }
 
 /// A kernel's scratch, allocated right after an event: freed at once, or
@@ -358,10 +367,13 @@ pub(super) fn plan(
     // The RNNs first: what ran inside them and their backward passes is
     // theirs, and no other op's model applies there.
     let rnns = rnn_runs(ops);
-    let covered: Vec<(u64, u64)> = rnns.iter().flat_map(|run| run.spans()).collect();
+    let covered = covered_by_models(ops);
     let in_rnn = |r: &OpRecord| covered.iter().any(|&(start, end)| start <= r.start_us && r.start_us <= end);
     for (k, run) in rnns.iter().enumerate() {
         model_rnn(&mut plan, trace, ops, &freed_at, run, RNN_LIVES + RNN_LIVES_EACH * k as u32, rnn_weights, side);
+    }
+    for (k, (r, call)) in attention_kernels(ops).into_iter().enumerate() {
+        model_attention(&mut plan, trace, &freed_at, r, &call, ATTENTION_LIVES + 8 * k as u32);
     }
     // libtorch's cache of algorithms: one key per shape and pass.
     type Key<'a> = (&'a [i64], &'a [i64], &'a [i64], &'a [i64], &'a [i64], i64, u32, Computing);
@@ -525,7 +537,7 @@ pub struct Unmodelled {
 /// memlab models with its details, a convolution's oneDNN kernel say, is
 /// that op's), each with its bound's rule.
 fn unmodelled_runs(ops: &[OpRecord]) -> Vec<(&OpRecord, Bound)> {
-    let covered: Vec<(u64, u64)> = rnn_runs(ops).iter().flat_map(|run| run.spans()).collect();
+    let covered = covered_by_models(ops);
     let ops: Vec<&OpRecord> =
         ops.iter().filter(|r| !covered.iter().any(|&(s, e)| s <= r.start_us && r.start_us <= e)).collect();
     let mut runs: Vec<(&OpRecord, Bound)> = Vec::new();
@@ -653,6 +665,95 @@ fn bound(plan: &mut Plan, trace: &[TraceEntry], ops: &[OpRecord], freed_at: &[us
             }
         }
     }
+}
+
+/// The times whose allocations a model of its own replaces: each RNN call
+/// and its backward pass, each attention kernel memlab models, and the
+/// `scaled_dot_product_attention` that ran one.
+fn covered_by_models(ops: &[OpRecord]) -> Vec<(u64, u64)> {
+    let mut covered: Vec<(u64, u64)> = rnn_runs(ops).iter().flat_map(|run| run.spans()).collect();
+    let kernels: Vec<(u64, u64)> =
+        attention_kernels(ops).iter().map(|(r, _)| (r.start_us, r.end_us.max(r.start_us))).collect();
+    let dispatch = ops
+        .iter()
+        .filter(|r| r.name == "scaled_dot_product_attention")
+        .filter(|r| kernels.iter().any(|&(start, _)| r.start_us <= start && start <= r.end_us.max(r.start_us)));
+    covered.extend(dispatch.map(|r| (r.start_us, r.end_us.max(r.start_us))));
+    covered.extend(kernels);
+    covered
+}
+
+/// The CPU's flash attention kernels (forward and backward) that CUDA runs
+/// as memory-efficient attention ([`AttentionCall::of`]).
+fn attention_kernels(ops: &[OpRecord]) -> Vec<(&OpRecord, AttentionCall)> {
+    ops.iter().filter_map(|r| AttentionCall::of(r).filter(|c| c.op != AttentionOp::Dispatch).map(|c| (r, c))).collect()
+}
+
+/// Where the attention kernels' lives are numbered: 8 each.
+const ATTENTION_LIVES: u32 = 1 << 28;
+
+/// What CUDA's memory-efficient attention allocates for one of the CPU's
+/// flash kernels, in place of the CPU kernel's own scratch: forward, its
+/// logsumexp padded to 32 steps (living as the CPU's did); backward, after
+/// the three gradients, a temporary of the query's size, two row sums and a
+/// workspace, as an H200 allocated them ([`super::attention`]).
+fn model_attention(
+    plan: &mut Plan,
+    trace: &[TraceEntry],
+    freed_at: &[usize],
+    r: &OpRecord,
+    call: &AttentionCall,
+    base: u32,
+) {
+    if trace.is_empty() {
+        return;
+    }
+    let last = trace.len() - 1;
+    let range = window(trace, r);
+    let allocations: Vec<usize> =
+        range.clone().filter(|&i| trace[i].action == Action::Alloc && !plan.dropped[i]).collect();
+    let drop = |plan: &mut Plan, i: usize| {
+        plan.dropped[i] = true;
+        if freed_at[i] != usize::MAX {
+            plan.dropped[freed_at[i]] = true;
+        }
+    };
+    // The CPU kernel's scratch, made and freed inside it.
+    for &i in allocations.iter().filter(|&&i| freed_at[i] < range.end) {
+        drop(plan, i);
+    }
+    let outlive: Vec<usize> = allocations.iter().copied().filter(|&i| freed_at[i] >= range.end).collect();
+    let push = |plan: &mut Plan, after: usize, bytes: u64, life: Life| {
+        plan.temporaries.push(Temporary { after: after.min(last), bytes, soft: None, life });
+    };
+    match call.op {
+        AttentionOp::CpuForward => {
+            let (cpu, cuda) = (attention::cpu_logsumexp(call), attention::logsumexp(call));
+            let found = outlive.iter().rev().find(|&&i| trace[i].size == cpu).copied();
+            if let Some(i) = found.filter(|_| cpu != cuda) {
+                drop(plan, i);
+                push(plan, i.saturating_sub(1), cuda, Life::Opens(base));
+                if freed_at[i] != usize::MAX {
+                    push(plan, freed_at[i], cuda, Life::Closes(base));
+                }
+            }
+        }
+        AttentionOp::CpuBackward => {
+            let at = outlive.last().copied().unwrap_or_else(|| range.end.saturating_sub(1));
+            let (query, delta, workspace) = (call.query_bytes(), attention::delta(call), attention::workspace(call));
+            plan.modelled.largest_attention_workspace = plan.modelled.largest_attention_workspace.max(workspace);
+            push(plan, at, query, Life::Opens(base + 1));
+            push(plan, at, delta, Life::Opens(base + 2));
+            push(plan, at, delta, Life::Opens(base + 3));
+            push(plan, at, delta, Life::Closes(base + 2));
+            push(plan, at, query, Life::Closes(base + 1));
+            push(plan, at, workspace, Life::Opens(base + 4));
+            push(plan, at, delta, Life::Closes(base + 3));
+            push(plan, at, workspace, Life::Closes(base + 4));
+        }
+        AttentionOp::Dispatch => return,
+    }
+    plan.modelled.attentions += 1;
 }
 
 /// Where the RNNs' lives are numbered: each run takes the next

@@ -53,6 +53,7 @@
 
 mod allocator;
 mod as_cuda;
+pub mod attention;
 mod compare;
 mod config;
 mod kernels;
