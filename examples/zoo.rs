@@ -19,6 +19,8 @@
 //! `--out FILE.pickle` records the steps instead (their ops watched; on CUDA
 //! beside the peaks, on the CPU in place of the prediction) and writes the
 //! recording as a memlab snapshot, which `memlab replay --as-cuda` reads.
+//! `--threads N` runs the CPU's kernels on N threads (libtorch's default:
+//! one a core).
 //!
 //! The models, each with its optimizer: an MLP (Adam); a CNN (SGD with
 //! momentum); a ResNet with batch norm (AdamW); a U-Net (transposed
@@ -481,11 +483,19 @@ struct Args {
     setting: String,
     steps: usize,
     out: Option<String>,
+    threads: Option<i32>,
 }
 
 fn args() -> Result<Option<Args>, Box<dyn Error>> {
-    let mut args =
-        Args { model: String::new(), size: 0, device: Device::Cpu, setting: "default".into(), steps: 5, out: None };
+    let mut args = Args {
+        model: String::new(),
+        size: 0,
+        device: Device::Cpu,
+        setting: "default".into(),
+        steps: 5,
+        out: None,
+        threads: None,
+    };
     let mut given = std::env::args().skip(1);
     while let Some(flag) = given.next() {
         let mut value = || given.next().ok_or_else(|| format!("{flag} needs a value"));
@@ -505,6 +515,7 @@ fn args() -> Result<Option<Args>, Box<dyn Error>> {
             "--setting" => args.setting = value()?,
             "--steps" => args.steps = value()?.parse()?,
             "--out" => args.out = Some(value()?),
+            "--threads" => args.threads = Some(value()?.parse()?),
             "--device" => {
                 args.device = match value()?.as_str() {
                     "cpu" => Device::Cpu,
@@ -523,6 +534,9 @@ fn args() -> Result<Option<Args>, Box<dyn Error>> {
 
 fn main() -> Result<(), Box<dyn Error>> {
     let Some(args) = args()? else { return Ok(()) };
+    if let Some(threads) = args.threads {
+        tch::set_num_threads(threads);
+    }
     let mut vs = nn::VarStore::new(args.device);
     let (model, mut optimizer) = build(&args.model, &mut vs)?;
     let mut line = serde_json::json!({
