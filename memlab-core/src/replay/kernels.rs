@@ -364,11 +364,12 @@ pub(super) fn plan(
             plan.temporaries.push(Temporary { after: at, bytes: semaphores, soft: None, life: Life::Instant });
         }
     };
-    // The RNNs first: what ran inside them and their backward passes is
-    // theirs, and no other op's model applies there.
+    // The RNNs and attention kernels first: what ran inside them (and inside
+    // an RNN's backward pass) is theirs, and no other op's model applies
+    // there.
     let rnns = rnn_runs(ops);
     let covered = covered_by_models(ops);
-    let in_rnn = |r: &OpRecord| covered.iter().any(|&(start, end)| start <= r.start_us && r.start_us <= end);
+    let modelled_apart = |r: &OpRecord| covered.iter().any(|&(start, end)| start <= r.start_us && r.start_us <= end);
     for (k, run) in rnns.iter().enumerate() {
         model_rnn(&mut plan, trace, ops, &freed_at, run, RNN_LIVES + RNN_LIVES_EACH * k as u32, rnn_weights, side);
     }
@@ -398,7 +399,7 @@ pub(super) fn plan(
         }
         (kept, gone)
     };
-    for r in ops.iter().filter(|r| !in_rnn(r)) {
+    for r in ops.iter().filter(|r| !modelled_apart(r)) {
         let Op::Convolution(conv) = &r.op else { continue };
         let (kept, scratch) = cpu_own(&mut plan.dropped, r);
         plan.modelled.cpu_scratch += scratch.len();
@@ -436,7 +437,7 @@ pub(super) fn plan(
     // gradient, on some CPU paths), which the convolution's model covers.
     let convolutions: Vec<(u64, u64)> =
         ops.iter().filter(|r| matches!(r.op, Op::Convolution(_))).map(|r| (r.start_us, r.end_us)).collect();
-    for r in ops.iter().filter(|r| !in_rnn(r)) {
+    for r in ops.iter().filter(|r| !modelled_apart(r)) {
         let Op::Reduction(reduction) = &r.op else { continue };
         if convolutions.iter().any(|&(start, end)| start <= r.start_us && r.start_us <= end) {
             continue;
@@ -445,7 +446,7 @@ pub(super) fn plan(
             window(r).filter(|&i| trace[i].action == Action::Alloc && !plan.dropped[i]).take(1).collect();
         stage(&mut plan, reduction, after(r, &kept, 1));
     }
-    for r in ops.iter().filter(|r| !in_rnn(r)) {
+    for r in ops.iter().filter(|r| !modelled_apart(r)) {
         let Op::SoftmaxBackward { shape, element_size } = &r.op else { continue };
         // After the gradient it computes, which the op allocates first.
         let kept: Vec<usize> =
@@ -481,7 +482,7 @@ pub(super) fn plan(
             }
         }
     }
-    for r in ops.iter().filter(|r| !in_rnn(r)) {
+    for r in ops.iter().filter(|r| !modelled_apart(r)) {
         let Op::Matmul { in_backward } = r.op else { continue };
         // After the product's output: cuBLAS is called once it is there.
         let output: Vec<usize> =
