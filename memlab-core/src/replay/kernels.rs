@@ -368,10 +368,10 @@ pub(super) fn plan(
     // an RNN's backward pass) is theirs, and no other op's model applies
     // there.
     let rnns = rnn_runs(ops);
-    let covered = covered_by_models(ops);
+    let covered = covered_by_models(ops, &rnns);
     let modelled_apart = |r: &OpRecord| covered.iter().any(|&(start, end)| start <= r.start_us && r.start_us <= end);
     for (k, run) in rnns.iter().enumerate() {
-        model_rnn(&mut plan, trace, ops, &freed_at, run, RNN_LIVES + RNN_LIVES_EACH * k as u32, rnn_weights, side);
+        model_rnn(&mut plan, trace, &freed_at, run, RNN_LIVES + RNN_LIVES_EACH * k as u32, rnn_weights, side);
     }
     for (k, (r, call)) in attention_kernels(ops).into_iter().enumerate() {
         model_attention(&mut plan, trace, &freed_at, r, &call, ATTENTION_LIVES + 8 * k as u32);
@@ -538,7 +538,7 @@ pub struct Unmodelled {
 /// memlab models with its details, a convolution's oneDNN kernel say, is
 /// that op's), each with its bound's rule.
 fn unmodelled_runs(ops: &[OpRecord]) -> Vec<(&OpRecord, Bound)> {
-    let covered = covered_by_models(ops);
+    let covered = covered_by_models(ops, &rnn_runs(ops));
     let ops: Vec<&OpRecord> =
         ops.iter().filter(|r| !covered.iter().any(|&(s, e)| s <= r.start_us && r.start_us <= e)).collect();
     let mut runs: Vec<(&OpRecord, Bound)> = Vec::new();
@@ -671,8 +671,8 @@ fn bound(plan: &mut Plan, trace: &[TraceEntry], ops: &[OpRecord], freed_at: &[us
 /// The times whose allocations a model of its own replaces: each RNN call
 /// and its backward pass, each attention kernel memlab models, and the
 /// `scaled_dot_product_attention` that ran one.
-fn covered_by_models(ops: &[OpRecord]) -> Vec<(u64, u64)> {
-    let mut covered: Vec<(u64, u64)> = rnn_runs(ops).iter().flat_map(|run| run.spans()).collect();
+fn covered_by_models(ops: &[OpRecord], rnns: &[RnnRun<'_>]) -> Vec<(u64, u64)> {
+    let mut covered: Vec<(u64, u64)> = rnns.iter().flat_map(|run| run.spans()).collect();
     let kernels: Vec<(u64, u64)> =
         attention_kernels(ops).iter().map(|(r, _)| (r.start_us, r.end_us.max(r.start_us))).collect();
     let dispatch = ops
@@ -793,12 +793,13 @@ fn rnn_runs(ops: &[OpRecord]) -> Vec<RnnRun<'_>> {
         let Some(call) = RnnCall::of(r) else { continue };
         let nodes: Vec<&OpRecord> = r.backward_nodes(ops).collect();
         let backward = nodes.iter().map(|n| n.start_us).min().zip(nodes.iter().map(|n| n.end_us.max(n.start_us)).max());
+        // Other ops' nodes: numbered outside the call's numbers.
+        let ours = r.sequence.zip(r.sequence_end).map_or(0..0, |(first, end)| first..end);
         let foreign = match backward {
             Some((start, end)) => ops
                 .iter()
                 .filter(|n| matches!(n.op, Op::BackwardNode) && start <= n.start_us && n.start_us <= end)
-                .filter(|n| !nodes.iter().any(|m| std::ptr::eq(*m, *n)))
-                .filter(|n| n.sequence.is_some())
+                .filter(|n| n.sequence.is_some_and(|s| !ours.contains(&s)))
                 .map(|n| (n.start_us, n.end_us.max(n.start_us)))
                 .collect(),
             None => Vec::new(),
@@ -829,7 +830,6 @@ fn rnn_runs(ops: &[OpRecord]) -> Vec<RnnRun<'_>> {
 fn model_rnn(
     plan: &mut Plan,
     trace: &[TraceEntry],
-    _ops: &[OpRecord],
     freed_at: &[usize],
     run: &RnnRun<'_>,
     base: u32,

@@ -94,7 +94,7 @@ pub fn workspace(call: &RnnCall) -> RnnWorkspace {
             && m.input == call.input
             && m.hidden == call.hidden
             && m.seq == call.seq
-            && m.dtype == dtype_of(call)
+            && m.dtype == call.dtype
     };
     let mut at: Vec<(u64, u64)> = H200_MEASURED.iter().filter(same).map(|m| (m.batch, m.workspace)).collect();
     at.sort_unstable();
@@ -144,10 +144,6 @@ fn estimate(call: &RnnCall) -> u64 {
     let bytes =
         c[0] * n + c[1] * t * b * h * n * e + c[2] * t * b * i * d * e + c[3] * t * h * n * e + c[4] * h * h * n * e;
     bytes.max(0.0).round() as u64
-}
-
-fn dtype_of(call: &RnnCall) -> DType {
-    call.dtype
 }
 
 /// One measured configuration's forward workspace.
