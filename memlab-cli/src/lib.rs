@@ -16,6 +16,7 @@
 //! memlab diff A B [--html FILE.html] [--json]
 //! memlab merge FILES… -o DIR [--offset RANK=µs]… [--json]
 //! memlab replay SNAPSHOT [--setting CONF]… [--capacity BYTES | --fraction F] [--total BYTES] [--compare] [--libtorch VERSION] [--json]
+//! memlab replay CPU_SNAPSHOT --as-cuda [--capacity BYTES] [--setting CONF]… [--json] [--history FILE.pickle]
 //! ```
 //!
 //! This crate is the command's parts, as a library: reading snapshots into
@@ -350,6 +351,13 @@
 //! figure, one object per device (`segment_events`,
 //! `segment_events_matched`, `peak_reserved`, `peak_allocated`, `ooms`, and
 //! `replays` under the other settings).
+//!
+//! `memlab replay CPU_SNAPSHOT --as-cuda` predicts a CUDA run from a step
+//! recorded on the CPU (the guide is `memlab::will_it_fit`'s); `--history
+//! FILE.pickle` also writes the CUDA history the prediction replays, the
+//! recording's ops beside it: `memlab view` draws it, `memlab replay`
+//! replays it, and set beside the CUDA run's own recording it shows where
+//! the two part.
 
 pub mod diff;
 pub mod merge;

@@ -8,7 +8,7 @@
 //! memlab diff A B [--html FILE.html] [--json]
 //! memlab merge FILES… -o DIR [--offset RANK=µs]… [--json]
 //! memlab replay SNAPSHOT [--setting CONF]… [--capacity BYTES | --fraction F] [--total BYTES] [--compare] [--libtorch VERSION] [--json]
-//! memlab replay CPU_SNAPSHOT --as-cuda [--capacity BYTES] [--setting CONF]… [--json]
+//! memlab replay CPU_SNAPSHOT --as-cuda [--capacity BYTES] [--setting CONF]… [--json] [--history FILE.pickle]
 //! ```
 //!
 //! Bad input (a missing, empty, truncated or non-snapshot file, a pickle that
@@ -143,6 +143,12 @@ enum Command {
         /// --as-cuda the prediction.
         #[arg(long)]
         json: bool,
+        /// With --as-cuda: also write the CUDA history the prediction
+        /// replays (the CPU run's allocations with what CUDA adds, the ops
+        /// beside them) as a snapshot pickle, for `memlab view` or `memlab
+        /// replay`, or to set beside a CUDA run's own recording.
+        #[arg(long, value_name = "FILE.pickle", requires = "as_cuda")]
+        history: Option<String>,
     },
 }
 
@@ -262,7 +268,7 @@ fn run(command: Command) -> Result<(), String> {
             show(&diff, json);
             Ok(())
         }
-        Command::Replay { snapshot, settings, capacity, as_cuda: true, json, libtorch, .. } => {
+        Command::Replay { snapshot, settings, capacity, as_cuda: true, json, libtorch, history, .. } => {
             let options = memlab_core::replay::PredictOptions {
                 capacity: capacity.as_deref().map(|c| bytes(c, "--capacity")).transpose()?,
                 settings,
@@ -277,6 +283,11 @@ fn run(command: Command) -> Result<(), String> {
             let file = read_snapshot(&snapshot, "replay")?;
             let predicted =
                 memlab_core::replay::predict_cuda(&snapshot, &file.snapshot, &options).map_err(|e| e.to_string())?;
+            if let Some(out) = &history {
+                memlab_core::replay::predicted_history(&snapshot, &file.snapshot, &options)
+                    .and_then(|h| h.write_pickle(out))
+                    .map_err(|e| format!("--history {out}: {e}"))?;
+            }
             show(&predicted, json);
             Ok(())
         }

@@ -711,6 +711,25 @@ fn a_cpu_recording_predicts_the_cuda_run_and_whether_it_fits() {
 }
 
 #[test]
+fn the_predicted_history_replays_to_the_prediction() {
+    // `--history` writes the CUDA history the prediction replays: replayed
+    // as a recording, it gives the prediction's own peaks.
+    let path = fixture("fit/mlp_1024_cpu.pickle");
+    let path = path.to_str().unwrap();
+    let out = std::env::temp_dir().join(format!("memlab_history_{}.pickle", std::process::id()));
+    let predicted = json(&["replay", path, "--as-cuda", "--json", "--history", out.to_str().unwrap()]);
+    let replayed = json(&["replay", out.to_str().unwrap(), "--json"]);
+    let _ = std::fs::remove_file(&out);
+    let device = &replayed["devices"][0];
+    assert_eq!(device["device"], "cuda:0", "{replayed}");
+    assert_eq!(device["peak_reserved"], predicted["settings"][0]["peak_reserved"], "{replayed}");
+    assert_eq!(device["peak_allocated"], predicted["settings"][0]["peak_allocated"], "{replayed}");
+    // Without --as-cuda there is no prediction to write.
+    let output = memlab(&["replay", path, "--history", "x.pickle"]);
+    assert_eq!(output.status.code(), Some(2));
+}
+
+#[test]
 fn replay_refuses_what_it_cannot_replay_in_one_line() {
     let cuda = fixture("replay/mlp__default.pickle");
     let cuda = cuda.to_str().unwrap();

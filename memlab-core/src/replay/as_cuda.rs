@@ -693,6 +693,28 @@ pub fn predict_cuda(name: &str, snapshot: &Snapshot, options: &PredictOptions) -
     })
 }
 
+/// The CUDA history [`predict_cuda`] replays for its point: the CPU run's
+/// allocations with what CUDA adds, in order, on `cuda:0`, with the
+/// recording's ops beside them. A snapshot like any other: `memlab replay`
+/// replays it, `memlab view` and PyTorch's memory viewer show it, and set
+/// beside a CUDA run's own recording it shows where the two part.
+pub fn predicted_history(name: &str, snapshot: &Snapshot, options: &PredictOptions) -> Result<Snapshot> {
+    crate::export::check_figures(snapshot).map_err(|why| Error::InvalidArgument(format!("{name}: {why}")))?;
+    let additions = options.additions.clone().unwrap_or_else(|| CudaAdditions::of(options.libtorch, 9));
+    let total = options.capacity.unwrap_or(MAX_CARD);
+    let mut history =
+        as_cuda(snapshot, &additions, options.libtorch, total, &options.live_before, options.workspaces_after, None)
+            .map_err(|e| match e {
+                Error::InvalidArgument(why) => Error::InvalidArgument(format!("{name}: {why}")),
+                other => other,
+            })?
+            .snapshot;
+    if let (Some(info), Some(ops)) = (history.memlab.as_mut(), snapshot.memlab.as_ref().and_then(|m| m.ops.clone())) {
+        info.ops = Some(ops);
+    }
+    Ok(history)
+}
+
 /// Parses the settings a prediction is asked for, refusing the first that
 /// libtorch would refuse, and a memory fraction: a prediction is for a
 /// whole card. What [`predict_cuda`] does first; a caller that runs the
