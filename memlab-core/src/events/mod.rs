@@ -268,7 +268,7 @@ impl Backtrace {
             static SHARED: RefCell<crate::hash::FastMap<u64, Arc<Backtrace>>> = RefCell::default();
         }
         let started = own_work::on().then(std::time::Instant::now);
-        let mut share = |addresses: &[u64]| {
+        let share = |addresses: &[u64]| {
             let mut hasher = crate::hash::FastHasher::default();
             addresses.hash(&mut hasher);
             let key = hasher.finish();
@@ -292,7 +292,7 @@ impl Backtrace {
                 .unwrap_or_else(|_| fresh())
         };
         #[cfg(all(feature = "unwinder", target_os = "linux", target_arch = "x86_64"))]
-        let (backtrace, n, skipped) = unwind::capture_memoized(&mut share);
+        let (backtrace, n, skipped) = unwind::capture_memoized(&mut { share });
         #[cfg(not(all(feature = "unwinder", target_os = "linux", target_arch = "x86_64")))]
         let (backtrace, n, skipped) = {
             let mut frames = [0u64; 64];

@@ -265,6 +265,13 @@ fn run(
             model.empty_cache();
             out.empty_cache_at.push(i);
         }
+        // The segment the request made, where the recording says so: at
+        // the driver's address.
+        if let Some(made) = i.checked_sub(1).map(|p| &trace[p]).filter(|p| p.action == Action::SegmentAlloc) {
+            if let Some(address) = made.addr {
+                model.next_segment_at(address, made.size);
+            }
+        }
         match e.action {
             Action::Alloc => match model.malloc(e.size, e.stream) {
                 Ok(id) => {
@@ -399,7 +406,10 @@ fn rebuild(
     // In the model, in the order of their addresses.
     let placed: Vec<(u64, u64, u64)> = before
         .iter()
-        .map(|(&address, &(size, stream, small))| (address, size, model.restore_segment(size, stream, small)))
+        .map(|(&address, &(size, stream, small))| {
+            model.next_segment_at(address, size);
+            (address, size, model.restore_segment(size, stream, small))
+        })
         .collect();
     let mut blocks = 0;
     for (address, size) in held {
