@@ -8,8 +8,14 @@
 //! `--transposed` runs each shape as a transposed convolution instead (the
 //! shape's output channels in, its input channels out) and prints, as JSON,
 //! what every op allocated: what memlab's table calls not modelled yet.
+//! `--grid` measures the shapes of common convolutional networks (channels
+//! 3 to 512, sizes 7 to 224, kernels 1, 3 and 7, strides 1 and 2, batches 4
+//! to 4,096) one pass at a time, the forward pass, the input's gradient and
+//! the weight's each alone, and prints a JSON line of each shape's
+//! workspaces: the table memlab's estimate reads
+//! (`fixtures/cudnn/convolution_h200.jsonl`).
 //!
-//!     cargo run --release --example cudnn_workspaces [-- --json | --transposed]
+//!     cargo run --release --example cudnn_workspaces [-- --json | --transposed | --grid]
 //!
 //! Needs a CUDA device.
 
@@ -64,6 +70,9 @@ fn main() -> Result<(), Box<dyn Error>> {
     }
     if std::env::args().any(|a| a == "--transposed") {
         return transposed(device);
+    }
+    if std::env::args().any(|a| a == "--grid") {
+        return grid(device);
     }
     for &(n, c_in, c_out, h, k, s) in SHAPES {
         let vs = nn::VarStore::new(device);
@@ -160,6 +169,100 @@ fn transposed(device: Device) -> Result<(), Box<dyn Error>> {
             "n": n, "c_in": c_in, "c_out": c_out, "h": h, "k": k, "stride": s, "ops": per_op,
         });
         println!("{row}");
+    }
+    Ok(())
+}
+
+/// The shapes of `--grid`: (input channels, output channels, size, kernel,
+/// stride), each at the batches whose input and output fit 3 GiB.
+fn grid_shapes() -> Vec<(i64, i64, i64, i64, i64)> {
+    #[rustfmt::skip]
+    let pairs = [
+        (3, 16), (3, 32), (3, 64), (16, 16), (16, 32), (32, 32), (32, 64), (64, 64), (64, 128), (128, 128),
+        (128, 256), (256, 256), (256, 512), (512, 512), (64, 32), (128, 64), (256, 128), (512, 256), (64, 256),
+        (256, 64), (128, 512), (512, 128), (256, 1024), (1024, 256), (512, 2048), (2048, 512),
+    ];
+    let mut shapes = Vec::new();
+    for h in [32, 16, 64, 8, 28, 14, 56, 7, 128, 112, 224] {
+        for &(c_in, c_out) in &pairs {
+            for (k, s) in [(3, 1), (1, 1), (3, 2), (1, 2), (7, 2)] {
+                // The stems' 7 × 7 from 3 channels only; 1 × 1 only from 64 up.
+                let stem = k == 7;
+                if stem != (c_in == 3 && h >= 112) && (stem || c_in == 3) {
+                    continue;
+                }
+                if k == 1 && c_in < 64.min(c_out) {
+                    continue;
+                }
+                shapes.push((c_in, c_out, h, k, s));
+            }
+        }
+    }
+    shapes
+}
+
+/// What one pass allocated and freed inside each convolution op: whether
+/// it was a backward op, its output mask, the sizes.
+type Passes = Vec<(bool, u8, Vec<u64>)>;
+
+/// `--grid`: each shape's workspaces, one pass at a time.
+fn grid(device: Device) -> Result<(), Box<dyn Error>> {
+    use memlab::events::Action;
+    for (c_in, c_out, h, k, s) in grid_shapes() {
+        for n in [4i64, 16, 64, 256, 1024, 4096] {
+            let out_h = (h + 2 * (k / 2) - k) / s + 1;
+            let bytes = 4 * n * (c_in * h * h + c_out * out_h * out_h);
+            if bytes > 3 << 30 {
+                continue;
+            }
+            let vs = nn::VarStore::new(device);
+            let config = nn::ConvConfig { stride: s, padding: k / 2, bias: false, ..Default::default() };
+            let conv = nn::conv2d(vs.root() / "conv", c_in, c_out, k, config);
+            let input = Tensor::randn([n, c_in, h, h], (Kind::Float, device));
+            // What one pass allocated and freed inside each convolution op.
+            let measure = |pass: &dyn Fn()| -> Result<Passes, Box<dyn Error>> {
+                pass();
+                tch::Cuda::synchronize(0);
+                let recording = memlab::Recording::start(Settings::default().ops(true))?;
+                pass();
+                tch::Cuda::synchronize(0);
+                let snapshot = memlab::export::Exporter::of(&vs).snapshot()?;
+                drop(recording);
+                let cuda = snapshot.devices().iter().position(|d| d == "cuda:0").ok_or("no cuda:0 history")?;
+                let trace = &snapshot.device_traces[cuda];
+                let ops = snapshot.memlab.as_ref().and_then(|m| m.ops.clone()).unwrap_or_default();
+                let mut found = Vec::new();
+                for r in &ops {
+                    let Op::Convolution(c) = &r.op else { continue };
+                    let from = trace.partition_point(|e| e.time_us < r.start_us);
+                    let to = trace.partition_point(|e| e.time_us <= r.end_us);
+                    let window = &trace[from..to];
+                    let scratch = window
+                        .iter()
+                        .filter(|a| a.action == Action::Alloc)
+                        .filter(|a| window.iter().any(|f| f.action == Action::FreeRequested && f.addr == a.addr))
+                        .map(|a| a.size)
+                        .collect();
+                    found.push((c.backward, c.output_mask, scratch));
+                }
+                Ok(found)
+            };
+            let of = |found: Passes, backward: bool| -> Vec<u64> {
+                found.into_iter().filter(|f| f.0 == backward).flat_map(|f| f.2).collect()
+            };
+            let forward = of(measure(&|| drop(tch::no_grad(|| conv.forward(&input))))?, false);
+            let grad_input = input.copy().set_requires_grad(true);
+            // The input's gradient alone: the weight needs none.
+            let _ = conv.ws.set_requires_grad(false);
+            let input_grad = of(measure(&|| conv.forward(&grad_input).sum(Kind::Float).backward())?, true);
+            let _ = conv.ws.set_requires_grad(true);
+            let weight_grad = of(measure(&|| conv.forward(&input).sum(Kind::Float).backward())?, true);
+            let row = serde_json::json!({
+                "n": n, "c_in": c_in, "c_out": c_out, "h": h, "k": k, "stride": s,
+                "forward": forward, "input_grad": input_grad, "weight_grad": weight_grad,
+            });
+            println!("{row}");
+        }
     }
     Ok(())
 }

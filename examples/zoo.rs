@@ -16,9 +16,11 @@
 //! `ZOO {…}` line of JSON: on CUDA the peaks over `--steps` steps (5) from a
 //! fresh process, on the CPU the prediction for the setting
 //! (`WillItFit::peaks().setting(…)`), with the CPU's thread count.
-//! `--out FILE.pickle` records the steps instead (their ops watched; on CUDA
-//! beside the peaks, on the CPU in place of the prediction) and writes the
-//! recording as a memlab snapshot, which `memlab replay --as-cuda` reads.
+//! `--out FILE.pickle` also writes the steps' recording as a memlab
+//! snapshot (their ops watched): on CUDA, the GPU's own history beside its
+//! peaks, which `memlab replay` replays; on the CPU, the steps the
+//! prediction ran, with what lived before them (`WillItFit::save`), which
+//! `memlab replay --as-cuda` predicts from again without running them.
 //! `--threads N` runs the CPU's kernels on N threads (libtorch's default:
 //! one a core).
 //!
@@ -548,15 +550,12 @@ fn main() -> Result<(), Box<dyn Error>> {
     // stacks) whose snapshot is written there: what CUDA allocated, event by
     // event, to set beside the CPU run's.
     let recording = match &args.out {
-        Some(_) => Some(memlab::Recording::start(memlab::events::Settings::default().capacity(10_000_000).ops(true))?),
-        None => None,
-    };
-    if !args.device.is_cuda() && recording.is_some() {
-        // The CPU run itself, recorded: what `memlab replay --as-cuda` reads.
-        for _ in 0..args.steps {
-            optimizer.backward_step(&model.loss(args.size, args.device));
+        Some(_) if args.device.is_cuda() => {
+            Some(memlab::Recording::start(memlab::events::Settings::default().capacity(10_000_000).ops(true))?)
         }
-    } else if args.device.is_cuda() {
+        _ => None,
+    };
+    if args.device.is_cuda() {
         let conf = std::env::var("PYTORCH_CUDA_ALLOC_CONF").unwrap_or_default();
         let expected = if args.setting == "default" { "" } else { args.setting.as_str() };
         if conf != expected {
@@ -578,6 +577,9 @@ fn main() -> Result<(), Box<dyn Error>> {
         let mut fit = memlab::WillItFit::peaks();
         if args.setting != "default" {
             fit = fit.setting(args.setting.clone());
+        }
+        if let Some(out) = &args.out {
+            fit = fit.save(out);
         }
         let started = std::time::Instant::now();
         let predicted = fit.run(|| {

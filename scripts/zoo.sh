@@ -12,7 +12,10 @@
 #     cargo build --release --example zoo && cp target/release/examples/zoo .gpu/
 # with torch's libraries from its python3's torch. On CUDA each entry runs
 # under its setting as PYTORCH_CUDA_ALLOC_CONF. An entry that fails gets a
-# line with its error; each has at most 10 minutes.
+# line with its error; each has at most 10 minutes. With ZOO_SAVE=DIR, the
+# CPU's steps of each model and size are also saved there once
+# (DIR/MODEL_SIZE.pickle, `WillItFit::save`), for `memlab replay --as-cuda`
+# and the test of the committed zoo to predict from.
 set -u
 device=${1:?usage: zoo.sh cuda|cpu RESULTS.jsonl [SECONDS]}
 results=${2:?usage: zoo.sh cuda|cpu RESULTS.jsonl [SECONDS]}
@@ -39,8 +42,13 @@ started=$SECONDS
     break
   fi
   conf=$([ "$setting" = default ] || echo "$setting")
+  save=()
+  if [ "$device" = cpu ] && [ -n "${ZOO_SAVE:-}" ] && [ ! -e "$ZOO_SAVE/${model}_$size.pickle" ]; then
+    mkdir -p "$ZOO_SAVE"
+    save=(--out "$ZOO_SAVE/${model}_$size.pickle")
+  fi
   out=$(PYTORCH_CUDA_ALLOC_CONF="$conf" timeout 600 "$zoo" --model "$model" --size "$size" \
-    --device "$device" --setting "$setting" 2>&1)
+    --device "$device" --setting "$setting" "${save[@]}" 2>&1)
   line=$(printf '%s\n' "$out" | grep '^ZOO ' | tail -1)
   if [ -n "$line" ]; then
     echo "${line#ZOO }" >>"$results"

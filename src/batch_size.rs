@@ -301,6 +301,7 @@ fn predicted_need(
                 model: model.clone(),
                 additions: None,
                 max_steps: 3,
+                save: None,
             };
             let steps = Steps::record(prediction.max_steps, &prediction.model, || {
                 step(n).map_err(|e| Error::InvalidArgument(format!("the step at batch {n} failed: {e}")))

@@ -100,10 +100,14 @@
 //! search's own process on the GPU would run it (on an H100 it named the
 //! batch of the GPU's own search for the three models of BENCHMARKS.md).
 //!
-//! The same answer from a file: record the step on the CPU under a
-//! [`Recording`](crate::Recording) with
-//! [`Settings::ops`](crate::events::Settings::ops), export the snapshot, and
-//! run `memlab replay SNAPSHOT --as-cuda --capacity 80G`.
+//! The same answer from a file: [`WillItFit::save`] writes the steps it ran
+//! with what lived before them, and `memlab replay FILE --as-cuda
+//! --capacity 80G` predicts from it, for any card and setting, what this
+//! prediction says, without running the steps again (the zoo's entries are
+//! kept so, `fixtures/zoo/steps/`, and predicted again in CI). A step
+//! recorded under a [`Recording`](crate::Recording) with
+//! [`Settings::ops`](crate::events::Settings::ops) and exported is
+//! predicted too, without what lived before it.
 
 use memlab_core::replay::{CudaAdditions, CudaPrediction};
 use memlab_core::Result;
@@ -127,6 +131,7 @@ pub struct WillItFit {
     model: Option<Model>,
     additions: Option<CudaAdditions>,
     max_steps: Option<usize>,
+    save: Option<std::path::PathBuf>,
 }
 
 impl WillItFit {
@@ -181,6 +186,16 @@ impl WillItFit {
         self
     }
 
+    /// Also writes the steps' recording to `path` (a snapshot pickle), with
+    /// what lived before them: `memlab replay FILE --as-cuda` predicts from
+    /// it what this prediction says, and for other cards and settings,
+    /// without running the steps again. Written before the prediction
+    /// replays them, so a step the prediction refuses is kept too.
+    pub fn save(mut self, path: impl Into<std::path::PathBuf>) -> WillItFit {
+        self.save = Some(path.into());
+        self
+    }
+
     /// Runs `step` on the CPU until its peak is steady, then predicts.
     pub fn run(self, step: impl FnMut() -> Result<()>) -> Result<CudaPrediction> {
         let steps = CpuSteps {
@@ -189,6 +204,7 @@ impl WillItFit {
             model: self.model.unwrap_or_else(Model::registered),
             additions: self.additions,
             max_steps: self.max_steps.unwrap_or(5),
+            save: self.save,
         };
         steps.predict(step)
     }

@@ -24,6 +24,8 @@ pub(crate) struct CpuSteps {
     pub(crate) additions: Option<CudaAdditions>,
     /// The most steps run waiting for a steady peak (at least 2).
     pub(crate) max_steps: usize,
+    /// Where to write the steps' recording, if anywhere.
+    pub(crate) save: Option<std::path::PathBuf>,
 }
 
 impl CpuSteps {
@@ -33,6 +35,9 @@ impl CpuSteps {
         memlab_core::replay::check_settings_as(&self.settings, process_libtorch())?;
         let _turn = Turn::take()?;
         let steps = Steps::record(self.max_steps, &self.model, step)?;
+        if let Some(path) = &self.save {
+            steps.write(path, self.additions.clone())?;
+        }
         self.predict_from(&steps)
     }
 
@@ -206,6 +211,22 @@ impl Steps {
             start_us,
             peaks,
         })
+    }
+
+    /// Writes the steps' history to `path` with what a prediction takes
+    /// beside it, which `memlab replay --as-cuda` reads back.
+    pub(crate) fn write(&self, path: &std::path::Path, additions: Option<CudaAdditions>) -> Result<()> {
+        let mut snapshot = self.snapshot.clone();
+        if let Some(info) = snapshot.memlab.as_mut() {
+            info.prediction_inputs = Some(memlab_core::export::PredictionInputs {
+                live_before: self.live_before.clone(),
+                workspaces_after: self.workspaces_after,
+                empty_cache_at_us: self.empty_cache_at_us,
+                step_peaks: self.peaks.clone(),
+                additions,
+            });
+        }
+        snapshot.write_pickle(path)
     }
 
     /// These steps after `earlier`'s in one process, with the allocator's

@@ -187,6 +187,7 @@ fn a_partial_memlab_history_says_so() {
             profile: None,
             ops: None,
             unseen_before: Vec::new(),
+            prediction_inputs: None,
         }),
     };
     let path = temp("partial.pickle");
@@ -222,6 +223,7 @@ fn bad_input_gets_one_clear_line_and_exit_code_2() {
             b"\x80\x04\x95\x22\x00\x00\x00\x00\x00\x00\x00\x8c\x0bcollections\x94\x8c\x0bOrderedDict\x94\x93\x94)R\x94.".to_vec(),
             "refused: the pickle builds objects (STACK_GLOBAL at byte 39)",
         ),
+        ("cut.pickle.gz", b"\x1f\x8b\x08\x00".to_vec(), "it is gzipped but does not decompress"),
     ];
     let mut inputs: Vec<(String, String)> = cases
         .into_iter()
@@ -549,6 +551,7 @@ fn merge_tells_processes_on_one_gpu_apart_and_keeps_a_process_on_two() {
                 profile: None,
                 ops: None,
                 unseen_before: Vec::new(),
+                prediction_inputs: None,
             }),
         };
         let path = temp(name);
@@ -653,6 +656,7 @@ fn a_snapshot_that_says_its_devices_memory_replays_without_flags() {
         profile: None,
         ops: None,
         unseen_before: Vec::new(),
+        prediction_inputs: None,
     });
     let written = temp("fragmentation_with_memory.pickle");
     file.snapshot.write_pickle(&written).unwrap();

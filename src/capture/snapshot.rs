@@ -168,6 +168,7 @@ pub(crate) fn capture(sources: &Model) -> Result<Snapshot> {
                 .then(|| DeviceBytes { device: Device::Cpu.to_string(), bytes: unseen_cpu })
                 .into_iter()
                 .collect(),
+            prediction_inputs: None,
         }),
     })
 }

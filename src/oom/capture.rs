@@ -182,6 +182,7 @@ fn replay(failure: &Failure, index: usize, reserved: i64) -> Option<Replay> {
             profile: None,
             ops: None,
             unseen_before: Vec::new(),
+            prediction_inputs: None,
         }),
     };
     let options = memlab_core::replay::ReplayOptions {

@@ -39,7 +39,19 @@ fn a_step_is_predicted_from_its_cpu_runs_with_the_weights_made_before_it() {
         cpu_peak.set(memlab::stats::device_stats(Device::Cpu)?.allocated_bytes.all.peak);
         Ok(())
     };
-    let prediction = WillItFit::new(80 << 30).setting("expandable_segments:True").run(&mut step).unwrap();
+    let saved = std::env::temp_dir().join(format!("memlab_fit_steps_{}.pickle", std::process::id()));
+    let prediction = WillItFit::new(80 << 30).setting("expandable_segments:True").save(&saved).run(&mut step).unwrap();
+    // The steps saved predict again, from the file alone, what the program did.
+    let file = memlab::export::Snapshot::read_pickle(&saved).unwrap().snapshot;
+    let _ = std::fs::remove_file(&saved);
+    let options = memlab::replay::PredictOptions {
+        capacity: Some(80 << 30),
+        settings: vec![String::new(), "expandable_segments:True".into()],
+        ..Default::default()
+    };
+    let again = memlab::replay::predict_cuda("saved", &file, &options).unwrap();
+    assert_eq!(again.settings, prediction.settings);
+    assert_eq!(again.cpu_step_peaks, prediction.cpu_step_peaks);
 
     // Adam's state appears in the first step: the second is larger, and the
     // steps stop once two agree.

@@ -56,7 +56,8 @@ impl SnapshotFile {
 impl Snapshot {
     /// Reads a snapshot pickle: memlab's, or one PyTorch's
     /// `torch.cuda.memory._dump_snapshot` wrote. Files of gigabytes are read
-    /// through a buffer, twice, never whole into memory.
+    /// through a buffer, twice, never whole into memory. A gzipped one
+    /// (`FILE.pickle.gz`) is read as it is, decompressed into memory.
     pub fn read_pickle(path: impl AsRef<Path>) -> Result<SnapshotFile> {
         let path = path.as_ref();
         let unreadable = |why: String| Error::UnreadableSnapshot { file: path.display().to_string(), why };
@@ -64,7 +65,17 @@ impl Snapshot {
         if meta.is_dir() {
             return Err(unreadable("it is a directory; give a snapshot's file (a .pickle)".into()));
         }
-        let file = File::open(path).map_err(|e| unreadable(io_why(&e)))?;
+        let mut file = File::open(path).map_err(|e| unreadable(io_why(&e)))?;
+        let mut magic = [0u8; 2];
+        let gzipped = file.read_exact(&mut magic).is_ok() && magic == [0x1f, 0x8b];
+        file.seek(std::io::SeekFrom::Start(0)).map_err(|e| unreadable(io_why(&e)))?;
+        if gzipped {
+            let mut bytes = Vec::new();
+            flate2::read::GzDecoder::new(std::io::BufReader::new(file))
+                .read_to_end(&mut bytes)
+                .map_err(|e| unreadable(format!("it is gzipped but does not decompress: {e}")))?;
+            return read(std::io::Cursor::new(bytes)).map_err(unreadable);
+        }
         read(file).map_err(unreadable)
     }
 
@@ -600,6 +611,14 @@ fn read_info(strings: &Strings, b: &mut Builder, value: &Value) -> std::result::
                 info.ops =
                     Some(serde_json::from_value(json).map_err(|e| format!("`memlab.ops` is not a list of ops: {e}"))?);
             }
+            "prediction_inputs" => {
+                let json = to_json(strings, &value)
+                    .map_err(|e| format!("`memlab.prediction_inputs` is not plain data: {e}"))?;
+                info.prediction_inputs = Some(
+                    serde_json::from_value(json)
+                        .map_err(|e| format!("`memlab.prediction_inputs` is not a prediction's inputs: {e}"))?,
+                );
+            }
             "profile" => {
                 let json = to_json(strings, &value).map_err(|e| format!("`memlab.profile` is not plain data: {e}"))?;
                 info.profile = Some(
@@ -806,6 +825,7 @@ mod tests {
                     scalars: vec![crate::ops::Scalar(1.0), crate::ops::Scalar(0.5)],
                 }]),
                 unseen_before: Vec::new(),
+                prediction_inputs: None,
             }),
         };
         let read = Snapshot::from_pickle(&written.to_pickle().unwrap()).unwrap();

@@ -276,6 +276,30 @@ pub struct SnapshotInfo {
     /// show: memlab's CPU segments are the allocations it saw made. Their
     /// allocator counts them (a trace's figures, walked back from it, do).
     pub unseen_before: Vec<DeviceBytes>,
+    /// What a prediction from the recorded steps takes beside their
+    /// history, where `memlab::WillItFit::save` wrote the file: `memlab
+    /// replay --as-cuda` then predicts from it what the program did.
+    pub prediction_inputs: Option<PredictionInputs>,
+}
+
+/// What lived before a CPU recording's steps and how they ran, as a
+/// prediction from them takes it ([`crate::replay::PredictOptions`]).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, serde::Deserialize)]
+pub struct PredictionInputs {
+    /// Blocks live before the history (address, bytes), in the order a CUDA
+    /// run made them: the weights, the gradients, the optimizer's state.
+    pub live_before: Vec<(u64, u64)>,
+    /// Where a step ran before the history: after how many of
+    /// `live_before`'s blocks its cuBLAS workspaces came.
+    pub workspaces_after: Option<usize>,
+    /// Where the allocator's cache was given back between two parts of the
+    /// history (microseconds, the history's clock).
+    pub empty_cache_at_us: Option<u64>,
+    /// The CPU's peak allocated in each step.
+    pub step_peaks: Vec<u64>,
+    /// What CUDA adds, where the program said otherwise than the defaults
+    /// (how its RNN weights reach cuDNN, another card's libraries).
+    pub additions: Option<crate::replay::CudaAdditions>,
 }
 
 /// Bytes of one device.
@@ -434,6 +458,8 @@ impl Snapshot {
         let ops = ops.map_err(|e| as_data("the ops", e))?.unwrap_or_default();
         let unseen_before = self.memlab.as_ref().map(|m| serde_json::to_value(&m.unseen_before)).transpose();
         let unseen_before = unseen_before.map_err(|e| as_data("the bytes unseen before", e))?.unwrap_or_default();
+        let inputs = self.memlab.as_ref().and_then(|m| m.prediction_inputs.as_ref()).map(serde_json::to_value);
+        let inputs = inputs.transpose().map_err(|e| as_data("the prediction's inputs", e))?;
         let mut p = Pickler::new();
         p.dict(|p| {
             p.str("segments");
@@ -474,6 +500,10 @@ impl Snapshot {
                     if !memlab.unseen_before.is_empty() {
                         p.str("unseen_before");
                         p.json(&unseen_before);
+                    }
+                    if let Some(inputs) = &inputs {
+                        p.str("prediction_inputs");
+                        p.json(inputs);
                     }
                     if let Some(profile) = &profile {
                         // As plain dicts and lists, which Python reads too.

@@ -295,6 +295,7 @@ fn as_cuda(
             profile: None,
             ops: None,
             unseen_before: Vec::new(),
+            prediction_inputs: None,
         }),
     };
     let allocations = trace.iter().filter(|e| e.action == Action::Alloc).count() as u64;
@@ -332,6 +333,24 @@ pub struct PredictOptions {
     /// The kernels' additions were measured with 2.11's libraries whichever
     /// is chosen, which the prediction says.
     pub libtorch: Libtorch,
+}
+
+impl PredictOptions {
+    /// These options, with what the snapshot says lived before its steps
+    /// and how they ran ([`PredictionInputs`](crate::export::PredictionInputs),
+    /// where `memlab::WillItFit::save` wrote it) where they say nothing.
+    fn with_inputs_of(&self, snapshot: &Snapshot) -> PredictOptions {
+        let mut options = self.clone();
+        if let Some(inputs) = snapshot.memlab.as_ref().and_then(|m| m.prediction_inputs.as_ref()) {
+            if options.live_before.is_empty() {
+                options.live_before = inputs.live_before.clone();
+                options.workspaces_after = options.workspaces_after.or(inputs.workspaces_after);
+            }
+            options.empty_cache_at_us = options.empty_cache_at_us.or(inputs.empty_cache_at_us);
+            options.additions = options.additions.take().or_else(|| inputs.additions.clone());
+        }
+        options
+    }
 }
 
 /// A CUDA run's peaks predicted from a CPU run's recording: estimates, from
@@ -429,7 +448,7 @@ impl PeakRange {
 }
 
 /// The prediction under one setting.
-#[derive(Clone, Debug, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[non_exhaustive]
 pub struct SettingPrediction {
     /// The settings, as `PYTORCH_CUDA_ALLOC_CONF` writes them.
@@ -501,6 +520,7 @@ pub enum Fit {
 pub fn predict_cuda(name: &str, snapshot: &Snapshot, options: &PredictOptions) -> Result<CudaPrediction> {
     use super::{replay_device_at, Card};
     crate::export::check_figures(snapshot).map_err(|why| Error::InvalidArgument(format!("{name}: {why}")))?;
+    let options = &options.with_inputs_of(snapshot);
     let additions = options.additions.clone().unwrap_or_else(|| CudaAdditions::of(options.libtorch, 9));
     if additions.cublas_handles > MAX_HANDLES {
         return Err(Error::InvalidArgument(format!(
@@ -682,7 +702,12 @@ pub fn predict_cuda(name: &str, snapshot: &Snapshot, options: &PredictOptions) -
         libtorch: options.libtorch,
         notes,
         cpu_allocations: allocations,
-        cpu_step_peaks: Vec::new(),
+        cpu_step_peaks: snapshot
+            .memlab
+            .as_ref()
+            .and_then(|m| m.prediction_inputs.as_ref())
+            .map(|i| i.step_peaks.clone())
+            .unwrap_or_default(),
         kernels: watched.then_some(kernels),
         unmodelled,
         every_op_watched: snapshot
@@ -700,6 +725,7 @@ pub fn predict_cuda(name: &str, snapshot: &Snapshot, options: &PredictOptions) -
 /// beside a CUDA run's own recording it shows where the two part.
 pub fn predicted_history(name: &str, snapshot: &Snapshot, options: &PredictOptions) -> Result<Snapshot> {
     crate::export::check_figures(snapshot).map_err(|why| Error::InvalidArgument(format!("{name}: {why}")))?;
+    let options = &options.with_inputs_of(snapshot);
     let additions = options.additions.clone().unwrap_or_else(|| CudaAdditions::of(options.libtorch, 9));
     let total = options.capacity.unwrap_or(MAX_CARD);
     let mut history =

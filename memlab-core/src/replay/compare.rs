@@ -549,6 +549,7 @@ mod tests {
             profile: None,
             ops: None,
             unseen_before: Vec::new(),
+            prediction_inputs: None,
         });
         s
     }
