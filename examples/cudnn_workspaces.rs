@@ -9,8 +9,9 @@
 //! shape's output channels in, its input channels out) and prints, as JSON,
 //! what every op allocated: what memlab's table calls not modelled yet.
 //! `--grid` measures the shapes of common convolutional networks (channels
-//! 3 to 512, sizes 7 to 224, kernels 1, 3 and 7, strides 1 and 2, batches 4
-//! to 4,096) one pass at a time, the forward pass, the input's gradient and
+//! 3 to 2,048, sizes 7 to 224, kernels 1, 3 and 7, strides 1 and 2, and
+//! decoders' transposed convolutions, at batches 4 to 8,192) one pass at a
+//! time, the forward pass, the input's gradient and
 //! the weight's each alone, and prints a JSON line of each shape's
 //! workspaces: the table memlab's estimate reads
 //! (`fixtures/cudnn/convolution_h200.jsonl`).
@@ -186,7 +187,9 @@ fn grid_shapes() -> Vec<(i64, i64, i64, i64, i64)> {
     for h in [32, 16, 64, 8, 28, 14, 56, 7, 128, 112, 224] {
         for &(c_in, c_out) in &pairs {
             for (k, s) in [(3, 1), (1, 1), (3, 2), (1, 2), (7, 2)] {
-                // The stems' 7 × 7 from 3 channels only; 1 × 1 only from 64 up.
+                // The stems' 7 × 7 from 3 channels at 112 and up only, and
+                // from 3 channels nothing else there; 1 × 1 where the input
+                // has 64 channels or more, or as many as the output.
                 let stem = k == 7;
                 if stem != (c_in == 3 && h >= 112) && (stem || c_in == 3) {
                     continue;
@@ -205,19 +208,51 @@ fn grid_shapes() -> Vec<(i64, i64, i64, i64, i64)> {
 /// it was a backward op, its output mask, the sizes.
 type Passes = Vec<(bool, u8, Vec<u64>)>;
 
-/// `--grid`: each shape's workspaces, one pass at a time.
+/// The transposed shapes of `--grid`, as decoders upsample: (input
+/// channels, output channels, size, kernel, stride, padding, output
+/// padding).
+fn grid_transposed() -> Vec<(i64, i64, i64, i64, i64, i64, i64)> {
+    let pairs = [(64, 32), (128, 64), (256, 128), (512, 256), (1024, 512), (32, 16), (32, 32), (64, 64), (128, 128)];
+    let mut shapes = Vec::new();
+    for h in [32, 16, 64, 8, 128, 4] {
+        for &(c_in, c_out) in &pairs {
+            for (k, s, p, op) in [(2, 2, 0, 0), (4, 2, 1, 0), (3, 2, 1, 1), (3, 1, 1, 0)] {
+                shapes.push((c_in, c_out, h, k, s, p, op));
+            }
+        }
+    }
+    shapes
+}
+
+/// `--grid`: each shape's workspaces, one pass at a time, at every batch
+/// from 4 to 8,192 (powers of 2) whose input and output fit 3 GiB.
 fn grid(device: Device) -> Result<(), Box<dyn Error>> {
     use memlab::events::Action;
-    for (c_in, c_out, h, k, s) in grid_shapes() {
-        for n in [4i64, 16, 64, 256, 1024, 4096] {
-            let out_h = (h + 2 * (k / 2) - k) / s + 1;
+    let plain = grid_shapes().into_iter().map(|(c_in, c_out, h, k, s)| (c_in, c_out, h, k, s, k / 2, 0, false));
+    let transposed =
+        grid_transposed().into_iter().map(|(c_in, c_out, h, k, s, p, op)| (c_in, c_out, h, k, s, p, op, true));
+    for (c_in, c_out, h, k, s, p, op, is_transposed) in plain.chain(transposed) {
+        for n in (2..=13).map(|e| 1i64 << e) {
+            let out_h = if is_transposed { (h - 1) * s - 2 * p + k + op } else { (h + 2 * p - k) / s + 1 };
             let bytes = 4 * n * (c_in * h * h + c_out * out_h * out_h);
             if bytes > 3 << 30 {
                 continue;
             }
             let vs = nn::VarStore::new(device);
-            let config = nn::ConvConfig { stride: s, padding: k / 2, bias: false, ..Default::default() };
-            let conv = nn::conv2d(vs.root() / "conv", c_in, c_out, k, config);
+            let conv: Box<dyn Module> = if is_transposed {
+                let config = nn::ConvTransposeConfig {
+                    stride: s,
+                    padding: p,
+                    output_padding: op,
+                    bias: false,
+                    ..Default::default()
+                };
+                Box::new(nn::conv_transpose2d(vs.root() / "conv", c_in, c_out, k, config))
+            } else {
+                let config = nn::ConvConfig { stride: s, padding: p, bias: false, ..Default::default() };
+                Box::new(nn::conv2d(vs.root() / "conv", c_in, c_out, k, config))
+            };
+            let weight = vs.trainable_variables().into_iter().next().ok_or("a convolution without a weight")?;
             let input = Tensor::randn([n, c_in, h, h], (Kind::Float, device));
             // What one pass allocated and freed inside each convolution op.
             let measure = |pass: &dyn Fn()| -> Result<Passes, Box<dyn Error>> {
@@ -253,14 +288,19 @@ fn grid(device: Device) -> Result<(), Box<dyn Error>> {
             let forward = of(measure(&|| drop(tch::no_grad(|| conv.forward(&input))))?, false);
             let grad_input = input.copy().set_requires_grad(true);
             // The input's gradient alone: the weight needs none.
-            let _ = conv.ws.set_requires_grad(false);
+            let _ = weight.set_requires_grad(false);
             let input_grad = of(measure(&|| conv.forward(&grad_input).sum(Kind::Float).backward())?, true);
-            let _ = conv.ws.set_requires_grad(true);
+            let _ = weight.set_requires_grad(true);
             let weight_grad = of(measure(&|| conv.forward(&input).sum(Kind::Float).backward())?, true);
-            let row = serde_json::json!({
+            let mut row = serde_json::json!({
                 "n": n, "c_in": c_in, "c_out": c_out, "h": h, "k": k, "stride": s,
                 "forward": forward, "input_grad": input_grad, "weight_grad": weight_grad,
             });
+            if is_transposed {
+                row["transposed"] = true.into();
+                row["padding"] = p.into();
+                row["output_padding"] = op.into();
+            }
             println!("{row}");
         }
     }

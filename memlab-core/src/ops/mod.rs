@@ -242,10 +242,15 @@ impl Convolution {
         Some(out)
     }
 
-    /// Bytes of the input, the weight and the output.
+    /// Bytes of the input, the weight and the output (0 for a shape not known).
     pub fn bytes(&self) -> (u64, u64, u64) {
+        // A shape not known (a transposed convolution's forward output) has none.
         let bytes = |shape: &[i64]| {
-            shape.iter().try_fold(u64::from(self.element_size), |a, &n| a.checked_mul(u64::try_from(n).ok()?))
+            (!shape.is_empty())
+                .then(|| {
+                    shape.iter().try_fold(u64::from(self.element_size), |a, &n| a.checked_mul(u64::try_from(n).ok()?))
+                })
+                .flatten()
         };
         (bytes(&self.input).unwrap_or(0), bytes(&self.weight).unwrap_or(0), bytes(&self.output).unwrap_or(0))
     }

@@ -292,12 +292,14 @@ pub fn entry(name: &str) -> Option<&'static Entry> {
     TABLE.binary_search_by(|e| e.name.cmp(base)).ok().map(|i| &TABLE[i])
 }
 
-/// The class of a recorded op: a convolution's is not modelled where it is
-/// transposed (cuDNN's workspaces for those shapes were never measured);
-/// an op the table does not name is not modelled, with a workspace's bound.
+/// The class of a recorded op: a transposed convolution's is modelled where
+/// cuDNN's workspaces for its shape were measured, and not elsewhere; an op
+/// the table does not name is not modelled, with a workspace's bound.
 pub fn class_of(record: &OpRecord) -> Class {
     match &record.op {
-        Op::Convolution(c) if c.transposed => Class::NotModelled(Bound::Workspace),
+        Op::Convolution(c) if c.transposed && !crate::replay::cudnn_measured(c, crate::replay::Libtorch::V2_11) => {
+            Class::NotModelled(Bound::Workspace)
+        }
         // An op of a modelled kind whose details could not be read (more
         // than eight dimensions, say) is not modelled.
         // What an RNN's CPU kernels run inside it, and its backward pass,

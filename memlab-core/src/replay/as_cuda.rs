@@ -189,7 +189,10 @@ fn as_cuda(
     let mut persistent: Vec<(usize, u64)> = Vec::new();
     let mut before_history: Vec<(usize, u64)> = Vec::new();
     let mut at_start: Vec<u64> = Vec::new();
-    for handle in 0..additions.cublas_handles {
+    // Where the ops were watched and none is a matrix product, no cuBLAS
+    // handle is ever made: a step of convolutions alone has no workspace.
+    let products = !watched || plan.first_matmul.iter().any(Option::is_some);
+    for handle in (0..additions.cublas_handles).filter(|_| products) {
         let at = match (workspaces_after, handle) {
             (Some(n), 0 | 1) => At::Before(n + handle as usize),
             _ => plan.first_matmul.get(handle as usize).copied().flatten().map_or(At::Start, At::Entry),
@@ -722,7 +725,10 @@ pub fn predict_cuda(name: &str, snapshot: &Snapshot, options: &PredictOptions) -
 /// allocations with what CUDA adds, in order, on `cuda:0`, with the
 /// recording's ops beside them. A snapshot like any other: `memlab replay`
 /// replays it, `memlab view` and PyTorch's memory viewer show it, and set
-/// beside a CUDA run's own recording it shows where the two part.
+/// beside a CUDA run's own recording it shows where the two part. Where the
+/// options give the cache back at a point
+/// ([`PredictOptions::empty_cache_at_us`], a batch search's tries), the
+/// history does not say so: its replay then differs from the prediction.
 pub fn predicted_history(name: &str, snapshot: &Snapshot, options: &PredictOptions) -> Result<Snapshot> {
     crate::export::check_figures(snapshot).map_err(|why| Error::InvalidArgument(format!("{name}: {why}")))?;
     let options = &options.with_inputs_of(snapshot);
@@ -1032,8 +1038,9 @@ impl Render for CudaPrediction {
                 ));
                 if k.convolutions > 0 {
                     doc.note(format!(
-                        "Convolutions: {} ran; {} cuDNN workspaces added (the largest {}), {} of shapes measured \
-                         on an H100 and {} estimated (cuDNN chooses its algorithm per shape and device). On a \
+                        "Convolutions: {} ran; {} cuDNN workspaces added (the largest {}), {} measured at their \
+                         shape and batch (on an H100 or an H200, whose cuDNN chooses alike) and {} estimated \
+                         (cuDNN chooses its algorithm per shape, batch and device). On a \
                          card too small for one, the request fails (the allocator first gives its cache back) and \
                          libtorch runs the next algorithm, with less or no workspace, for that shape from then \
                          on. The CPU convolutions' own scratch, {} allocations of {} in all, is left out.",
@@ -1328,7 +1335,8 @@ mod tests {
                 TraceEntry::new(Action::FreeRequested, Some(4096), 1 << 20, 30),
             ];
             use crate::ops::{Op, OpRecord};
-            let product = OpRecord { name: name.into(), ..OpRecord::new(5, 20, Op::Matmul { in_backward: false }) };
+            let op = if name.ends_with("mm") { Op::Matmul { in_backward: false } } else { Op::Other };
+            let product = OpRecord { name: name.into(), ..OpRecord::new(5, 20, op) };
             let info =
                 SnapshotInfo { devices: vec!["cpu".into()], ops: Some(vec![product]), ..SnapshotInfo::default() };
             let snapshot = Snapshot {
@@ -1350,6 +1358,9 @@ mod tests {
         // history has no backward product: two of 32 MiB either way.)
         assert_eq!(made("mm"), [32 * MIB, 32 * MIB]);
         assert_eq!(made("addmm"), [32 * MIB, 32 * MIB, MIB]);
+        // No product at all (a step of convolutions): no cuBLAS handle, no
+        // workspace; the U-Net's 64 MiB over.
+        assert_eq!(made("mkldnn_convolution"), Vec::<u64>::new());
     }
 
     /// A history of two parts with `empty_cache` between them (a batch

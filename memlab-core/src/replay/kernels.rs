@@ -32,8 +32,8 @@ pub struct KernelsModelled {
     pub convolutions: usize,
     /// The cuDNN workspaces added for them.
     pub workspaces: usize,
-    /// Of them, those of shapes measured on an H100 (the others are
-    /// estimates; see [`cudnn_workspaces`]).
+    /// Of them, those measured at their shape and batch, on an H100 or an
+    /// H200 (the others are estimates; see [`cudnn_workspaces`]).
     pub measured_workspaces: usize,
     /// The largest of them, in bytes.
     pub largest_workspace: u64,
@@ -164,12 +164,20 @@ pub(super) struct Plan {
 /// 16 bytes where the first took more, the gradients on ones taking a few
 /// KiB at most (counted as none).
 pub fn cudnn_workspaces(conv: &Convolution, libtorch: Libtorch) -> Vec<Workspace> {
-    let (input, weight, output) = conv.bytes();
+    let batch = conv.input.first().copied().unwrap_or(0);
+    let nearest = nearest_measured(conv, libtorch);
+    let (input, weight, mut output) = conv.bytes();
+    // A transposed convolution's forward op does not carry its output's
+    // size: the measured shape's, at this batch.
+    if let (Some(m), true) = (nearest, conv.transposed && output == 0) {
+        output = m.output_bytes(batch);
+    }
     let fallback = |computing: Computing, bytes: u64| match computing {
         Computing::Output if bytes > input + weight + 16 => input + weight + 16,
         _ => 0,
     };
-    if conv.transposed || output == 0 {
+    // Transposed shapes not measured are not modelled (the op table says so).
+    if output == 0 || (conv.transposed && nearest.is_none()) {
         return Vec::new();
     }
     let backward = conv.backward;
@@ -181,8 +189,6 @@ pub fn cudnn_workspaces(conv: &Convolution, libtorch: Libtorch) -> Vec<Workspace
     let all = [Computing::Output, Computing::InputGradient, Computing::WeightGradient];
     // The shape measured at this batch, else at the nearest other: the
     // tensors' part of each workspace grows with the batch, the rest stays.
-    let batch = conv.input.first().copied().unwrap_or(0);
-    let nearest = libtorch.kernels().cudnn.iter().filter(|m| m.same_shape(conv)).min_by_key(|m| m.n.abs_diff(batch));
     if let Some(m) = nearest.filter(|_| batch > 0) {
         let (input0, output0) = (input / batch as u64 * m.n as u64, output / batch as u64 * m.n as u64);
         return all
@@ -221,6 +227,26 @@ pub fn cudnn_workspaces(conv: &Convolution, libtorch: Libtorch) -> Vec<Workspace
         .collect()
 }
 
+/// The shape of `conv` measured with `libtorch`'s cuDNN at the batch
+/// nearest its own, if any.
+fn nearest_measured(conv: &Convolution, libtorch: Libtorch) -> Option<&'static Measured> {
+    let batch = conv.input.first().copied().unwrap_or(0);
+    libtorch
+        .kernels()
+        .cudnn
+        .iter()
+        .flat_map(|table| table.iter())
+        .filter(|m| m.same_shape(conv))
+        .min_by_key(|m| m.n.abs_diff(batch))
+}
+
+/// Whether cuDNN's workspaces for `conv`'s shape were measured (at some
+/// batch) with `libtorch`'s cuDNN: a transposed convolution is modelled
+/// only then.
+pub fn cudnn_measured(conv: &Convolution, libtorch: Libtorch) -> bool {
+    nearest_measured(conv, libtorch).is_some()
+}
+
 /// One of a convolution's cuDNN workspaces.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Workspace {
@@ -253,6 +279,12 @@ pub struct Measured {
     pub k: i64,
     /// Stride, both ways.
     pub stride: i64,
+    /// Padding, both ways.
+    pub padding: i64,
+    /// A transposed convolution's output padding, both ways (0 otherwise).
+    pub output_padding: i64,
+    /// A transposed convolution (its weight is input channels first).
+    pub transposed: bool,
     /// The forward pass's workspace.
     pub forward: u64,
     /// The input's gradient's.
@@ -262,16 +294,40 @@ pub struct Measured {
 }
 
 impl Measured {
-    /// The same convolution but for the batch.
+    /// The output's bytes at `batch`.
+    fn output_bytes(&self, batch: i64) -> u64 {
+        let size = match self.transposed {
+            true => (self.h - 1) * self.stride - 2 * self.padding + self.k + self.output_padding,
+            false => (self.h + 2 * self.padding - self.k) / self.stride + 1,
+        };
+        [batch, self.c_out, size, size]
+            .into_iter()
+            .try_fold(4u64, |bytes, n| bytes.checked_mul(u64::try_from(n).ok()?))
+            .unwrap_or(0)
+    }
+
+    /// The same convolution but for the batch. A transposed one's output
+    /// size tells its output padding; its forward op does not carry the
+    /// output, and any is taken then (each kernel, stride and padding of
+    /// the grid was measured with one).
     fn same_shape(&self, conv: &Convolution) -> bool {
-        let (h, k, s) = (self.h, self.k, self.stride);
+        let (h, k, s, p) = (self.h, self.k, self.stride, self.padding);
+        let weight = match self.transposed {
+            true => [self.c_in, self.c_out, k, k],
+            false => [self.c_out, self.c_in, k, k],
+        };
+        let output_size = (h - 1) * s - 2 * p + k + self.output_padding;
         conv.element_size == 4
             && conv.groups == 1
+            && conv.transposed == self.transposed
             && conv.input.get(1..) == Some(&[self.c_in, h, h][..])
-            && conv.weight == [self.c_out, self.c_in, k, k]
+            && conv.weight == weight
             && conv.stride == [s, s]
-            && conv.padding == [k / 2, k / 2]
+            && conv.padding == [p, p]
             && conv.dilation == [1, 1]
+            && (!self.transposed
+                || conv.output.is_empty()
+                || conv.output.get(2..) == Some(&[output_size, output_size][..]))
     }
 
     fn bytes(&self, computing: Computing) -> u64 {
@@ -287,30 +343,30 @@ impl Measured {
 /// 2026-11-26): see [`Measured`].
 #[rustfmt::skip]
 pub const H100_MEASURED: &[Measured] = &[
-    Measured { n: 256, c_in: 3, c_out: 64, h: 64, k: 3, stride: 1, forward: 0, input_grad: 0, weight_grad: 0 },
-    Measured { n: 256, c_in: 64, c_out: 128, h: 32, k: 3, stride: 1, forward: 67403792, input_grad: 201621651, weight_grad: 205882079 },
-    Measured { n: 256, c_in: 128, c_out: 256, h: 16, k: 3, stride: 1, forward: 101843091, input_grad: 101843091, weight_grad: 110101159 },
-    Measured { n: 512, c_in: 3, c_out: 64, h: 64, k: 3, stride: 1, forward: 0, input_grad: 0, weight_grad: 0 },
-    Measured { n: 512, c_in: 64, c_out: 128, h: 32, k: 3, stride: 1, forward: 134512656, input_grad: 402948243, weight_grad: 407208671 },
-    Measured { n: 512, c_in: 128, c_out: 256, h: 16, k: 3, stride: 1, forward: 202506387, input_grad: 202506387, weight_grad: 210764455 },
-    Measured { n: 64, c_in: 4, c_out: 64, h: 64, k: 3, stride: 1, forward: 0, input_grad: 0, weight_grad: 71930000 },
-    Measured { n: 64, c_in: 8, c_out: 64, h: 64, k: 3, stride: 1, forward: 0, input_grad: 75516051, weight_grad: 76750992 },
-    Measured { n: 64, c_in: 16, c_out: 64, h: 64, k: 3, stride: 1, forward: 16814096, input_grad: 49020928, weight_grad: 86392976 },
-    Measured { n: 64, c_in: 32, c_out: 32, h: 64, k: 3, stride: 1, forward: 67145875, input_grad: 67145875, weight_grad: 71160983 },
-    Measured { n: 64, c_in: 64, c_out: 64, h: 56, k: 3, stride: 1, forward: 102908051, input_grad: 102908051, weight_grad: 104972967 },
-    Measured { n: 64, c_in: 64, c_out: 64, h: 56, k: 1, stride: 1, forward: 400, input_grad: 400, weight_grad: 1048576 },
-    Measured { n: 64, c_in: 64, c_out: 256, h: 56, k: 1, stride: 1, forward: 400, input_grad: 0, weight_grad: 4194704 },
-    Measured { n: 64, c_in: 128, c_out: 128, h: 28, k: 3, stride: 1, forward: 51970195, input_grad: 51970195, weight_grad: 60228263 },
-    Measured { n: 64, c_in: 128, c_out: 256, h: 28, k: 3, stride: 2, forward: 48103855, input_grad: 39714963, weight_grad: 43254367 },
-    Measured { n: 64, c_in: 256, c_out: 256, h: 14, k: 3, stride: 1, forward: 36438447, input_grad: 28049424, weight_grad: 35127903 },
-    Measured { n: 64, c_in: 256, c_out: 512, h: 14, k: 1, stride: 1, forward: 400, input_grad: 400, weight_grad: 33554432 },
-    Measured { n: 64, c_in: 512, c_out: 512, h: 7, k: 3, stride: 1, forward: 22282256, input_grad: 22282256, weight_grad: 30933743 },
-    Measured { n: 128, c_in: 64, c_out: 128, h: 32, k: 3, stride: 1, forward: 33849360, input_grad: 100958224, weight_grad: 105218783 },
-    Measured { n: 128, c_in: 128, c_out: 64, h: 32, k: 3, stride: 1, forward: 100958355, input_grad: 100958355, weight_grad: 864026624 },
-    Measured { n: 128, c_in: 256, c_out: 128, h: 16, k: 3, stride: 1, forward: 57803315, input_grad: 51511443, weight_grad: 59769511 },
-    Measured { n: 32, c_in: 96, c_out: 96, h: 64, k: 3, stride: 1, forward: 100995219, input_grad: 100995219, weight_grad: 109253287 },
-    Measured { n: 32, c_in: 3, c_out: 32, h: 224, k: 7, stride: 2, forward: 0, input_grad: 0, weight_grad: 80106128 },
-    Measured { n: 16, c_in: 64, c_out: 64, h: 128, k: 5, stride: 1, forward: 134627475, input_grad: 35651584, weight_grad: 136676103 },
+    Measured { n: 256, c_in: 3, c_out: 64, h: 64, k: 3, stride: 1, padding: 1, output_padding: 0, transposed: false, forward: 0, input_grad: 0, weight_grad: 0 },
+    Measured { n: 256, c_in: 64, c_out: 128, h: 32, k: 3, stride: 1, padding: 1, output_padding: 0, transposed: false, forward: 67403792, input_grad: 201621651, weight_grad: 205882079 },
+    Measured { n: 256, c_in: 128, c_out: 256, h: 16, k: 3, stride: 1, padding: 1, output_padding: 0, transposed: false, forward: 101843091, input_grad: 101843091, weight_grad: 110101159 },
+    Measured { n: 512, c_in: 3, c_out: 64, h: 64, k: 3, stride: 1, padding: 1, output_padding: 0, transposed: false, forward: 0, input_grad: 0, weight_grad: 0 },
+    Measured { n: 512, c_in: 64, c_out: 128, h: 32, k: 3, stride: 1, padding: 1, output_padding: 0, transposed: false, forward: 134512656, input_grad: 402948243, weight_grad: 407208671 },
+    Measured { n: 512, c_in: 128, c_out: 256, h: 16, k: 3, stride: 1, padding: 1, output_padding: 0, transposed: false, forward: 202506387, input_grad: 202506387, weight_grad: 210764455 },
+    Measured { n: 64, c_in: 4, c_out: 64, h: 64, k: 3, stride: 1, padding: 1, output_padding: 0, transposed: false, forward: 0, input_grad: 0, weight_grad: 71930000 },
+    Measured { n: 64, c_in: 8, c_out: 64, h: 64, k: 3, stride: 1, padding: 1, output_padding: 0, transposed: false, forward: 0, input_grad: 75516051, weight_grad: 76750992 },
+    Measured { n: 64, c_in: 16, c_out: 64, h: 64, k: 3, stride: 1, padding: 1, output_padding: 0, transposed: false, forward: 16814096, input_grad: 49020928, weight_grad: 86392976 },
+    Measured { n: 64, c_in: 32, c_out: 32, h: 64, k: 3, stride: 1, padding: 1, output_padding: 0, transposed: false, forward: 67145875, input_grad: 67145875, weight_grad: 71160983 },
+    Measured { n: 64, c_in: 64, c_out: 64, h: 56, k: 3, stride: 1, padding: 1, output_padding: 0, transposed: false, forward: 102908051, input_grad: 102908051, weight_grad: 104972967 },
+    Measured { n: 64, c_in: 64, c_out: 64, h: 56, k: 1, stride: 1, padding: 0, output_padding: 0, transposed: false, forward: 400, input_grad: 400, weight_grad: 1048576 },
+    Measured { n: 64, c_in: 64, c_out: 256, h: 56, k: 1, stride: 1, padding: 0, output_padding: 0, transposed: false, forward: 400, input_grad: 0, weight_grad: 4194704 },
+    Measured { n: 64, c_in: 128, c_out: 128, h: 28, k: 3, stride: 1, padding: 1, output_padding: 0, transposed: false, forward: 51970195, input_grad: 51970195, weight_grad: 60228263 },
+    Measured { n: 64, c_in: 128, c_out: 256, h: 28, k: 3, stride: 2, padding: 1, output_padding: 0, transposed: false, forward: 48103855, input_grad: 39714963, weight_grad: 43254367 },
+    Measured { n: 64, c_in: 256, c_out: 256, h: 14, k: 3, stride: 1, padding: 1, output_padding: 0, transposed: false, forward: 36438447, input_grad: 28049424, weight_grad: 35127903 },
+    Measured { n: 64, c_in: 256, c_out: 512, h: 14, k: 1, stride: 1, padding: 0, output_padding: 0, transposed: false, forward: 400, input_grad: 400, weight_grad: 33554432 },
+    Measured { n: 64, c_in: 512, c_out: 512, h: 7, k: 3, stride: 1, padding: 1, output_padding: 0, transposed: false, forward: 22282256, input_grad: 22282256, weight_grad: 30933743 },
+    Measured { n: 128, c_in: 64, c_out: 128, h: 32, k: 3, stride: 1, padding: 1, output_padding: 0, transposed: false, forward: 33849360, input_grad: 100958224, weight_grad: 105218783 },
+    Measured { n: 128, c_in: 128, c_out: 64, h: 32, k: 3, stride: 1, padding: 1, output_padding: 0, transposed: false, forward: 100958355, input_grad: 100958355, weight_grad: 864026624 },
+    Measured { n: 128, c_in: 256, c_out: 128, h: 16, k: 3, stride: 1, padding: 1, output_padding: 0, transposed: false, forward: 57803315, input_grad: 51511443, weight_grad: 59769511 },
+    Measured { n: 32, c_in: 96, c_out: 96, h: 64, k: 3, stride: 1, padding: 1, output_padding: 0, transposed: false, forward: 100995219, input_grad: 100995219, weight_grad: 109253287 },
+    Measured { n: 32, c_in: 3, c_out: 32, h: 224, k: 7, stride: 2, padding: 3, output_padding: 0, transposed: false, forward: 0, input_grad: 0, weight_grad: 80106128 },
+    Measured { n: 16, c_in: 64, c_out: 64, h: 128, k: 5, stride: 1, padding: 2, output_padding: 0, transposed: false, forward: 134627475, input_grad: 35651584, weight_grad: 136676103 },
 ];
 
 /// What a convolution's workspace serves: cuDNN asks for it once it has
@@ -1358,11 +1414,12 @@ mod tests {
         assert_eq!(plan.modelled.largest_embedding_temporary, 2 * 32_768 + 16_895 + 1024);
     }
 
-    /// Shapes the H100 was not measured on are estimated by the rule; those
-    /// it was are what it allocated, and say so.
+    /// Shapes neither GPU was measured on are estimated by the rule; those
+    /// one was are what it allocated, and say so.
     #[test]
     fn workspaces_are_measured_where_the_shape_was_and_ruled_elsewhere() {
-        let ruled = conv(false, 8, 64, 64, 32, 3, 4);
+        // 48 channels: in no table.
+        let ruled = conv(false, 8, 48, 48, 30, 3, 4);
         let (i, w, o) = ruled.bytes();
         let each = i + w + o + 147;
         let only = |c: &Convolution| {
@@ -1373,25 +1430,102 @@ mod tests {
         };
         assert_eq!(only(&ruled), [(Computing::Output, each, false)]);
         assert_eq!(
-            only(&conv(true, 8, 64, 64, 32, 3, 7)),
+            only(&conv(true, 8, 48, 48, 30, 3, 7)),
             [(Computing::InputGradient, each, false), (Computing::WeightGradient, each + (8 << 20), false)]
         );
-        assert_eq!(only(&conv(false, 8, 8, 64, 32, 3, 4)), [], "fewer than 16 channels forward");
-        assert_eq!(only(&conv(true, 8, 3, 64, 32, 3, 2)), [], "3 channels, 3 x 3");
-        let pointwise = conv(true, 8, 64, 64, 32, 1, 3);
+        assert_eq!(only(&conv(false, 8, 8, 48, 30, 3, 4)), [], "fewer than 16 channels forward");
+        assert_eq!(only(&conv(true, 8, 3, 48, 30, 3, 2)), [], "3 channels, 3 x 3");
+        let pointwise = conv(true, 8, 48, 48, 30, 1, 3);
         assert_eq!(only(&pointwise).iter().map(|w| w.0).collect::<Vec<_>>(), [Computing::WeightGradient]);
         let measured = conv(false, 512, 128, 256, 16, 3, 4);
         assert_eq!(only(&measured), [(Computing::Output, 202_506_387, true)]);
-        // Measured shapes at other batches: what the H100 allocated at
-        // batches 1,024 and 1,120 (the conv net's batch search under a
-        // memory fraction, on the whole card where nothing ran out).
-        assert_eq!(only(&conv(false, 1024, 64, 128, 32, 3, 4)), [(Computing::Output, 268_730_384, false)]);
-        assert_eq!(only(&conv(false, 1120, 128, 256, 16, 3, 4)), [(Computing::Output, 441_581_715, false)]);
+        // The H200's grid, at its batch.
+        assert_eq!(only(&conv(false, 8, 64, 64, 32, 3, 4)), [(Computing::Output, 2_244_624, true)]);
+        // What the H100 allocated at batches 1,024 and 1,120 (the conv net's
+        // batch search under a memory fraction, on the whole card where
+        // nothing ran out): the H200's grid measured the first to the byte,
+        // and estimates the second from its batch 1,024, whose forward pass
+        // took 1,048,656 bytes more than at 512 or 1,120 beside its tensors:
+        // that much over there; the gradients' as the H100 allocated them.
+        assert_eq!(only(&conv(false, 1024, 64, 128, 32, 3, 4)), [(Computing::Output, 268_730_384, true)]);
+        assert_eq!(only(&conv(false, 1120, 128, 256, 16, 3, 4)), [(Computing::Output, 442_630_371, false)]);
         assert_eq!(
             only(&conv(true, 1120, 128, 256, 16, 3, 7)),
             [(Computing::InputGradient, 441_581_715, false), (Computing::WeightGradient, 449_839_783, false)]
         );
-        assert_eq!(only(&conv(true, 1024, 128, 256, 16, 3, 7))[1], (Computing::WeightGradient, 412_091_047, false));
+        assert_eq!(only(&conv(true, 1024, 128, 256, 16, 3, 7))[1], (Computing::WeightGradient, 412_091_047, true));
+    }
+
+    /// The H200's grid is the measurement committed beside it
+    /// (fixtures/cudnn/convolution_h200.jsonl, the example's `--grid`): each
+    /// pass's one allocation but the copy of the loss's broadcast gradient
+    /// that a backward pass makes first, row by row.
+    #[test]
+    fn the_h200_grid_is_the_committed_measurement() {
+        let path = format!("{}/../fixtures/cudnn/convolution_h200.jsonl", env!("CARGO_MANIFEST_DIR"));
+        let text = std::fs::read_to_string(path).unwrap();
+        let grid = super::super::cudnn_h200::H200_GRID;
+        let rows: Vec<serde_json::Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        assert_eq!(rows.len(), grid.len());
+        for (r, m) in rows.iter().zip(grid) {
+            let int = |key: &str| r[key].as_i64().unwrap();
+            let transposed = r["transposed"].as_bool().unwrap_or(false);
+            let (k, s) = (int("k"), int("stride"));
+            let (p, op) = if transposed { (int("padding"), int("output_padding")) } else { (k / 2, 0) };
+            let shape = (int("n"), int("c_in"), int("c_out"), int("h"), k, s, p, op, transposed);
+            assert_eq!(shape, (m.n, m.c_in, m.c_out, m.h, m.k, m.stride, m.padding, m.output_padding, m.transposed));
+            let pass = |key: &str, backward: bool| {
+                let sizes: Vec<u64> = r[key].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+                let sizes = match sizes.split_first() {
+                    Some((&first, rest)) if backward && first == m.output_bytes(m.n) => rest.to_vec(),
+                    _ => sizes,
+                };
+                assert!(sizes.len() <= 1, "{r}");
+                sizes.first().copied().unwrap_or(0)
+            };
+            assert_eq!(
+                (pass("forward", false), pass("input_grad", true), pass("weight_grad", true)),
+                (m.forward, m.input_grad, m.weight_grad),
+                "{r}"
+            );
+        }
+    }
+
+    /// A transposed convolution of a shape the grid measured is modelled
+    /// as the H200 ran it; of another, not (the op table says so).
+    #[test]
+    fn transposed_convolutions_are_modelled_where_their_shape_was_measured() {
+        // The U-Net's up-convolution of examples/zoo.rs at batch 16: 64
+        // channels to 32, kernel 2, stride 2, from 64 × 64 to 128 × 128.
+        let up = |backward: bool, n: i64, c_in: i64, output: Vec<i64>| Convolution {
+            backward,
+            input: vec![n, c_in, 64, 64],
+            weight: vec![c_in, 32, 2, 2],
+            output,
+            stride: vec![2, 2],
+            padding: vec![0, 0],
+            dilation: vec![1, 1],
+            transposed: true,
+            groups: 1,
+            element_size: 4,
+            output_mask: if backward { 3 } else { 0 },
+        };
+        let only = |c: &Convolution| {
+            cudnn_workspaces(c, Libtorch::V2_11).into_iter().map(|w| (w.computing, w.bytes)).collect::<Vec<_>>()
+        };
+        // The forward op does not carry its output: the measured shape's.
+        assert_eq!(only(&up(false, 16, 64, vec![])), [(Computing::Output, 50_364_432)]);
+        // Backward: no workspace for the input's gradient, one for the weight's.
+        let backward = up(true, 16, 64, vec![16, 32, 128, 128]);
+        assert_eq!(only(&backward), [(Computing::WeightGradient, 51_085_671)]);
+        assert!(cudnn_measured(&backward, Libtorch::V2_11));
+        let record = OpRecord::new(0, 1, Op::Convolution(backward));
+        assert_eq!(crate::ops::table::class_of(&record), crate::ops::table::Class::Modelled);
+        // 48 channels in: never measured, not modelled, no workspace.
+        let unmeasured = up(true, 16, 48, vec![16, 32, 128, 128]);
+        assert!(only(&unmeasured).is_empty() && !cudnn_measured(&unmeasured, Libtorch::V2_11));
+        let record = OpRecord::new(0, 1, Op::Convolution(unmeasured));
+        assert!(matches!(crate::ops::table::class_of(&record), crate::ops::table::Class::NotModelled(_)));
     }
 
     /// The table is the measurement committed beside it

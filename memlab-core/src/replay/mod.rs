@@ -56,6 +56,7 @@ mod as_cuda;
 pub mod attention;
 mod compare;
 mod config;
+mod cudnn_h200;
 mod kernels;
 mod reduction;
 pub mod rnn;
@@ -73,8 +74,8 @@ pub use as_cuda::{
 pub use compare::{replay_snapshot, DeviceReplays, ReplayOptions, Replayed, COMPARED};
 pub use config::{AllocatorConfig, ReadSettings, DIVISION_BUCKETS, MAX_MB, MIB, MIN_LARGE_ALLOC, ONE_EXABYTE};
 pub use kernels::{
-    cudnn_workspaces, embedding_backward_temporaries, scratch_of_ops, unmodelled, Computing, KernelSteps,
-    KernelsModelled, Life, Measured, Unmodelled, Workspace, H100_MEASURED,
+    cudnn_measured, cudnn_workspaces, embedding_backward_temporaries, scratch_of_ops, unmodelled, Computing,
+    KernelSteps, KernelsModelled, Life, Measured, Unmodelled, Workspace, H100_MEASURED,
 };
 pub use reduction::{staging as reduction_staging, ReductionDevice};
 pub use run::{replay_device, replay_device_at, AtPeak, Card, DeviceReplay, Mismatch, ReplayOom, OOMS_KEPT};

@@ -39,9 +39,9 @@ pub struct KernelTables {
     pub measured_with: Libtorch,
     /// The GPU they were measured on.
     pub measured_on: &'static str,
-    /// cuDNN's workspaces of the convolutions measured (see
-    /// [`cudnn_workspaces`](super::cudnn_workspaces) for the others).
-    pub cudnn: &'static [Measured],
+    /// cuDNN's workspaces of the convolutions measured, table by table
+    /// (see [`cudnn_workspaces`](super::cudnn_workspaces) for the others).
+    pub cudnn: &'static [&'static [Measured]],
     /// The device whose figures size the reductions' staging buffers.
     pub reduction_device: ReductionDevice,
     /// cuBLAS's workspace of one handle: on compute capability 9.0 and
@@ -56,11 +56,13 @@ pub struct KernelTables {
     pub outside_allocator: u64,
 }
 
-/// libtorch 2.11 (CUDA 13) on an H100, measured 2026-11-26.
+/// libtorch 2.11 (CUDA 13) on an H100, measured 2026-11-26, and cuDNN's
+/// convolutions on an H200 (the same heuristics: the two agree on every
+/// shape both measured), 2026-11-29.
 const TABLES_2_11: KernelTables = KernelTables {
     measured_with: Libtorch::V2_11,
     measured_on: "NVIDIA H100 80GB HBM3",
-    cudnn: H100_MEASURED,
+    cudnn: &[H100_MEASURED, super::cudnn_h200::H200_GRID],
     reduction_device: ReductionDevice::H100,
     cublas_workspace: [32 * MIB, 8 * MIB + 128 * 1024],
     cublas_handles: 2,
@@ -209,7 +211,8 @@ mod tests {
         let (old, new) = (Libtorch::V2_11.kernels(), Libtorch::V2_13.kernels());
         assert_eq!(old.measured_with, Libtorch::V2_11);
         assert_eq!(new.measured_with, Libtorch::V2_11, "2.13's are 2.11's until measured, and say so");
-        assert_eq!(old.cudnn.len(), 24, "the shapes of examples/cudnn_workspaces.rs");
+        assert_eq!(old.cudnn[0].len(), 24, "the shapes of examples/cudnn_workspaces.rs");
+        assert_eq!(old.cudnn[1].len(), 11507, "the grid of examples/cudnn_workspaces.rs --grid");
         let additions = super::super::CudaAdditions::of(Libtorch::V2_11, 8);
         assert_eq!(additions.cublas_workspace, 8 * MIB + 128 * 1024, "before compute capability 9.0");
     }
