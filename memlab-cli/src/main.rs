@@ -269,6 +269,10 @@ fn run(command: Command) -> Result<(), String> {
             Ok(())
         }
         Command::Replay { snapshot, settings, capacity, as_cuda: true, json, libtorch, history, .. } => {
+            let file = read_snapshot(&snapshot, "replay")?;
+            // For the libtorch asked for, else the one that made the recording
+            // (what `memlab::will_it_fit` predicted for), else 2.11.
+            let recorded = file.snapshot.memlab.as_ref().and_then(|m| m.run.as_ref()).and_then(|r| r.libtorch.clone());
             let options = memlab_core::replay::PredictOptions {
                 capacity: capacity.as_deref().map(|c| bytes(c, "--capacity")).transpose()?,
                 settings,
@@ -277,10 +281,10 @@ fn run(command: Command) -> Result<(), String> {
                     .map(Libtorch::parse)
                     .transpose()
                     .map_err(|e| e.to_string())?
+                    .or_else(|| recorded.as_deref().and_then(Libtorch::of_recording))
                     .unwrap_or_default(),
                 ..Default::default()
             };
-            let file = read_snapshot(&snapshot, "replay")?;
             let predicted =
                 memlab_core::replay::predict_cuda(&snapshot, &file.snapshot, &options).map_err(|e| e.to_string())?;
             if let Some(out) = &history {

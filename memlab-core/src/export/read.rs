@@ -71,7 +71,7 @@ impl Snapshot {
         file.seek(std::io::SeekFrom::Start(0)).map_err(|e| unreadable(io_why(&e)))?;
         if gzipped {
             let mut bytes = Vec::new();
-            flate2::read::GzDecoder::new(std::io::BufReader::new(file))
+            flate2::read::MultiGzDecoder::new(std::io::BufReader::new(file))
                 .read_to_end(&mut bytes)
                 .map_err(|e| unreadable(format!("it is gzipped but does not decompress: {e}")))?;
             return read(std::io::Cursor::new(bytes)).map_err(unreadable);

@@ -285,6 +285,7 @@ pub struct SnapshotInfo {
 /// What lived before a CPU recording's steps and how they ran, as a
 /// prediction from them takes it ([`crate::replay::PredictOptions`]).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, serde::Deserialize)]
+#[serde(default)]
 pub struct PredictionInputs {
     /// Blocks live before the history (address, bytes), in the order a CUDA
     /// run made them: the weights, the gradients, the optimizer's state.

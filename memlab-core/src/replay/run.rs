@@ -196,6 +196,9 @@ fn run(
     card: Card,
     empty_cache_at: Option<&[usize]>,
 ) -> Result<DeviceReplay> {
+    // Replayed under the recorded settings (the caller asks where the
+    // cache was given back under others): the driver's addresses hold.
+    let as_recorded = empty_cache_at.is_none();
     let names = snapshot.devices();
     let name_of = names.get(index).cloned().unwrap_or_else(|| format!("device {index}"));
     if !name_of.starts_with("cuda") {
@@ -265,9 +268,10 @@ fn run(
             model.empty_cache();
             out.empty_cache_at.push(i);
         }
-        // The segment the request made, where the recording says so: at
-        // the driver's address.
-        if let Some(made) = i.checked_sub(1).map(|p| &trace[p]).filter(|p| p.action == Action::SegmentAlloc) {
+        // The segment the request made, where the recording says so, under
+        // the settings it was made with: at the driver's address.
+        let made = i.checked_sub(1).map(|p| &trace[p]).filter(|p| p.action == Action::SegmentAlloc);
+        if let (Some(made), true, Action::Alloc | Action::Oom) = (made, as_recorded, e.action) {
             if let Some(address) = made.addr {
                 model.next_segment_at(address, made.size);
             }

@@ -143,6 +143,22 @@ fn of_two_equal_free_blocks_the_newer_segments_is_taken() {
     b.malloc(20 * MIB, 0).unwrap();
     let fourth = b.malloc(20 * MIB, 0).unwrap();
     assert!(b.block(fourth).0 < third_at, "what was said lasts one request");
+    // Said below the model's own, the next it places itself go below that.
+    let low = b.block(fourth).0 - (1 << 40);
+    b.next_segment_at(low, 20 * MIB);
+    let fifth = b.malloc(20 * MIB, 0).unwrap();
+    assert_eq!(b.block(fifth).0, low);
+    let sixth = b.malloc(20 * MIB, 0).unwrap();
+    assert!(b.block(sixth).0 < low);
+    // Said where the model holds memory (its history parted from the
+    // recording's), it is not followed.
+    b.next_segment_at(low, 20 * MIB);
+    let seventh = b.malloc(20 * MIB, 0).unwrap();
+    assert!(b.block(seventh).0 < b.block(sixth).0);
+    // A segment larger than the model's address space below its top does
+    // not wrap into nonsense or panic.
+    let mut c = gpu("");
+    c.restore_segment(1 << 63, 0, false);
 }
 
 #[test]
