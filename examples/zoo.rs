@@ -22,7 +22,10 @@
 //! prediction ran, with what lived before them (`WillItFit::save`), which
 //! `memlab replay --as-cuda` predicts from again without running them.
 //! `--threads N` runs the CPU's kernels on N threads (libtorch's default:
-//! one a core).
+//! one a core). `--fraction F` runs the CUDA steps under a memory fraction
+//! (given in `PYTORCH_CUDA_ALLOC_CONF` too, as `per_process_memory_fraction`)
+//! and says whether they ran out (`scripts/zoo_verdicts.py` checks the
+//! predictions' verdicts so).
 //!
 //! The models, each with its optimizer: an MLP (Adam); a CNN (SGD with
 //! momentum); a ResNet with batch norm (AdamW); a U-Net (transposed
@@ -486,6 +489,7 @@ struct Args {
     steps: usize,
     out: Option<String>,
     threads: Option<i32>,
+    fraction: Option<String>,
 }
 
 fn args() -> Result<Option<Args>, Box<dyn Error>> {
@@ -497,6 +501,7 @@ fn args() -> Result<Option<Args>, Box<dyn Error>> {
         steps: 5,
         out: None,
         threads: None,
+        fraction: None,
     };
     let mut given = std::env::args().skip(1);
     while let Some(flag) = given.next() {
@@ -518,6 +523,7 @@ fn args() -> Result<Option<Args>, Box<dyn Error>> {
             "--steps" => args.steps = value()?.parse()?,
             "--out" => args.out = Some(value()?),
             "--threads" => args.threads = Some(value()?.parse()?),
+            "--fraction" => args.fraction = Some(value()?),
             "--device" => {
                 args.device = match value()?.as_str() {
                     "cpu" => Device::Cpu,
@@ -557,20 +563,38 @@ fn main() -> Result<(), Box<dyn Error>> {
     };
     if args.device.is_cuda() {
         let conf = std::env::var("PYTORCH_CUDA_ALLOC_CONF").unwrap_or_default();
-        let expected = if args.setting == "default" { "" } else { args.setting.as_str() };
+        let setting = (args.setting != "default").then_some(args.setting.clone());
+        let fraction = args.fraction.as_ref().map(|f| format!("per_process_memory_fraction:{f}"));
+        let expected = setting.into_iter().chain(fraction).collect::<Vec<_>>().join(",");
         if conf != expected {
             return Err(format!(
-                "--setting {} but PYTORCH_CUDA_ALLOC_CONF={conf:?}: set it before the process starts",
+                "--setting {} but PYTORCH_CUDA_ALLOC_CONF={conf:?}: set {expected:?} before the process starts",
                 args.setting
             )
             .into());
         }
-        for _ in 0..args.steps {
-            optimizer.backward_step(&model.loss(args.size, args.device));
+        // Under a memory fraction the steps may run out: tch panics with
+        // libtorch's error, which says so.
+        let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            for _ in 0..args.steps {
+                optimizer.backward_step(&model.loss(args.size, args.device));
+            }
+        }));
+        if let Some(fraction) = &args.fraction {
+            line["fraction"] = fraction.clone().into();
+            line["oom"] = ran.is_err().into();
+        } else if let Err(panic) = ran {
+            std::panic::resume_unwind(panic);
         }
         let stats = memlab::stats::device_stats(memlab::Device::Cuda(0))?;
         line["peak_reserved"] = stats.reserved_bytes.all.peak.into();
         line["peak_allocated"] = stats.allocated_bytes.all.peak.into();
+        // What the process holds outside the allocator: the driver's count
+        // of its memory less what the allocator reserves.
+        let account = memlab::where_gpu_memory_went(0).ok();
+        if let Some((used, reserved)) = account.and_then(|a| Some((a.process_used?, a.reserved))) {
+            line["outside_allocator"] = (used as i64 - reserved).into();
+        }
     } else {
         memlab::register_var_store("model", &vs);
         let mut optimizer = memlab::register_optimizer(optimizer)?;
