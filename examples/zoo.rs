@@ -545,6 +545,16 @@ fn main() -> Result<(), Box<dyn Error>> {
     if let Some(threads) = args.threads {
         tch::set_num_threads(threads);
     }
+    // With --out, the CUDA run is recorded from before the model is made
+    // (ops watched, no stacks) and its snapshot written there: what CUDA
+    // allocated, event by event, the model's construction included, to set
+    // beside the CPU run's.
+    let recording = match &args.out {
+        Some(_) if args.device.is_cuda() => {
+            Some(memlab::Recording::start(memlab::events::Settings::default().capacity(10_000_000).ops(true))?)
+        }
+        _ => None,
+    };
     let mut vs = nn::VarStore::new(args.device);
     let (model, mut optimizer) = build(&args.model, &mut vs)?;
     let mut line = serde_json::json!({
@@ -552,15 +562,6 @@ fn main() -> Result<(), Box<dyn Error>> {
         "device": if args.device.is_cuda() { "cuda" } else { "cpu" },
         "threads": tch::get_num_threads(),
     });
-    // With --out, the CUDA steps run under a recording (ops watched, no
-    // stacks) whose snapshot is written there: what CUDA allocated, event by
-    // event, to set beside the CPU run's.
-    let recording = match &args.out {
-        Some(_) if args.device.is_cuda() => {
-            Some(memlab::Recording::start(memlab::events::Settings::default().capacity(10_000_000).ops(true))?)
-        }
-        _ => None,
-    };
     if args.device.is_cuda() {
         let conf = std::env::var("PYTORCH_CUDA_ALLOC_CONF").unwrap_or_default();
         let setting = (args.setting != "default").then_some(args.setting.clone());
