@@ -522,28 +522,9 @@ pub enum Fit {
 /// `name` in messages): see [`cpu_history_as_cuda`].
 pub fn predict_cuda(name: &str, snapshot: &Snapshot, options: &PredictOptions) -> Result<CudaPrediction> {
     use super::{replay_device_at, Card};
-    crate::export::check_figures(snapshot).map_err(|why| Error::InvalidArgument(format!("{name}: {why}")))?;
-    let options = &options.with_inputs_of(snapshot);
-    let additions = options.additions.clone().unwrap_or_else(|| CudaAdditions::of(options.libtorch, 9));
-    if additions.cublas_handles > MAX_HANDLES {
-        return Err(Error::InvalidArgument(format!(
-            "{} cuBLAS handles: a prediction models at most {MAX_HANDLES}",
-            additions.cublas_handles
-        )));
-    }
-    if let Some(capacity) = options.capacity.filter(|&c| c > MAX_CARD) {
-        return Err(Error::InvalidArgument(format!(
-            "a card of {capacity} bytes: give the card's memory, at most {MAX_CARD} bytes (1 PiB)"
-        )));
-    }
-    let total = options.capacity.unwrap_or(MAX_CARD);
-    let history_of = |side: Option<Side>| {
-        as_cuda(snapshot, &additions, options.libtorch, total, &options.live_before, options.workspaces_after, side)
-            .map_err(|e| match e {
-                Error::InvalidArgument(why) => Error::InvalidArgument(format!("{name}: {why}")),
-                other => other,
-            })
-    };
+    let inputs = Inputs::new(name, snapshot, options)?;
+    let (options, additions, total) = (&inputs.options, &inputs.additions, inputs.total);
+    let history_of = |side: Option<Side>| inputs.history(side);
     let AsCuda { snapshot: history, allocations, kernels, soft, unmodelled } = history_of(None)?;
     let watched = snapshot.memlab.as_ref().is_some_and(|m| m.ops.is_some());
     // The ops memlab does not model make the prediction a range, and so do
@@ -699,7 +680,7 @@ pub fn predict_cuda(name: &str, snapshot: &Snapshot, options: &PredictOptions) -
     }
     Ok(CudaPrediction {
         file: name.to_string(),
-        additions,
+        additions: additions.clone(),
         capacity: options.capacity,
         settings: out,
         libtorch: options.libtorch,
@@ -730,21 +711,53 @@ pub fn predict_cuda(name: &str, snapshot: &Snapshot, options: &PredictOptions) -
 /// ([`PredictOptions::empty_cache_at_us`], a batch search's tries), the
 /// history does not say so: its replay then differs from the prediction.
 pub fn predicted_history(name: &str, snapshot: &Snapshot, options: &PredictOptions) -> Result<Snapshot> {
-    crate::export::check_figures(snapshot).map_err(|why| Error::InvalidArgument(format!("{name}: {why}")))?;
-    let options = &options.with_inputs_of(snapshot);
-    let additions = options.additions.clone().unwrap_or_else(|| CudaAdditions::of(options.libtorch, 9));
-    let total = options.capacity.unwrap_or(MAX_CARD);
-    let mut history =
-        as_cuda(snapshot, &additions, options.libtorch, total, &options.live_before, options.workspaces_after, None)
-            .map_err(|e| match e {
-                Error::InvalidArgument(why) => Error::InvalidArgument(format!("{name}: {why}")),
-                other => other,
-            })?
-            .snapshot;
+    let mut history = Inputs::new(name, snapshot, options)?.history(None)?.snapshot;
     if let (Some(info), Some(ops)) = (history.memlab.as_mut(), snapshot.memlab.as_ref().and_then(|m| m.ops.clone())) {
         info.ops = Some(ops);
     }
     Ok(history)
+}
+
+/// What a prediction from `snapshot` (called `name` in messages) works
+/// from, checked: the options with the snapshot's own inputs, what CUDA
+/// adds, and the card's memory.
+struct Inputs<'a> {
+    name: &'a str,
+    snapshot: &'a Snapshot,
+    options: PredictOptions,
+    additions: CudaAdditions,
+    total: u64,
+}
+
+impl<'a> Inputs<'a> {
+    fn new(name: &'a str, snapshot: &'a Snapshot, options: &PredictOptions) -> Result<Inputs<'a>> {
+        crate::export::check_figures(snapshot).map_err(|why| Error::InvalidArgument(format!("{name}: {why}")))?;
+        let options = options.with_inputs_of(snapshot);
+        let additions = options.additions.clone().unwrap_or_else(|| CudaAdditions::of(options.libtorch, 9));
+        if additions.cublas_handles > MAX_HANDLES {
+            return Err(Error::InvalidArgument(format!(
+                "{} cuBLAS handles: a prediction models at most {MAX_HANDLES}",
+                additions.cublas_handles
+            )));
+        }
+        if let Some(capacity) = options.capacity.filter(|&c| c > MAX_CARD) {
+            return Err(Error::InvalidArgument(format!(
+                "a card of {capacity} bytes: give the card's memory, at most {MAX_CARD} bytes (1 PiB)"
+            )));
+        }
+        let total = options.capacity.unwrap_or(MAX_CARD);
+        Ok(Inputs { name, snapshot, options, additions, total })
+    }
+
+    /// The CUDA history of the point (`None`) or of a range's end.
+    fn history(&self, side: Option<Side>) -> Result<AsCuda> {
+        let o = &self.options;
+        as_cuda(self.snapshot, &self.additions, o.libtorch, self.total, &o.live_before, o.workspaces_after, side)
+            .map_err(|e| match e {
+                Error::InvalidArgument(why) => Error::InvalidArgument(format!("{}: {why}", self.name)),
+                other => other,
+            })
+    }
 }
 
 /// Parses the settings a prediction is asked for, refusing the first that

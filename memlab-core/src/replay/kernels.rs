@@ -294,12 +294,17 @@ pub struct Measured {
 }
 
 impl Measured {
-    /// The output's bytes at `batch`.
-    fn output_bytes(&self, batch: i64) -> u64 {
-        let size = match self.transposed {
+    /// The output's height (= width).
+    fn output_size(&self) -> i64 {
+        match self.transposed {
             true => (self.h - 1) * self.stride - 2 * self.padding + self.k + self.output_padding,
             false => (self.h + 2 * self.padding - self.k) / self.stride + 1,
-        };
+        }
+    }
+
+    /// The output's bytes at `batch`.
+    fn output_bytes(&self, batch: i64) -> u64 {
+        let size = self.output_size();
         [batch, self.c_out, size, size]
             .into_iter()
             .try_fold(4u64, |bytes, n| bytes.checked_mul(u64::try_from(n).ok()?))
@@ -316,7 +321,7 @@ impl Measured {
             true => [self.c_in, self.c_out, k, k],
             false => [self.c_out, self.c_in, k, k],
         };
-        let output_size = (h - 1) * s - 2 * p + k + self.output_padding;
+        let output_size = self.output_size();
         conv.element_size == 4
             && conv.groups == 1
             && conv.transposed == self.transposed
