@@ -22,8 +22,9 @@
 
 use std::error::Error;
 
-use memlab::events::Settings;
-use memlab::replay::{cudnn_workspaces, reduction_staging, scratch_of_ops, Libtorch, Op, ReductionDevice};
+use memlab::events::{Action, Settings};
+use memlab::export::TraceEntry;
+use memlab::replay::{cudnn_workspaces, reduction_staging, scratch_of_ops, Libtorch, Op, OpRecord, ReductionDevice};
 use tch::nn::{self, Module};
 use tch::{Device, Kind, Tensor};
 
@@ -80,16 +81,8 @@ fn main() -> Result<(), Box<dyn Error>> {
         let config = nn::ConvConfig { stride: s, padding: k / 2, ..Default::default() };
         let conv = nn::conv2d(vs.root() / "conv", c_in, c_out, k, config);
         let input = Tensor::randn([n, c_in, h, h], (Kind::Float, device)).set_requires_grad(true);
-        // Once untimed, so that cuDNN's first-call state is not measured.
-        conv.forward(&input).sum(Kind::Float).backward();
-        let recording = memlab::Recording::start(Settings::default().ops(true))?;
-        conv.forward(&input).sum(Kind::Float).backward();
-        tch::Cuda::synchronize(0);
-        let snapshot = memlab::export::Exporter::of(&vs).snapshot()?;
-        drop(recording);
-        let cuda = snapshot.devices().iter().position(|d| d == "cuda:0").ok_or("no cuda:0 history")?;
-        let ops = snapshot.memlab.as_ref().and_then(|m| m.ops.clone()).unwrap_or_default();
-        for (record, scratch) in scratch_of_ops(&snapshot.device_traces[cuda], &ops) {
+        let (trace, ops) = recorded(&vs, || conv.forward(&input).sum(Kind::Float).backward())?;
+        for (record, scratch) in scratch_of_ops(&trace, &ops) {
             if let Op::Reduction(r) = &record.op {
                 // The bias gradient's sum: its staging buffer, measured and modelled.
                 let modelled = reduction_staging(r, ReductionDevice::H100);
@@ -139,29 +132,10 @@ fn transposed(device: Device) -> Result<(), Box<dyn Error>> {
         let config = nn::ConvTransposeConfig { stride: s, padding, output_padding: s - 1, ..Default::default() };
         let conv = nn::conv_transpose2d(vs.root() / "conv", c_in, c_out, k, config);
         let input = Tensor::randn([n, c_in, h, h], (Kind::Float, device)).set_requires_grad(true);
-        conv.forward(&input).sum(Kind::Float).backward();
-        let recording = memlab::Recording::start(Settings::default().ops(true))?;
-        conv.forward(&input).sum(Kind::Float).backward();
-        tch::Cuda::synchronize(0);
-        let snapshot = memlab::export::Exporter::of(&vs).snapshot()?;
-        drop(recording);
-        let cuda = snapshot.devices().iter().position(|d| d == "cuda:0").ok_or("no cuda:0 history")?;
-        let trace = &snapshot.device_traces[cuda];
-        let ops = snapshot.memlab.as_ref().and_then(|m| m.ops.clone()).unwrap_or_default();
+        let (trace, ops) = recorded(&vs, || conv.forward(&input).sum(Kind::Float).backward())?;
         let mut per_op = Vec::new();
         for r in &ops {
-            let from = trace.partition_point(|e| e.time_us < r.start_us);
-            let to = trace.partition_point(|e| e.time_us <= r.end_us);
-            let window = &trace[from..to];
-            let allocations: Vec<(u64, bool)> = window
-                .iter()
-                .filter(|e| e.action == memlab::events::Action::Alloc)
-                .map(|a| {
-                    let freed =
-                        window.iter().any(|f| f.action == memlab::events::Action::FreeRequested && f.addr == a.addr);
-                    (a.size, freed)
-                })
-                .collect();
+            let allocations: Vec<(u64, bool)> = allocated_in(&trace, r);
             if !allocations.is_empty() {
                 per_op.push(serde_json::json!({ "op": r.name, "allocations": allocations }));
             }
@@ -204,10 +178,6 @@ fn grid_shapes() -> Vec<(i64, i64, i64, i64, i64)> {
     shapes
 }
 
-/// What one pass allocated and freed inside each convolution op: whether
-/// it was a backward op, its output mask, the sizes.
-type Passes = Vec<(bool, u8, Vec<u64>)>;
-
 /// The transposed shapes of `--grid`, as decoders upsample: (input
 /// channels, output channels, size, kernel, stride, padding, output
 /// padding).
@@ -227,7 +197,6 @@ fn grid_transposed() -> Vec<(i64, i64, i64, i64, i64, i64, i64)> {
 /// `--grid`: each shape's workspaces, one pass at a time, at every batch
 /// from 4 to 8,192 (powers of 2) whose input and output fit 3 GiB.
 fn grid(device: Device) -> Result<(), Box<dyn Error>> {
-    use memlab::events::Action;
     let plain = grid_shapes().into_iter().map(|(c_in, c_out, h, k, s)| (c_in, c_out, h, k, s, k / 2, 0, false));
     let transposed =
         grid_transposed().into_iter().map(|(c_in, c_out, h, k, s, p, op)| (c_in, c_out, h, k, s, p, op, true));
@@ -254,44 +223,24 @@ fn grid(device: Device) -> Result<(), Box<dyn Error>> {
             };
             let weight = vs.trainable_variables().into_iter().next().ok_or("a convolution without a weight")?;
             let input = Tensor::randn([n, c_in, h, h], (Kind::Float, device));
-            // What one pass allocated and freed inside each convolution op.
-            let measure = |pass: &dyn Fn()| -> Result<Passes, Box<dyn Error>> {
-                pass();
-                tch::Cuda::synchronize(0);
-                let recording = memlab::Recording::start(Settings::default().ops(true))?;
-                pass();
-                tch::Cuda::synchronize(0);
-                let snapshot = memlab::export::Exporter::of(&vs).snapshot()?;
-                drop(recording);
-                let cuda = snapshot.devices().iter().position(|d| d == "cuda:0").ok_or("no cuda:0 history")?;
-                let trace = &snapshot.device_traces[cuda];
-                let ops = snapshot.memlab.as_ref().and_then(|m| m.ops.clone()).unwrap_or_default();
-                let mut found = Vec::new();
-                for r in &ops {
-                    let Op::Convolution(c) = &r.op else { continue };
-                    let from = trace.partition_point(|e| e.time_us < r.start_us);
-                    let to = trace.partition_point(|e| e.time_us <= r.end_us);
-                    let window = &trace[from..to];
-                    let scratch = window
-                        .iter()
-                        .filter(|a| a.action == Action::Alloc)
-                        .filter(|a| window.iter().any(|f| f.action == Action::FreeRequested && f.addr == a.addr))
-                        .map(|a| a.size)
-                        .collect();
-                    found.push((c.backward, c.output_mask, scratch));
-                }
-                Ok(found)
+            // What one pass allocated and freed inside its convolution ops
+            // of that direction.
+            let measure = |backward: bool, pass: &dyn Fn()| -> Result<Vec<u64>, Box<dyn Error>> {
+                let (trace, ops) = recorded(&vs, pass)?;
+                let convolutions = ops.iter().filter(|r| matches!(&r.op, Op::Convolution(c) if c.backward == backward));
+                Ok(convolutions
+                    .flat_map(|r| allocated_in(&trace, r))
+                    .filter(|&(_, freed)| freed)
+                    .map(|(size, _)| size)
+                    .collect())
             };
-            let of = |found: Passes, backward: bool| -> Vec<u64> {
-                found.into_iter().filter(|f| f.0 == backward).flat_map(|f| f.2).collect()
-            };
-            let forward = of(measure(&|| drop(tch::no_grad(|| conv.forward(&input))))?, false);
+            let forward = measure(false, &|| drop(tch::no_grad(|| conv.forward(&input))))?;
             let grad_input = input.copy().set_requires_grad(true);
             // The input's gradient alone: the weight needs none.
             let _ = weight.set_requires_grad(false);
-            let input_grad = of(measure(&|| conv.forward(&grad_input).sum(Kind::Float).backward())?, true);
+            let input_grad = measure(true, &|| conv.forward(&grad_input).sum(Kind::Float).backward())?;
             let _ = weight.set_requires_grad(true);
-            let weight_grad = of(measure(&|| conv.forward(&input).sum(Kind::Float).backward())?, true);
+            let weight_grad = measure(true, &|| conv.forward(&input).sum(Kind::Float).backward())?;
             let mut row = serde_json::json!({
                 "n": n, "c_in": c_in, "c_out": c_out, "h": h, "k": k, "stride": s,
                 "forward": forward, "input_grad": input_grad, "weight_grad": weight_grad,
@@ -305,4 +254,30 @@ fn grid(device: Device) -> Result<(), Box<dyn Error>> {
         }
     }
     Ok(())
+}
+
+/// What CUDA allocated while `pass` ran a second time (the first, untimed,
+/// so that cuDNN's first-call state is not measured): the device's
+/// history and the ops watched.
+fn recorded(vs: &nn::VarStore, pass: impl Fn()) -> Result<(Vec<TraceEntry>, Vec<OpRecord>), Box<dyn Error>> {
+    pass();
+    tch::Cuda::synchronize(0);
+    let recording = memlab::Recording::start(Settings::default().ops(true))?;
+    pass();
+    tch::Cuda::synchronize(0);
+    let mut snapshot = memlab::export::Exporter::of(vs).snapshot()?;
+    drop(recording);
+    let cuda = snapshot.devices().iter().position(|d| d == "cuda:0").ok_or("no cuda:0 history")?;
+    let ops = snapshot.memlab.as_ref().and_then(|m| m.ops.clone()).unwrap_or_default();
+    Ok((snapshot.device_traces.swap_remove(cuda), ops))
+}
+
+/// Each allocation made while `op` ran, with whether it was freed before
+/// the op ended.
+fn allocated_in(trace: &[TraceEntry], op: &OpRecord) -> Vec<(u64, bool)> {
+    let from = trace.partition_point(|e| e.time_us < op.start_us);
+    let to = trace.partition_point(|e| e.time_us <= op.end_us);
+    let window = &trace[from..to];
+    let freed = |a: &TraceEntry| window.iter().any(|f| f.action == Action::FreeRequested && f.addr == a.addr);
+    window.iter().filter(|e| e.action == Action::Alloc).map(|a| (a.size, freed(a))).collect()
 }
