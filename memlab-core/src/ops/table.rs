@@ -143,12 +143,12 @@ pub const TABLE: &[Entry] = &[
     modelled(
         "convolution",
         "cuDNN's workspace on CUDA (measured per shape, or ruled), oneDNN's scratch on the CPU (dropped; modelled); \
-         a transposed convolution is not modelled",
+         a transposed convolution only where its shape was measured",
     ),
     modelled(
         "convolution_backward",
         "cuDNN's workspaces and the bias gradient's sum on CUDA, oneDNN's scratch on the CPU (dropped; modelled); a \
-         transposed convolution is not modelled",
+         transposed convolution only where its shape was measured",
     ),
     same("copy", COPY),
     same("cos", ELEMENTWISE),
@@ -292,14 +292,13 @@ pub fn entry(name: &str) -> Option<&'static Entry> {
     TABLE.binary_search_by(|e| e.name.cmp(base)).ok().map(|i| &TABLE[i])
 }
 
-/// The class of a recorded op: a transposed convolution's is modelled where
-/// cuDNN's workspaces for its shape were measured, and not elsewhere; an op
-/// the table does not name is not modelled, with a workspace's bound.
+/// The class of a recorded op: a convolution's is not modelled where it is
+/// transposed (the replay models those of the shapes whose cuDNN
+/// workspaces were measured: `replay::cudnn_measured`); an op the table does
+/// not name is not modelled, with a workspace's bound.
 pub fn class_of(record: &OpRecord) -> Class {
     match &record.op {
-        Op::Convolution(c) if c.transposed && !crate::replay::cudnn_measured(c, crate::replay::Libtorch::V2_11) => {
-            Class::NotModelled(Bound::Workspace)
-        }
+        Op::Convolution(c) if c.transposed => Class::NotModelled(Bound::Workspace),
         // An op of a modelled kind whose details could not be read (more
         // than eight dimensions, say) is not modelled.
         // What an RNN's CPU kernels run inside it, and its backward pass,

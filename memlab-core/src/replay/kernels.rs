@@ -610,7 +610,7 @@ fn unmodelled_runs(ops: &[OpRecord]) -> Vec<(&OpRecord, Bound)> {
     for r in order {
         let end = r.end_us.max(r.start_us);
         let inside = |outer: Option<u64>| outer.is_some_and(|outer| r.start_us <= outer);
-        let class = crate::ops::table::class_of(r);
+        let class = class_of(r);
         if class == Class::Modelled && !matches!(r.op, Op::Other | Op::Matmul { .. }) && !inside(modelled_end) {
             modelled_end = Some(end);
         }
@@ -622,6 +622,16 @@ fn unmodelled_runs(ops: &[OpRecord]) -> Vec<(&OpRecord, Bound)> {
         runs.push((r, bound));
     }
     runs
+}
+
+/// The class of a recorded op ([`crate::ops::table::class_of`]), a
+/// transposed convolution's modelled where cuDNN's workspaces for its
+/// shape were measured.
+fn class_of(record: &OpRecord) -> Class {
+    match &record.op {
+        Op::Convolution(c) if c.transposed && cudnn_measured(c, Libtorch::V2_11) => Class::Modelled,
+        _ => crate::ops::table::class_of(record),
+    }
 }
 
 /// The name a prediction gives an op memlab does not model.
@@ -1525,12 +1535,12 @@ mod tests {
         assert_eq!(only(&backward), [(Computing::WeightGradient, 51_085_671)]);
         assert!(cudnn_measured(&backward, Libtorch::V2_11));
         let record = OpRecord::new(0, 1, Op::Convolution(backward));
-        assert_eq!(crate::ops::table::class_of(&record), crate::ops::table::Class::Modelled);
+        assert_eq!(class_of(&record), crate::ops::table::Class::Modelled);
         // 48 channels in: never measured, not modelled, no workspace.
         let unmeasured = up(true, 16, 48, vec![16, 32, 128, 128]);
         assert!(only(&unmeasured).is_empty() && !cudnn_measured(&unmeasured, Libtorch::V2_11));
         let record = OpRecord::new(0, 1, Op::Convolution(unmeasured));
-        assert!(matches!(crate::ops::table::class_of(&record), crate::ops::table::Class::NotModelled(_)));
+        assert!(matches!(class_of(&record), crate::ops::table::Class::NotModelled(_)));
     }
 
     /// The table is the measurement committed beside it
