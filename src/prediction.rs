@@ -223,7 +223,10 @@ impl Steps {
                 workspaces_after: self.workspaces_after,
                 empty_cache_at_us: self.empty_cache_at_us,
                 step_peaks: self.peaks.clone(),
-                additions,
+                additions: additions
+                    .map(serde_json::to_value)
+                    .transpose()
+                    .map_err(|e| Error::InvalidArgument(format!("what CUDA adds does not write as data: {e}")))?,
             });
         }
         snapshot.write_pickle(path)

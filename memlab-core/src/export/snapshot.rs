@@ -299,8 +299,10 @@ pub struct PredictionInputs {
     /// The CPU's peak allocated in each step.
     pub step_peaks: Vec<u64>,
     /// What CUDA adds, where the program said otherwise than the defaults
-    /// (how its RNN weights reach cuDNN, another card's libraries).
-    pub additions: Option<crate::replay::CudaAdditions>,
+    /// (how its RNN weights reach cuDNN, another card's libraries): a
+    /// `replay::CudaAdditions` as it serializes, which the replay reads
+    /// back (the export layer knows nothing of the replay's types).
+    pub additions: Option<serde_json::Value>,
 }
 
 /// Bytes of one device.

@@ -342,7 +342,7 @@ impl PredictOptions {
     /// These options, with what the snapshot says lived before its steps
     /// and how they ran ([`PredictionInputs`](crate::export::PredictionInputs),
     /// where `memlab::WillItFit::save` wrote it) where they say nothing.
-    fn with_inputs_of(&self, snapshot: &Snapshot) -> PredictOptions {
+    fn with_inputs_of(&self, snapshot: &Snapshot) -> Result<PredictOptions> {
         let mut options = self.clone();
         if let Some(inputs) = snapshot.memlab.as_ref().and_then(|m| m.prediction_inputs.as_ref()) {
             if options.live_before.is_empty() {
@@ -350,9 +350,15 @@ impl PredictOptions {
                 options.workspaces_after = options.workspaces_after.or(inputs.workspaces_after);
             }
             options.empty_cache_at_us = options.empty_cache_at_us.or(inputs.empty_cache_at_us);
-            options.additions = options.additions.take().or_else(|| inputs.additions.clone());
+            if let (None, Some(additions)) = (&options.additions, &inputs.additions) {
+                options.additions = Some(serde_json::from_value(additions.clone()).map_err(|e| {
+                    Error::InvalidArgument(format!(
+                        "the snapshot's `prediction_inputs.additions` is not what CUDA adds: {e}"
+                    ))
+                })?);
+            }
         }
-        options
+        Ok(options)
     }
 }
 
@@ -732,7 +738,10 @@ struct Inputs<'a> {
 impl<'a> Inputs<'a> {
     fn new(name: &'a str, snapshot: &'a Snapshot, options: &PredictOptions) -> Result<Inputs<'a>> {
         crate::export::check_figures(snapshot).map_err(|why| Error::InvalidArgument(format!("{name}: {why}")))?;
-        let options = options.with_inputs_of(snapshot);
+        let options = options.with_inputs_of(snapshot).map_err(|e| match e {
+            Error::InvalidArgument(why) => Error::InvalidArgument(format!("{name}: {why}")),
+            other => other,
+        })?;
         let additions = options.additions.clone().unwrap_or_else(|| CudaAdditions::of(options.libtorch, 9));
         if additions.cublas_handles > MAX_HANDLES {
             return Err(Error::InvalidArgument(format!(
@@ -1340,6 +1349,35 @@ mod tests {
     /// (`addmm`, a bias added in the product), not by cuBLAS's `mm`: a step
     /// of `mm`s alone makes none (an LSTM's head on the H200: its peak
     /// allocated was the prediction's less 1 MiB while it made one).
+    #[test]
+    fn a_saved_steps_additions_are_read_back_and_bad_ones_refused() {
+        let with = |additions: serde_json::Value| Snapshot {
+            segments: Vec::new(),
+            device_traces: Vec::new(),
+            allocator_settings: None,
+            memlab: Some(SnapshotInfo {
+                devices: vec!["cpu".into()],
+                prediction_inputs: Some(crate::export::PredictionInputs {
+                    additions: Some(additions),
+                    ..Default::default()
+                }),
+                ..SnapshotInfo::default()
+            }),
+        };
+        let copied =
+            CudaAdditions { rnn_weights: super::super::rnn::RnnWeights::CopiedEachStep, ..CudaAdditions::default() };
+        let options = PredictOptions::default().with_inputs_of(&with(serde_json::to_value(&copied).unwrap())).unwrap();
+        assert_eq!(options.additions, Some(copied.clone()));
+        // What the caller gives wins over the file's.
+        let given = PredictOptions { additions: Some(CudaAdditions::default()), ..Default::default() };
+        let options = given.with_inputs_of(&with(serde_json::to_value(&copied).unwrap())).unwrap();
+        assert_eq!(options.additions, Some(CudaAdditions::default()));
+        let e = predict_cuda("saved", &with(serde_json::json!({"cublas_handles": "two"})), &PredictOptions::default())
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("saved: the snapshot's `prediction_inputs.additions` is not what CUDA adds"), "{e}");
+    }
+
     #[test]
     fn cublaslts_workspace_comes_with_the_first_product_through_it() {
         let made = |name: &str| {
