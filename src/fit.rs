@@ -172,7 +172,7 @@ impl WillItFit {
     /// flatten them) or copied into one at every forward pass (a model made
     /// on the CPU and moved, or cast after it was made), a buffer of the
     /// weights' size kept for the backward pass.
-    pub fn rnn_weights(mut self, weights: crate::replay::rnn::RnnWeights) -> WillItFit {
+    pub fn rnn_weights(mut self, weights: memlab_core::replay::rnn::RnnWeights) -> WillItFit {
         let mut additions = self.additions.take().unwrap_or_default();
         additions.rnn_weights = weights;
         self.additions = Some(additions);
