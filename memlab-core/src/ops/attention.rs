@@ -1,7 +1,8 @@
 //! A call of `scaled_dot_product_attention`, or of the CPU's flash kernel
 //! it runs (`_scaled_dot_product_flash_attention_for_cpu` and its backward
-//! op), read from its record: what CUDA's memory-efficient attention sizes
-//! its buffers by.
+//! op), read from its record: what CUDA's memory-efficient attention (for
+//! float32) and cuDNN's attention (for halves and bfloat16) size their
+//! buffers by.
 
 use crate::DType;
 
@@ -18,13 +19,17 @@ pub enum AttentionOp {
     CpuBackward,
 }
 
-/// An attention of float tensors with no mask and no dropout, its query of
+/// An attention with no mask and no dropout, its query of
 /// `[batch, heads, len, head_dim]` and its key and value of `kv_len` steps:
-/// what libtorch 2.11 runs as memory-efficient attention on CUDA.
+/// what libtorch 2.11 runs on an H100 or H200 as memory-efficient attention
+/// (float32) or cuDNN's attention (halves and bfloat16, head sizes a
+/// multiple of 8).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct AttentionCall {
     /// Which op.
     pub op: AttentionOp,
+    /// The query's, key's and value's type: `Float`, `Half` or `BFloat16`.
+    pub dtype: DType,
     /// Sequences in the batch.
     pub batch: u64,
     /// Heads.
@@ -40,11 +45,10 @@ pub struct AttentionCall {
 }
 
 impl AttentionCall {
-    /// The call `record` made, where memlab models it: float32 query, key
-    /// and value of four dimensions, the same batch and heads (no grouped
-    /// heads), head sizes up to 256, no mask and no dropout. `None`
-    /// otherwise (halves and bfloat16 run cuDNN's attention on an H100 or
-    /// H200, which memlab does not model yet).
+    /// The call `record` made, where memlab models it: query, key and value
+    /// of one type of four dimensions, the same batch and heads (no grouped
+    /// heads), head sizes up to 256 (multiples of 8 in halves and
+    /// bfloat16), no mask and no dropout. `None` otherwise.
     pub fn of(record: &OpRecord) -> Option<AttentionCall> {
         if !matches!(record.op, Op::Other) {
             return None;
@@ -66,9 +70,13 @@ impl AttentionCall {
         if record.scalars.first().is_none_or(|s| s.0 != 0.0) {
             return None;
         }
+        let dtype = tensors.first.get(first)?.dtype?;
+        if !matches!(dtype, DType::Float | DType::Half | DType::BFloat16) {
+            return None;
+        }
         let shape = |i: usize| -> Option<[u64; 4]> {
             let arg = tensors.first.get(i)?;
-            if arg.dtype? != DType::Float {
+            if arg.dtype? != dtype {
                 return None;
             }
             let dims: Vec<u64> = arg.shape.as_ref()?.iter().map(|&d| u64::try_from(d).ok()).collect::<Option<_>>()?;
@@ -79,15 +87,38 @@ impl AttentionCall {
         if k[..2] != q[..2] || v[..2] != q[..2] || k[3] != head_dim || v[2] != k[2] {
             return None;
         }
-        let call = AttentionCall { op, batch, heads, len, kv_len: k[2], head_dim, value_dim: v[3] };
-        (head_dim <= 256 && call.value_dim <= 256 && [batch, heads, len, call.kv_len, head_dim].iter().all(|&d| d > 0))
-            .then_some(call)
+        let call = AttentionCall { op, dtype, batch, heads, len, kv_len: k[2], head_dim, value_dim: v[3] };
+        let cudnn = call.cudnn();
+        let sizes = head_dim <= 256
+            && call.value_dim <= 256
+            && (!cudnn || (head_dim.is_multiple_of(8) && call.value_dim.is_multiple_of(8)));
+        (sizes && [batch, heads, len, call.kv_len, head_dim].iter().all(|&d| d > 0)).then_some(call)
+    }
+
+    /// Whether CUDA runs it as cuDNN's attention (halves and bfloat16)
+    /// rather than as memory-efficient attention (float32).
+    pub fn cudnn(&self) -> bool {
+        self.dtype != DType::Float
+    }
+
+    /// The bytes of one element.
+    pub fn element_size(&self) -> u64 {
+        if self.cudnn() {
+            2
+        } else {
+            4
+        }
     }
 
     /// The query's bytes (each of the gradients of query, key and value is
     /// its own tensor's).
     pub fn query_bytes(&self) -> u64 {
-        self.batch * self.heads * self.len * self.head_dim * 4
+        self.batch * self.heads * self.len * self.head_dim * self.element_size()
+    }
+
+    /// The output's bytes.
+    pub fn output_bytes(&self) -> u64 {
+        self.batch * self.heads * self.len * self.value_dim * self.element_size()
     }
 }
 
@@ -117,8 +148,13 @@ mod tests {
             AttentionCall::of(&record(backward, DType::Float, 7, 0.0)).map(|c| c.op),
             Some(AttentionOp::CpuBackward)
         );
-        // A mask, dropout, bfloat16: not modelled.
-        for (dtype, count, dropout) in [(DType::Float, 4, 0.0), (DType::Float, 3, 0.1), (DType::BFloat16, 3, 0.0)] {
+        // bfloat16 and halves: cuDNN's.
+        for dtype in [DType::BFloat16, DType::Half] {
+            let call = AttentionCall::of(&record("scaled_dot_product_attention", dtype, 3, 0.0)).expect("read");
+            assert!(call.cudnn() && call.query_bytes() == 2 * 4 * 100 * 64 * 2, "{call:?}");
+        }
+        // A mask, dropout, doubles: not modelled.
+        for (dtype, count, dropout) in [(DType::Float, 4, 0.0), (DType::Float, 3, 0.1), (DType::Double, 3, 0.0)] {
             let r = record("scaled_dot_product_attention", dtype, count, dropout);
             assert_eq!(AttentionCall::of(&r), None, "{r:?}");
         }

@@ -13,6 +13,16 @@
 //!   of `B·H·L` floats (the first freed at once), and a workspace of
 //!   `B·H·L'·D'` floats and `B·H·L'·max(1, D'/128) / 4` bytes, with `L'` the
 //!   steps rounded up to 64 and `D'` the head size to 64, 128 or 256.
+//!
+//! And what cuDNN's attention allocates (`_cudnn_attention_forward` and
+//! `_cudnn_attention_backward`), which it runs for halves and bfloat16
+//! (36 shapes of each, exact in each):
+//!
+//! - forward: a seed and an offset of 8 bytes each, kept for the backward
+//!   pass, the output and a logsumexp of `B·H·L` floats (as the CPU's), and
+//!   256 bytes freed at once;
+//! - backward: the three gradients, then a temporary of twice the output,
+//!   the logsumexp and 256 bytes, freed at once.
 
 use crate::ops::attention::AttentionCall;
 
@@ -43,25 +53,39 @@ pub fn workspace(call: &AttentionCall) -> u64 {
     rows * dim * 4 + rows * (dim / 128).max(1) / 4
 }
 
+/// cuDNN's backward pass's temporary, in bytes.
+pub fn cudnn_backward_temporary(call: &AttentionCall) -> u64 {
+    2 * call.output_bytes() + cpu_logsumexp(call) + 256
+}
+
+/// The seed's bytes, and the offset's.
+pub const CUDNN_SEED: u64 = 8;
+/// The forward pass's temporary, in bytes.
+pub const CUDNN_FORWARD_TEMPORARY: u64 = 256;
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::ops::attention::AttentionOp;
 
-    /// Every float32 shape the H200 measured: the forward pass's logsumexp
-    /// and the backward pass's allocations after the gradients.
+    /// Every shape the H200 measured: the forward pass's logsumexp and the
+    /// backward pass's allocations after the gradients (float32); every
+    /// allocation of cuDNN's passes (halves and bfloat16).
     #[test]
-    fn the_sizes_are_the_measured_ones_for_every_float_shape() {
+    fn the_sizes_are_the_measured_ones_for_every_shape() {
         let path = format!("{}/../fixtures/cudnn/attention_h200.jsonl", env!("CARGO_MANIFEST_DIR"));
         let mut checked = 0;
         for line in std::fs::read_to_string(path).unwrap().lines() {
             let v: serde_json::Value = serde_json::from_str(line).unwrap();
-            if v["dtype"] != "f32" {
-                continue;
-            }
             let u = |k: &str| v[k].as_u64().unwrap();
+            let dtype = match v["dtype"].as_str().unwrap() {
+                "f32" => crate::DType::Float,
+                "f16" => crate::DType::Half,
+                _ => crate::DType::BFloat16,
+            };
             let call = AttentionCall {
                 op: AttentionOp::CpuForward,
+                dtype,
                 batch: u("batch"),
                 heads: u("heads"),
                 len: u("len"),
@@ -74,6 +98,15 @@ mod tests {
                 o["allocations"].as_array().unwrap().iter().map(|a| a[0].as_u64().unwrap()).collect()
             };
             let q = call.query_bytes();
+            if call.cudnn() {
+                let (o, lse) = (call.output_bytes(), cpu_logsumexp(&call));
+                let forward = [CUDNN_SEED, CUDNN_SEED, o, lse, CUDNN_FORWARD_TEMPORARY];
+                assert_eq!(allocations("_cudnn_attention_forward"), forward, "{line}");
+                let backward = [q, q, q, cudnn_backward_temporary(&call)];
+                assert_eq!(allocations("_cudnn_attention_backward"), backward, "{line}");
+                checked += 1;
+                continue;
+            }
             assert_eq!(allocations("_efficient_attention_forward"), [q, logsumexp(&call)], "{line}");
             // The sweep's gradient arrives expanded (a sum's): the kernel
             // copies it first, which a gradient in its layout does not need.
@@ -87,6 +120,6 @@ mod tests {
             assert_eq!(backward, expected, "{line}");
             checked += 1;
         }
-        assert_eq!(checked, 36);
+        assert_eq!(checked, 108);
     }
 }

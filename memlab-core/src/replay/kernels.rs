@@ -73,6 +73,11 @@ pub struct KernelsModelled {
     /// The largest of their backward passes' workspaces, in bytes.
     #[serde(default)]
     pub largest_attention_workspace: u64,
+    /// Attention kernels watched (forward and backward) in halves or
+    /// bfloat16, which CUDA runs as cuDNN's attention
+    /// ([`super::attention`]).
+    #[serde(default)]
+    pub cudnn_attentions: usize,
 }
 
 /// A kernel's scratch, allocated right after an event: freed at once, or
@@ -764,11 +769,14 @@ fn attention_kernels(ops: &[OpRecord]) -> Vec<(&OpRecord, AttentionCall)> {
 /// Where the attention kernels' lives are numbered: 8 each.
 const ATTENTION_LIVES: u32 = 1 << 28;
 
-/// What CUDA's memory-efficient attention allocates for one of the CPU's
-/// flash kernels, in place of the CPU kernel's own scratch: forward, its
-/// logsumexp padded to 32 steps (living as the CPU's did); backward, after
-/// the three gradients, a temporary of the query's size, two row sums and a
-/// workspace, as an H200 allocated them ([`super::attention`]).
+/// What CUDA's attention allocates for one of the CPU's flash kernels, in
+/// place of the CPU kernel's own scratch, as an H200 allocated it
+/// ([`super::attention`]). Memory-efficient attention (float32): forward,
+/// its logsumexp padded to 32 steps (living as the CPU's did); backward,
+/// after the three gradients, a temporary of the query's size, two row sums
+/// and a workspace. cuDNN's (halves and bfloat16): forward, a seed and an
+/// offset kept as long as the logsumexp and 256 bytes at once; backward, a
+/// temporary after the gradients.
 fn model_attention(
     plan: &mut Plan,
     trace: &[TraceEntry],
@@ -799,6 +807,27 @@ fn model_attention(
         plan.temporaries.push(Temporary { after: after.min(last), bytes, soft: None, life });
     };
     match call.op {
+        AttentionOp::CpuForward if call.cudnn() => {
+            // The output and logsumexp as the CPU's; the seed and offset
+            // live as the logsumexp does (autograd keeps all three for the
+            // backward pass), and 256 bytes come and go.
+            let lse = attention::cpu_logsumexp(call);
+            let at = outlive.last().copied().unwrap_or_else(|| range.end.saturating_sub(1));
+            let kept = outlive.iter().rev().find(|&&i| trace[i].size == lse).map(|&i| freed_at[i]);
+            for n in [base, base + 1] {
+                push(plan, at, attention::CUDNN_SEED, Life::Opens(n));
+            }
+            push(plan, at, attention::CUDNN_FORWARD_TEMPORARY, Life::Instant);
+            if let Some(freed) = kept.filter(|&f| f != usize::MAX) {
+                for n in [base, base + 1] {
+                    push(plan, freed, attention::CUDNN_SEED, Life::Closes(n));
+                }
+            }
+        }
+        AttentionOp::CpuBackward if call.cudnn() => {
+            let at = outlive.last().copied().unwrap_or_else(|| range.end.saturating_sub(1));
+            push(plan, at, attention::cudnn_backward_temporary(call), Life::Instant);
+        }
         AttentionOp::CpuForward => {
             let (cpu, cuda) = (attention::cpu_logsumexp(call), attention::logsumexp(call));
             let found = outlive.iter().rev().find(|&&i| trace[i].size == cpu).copied();
@@ -825,7 +854,11 @@ fn model_attention(
         }
         AttentionOp::Dispatch => return,
     }
-    plan.modelled.attentions += 1;
+    if call.cudnn() {
+        plan.modelled.cudnn_attentions += 1;
+    } else {
+        plan.modelled.attentions += 1;
+    }
 }
 
 /// Where the RNNs' lives are numbered: each run takes the next
