@@ -8,6 +8,7 @@
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <ATen/core/Tensor.h>
 #include <ATen/SequenceNumber.h>
+#include <ATen/autocast_mode.h>
 #include <ATen/record_function.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
@@ -831,12 +832,24 @@ void name_and_tensors(const char* op_name, c10::ArrayRef<const c10::IValue> inpu
   }
 }
 
+// How many threads run their steps under CPU autocast standing for CUDA's
+// (memlab_cpu_autocast_begin): their backward functions run without it.
+std::atomic<int> autocast_steps{0};
+
 std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
   memlab_op_hook hook = op_hook.load(std::memory_order_acquire);
   if (hook == nullptr) {
     return nullptr;
   }
   try {
+    if (fn.scope() == at::RecordScope::BACKWARD_FUNCTION && autocast_steps.load(std::memory_order_acquire) > 0 &&
+        at::autocast::is_autocast_enabled(at::kCPU)) {
+      // CUDA's autocast ends with the forward pass (tch's autocast gives
+      // its cast weights back as it ends); autograd restores the thread's
+      // state after the node.
+      at::autocast::set_autocast_enabled(at::kCPU, false);
+      at::autocast::clear_cache();
+    }
     if (fn.scope() == at::RecordScope::BACKWARD_FUNCTION) {
       backward_depth++;
       memlab_op node{};
@@ -926,6 +939,35 @@ char* memlab_watch_ops(memlab_op_hook hook) {
     return error_copy(e.what());
   } catch (...) {
     return error_copy("libtorch refused memlab's op callback");
+  }
+}
+
+char* memlab_cpu_autocast_begin(int32_t dtype, int32_t* was_enabled, int32_t* was_dtype) {
+  try {
+    *was_enabled = at::autocast::is_autocast_enabled(at::kCPU) ? 1 : 0;
+    *was_dtype = static_cast<int32_t>(at::autocast::get_autocast_dtype(at::kCPU));
+    at::autocast::set_autocast_dtype(at::kCPU, static_cast<c10::ScalarType>(dtype));
+    at::autocast::set_autocast_enabled(at::kCPU, true);
+    autocast_steps.fetch_add(1, std::memory_order_acq_rel);
+    return nullptr;
+  } catch (const std::exception& e) {
+    return error_copy(e.what());
+  } catch (...) {
+    return error_copy("libtorch refused CPU autocast");
+  }
+}
+
+char* memlab_cpu_autocast_end(int32_t was_enabled, int32_t was_dtype) {
+  try {
+    autocast_steps.fetch_sub(1, std::memory_order_acq_rel);
+    at::autocast::clear_cache();
+    at::autocast::set_autocast_enabled(at::kCPU, was_enabled != 0);
+    at::autocast::set_autocast_dtype(at::kCPU, static_cast<c10::ScalarType>(was_dtype));
+    return nullptr;
+  } catch (const std::exception& e) {
+    return error_copy(e.what());
+  } catch (...) {
+    return error_copy("libtorch refused to end CPU autocast");
   }
 }
 

@@ -367,6 +367,8 @@ extern "C" {
     pub fn memlab_cpu_take_accumulated_stats(out: *mut i64) -> *mut c_char;
     pub fn memlab_set_cpu_event_hook(hook: Option<EventHook>);
     pub fn memlab_watch_ops(hook: Option<OpHook>) -> *mut c_char;
+    pub fn memlab_cpu_autocast_begin(dtype: i32, was_enabled: *mut i32, was_dtype: *mut i32) -> *mut c_char;
+    pub fn memlab_cpu_autocast_end(was_enabled: i32, was_dtype: i32) -> *mut c_char;
     pub fn memlab_cpu_count(action: i32, size: u64);
     pub fn memlab_tensor_storage(tensor: *const c_void, out: *mut StorageInfo) -> *mut c_char;
     pub fn memlab_tensor_facts(tensor: *const c_void, out: *mut TensorFacts, grad: *mut TensorFacts) -> *mut c_char;

@@ -80,6 +80,45 @@ impl Drop for OpWatch {
     }
 }
 
+/// The calling thread's ops under CPU autocast, standing for CUDA's on a
+/// CPU run, while it lives ([`cpu_autocast`]). It ends on the thread that
+/// began it.
+#[derive(Debug)]
+#[must_use = "the thread runs under autocast only while the guard lives"]
+pub struct CpuAutocast {
+    was_enabled: i32,
+    was_dtype: i32,
+    _thread: std::marker::PhantomData<*const ()>,
+}
+
+/// Runs the calling thread's ops under CPU autocast to `dtype` (`Half` or
+/// `BFloat16`) until the guard drops: matrix products, convolutions and
+/// attention in `dtype`, the ops libtorch keeps in float32 (softmax, norms,
+/// losses) in float32, weights cast once per step and the casts kept, as
+/// CUDA's autocast does where a CPU run of `tch::autocast` does nothing.
+/// While ops are watched ([`watch_ops`]), each backward function runs
+/// without it and the cast weights are given back at the first, as CUDA's
+/// autocast ends with the forward pass.
+pub fn cpu_autocast(dtype: DType) -> Result<CpuAutocast> {
+    if !matches!(dtype, DType::Half | DType::BFloat16) {
+        return Err(memlab_core::Error::InvalidArgument(format!(
+            "autocast to {dtype}: CUDA's autocast casts to Half (tch's) or BFloat16"
+        )));
+    }
+    let code = DType::NAMED.iter().position(|&d| d == dtype).unwrap_or(0) as i32;
+    let (mut was_enabled, mut was_dtype) = (0, 0);
+    // SAFETY: two valid out-pointers; the shim catches every exception.
+    ffi::check(unsafe { ffi::memlab_cpu_autocast_begin(code, &mut was_enabled, &mut was_dtype) })?;
+    Ok(CpuAutocast { was_enabled, was_dtype, _thread: std::marker::PhantomData })
+}
+
+impl Drop for CpuAutocast {
+    fn drop(&mut self) {
+        // SAFETY: restores what memlab_cpu_autocast_begin read on this thread.
+        let _ = ffi::check(unsafe { ffi::memlab_cpu_autocast_end(self.was_enabled, self.was_dtype) });
+    }
+}
+
 /// The op the shim reported, as memlab-core's: its kind with its details,
 /// else [`Op::Other`].
 fn op_of(raw: &ffi::Op) -> Op {
