@@ -150,12 +150,22 @@ pub struct BatchSizeSearch {
     device: Device,
     budget: Budget,
     model: Model,
+    /// With `Budget::CudaCard`: how the step is predicted.
+    prediction: Predicted,
+}
+
+/// How a search against a CUDA card predicts each try.
+#[derive(Debug, Default)]
+struct Predicted {
+    construction: Option<memlab_core::export::Construction>,
+    setting: Option<String>,
+    autocast: Option<memlab_core::DType>,
 }
 
 impl BatchSizeSearch {
     /// A search on `device` within `budget`, naming memory after the registry.
     pub fn new(device: Device, budget: Budget) -> BatchSizeSearch {
-        BatchSizeSearch { device, budget, model: Model::registered() }
+        BatchSizeSearch { device, budget, model: Model::registered(), prediction: Predicted::default() }
     }
 
     /// Names memory after `model` (or a var store, `of(&vs)`) rather than the
@@ -168,6 +178,35 @@ impl BatchSizeSearch {
         self
     }
 
+    /// With [`Budget::CudaCard`], the model's construction, recorded by
+    /// [`record_construction`](crate::record_construction): each try's
+    /// weights are made as a CUDA run makes them (as
+    /// [`WillItFit::construction`](crate::WillItFit::construction) does).
+    pub fn construction(mut self, construction: memlab_core::export::Construction) -> BatchSizeSearch {
+        self.prediction.construction = Some(construction);
+        self
+    }
+
+    /// With [`Budget::CudaCard`], the allocator settings the GPU's process
+    /// runs under (`PYTORCH_CUDA_ALLOC_CONF` syntax,
+    /// `expandable_segments:True`): each try is predicted under them rather
+    /// than libtorch's defaults. A setting libtorch would refuse, or a
+    /// memory fraction (the card's bytes are the budget), is refused before
+    /// the first try.
+    pub fn setting(mut self, conf: impl Into<String>) -> BatchSizeSearch {
+        self.prediction.setting = Some(conf.into());
+        self
+    }
+
+    /// With [`Budget::CudaCard`], the step's forward pass runs under
+    /// `tch::autocast` on CUDA, casting to `kind`: each try's CPU steps run
+    /// under CPU autocast as [`WillItFit::autocast`](crate::WillItFit::autocast)
+    /// runs them.
+    pub fn autocast(mut self, kind: tch::Kind) -> BatchSizeSearch {
+        self.prediction.autocast = Some(memlab_tch::dtype(kind));
+        self
+    }
+
     /// Searches `1..=max` with `step` as [`find_batch_size`] does. Fails
     /// before any try when an optimizer of the model could not be read.
     pub fn run(
@@ -175,7 +214,7 @@ impl BatchSizeSearch {
         max: usize,
         mut step: impl FnMut(usize) -> std::result::Result<(), Box<dyn std::error::Error>>,
     ) -> Result<BatchSearch> {
-        let BatchSizeSearch { device, budget, model } = self;
+        let BatchSizeSearch { device, budget, model, prediction } = self;
         // Walked at a try's failure, inside the allocator, as the
         // out-of-memory recorder walks its model: without waiting for a lock.
         let named = Arc::new(model.downgrade()?);
@@ -187,12 +226,17 @@ impl BatchSizeSearch {
                         "Budget::CudaCard searches on the CPU: give Device::Cpu and a step that runs there".to_string(),
                     ));
                 }
+                let settings: Vec<String> = prediction.setting.iter().cloned().collect();
+                memlab_core::replay::check_settings(&settings)?;
+                if let Some(dtype) = prediction.autocast {
+                    drop(memlab_tch::ops::cpu_autocast(dtype)?);
+                }
                 // One prediction at a time in the process, for the whole search.
                 let _turn = crate::prediction::Turn::take()?;
                 let _quiet = quiet_oom_panics::install();
                 let mut searched = Searched::default();
                 return search(i64::try_from(card).unwrap_or(i64::MAX), max, |n| {
-                    predicted_need(card, &model, &mut step, n, &mut searched)
+                    predicted_need(card, &model, &prediction, &mut step, n, &mut searched)
                 });
             }
             Budget::FreeDeviceMemory => match device {
@@ -285,6 +329,7 @@ struct Searched {
 fn predicted_need(
     card: u64,
     model: &Model,
+    prediction: &Predicted,
     step: &mut impl FnMut(usize) -> std::result::Result<(), Box<dyn std::error::Error>>,
     n: usize,
     search: &mut Searched,
@@ -295,26 +340,29 @@ fn predicted_need(
     // it says memory ran out.
     let predicted = catch_unwind(AssertUnwindSafe(|| {
         quiet_oom_panics::trying(u64::MAX, || {
-            let prediction = CpuSteps {
+            let cpu = CpuSteps {
                 card: Some(card),
-                settings: Vec::new(),
+                settings: prediction.setting.iter().cloned().collect(),
                 model: model.clone(),
                 additions: None,
                 max_steps: 3,
                 save: None,
+                construction: None,
+                autocast: None,
             };
-            let steps = Steps::record(prediction.max_steps, &prediction.model, || {
+            let (construction, autocast) = (prediction.construction.as_ref(), prediction.autocast);
+            let steps = Steps::record(cpu.max_steps, &cpu.model, construction, autocast, || {
                 step(n).map_err(|e| Error::InvalidArgument(format!("the step at batch {n} failed: {e}")))
             })?;
             let steps = match &search.first {
                 Some(earlier) => steps.after(earlier, search.no_gradients),
                 None => steps,
             };
-            let predicted = prediction.predict_from(&steps);
+            let predicted = cpu.predict_from(&steps);
             // A try that runs out after its first step freed the gradients
             // leaves none for the next.
             search.no_gradients = search.first.is_some()
-                && matches!(&predicted, Ok(p) if matches!(p.settings[0].fit,
+                && matches!(&predicted, Ok(p) if matches!(p.settings.last().and_then(|s| s.fit.clone()),
                     Some(Fit::DoesNotFit { at_us, .. }) if steps.ran_out_without_gradients(at_us)));
             if search.first.is_none() {
                 search.first = Some(steps);
@@ -326,9 +374,10 @@ fn predicted_need(
         let message = panic_message(&*panic).unwrap_or("a panic");
         Err(Error::InvalidArgument(format!("the step at batch {n} panicked: {message}")))
     });
-    let need = predicted.map_err(|e| e.to_string()).map(|p| {
-        let s = &p.settings[0];
-        match &s.fit {
+    // The setting asked for comes after libtorch's defaults.
+    let need = predicted.map_err(|e| e.to_string()).and_then(|p| {
+        let s = p.settings.last().ok_or("the prediction has no setting")?;
+        Ok(match &s.fit {
             Some(Fit::Fits { .. }) | None => s.peak_device,
             Some(Fit::FitsGivingCacheBack { least }) => *least,
             Some(Fit::DoesNotFit { needing, .. }) => card + needing,
@@ -337,7 +386,7 @@ fn predicted_need(
             Some(Fit::MayNotFit { .. }) => s.range.map_or(s.peak_device, |r| r.high.device),
             // No card holds it: the most any figure can say.
             Some(Fit::NoCard { .. }) => u64::MAX,
-        }
+        })
     });
     (need.map(|b| i64::try_from(b).unwrap_or(i64::MAX)), None)
 }

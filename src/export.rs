@@ -124,9 +124,9 @@
 //! program's line, a cuDNN or cuBLAS workspace, for what it is.
 
 pub use memlab_core::export::{
-    Block, BlockState, Category, DeviceTimeline, FlameNode, HtmlReport, Level, Oom, PeakRow, Point, PredictionInputs,
-    Sample, Segment, SegmentType, Snapshot, SnapshotFile, SnapshotFrame, SnapshotInfo, Stack, Trace, TraceEntry,
-    TraceFile,
+    Block, BlockState, Category, Construction, DeviceTimeline, FlameNode, HtmlReport, Level, Made, Oom, PeakRow, Point,
+    PredictionInputs, Sample, Segment, SegmentType, Snapshot, SnapshotFile, SnapshotFrame, SnapshotInfo, Stack, Trace,
+    TraceEntry, TraceFile,
 };
 
 use memlab_core::{format, Result};

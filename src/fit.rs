@@ -109,11 +109,45 @@
 //! [`Settings::ops`](crate::events::Settings::ops) and exported is
 //! predicted too, without what lived before it.
 
+use memlab_core::export::Construction;
 use memlab_core::replay::{CudaAdditions, CudaPrediction};
 use memlab_core::Result;
 
 use crate::named::Model;
 use crate::prediction::CpuSteps;
+
+/// Runs `build`, the model's construction on the CPU (its `VarStore`, its
+/// layers), under a recording, and returns what it built with what the
+/// construction allocated and freed, in order, for
+/// [`WillItFit::construction`].
+///
+/// ```rust,no_run
+/// # use tch::nn;
+/// let (vs, model) = memlab::record_construction(|| {
+///     let vs = nn::VarStore::new(tch::Device::Cpu);
+///     let model = nn::lstm(vs.root() / "lstm", 256, 512, Default::default());
+///     Ok((vs, model))
+/// })?;
+/// # let (_, _) = (vs, model);
+/// # Ok::<(), memlab::Error>(())
+/// ```
+///
+/// Where a weight lands on the card decides what the steps share with it.
+/// A prediction given the construction makes the weights as a CUDA run
+/// makes them: in the order they were made, the construction's
+/// temporaries in between, and each `nn::lstm`'s and `nn::gru`'s weights
+/// copied into one buffer right after they are made, then freed, as tch
+/// does on a CUDA `VarStore` (which the CPU does not). Without it, the
+/// weights are made one after the other in the order memlab names them.
+///
+/// What the construction leaves alive that the prediction's model does not
+/// name (a dataset read beside it, say) is left out: on a GPU run it would
+/// stay on the host. The recording sees every thread of the process, as a
+/// prediction's does; it takes the prediction's turn while `build` runs,
+/// so `build` cannot ask for a prediction itself.
+pub fn record_construction<T>(build: impl FnOnce() -> Result<T>) -> Result<(T, Construction)> {
+    crate::prediction::record_construction(build)
+}
 
 /// Predicts whether a training step fits a CUDA card of `card` bytes, from
 /// CPU runs of `step` (see the [module docs](self)), under libtorch's
@@ -132,6 +166,8 @@ pub struct WillItFit {
     additions: Option<CudaAdditions>,
     max_steps: Option<usize>,
     save: Option<std::path::PathBuf>,
+    construction: Option<Construction>,
+    autocast: Option<tch::Kind>,
 }
 
 impl WillItFit {
@@ -179,6 +215,29 @@ impl WillItFit {
         self
     }
 
+    /// The model's construction, recorded by [`record_construction`]: the
+    /// weights are made as a CUDA run makes them, where they land and what
+    /// holes they leave included.
+    pub fn construction(mut self, construction: Construction) -> WillItFit {
+        self.construction = Some(construction);
+        self
+    }
+
+    /// The step's forward pass runs under `tch::autocast` on CUDA, casting
+    /// to `kind` (`Kind::Half`, tch's; or `Kind::BFloat16`), which on a CPU
+    /// run does nothing. The CPU steps then run under CPU autocast to `kind`
+    /// up to each backward pass, as CUDA's autocast would: matrix products,
+    /// convolutions and attention in `kind`, what libtorch keeps in float32
+    /// (softmax, norms, losses) in float32, each weight cast once a step and
+    /// the cast kept for the backward pass. The ops libtorch's CPU and CUDA
+    /// autocast lists differ on (a few, none a product; see the README)
+    /// follow the CPU's. The step's own threads, if it starts any, run
+    /// without it.
+    pub fn autocast(mut self, kind: tch::Kind) -> WillItFit {
+        self.autocast = Some(kind);
+        self
+    }
+
     /// Runs at most `steps` steps (default 5, at least 2) waiting for a
     /// steady peak.
     pub fn max_steps(mut self, steps: usize) -> WillItFit {
@@ -205,6 +264,8 @@ impl WillItFit {
             additions: self.additions,
             max_steps: self.max_steps.unwrap_or(5),
             save: self.save,
+            construction: self.construction,
+            autocast: self.autocast.map(memlab_tch::dtype),
         };
         steps.predict(step)
     }

@@ -214,7 +214,7 @@ pub use batch_size::{find_batch_size, BatchSizeSearch, Budget};
 pub use courtesy::Courtesy;
 pub use dispose::{check_step, check_step_with, check_step_with_optimizer, DisposeScope, OnEscape};
 pub use export::Exporter;
-pub use fit::{will_it_fit, WillItFit};
+pub use fit::{record_construction, will_it_fit, WillItFit};
 pub use gpu::where_gpu_memory_went;
 pub use logger::StepLogger;
 pub use memlab_tch::optimizer::StepOptimizer;

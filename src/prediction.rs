@@ -6,7 +6,7 @@
 
 use memlab_core::events::Action;
 use memlab_core::events::Settings;
-use memlab_core::export::{Snapshot, TraceEntry};
+use memlab_core::export::{Construction, Made, Snapshot, TraceEntry};
 use memlab_core::replay::{predict_cuda, CudaAdditions, CudaPrediction, PredictOptions};
 use memlab_core::{Device, Error, Result, TensorKind};
 
@@ -26,6 +26,10 @@ pub(crate) struct CpuSteps {
     pub(crate) max_steps: usize,
     /// Where to write the steps' recording, if anywhere.
     pub(crate) save: Option<std::path::PathBuf>,
+    /// The model's construction, where recorded.
+    pub(crate) construction: Option<Construction>,
+    /// The type CUDA's autocast casts the forward pass to, where it runs.
+    pub(crate) autocast: Option<memlab_core::DType>,
 }
 
 impl CpuSteps {
@@ -34,7 +38,7 @@ impl CpuSteps {
     pub(crate) fn predict(self, step: impl FnMut() -> Result<()>) -> Result<CudaPrediction> {
         memlab_core::replay::check_settings_as(&self.settings, process_libtorch())?;
         let _turn = Turn::take()?;
-        let steps = Steps::record(self.max_steps, &self.model, step)?;
+        let steps = Steps::record(self.max_steps, &self.model, self.construction.as_ref(), self.autocast, step)?;
         if let Some(path) = &self.save {
             steps.write(path, self.additions.clone())?;
         }
@@ -51,6 +55,7 @@ impl CpuSteps {
             additions: self.additions,
             live_before: steps.live_before.clone(),
             workspaces_after: steps.workspaces_after,
+            construction: steps.construction.clone(),
             empty_cache_at_us: steps.empty_cache_at_us,
             libtorch: process_libtorch(),
         };
@@ -120,6 +125,8 @@ pub(crate) struct Steps {
     /// cuBLAS workspaces (`PredictOptions::workspaces_after`).
     live_before: Vec<(u64, u64)>,
     workspaces_after: Option<usize>,
+    /// The model's construction, where recorded: made before `live_before`.
+    construction: Option<Construction>,
     /// Of them, the gradients (a step frees them before its backward pass),
     /// and when the first step freed the first of them.
     gradients: Vec<u64>,
@@ -136,7 +143,15 @@ pub(crate) struct Steps {
 impl Steps {
     /// Runs `step` on the CPU under a recording until its peak is steady
     /// (`max_steps` at most, at least 2).
-    pub(crate) fn record(max_steps: usize, model: &Model, mut step: impl FnMut() -> Result<()>) -> Result<Steps> {
+    pub(crate) fn record(
+        max_steps: usize,
+        model: &Model,
+        construction: Option<&Construction>,
+        autocast: Option<memlab_core::DType>,
+        mut step: impl FnMut() -> Result<()>,
+    ) -> Result<Steps> {
+        // A type autocast cannot cast to is refused before any step runs.
+        drop(autocast.map(memlab_tch::ops::cpu_autocast).transpose()?);
         // What lives before the first step, where memlab can name it, in the
         // order a CUDA run makes it: the weights, then the gradients (the
         // first backward pass, last layer first), then the optimizer's state
@@ -156,6 +171,7 @@ impl Steps {
             .chain(of(TensorKind::OptimizerState))
             .map(|s| (s.data_ptr, s.nbytes))
             .collect();
+        let construction = construction.map(|c| as_predicted(c, &storages));
         let recording = memlab_tch::Recording::start(Settings::default().capacity(50_000_000).ops(true))?;
         // A recording already running keeps its earlier events: the steps'
         // are those from here on.
@@ -166,7 +182,9 @@ impl Steps {
             // Each step's peak from a watch of its own: the program's
             // figures keep theirs.
             let watch = memlab_core::profiler::PeakWatch::start(&memlab_tch::BACKEND, Device::Cpu)?;
+            let autocast = autocast.map(memlab_tch::ops::cpu_autocast).transpose()?;
             step()?;
+            drop(autocast);
             let (_, end) = watch.finish()?;
             let peak = end.to_device_stats().allocated_bytes.all.peak;
             peaks.push(u64::try_from(peak).unwrap_or(0));
@@ -207,6 +225,7 @@ impl Steps {
             gradients,
             live_before,
             workspaces_after: stepped.then_some(weights),
+            construction,
             empty_cache_at_us: None,
             start_us,
             peaks,
@@ -223,6 +242,7 @@ impl Steps {
                 workspaces_after: self.workspaces_after,
                 empty_cache_at_us: self.empty_cache_at_us,
                 step_peaks: self.peaks.clone(),
+                construction: self.construction.clone(),
                 additions: additions
                     .map(serde_json::to_value)
                     .transpose()
@@ -301,6 +321,7 @@ impl Steps {
         Steps {
             live_before: earlier.live_before.clone(),
             workspaces_after: earlier.workspaces_after,
+            construction: earlier.construction.clone(),
             empty_cache_at_us: Some(self.start_us),
             start_us: earlier.start_us,
             ..self
@@ -314,6 +335,87 @@ impl Steps {
         let first = self.snapshot.device_traces.get(self.cpu).and_then(|t| t.first()).map_or(0, |e| e.time_us);
         self.gradients_freed_us.is_some_and(|freed| first.saturating_add(at_us) >= freed)
     }
+}
+
+/// Runs `build` under a recording: what it built, and what it allocated
+/// and freed on the CPU, in order (see [`crate::record_construction`]).
+pub(crate) fn record_construction<T>(build: impl FnOnce() -> Result<T>) -> Result<(T, Construction)> {
+    let _turn = Turn::take()?;
+    let recording = memlab_tch::Recording::start(Settings::default().capacity(10_000_000))?;
+    let start_us = memlab_core::events::clock_us();
+    let dropped_before = memlab_core::events::stats().dropped;
+    let built = build()?;
+    let snapshot = crate::capture::snapshot::capture(&Model::new())?;
+    let dropped = memlab_core::events::stats().dropped.saturating_sub(dropped_before);
+    drop(recording);
+    if dropped > 0 {
+        return Err(Error::InvalidArgument(
+            "the model's construction made more allocation events than the recording keeps (10 million): \
+             predict without it"
+                .into(),
+        ));
+    }
+    let cpu = snapshot.devices().iter().position(|d| d == "cpu");
+    let trace = cpu.and_then(|cpu| snapshot.device_traces.get(cpu)).map(Vec::as_slice).unwrap_or_default();
+    let events = trace
+        .iter()
+        .filter(|e| e.time_us >= start_us)
+        .filter_map(|e| {
+            let freed = match e.action {
+                Action::Alloc => false,
+                Action::FreeRequested => true,
+                _ => return None,
+            };
+            Some(Made { address: e.addr?, bytes: e.size, freed })
+        })
+        .collect();
+    Ok((built, Construction { events, rnns: Vec::new() }))
+}
+
+/// `construction` as a prediction takes it, by what memlab names
+/// (`storages`): what it left alive unnamed is left out (a dataset made
+/// beside the model stays on the host on a GPU run), and the weights of
+/// each LSTM and GRU, known by tch's names for them (`weight_ih_l0`,
+/// `bias_hh_l1_reverse`) under one path, are grouped in the order they
+/// were made.
+fn as_predicted(construction: &Construction, storages: &[&crate::named::Storage]) -> Construction {
+    let live = construction.live();
+    let named: std::collections::HashMap<u64, &str> =
+        storages.iter().filter_map(|s| Some((s.data_ptr, s.views.first()?.name.as_str()))).collect();
+    let unnamed: std::collections::HashSet<u64> = live.keys().filter(|a| !named.contains_key(a)).copied().collect();
+    // A block left alive unnamed was never made on the card.
+    let events = construction
+        .events
+        .iter()
+        .enumerate()
+        .filter(|(i, e)| !(unnamed.contains(&e.address) && live.get(&e.address).is_some_and(|&(at, _)| at == *i)))
+        .map(|(_, e)| *e)
+        .collect();
+    let mut rnns: std::collections::BTreeMap<&str, Vec<(usize, u64)>> = std::collections::BTreeMap::new();
+    for (&address, &(at, _)) in &live {
+        if let Some(path) = named.get(&address).and_then(|name| rnn_path(name)) {
+            rnns.entry(path).or_default().push((at, address));
+        }
+    }
+    let rnns = rnns
+        .into_values()
+        .map(|mut weights| {
+            weights.sort_unstable();
+            weights.into_iter().map(|(_, address)| address).collect()
+        })
+        .collect();
+    Construction { events, rnns }
+}
+
+/// The path of the RNN whose weight `name` is, where it is named as tch's
+/// `nn::lstm` and `nn::gru` name theirs (`rnn.weight_ih_l0`,
+/// `rnn.bias_hh_l1_reverse`).
+fn rnn_path(name: &str) -> Option<&str> {
+    let (path, last) = name.rsplit_once(['.', '/']).unwrap_or(("", name));
+    let rest = last.strip_prefix("weight_").or_else(|| last.strip_prefix("bias_"))?;
+    let rest = rest.strip_prefix("ih_l").or_else(|| rest.strip_prefix("hh_l"))?;
+    let layer = rest.strip_suffix("_reverse").unwrap_or(rest);
+    (!layer.is_empty() && layer.bytes().all(|b| b.is_ascii_digit())).then_some(path)
 }
 
 /// When the history at `cpu` first freed one of `addresses`.
@@ -352,6 +454,7 @@ mod tests {
             cpu: 0,
             live_before,
             workspaces_after: None,
+            construction: None,
             gradients: Vec::new(),
             gradients_freed_us: None,
             empty_cache_at_us: None,

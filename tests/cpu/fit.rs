@@ -207,12 +207,75 @@ fn an_lstm_is_modelled_as_cudnn_runs_it() {
     assert!(range.low.allocated < s.peak_allocated && s.peak_allocated < range.high.allocated, "{p}");
 }
 
-/// Float attention without a mask: CUDA's memory-efficient kernel is
-/// modelled in place of the CPU's flash kernel (forward and backward), so the
-/// prediction is a point; in bfloat16 (cuDNN's attention on an H200, not
-/// modelled) it is a range that names the ops.
+/// A model's construction, recorded on the CPU, is what the prediction
+/// makes before the steps: the GRU's weights in the order tch makes them,
+/// grouped as one RNN's, then its flat buffer of their bytes right after
+/// the last one and each freed, as tch's `nn::gru` does on a CUDA
+/// `VarStore`; a tensor made beside the model and not named is left out.
 #[test]
-fn float_attention_is_modelled_as_cudas_memory_efficient_kernel() {
+fn a_recorded_construction_is_made_as_cuda_makes_it() {
+    let _s = serial();
+    memlab::clear_registry();
+    let ((vs, gru, head, data), construction) = memlab::record_construction(|| {
+        let vs = nn::VarStore::new(tch::Device::Cpu);
+        let config = nn::RNNConfig { num_layers: 2, bidirectional: true, batch_first: true, ..Default::default() };
+        let gru = nn::gru(vs.root() / "gru", 32, 48, config);
+        let head = nn::linear(vs.root() / "head", 96, 10, Default::default());
+        let data = Tensor::randn([4, 16, 32], (Kind::Float, tch::Device::Cpu));
+        Ok((vs, gru, head, data))
+    })
+    .unwrap();
+    let variables = vs.variables();
+    let address = |name: &str| variables[name].data_ptr() as u64;
+    let mut weights = Vec::new();
+    for layer in 0..2 {
+        for suffix in ["", "_reverse"] {
+            for name in ["weight_ih", "weight_hh", "bias_ih", "bias_hh"] {
+                weights.push(address(&format!("gru.{name}_l{layer}{suffix}")));
+            }
+        }
+    }
+    let made: Vec<u64> = construction.events.iter().filter(|e| !e.freed).map(|e| e.address).collect();
+    for a in weights.iter().chain([&address("head.weight"), &(data.data_ptr() as u64)]) {
+        assert!(made.contains(a), "{a:#x} made in the construction: {construction:?}");
+    }
+    let path = std::env::temp_dir().join(format!("memlab_construction_{}.pickle", std::process::id()));
+    let mut adam = nn::Adam::default().build(&vs, 1e-3).unwrap();
+    let mut step = || {
+        use tch::nn::RNN;
+        let (out, _) = gru.seq(&data);
+        adam.backward_step(&head.forward(&out).mean(None));
+        Ok(())
+    };
+    WillItFit::peaks().of(&vs).construction(construction).save(&path).run(&mut step).unwrap();
+    let file = memlab::export::Snapshot::read_pickle(&path).unwrap().snapshot;
+    std::fs::remove_file(&path).unwrap();
+    let inputs = file.memlab.as_ref().unwrap().prediction_inputs.clone().unwrap();
+    let saved = inputs.construction.unwrap();
+    assert_eq!(saved.rnns, vec![weights.clone()], "one RNN, its weights in the order made");
+    assert!(!saved.events.iter().any(|e| e.address == data.data_ptr() as u64), "the data is not the model's");
+    // In the predicted history: the flat buffer of the weights' bytes right
+    // after the last weight, then each weight freed.
+    let history = memlab::replay::predicted_history("gru", &file, &Default::default()).unwrap();
+    let trace = &history.device_traces[0];
+    let last = trace.iter().position(|e| e.addr == weights.last().copied()).unwrap();
+    let bytes: u64 = weights.iter().map(|&a| trace.iter().find(|e| e.addr == Some(a)).unwrap().size).sum();
+    assert_eq!(bytes, 4 * (2 * 3 * 48 * (32 + 48 + 2) + 2 * 3 * 48 * (96 + 48 + 2)), "the GRU's weights");
+    assert_eq!((trace[last + 1].action, trace[last + 1].size), (memlab::events::Action::Alloc, bytes));
+    let freed: Vec<u64> = trace[last + 2..]
+        .iter()
+        .take(2 * weights.len())
+        .filter(|e| e.action == memlab::events::Action::FreeRequested)
+        .filter_map(|e| e.addr)
+        .collect();
+    assert_eq!(freed, weights);
+}
+
+/// Attention without a mask: CUDA's memory-efficient kernel (float32) and
+/// cuDNN's (bfloat16) are modelled in place of the CPU's flash kernel
+/// (forward and backward), so the prediction is a point.
+#[test]
+fn attention_is_modelled_as_cudas_kernels() {
     let _s = serial();
     let predict = |kind: Kind| {
         memlab::clear_registry();
@@ -238,8 +301,70 @@ fn float_attention_is_modelled_as_cudas_memory_efficient_kernel() {
     // a quarter byte a row.
     assert_eq!(kernels.largest_attention_workspace, 2 * 4 * 128 * 64 * 4 + 2 * 4 * 128 / 4, "{p}");
     let p = predict(Kind::BFloat16);
-    assert!(p.unmodelled.iter().any(|u| u.name.contains("attention")), "{p}");
-    assert!(p.settings[0].range.is_some(), "{p}");
+    assert!(p.unmodelled.is_empty() && p.settings[0].range.is_none(), "{p}");
+    let kernels = p.kernels.clone().unwrap();
+    assert_eq!((kernels.attentions, kernels.cudnn_attentions), (0, 2 * p.cpu_step_peaks.len()), "{p}");
+    assert!(p.to_string().contains("cuDNN's attention"), "{p}");
+}
+
+/// A step whose forward pass runs under CUDA's autocast (`tch::autocast`,
+/// which on the CPU does nothing) is recorded under CPU autocast: its
+/// products in halves, its weights cast once a step, its backward pass and
+/// everything after the prediction as without it. A type autocast does not
+/// cast to is refused before the first step.
+#[test]
+fn a_step_under_autocast_runs_its_products_in_halves() {
+    let _s = serial();
+    memlab::clear_registry();
+    let vs = nn::VarStore::new(tch::Device::Cpu);
+    let net = model(&vs);
+    let mut sgd = nn::Sgd::default().build(&vs, 1e-3).unwrap();
+    let data = Tensor::randn([256, 512], (Kind::Float, tch::Device::Cpu));
+    let mut step = || {
+        let loss = tch::autocast(true, || net.forward(&data).mean(None));
+        sgd.backward_step(&loss);
+        Ok(())
+    };
+    let mut recorded = |autocast: Option<Kind>| {
+        let path = std::env::temp_dir().join(format!("memlab_autocast_{}.pickle", std::process::id()));
+        let fit = WillItFit::peaks().of(&vs).save(&path);
+        let fit = match autocast {
+            Some(kind) => fit.autocast(kind),
+            None => fit,
+        };
+        fit.run(&mut step).unwrap();
+        let file = memlab::export::Snapshot::read_pickle(&path).unwrap().snapshot;
+        std::fs::remove_file(&path).unwrap();
+        let sizes: Vec<u64> = file.device_traces[0].iter().map(|e| e.size).collect();
+        (sizes, file.memlab.unwrap().ops.unwrap())
+    };
+    // The products' inputs as their kernels got them.
+    let products = |ops: &[memlab::replay::OpRecord]| -> Vec<Option<memlab::DType>> {
+        let addmm = ops.iter().filter(|r| r.name == "addmm");
+        addmm.map(|r| r.tensors.as_ref().and_then(|t| t.first.first()?.dtype)).collect()
+    };
+    let (plain, ops) = recorded(None);
+    assert!(products(&ops).iter().all(|&d| d == Some(memlab::DType::Float)), "{:?}", products(&ops));
+    let (halves, ops) = recorded(Some(Kind::Half));
+    assert!(products(&ops).contains(&Some(memlab::DType::Half)), "{:?}", products(&ops));
+    // The input cast to halves (256 x 512), which a step without autocast
+    // does not make, and fc1's weight cast (1,024 x 512).
+    let (input, weight) = (256 * 512 * 2, 1024 * 512 * 2);
+    assert!(halves.contains(&input) && !plain.contains(&input), "{halves:?}\n{plain:?}");
+    assert!(halves.contains(&weight), "{halves:?}");
+    // After the prediction, the CPU runs as before.
+    let x = Tensor::ones([4, 4], (Kind::Float, tch::Device::Cpu));
+    assert_eq!(x.mm(&x).kind(), Kind::Float);
+    // Doubles are refused before any step.
+    let ran = std::cell::Cell::new(false);
+    let e = WillItFit::peaks()
+        .autocast(Kind::Double)
+        .run(|| {
+            ran.set(true);
+            Ok(())
+        })
+        .unwrap_err();
+    assert!(e.to_string().contains("autocast to Double") && !ran.get(), "{e}");
 }
 
 #[test]

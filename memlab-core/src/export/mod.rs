@@ -26,8 +26,8 @@ pub use html::{DeviceTimeline, FlameNode, HtmlReport, PeakRow, Point};
 pub use pickle::PROTOCOL as PICKLE_PROTOCOL;
 pub use read::{check_figures, SnapshotFile};
 pub use snapshot::{
-    site_of, AllocatorSettings, Block, BlockState, Category, DeviceBytes, DeviceMemory, Frames, PredictionInputs,
-    Segment, SegmentType, Snapshot, SnapshotFrame, SnapshotInfo, Stack, TraceEntry,
+    site_of, AllocatorSettings, Block, BlockState, Category, Construction, DeviceBytes, DeviceMemory, Frames, Made,
+    PredictionInputs, Segment, SegmentType, Snapshot, SnapshotFrame, SnapshotInfo, Stack, TraceEntry,
 };
 pub use trace::{
     Anchor, InstantScope, Level, Oom, Phase, Sample, Trace, TraceArgs, TraceEvent, TraceFile, TraceInfo, TraceWriter,

@@ -303,6 +303,55 @@ pub struct PredictionInputs {
     /// `replay::CudaAdditions` as it serializes, which the replay reads
     /// back (the export layer knows nothing of the replay's types).
     pub additions: Option<serde_json::Value>,
+    /// The model's construction, where the program recorded it
+    /// (`memlab::record_construction`): the weights are then made as a CUDA
+    /// run makes them, temporaries and all, before `live_before`'s others.
+    pub construction: Option<Construction>,
+}
+
+/// A model's construction as the CPU recorded it: what it allocated and
+/// freed, in order, which a prediction makes again as a CUDA run would.
+///
+/// Where each weight lands decides what the steps share with it: a
+/// construction's temporaries, and the LSTM and GRU weights tch copies into
+/// one buffer on CUDA, leave holes the steps fill.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, serde::Deserialize)]
+#[serde(default)]
+pub struct Construction {
+    /// Each allocation and free, in order.
+    pub events: Vec<Made>,
+    /// Each LSTM's and GRU's weights (addresses, in the order they were
+    /// made): on a CUDA `VarStore`, tch's `nn::lstm` and `nn::gru` copy them
+    /// into one buffer of their bytes right after the last is made and free
+    /// them (`_cudnn_rnn_flatten_weight`), which the CPU does not.
+    pub rnns: Vec<Vec<u64>>,
+}
+
+/// An allocation or a free of a [`Construction`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, serde::Deserialize)]
+pub struct Made {
+    /// The block's address.
+    pub address: u64,
+    /// Its bytes.
+    pub bytes: u64,
+    /// A free (else an allocation).
+    pub freed: bool,
+}
+
+impl Construction {
+    /// The blocks allocated and not freed, by address, with the index of
+    /// the event that made each.
+    pub fn live(&self) -> std::collections::BTreeMap<u64, (usize, u64)> {
+        let mut live = std::collections::BTreeMap::new();
+        for (i, e) in self.events.iter().enumerate() {
+            if e.freed {
+                live.remove(&e.address);
+            } else {
+                live.insert(e.address, (i, e.bytes));
+            }
+        }
+        live
+    }
 }
 
 /// Bytes of one device.

@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
 use crate::events::Action;
-use crate::export::{DeviceMemory, Snapshot, SnapshotInfo, TraceEntry};
+use crate::export::{Construction, DeviceMemory, Snapshot, SnapshotInfo, TraceEntry};
 use crate::render::{Cell, Column, Document, Layout, Render, Table};
 
 use super::kernels::{plan, KernelsModelled, Life, Side, Unmodelled};
@@ -98,7 +98,59 @@ pub fn cpu_history_as_cuda(
     live_before: &[(u64, u64)],
     workspaces_after: Option<usize>,
 ) -> Result<(Snapshot, KernelsModelled)> {
-    as_cuda(snapshot, additions, libtorch, total, live_before, workspaces_after, None).map(|h| (h.snapshot, h.kernels))
+    let before = Before { live_before, workspaces_after, construction: None };
+    as_cuda(snapshot, additions, libtorch, total, before, None).map(|h| (h.snapshot, h.kernels))
+}
+
+/// Makes `construction` in `history` as a CUDA run makes it: each
+/// allocation and free in order, and where the RNN weights are flattened
+/// (`weights`), each LSTM's or GRU's copied into one buffer right after
+/// the last of them is made, then freed. `made` is what the construction
+/// leaves alive.
+fn construct(
+    construction: &Construction,
+    made: &std::collections::BTreeMap<u64, (usize, u64)>,
+    weights: super::rnn::RnnWeights,
+    time_us: u64,
+    history: &mut Vec<TraceEntry>,
+) {
+    // Each RNN whose weights the construction made, after its last one's
+    // allocation; the others' weights were there before it.
+    let mut flattened: Vec<(usize, &[u64])> = Vec::new();
+    if weights == super::rnn::RnnWeights::Flattened {
+        for rnn in &construction.rnns {
+            let at: Option<Vec<usize>> = rnn.iter().map(|a| made.get(a).map(|&(i, _)| i)).collect();
+            if let Some(last) = at.and_then(|at| at.into_iter().max()) {
+                flattened.push((last, rnn));
+            }
+        }
+    }
+    flattened.sort_by_key(|&(last, _)| last);
+    let mut flattened = flattened.into_iter().peekable();
+    let mut buffer = FLAT_WEIGHTS;
+    let free = |history: &mut Vec<TraceEntry>, address: u64, bytes: u64| {
+        history.push(TraceEntry::new(Action::FreeRequested, Some(address), bytes, time_us));
+        history.push(TraceEntry::new(Action::FreeCompleted, Some(address), bytes, time_us));
+    };
+    // A free of a block made before the construction is left out: the
+    // block is not in the history.
+    let mut allocated = std::collections::HashSet::new();
+    for (i, e) in construction.events.iter().enumerate() {
+        if !e.freed {
+            allocated.insert(e.address);
+            history.push(TraceEntry::new(Action::Alloc, Some(e.address), e.bytes, time_us));
+        } else if allocated.remove(&e.address) {
+            free(history, e.address, e.bytes);
+        }
+        while let Some((_, rnn)) = flattened.next_if(|&(last, _)| last == i) {
+            let bytes: u64 = rnn.iter().filter_map(|a| made.get(a)).map(|&(_, b)| b).sum();
+            buffer += 1 << 40;
+            history.push(TraceEntry::new(Action::Alloc, Some(buffer), bytes, time_us));
+            for a in rnn {
+                free(history, *a, made[a].1);
+            }
+        }
+    }
 }
 
 /// [`cpu_history_as_cuda`]'s history, and the addresses of the allocations
@@ -113,15 +165,25 @@ struct AsCuda {
     unmodelled: Vec<Unmodelled>,
 }
 
+/// What lived before a history: [`PredictOptions::live_before`],
+/// [`PredictOptions::workspaces_after`] and
+/// [`PredictOptions::construction`].
+#[derive(Clone, Copy, Default)]
+struct Before<'a> {
+    live_before: &'a [(u64, u64)],
+    workspaces_after: Option<usize>,
+    construction: Option<&'a Construction>,
+}
+
 fn as_cuda(
     snapshot: &Snapshot,
     additions: &CudaAdditions,
     libtorch: Libtorch,
     total: u64,
-    live_before: &[(u64, u64)],
-    workspaces_after: Option<usize>,
+    before_history: Before<'_>,
     side: Option<Side>,
 ) -> Result<AsCuda> {
+    let Before { live_before, workspaces_after, construction } = before_history;
     let names = snapshot.devices();
     let cpu = names.iter().position(|n| n == "cpu").ok_or_else(|| {
         Error::InvalidArgument(
@@ -139,7 +201,10 @@ fn as_cuda(
     // end that it never allocated: there before it.
     // `live_before` first, in its order (the order they were made in, where
     // the caller knows it), then the others by address.
-    let given: std::collections::HashSet<u64> = live_before.iter().map(|&(address, _)| address).collect();
+    // A construction's blocks alive at its end are there before it too.
+    let made = construction.map(Construction::live).unwrap_or_default();
+    let given: std::collections::HashSet<u64> =
+        live_before.iter().map(|&(address, _)| address).chain(made.keys().copied()).collect();
     let mut before: std::collections::BTreeMap<u64, u64> = std::collections::BTreeMap::new();
     // Addresses allocated and not yet freed, and every address allocated.
     let (mut allocated, mut ever_allocated) = (std::collections::HashSet::new(), std::collections::HashSet::new());
@@ -223,9 +288,13 @@ fn as_cuda(
         at_start.push(additions.cublaslt_workspace);
     }
     let mut placed = std::collections::HashSet::new();
-    let first = live_before.iter().copied().filter(|&(address, _)| placed.insert(address));
+    if let Some(construction) = construction {
+        construct(construction, &made, additions.rnn_weights, first_time, &mut history);
+        placed.extend(construction.events.iter().map(|e| e.address));
+    }
+    let first = live_before.iter().copied().enumerate().filter(|&(_, (address, _))| placed.insert(address));
     let mut before_history = before_history.into_iter().peekable();
-    for (i, (address, size)) in first.enumerate() {
+    for (i, (address, size)) in first {
         while let Some((_, bytes)) = before_history.next_if(|&(n, _)| n <= i) {
             history.push(workspace(bytes));
         }
@@ -325,6 +394,10 @@ pub struct PredictOptions {
     /// Where a step ran before the history: how many of `live_before`'s
     /// blocks its cuBLAS workspaces came after (see [`cpu_history_as_cuda`]).
     pub workspaces_after: Option<usize>,
+    /// The model's construction as the CPU recorded it, made before
+    /// `live_before`'s other blocks as a CUDA run makes it (see
+    /// [`Construction`]).
+    pub construction: Option<Construction>,
     /// Where the process gave the allocator's cache back (`empty_cache`)
     /// between two parts of the history, as `find_batch_size` does between
     /// its tries: before the history's first event at or after this time
@@ -345,9 +418,10 @@ impl PredictOptions {
     fn with_inputs_of(&self, snapshot: &Snapshot) -> Result<PredictOptions> {
         let mut options = self.clone();
         if let Some(inputs) = snapshot.memlab.as_ref().and_then(|m| m.prediction_inputs.as_ref()) {
-            if options.live_before.is_empty() {
+            if options.live_before.is_empty() && options.construction.is_none() {
                 options.live_before = inputs.live_before.clone();
                 options.workspaces_after = options.workspaces_after.or(inputs.workspaces_after);
+                options.construction = inputs.construction.clone();
             }
             options.empty_cache_at_us = options.empty_cache_at_us.or(inputs.empty_cache_at_us);
             if let (None, Some(additions)) = (&options.additions, &inputs.additions) {
@@ -761,11 +835,15 @@ impl<'a> Inputs<'a> {
     /// The CUDA history of the point (`None`) or of a range's end.
     fn history(&self, side: Option<Side>) -> Result<AsCuda> {
         let o = &self.options;
-        as_cuda(self.snapshot, &self.additions, o.libtorch, self.total, &o.live_before, o.workspaces_after, side)
-            .map_err(|e| match e {
-                Error::InvalidArgument(why) => Error::InvalidArgument(format!("{}: {why}", self.name)),
-                other => other,
-            })
+        let before = Before {
+            live_before: &o.live_before,
+            workspaces_after: o.workspaces_after,
+            construction: o.construction.as_ref(),
+        };
+        as_cuda(self.snapshot, &self.additions, o.libtorch, self.total, before, side).map_err(|e| match e {
+            Error::InvalidArgument(why) => Error::InvalidArgument(format!("{}: {why}", self.name)),
+            other => other,
+        })
     }
 }
 
@@ -865,6 +943,9 @@ const MAX_CARD: u64 = 1 << 50;
 
 /// Where the addresses of the blocks a prediction adds begin.
 const WORKSPACE_ADDRESSES: u64 = 1 << 62;
+
+/// The addresses of the RNN weights' flat buffers, below the workspaces'.
+const FLAT_WEIGHTS: u64 = 1 << 61;
 
 /// The most cuBLAS handles a prediction models.
 const MAX_HANDLES: u32 = 64;
@@ -1117,6 +1198,12 @@ impl Render for CudaPrediction {
                         Cell::bytes(k.largest_attention_workspace)
                     ));
                 }
+                if k.cudnn_attentions > 0 {
+                    doc.note(format!(
+                        "Attention in halves or bfloat16: {} kernels without a mask ran (forward and backward);                          CUDA runs them as cuDNN's attention: a seed and an offset kept for the backward pass and                          256 bytes in the forward pass, and in the backward pass a temporary of twice the output                          and the logsumexp, as an H200 allocated them; the CPU kernel's own scratch left out.",
+                        k.cudnn_attentions
+                    ));
+                }
                 if k.embedding_backwards > 0 {
                     doc.note(format!(
                         "Embedding backward passes: {} ran; CUDA's sorts the indices and sums the gradient per \
@@ -1214,7 +1301,7 @@ mod tests {
     fn a_workspace_that_cannot_be_had_is_done_without() {
         let snapshot = fixture("conv_256_cpu.pickle");
         let additions = CudaAdditions::default();
-        let history = as_cuda(&snapshot, &additions, Libtorch::V2_11, 80 << 30, &[], None, None).unwrap();
+        let history = as_cuda(&snapshot, &additions, Libtorch::V2_11, 80 << 30, Before::default(), None).unwrap();
         assert_eq!(history.soft.len(), history.kernels.workspaces, "every cuDNN workspace may be done without");
         let config = super::super::AllocatorConfig::default();
         // The least limit of a history, in 2 MiB steps.
@@ -1332,14 +1419,12 @@ mod tests {
                 .map(|(i, e)| (i, e.size))
                 .collect::<Vec<_>>()
         };
-        let after = as_cuda(&snapshot, &additions, Libtorch::V2_11, 80 << 30, &[weight, gradient], Some(1), None)
-            .unwrap()
-            .snapshot;
+        let live = [weight, gradient];
+        let before = |workspaces_after| Before { live_before: &live, workspaces_after, construction: None };
+        let after = as_cuda(&snapshot, &additions, Libtorch::V2_11, 80 << 30, before(Some(1)), None).unwrap().snapshot;
         assert_eq!(sizes(&after, 5), [4 * MIB, 32 * MIB, MIB, 4 * MIB, 32 * MIB]);
         assert_eq!(workspaces(&after), [(1, 32 * MIB), (2, MIB), (4, 32 * MIB)]);
-        let fresh = as_cuda(&snapshot, &additions, Libtorch::V2_11, 80 << 30, &[weight, gradient], None, None)
-            .unwrap()
-            .snapshot;
+        let fresh = as_cuda(&snapshot, &additions, Libtorch::V2_11, 80 << 30, before(None), None).unwrap().snapshot;
         let made = workspaces(&fresh);
         assert_eq!(made.iter().map(|w| w.1).collect::<Vec<_>>(), [32 * MIB, MIB, 32 * MIB]);
         assert!(made.iter().all(|&(i, _)| i > 2), "made by the history's products: {made:?}");
@@ -1396,9 +1481,10 @@ mod tests {
                 allocator_settings: None,
                 memlab: Some(info),
             };
-            let history = as_cuda(&snapshot, &CudaAdditions::default(), Libtorch::V2_11, 80 << 30, &[], None, None)
-                .unwrap()
-                .snapshot;
+            let history =
+                as_cuda(&snapshot, &CudaAdditions::default(), Libtorch::V2_11, 80 << 30, Before::default(), None)
+                    .unwrap()
+                    .snapshot;
             history.device_traces[0]
                 .iter()
                 .filter(|e| e.action == Action::Alloc && e.addr.is_some_and(|a| a > WORKSPACE_ADDRESSES))
@@ -1534,6 +1620,66 @@ mod tests {
             allocator_settings: None,
             memlab: Some(SnapshotInfo { devices: vec!["cpu".into()], ..SnapshotInfo::default() }),
         }
+    }
+
+    /// A model's construction is made before the steps as a CUDA run makes
+    /// it: an RNN's two weights, then its flat buffer (right after the last
+    /// weight, before the embedding made next), then the weights freed.
+    /// Their segment is then free for the embedding, and the step's 16 MiB
+    /// needs a segment of its own: 20 + 12 + 16 MiB reserved, where the
+    /// weights made apart share one 20 MiB segment with the embedding
+    /// (20 + 16). A free of a block made before the construction is left
+    /// out.
+    #[test]
+    fn a_construction_is_made_as_cuda_makes_it_rnn_weights_flattened() {
+        use crate::export::{Construction, Made};
+        let (a, b, embedding, step, earlier) = (1 << 40, 2 << 40, 3 << 40, 4 << 40, 5 << 40);
+        let mut snapshot = cpu(&[(Action::Alloc, step, 16 * MIB), (Action::FreeRequested, step, 16 * MIB)]);
+        // Watched, with no matrix product: no cuBLAS workspace.
+        snapshot.memlab.as_mut().unwrap().ops = Some(Vec::new());
+        let made = |address, bytes| Made { address, bytes, freed: false };
+        let construction = Construction {
+            events: vec![
+                Made { address: earlier, bytes: MIB, freed: true },
+                made(a, 6 * MIB),
+                made(b, 6 * MIB),
+                made(embedding, 8 * MIB),
+            ],
+            rnns: vec![vec![a, b]],
+        };
+        let options = |weights| PredictOptions {
+            construction: Some(construction.clone()),
+            live_before: vec![(a, 6 * MIB), (b, 6 * MIB), (embedding, 8 * MIB)],
+            additions: Some(CudaAdditions { rnn_weights: weights, ..CudaAdditions::default() }),
+            ..PredictOptions::default()
+        };
+        let flattened = options(super::super::rnn::RnnWeights::Flattened);
+        let history = predicted_history("rnn", &snapshot, &flattened).unwrap();
+        let events: Vec<(Action, u64, u64)> =
+            history.device_traces[0].iter().take(8).map(|e| (e.action, e.addr.unwrap(), e.size)).collect();
+        let flat = events[2].1;
+        use Action::{Alloc, FreeCompleted, FreeRequested};
+        assert_eq!(
+            events,
+            [
+                (Alloc, a, 6 * MIB),
+                (Alloc, b, 6 * MIB),
+                (Alloc, flat, 12 * MIB),
+                (FreeRequested, a, 6 * MIB),
+                (FreeCompleted, a, 6 * MIB),
+                (FreeRequested, b, 6 * MIB),
+                (FreeCompleted, b, 6 * MIB),
+                (Alloc, embedding, 8 * MIB),
+            ]
+        );
+        let peaks = |options: &PredictOptions| {
+            let s = &predict_cuda("rnn", &snapshot, options).unwrap().settings[0];
+            (s.peak_reserved, s.peak_allocated)
+        };
+        assert_eq!(peaks(&flattened), (48 * MIB, 36 * MIB));
+        assert_eq!(peaks(&options(super::super::rnn::RnnWeights::CopiedEachStep)), (36 * MIB, 36 * MIB));
+        let apart = PredictOptions { construction: None, ..flattened };
+        assert_eq!(peaks(&apart), (36 * MIB, 36 * MIB));
     }
 
     /// An op outside memlab's table of ops (or one the table does not
