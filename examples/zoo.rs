@@ -27,6 +27,14 @@
 //! and says whether they ran out (`scripts/zoo_verdicts.py` checks the
 //! predictions' verdicts so).
 //!
+//! `--search MAX --limit BYTES` searches the largest batch up to MAX whose
+//! steps fit under an allocator limit of BYTES instead (`find_batch_size`):
+//! on CUDA by running them, two steps a try in one process, under the
+//! memory fraction `--fraction` gives; on the CPU by predicting each try
+//! for a card of BYTES plus what the prediction puts outside the allocator
+//! (`Budget::CudaCard`), under `--setting`. It prints one `SEARCH {…}`
+//! line (`scripts/zoo_searches.py` runs the zoo's).
+//!
 //! The models, each with its optimizer: an MLP (Adam); a CNN (SGD with
 //! momentum); a ResNet with batch norm (AdamW); a U-Net (transposed
 //! convolutions up, skip concatenations, MSE, AdamW); LSTM and GRU language
@@ -490,6 +498,8 @@ struct Args {
     out: Option<String>,
     threads: Option<i32>,
     fraction: Option<String>,
+    search: Option<usize>,
+    limit: Option<u64>,
 }
 
 fn args() -> Result<Option<Args>, Box<dyn Error>> {
@@ -502,6 +512,8 @@ fn args() -> Result<Option<Args>, Box<dyn Error>> {
         out: None,
         threads: None,
         fraction: None,
+        search: None,
+        limit: None,
     };
     let mut given = std::env::args().skip(1);
     while let Some(flag) = given.next() {
@@ -524,6 +536,8 @@ fn args() -> Result<Option<Args>, Box<dyn Error>> {
             "--out" => args.out = Some(value()?),
             "--threads" => args.threads = Some(value()?.parse()?),
             "--fraction" => args.fraction = Some(value()?),
+            "--search" => args.search = Some(value()?.parse()?),
+            "--limit" => args.limit = Some(value()?.parse()?),
             "--device" => {
                 args.device = match value()?.as_str() {
                     "cpu" => Device::Cpu,
@@ -534,10 +548,73 @@ fn args() -> Result<Option<Args>, Box<dyn Error>> {
             other => return Err(format!("unknown argument {other}; see the example's docs").into()),
         }
     }
-    if args.model.is_empty() || args.size <= 0 {
-        return Err("give --model NAME --size N (or --grid)".into());
+    if args.model.is_empty() || (args.size <= 0 && args.search.is_none()) {
+        return Err("give --model NAME --size N, --model NAME --search MAX --limit BYTES, or --grid".into());
+    }
+    if args.search.is_some() && args.limit.is_none() {
+        return Err("--search MAX needs --limit BYTES, the allocator's limit".into());
     }
     Ok(Some(args))
+}
+
+/// The largest batch up to `max` whose steps fit under the allocator's
+/// `limit`: on CUDA by running two steps a try in this process (under the
+/// memory fraction and setting `PYTORCH_CUDA_ALLOC_CONF` sets), on the CPU
+/// by predicting each try for a card of `limit` and what the prediction
+/// puts outside the allocator (`Budget::CudaCard`), under `--setting`.
+/// Prints one `SEARCH {…}` line of JSON.
+fn search(
+    args: &Args,
+    vs: &nn::VarStore,
+    model: &dyn Step,
+    optimizer: nn::Optimizer,
+    construction: Option<memlab::export::Construction>,
+    max: usize,
+    limit: u64,
+) -> Result<(), Box<dyn Error>> {
+    memlab::register_var_store("model", vs);
+    let mut optimizer = memlab::register_optimizer(optimizer)?;
+    let cuda = args.device.is_cuda();
+    // On CUDA a try is two steps: the second finds the first's blocks
+    // cached, as training does. The prediction runs its own steps.
+    let steps = if cuda { 2 } else { 1 };
+    let step = |batch: usize| -> Result<(), Box<dyn Error>> {
+        for _ in 0..steps {
+            optimizer.backward_step(&model.loss(batch as i64, args.device));
+        }
+        Ok(())
+    };
+    let started = std::time::Instant::now();
+    let card = limit + memlab::replay::CudaAdditions::default().outside_allocator;
+    let found = if cuda {
+        memlab::find_batch_size(memlab::Device::Cuda(0), memlab::Budget::Bytes(i64::MAX), max, step)?
+    } else {
+        let mut search = memlab::BatchSizeSearch::new(memlab::Device::Cpu, memlab::Budget::CudaCard(card));
+        if let Some(construction) = construction {
+            search = search.construction(construction);
+        }
+        if args.setting != "default" {
+            search = search.setting(args.setting.clone());
+        }
+        if args.model == "gpt-autocast" {
+            search = search.autocast(Kind::Half);
+        }
+        search.run(max, step)?
+    };
+    let tried: Vec<serde_json::Value> = found
+        .tried
+        .iter()
+        // A GPU try fits where it ran; a predicted one where it needs no
+        // more than the card.
+        .map(|t| serde_json::json!([t.batch_size, t.outcome.as_ref().is_ok_and(|&need| cuda || need <= card as i64)]))
+        .collect();
+    let line = serde_json::json!({
+        "model": args.model, "setting": args.setting, "limit": limit, "max": max,
+        "device": if cuda { "cuda" } else { "cpu" }, "threads": tch::get_num_threads(),
+        "largest": found.largest, "tried": tried, "seconds": started.elapsed().as_secs_f64(),
+    });
+    println!("SEARCH {line}");
+    Ok(())
 }
 
 fn main() -> Result<(), Box<dyn Error>> {
@@ -555,13 +632,20 @@ fn main() -> Result<(), Box<dyn Error>> {
         }
         _ => None,
     };
-    let mut vs = nn::VarStore::new(args.device);
-    let (model, mut optimizer) = build(&args.model, &mut vs)?;
-    let mut line = serde_json::json!({
-        "model": args.model, "size": args.size, "setting": args.setting,
-        "device": if args.device.is_cuda() { "cuda" } else { "cpu" },
-        "threads": tch::get_num_threads(),
-    });
+    // On the CPU, the model's construction is recorded for the prediction,
+    // which makes the weights as a CUDA run does.
+    let made = |device| -> Result<_, memlab::Error> {
+        let mut vs = nn::VarStore::new(device);
+        let (model, optimizer) =
+            build(&args.model, &mut vs).map_err(|e| memlab::Error::InvalidArgument(e.to_string()))?;
+        Ok((vs, model, optimizer))
+    };
+    let ((vs, model, mut optimizer), construction) = if args.device.is_cuda() {
+        (made(args.device)?, None)
+    } else {
+        let (built, construction) = memlab::record_construction(|| made(args.device))?;
+        (built, Some(construction))
+    };
     if args.device.is_cuda() {
         let conf = std::env::var("PYTORCH_CUDA_ALLOC_CONF").unwrap_or_default();
         let setting = (args.setting != "default").then_some(args.setting.clone());
@@ -574,6 +658,16 @@ fn main() -> Result<(), Box<dyn Error>> {
             )
             .into());
         }
+    }
+    if let (Some(max), Some(limit)) = (args.search, args.limit) {
+        return search(&args, &vs, &*model, optimizer, construction, max, limit);
+    }
+    let mut line = serde_json::json!({
+        "model": args.model, "size": args.size, "setting": args.setting,
+        "device": if args.device.is_cuda() { "cuda" } else { "cpu" },
+        "threads": tch::get_num_threads(),
+    });
+    if args.device.is_cuda() {
         // Under a memory fraction the steps may run out: tch panics with
         // libtorch's error, which says so.
         let ran = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -600,6 +694,14 @@ fn main() -> Result<(), Box<dyn Error>> {
         memlab::register_var_store("model", &vs);
         let mut optimizer = memlab::register_optimizer(optimizer)?;
         let mut fit = memlab::WillItFit::peaks();
+        if let Some(construction) = construction {
+            fit = fit.construction(construction);
+        }
+        // The decoder's forward pass runs under tch::autocast, which on CUDA
+        // casts to halves.
+        if args.model == "gpt-autocast" {
+            fit = fit.autocast(Kind::Half);
+        }
         if args.setting != "default" {
             fit = fit.setting(args.setting.clone());
         }
