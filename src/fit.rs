@@ -43,14 +43,19 @@
 //!   made it at 60 shapes
 //!   ([`embedding_backward_temporaries`](crate::replay::embedding_backward_temporaries));
 //!   the CPU kernel's own temporaries are left out;
+//! - cuDNN's LSTM and GRU in place of the CPU's (the reserve space, the
+//!   workspaces, the input's copy; [`crate::replay::rnn`]), CUDA's
+//!   memory-efficient attention for float32 and cuDNN's attention for
+//!   halves and bfloat16 in place of the CPU's flash kernel
+//!   ([`crate::replay::attention`]), as an H200 allocated them;
 //! - the CUDA context and libraries outside the allocator, for the device's
 //!   peak.
 //!
 //! The steps run with every aten op watched, and each op that allocated is
 //! looked up in memlab's table of ops (`memlab_core::ops::table`): the same
 //! on both devices, modelled, or not modelled. Where an op not modelled
-//! ran (cuDNN's RNNs, transposed convolutions, fused attention), or one the
-//! table does not name, the prediction is a range
+//! ran (a transposed convolution of a shape not measured, attention with a
+//! mask), or one the table does not name, the prediction is a range
 //! ([`SettingPrediction::range`](crate::replay::SettingPrediction::range)):
 //! at its low end those ops add nothing on CUDA and what their CPU kernels
 //! made for themselves is not made there; at its high end each holds a
@@ -68,7 +73,13 @@
 //!
 //! What was made before the first step counts where memlab can name it: the
 //! registered var stores, optimizers and tensors (or the model given to
-//! [`WillItFit::of`]), and what the steps free without having made it. Other
+//! [`WillItFit::of`]), and what the steps free without having made it.
+//! Where the model's construction was recorded ([`record_construction`],
+//! [`WillItFit::construction`]), the weights are made as a CUDA run makes
+//! them, temporaries, LSTM and GRU weights flattened and all: where they
+//! land decides what the steps share with them (on the zoo's RNNs, up to
+//! 8 % of the peak). A step whose forward pass runs under `tch::autocast`
+//! says so ([`WillItFit::autocast`]): on the CPU it would do nothing. Other
 //! CPU memory (a dataset in memory, say) is left out: on a GPU run it would
 //! stay on the host. The steps are the steps the closure runs, on any thread,
 //! from the prediction's start.
