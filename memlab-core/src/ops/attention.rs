@@ -47,8 +47,9 @@ pub struct AttentionCall {
 impl AttentionCall {
     /// The call `record` made, where memlab models it: query, key and value
     /// of one type of four dimensions, the same batch and heads (no grouped
-    /// heads), head sizes up to 256 (multiples of 8 in halves and
-    /// bfloat16), no mask and no dropout. `None` otherwise.
+    /// heads), head sizes up to 256, no mask and no dropout; in halves and
+    /// bfloat16, as measured: head sizes a multiple of 8, the value's the
+    /// query's, the key as long as the query. `None` otherwise.
     pub fn of(record: &OpRecord) -> Option<AttentionCall> {
         if !matches!(record.op, Op::Other) {
             return None;
@@ -88,10 +89,11 @@ impl AttentionCall {
             return None;
         }
         let call = AttentionCall { op, dtype, batch, heads, len, kv_len: k[2], head_dim, value_dim: v[3] };
+        // cuDNN's was measured with the key as long as the query and the
+        // value as wide: others stay ranges.
         let cudnn = call.cudnn();
-        let sizes = head_dim <= 256
-            && call.value_dim <= 256
-            && (!cudnn || (head_dim.is_multiple_of(8) && call.value_dim.is_multiple_of(8)));
+        let measured = !cudnn || (head_dim.is_multiple_of(8) && call.value_dim == head_dim && call.kv_len == len);
+        let sizes = head_dim <= 256 && call.value_dim <= 256 && measured;
         (sizes && [batch, heads, len, call.kv_len, head_dim].iter().all(|&d| d > 0)).then_some(call)
     }
 

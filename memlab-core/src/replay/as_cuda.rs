@@ -117,8 +117,10 @@ fn construct(
     // Each RNN whose weights the construction made, after its last one's
     // allocation; the others' weights were there before it.
     let mut flattened: Vec<(usize, &[u64])> = Vec::new();
+    // A weight in two groups (a file written by hand) is flattened once.
+    let mut grouped = std::collections::HashSet::new();
     if weights == super::rnn::RnnWeights::Flattened {
-        for rnn in &construction.rnns {
+        for rnn in construction.rnns.iter().filter(|rnn| rnn.iter().all(|a| grouped.insert(*a))) {
             let at: Option<Vec<usize>> = rnn.iter().map(|a| made.get(a).map(|&(i, _)| i)).collect();
             if let Some(last) = at.and_then(|at| at.into_iter().max()) {
                 flattened.push((last, rnn));
@@ -290,7 +292,9 @@ fn as_cuda(
     let mut placed = std::collections::HashSet::new();
     if let Some(construction) = construction {
         construct(construction, &made, additions.rnn_weights, first_time, &mut history);
-        placed.extend(construction.events.iter().map(|e| e.address));
+        // What it left alive is made; an address it freed may hold a block
+        // of `live_before` made later.
+        placed.extend(made.keys().copied());
     }
     let first = live_before.iter().copied().enumerate().filter(|&(_, (address, _))| placed.insert(address));
     let mut before_history = before_history.into_iter().peekable();
@@ -1200,7 +1204,10 @@ impl Render for CudaPrediction {
                 }
                 if k.cudnn_attentions > 0 {
                     doc.note(format!(
-                        "Attention in halves or bfloat16: {} kernels without a mask ran (forward and backward);                          CUDA runs them as cuDNN's attention: a seed and an offset kept for the backward pass and                          256 bytes in the forward pass, and in the backward pass a temporary of twice the output                          and the logsumexp, as an H200 allocated them; the CPU kernel's own scratch left out.",
+                        "Attention in halves or bfloat16: {} kernels without a mask ran (forward and backward); \
+                         CUDA runs them as cuDNN's attention: a seed and an offset kept for the backward pass and \
+                         256 bytes in the forward pass, and in the backward pass a temporary of twice the output \
+                         and the logsumexp, as an H200 allocated them; the CPU kernel's own scratch left out.",
                         k.cudnn_attentions
                     ));
                 }
@@ -1680,6 +1687,40 @@ mod tests {
         assert_eq!(peaks(&options(super::super::rnn::RnnWeights::CopiedEachStep)), (36 * MIB, 36 * MIB));
         let apart = PredictOptions { construction: None, ..flattened };
         assert_eq!(peaks(&apart), (36 * MIB, 36 * MIB));
+    }
+
+    /// An address the construction freed (an initializer's temporary) and a
+    /// step before the history used again (a gradient there) holds that
+    /// gradient before the history; a weight named in two groups (a file
+    /// written by hand) is flattened and freed once.
+    #[test]
+    fn a_block_at_an_address_the_construction_freed_is_made_all_the_same() {
+        use crate::export::{Construction, Made};
+        let (temporary, weight, other) = (1 << 40, 2 << 40, 3 << 40);
+        let snapshot = cpu(&[]);
+        let construction = Construction {
+            events: vec![
+                Made { address: temporary, bytes: 4 * MIB, freed: false },
+                Made { address: weight, bytes: 4 * MIB, freed: false },
+                Made { address: temporary, bytes: 4 * MIB, freed: true },
+                Made { address: other, bytes: MIB, freed: false },
+            ],
+            rnns: vec![vec![weight, other], vec![weight]],
+        };
+        let options = PredictOptions {
+            construction: Some(construction),
+            live_before: vec![(weight, 4 * MIB), (other, MIB), (temporary, 2 * MIB)],
+            ..PredictOptions::default()
+        };
+        let history = predicted_history("reused", &snapshot, &options).unwrap();
+        let trace = &history.device_traces[0];
+        let at =
+            |address: u64, action: Action| trace.iter().filter(move |e| e.addr == Some(address) && e.action == action);
+        assert_eq!(at(temporary, Action::Alloc).map(|e| e.size).collect::<Vec<_>>(), [4 * MIB, 2 * MIB]);
+        assert_eq!(at(weight, Action::FreeRequested).count(), 1, "{trace:?}");
+        let flat: Vec<u64> =
+            trace.iter().filter(|e| e.action == Action::Alloc && e.size == 5 * MIB).filter_map(|e| e.addr).collect();
+        assert_eq!(flat.len(), 1, "one flat buffer of both weights: {trace:?}");
     }
 
     /// An op outside memlab's table of ops (or one the table does not

@@ -818,10 +818,15 @@ fn model_attention(
                 push(plan, at, attention::CUDNN_SEED, Life::Opens(n));
             }
             push(plan, at, attention::CUDNN_FORWARD_TEMPORARY, Life::Instant);
-            if let Some(freed) = kept.filter(|&f| f != usize::MAX) {
-                for n in [base, base + 1] {
-                    push(plan, freed, attention::CUDNN_SEED, Life::Closes(n));
-                }
+            // Without the logsumexp found (or never freed), they go with the
+            // op's end, or the history's.
+            let freed = match kept {
+                Some(f) if f != usize::MAX => f,
+                Some(_) => last,
+                None => range.end.saturating_sub(1),
+            };
+            for n in [base, base + 1] {
+                push(plan, freed, attention::CUDNN_SEED, Life::Closes(n));
             }
         }
         AttentionOp::CpuBackward if call.cudnn() => {
