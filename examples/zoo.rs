@@ -554,6 +554,11 @@ fn args() -> Result<Option<Args>, Box<dyn Error>> {
     if args.search.is_some() && args.limit.is_none() {
         return Err("--search MAX needs --limit BYTES, the allocator's limit".into());
     }
+    if args.search.is_some() && args.device.is_cuda() && args.fraction.is_none() {
+        return Err(
+            "--search on CUDA runs under a memory fraction: give --fraction F (BYTES of the device's total)".into()
+        );
+    }
     Ok(Some(args))
 }
 

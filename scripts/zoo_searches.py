@@ -57,7 +57,8 @@ def run(plan_file, zoo, device, results, jobs):
         with open(results) as f:
             for line in f:
                 r = json.loads(line)
-                done.add((r["model"], r["setting"], r["device"]))
+                if "error" not in r:
+                    done.add((r["model"], r["setting"], r["device"]))
     with open(plan_file) as f:
         entries = [json.loads(line) for line in f]
     entries = [e for e in entries if (e["model"], e["setting"], device) not in done]
@@ -99,6 +100,7 @@ def table(plan_file, results):
         with open(path) as f:
             for line in f:
                 r = json.loads(line)
+                # A search run again after an error: its last line counts.
                 found[(r["model"], r["setting"], r["device"])] = r
     print("| model | setting | limit (MiB) | GPU's largest batch | predicted | tries | CPU search took |")
     print("|---|---|---:|---:|---:|---|---:|")
@@ -108,7 +110,7 @@ def table(plan_file, results):
             gpu = found.get((e["model"], e["setting"], "cuda"), {})
             cpu = found.get((e["model"], e["setting"], "cpu"), {})
             g, c = gpu.get("largest", gpu.get("error", "?")), cpu.get("largest", cpu.get("error", "?"))
-            same = gpu.get("tried") == cpu.get("tried")
+            same = gpu.get("tried") is not None and gpu.get("tried") == cpu.get("tried")
             mark = "" if g == c else " ✗"
             tries = "the same" if same else "differ"
             took = f"{cpu['seconds']:.0f} s" if "seconds" in cpu else ""

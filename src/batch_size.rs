@@ -227,7 +227,7 @@ impl BatchSizeSearch {
                     ));
                 }
                 let settings: Vec<String> = prediction.setting.iter().cloned().collect();
-                memlab_core::replay::check_settings(&settings)?;
+                memlab_core::replay::check_settings_as(&settings, crate::prediction::process_libtorch())?;
                 if let Some(dtype) = prediction.autocast {
                     drop(memlab_tch::ops::cpu_autocast(dtype)?);
                 }

@@ -234,16 +234,20 @@ impl WillItFit {
         self
     }
 
-    /// The step's forward pass runs under `tch::autocast` on CUDA, casting
-    /// to `kind` (`Kind::Half`, tch's; or `Kind::BFloat16`), which on a CPU
-    /// run does nothing. The CPU steps then run under CPU autocast to `kind`
-    /// up to each backward pass, as CUDA's autocast would: matrix products,
-    /// convolutions and attention in `kind`, what libtorch keeps in float32
-    /// (softmax, norms, losses) in float32, each weight cast once a step and
-    /// the cast kept for the backward pass. The ops libtorch's CPU and CUDA
-    /// autocast lists differ on (a few, none a product; see the README)
-    /// follow the CPU's. The step's own threads, if it starts any, run
-    /// without it.
+    /// The step's forward pass, its loss included, runs under
+    /// `tch::autocast` on CUDA, casting to `kind` (`Kind::Half`, tch's; or
+    /// `Kind::BFloat16`), which on a CPU run does nothing. The CPU steps
+    /// then run under CPU autocast to `kind`, as CUDA's autocast would:
+    /// matrix products, convolutions and attention in `kind`, what libtorch
+    /// keeps in float32 (softmax, norms, losses) in float32, each weight cast
+    /// once a step and the cast kept for the backward pass. Each backward
+    /// function runs without it, and the cast weights are given back at the
+    /// first, as CUDA's autocast ends before the backward pass; the
+    /// optimizer's step runs under it, which changes nothing for the
+    /// element-wise ops of libtorch's optimizers. A loss computed outside
+    /// `tch::autocast` is predicted as if inside it; the ops libtorch's CPU
+    /// and CUDA autocast lists differ on follow the CPU's; the step's own
+    /// threads, if it starts any, run without it.
     pub fn autocast(mut self, kind: tch::Kind) -> WillItFit {
         self.autocast = Some(kind);
         self

@@ -374,15 +374,18 @@ pub(crate) fn record_construction<T>(build: impl FnOnce() -> Result<T>) -> Resul
 
 /// `construction` as a prediction takes it, by what memlab names
 /// (`storages`): what it left alive unnamed is left out (a dataset made
-/// beside the model stays on the host on a GPU run), and the weights of
+/// beside the model stays on the host on a GPU run; a block is named where
+/// a named storage of its bytes is at its address), and the weights of
 /// each LSTM and GRU, known by tch's names for them (`weight_ih_l0`,
 /// `bias_hh_l1_reverse`) under one path, are grouped in the order they
-/// were made.
+/// were made, where the construction made them all.
 fn as_predicted(construction: &Construction, storages: &[&crate::named::Storage]) -> Construction {
     let live = construction.live();
-    let named: std::collections::HashMap<u64, &str> =
-        storages.iter().filter_map(|s| Some((s.data_ptr, s.views.first()?.name.as_str()))).collect();
-    let unnamed: std::collections::HashSet<u64> = live.keys().filter(|a| !named.contains_key(a)).copied().collect();
+    let named: std::collections::HashMap<u64, &crate::named::Storage> =
+        storages.iter().map(|s| (s.data_ptr, *s)).collect();
+    let is_named = |address: &u64, bytes: u64| named.get(address).is_some_and(|s| s.nbytes == bytes);
+    let unnamed: std::collections::HashSet<u64> =
+        live.iter().filter(|(a, (_, bytes))| !is_named(a, *bytes)).map(|(a, _)| *a).collect();
     // A block left alive unnamed was never made on the card.
     let events = construction
         .events
@@ -391,31 +394,42 @@ fn as_predicted(construction: &Construction, storages: &[&crate::named::Storage]
         .filter(|(i, e)| !(unnamed.contains(&e.address) && live.get(&e.address).is_some_and(|&(at, _)| at == *i)))
         .map(|(_, e)| *e)
         .collect();
-    let mut rnns: std::collections::BTreeMap<&str, Vec<(usize, u64)>> = std::collections::BTreeMap::new();
-    for (&address, &(at, _)) in &live {
-        if let Some(path) = named.get(&address).and_then(|name| rnn_path(name)) {
-            rnns.entry(path).or_default().push((at, address));
+    // Every named RNN weight, by its RNN; a group the construction did not
+    // make whole is not flattened (its weights were there before it).
+    let mut rnns: std::collections::BTreeMap<(&str, &str), Vec<u64>> = std::collections::BTreeMap::new();
+    for s in storages {
+        if let Some(rnn) = s.views.first().and_then(|v| rnn_of(&v.name)) {
+            rnns.entry(rnn).or_default().push(s.data_ptr);
         }
     }
     let rnns = rnns
         .into_values()
-        .map(|mut weights| {
-            weights.sort_unstable();
-            weights.into_iter().map(|(_, address)| address).collect()
+        .filter_map(|weights| {
+            let mut made: Vec<(usize, u64)> = weights
+                .iter()
+                .map(|a| live.get(a).filter(|_| !unnamed.contains(a)).map(|&(at, _)| (at, *a)))
+                .collect::<Option<_>>()?;
+            made.sort_unstable();
+            Some(made.into_iter().map(|(_, address)| address).collect())
         })
         .collect();
     Construction { events, rnns }
 }
 
-/// The path of the RNN whose weight `name` is, where it is named as tch's
-/// `nn::lstm` and `nn::gru` name theirs (`rnn.weight_ih_l0`,
-/// `rnn.bias_hh_l1_reverse`).
-fn rnn_path(name: &str) -> Option<&str> {
+/// The RNN whose weight `name` is, where it is named as tch's `nn::lstm`
+/// and `nn::gru` name theirs (`rnn.weight_ih_l0`, `rnn.bias_hh_l1_reverse`;
+/// a second RNN under the same path gets tch's `__N` after each name): its
+/// path and that suffix.
+fn rnn_of(name: &str) -> Option<(&str, &str)> {
     let (path, last) = name.rsplit_once(['.', '/']).unwrap_or(("", name));
+    let (last, duplicate) = match last.rsplit_once("__") {
+        Some((base, n)) if !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()) => (base, n),
+        _ => (last, ""),
+    };
     let rest = last.strip_prefix("weight_").or_else(|| last.strip_prefix("bias_"))?;
     let rest = rest.strip_prefix("ih_l").or_else(|| rest.strip_prefix("hh_l"))?;
     let layer = rest.strip_suffix("_reverse").unwrap_or(rest);
-    (!layer.is_empty() && layer.bytes().all(|b| b.is_ascii_digit())).then_some(path)
+    (!layer.is_empty() && layer.bytes().all(|b| b.is_ascii_digit())).then_some((path, duplicate))
 }
 
 /// When the history at `cpu` first freed one of `addresses`.
@@ -428,7 +442,7 @@ fn first_free(snapshot: &Snapshot, cpu: usize, addresses: &[u64]) -> Option<u64>
 
 /// The allocator a prediction follows: that of the libtorch this process
 /// runs, where memlab models it, else 2.11's.
-fn process_libtorch() -> memlab_core::replay::Libtorch {
+pub(crate) fn process_libtorch() -> memlab_core::replay::Libtorch {
     crate::run::this_process()
         .libtorch
         .as_deref()
@@ -460,6 +474,19 @@ mod tests {
             empty_cache_at_us: None,
             start_us,
             peaks: Vec::new(),
+        }
+    }
+
+    /// tch's names for an RNN's weights, a second RNN under one path
+    /// (`__N`) apart, and names that are not an RNN's.
+    #[test]
+    fn rnn_weights_are_known_by_tchs_names() {
+        assert_eq!(rnn_of("model/lstm.weight_ih_l0"), Some(("model/lstm", "")));
+        assert_eq!(rnn_of("gru.bias_hh_l1_reverse"), Some(("gru", "")));
+        assert_eq!(rnn_of("model/weight_hh_l0__4"), Some(("model", "4")));
+        assert_eq!(rnn_of("weight_ih_l2"), Some(("", "")));
+        for other in ["fc.weight", "lstm.weight_ih_lx", "lstm.weight_ih_l", "lstm.bias_ih_l0_backward", "x__"] {
+            assert_eq!(rnn_of(other), None, "{other}");
         }
     }
 

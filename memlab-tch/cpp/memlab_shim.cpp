@@ -832,9 +832,13 @@ void name_and_tensors(const char* op_name, c10::ArrayRef<const c10::IValue> inpu
   }
 }
 
-// How many threads run their steps under CPU autocast standing for CUDA's
-// (memlab_cpu_autocast_begin): their backward functions run without it.
-std::atomic<int> autocast_steps{0};
+// Whether this thread runs its step under CPU autocast standing for CUDA's
+// (memlab_cpu_autocast_begin; a CPU backward pass runs on the thread that
+// asks for it): its backward functions run without it, and its cast weights
+// are given back at the first (libtorch keeps one cache for all threads,
+// so it is cleared once a step).
+thread_local int autocast_steps = 0;
+thread_local bool autocast_cache_given_back = false;
 
 std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
   memlab_op_hook hook = op_hook.load(std::memory_order_acquire);
@@ -842,13 +846,16 @@ std::unique_ptr<at::ObserverContext> on_op_start(const at::RecordFunction& fn) {
     return nullptr;
   }
   try {
-    if (fn.scope() == at::RecordScope::BACKWARD_FUNCTION && autocast_steps.load(std::memory_order_acquire) > 0 &&
+    if (fn.scope() == at::RecordScope::BACKWARD_FUNCTION && autocast_steps > 0 &&
         at::autocast::is_autocast_enabled(at::kCPU)) {
       // CUDA's autocast ends with the forward pass (tch's autocast gives
       // its cast weights back as it ends); autograd restores the thread's
       // state after the node.
       at::autocast::set_autocast_enabled(at::kCPU, false);
-      at::autocast::clear_cache();
+      if (!autocast_cache_given_back) {
+        at::autocast::clear_cache();
+        autocast_cache_given_back = true;
+      }
     }
     if (fn.scope() == at::RecordScope::BACKWARD_FUNCTION) {
       backward_depth++;
@@ -948,7 +955,8 @@ char* memlab_cpu_autocast_begin(int32_t dtype, int32_t* was_enabled, int32_t* wa
     *was_dtype = static_cast<int32_t>(at::autocast::get_autocast_dtype(at::kCPU));
     at::autocast::set_autocast_dtype(at::kCPU, static_cast<c10::ScalarType>(dtype));
     at::autocast::set_autocast_enabled(at::kCPU, true);
-    autocast_steps.fetch_add(1, std::memory_order_acq_rel);
+    autocast_steps++;
+    autocast_cache_given_back = false;
     return nullptr;
   } catch (const std::exception& e) {
     return error_copy(e.what());
@@ -959,8 +967,9 @@ char* memlab_cpu_autocast_begin(int32_t dtype, int32_t* was_enabled, int32_t* wa
 
 char* memlab_cpu_autocast_end(int32_t was_enabled, int32_t was_dtype) {
   try {
-    autocast_steps.fetch_sub(1, std::memory_order_acq_rel);
+    autocast_steps--;
     at::autocast::clear_cache();
+    autocast_cache_given_back = false;
     at::autocast::set_autocast_enabled(at::kCPU, was_enabled != 0);
     at::autocast::set_autocast_dtype(at::kCPU, static_cast<c10::ScalarType>(was_dtype));
     return nullptr;

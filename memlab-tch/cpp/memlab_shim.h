@@ -452,11 +452,11 @@ typedef void (*memlab_op_hook)(const memlab_op* op, uint64_t id, int64_t sequenc
 char* memlab_watch_ops(memlab_op_hook hook);
 // Runs the calling thread's ops under CPU autocast to `dtype` (a
 // c10::ScalarType code), standing for CUDA's autocast on a CPU run: while
-// ops are watched, each backward function runs without it and the cast
-// weights are given back at the first, as CUDA's autocast ends with the
-// forward pass. `was_enabled` and `was_dtype` receive the thread's state
-// before, which memlab_cpu_autocast_end restores (and gives the cast
-// weights back).
+// ops are watched, each backward function the thread runs goes without it
+// and the cast weights are given back at the first, as CUDA's autocast ends
+// with the forward pass. `was_enabled` and `was_dtype` receive the thread's
+// state before, which memlab_cpu_autocast_end restores (and gives the cast
+// weights back). Not nested.
 char* memlab_cpu_autocast_begin(int32_t dtype, int32_t* was_enabled, int32_t* was_dtype);
 char* memlab_cpu_autocast_end(int32_t was_enabled, int32_t was_dtype);
 // Counts a CPU allocation (MEMLAB_ACTION_ALLOC) or free

@@ -98,7 +98,7 @@ pub struct CpuAutocast {
 /// CUDA's autocast does where a CPU run of `tch::autocast` does nothing.
 /// While ops are watched ([`watch_ops`]), each backward function runs
 /// without it and the cast weights are given back at the first, as CUDA's
-/// autocast ends with the forward pass.
+/// autocast ends with the forward pass. Guards are not nested.
 pub fn cpu_autocast(dtype: DType) -> Result<CpuAutocast> {
     if !matches!(dtype, DType::Half | DType::BFloat16) {
         return Err(memlab_core::Error::InvalidArgument(format!(
