@@ -23,8 +23,6 @@ const MISSES: &[(&str, u32, &str, &str)] = &[
     ("unet", 8, "default", "the output gradient's contiguous copy, which CUDA makes and the CPU run does not show"),
     ("unet", 8, "max_split_size_mb:128", "the output gradient's contiguous copy"),
     ("gru", 64, "expandable_segments:True", "the expandable segments' pages"),
-    ("gpt-autocast", 4, "expandable_segments:True", "the expandable segments' pages"),
-    ("gpt-autocast", 16, "expandable_segments:True", "the expandable segments' pages"),
 ];
 
 fn fixtures() -> PathBuf {

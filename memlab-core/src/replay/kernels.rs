@@ -442,6 +442,11 @@ pub(super) fn plan(
     for (k, (r, call)) in attention_kernels(ops).into_iter().enumerate() {
         model_attention(&mut plan, trace, &freed_at, r, &call, ATTENTION_LIVES + 8 * k as u32);
     }
+    // An element-wise op on tensors of two types (a float32 residual plus a
+    // half output, under autocast) converts the other operand first on the
+    // CPU (`_to_copy` inside it, freed before it ends); CUDA's kernels
+    // convert as they read: the copy goes.
+    promotion_copies(&mut plan.dropped, trace, ops, &freed_at);
     // libtorch's cache of algorithms: one key per shape and pass.
     type Key<'a> = (&'a [i64], &'a [i64], &'a [i64], &'a [i64], &'a [i64], i64, u32, Computing);
     let mut keys: std::collections::HashMap<Key<'_>, usize> = std::collections::HashMap::new();
@@ -1232,6 +1237,28 @@ fn freed_at(trace: &[TraceEntry]) -> Vec<usize> {
 }
 
 /// The events of `trace` from the op's start to its end: a range of indices.
+/// The element-wise ops whose CPU kernels copy an operand of another type
+/// before they run, where CUDA's convert it as they read it.
+const PROMOTING: &[&str] = &["add", "add_", "sub", "sub_", "rsub", "mul", "mul_", "div", "div_"];
+
+/// Marks dropped the CPU's promotion copies: what a `_to_copy` made inside
+/// one of [`PROMOTING`] and freed before that op ended.
+fn promotion_copies(dropped: &mut [bool], trace: &[TraceEntry], ops: &[OpRecord], freed_at: &[usize]) {
+    for r in ops.iter().filter(|r| matches!(r.op, Op::Other) && PROMOTING.contains(&r.name.as_str())) {
+        let outer = window(trace, r);
+        let end = r.end_us.max(r.start_us);
+        let copies = ops.iter().filter(|c| c.name == "_to_copy" && r.start_us <= c.start_us && c.start_us <= end);
+        for c in copies {
+            for i in window(trace, c).filter(|&i| outer.contains(&i)) {
+                if trace[i].action == Action::Alloc && !dropped[i] && freed_at[i] < outer.end {
+                    dropped[i] = true;
+                    dropped[freed_at[i]] = true;
+                }
+            }
+        }
+    }
+}
+
 fn window(trace: &[TraceEntry], r: &OpRecord) -> std::ops::Range<usize> {
     let from = trace.partition_point(|e| e.time_us < r.start_us);
     let to = trace.partition_point(|e| e.time_us <= r.end_us.max(r.start_us));
@@ -1245,6 +1272,27 @@ mod tests {
 
     fn event(action: Action, addr: u64, size: u64, time_us: u64) -> TraceEntry {
         TraceEntry::new(action, Some(addr), size, time_us)
+    }
+
+    /// A float32 residual plus a half output under autocast: the CPU's
+    /// `add` copies the half operand to float32 first (a `_to_copy` inside
+    /// it, freed before it ends), which CUDA's kernel does not; its output
+    /// stays, and so does a cast outside any element-wise op.
+    #[test]
+    fn an_element_wise_ops_promotion_copy_is_the_cpus_alone() {
+        let (copy, output, cast) = (1 << 40, 2 << 40, 3 << 40);
+        let trace = vec![
+            event(Action::Alloc, copy, 4 << 20, 11),
+            event(Action::Alloc, output, 4 << 20, 13),
+            event(Action::FreeRequested, copy, 4 << 20, 14),
+            event(Action::Alloc, cast, 2 << 20, 25),
+            event(Action::FreeRequested, output, 4 << 20, 30),
+            event(Action::FreeRequested, cast, 2 << 20, 31),
+        ];
+        let op = |name: &str, start, end| OpRecord { name: name.into(), ..OpRecord::new(start, end, Op::Other) };
+        let ops = vec![op("add", 10, 20), op("_to_copy", 11, 12), op("_to_copy", 25, 26)];
+        let plan = plan(&trace, &ops, ReductionDevice::H100, RnnWeights::Flattened, Libtorch::V2_11, None);
+        assert_eq!(plan.dropped, [true, false, true, false, false, false]);
     }
 
     fn conv(backward: bool, n: i64, c_in: i64, c_out: i64, h: i64, k: i64, output_mask: u8) -> Convolution {
