@@ -1244,11 +1244,16 @@ const PROMOTING: &[&str] = &["add", "add_", "sub", "sub_", "rsub", "mul", "mul_"
 /// Marks dropped the CPU's promotion copies: what a `_to_copy` made inside
 /// one of [`PROMOTING`] and freed before that op ended.
 fn promotion_copies(dropped: &mut [bool], trace: &[TraceEntry], ops: &[OpRecord], freed_at: &[usize]) {
+    // The copies by start, each promoting op's found by bisection: a step
+    // runs tens of thousands of ops.
+    let mut copies: Vec<&OpRecord> = ops.iter().filter(|c| c.name == "_to_copy").collect();
+    copies.sort_by_key(|c| c.start_us);
     for r in ops.iter().filter(|r| matches!(r.op, Op::Other) && PROMOTING.contains(&r.name.as_str())) {
         let outer = window(trace, r);
         let end = r.end_us.max(r.start_us);
-        let copies = ops.iter().filter(|c| c.name == "_to_copy" && r.start_us <= c.start_us && c.start_us <= end);
-        for c in copies {
+        let from = copies.partition_point(|c| c.start_us < r.start_us);
+        let to = copies.partition_point(|c| c.start_us <= end);
+        for c in &copies[from..to.max(from)] {
             for i in window(trace, c).filter(|&i| outer.contains(&i)) {
                 if trace[i].action == Action::Alloc && !dropped[i] && freed_at[i] < outer.end {
                     dropped[i] = true;
