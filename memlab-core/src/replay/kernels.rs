@@ -811,13 +811,14 @@ fn model_attention(
     let push = |plan: &mut Plan, after: usize, bytes: u64, life: Life| {
         plan.temporaries.push(Temporary { after: after.min(last), bytes, soft: None, life });
     };
+    // After the op's last allocation it keeps, else its last event.
+    let at = outlive.last().copied().unwrap_or_else(|| range.end.saturating_sub(1));
     match call.op {
         AttentionOp::CpuForward if call.cudnn() => {
             // The output and logsumexp as the CPU's; the seed and offset
             // live as the logsumexp does (autograd keeps all three for the
             // backward pass), and 256 bytes come and go.
             let lse = attention::cpu_logsumexp(call);
-            let at = outlive.last().copied().unwrap_or_else(|| range.end.saturating_sub(1));
             let kept = outlive.iter().rev().find(|&&i| trace[i].size == lse).map(|&i| freed_at[i]);
             for n in [base, base + 1] {
                 push(plan, at, attention::CUDNN_SEED, Life::Opens(n));
@@ -835,7 +836,6 @@ fn model_attention(
             }
         }
         AttentionOp::CpuBackward if call.cudnn() => {
-            let at = outlive.last().copied().unwrap_or_else(|| range.end.saturating_sub(1));
             push(plan, at, attention::cudnn_backward_temporary(call), Life::Instant);
         }
         AttentionOp::CpuForward => {
@@ -850,7 +850,6 @@ fn model_attention(
             }
         }
         AttentionOp::CpuBackward => {
-            let at = outlive.last().copied().unwrap_or_else(|| range.end.saturating_sub(1));
             let (query, delta, workspace) = (call.query_bytes(), attention::delta(call), attention::workspace(call));
             plan.modelled.largest_attention_workspace = plan.modelled.largest_attention_workspace.max(workspace);
             push(plan, at, query, Life::Opens(base + 1));
