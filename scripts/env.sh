@@ -45,15 +45,37 @@ if [ "$(memlab_installed)" != "$MEMLAB_TORCH_VERSION $MEMLAB_CUDA_CRT_VERSION" ]
     echo "memlab: could not create a venv; install Python 3.10+ with its venv module" >&2
     return 1 2>/dev/null || exit 1
   }
-  "$MEMLAB_VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-cache-dir \
-    "torch==$MEMLAB_TORCH_VERSION" "nvidia-cuda-crt==$MEMLAB_CUDA_CRT_VERSION" || {
+  # torch first without its dependencies, then those it names but triton:
+  # triton is torch.compile's Python compiler, which libtorch never loads
+  # (0.6 GB installed, and its wheel's download while pip works).
+  memlab_failed() {
     echo "memlab: pip could not install torch==$MEMLAB_TORCH_VERSION" >&2
     # The commonest cause is a full disk: torch and its CUDA libraries take
-    # about 5 GB once installed, and pip wants about 2 GB more while it works.
+    # about 4.3 GB once installed, and pip wants about 1 GB more while it works.
     for memlab_dir in "$(dirname "$MEMLAB_VENV")" "${TMPDIR:-/tmp}"; do
       echo "memlab: $(df -Ph "$memlab_dir" | awk 'NR == 2 { print $4 }') free on the disk of $memlab_dir" >&2
     done
-    echo "memlab: it needs about 7 GB free; free some, or point MEMLAB_VENV (and TMPDIR) at a larger disk" >&2
+    echo "memlab: it needs about 5.5 GB free; free some, or point MEMLAB_VENV (and TMPDIR) at a larger disk" >&2
+  }
+  memlab_pip() {
+    "$MEMLAB_VENV/bin/python" -m pip install --quiet --disable-pip-version-check --no-cache-dir "$@"
+  }
+  memlab_pip --no-deps "torch==$MEMLAB_TORCH_VERSION" || { memlab_failed; return 1 2>/dev/null || exit 1; }
+  "$MEMLAB_VENV/bin/python" - "nvidia-cuda-crt==$MEMLAB_CUDA_CRT_VERSION" <<'PY' || {
+import importlib.metadata as m, subprocess, sys
+from pip._vendor.packaging.requirements import Requirement
+wanted = []
+for line in m.requires("torch") or []:
+    r = Requirement(line)
+    if r.name != "triton" and (r.marker is None or r.marker.evaluate({"extra": ""})):
+        r.marker = None
+        wanted.append(str(r))
+if not wanted:
+    sys.exit("memlab: torch's metadata names no dependencies; it is unreadable")
+pip = [sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--no-cache-dir"]
+sys.exit(subprocess.call(pip + wanted + sys.argv[1:]))
+PY
+    memlab_failed
     return 1 2>/dev/null || exit 1
   }
 fi
