@@ -76,8 +76,11 @@ pub enum Budget {
     /// A CUDA card of this many bytes, searched without a GPU: each try runs
     /// its steps on the CPU and is replayed as CUDA's (see
     /// [`will_it_fit`](crate::will_it_fit)); a try fits when the step is
-    /// predicted to fit the card. The device given is the CPU; a try's
-    /// figure is the least card it is predicted to need (an estimate).
+    /// predicted to fit the card without the allocator giving its cache
+    /// back (whether that would leave room depends on the driver's placement
+    /// of segments, which is not modelled: the search never names a batch
+    /// that counts on it). The device given is the CPU; a try's figure is
+    /// the card it is predicted to need (an estimate).
     CudaCard(u64),
 }
 
@@ -86,7 +89,16 @@ pub enum Budget {
 #[non_exhaustive]
 pub struct BatchSearch {
     /// The largest batch size that ran within the budget (`None`: not even 1).
+    /// With [`Budget::CudaCard`], predicted to fit without the allocator
+    /// giving its cache back.
     pub largest: Option<usize>,
+    /// With [`Budget::CudaCard`], where a larger batch fits the card in the
+    /// model only by the allocator giving its cached blocks back: the
+    /// largest such batch. An estimate that may run out: whether the cache
+    /// given back leaves room depends on where the driver put each segment,
+    /// which memlab does not model.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub largest_giving_cache_back: Option<usize>,
     /// The budget in bytes.
     pub budget: i64,
     /// Every try, in the order they ran.
@@ -102,6 +114,10 @@ pub struct Try {
     pub batch_size: usize,
     /// Its peak in bytes, or why it failed.
     pub outcome: std::result::Result<i64, String>,
+    /// With [`Budget::CudaCard`]: its peak is over the budget, but it fits
+    /// the card in the model by the allocator giving its cache back.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub fits_giving_cache_back: bool,
 }
 
 /// The first try that ran out of memory.
@@ -190,9 +206,10 @@ impl BatchSizeSearch {
     /// With [`Budget::CudaCard`], the allocator settings the GPU's process
     /// runs under (`PYTORCH_CUDA_ALLOC_CONF` syntax,
     /// `expandable_segments:True`): each try is predicted under them rather
-    /// than libtorch's defaults. A setting libtorch would refuse, or a
-    /// memory fraction (the card's bytes are the budget), is refused before
-    /// the first try.
+    /// than libtorch's defaults. A memory fraction among them
+    /// (`per_process_memory_fraction:0.5`) is of the card: the allocator's
+    /// limit is then that share of it, checked as libtorch checks it. A
+    /// setting libtorch would refuse is refused before the first try.
     pub fn setting(mut self, conf: impl Into<String>) -> BatchSizeSearch {
         self.prediction.setting = Some(conf.into());
         self
@@ -227,7 +244,7 @@ impl BatchSizeSearch {
                     ));
                 }
                 let settings: Vec<String> = prediction.setting.iter().cloned().collect();
-                memlab_core::replay::check_settings_as(&settings, crate::prediction::process_libtorch())?;
+                memlab_core::replay::check_settings_as(&settings, crate::prediction::process_libtorch(), Some(card))?;
                 if let Some(dtype) = prediction.autocast {
                     drop(memlab_tch::ops::cpu_autocast(dtype)?);
                 }
@@ -253,29 +270,53 @@ impl BatchSizeSearch {
             },
         };
         let _quiet = quiet_oom_panics::install();
-        search(budget, max, |n| try_once(device, &named, &mut step, n))
+        search(budget, max, |n| {
+            let (outcome, oom) = try_once(device, &named, &mut step, n);
+            (outcome, oom, false)
+        })
     }
 }
 
 /// What a try's first out-of-memory failure was: why, and what held the memory.
 type Diagnosed = (Diagnosis, Holders);
 
+/// One try's outcome, what ran out in it, and whether it fits only by the
+/// allocator giving its cache back.
+type Tried = (std::result::Result<i64, String>, Option<Diagnosed>, bool);
+
 /// The search itself: doubling, then halving the gap, over `try_n`'s
-/// outcomes (a figure within `budget` fits).
-fn search(
-    budget: i64,
-    max: usize,
-    mut try_n: impl FnMut(usize) -> (std::result::Result<i64, String>, Option<Diagnosed>),
-) -> Result<BatchSearch> {
-    let mut search = BatchSearch { largest: None, budget, tried: Vec::new(), first_oom: None };
-    let mut run = |n: usize| {
-        let (outcome, oom) = try_n(n);
+/// outcomes (a figure within `budget` fits). Where some tries fit only by
+/// the allocator giving its cache back, the search finds the largest of
+/// those too: it doubles and halves the gap over them, then halves the gap
+/// between the largest that fits outright and the least that does not,
+/// each size tried once.
+fn search(budget: i64, max: usize, mut try_n: impl FnMut(usize) -> Tried) -> Result<BatchSearch> {
+    use std::cell::Cell;
+    use std::collections::HashMap;
+    let mut search =
+        BatchSearch { largest: None, largest_giving_cache_back: None, budget, tried: Vec::new(), first_oom: None };
+    // The largest size known to fit outright, and the least known not to.
+    let (outright, not_outright) = (Cell::new(0usize), Cell::new(usize::MAX));
+    let mut known: HashMap<usize, (bool, bool)> = HashMap::new();
+    // (fits outright, fits at all) for size `n`.
+    let mut run = |n: usize| -> (bool, bool) {
+        if let Some(&k) = known.get(&n) {
+            return k;
+        }
+        let (outcome, oom, giving_back) = try_n(n);
         if search.first_oom.is_none() {
             search.first_oom = oom.map(|(diagnosis, holders)| FirstOom { batch_size: n, diagnosis, holders });
         }
-        let ok = matches!(outcome, Ok(peak) if peak <= budget);
-        search.tried.push(Try { batch_size: n, outcome });
-        ok
+        let fits = matches!(outcome, Ok(peak) if peak <= budget);
+        let giving_back = giving_back && !fits && outcome.is_ok();
+        search.tried.push(Try { batch_size: n, outcome, fits_giving_cache_back: giving_back });
+        if fits {
+            outright.set(outright.get().max(n));
+        } else {
+            not_outright.set(not_outright.get().min(n));
+        }
+        known.insert(n, (fits, fits || giving_back));
+        (fits, fits || giving_back)
     };
     // Double from 1 until a try fails, so that nothing far above the answer
     // is tried (on the CPU a too-large try is not an error but a swap storm);
@@ -283,7 +324,7 @@ fn search(
     let (mut fits, mut fails) = (0usize, None::<usize>);
     let mut n = 1;
     while n <= max {
-        if !run(n) {
+        if !run(n).1 {
             fails = Some(n);
             break;
         }
@@ -296,14 +337,25 @@ fn search(
     if let Some(mut fails) = fails {
         while fails - fits > 1 {
             let n = fits + (fails - fits) / 2;
-            if run(n) {
+            if run(n).1 {
                 fits = n;
             } else {
                 fails = n;
             }
         }
     }
-    search.largest = (fits > 0).then_some(fits);
+    // Those that fit only giving cache back: the largest that fits outright below them.
+    let (mut low, mut high) = (outright.get(), not_outright.get().min(fits.saturating_add(1)));
+    while high > low.saturating_add(1) {
+        let n = low + (high - low) / 2;
+        if run(n).0 {
+            low = n;
+        } else {
+            high = n;
+        }
+    }
+    search.largest = (low > 0).then_some(low);
+    search.largest_giving_cache_back = (fits > low).then_some(fits);
     Ok(search)
 }
 
@@ -333,7 +385,7 @@ fn predicted_need(
     step: &mut impl FnMut(usize) -> std::result::Result<(), Box<dyn std::error::Error>>,
     n: usize,
     search: &mut Searched,
-) -> (std::result::Result<i64, String>, Option<Diagnosed>) {
+) -> Tried {
     use memlab_core::replay::Fit;
     // A try that panics (the host out of memory at a large batch, a shape
     // bug) fails, as a GPU try would; its panic is reported as usual unless
@@ -375,12 +427,16 @@ fn predicted_need(
         Err(Error::InvalidArgument(format!("the step at batch {n} panicked: {message}")))
     });
     // The setting asked for comes after libtorch's defaults.
+    let mut giving_back = false;
     let need = predicted.map_err(|e| e.to_string()).and_then(|p| {
         let s = p.settings.last().ok_or("the prediction has no setting")?;
+        giving_back = matches!(s.fit, Some(Fit::FitsGivingCacheBack { .. }));
         Ok(match &s.fit {
             Some(Fit::Fits { .. }) | None => s.peak_device,
-            Some(Fit::FitsGivingCacheBack { least }) => *least,
-            Some(Fit::DoesNotFit { needing, .. }) => card + needing,
+            // It fits only if the cache given back leaves room, which the
+            // driver's placement decides: over the budget, marked so.
+            Some(Fit::FitsGivingCacheBack { .. }) => s.peak_device.max(card + 1),
+            Some(Fit::DoesNotFit { needing, .. }) => card + needing.max(&1),
             // The card lies inside the range: the search counts its high end,
             // so that it never names a batch that may run out.
             Some(Fit::MayNotFit { .. }) => s.range.map_or(s.peak_device, |r| r.high.device),
@@ -388,7 +444,7 @@ fn predicted_need(
             Some(Fit::NoCard { .. }) => u64::MAX,
         })
     });
-    (need.map(|b| i64::try_from(b).unwrap_or(i64::MAX)), None)
+    (need.map(|b| i64::try_from(b).unwrap_or(i64::MAX)), None, giving_back)
 }
 
 /// Keeps the panics of a batch search's own out-of-memory tries from being
@@ -526,15 +582,25 @@ impl Render for BatchSearch {
             Some(n) => doc.heading(format!("largest batch size within {}: {n}", Cell::bytes(self.budget))),
             None => doc.heading(format!("no batch size fits within {}", Cell::bytes(self.budget))),
         };
+        if let Some(n) = self.largest_giving_cache_back {
+            doc.line(format!(
+                "Up to {n} may fit: the model fits it only by the allocator giving its cached blocks back, and \
+                 whether that leaves room depends on where the driver put each segment (not modelled)."
+            ));
+        }
         let mut table = Table::new(vec![
             Column::new("batch", Layout::Figure).min_width(7),
             Column::new("peak", Layout::Figure).min_width(9),
             Column::new("outcome", Layout::Text).max_width(100),
         ]);
-        for Try { batch_size: n, outcome } in &self.tried {
+        for Try { batch_size: n, outcome, fits_giving_cache_back } in &self.tried {
             match outcome {
                 Ok(peak) => {
-                    let outcome = if *peak <= self.budget { "within the budget" } else { "over the budget" };
+                    let outcome = match (*peak <= self.budget, fits_giving_cache_back) {
+                        (true, _) => "within the budget",
+                        (false, true) => "over the budget; may fit giving cache back",
+                        (false, false) => "over the budget",
+                    };
                     table.row([Cell::count(*n), Cell::bytes(*peak), Cell::text(outcome)])
                 }
                 Err(e) => {

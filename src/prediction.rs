@@ -36,7 +36,7 @@ impl CpuSteps {
     /// Runs `step` on the CPU until its peak is steady, then predicts. The
     /// settings are checked first: a bad one is refused before any step runs.
     pub(crate) fn predict(self, step: impl FnMut() -> Result<()>) -> Result<CudaPrediction> {
-        memlab_core::replay::check_settings_as(&self.settings, process_libtorch())?;
+        memlab_core::replay::check_settings_as(&self.settings, process_libtorch(), self.card)?;
         let _turn = Turn::take()?;
         let steps = Steps::record(self.max_steps, &self.model, self.construction.as_ref(), self.autocast, step)?;
         if let Some(path) = &self.save {

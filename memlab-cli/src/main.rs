@@ -131,7 +131,8 @@ enum Command {
         /// watches the sums, convolutions and softmax backward passes whose
         /// CUDA kernels allocate otherwise): its allocations replayed through the CUDA allocator's
         /// model with what CUDA adds (estimates). With --capacity, the card's
-        /// memory: whether the step fits.
+        /// memory: whether the step fits (a --setting may then carry
+        /// per_process_memory_fraction:F, a share of that card).
         #[arg(long = "as-cuda", conflicts_with = "fraction")]
         as_cuda: bool,
         /// The libtorch that made the recording, where the file does not say

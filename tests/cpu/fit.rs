@@ -419,6 +419,58 @@ fn find_batch_size_searches_a_cuda_card_on_the_cpu() {
     assert!(e.to_string().contains("give Device::Cpu"), "{e}");
 }
 
+/// A batch that fits the card only if the allocator gives its cache back
+/// is not named: whether the cache given back leaves room depends on where
+/// the driver put the segments, which the model does not know. Each try
+/// frees a temporary of `n` MiB before it makes one of `1.5 n` MiB, which
+/// the first's cached segment cannot serve: the step reserves both, though
+/// no more than the second is ever in use.
+#[test]
+fn find_batch_size_never_counts_on_the_cache_given_back() {
+    let _s = serial();
+    memlab::clear_registry();
+    let mut step = |batch: usize| -> Result<(), Box<dyn std::error::Error>> {
+        let first = Tensor::ones([batch as i64, 1 << 18], (Kind::Float, tch::Device::Cpu));
+        drop(first);
+        let second = Tensor::ones([batch as i64, 3 << 17], (Kind::Float, tch::Device::Cpu));
+        drop(second);
+        Ok(())
+    };
+    let peaks = |step: &mut dyn FnMut(usize) -> Result<(), Box<dyn std::error::Error>>, batch: usize| {
+        let as_memlab = |e: Box<dyn std::error::Error>| memlab::Error::InvalidArgument(e.to_string());
+        WillItFit::peaks().max_steps(3).run(|| step(batch).map_err(as_memlab)).unwrap().settings[0].clone()
+    };
+    let at_16 = peaks(&mut step, 16);
+    assert!(at_16.peak_reserved >= 40 * MIB && at_16.peak_allocated < 25 * MIB, "{at_16:?}");
+    let card = at_16.peak_device;
+    // Giving the cache back, 24 fits the card in the model (36 MiB in use
+    // at most, in 24 + 36 MiB reserved without a limit).
+    let at_24 = WillItFit::new(card)
+        .max_steps(3)
+        .run(|| step(24).map_err(|e| memlab::Error::InvalidArgument(e.to_string())))
+        .unwrap();
+    assert!(matches!(at_24.settings[0].fit, Some(Fit::FitsGivingCacheBack { .. })), "{at_24}");
+    assert!(at_24.to_string().contains("may not fit"), "{at_24}");
+    let search = memlab::find_batch_size(Device::Cpu, memlab::Budget::CudaCard(card), 64, &mut step).unwrap();
+    let largest = search.largest.expect("16 fits the card made for it");
+    let (at, above) = (peaks(&mut step, largest).peak_device, peaks(&mut step, largest + 1).peak_device);
+    assert!(
+        at <= card && above > card,
+        "{largest} ({at}) is the largest that fits {card} ({above} above it): {search:?}"
+    );
+    // Up to 26 the second temporary (39 MiB at 26, to 2 MiB) fits the
+    // allocator's 40 MiB once the first's segment is given back; 27's
+    // (40.5 MiB) does not. The search names that too, as what may fit.
+    assert_eq!((search.largest, search.largest_giving_cache_back), (Some(16), Some(26)), "{search}");
+    assert!(search.tried.iter().any(|t| t.fits_giving_cache_back), "{search:?}");
+    assert!(search.to_string().contains("Up to 26 may fit"), "{search}");
+    // Each size is tried once.
+    let mut sizes: Vec<usize> = search.tried.iter().map(|t| t.batch_size).collect();
+    sizes.sort_unstable();
+    sizes.dedup();
+    assert_eq!(sizes.len(), search.tried.len(), "{search:?}");
+}
+
 /// Under a recording the program already runs, a prediction covers its own
 /// steps only: a smaller batch after a larger one is predicted smaller.
 #[test]

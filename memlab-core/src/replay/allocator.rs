@@ -185,6 +185,9 @@ pub struct CachingAllocator {
     /// The driver's address for the next segment of so many bytes, where a
     /// recording says it ([`next_segment_at`](Self::next_segment_at)).
     driver_said: Option<(u64, u64)>,
+    /// Requests that found the allocator at its limit (see
+    /// [`limit_reached`](Self::limit_reached)).
+    limit_reached: u64,
     stats: DeviceStats,
     segments: Vec<SegmentEvent>,
 }
@@ -236,6 +239,7 @@ impl CachingAllocator {
             next_address: FIRST_ADDRESS,
             next_below: DRIVER_TOP,
             driver_said: None,
+            limit_reached: 0,
             stats: DeviceStats::default(),
             segments: Vec::new(),
             config,
@@ -551,16 +555,17 @@ impl CachingAllocator {
                 if self.gc_enabled() {
                     self.collect_garbage();
                 }
-                self.alloc_block(small, stream, segment, rounded, false)
-                    .or_else(|| {
-                        self.release_available(small, stream, rounded)
-                            .then(|| self.alloc_block(small, stream, segment, rounded, false))
-                            .flatten()
-                    })
-                    .or_else(|| {
-                        self.release_cached();
-                        self.alloc_block(small, stream, segment, rounded, true)
-                    })
+                self.alloc_block(small, stream, segment, rounded, false).or_else(|| {
+                    // At the limit: what follows gives cached blocks back.
+                    self.limit_reached += 1;
+                    self.release_available(small, stream, rounded)
+                        .then(|| self.alloc_block(small, stream, segment, rounded, false))
+                        .flatten()
+                        .or_else(|| {
+                            self.release_cached();
+                            self.alloc_block(small, stream, segment, rounded, true)
+                        })
+                })
             }
         };
         self.driver_said = None;
@@ -569,6 +574,14 @@ impl CachingAllocator {
             return Err(self.oom(size, segment, stream));
         };
         Ok(BlockId(self.hand_out(id, rounded, size)))
+    }
+
+    /// How many requests found no free block and no room for a new segment
+    /// under the limit (the card's memory or the memory fraction's), so that
+    /// the allocator gave cached blocks back before it served them or failed
+    /// (libtorch's retry, which synchronises the device each time).
+    pub fn limit_reached(&self) -> u64 {
+        self.limit_reached
     }
 
     /// The error of a request of `requested` bytes that needed a `segment`.

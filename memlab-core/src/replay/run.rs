@@ -84,6 +84,15 @@ pub struct DeviceReplay {
     pub rebuilt_segments: usize,
     /// The blocks in use in the rebuilt segments when the history began.
     pub rebuilt_blocks: usize,
+    /// Requests that found the allocator at its limit, so that it gave
+    /// cached blocks back before it served them or failed
+    /// ([`CachingAllocator::limit_reached`]).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub limit_reached: u64,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// How full the segments were at the reserved peak: of the moments when
@@ -230,6 +239,7 @@ fn run(
         reserved_before: 0,
         rebuilt_segments: 0,
         rebuilt_blocks: 0,
+        limit_reached: 0,
     };
     out.reserved_before = u64::try_from(crate::export::analysis::reserved_before(snapshot, index, trace)).unwrap_or(0);
     if out.reserved_before > 0 {
@@ -329,6 +339,7 @@ fn run(
         model.empty_cache();
         out.empty_cache_at.push(trace.len());
     }
+    out.limit_reached = model.limit_reached();
     let replayed: Vec<(SegmentAction, u64)> = model.segment_events().iter().map(|s| (s.action, s.size)).collect();
     out.segment_events_matched = recorded.iter().zip(&replayed).filter(|(r, m)| r == m).count();
     let first = recorded.iter().zip(&replayed).take_while(|(r, m)| r == m).count();
