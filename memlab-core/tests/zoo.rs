@@ -22,7 +22,6 @@ const MISSES: &[(&str, u32, &str, &str)] = &[
     ("resnet", 128, "expandable_segments:True", "the expandable segments' pages"),
     ("unet", 8, "default", "the output gradient's contiguous copy, which CUDA makes and the CPU run does not show"),
     ("unet", 8, "max_split_size_mb:128", "the output gradient's contiguous copy"),
-    ("gru", 64, "expandable_segments:True", "the expandable segments' pages"),
 ];
 
 fn fixtures() -> PathBuf {

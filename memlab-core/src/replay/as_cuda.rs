@@ -157,6 +157,7 @@ fn construct(
 
 /// [`cpu_history_as_cuda`]'s history, and the addresses of the allocations
 /// in it that a kernel does without where they cannot be had.
+#[derive(Clone)]
 struct AsCuda {
     snapshot: Snapshot,
     /// The CPU history's allocations.
@@ -554,6 +555,16 @@ pub struct SettingPrediction {
     /// (the figures above are its point estimate).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub range: Option<PeakRange>,
+    /// How many times the history's last step was run again after the CPU's
+    /// steps, until the reserved peak held (where its last two steps made
+    /// the same requests): a CUDA run's holes in the segments can move for
+    /// a step or two after the CPU's peak holds.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub steps_run_on: usize,
+}
+
+fn is_zero(n: &usize) -> bool {
+    *n == 0
 }
 
 /// Whether the step fits a card.
@@ -608,6 +619,48 @@ pub enum Fit {
     },
 }
 
+/// A predicted history run on to its steady state ([`super::steady`]).
+struct Steady {
+    history: Snapshot,
+    soft: std::collections::HashMap<u64, super::kernels::Soft>,
+    /// The replay of `history` without a limit.
+    replay: super::DeviceReplay,
+    /// How many times its last step was run again.
+    repeats: usize,
+}
+
+/// `history` with its last step run again until `replay`'s reserved peak
+/// holds (at most [`super::steady::MOST`] times), where its last two steps
+/// made the same requests; else as it is.
+fn steady(
+    history: &Snapshot,
+    soft: &std::collections::HashMap<u64, super::kernels::Soft>,
+    replay: impl Fn(&Snapshot) -> Result<super::DeviceReplay>,
+) -> Result<Steady> {
+    let mut now = Steady { history: history.clone(), soft: soft.clone(), replay: replay(history)?, repeats: 0 };
+    let Some(steps) = history.device_traces.first().and_then(|t| super::steady::last_steps(t)) else {
+        return Ok(now);
+    };
+    for times in 1..=super::steady::MOST {
+        let Some((next, next_soft)) = super::steady::repeated(history, soft, steps, times) else { break };
+        let next_replay = replay(&next)?;
+        if next_replay.peak_reserved == now.replay.peak_reserved {
+            break;
+        }
+        now = Steady { history: next, soft: next_soft, replay: next_replay, repeats: times };
+    }
+    Ok(now)
+}
+
+/// A range's end with its last step run again `times` times, as the point's.
+fn run_on(end: &AsCuda, times: usize) -> AsCuda {
+    let steps = end.snapshot.device_traces.first().and_then(|t| super::steady::last_steps(t));
+    match steps.and_then(|steps| super::steady::repeated(&end.snapshot, &end.soft, steps, times)) {
+        Some((snapshot, soft)) if times > 0 => AsCuda { snapshot, soft, ..end.clone() },
+        _ => end.clone(),
+    }
+}
+
 /// A predicted history replayed under an allocator limit.
 struct UnderLimit {
     /// The request that fails, where one does.
@@ -625,7 +678,7 @@ pub fn predict_cuda(name: &str, snapshot: &Snapshot, options: &PredictOptions) -
     let inputs = Inputs::new(name, snapshot, options)?;
     let (options, additions, total) = (&inputs.options, &inputs.additions, inputs.total);
     let history_of = |side: Option<Side>| inputs.history(side);
-    let AsCuda { snapshot: history, allocations, kernels, soft, unmodelled } = history_of(None)?;
+    let AsCuda { snapshot: as_recorded, allocations, kernels, soft: recorded_soft, unmodelled } = history_of(None)?;
     let watched = snapshot.memlab.as_ref().is_some_and(|m| m.ops.is_some());
     // The ops memlab does not model make the prediction a range, and so do
     // cuDNN RNN workspaces estimated: its ends from histories of their own.
@@ -638,14 +691,8 @@ pub fn predict_cuda(name: &str, snapshot: &Snapshot, options: &PredictOptions) -
     if kernels.rnn_workspaces_estimated > 0 {
         range_makers.push("cuDNN's RNN workspace (estimated)".to_string());
     }
-    let first_us = history.device_traces[0].first().map_or(0, |e| e.time_us);
-    // Where `empty_cache` runs, in a history as given (the cuDNN model
-    // inserts entries, at the times of those it follows).
-    let emptied = |h: &Snapshot| -> Vec<usize> {
-        let trace = &h.device_traces[0];
-        let at = |us: u64| trace.iter().position(|e| e.time_us >= us).unwrap_or(trace.len());
-        options.empty_cache_at_us.map(at).into_iter().collect()
-    };
+    let first_us = as_recorded.device_traces[0].first().map_or(0, |e| e.time_us);
+    let emptied = |h: &Snapshot| inputs.emptied(h);
     let settings = if options.settings.is_empty() { vec![String::new()] } else { options.settings.clone() };
     let mut out = Vec::new();
     let mut notes: Vec<String> = Vec::new();
@@ -660,7 +707,13 @@ pub fn predict_cuda(name: &str, snapshot: &Snapshot, options: &PredictOptions) -
         let fraction = config.memory_fraction;
         let free = super::AllocatorConfig { memory_fraction: 1.0, ..config.clone() };
         let card = Card { capacity: super::ONE_EXABYTE, total: super::ONE_EXABYTE };
-        let unlimited = replay_device_at(&history, 0, &free, card, &emptied(&history))?;
+        // The steps run on until the reserved peak holds, the ends of a range as many.
+        let steady = steady(&as_recorded, &recorded_soft, |h| replay_device_at(h, 0, &free, card, &emptied(h)))?;
+        let (history, soft, unlimited, repeats) = (steady.history, steady.soft, steady.replay, steady.repeats);
+        let ends = match &ends {
+            Some((low, high)) => Some((run_on(low, repeats), run_on(high, repeats))),
+            None => None,
+        };
         let peak_device = unlimited.peak_reserved + additions.outside_allocator;
         let peaks = |h: &Snapshot| -> Result<Peaks> {
             let r = replay_device_at(h, 0, &free, card, &emptied(h))?;
@@ -841,6 +894,7 @@ pub fn predict_cuda(name: &str, snapshot: &Snapshot, options: &PredictOptions) -
             (fit, ..) => fit,
         };
         out.push(SettingPrediction {
+            steps_run_on: repeats,
             settings: config.to_conf(),
             peak_reserved: unlimited.peak_reserved,
             peak_allocated: unlimited.peak_allocated,
@@ -882,7 +936,15 @@ pub fn predict_cuda(name: &str, snapshot: &Snapshot, options: &PredictOptions) -
 /// ([`PredictOptions::empty_cache_at_us`], a batch search's tries), the
 /// history does not say so: its replay then differs from the prediction.
 pub fn predicted_history(name: &str, snapshot: &Snapshot, options: &PredictOptions) -> Result<Snapshot> {
-    let mut history = Inputs::new(name, snapshot, options)?.history(None)?.snapshot;
+    let inputs = Inputs::new(name, snapshot, options)?;
+    let predicted = inputs.history(None)?;
+    // Its steps run on as the prediction under the first setting runs them.
+    let first = options.settings.first().cloned().unwrap_or_default();
+    let read = check_settings_as(&[first], inputs.options.libtorch, inputs.options.capacity)?.remove(0);
+    let free = super::AllocatorConfig { memory_fraction: 1.0, ..read.config };
+    let card = super::Card { capacity: super::ONE_EXABYTE, total: super::ONE_EXABYTE };
+    let replay = |h: &Snapshot| super::replay_device_at(h, 0, &free, card, &inputs.emptied(h));
+    let mut history = steady(&predicted.snapshot, &predicted.soft, replay)?.history;
     if let (Some(info), Some(ops)) = (history.memlab.as_mut(), snapshot.memlab.as_ref().and_then(|m| m.ops.clone())) {
         info.ops = Some(ops);
     }
@@ -924,6 +986,15 @@ impl<'a> Inputs<'a> {
     }
 
     /// The CUDA history of the point (`None`) or of a range's end.
+    /// Where `empty_cache` runs in history `h`: the first entry at or after
+    /// [`PredictOptions::empty_cache_at_us`] (the cuDNN model inserts
+    /// entries, at the times of those they follow).
+    fn emptied(&self, h: &Snapshot) -> Vec<usize> {
+        let trace = &h.device_traces[0];
+        let at = |us: u64| trace.iter().position(|e| e.time_us >= us).unwrap_or(trace.len());
+        self.options.empty_cache_at_us.map(at).into_iter().collect()
+    }
+
     fn history(&self, side: Option<Side>) -> Result<AsCuda> {
         let o = &self.options;
         let before = Before {
@@ -1229,6 +1300,21 @@ impl Render for CudaPrediction {
             }
         }
         doc.note("Device peak: peak reserved plus what lies outside the allocator.");
+        for p in self.settings.iter().filter(|p| p.steps_run_on > 0) {
+            doc.note(format!(
+                "Steps run on{}: the CPU's last step ran {} more in the model, until the reserved peak held (the \
+                 holes a CUDA run's steps leave in its segments can move for a step or two after the CPU's peak \
+                 holds).",
+                match p.settings.as_str() {
+                    "" => String::new(),
+                    s => format!(" ({s})"),
+                },
+                match p.steps_run_on {
+                    1 => "once".to_string(),
+                    n => format!("{n} times"),
+                }
+            ));
+        }
         match &self.kernels {
             Some(k) => {
                 doc.note(format!(

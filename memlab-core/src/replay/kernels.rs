@@ -883,6 +883,10 @@ struct RnnRun<'a> {
     backward: Option<(u64, u64)>,
     /// Backward nodes of other ops that ran in that time.
     foreign: Vec<(u64, u64)>,
+    /// Where bidirectional, the `add` after its backward pass, before the
+    /// next node: autograd summing the input's gradients of the CPU's two
+    /// directions, where cuDNN gives one.
+    accumulation: Option<(u64, u64)>,
 }
 
 impl RnnRun<'_> {
@@ -917,7 +921,19 @@ fn rnn_runs(ops: &[OpRecord]) -> Vec<RnnRun<'_>> {
                 .collect(),
             None => Vec::new(),
         };
-        runs.push(RnnRun { record: r, call, backward, foreign });
+        let accumulation = backward.filter(|_| call.directions == 2).and_then(|(_, end)| {
+            let next = ops
+                .iter()
+                .filter(|n| matches!(n.op, Op::BackwardNode) && n.start_us > end)
+                .map(|n| n.start_us)
+                .min()
+                .unwrap_or(u64::MAX);
+            ops.iter()
+                .filter(|o| o.name == "add" && o.start_us > end && o.start_us < next)
+                .map(|o| (o.start_us, o.end_us.max(o.start_us)))
+                .min()
+        });
+        runs.push(RnnRun { record: r, call, backward, foreign, accumulation });
     }
     runs
 }
@@ -930,13 +946,16 @@ fn rnn_runs(ops: &[OpRecord]) -> Vec<RnnRun<'_>> {
 /// - the call: a contiguous copy of a batch-first input, the weights'
 ///   buffer where they are not flattened, the output and final states, the
 ///   workspace and the reserve space, then the workspace and the copy
-///   freed. The output and states live as the CPU's did; the reserve and the
-///   weights' buffer until the backward pass ends (or the call, without one).
+///   freed. The output and states live as the CPU's did, the output at
+///   least until the backward pass ends (it reads the output); the reserve
+///   and the weights' buffer until the backward pass ends (or the call,
+///   without one).
 /// - the backward pass: zeros for the final states' gradients where the
 ///   states were not used, copies of the input and of the output's
 ///   gradient, the gradients of the input and initial states, a workspace;
 ///   then a copy of the input, the weights' flat gradient and a workspace.
-///   The input's gradient lives as the CPU's did; the weights' gradient as
+///   The input's gradient lives as the CPU's did (bidirectional, as the sum
+///   of its two directions' did, which is not made); the weights' gradient as
 ///   the CPU's weight gradients did (kept where they were, freed with the
 ///   last where they were freed).
 #[allow(clippy::too_many_arguments)]
@@ -998,7 +1017,15 @@ fn model_rnn(
             kept(i) && trace[i].size == call.input_bytes() && freed_at[i] != usize::MAX && freed_at[i] >= forward.end
         })
         .filter(|&i| backward.as_ref().is_some_and(|b| freed_at[i] < b.end));
-    for &i in forward_allocations.iter().chain(&backward_allocations).chain(&input) {
+    // The sum of the CPU's two directions' input gradients: the one that
+    // goes on to the layer below, which cuDNN's input gradient is instead.
+    let summed = run.accumulation.and_then(|(start, end)| {
+        let from = trace.partition_point(|e| e.time_us < start);
+        (from..trace.len())
+            .take_while(|&i| trace[i].time_us <= end)
+            .find(|&i| kept(i) && trace[i].size == call.input_bytes())
+    });
+    for &i in forward_allocations.iter().chain(&backward_allocations).chain(&input).chain(&summed) {
         plan.dropped[i] = true;
         if freed_at[i] != usize::MAX {
             plan.dropped[freed_at[i]] = true;
@@ -1039,13 +1066,16 @@ fn model_rnn(
     push(at, reserve(call), Life::Opens(lives(6)));
     push(at, ws_bytes, Life::Closes(lives(5)));
     push(at, copy, Life::Closes(lives(0)));
-    // The output and states are freed where the CPU's were.
+    // The output and states are freed where the CPU's were; the output no
+    // sooner than the backward pass ends, which reads it (autograd keeps it
+    // for `_cudnn_rnn_backward`, where the CPU's kernels keep their own).
     let close_as = |cpu: Option<usize>| match cpu {
         Some(i) => (freed_at[i] != usize::MAX).then_some(freed_at[i]),
         None => Some(call_end),
     };
     let mut closes: Vec<(usize, u64, u32)> = Vec::new();
     if let Some(after) = close_as(output) {
+        let after = backward.as_ref().map_or(after, |b| after.max(b.end.saturating_sub(1)));
         closes.push((after, call.output_bytes(), lives(2)));
     }
     for (n, state) in states.iter().enumerate() {
@@ -1091,7 +1121,7 @@ fn model_rnn(
             }
             closes.push((end, reserve(call), lives(6)));
             closes.push((end, buffer, lives(1)));
-            match input_gradient {
+            match summed.or(input_gradient) {
                 Some(i) if freed_at[i] != usize::MAX => closes.push((freed_at[i], call.input_bytes(), lives(11))),
                 Some(_) => {}
                 None => closes.push((end, call.input_bytes(), lives(11))),

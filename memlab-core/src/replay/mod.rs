@@ -61,6 +61,7 @@ mod kernels;
 mod reduction;
 pub mod rnn;
 mod run;
+mod steady;
 mod version;
 
 pub use allocator::{
