@@ -19,7 +19,6 @@ use memlab_core::replay::{predict_cuda, PredictOptions};
 /// The entries that miss the band today, by model, size and setting, with
 /// why: what the model does not model yet.
 const MISSES: &[(&str, u32, &str, &str)] = &[
-    ("resnet", 128, "expandable_segments:True", "the expandable segments' pages"),
     ("unet", 8, "default", "the output gradient's contiguous copy, which CUDA makes and the CPU run does not show"),
     ("unet", 8, "max_split_size_mb:128", "the output gradient's contiguous copy"),
 ];

@@ -210,7 +210,11 @@ pub const TABLE: &[Entry] = &[
     modelled("mv", MATMUL),
     same("narrow", VIEW),
     same("native_batch_norm", "its output and the saved mean and inverse deviation, on both devices"),
-    same("native_batch_norm_backward", "its three gradients, on both devices"),
+    modelled(
+        "native_batch_norm_backward",
+        "its three gradients, on both devices; the CPU kernel's temporary of the input's size goes (cuDNN's \
+         backward makes none)",
+    ),
     same("native_dropout", "its output and mask, on both devices"),
     same("native_dropout_backward", ELEMENTWISE),
     same("native_layer_norm", "its output and the saved mean and inverse deviation, on both devices"),

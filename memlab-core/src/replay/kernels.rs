@@ -470,6 +470,13 @@ pub(super) fn plan(
         }
         (kept, gone)
     };
+    // Batch norm's backward pass on the CPU makes a temporary of the
+    // input's size and frees it before it ends; cuDNN's makes none.
+    for r in ops.iter().filter(|r| r.name == "native_batch_norm_backward" && !modelled_apart(r)) {
+        let (_, scratch) = cpu_own(&mut plan.dropped, r);
+        plan.modelled.cpu_scratch += scratch.len();
+        plan.modelled.cpu_scratch_bytes += scratch.iter().sum::<u64>();
+    }
     for r in ops.iter().filter(|r| !modelled_apart(r)) {
         let Op::Convolution(conv) = &r.op else { continue };
         let (kept, scratch) = cpu_own(&mut plan.dropped, r);
