@@ -128,5 +128,8 @@ fn will_it_fit(card: u64) -> Result<(), Box<dyn Error>> {
         Some(batch) => println!("The largest batch whose step fits the card: {batch} (an estimate)."),
         None => println!("Not even a batch of 1 fits the card."),
     }
+    if let Some(batch) = search.largest_giving_cache_back {
+        println!("Up to {batch} may fit, if the allocator's cache given back leaves room (not modelled).");
+    }
     Ok(())
 }

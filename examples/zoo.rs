@@ -32,8 +32,10 @@
 //! on CUDA by running them, two steps a try in one process, under the
 //! memory fraction `--fraction` gives; on the CPU by predicting each try
 //! for a card of BYTES plus what the prediction puts outside the allocator
-//! (`Budget::CudaCard`), under `--setting`. It prints one `SEARCH {…}`
-//! line (`scripts/zoo_searches.py` runs the zoo's).
+//! (`Budget::CudaCard`), under `--setting`, or with `--fraction F --total
+//! CARD` for a card of CARD bytes under that memory fraction, as the GPU
+//! runs. It prints one `SEARCH {…}` line (`scripts/zoo_searches.py` runs
+//! the zoo's).
 //!
 //! The models, each with its optimizer: an MLP (Adam); a CNN (SGD with
 //! momentum); a ResNet with batch norm (AdamW); a U-Net (transposed
@@ -500,6 +502,7 @@ struct Args {
     fraction: Option<String>,
     search: Option<usize>,
     limit: Option<u64>,
+    total: Option<u64>,
 }
 
 fn args() -> Result<Option<Args>, Box<dyn Error>> {
@@ -514,6 +517,7 @@ fn args() -> Result<Option<Args>, Box<dyn Error>> {
         fraction: None,
         search: None,
         limit: None,
+        total: None,
     };
     let mut given = std::env::args().skip(1);
     while let Some(flag) = given.next() {
@@ -538,6 +542,7 @@ fn args() -> Result<Option<Args>, Box<dyn Error>> {
             "--fraction" => args.fraction = Some(value()?),
             "--search" => args.search = Some(value()?.parse()?),
             "--limit" => args.limit = Some(value()?.parse()?),
+            "--total" => args.total = Some(value()?.parse()?),
             "--device" => {
                 args.device = match value()?.as_str() {
                     "cpu" => Device::Cpu,
@@ -566,7 +571,8 @@ fn args() -> Result<Option<Args>, Box<dyn Error>> {
 /// `limit`: on CUDA by running two steps a try in this process (under the
 /// memory fraction and setting `PYTORCH_CUDA_ALLOC_CONF` sets), on the CPU
 /// by predicting each try for a card of `limit` and what the prediction
-/// puts outside the allocator (`Budget::CudaCard`), under `--setting`.
+/// puts outside the allocator (`Budget::CudaCard`), under `--setting`, or
+/// for a card of `--total` under the memory fraction `--fraction`.
 /// Prints one `SEARCH {…}` line of JSON.
 fn search(
     args: &Args,
@@ -590,7 +596,18 @@ fn search(
         Ok(())
     };
     let started = std::time::Instant::now();
-    let card = limit + memlab::replay::CudaAdditions::default().outside_allocator;
+    // The card, and the settings with the memory fraction where one is of it.
+    let (card, setting) = match (&args.fraction, args.total) {
+        (Some(fraction), Some(total)) if !cuda => {
+            let fraction = format!("per_process_memory_fraction:{fraction}");
+            let setting = match args.setting.as_str() {
+                "default" => fraction,
+                setting => format!("{setting},{fraction}"),
+            };
+            (total, setting)
+        }
+        _ => (limit + memlab::replay::CudaAdditions::default().outside_allocator, args.setting.clone()),
+    };
     let found = if cuda {
         memlab::find_batch_size(memlab::Device::Cuda(0), memlab::Budget::Bytes(i64::MAX), max, step)?
     } else {
@@ -598,8 +615,8 @@ fn search(
         if let Some(construction) = construction {
             search = search.construction(construction);
         }
-        if args.setting != "default" {
-            search = search.setting(args.setting.clone());
+        if setting != "default" {
+            search = search.setting(setting);
         }
         if args.model == "gpt-autocast" {
             search = search.autocast(Kind::Half);
@@ -616,7 +633,8 @@ fn search(
     let line = serde_json::json!({
         "model": args.model, "setting": args.setting, "limit": limit, "max": max,
         "device": if cuda { "cuda" } else { "cpu" }, "threads": tch::get_num_threads(),
-        "largest": found.largest, "tried": tried, "seconds": started.elapsed().as_secs_f64(),
+        "largest": found.largest, "largest_giving_cache_back": found.largest_giving_cache_back,
+        "tried": tried, "seconds": started.elapsed().as_secs_f64(),
     });
     println!("SEARCH {line}");
     Ok(())

@@ -10,10 +10,10 @@ running them and on the CPU by memlab's prediction (`examples/zoo.rs
     python3 scripts/zoo_searches.py run PLAN.jsonl ZOO cuda|cpu RESULTS.jsonl [JOBS]
     python3 scripts/zoo_searches.py table PLAN.jsonl RESULTS.jsonl...
 
-ZOO is examples/zoo.rs built. On the GPU the limit is a memory fraction of
-the device's memory (libtorch 2.11 truncates fraction x total to bytes), with
-the setting, in a fresh process per search; `run` takes the device's memory
-from torch. It appends each search's line to RESULTS as it ends and skips
+ZOO is examples/zoo.rs built. The limit is a memory fraction of the H200's
+memory (TOTAL; libtorch 2.11 truncates
+fraction x total to bytes), with the setting, in a fresh process per search:
+on the GPU run so, on the CPU predicted for that card under that fraction. It appends each search's line to RESULTS as it ends and skips
 those already there, JOBS at a time (default 1; on the CPU they share its
 cores). A search's tries are the same on both: doubling from 1, then halving
 the gap.
@@ -25,6 +25,8 @@ import sys
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
 SETTINGS = ("default", "expandable_segments:True")
+# The H200's memory, as torch gave it (total_memory) on the host the zoo ran on.
+TOTAL = 150109880320
 
 
 def plan():
@@ -38,7 +40,12 @@ def plan():
         sizes.sort()
         (_, middle), (largest, top) = sizes[-2], sizes[-1]
         limit = (middle + top) // 2
-        print(json.dumps({"model": model, "setting": setting, "limit": limit, "max": 2 * largest}))
+        fraction = f"{limit / TOTAL:.12f}"
+        # libtorch truncates fraction x total: at least the limit.
+        while int(float(fraction) * TOTAL) < limit:
+            fraction = f"{float(fraction) + 1e-12:.12f}"
+        print(json.dumps({"model": model, "setting": setting, "limit": limit, "max": 2 * largest,
+                          "fraction": fraction, "total": TOTAL}))
 
 
 def run(plan_file, zoo, device, results, jobs):
@@ -46,12 +53,12 @@ def run(plan_file, zoo, device, results, jobs):
     line appended to RESULTS as it ends (run again, it goes on)."""
     import concurrent.futures
     import threading
-    total = None
     if device == "cuda":
         out = subprocess.run(
             ["python3", "-c", "import torch; print(torch.cuda.get_device_properties(0).total_memory)"],
             check=True, capture_output=True, text=True).stdout
-        total = int(out)
+        if int(out) != TOTAL:
+            sys.exit(f"the plan is for a device of {TOTAL} bytes; this one has {int(out)}")
     done = set()
     if os.path.exists(results):
         with open(results) as f:
@@ -71,15 +78,11 @@ def run(plan_file, zoo, device, results, jobs):
         args = [zoo, "--model", e["model"], "--search", str(e["max"]), "--limit", str(e["limit"]),
                 "--device", device, "--setting", e["setting"]]
         conf = [] if e["setting"] == "default" else [e["setting"]]
+        args += ["--fraction", e["fraction"]]
         if device == "cuda":
-            fraction = f"{e['limit'] / total:.12f}"
-            # libtorch truncates fraction x total: at least the limit.
-            while int(float(fraction) * total) < e["limit"]:
-                fraction = f"{float(fraction) + 1e-12:.12f}"
-            args += ["--fraction", fraction]
-            conf.append(f"per_process_memory_fraction:{fraction}")
+            conf.append(f"per_process_memory_fraction:{e['fraction']}")
         else:
-            args += ["--threads", str(threads)]
+            args += ["--total", str(e["total"]), "--threads", str(threads)]
         env["PYTORCH_CUDA_ALLOC_CONF"] = ",".join(conf)
         ran = subprocess.run(args, env=env, capture_output=True, text=True)
         line = next((l for l in ran.stdout.splitlines() if l.startswith("SEARCH ")), None)
@@ -102,19 +105,33 @@ def table(plan_file, results):
                 r = json.loads(line)
                 # A search run again after an error: its last line counts.
                 found[(r["model"], r["setting"], r["device"])] = r
-    print("| model | setting | limit (MiB) | GPU's largest batch | predicted | tries | CPU search took |")
-    print("|---|---|---:|---:|---:|---|---:|")
+    print("| model | setting | limit (MiB) | GPU's largest batch | fits outright, predicted | "
+          "may fit giving cache back, up to | the GPU's | CPU search took |")
+    print("|---|---|---:|---:|---:|---:|---|---:|")
+    counts = {}
     with open(plan_file) as f:
         for line in f:
             e = json.loads(line)
             gpu = found.get((e["model"], e["setting"], "cuda"), {})
             cpu = found.get((e["model"], e["setting"], "cpu"), {})
-            g, c = gpu.get("largest", gpu.get("error", "?")), cpu.get("largest", cpu.get("error", "?"))
-            same = gpu.get("tried") is not None and gpu.get("tried") == cpu.get("tried")
-            mark = "" if g == c else " ✗"
-            tries = "the same" if same else "differ"
+            g, c = gpu.get("largest"), cpu.get("largest")
+            up_to = cpu.get("largest_giving_cache_back") or c
+            if g is None or c is None:
+                said = "?"
+            elif c > g:
+                said = "below the outright one ✗"
+            elif c == g:
+                said = "the outright one"
+            elif g <= up_to:
+                said = "between the two"
+            else:
+                said = "above both"
+            counts[said] = counts.get(said, 0) + 1
             took = f"{cpu['seconds']:.0f} s" if "seconds" in cpu else ""
-            print(f"| {e['model']} | `{e['setting']}` | {e['limit'] / 2**20:,.1f} | {g} | {c}{mark} | {tries} | {took} |")
+            extra = "" if up_to == c else f"{up_to}"
+            print(f"| {e['model']} | `{e['setting']}` | {e['limit'] / 2**20:,.1f} | {g} | {c} | {extra} | {said} | {took} |")
+    print()
+    print(", ".join(f"{n} {said}" for said, n in sorted(counts.items())))
 
 
 if __name__ == "__main__":

@@ -1,17 +1,22 @@
 #!/usr/bin/env python3
 """The verdict checks of the zoo: for each entry of fixtures/zoo/h200_cuda.jsonl,
-the least allocator limit under which memlab predicts its steps fit
-(`memlab replay STEPS --as-cuda --capacity C --json`, from the steps of
-fixtures/zoo/steps/), and the two limits to run the GPU under, 1 % below and
-1 % above it: the step should run out under the first and fit under the second.
+two allocator limits, 1 % below and 1 % above the peak reserved memlab
+predicts for its steps (from fixtures/zoo/steps/), each a memory fraction of
+the H200's memory; memlab's verdict for the H200 under that fraction
+(`memlab replay STEPS --as-cuda --capacity TOTAL --setting
+SETTING,per_process_memory_fraction:F --json`), and the GPU's run under it.
+A verdict "fits" must fit, "does not fit" must run out; "may not fit" (the
+model fits only by giving cache back, or the fraction lies in a range)
+claims neither.
 
-    python3 scripts/zoo_verdicts.py plan MEMLAB > PLAN.jsonl      # here, no GPU
-    python3 scripts/zoo_verdicts.py run PLAN.jsonl ZOO > RESULTS.jsonl   # on the GPU host
-    python3 scripts/zoo_verdicts.py table PLAN.jsonl RESULTS.jsonl   # the table
+    python3 scripts/zoo_verdicts.py plan MEMLAB [JOBS] > PLAN.jsonl     # here, no GPU
+    python3 scripts/zoo_verdicts.py run PLAN.jsonl ZOO [JOBS] > RESULTS.jsonl   # on the GPU host
+    python3 scripts/zoo_verdicts.py table PLAN.jsonl RESULTS.jsonl       # the table
 
-MEMLAB is the `memlab` command; ZOO is examples/zoo.rs built. On the GPU the
-limit is a memory fraction of the device's memory (libtorch 2.11 truncates
-fraction × total to bytes), with the entry's setting, in a fresh process.
+MEMLAB is the `memlab` command; ZOO is examples/zoo.rs built. TOTAL is the
+H200's memory as torch gave it; libtorch
+2.11 truncates fraction × total to bytes. Each GPU run is a fresh process
+with the entry's setting.
 """
 import json
 import os
@@ -19,6 +24,8 @@ import subprocess
 import sys
 
 ROOT = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+# The H200's memory, as torch gave it (total_memory) on the host the zoo ran on.
+TOTAL = 150109880320
 
 
 def entries():
@@ -38,72 +45,94 @@ def predict(memlab, steps, setting, capacity=None):
     return json.loads(out)
 
 
-def plan(memlab):
-    for model, size, setting in entries():
+def claim(fit):
+    """What a verdict claims: fits, runs out, or neither."""
+    if fit is None or "Fits" in fit:
+        return "fits"
+    if "DoesNotFit" in fit or "NoCard" in fit:
+        return "runs out"
+    return "may not fit"
+
+
+def plan(memlab, jobs=1):
+    import concurrent.futures
+
+    def one(entry):
+        model, size, setting = entry
         steps = os.path.join(ROOT, "fixtures/zoo/steps", f"{model}_{size}.pickle.gz")
-        p = predict(memlab, steps, setting)
-        s = p["settings"][0]
-        outside = p["additions"]["outside_allocator"]
-        # The least card: under a card one byte short of the device peak the
-        # prediction says by how much more, or the least it fits giving
-        # cache back.
-        short = predict(memlab, steps, setting, s["peak_device"] - 1)["settings"][0]["fit"]
-        rng = s.get("range")
-        if rng:
-            # A range: it runs out below its low end and fits above its high end.
-            low, high = rng["low"]["reserved"], rng["high"]["reserved"]
-        elif "DoesNotFit" in short:
-            low = high = s["peak_device"] - 1 + short["DoesNotFit"]["needing"] - outside
-        elif "FitsGivingCacheBack" in short:
-            low = high = short["FitsGivingCacheBack"]["least"] - outside
-        else:
-            low = high = s["peak_reserved"]
-        print(json.dumps({
-            "model": model, "size": size, "setting": setting,
-            "predicted_reserved": s["peak_reserved"], "least_limit": low, "least_limit_high": high,
-            "below": int(low * 0.99), "above": int(high * 1.01), "range": rng is not None,
-        }))
+        s = predict(memlab, steps, setting)["settings"][0]
+        rows = []
+        for side, factor in (("below", 0.99), ("above", 1.01)):
+            limit = int(s["peak_reserved"] * factor)
+            fraction = f"{(limit + 0.5) / TOTAL:.12f}"
+            conf = ",".join(x for x in [setting if setting != "default" else "",
+                                        f"per_process_memory_fraction:{fraction}"] if x)
+            fit = predict(memlab, steps, conf, TOTAL)["settings"][0]["fit"]
+            rows.append({"model": model, "size": size, "setting": setting,
+                         "predicted_reserved": s["peak_reserved"], "side": side, "limit": limit,
+                         "fraction": fraction, "verdict": claim(fit), "fit": fit})
+        return rows
+
+    with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+        for rows in pool.map(one, list(entries())):
+            for r in rows:
+                print(json.dumps(r), flush=True)
 
 
-def run(plan_file, zoo):
+def run(plan_file, zoo, jobs=1):
+    import concurrent.futures
     import torch
     total = torch.cuda.get_device_properties(0).total_memory
-    for line in open(plan_file):
-        e = json.loads(line)
-        for side in ("below", "above"):
-            limit = e[side]
-            fraction = f"{(limit + 0.5) / total:.12f}"
-            conf = ",".join(x for x in [e["setting"] if e["setting"] != "default" else "",
-                                        f"per_process_memory_fraction:{fraction}"] if x)
-            env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF=conf)
-            args = [zoo, "--model", e["model"], "--size", str(e["size"]), "--device", "cuda",
-                    "--setting", e["setting"], "--fraction", fraction]
-            out = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
-            line = [l for l in out.stdout.splitlines() if l.startswith("ZOO ")]
-            r = json.loads(line[-1][4:]) if line else {"error": out.stderr[-500:]}
-            r.update({"side": side, "limit": limit, "total": total})
+    if total != TOTAL:
+        sys.exit(f"the plan is for a device of {TOTAL} bytes; this one has {total}")
+
+    def one(e):
+        conf = ",".join(x for x in [e["setting"] if e["setting"] != "default" else "",
+                                    f"per_process_memory_fraction:{e['fraction']}"] if x)
+        env = dict(os.environ, PYTORCH_CUDA_ALLOC_CONF=conf)
+        args = [zoo, "--model", e["model"], "--size", str(e["size"]), "--device", "cuda",
+                "--setting", e["setting"], "--fraction", e["fraction"]]
+        out = subprocess.run(args, env=env, capture_output=True, text=True, timeout=300)
+        line = [l for l in out.stdout.splitlines() if l.startswith("ZOO ")]
+        r = json.loads(line[-1][4:]) if line else {"error": out.stderr[-500:]}
+        r.update({"model": e["model"], "size": e["size"], "setting": e["setting"],
+                  "side": e["side"], "limit": e["limit"], "total": total})
+        return r
+
+    # Each process has its own fraction: several share the device.
+    with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+        for r in pool.map(one, [json.loads(line) for line in open(plan_file)]):
             print(json.dumps(r), flush=True)
 
 
 def table(plan_file, results_file):
-    plans = {(p["model"], p["size"], p["setting"]): p for p in map(json.loads, open(plan_file))}
-    results = {}
-    for r in map(json.loads, open(results_file)):
-        results[(r["model"], r["size"], r["setting"], r["side"])] = r
-    right = wrong = 0
-    print("| model | size | setting | least limit predicted (MiB) | 1 % below | 1 % above |")
+    plans = [json.loads(l) for l in open(plan_file)]
+    results = {(r["model"], r["size"], r["setting"], r["side"]): r for r in map(json.loads, open(results_file))}
+    right = wrong = neither = 0
+    rows = {}
+    for p in plans:
+        r = results.get((p["model"], p["size"], p["setting"], p["side"]))
+        gpu = "?" if r is None or "oom" not in r else ("runs out" if r["oom"] else "fits")
+        mark = ""
+        if p["verdict"] == "may not fit":
+            neither += 1
+        elif gpu == p["verdict"]:
+            right += 1
+        else:
+            wrong += 1
+            mark = " ✗"
+        key = (p["model"], p["size"], p["setting"])
+        rows.setdefault(key, {"reserved": p["predicted_reserved"]})[p["side"]] = f"{p['verdict']} / {gpu}{mark}"
+    print("| model | size | setting | predicted peak reserved (MiB) | 1 % below: memlab / the GPU | "
+          "1 % above: memlab / the GPU |")
     print("|---|---:|---|---:|---|---|")
-    for k, p in plans.items():
-        below, above = results.get(k + ("below",)), results.get(k + ("above",))
-        said = lambda r, want: "?" if r is None else ("runs out" if r.get("oom") else "fits") + \
-            ("" if (r.get("oom") is want) else " ✗")
-        ok = below is not None and above is not None and below.get("oom") is True and above.get("oom") is False
-        right += ok
-        wrong += not ok
-        print(f"| {k[0]} | {k[1]:,} | `{k[2]}` | {p['least_limit'] / 2**20:,.1f} | {said(below, True)} | {said(above, False)} |")
-    print(f"\n{right} of {right + wrong} as predicted")
+    for (model, size, setting), row in rows.items():
+        print(f"| {model} | {size:,} | `{setting}` | {row['reserved'] / 2**20:,.1f} | {row.get('below', '?')} | "
+              f"{row.get('above', '?')} |")
+    print(f"\n{right} verdicts right, {wrong} wrong, {neither} \"may not fit\" (no claim), of {len(plans)}")
 
 
 if __name__ == "__main__":
-    {"plan": lambda: plan(sys.argv[2]), "run": lambda: run(sys.argv[2], sys.argv[3]),
+    {"plan": lambda: plan(sys.argv[2], int(sys.argv[3]) if len(sys.argv) > 3 else 1),
+     "run": lambda: run(sys.argv[2], sys.argv[3], int(sys.argv[4]) if len(sys.argv) > 4 else 1),
      "table": lambda: table(sys.argv[2], sys.argv[3])}[sys.argv[1]]()

@@ -110,6 +110,21 @@
 //! prediction of this kind, replayed after the search's first try as the
 //! search's own process on the GPU would run it (on an H100 it named the
 //! batch of the GPU's own search for the three models of BENCHMARKS.md).
+//! It names the largest batch whose step fits outright, and, where larger
+//! ones fit only by the allocator giving its cache back, the largest of
+//! those as what may fit
+//! ([`BatchSearch::largest_giving_cache_back`](crate::batch_size::BatchSearch::largest_giving_cache_back)).
+//!
+//! Under its device peak a step may still fit: when a request would pass
+//! the card, libtorch gives its cached blocks back and tries again. The
+//! model does so too, but whether the room given back serves the request
+//! depends on where the driver put each segment, which it does not model;
+//! such a verdict is "may not fit"
+//! ([`Fit::FitsGivingCacheBack`](crate::replay::Fit::FitsGivingCacheBack)),
+//! with the least card the model fits in as an estimate. A setting may
+//! carry a memory fraction of the card (`per_process_memory_fraction:0.5`),
+//! checked as libtorch checks it: against a new segment's whole size,
+//! before expandable segments map whole pages.
 //!
 //! The same answer from a file: [`WillItFit::save`] writes the steps it ran
 //! with what lived before them, and `memlab replay FILE --as-cuda

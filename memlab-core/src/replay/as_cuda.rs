@@ -710,10 +710,7 @@ pub fn predict_cuda(name: &str, snapshot: &Snapshot, options: &PredictOptions) -
         // The steps run on until the reserved peak holds, the ends of a range as many.
         let steady = steady(&as_recorded, &recorded_soft, |h| replay_device_at(h, 0, &free, card, &emptied(h)))?;
         let (history, soft, unlimited, repeats) = (steady.history, steady.soft, steady.replay, steady.repeats);
-        let ends = match &ends {
-            Some((low, high)) => Some((run_on(low, repeats), run_on(high, repeats))),
-            None => None,
-        };
+        let ends = ends.as_ref().map(|(low, high)| (run_on(low, repeats), run_on(high, repeats)));
         let peak_device = unlimited.peak_reserved + additions.outside_allocator;
         let peaks = |h: &Snapshot| -> Result<Peaks> {
             let r = replay_device_at(h, 0, &free, card, &emptied(h))?;
