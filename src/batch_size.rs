@@ -437,9 +437,10 @@ fn predicted_need(
             // driver's placement decides: over the budget, marked so.
             Some(Fit::FitsGivingCacheBack { .. }) => s.peak_device.max(card + 1),
             Some(Fit::DoesNotFit { needing, .. }) => card + needing.max(&1),
-            // The card lies inside the range: the search counts its high end,
-            // so that it never names a batch that may run out.
-            Some(Fit::MayNotFit { .. }) => s.range.map_or(s.peak_device, |r| r.high.device),
+            // The card lies inside the range: over the budget (its high end,
+            // or under a fraction of the card, just over the card), so that
+            // the search never names a batch that may run out.
+            Some(Fit::MayNotFit { .. }) => s.range.map_or(s.peak_device, |r| r.high.device).max(card + 1),
             // No card holds it: the most any figure can say.
             Some(Fit::NoCard { .. }) => u64::MAX,
         })

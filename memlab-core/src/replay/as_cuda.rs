@@ -750,8 +750,8 @@ pub fn predict_cuda(name: &str, snapshot: &Snapshot, options: &PredictOptions) -
         // The settings and card of a replay under an allocator limit of
         // `bytes`: a card that small, or the fraction of the card that
         // gives that many bytes (the user's own where `bytes` is its limit).
-        let under = |bytes: u64| -> (super::AllocatorConfig, Card) {
-            match (by_fraction, options.capacity) {
+        let under = |bytes: u64, of_fraction: bool| -> (super::AllocatorConfig, Card) {
+            match (of_fraction, options.capacity) {
                 (true, Some(capacity)) => {
                     let memory_fraction = match limit == Some(bytes) {
                         true => fraction,
@@ -768,11 +768,12 @@ pub fn predict_cuda(name: &str, snapshot: &Snapshot, options: &PredictOptions) -
         // allocator gives cached blocks back before it fails, and cuDNN does
         // without a workspace it cannot have), and how many requests found
         // the allocator at its limit.
-        let runs_out_in = |history: &Snapshot,
+        let runs_out_as = |history: &Snapshot,
                            soft: &std::collections::HashMap<u64, super::kernels::Soft>,
-                           bytes: u64|
+                           bytes: u64,
+                           of_fraction: bool|
          -> Result<UnderLimit> {
-            let (config, card) = under(bytes);
+            let (config, card) = under(bytes, of_fraction);
             let mut cudnn = CudnnUnderLimit::new(history, soft);
             loop {
                 let h = cudnn.history();
@@ -795,6 +796,10 @@ pub fn predict_cuda(name: &str, snapshot: &Snapshot, options: &PredictOptions) -
                 }
             }
         };
+        let runs_out_in = |history: &Snapshot,
+                           soft: &std::collections::HashMap<u64, super::kernels::Soft>,
+                           bytes: u64|
+         -> Result<UnderLimit> { runs_out_as(history, soft, bytes, by_fraction) };
         let fit = match (options.capacity, limit) {
             _ if never.is_some() => never,
             (Some(capacity), _) if !by_fraction && peak_device <= capacity => {
@@ -803,13 +808,15 @@ pub fn predict_cuda(name: &str, snapshot: &Snapshot, options: &PredictOptions) -
             (Some(capacity), Some(limit)) => {
                 // Under a limit the allocator gives cached blocks back before
                 // it fails: the least limit is found by replaying under limits.
-                let runs_out = |bytes: u64| runs_out_in(&history, &soft, bytes).map(|u| u.runs_out.is_some());
+                let runs_out = |bytes: u64, of_fraction: bool| {
+                    runs_out_as(&history, &soft, bytes, of_fraction).map(|u| u.runs_out.is_some())
+                };
                 // The least limit, in 2 MiB steps, between one known to fail
-                // and one known to fit.
-                let least_between = |mut fails: u64, mut fits: u64| -> Result<u64> {
+                // and one known to fit (of the fraction, or of the card).
+                let least_between = |mut fails: u64, mut fits: u64, of_fraction: bool| -> Result<u64> {
                     while fits - fails > 1 {
                         let mid = fails + (fits - fails) / 2;
-                        if runs_out(mid * STEP)? {
+                        if runs_out(mid * STEP, of_fraction)? {
                             fails = mid;
                         } else {
                             fits = mid;
@@ -822,9 +829,9 @@ pub fn predict_cuda(name: &str, snapshot: &Snapshot, options: &PredictOptions) -
                 // size is checked), so the gap doubles until one does.
                 // Where no limit helps (a request past the card's expandable
                 // range needs a larger card), the unlimited peak stands.
-                let fitting_above = |fails: u64, from: u64| -> Result<u64> {
+                let fitting_above = |fails: u64, from: u64, of_fraction: bool| -> Result<u64> {
                     let (mut fits, mut gap) = (from.max(fails + 1), 1);
-                    while runs_out(fits * STEP)? {
+                    while runs_out(fits * STEP, of_fraction)? {
                         fits = fits.saturating_add(gap);
                         gap = gap.saturating_mul(2);
                         if fits.saturating_mul(STEP) >= super::ONE_EXABYTE / 2 {
@@ -847,17 +854,25 @@ pub fn predict_cuda(name: &str, snapshot: &Snapshot, options: &PredictOptions) -
                             true => limit.div_ceil(STEP),
                             false => upper.min(limit / STEP),
                         };
-                        let least = least_between(lower, known.max(lower + 1))?;
+                        let least = least_between(lower, known.max(lower + 1), by_fraction)?;
                         Fit::FitsGivingCacheBack { least: least.min(limit) + additions.outside_allocator }
                     }
                     Some(entry) => {
-                        // The limit fails: the least one is above it.
-                        let fails = limit / STEP;
-                        let least = least_between(fails, fitting_above(fails, upper)?)?;
+                        // The limit fails: the least one is above it. Under a
+                        // fraction, where the whole card fails too no share of
+                        // it helps: what is needed is a larger card.
+                        let whole = capacity.saturating_sub(additions.outside_allocator);
+                        let of_fraction = by_fraction && !runs_out(whole, false)?;
+                        let fails = match of_fraction {
+                            true => limit / STEP,
+                            false => whole / STEP,
+                        };
+                        let fits = fitting_above(fails, upper, of_fraction)?;
+                        let least = least_between(fails, fits, of_fraction)?;
                         Fit::DoesNotFit {
                             at_us: entry.time_us.saturating_sub(first_us),
                             site: site(&entry),
-                            needing: match by_fraction {
+                            needing: match of_fraction {
                                 true => least.saturating_sub(limit),
                                 false => (least + additions.outside_allocator).saturating_sub(capacity),
                             },
@@ -878,9 +893,11 @@ pub fn predict_cuda(name: &str, snapshot: &Snapshot, options: &PredictOptions) -
             }
             (Some(fit @ (Fit::Fits { .. } | Fit::FitsGivingCacheBack { .. })), Some((_, high)), Some(limit)) => {
                 let high = runs_out_in(&high.snapshot, &high.soft, limit)?;
-                match high.runs_out.is_some() || (matches!(fit, Fit::Fits { .. }) && high.limit_reached > 0) {
-                    true => Some(Fit::MayNotFit { ops: range_makers.clone() }),
-                    false => Some(fit),
+                match (fit, high.runs_out.is_some(), high.limit_reached > 0) {
+                    (_, true, _) | (Fit::Fits { .. }, _, true) => Some(Fit::MayNotFit { ops: range_makers.clone() }),
+                    // Under a fraction: what the high end leaves.
+                    (Fit::Fits { .. }, ..) => Some(Fit::Fits { spare: limit.saturating_sub(high.peak_reserved) }),
+                    (fit, ..) => Some(fit),
                 }
             }
             (Some(Fit::DoesNotFit { .. }), Some((low, _)), Some(limit))
@@ -2038,6 +2055,24 @@ mod tests {
             );
             assert_eq!(matches!(shared, Some(Fit::Fits { .. })), limit >= 38 * MIB, "{shared:?}");
         }
+    }
+
+    /// Under a fraction of a card too small for the step, no share of it
+    /// helps: what the step needs is said of the card.
+    #[test]
+    fn under_a_fraction_of_too_small_a_card_the_card_is_what_is_short() {
+        let mut snapshot = cpu(&[(Action::Alloc, 1 << 40, 100 * MIB)]);
+        snapshot.memlab.as_mut().unwrap().ops = Some(Vec::new());
+        let outside = CudaAdditions::default().outside_allocator;
+        let card = outside + 50 * MIB;
+        let options = PredictOptions {
+            settings: vec!["per_process_memory_fraction:0.9".into()],
+            capacity: Some(card),
+            ..PredictOptions::default()
+        };
+        let p = predict_cuda("large", &snapshot, &options).unwrap();
+        let Some(Fit::DoesNotFit { needing, .. }) = p.settings[0].fit else { panic!("{p}") };
+        assert_eq!(needing, 100 * MIB + outside - card, "{p}");
     }
 
     /// A step that made no allocation on the CPU is predicted from what

@@ -928,15 +928,16 @@ fn rnn_runs(ops: &[OpRecord]) -> Vec<RnnRun<'_>> {
                 .collect(),
             None => Vec::new(),
         };
+        // Only between the pass and the next backward node of the same
+        // pass: with none after it, the `add` would be another's.
         let accumulation = backward.filter(|_| call.directions == 2).and_then(|(_, end)| {
             let next = ops
                 .iter()
                 .filter(|n| matches!(n.op, Op::BackwardNode) && n.start_us > end)
                 .map(|n| n.start_us)
-                .min()
-                .unwrap_or(u64::MAX);
+                .min()?;
             ops.iter()
-                .filter(|o| o.name == "add" && o.start_us > end && o.start_us < next)
+                .filter(|o| o.name == "add" && o.start_us > end && o.end_us.max(o.start_us) < next)
                 .map(|o| (o.start_us, o.end_us.max(o.start_us)))
                 .min()
         });
@@ -1026,7 +1027,7 @@ fn model_rnn(
         .filter(|&i| backward.as_ref().is_some_and(|b| freed_at[i] < b.end));
     // The sum of the CPU's two directions' input gradients: the one that
     // goes on to the layer below, which cuDNN's input gradient is instead.
-    let summed = run.accumulation.and_then(|(start, end)| {
+    let summed = run.accumulation.filter(|_| input_gradient.is_some()).and_then(|(start, end)| {
         let from = trace.partition_point(|e| e.time_us < start);
         (from..trace.len())
             .take_while(|&i| trace[i].time_us <= end)

@@ -59,7 +59,9 @@ pub(super) fn last_steps(trace: &[TraceEntry]) -> Option<LastSteps> {
     let m = large.len();
     let keys: Vec<(u8, u64)> = large.iter().rev().map(|&i| (trace[i].action as u8, trace[i].size)).collect();
     let z = z_function(&keys);
-    let len = (2..=m / 2).rev().find(|&len| len * 8 >= m * LEAST_EIGHTHS && z[len] >= len)?;
+    // Something before the two steps (the weights at least), so that the
+    // step before the last is a step and not what lived before it.
+    let len = (2..=m.saturating_sub(1) / 2).rev().find(|&len| len * 8 >= m * LEAST_EIGHTHS && z[len] >= len)?;
     let after = |k: usize| if k == 0 { 0 } else { large[k - 1] + 1 };
     let steps = LastSteps { before: after(m - 2 * len), last: after(m - len) };
     (steps.before < steps.last && steps.last < trace.len()).then_some(steps)
@@ -136,6 +138,7 @@ fn blocks(trace: &[TraceEntry], steps: LastSteps) -> Option<Vec<Block>> {
     let mut carried: HashMap<u64, Option<usize>> = HashMap::new();
     let mut carried_of_size: HashMap<u64, usize> = HashMap::new();
     let mut out = Vec::with_capacity(last.len());
+    let mut matched_of_size: HashMap<u64, usize> = HashMap::new();
     for (j, e) in last.iter().enumerate() {
         let address = e.addr?;
         if address & REPEAT_BITS != 0 {
@@ -152,7 +155,11 @@ fn blocks(trace: &[TraceEntry], steps: LastSteps) -> Option<Vec<Block>> {
                     let matched = *carried.entry(address).or_insert_with(|| {
                         let rank = carried_of_size.entry(e.size).or_insert(0);
                         *rank += 1;
-                        kept.get(&e.size).and_then(|k| k.get(*rank - 1)).copied()
+                        let found = kept.get(&e.size).and_then(|k| k.get(*rank - 1)).copied();
+                        if found.is_some() {
+                            *matched_of_size.entry(e.size).or_insert(0) += 1;
+                        }
+                        found
                     });
                     matched.map_or(Block::Older, Block::Carried)
                 }
@@ -160,6 +167,11 @@ fn blocks(trace: &[TraceEntry], steps: LastSteps) -> Option<Vec<Block>> {
             },
             _ => return None,
         });
+    }
+    // A block the last step keeps that no step frees again would pile up
+    // with each repetition: such steps are not steady.
+    if kept.iter().any(|(size, k)| matched_of_size.get(size).copied().unwrap_or(0) < k.len()) {
+        return None;
     }
     Some(out)
 }
@@ -271,6 +283,20 @@ mod tests {
         }
         // Two gradients live at the end: the weights' block and the last repetition's.
         assert_eq!(live.len(), 2, "{live:?}");
+    }
+
+    /// A step that keeps a block no later step frees (a list that grows)
+    /// is not run on: each repetition would keep one more.
+    #[test]
+    fn a_step_that_keeps_more_than_it_frees_is_not_run_on() {
+        let mut trace = vec![entry(Action::Alloc, 0x100, 2 * MIB, 0)];
+        for (k, at) in [0x10000u64, 0x20000, 0x30000].into_iter().enumerate() {
+            let last = (k > 0).then(|| at - 0x10000 + 0x1000);
+            step(&mut trace, at, last, 0);
+            trace.push(entry(Action::Alloc, at + 0x2000, 3 * MIB, 10 + k as u64));
+        }
+        let steps = last_steps(&trace).expect("the steps repeat");
+        assert!(repeated(&history(trace), &HashMap::new(), steps, 1).is_none());
     }
 
     /// Steps whose large requests differ are not run on.
