@@ -3,6 +3,8 @@
 //! run's allocations, in their order, go through the caching allocator's
 //! model, with what a CUDA run allocates beside them ([`CudaAdditions`]).
 
+use std::borrow::Cow;
+
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
@@ -619,10 +621,11 @@ pub enum Fit {
     },
 }
 
-/// A predicted history run on to its steady state ([`super::steady`]).
-struct Steady {
-    history: Snapshot,
-    soft: std::collections::HashMap<u64, super::kernels::Soft>,
+/// A predicted history run on to its steady state ([`super::steady`]):
+/// the history as given where it was not run on.
+struct Steady<'a> {
+    history: Cow<'a, Snapshot>,
+    soft: Cow<'a, std::collections::HashMap<u64, super::kernels::Soft>>,
     /// The replay of `history` without a limit.
     replay: super::DeviceReplay,
     /// How many times its last step was run again.
@@ -632,12 +635,13 @@ struct Steady {
 /// `history` with its last step run again until `replay`'s reserved peak
 /// holds (at most [`super::steady::MOST`] times), where its last two steps
 /// made the same requests; else as it is.
-fn steady(
-    history: &Snapshot,
-    soft: &std::collections::HashMap<u64, super::kernels::Soft>,
+fn steady<'a>(
+    history: &'a Snapshot,
+    soft: &'a std::collections::HashMap<u64, super::kernels::Soft>,
     replay: impl Fn(&Snapshot) -> Result<super::DeviceReplay>,
-) -> Result<Steady> {
-    let mut now = Steady { history: history.clone(), soft: soft.clone(), replay: replay(history)?, repeats: 0 };
+) -> Result<Steady<'a>> {
+    let mut now =
+        Steady { history: Cow::Borrowed(history), soft: Cow::Borrowed(soft), replay: replay(history)?, repeats: 0 };
     let Some(steps) = history.device_traces.first().and_then(|t| super::steady::last_steps(t)) else {
         return Ok(now);
     };
@@ -647,7 +651,7 @@ fn steady(
         if next_replay.peak_reserved == now.replay.peak_reserved {
             break;
         }
-        now = Steady { history: next, soft: next_soft, replay: next_replay, repeats: times };
+        now = Steady { history: Cow::Owned(next), soft: Cow::Owned(next_soft), replay: next_replay, repeats: times };
     }
     Ok(now)
 }
@@ -706,14 +710,13 @@ pub fn predict_cuda(name: &str, snapshot: &Snapshot, options: &PredictOptions) -
         // larger card would serve: that is for the search under the card).
         let fraction = config.memory_fraction;
         let free = super::AllocatorConfig { memory_fraction: 1.0, ..config.clone() };
-        let card = Card { capacity: super::ONE_EXABYTE, total: super::ONE_EXABYTE };
         // The steps run on until the reserved peak holds, the ends of a range as many.
-        let steady = steady(&as_recorded, &recorded_soft, |h| replay_device_at(h, 0, &free, card, &emptied(h)))?;
+        let steady = steady(&as_recorded, &recorded_soft, |h| inputs.unlimited(h, &free))?;
         let (history, soft, unlimited, repeats) = (steady.history, steady.soft, steady.replay, steady.repeats);
         let ends = ends.as_ref().map(|(low, high)| (run_on(low, repeats), run_on(high, repeats)));
         let peak_device = unlimited.peak_reserved + additions.outside_allocator;
         let peaks = |h: &Snapshot| -> Result<Peaks> {
-            let r = replay_device_at(h, 0, &free, card, &emptied(h))?;
+            let r = inputs.unlimited(h, &free)?;
             Ok(Peaks {
                 reserved: r.peak_reserved,
                 allocated: r.peak_allocated,
@@ -956,9 +959,8 @@ pub fn predicted_history(name: &str, snapshot: &Snapshot, options: &PredictOptio
     let first = options.settings.first().cloned().unwrap_or_default();
     let read = check_settings_as(&[first], inputs.options.libtorch, inputs.options.capacity)?.remove(0);
     let free = super::AllocatorConfig { memory_fraction: 1.0, ..read.config };
-    let card = super::Card { capacity: super::ONE_EXABYTE, total: super::ONE_EXABYTE };
-    let replay = |h: &Snapshot| super::replay_device_at(h, 0, &free, card, &inputs.emptied(h));
-    let mut history = steady(&predicted.snapshot, &predicted.soft, replay)?.history;
+    let replay = |h: &Snapshot| inputs.unlimited(h, &free);
+    let mut history = steady(&predicted.snapshot, &predicted.soft, replay)?.history.into_owned();
     if let (Some(info), Some(ops)) = (history.memlab.as_mut(), snapshot.memlab.as_ref().and_then(|m| m.ops.clone())) {
         info.ops = Some(ops);
     }
@@ -1007,6 +1009,14 @@ impl<'a> Inputs<'a> {
         let trace = &h.device_traces[0];
         let at = |us: u64| trace.iter().position(|e| e.time_us >= us).unwrap_or(trace.len());
         self.options.empty_cache_at_us.map(at).into_iter().collect()
+    }
+
+    /// `h` replayed under `free` (settings without a memory fraction) on
+    /// the largest device the model takes, whose expandable segments'
+    /// ranges no request outgrows.
+    fn unlimited(&self, h: &Snapshot, free: &super::AllocatorConfig) -> Result<super::DeviceReplay> {
+        let card = super::Card { capacity: super::ONE_EXABYTE, total: super::ONE_EXABYTE };
+        super::replay_device_at(h, 0, free, card, &self.emptied(h))
     }
 
     fn history(&self, side: Option<Side>) -> Result<AsCuda> {
