@@ -479,7 +479,22 @@ pub(super) fn plan(
     }
     for r in ops.iter().filter(|r| !modelled_apart(r)) {
         let Op::Convolution(conv) = &r.op else { continue };
+        // A gradient handed back by a concatenation's backward pass is a
+        // view, not contiguous: both devices' kernels copy it first (a
+        // `clone` inside the op). That copy is no CPU kernel's scratch.
+        let copies: Vec<usize> = ops
+            .iter()
+            .filter(|c| c.name == "clone" && r.start_us <= c.start_us && c.end_us <= r.end_us)
+            .flat_map(|c| window(c))
+            .filter(|&i| trace[i].action == Action::Alloc && !plan.dropped[i])
+            .collect();
+        for &i in &copies {
+            plan.dropped[i] = true;
+        }
         let (kept, scratch) = cpu_own(&mut plan.dropped, r);
+        for &i in &copies {
+            plan.dropped[i] = false;
+        }
         plan.modelled.cpu_scratch += scratch.len();
         plan.modelled.cpu_scratch_bytes += scratch.iter().sum::<u64>();
         plan.modelled.convolutions += 1;
@@ -1410,6 +1425,31 @@ mod tests {
         assert_eq!((m.cpu_scratch, m.cpu_scratch_bytes), (2, 999 + 4096));
         // The sum over 8 elements stages nothing; the bias gradient's does.
         assert_eq!((m.reductions, m.staged), (2, 1));
+    }
+
+    /// A transposed convolution's backward pass handed a gradient that a
+    /// concatenation's backward pass cut out (a view): both devices copy it
+    /// contiguous first (a `clone` inside the op, freed before it ends), as
+    /// the U-Net's H200 run showed. The copy stays; the CPU kernel's own
+    /// scratch beside it goes.
+    #[test]
+    fn a_convolutions_contiguous_copy_of_its_gradient_is_no_cpu_scratch() {
+        let backward = conv(true, 8, 64, 32, 64, 3, 3);
+        let (input, weight, output) = backward.bytes();
+        use Action::{Alloc, FreeRequested as Free};
+        let trace = vec![
+            event(Alloc, 1, output, 10),
+            event(Alloc, 2, input, 12),
+            event(Alloc, 3, weight, 13),
+            event(Alloc, 4, 4096, 14),
+            event(Free, 4, 4096, 15),
+            event(Free, 1, output, 16),
+        ];
+        let clone = OpRecord { name: "clone".into(), ..record(10, 11, Op::Other) };
+        let ops = [record(9, 17, Op::Convolution(backward)), clone];
+        let plan = plan(&trace, &ops, ReductionDevice::H100, RnnWeights::Flattened, Libtorch::V2_11, None);
+        assert_eq!(plan.dropped, [false, false, false, true, true, false]);
+        assert_eq!((plan.modelled.cpu_scratch, plan.modelled.cpu_scratch_bytes), (1, 4096));
     }
 
     /// The first product outside backward functions and the first inside
