@@ -14,9 +14,11 @@
 //! time, the forward pass, the input's gradient and
 //! the weight's each alone, and prints a JSON line of each shape's
 //! workspaces: the table memlab's estimate reads
-//! (`fixtures/cudnn/convolution_h200.jsonl`).
+//! (`fixtures/cudnn/convolution_h200.jsonl`). `--grid heads` measures only
+//! the heads of networks that make images (a U-Net's, an autoencoder's): 1 × 1
+//! convolutions from 16 to 128 channels down to 1 or 3, at sizes 32 to 256.
 //!
-//!     cargo run --release --example cudnn_workspaces [-- --json | --transposed | --grid]
+//!     cargo run --release --example cudnn_workspaces [-- --json | --transposed | --grid [heads]]
 //!
 //! Needs a CUDA device.
 
@@ -74,7 +76,8 @@ fn main() -> Result<(), Box<dyn Error>> {
         return transposed(device);
     }
     if std::env::args().any(|a| a == "--grid") {
-        return grid(device);
+        let heads = std::env::args().any(|a| a == "heads");
+        return grid(device, heads);
     }
     for &(n, c_in, c_out, h, k, s) in SHAPES {
         let vs = nn::VarStore::new(device);
@@ -178,6 +181,21 @@ fn grid_shapes() -> Vec<(i64, i64, i64, i64, i64)> {
     shapes
 }
 
+/// The heads of `--grid`, which `--grid heads` measures alone: the 1 × 1
+/// convolutions that end networks making images, down to 1 or 3 channels
+/// (input channels, output channels, size, kernel, stride).
+fn grid_heads() -> Vec<(i64, i64, i64, i64, i64)> {
+    let mut shapes = Vec::new();
+    for h in [32, 64, 128, 256] {
+        for c_in in [16, 32, 64, 128] {
+            for c_out in [1, 3] {
+                shapes.push((c_in, c_out, h, 1, 1));
+            }
+        }
+    }
+    shapes
+}
+
 /// The transposed shapes of `--grid`, as decoders upsample: (input
 /// channels, output channels, size, kernel, stride, padding, output
 /// padding).
@@ -195,11 +213,13 @@ fn grid_transposed() -> Vec<(i64, i64, i64, i64, i64, i64, i64)> {
 }
 
 /// `--grid`: each shape's workspaces, one pass at a time, at every batch
-/// from 4 to 8,192 (powers of 2) whose input and output fit 3 GiB.
-fn grid(device: Device) -> Result<(), Box<dyn Error>> {
-    let plain = grid_shapes().into_iter().map(|(c_in, c_out, h, k, s)| (c_in, c_out, h, k, s, k / 2, 0, false));
-    let transposed =
-        grid_transposed().into_iter().map(|(c_in, c_out, h, k, s, p, op)| (c_in, c_out, h, k, s, p, op, true));
+/// from 4 to 8,192 (powers of 2) whose input and output fit 3 GiB; with
+/// `heads`, the heads' shapes alone.
+fn grid(device: Device, heads_only: bool) -> Result<(), Box<dyn Error>> {
+    let (plain, transposed) = if heads_only { (Vec::new(), Vec::new()) } else { (grid_shapes(), grid_transposed()) };
+    let plain =
+        plain.into_iter().chain(grid_heads()).map(|(c_in, c_out, h, k, s)| (c_in, c_out, h, k, s, k / 2, 0, false));
+    let transposed = transposed.into_iter().map(|(c_in, c_out, h, k, s, p, op)| (c_in, c_out, h, k, s, p, op, true));
     for (c_in, c_out, h, k, s, p, op, is_transposed) in plain.chain(transposed) {
         for n in (2..=13).map(|e| 1i64 << e) {
             let out_h = if is_transposed { (h - 1) * s - 2 * p + k + op } else { (h + 2 * p - k) / s + 1 };
