@@ -485,7 +485,7 @@ pub(super) fn plan(
         let copies: Vec<usize> = ops
             .iter()
             .filter(|c| c.name == "clone" && r.start_us <= c.start_us && c.end_us <= r.end_us)
-            .flat_map(|c| window(c))
+            .flat_map(&window)
             .filter(|&i| trace[i].action == Action::Alloc && !plan.dropped[i])
             .collect();
         for &i in &copies {
