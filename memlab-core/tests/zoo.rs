@@ -18,10 +18,7 @@ use memlab_core::replay::{predict_cuda, PredictOptions};
 
 /// The entries that miss the band today, by model, size and setting, with
 /// why: what the model does not model yet.
-const MISSES: &[(&str, u32, &str, &str)] = &[
-    ("unet", 8, "default", "the output gradient's contiguous copy, which CUDA makes and the CPU run does not show"),
-    ("unet", 8, "max_split_size_mb:128", "the output gradient's contiguous copy"),
-];
+const MISSES: &[(&str, u32, &str, &str)] = &[];
 
 fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../fixtures/zoo")

@@ -180,8 +180,14 @@ pub struct CachingAllocator {
     /// `total_allocated_memory`: the bytes of the segments held.
     reserved: u64,
     next_address: u64,
-    /// Where the next `cudaMalloc` segment ends, going down.
+    /// Where the next `cudaMalloc` segment ends, going down, once a
+    /// recording has said where the driver put one.
     next_below: u64,
+    /// The driver's address space, where the model places every segment.
+    space: super::driver::DriverSpace,
+    /// A recording said where the driver put a segment: the model places
+    /// the rest below the lowest so far.
+    followed: bool,
     /// The driver's address for the next segment of so many bytes, where a
     /// recording says it ([`next_segment_at`](Self::next_segment_at)).
     driver_said: Option<(u64, u64)>,
@@ -238,6 +244,8 @@ impl CachingAllocator {
             reserved: 0,
             next_address: FIRST_ADDRESS,
             next_below: DRIVER_TOP,
+            space: super::driver::DriverSpace::new(DRIVER_TOP),
+            followed: false,
             driver_said: None,
             limit_reached: 0,
             stats: DeviceStats::default(),
@@ -412,8 +420,12 @@ impl CachingAllocator {
         });
         if let Some((address, _)) = said {
             // The next the model places itself go below it.
-            self.next_below = self.next_below.min(address / ROUND_LARGE * ROUND_LARGE);
+            self.next_below = self.next_below.min(address / ROUND_LARGE * ROUND_LARGE).min(self.space.floor());
+            self.followed = true;
             return address;
+        }
+        if !self.followed {
+            return self.space.place(bytes);
         }
         let step = bytes.checked_next_multiple_of(ROUND_LARGE).unwrap_or(bytes);
         // A history that has made 2 EiB of segments starts again at the top.
@@ -857,6 +869,7 @@ impl CachingAllocator {
             change(&mut self.stats.oversize_segments, -1);
         }
         self.stats.num_device_free += 1;
+        self.space.release(address);
         self.segments.push(SegmentEvent { action: SegmentAction::Free, address, size, stream });
     }
 

@@ -57,6 +57,7 @@ pub mod attention;
 mod compare;
 mod config;
 mod cudnn_h200;
+mod driver;
 mod kernels;
 mod reduction;
 pub mod rnn;

@@ -114,8 +114,9 @@ fn a_large_block_splits_only_when_more_than_1_mib_would_remain() {
 
 #[test]
 fn of_two_equal_free_blocks_the_newer_segments_is_taken() {
-    // The driver hands each new segment an address below the ones before,
-    // and the allocator takes the lower address of two blocks of one size.
+    // The driver puts the first segment in its first range's top slot and
+    // the next one up from that range's bottom, below it; the allocator
+    // takes the lower address of two blocks of one size.
     let mut a = gpu("");
     let older = a.malloc(20 * MIB, 0).unwrap();
     let newer = a.malloc(20 * MIB, 0).unwrap();
