@@ -35,7 +35,7 @@
 //! (`Budget::CudaCard`), under `--setting`, or with `--fraction F --total
 //! CARD` for a card of CARD bytes under that memory fraction, as the GPU
 //! runs. It prints one `SEARCH {…}` line (`scripts/zoo_searches.py` runs
-//! the zoo's).
+//! the zoo's); on CUDA `--out` writes the search's history, every try.
 //!
 //! The models, each with its optimizer: an MLP (Adam); a CNN (SGD with
 //! momentum); a ResNet with batch norm (AdamW); a U-Net (transposed
@@ -683,7 +683,13 @@ fn main() -> Result<(), Box<dyn Error>> {
         }
     }
     if let (Some(max), Some(limit)) = (args.search, args.limit) {
-        return search(&args, &vs, &*model, optimizer, construction, max, limit);
+        search(&args, &vs, &*model, optimizer, construction, max, limit)?;
+        // The search's own history on CUDA, every try in order.
+        if let (Some(out), Some(recording)) = (&args.out, recording) {
+            memlab::export::Exporter::of(&vs).snapshot()?.write_pickle(out)?;
+            drop(recording);
+        }
+        return Ok(());
     }
     let mut line = serde_json::json!({
         "model": args.model, "size": args.size, "setting": args.setting,
