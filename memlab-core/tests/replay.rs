@@ -161,3 +161,34 @@ fn a_prediction_is_the_same_from_2_and_16_threads() {
         assert_eq!(two.1, sixteen.1, "{model}: the predictions do not differ");
     }
 }
+
+/// The batch searches of `examples/zoo.rs` on an H200 under a memory
+/// fraction (`fixtures/zoo/searches/`): every try in one process, the
+/// failed ones included. Replayed under their own settings, each makes
+/// every segment event the GPU made and runs out exactly where it did, the
+/// tries after a failure and the retries that gave cached blocks back
+/// included: what the predicted searches get wrong there is their history,
+/// not the allocator.
+#[test]
+fn the_h200s_searches_replay_to_each_of_their_failures() {
+    let dir = fixtures().join("../zoo/searches");
+    let mut names: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
+    names.sort();
+    assert_eq!(names.len(), 3);
+    // The H200's memory, as torch gave it.
+    let total = 150_109_880_320;
+    for path in names {
+        let file = Snapshot::read_pickle(&path).unwrap();
+        let settings = file.snapshot.allocator_settings.as_ref().expect("the settings are recorded");
+        let config = AllocatorConfig::from_snapshot(settings).unwrap();
+        assert!(config.memory_fraction < 0.02, "{}: under a memory fraction", path.display());
+        let card = Card { capacity: total, total };
+        let r = replay_device(&file.snapshot, 0, &config, &config, card).unwrap();
+        let what = path.file_name().unwrap().to_string_lossy().into_owned();
+        let recorded = file.snapshot.device_traces[0].iter().filter(|e| e.action == Action::Oom).count();
+        assert!(recorded >= 2, "{what}: a try that ran out");
+        assert_eq!(r.segment_events_matched, r.segment_events, "{what}: first difference {:?}", r.first_mismatch);
+        assert_eq!(r.oom_count, recorded, "{what}: the GPU's out-of-memory errors");
+        assert!(r.ooms.iter().all(|o| o.recorded), "{what}: failing where the GPU failed");
+    }
+}
