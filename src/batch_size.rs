@@ -96,7 +96,7 @@ pub struct BatchSearch {
     /// model only by the allocator giving its cached blocks back: the
     /// largest such batch. An estimate that may run out: whether the cache
     /// given back leaves room depends on where the driver put each segment,
-    /// which memlab does not model.
+    /// which memlab follows by a rule (an estimate).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub largest_giving_cache_back: Option<usize>,
     /// The budget in bytes.
@@ -586,7 +586,8 @@ impl Render for BatchSearch {
         if let Some(n) = self.largest_giving_cache_back {
             doc.line(format!(
                 "Up to {n} may fit: the model fits it only by the allocator giving its cached blocks back, and \
-                 whether that leaves room depends on where the driver put each segment (not modelled)."
+                 whether that leaves room depends on where the driver put each segment (modelled by a rule, an \
+                 estimate)."
             ));
         }
         let mut table = Table::new(vec![

@@ -582,9 +582,10 @@ pub enum Fit {
     /// only because the allocator gives its cached blocks back when a
     /// request would pass the limit (libtorch's retry, which synchronises
     /// the device each time), and whether that leaves room for the request
-    /// depends on where the driver put each segment, which memlab does not
-    /// model: on an H200 a third of such steps ran out 1 % above the least
-    /// limit the model names. "Fits" holds only at the device peak.
+    /// depends on where the driver put each segment, which memlab follows
+    /// by a rule whose room for the libraries' code is an estimate: on an
+    /// H200 3 of 92 such steps ran out under limits the model fitted them
+    /// in. "Fits" holds only at the device peak.
     FitsGivingCacheBack {
         /// The least card memory the step fits in the model, giving cache
         /// back (to 2 MiB): an estimate.
@@ -1229,7 +1230,7 @@ impl Render for CudaPrediction {
                     Fit::Fits { spare } => format!("fits, {} to spare", Cell::bytes(*spare)),
                     Fit::FitsGivingCacheBack { least } => format!(
                         "may not fit: only if the allocator gives cached blocks back in time, which depends on \
-                         where the driver puts its segments (not modelled); at least {} then (an estimate), {} for \
+                         where the driver puts its segments (a rule, an estimate); at least {} then (an estimate), {} for \
                          certain",
                         Cell::bytes(*least),
                         Cell::bytes(p.peak_device)
