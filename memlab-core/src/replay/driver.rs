@@ -31,7 +31,8 @@
 //! and one that outgrows it, going down in 32 MiB chunks. What libraries
 //! load outside the allocator (cuBLAS's, cuDNN's code: tens of MiB at their
 //! first call) takes room in the same ranges: the model sets a figure aside
-//! for it ([`LIBRARIES`]), so where the first range fills is an estimate.
+//! for it at the first range's bottom ([`LIBRARIES`]; where the first range
+//! is given back, nothing), so where the first range fills is an estimate.
 
 use std::collections::HashMap;
 
@@ -144,6 +145,8 @@ pub(super) struct DriverSpace {
     given_back: Vec<(u64, u64)>,
     /// Below it, nothing is held.
     floor: u64,
+    /// Where a chunk too large for the room below goes, above the first range.
+    above: u64,
     /// The first kernel has run (after the process's first segment).
     launched: bool,
     /// Each segment's bytes, by address.
@@ -158,6 +161,7 @@ impl DriverSpace {
         first.free = vec![(top - 98 * MIB, top - 96 * MIB), (top - 24 * MIB, top)];
         DriverSpace {
             top,
+            above: top,
             heaps: vec![first],
             given_back: Vec::new(),
             floor: top - RANGE,
@@ -197,10 +201,19 @@ impl DriverSpace {
                 take(&mut self.given_back, base, base.saturating_add(bytes));
                 base
             }
-            None => {
-                self.floor = self.floor.saturating_sub(bytes) / CHUNK * CHUNK;
-                self.floor
-            }
+            None => match self.floor.checked_sub(bytes).filter(|&base| base >= self.top / 2) {
+                Some(base) => {
+                    self.floor = base / CHUNK * CHUNK;
+                    self.floor
+                }
+                // No room below (a chunk of exabytes, from a hostile
+                // snapshot): above everything instead.
+                None => {
+                    let base = self.above;
+                    self.above = base.saturating_add(bytes).checked_next_multiple_of(CHUNK).unwrap_or(u64::MAX);
+                    base
+                }
+            },
         };
         let high = base.saturating_add(bytes);
         let mut heap = Heap::new(base, high, true);
@@ -222,6 +235,8 @@ impl DriverSpace {
         take(&mut first.free, slot, slot + PAGE);
         let part_empty = self.heaps.iter().any(|h| h.chunk && h.first > PAGE && h.free_bytes() > 0);
         if part_empty {
+            // As the H200 gave it back: all of it but the top slot (what the
+            // libraries' code takes then was not seen to follow a rule).
             give(&mut self.given_back, top - RANGE, top - 96 * MIB);
         } else {
             give(&mut self.heaps[0].free, top - RANGE + LIBRARIES, top - 98 * MIB);
@@ -242,7 +257,9 @@ impl DriverSpace {
     /// not place is ignored.
     pub(super) fn release(&mut self, address: u64) {
         let Some(size) = self.live.remove(&address) else { return };
-        let Some(i) = self.heaps.iter().position(|h| h.low <= address && address < h.high) else { return };
+        // The newest range holding it: a chunk made inside the first range
+        // after it was given back, before the first range itself.
+        let Some(i) = self.heaps.iter().rposition(|h| h.low <= address && address < h.high) else { return };
         self.heaps[i].give(address, size);
         let heap = &self.heaps[i];
         if !(heap.chunk && heap.live == 0) {
@@ -310,6 +327,32 @@ mod tests {
         assert_eq!(mib(space.place(50 * MIB)), -576);
         let next: Vec<i64> = [50, 50, 50].map(|m| mib(space.place(m * MIB))).to_vec();
         assert_eq!(next, [-160, -224, -288]);
+    }
+
+    /// Chunks made inside the given-back first range are given back once
+    /// empty, and the next go where they were, each below the last again.
+    #[test]
+    fn chunks_inside_the_given_back_range_are_given_back_when_empty() {
+        let mut space = DriverSpace::new(TOP);
+        space.place(50 * MIB);
+        let chunks: Vec<u64> = (0..3).map(|_| space.place(50 * MIB)).collect();
+        for &c in &chunks {
+            space.release(c);
+        }
+        let again: Vec<i64> = [50, 50, 50].map(|m| mib(space.place(m * MIB))).to_vec();
+        assert_eq!(again, [-160, -224, -288]);
+    }
+
+    /// A chunk larger than the room below the first range goes above it,
+    /// apart from every other.
+    #[test]
+    fn a_chunk_too_large_for_the_room_below_goes_above() {
+        let mut space = DriverSpace::new(TOP);
+        space.place(2 * MIB);
+        let huge = space.place(1 << 41);
+        assert!(huge >= TOP, "{huge:#x}");
+        let next = space.place(64 * MIB);
+        assert!(next + 64 * MIB <= huge || next >= huge + (1 << 41));
     }
 
     /// A freed range of the first range is used again, lowest first; an

@@ -484,7 +484,7 @@ pub(super) fn plan(
         // `clone` inside the op). That copy is no CPU kernel's scratch.
         let copies: Vec<usize> = ops
             .iter()
-            .filter(|c| c.name == "clone" && r.start_us <= c.start_us && c.end_us <= r.end_us)
+            .filter(|c| conv.backward && c.name == "clone" && r.start_us <= c.start_us && c.end_us <= r.end_us)
             .flat_map(&window)
             .filter(|&i| trace[i].action == Action::Alloc && !plan.dropped[i])
             .collect();

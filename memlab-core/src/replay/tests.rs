@@ -156,6 +156,19 @@ fn of_two_equal_free_blocks_the_newer_segments_is_taken() {
     b.next_segment_at(low, 20 * MIB);
     let seventh = b.malloc(20 * MIB, 0).unwrap();
     assert!(b.block(seventh).0 < b.block(sixth).0);
+    // After an address as a recording gives them (far below the model's
+    // own), the next the model places itself go below it, clear of every
+    // segment it holds.
+    let mut d = gpu("");
+    let own = d.malloc(20 * MIB, 0).unwrap();
+    let recorded = 0x7fb4_3a00_0000;
+    d.next_segment_at(recorded, 20 * MIB);
+    let followed = d.malloc(20 * MIB, 0).unwrap();
+    assert_eq!(d.block(followed).0, recorded);
+    let placed = d.malloc(20 * MIB, 0).unwrap();
+    let (own_at, placed_at) = (d.block(own).0, d.block(placed).0);
+    assert!(placed_at + 20 * MIB <= recorded, "{placed_at:#x} below {recorded:#x}");
+    assert!(placed_at + 20 * MIB <= own_at || placed_at >= own_at + 20 * MIB, "apart from the model's own");
     // A segment larger than the model's address space below its top does
     // not wrap into nonsense or panic.
     let mut c = gpu("");
