@@ -291,12 +291,12 @@ type Tried = (std::result::Result<i64, String>, Option<Diagnosed>, bool);
 /// between the largest that fits outright and the least that does not,
 /// each size tried once.
 fn search(budget: i64, max: usize, mut try_n: impl FnMut(usize) -> Tried) -> Result<BatchSearch> {
-    use std::cell::Cell;
+    use std::cell::{Cell, RefCell};
     use std::collections::HashMap;
     let mut search =
         BatchSearch { largest: None, largest_giving_cache_back: None, budget, tried: Vec::new(), first_oom: None };
-    // The largest size known to fit outright, and the least known not to.
-    let (outright, not_outright) = (Cell::new(0usize), Cell::new(usize::MAX));
+    // The sizes known to fit outright, and the least known not to.
+    let (outright, not_outright) = (RefCell::new(Vec::new()), Cell::new(usize::MAX));
     let mut known: HashMap<usize, (bool, bool)> = HashMap::new();
     // (fits outright, fits at all) for size `n`.
     let mut run = |n: usize| -> (bool, bool) {
@@ -311,7 +311,7 @@ fn search(budget: i64, max: usize, mut try_n: impl FnMut(usize) -> Tried) -> Res
         let giving_back = giving_back && !fits && outcome.is_ok();
         search.tried.push(Try { batch_size: n, outcome, fits_giving_cache_back: giving_back });
         if fits {
-            outright.set(outright.get().max(n));
+            outright.borrow_mut().push(n);
         } else {
             not_outright.set(not_outright.get().min(n));
         }
@@ -344,8 +344,15 @@ fn search(budget: i64, max: usize, mut try_n: impl FnMut(usize) -> Tried) -> Res
             }
         }
     }
-    // Those that fit only giving cache back: the largest that fits outright below them.
-    let (mut low, mut high) = (outright.get(), not_outright.get().min(fits.saturating_add(1)));
+    // Those that fit only giving cache back: the largest that fits outright
+    // below them. A size that fits outright above one that does not (the
+    // layout's luck at one batch) is not counted on: the search goes on
+    // below the least that does not.
+    let high = not_outright.get().min(fits.saturating_add(1));
+    // (`usize::MAX`: none failed, or only the largest size there is.)
+    let least_failed = not_outright.get();
+    let below = outright.borrow().iter().copied().filter(|&n| least_failed == usize::MAX || n < least_failed).max();
+    let (mut low, mut high) = (below.unwrap_or(0), high);
     while high > low.saturating_add(1) {
         let n = low + (high - low) / 2;
         if run(n).0 {
@@ -620,5 +627,36 @@ impl Render for BatchSearch {
             doc.indented(2, why.advice.clone());
         }
         doc
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A try that fits outright (`Some(true)`), only giving cache back
+    /// (`Some(false)`) or not at all (`None`), against a budget of 100.
+    fn tried(fits: Option<bool>) -> Tried {
+        match fits {
+            Some(true) => (Ok(100), None, false),
+            Some(false) => (Ok(101), None, true),
+            None => (Ok(200), None, false),
+        }
+    }
+
+    /// Batch 13 fits outright where 5 to 12 fit only giving cache back (the
+    /// layout's luck at one size, as a predicted recommender showed): the
+    /// outright answer stays below the least that does not fit outright.
+    #[test]
+    fn a_size_that_fits_outright_above_one_that_does_not_is_not_counted_on() {
+        let search = search(100, 64, |n| {
+            tried(match n {
+                1..=4 | 13 => Some(true),
+                5..=12 => Some(false),
+                _ => None,
+            })
+        })
+        .unwrap();
+        assert_eq!((search.largest, search.largest_giving_cache_back), (Some(4), Some(13)));
     }
 }
