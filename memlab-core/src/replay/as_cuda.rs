@@ -1002,7 +1002,6 @@ impl<'a> Inputs<'a> {
         Ok(Inputs { name, snapshot, options, additions, total })
     }
 
-    /// The CUDA history of the point (`None`) or of a range's end.
     /// Where `empty_cache` runs in history `h`: the first entry at or after
     /// [`PredictOptions::empty_cache_at_us`] (the cuDNN model inserts
     /// entries, at the times of those they follow).
@@ -1020,6 +1019,7 @@ impl<'a> Inputs<'a> {
         super::replay_device_at(h, 0, free, card, &self.emptied(h))
     }
 
+    /// The CUDA history of the point (`None`) or of a range's end.
     fn history(&self, side: Option<Side>) -> Result<AsCuda> {
         let o = &self.options;
         let before = Before {
