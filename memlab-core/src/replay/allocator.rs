@@ -29,9 +29,9 @@ pub const ROUND_LARGE: u64 = 2 * MIB;
 /// Where the model's addresses start: away from 0, aligned as the driver
 /// aligns large allocations.
 const FIRST_ADDRESS: u64 = 1 << 32;
-/// Where the model's `cudaMalloc` addresses start, going down: above every
-/// address the expandable segments' ranges take going up from
-/// [`FIRST_ADDRESS`] in any history the model runs.
+/// The top of the driver's first range in the model's address space
+/// (`driver.rs`): above every address the expandable segments' ranges take
+/// going up from [`FIRST_ADDRESS`] in any history the model runs.
 const DRIVER_TOP: u64 = 1 << 62;
 
 /// A block the model handed out, by its number.
@@ -180,14 +180,12 @@ pub struct CachingAllocator {
     /// `total_allocated_memory`: the bytes of the segments held.
     reserved: u64,
     next_address: u64,
-    /// Where the next `cudaMalloc` segment ends, going down, once a
-    /// recording has said where the driver put one.
-    next_below: u64,
-    /// The driver's address space, where the model places every segment.
+    /// Once a recording has said where the driver put a segment: where the
+    /// next the model places itself ends, going down, below the lowest so far.
+    next_below: Option<u64>,
+    /// The driver's address space, where the model places every segment
+    /// until a recording says where one went.
     space: super::driver::DriverSpace,
-    /// A recording said where the driver put a segment: the model places
-    /// the rest below the lowest so far.
-    followed: bool,
     /// The driver's address for the next segment of so many bytes, where a
     /// recording says it ([`next_segment_at`](Self::next_segment_at)).
     driver_said: Option<(u64, u64)>,
@@ -243,9 +241,8 @@ impl CachingAllocator {
             large: Pool::default(),
             reserved: 0,
             next_address: FIRST_ADDRESS,
-            next_below: DRIVER_TOP,
+            next_below: None,
             space: super::driver::DriverSpace::new(DRIVER_TOP),
-            followed: false,
             driver_said: None,
             limit_reached: 0,
             stats: DeviceStats::default(),
@@ -421,22 +418,23 @@ impl CachingAllocator {
         });
         if let Some((address, _)) = said {
             // The next the model places itself go below it.
-            self.next_below = self.next_below.min(address / ROUND_LARGE * ROUND_LARGE).min(self.space.floor());
-            self.followed = true;
+            let lowest = self.next_below.unwrap_or(u64::MAX).min(self.space.floor());
+            self.next_below = Some(lowest.min(address / ROUND_LARGE * ROUND_LARGE));
             return address;
         }
-        if !self.followed {
+        let Some(next_below) = self.next_below else {
             return self.space.place(bytes);
-        }
+        };
         let step = bytes.checked_next_multiple_of(ROUND_LARGE).unwrap_or(bytes);
         // Down to the expandable segments' ranges (recorded addresses lie
         // far below the model's own); a history that would cross them
         // starts again below what the model placed itself.
-        self.next_below = match self.next_below.checked_sub(step) {
+        let below = match next_below.checked_sub(step) {
             Some(below) if below >= self.next_address => below,
             _ => self.space.floor().saturating_sub(step),
         };
-        self.next_below
+        self.next_below = Some(below);
+        below
     }
 
     /// `bytes` of the model's address space, aligned to `align`, for a new
