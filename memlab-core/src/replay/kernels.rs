@@ -453,11 +453,12 @@ pub(super) fn plan(
     // Convolutions first: their CPU scratch goes before other ops keep what is left.
     // The CPU kernel's own temporaries (allocated and freed inside the op)
     // go: the allocations the op keeps, and the bytes that went.
-    let cpu_own = |dropped: &mut [bool], r: &OpRecord| -> (Vec<usize>, Vec<u64>) {
+    // Those in `made_on_both` are the CUDA kernel's too: neither kept nor gone.
+    let cpu_own = |dropped: &mut [bool], r: &OpRecord, made_on_both: &[usize]| -> (Vec<usize>, Vec<u64>) {
         let range = window(r);
         let (mut kept, mut gone) = (Vec::new(), Vec::new());
         for i in range.clone() {
-            if trace[i].action != Action::Alloc || dropped[i] {
+            if trace[i].action != Action::Alloc || dropped[i] || made_on_both.contains(&i) {
                 continue;
             }
             if freed_at[i] < range.end {
@@ -473,7 +474,7 @@ pub(super) fn plan(
     // Batch norm's backward pass on the CPU makes a temporary of the
     // input's size and frees it before it ends; cuDNN's makes none.
     for r in ops.iter().filter(|r| r.name == "native_batch_norm_backward" && !modelled_apart(r)) {
-        let (_, scratch) = cpu_own(&mut plan.dropped, r);
+        let (_, scratch) = cpu_own(&mut plan.dropped, r, &[]);
         plan.modelled.cpu_scratch += scratch.len();
         plan.modelled.cpu_scratch_bytes += scratch.iter().sum::<u64>();
     }
@@ -486,15 +487,8 @@ pub(super) fn plan(
             .iter()
             .filter(|c| conv.backward && c.name == "clone" && r.start_us <= c.start_us && c.end_us <= r.end_us)
             .flat_map(&window)
-            .filter(|&i| trace[i].action == Action::Alloc && !plan.dropped[i])
             .collect();
-        for &i in &copies {
-            plan.dropped[i] = true;
-        }
-        let (kept, scratch) = cpu_own(&mut plan.dropped, r);
-        for &i in &copies {
-            plan.dropped[i] = false;
-        }
+        let (kept, scratch) = cpu_own(&mut plan.dropped, r, &copies);
         plan.modelled.cpu_scratch += scratch.len();
         plan.modelled.cpu_scratch_bytes += scratch.iter().sum::<u64>();
         plan.modelled.convolutions += 1;
@@ -554,7 +548,7 @@ pub(super) fn plan(
         let Op::EmbeddingBackward(e) = &r.op else { continue };
         // The CPU kernel's own temporaries go; CUDA's come before and
         // after the table's gradient, which both keep.
-        let (kept, _) = cpu_own(&mut plan.dropped, r);
+        let (kept, _) = cpu_own(&mut plan.dropped, r, &[]);
         let gradient = e.rows.saturating_mul(e.width).saturating_mul(u64::from(e.element_size));
         let output = kept.iter().position(|&i| trace[i].size == gradient).unwrap_or(0);
         let at = after(r, &kept, output + 1);
