@@ -70,8 +70,9 @@ struct Heap {
 }
 
 impl Heap {
-    fn new(low: u64, high: u64, chunk: bool) -> Heap {
-        Heap { low, high, free: Vec::new(), live: 0, chunk, first: 0 }
+    /// `[low, high)`, free in `free`.
+    fn new(low: u64, high: u64, chunk: bool, free: Vec<(u64, u64)>) -> Heap {
+        Heap { low, high, free, live: 0, chunk, first: 0 }
     }
 
     /// The lowest free address with `bytes` free above it.
@@ -157,8 +158,8 @@ impl DriverSpace {
     /// A process's address space whose first range ends at `top` (a
     /// multiple of 32 MiB, with room for ranges below it).
     pub(super) fn new(top: u64) -> DriverSpace {
-        let mut first = Heap::new(top - RANGE, top, false);
-        first.free = vec![(top - 98 * MIB, top - 96 * MIB), (top - 24 * MIB, top)];
+        let slots = vec![(top - 98 * MIB, top - 96 * MIB), (top - 24 * MIB, top)];
+        let first = Heap::new(top - RANGE, top, false, slots);
         DriverSpace {
             top,
             above: top,
@@ -216,9 +217,7 @@ impl DriverSpace {
             },
         };
         let high = base.saturating_add(bytes);
-        let mut heap = Heap::new(base, high, true);
-        heap.free = vec![(base, high)];
-        self.heaps.push(heap);
+        self.heaps.push(Heap::new(base, high, true, vec![(base, high)]));
         (self.heaps.len() - 1, base)
     }
 
@@ -242,9 +241,7 @@ impl DriverSpace {
             give(&mut self.heaps[0].free, top - RANGE + LIBRARIES, top - 98 * MIB);
         }
         let below = self.floor.saturating_sub(SLICE);
-        let mut slice = Heap::new(below, self.floor, false);
-        slice.free = vec![(below, self.floor)];
-        self.heaps.push(slice);
+        self.heaps.push(Heap::new(below, self.floor, false, vec![(below, self.floor)]));
         self.floor = self.floor.saturating_sub(RANGE);
     }
 
