@@ -348,11 +348,10 @@ fn search(budget: i64, max: usize, mut try_n: impl FnMut(usize) -> Tried) -> Res
     // below them. A size that fits outright above one that does not (the
     // layout's luck at one batch) is not counted on: the search goes on
     // below the least that does not.
-    let high = not_outright.get().min(fits.saturating_add(1));
     // (`usize::MAX`: none failed, or only the largest size there is.)
     let least_failed = not_outright.get();
     let below = outright.borrow().iter().copied().filter(|&n| least_failed == usize::MAX || n < least_failed).max();
-    let (mut low, mut high) = (below.unwrap_or(0), high);
+    let (mut low, mut high) = (below.unwrap_or(0), least_failed.min(fits.saturating_add(1)));
     while high > low.saturating_add(1) {
         let n = low + (high - low) / 2;
         if run(n).0 {
