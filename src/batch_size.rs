@@ -24,9 +24,10 @@
 //! on the CPU and are replayed as CUDA's ([`will_it_fit`](crate::will_it_fit)),
 //! and the largest batch predicted to fit the card is the answer (an estimate).
 //! Each try is replayed as the search's own process would run it on the GPU:
-//! after its first try (whose temporaries the optimizer's state was made
-//! among, holes and all) and an empty cache, with the last try's gradients,
-//! or none where that try ran out once its first step had freed them.
+//! after every try before it, with an empty cache between them, each try
+//! that ran out cut where it did. What outlives a try (the optimizer's
+//! state the first made, a try's gradients) keeps the segments it was made
+//! in, holes and all.
 //! [`model_size`](crate::model_size) measures what one batch takes.
 //! `cargo run --release --example model_size`.
 //!
@@ -365,25 +366,24 @@ fn search(budget: i64, max: usize, mut try_n: impl FnMut(usize) -> Tried) -> Res
     Ok(search)
 }
 
-/// What a search on the CPU keeps between its tries: the first try's
-/// steps, and whether the last try left the gradients freed.
+/// What a search on the CPU keeps between its tries: the history of the
+/// tries so far as the search's process on the GPU would have run them.
 #[derive(Default)]
 struct Searched {
-    first: Option<Steps>,
-    no_gradients: bool,
+    tries: Option<Steps>,
 }
 
 /// One try against a CUDA card, on the CPU: the least card the step at
 /// batch `n` is predicted to need (its device peak where that fits), or why
 /// it could not be predicted.
 ///
-/// A try is predicted as the search's process would run it: after the
-/// search's first try, with the cache given back between them (as a
-/// search on the GPU does). The first try made the optimizer's state among
-/// its own temporaries, and the holes those left in the segments stay for
-/// every later try. The gradients are the last try's (each step frees the
-/// last step's, as libtorch's `zero_grad` does), or none where the last
-/// try ran out after its first step freed them ([`Steps::after`]).
+/// A try is predicted as the search's process would run it: after every
+/// try before it, with the cache given back between them (as a search on
+/// the GPU does). Each try's blocks that outlive it (the first try's
+/// optimizer state, made among its temporaries; the last try's gradients)
+/// keep the segments they were made in, holes and all, for the tries after.
+/// A try predicted to run out is cut where it ran out, what its failed step
+/// held given back ([`Steps::ran_out_at`]).
 fn predicted_need(
     card: u64,
     model: &Model,
@@ -412,19 +412,23 @@ fn predicted_need(
             let steps = Steps::record(cpu.max_steps, &cpu.model, construction, autocast, || {
                 step(n).map_err(|e| Error::InvalidArgument(format!("the step at batch {n} failed: {e}")))
             })?;
-            let steps = match &search.first {
-                Some(earlier) => steps.after(earlier, search.no_gradients),
+            let steps = match search.tries.take() {
+                Some(earlier) => steps.after(&earlier),
                 None => steps,
             };
             let predicted = cpu.predict_from(&steps);
-            // A try that runs out after its first step freed the gradients
-            // leaves none for the next.
-            search.no_gradients = search.first.is_some()
-                && matches!(&predicted, Ok(p) if matches!(p.settings.last().and_then(|s| s.fit.clone()),
-                    Some(Fit::DoesNotFit { at_us, .. }) if steps.ran_out_without_gradients(at_us)));
-            if search.first.is_none() {
-                search.first = Some(steps);
-            }
+            // The process goes on from where this try left it.
+            let ran_out = match &predicted {
+                Ok(p) => match p.settings.last().and_then(|s| s.fit.clone()) {
+                    Some(Fit::DoesNotFit { at_us, .. } | Fit::NoCard { at_us, .. }) => Some(at_us),
+                    _ => None,
+                },
+                Err(_) => None,
+            };
+            search.tries = Some(match ran_out {
+                Some(at_us) => steps.ran_out_at(at_us),
+                None => steps,
+            });
             predicted
         })
     }))

@@ -56,7 +56,7 @@ impl CpuSteps {
             live_before: steps.live_before.clone(),
             workspaces_after: steps.workspaces_after,
             construction: steps.construction.clone(),
-            empty_cache_at_us: steps.empty_cache_at_us,
+            empty_cache_at_us: steps.empty_cache_at_us.clone(),
             libtorch: process_libtorch(),
         };
         let mut prediction = predict_cuda("the step's CPU run", &steps.snapshot, &options)?;
@@ -127,13 +127,11 @@ pub(crate) struct Steps {
     workspaces_after: Option<usize>,
     /// The model's construction, where recorded: made before `live_before`.
     construction: Option<Construction>,
-    /// Of them, the gradients (a step frees them before its backward pass),
-    /// and when the first step freed the first of them.
-    gradients: Vec<u64>,
-    gradients_freed_us: Option<u64>,
     /// Where the allocator's cache was given back, when these steps follow
     /// others (`PredictOptions::empty_cache_at_us`).
-    empty_cache_at_us: Option<u64>,
+    empty_cache_at_us: Vec<u64>,
+    /// When each step ended.
+    step_ends_us: Vec<u64>,
     /// When the first step began.
     start_us: u64,
     /// The CPU's peak allocated in each step.
@@ -177,7 +175,7 @@ impl Steps {
         // are those from here on.
         let start_us = memlab_core::events::clock_us();
         let dropped_before = memlab_core::events::stats().dropped;
-        let mut peaks: Vec<u64> = Vec::new();
+        let (mut peaks, mut step_ends_us): (Vec<u64>, Vec<u64>) = (Vec::new(), Vec::new());
         while peaks.len() < max_steps.max(2) {
             // Each step's peak from a watch of its own: the program's
             // figures keep theirs.
@@ -186,6 +184,7 @@ impl Steps {
             step()?;
             drop(autocast);
             let (_, end) = watch.finish()?;
+            step_ends_us.push(memlab_core::events::clock_us());
             let peak = end.to_device_stats().allocated_bytes.all.peak;
             peaks.push(u64::try_from(peak).unwrap_or(0));
             if let [.., before, last] = peaks[..]
@@ -216,17 +215,14 @@ impl Steps {
             ));
         }
         let cpu = snapshot.devices().iter().position(|d| d == "cpu").unwrap_or(snapshot.device_traces.len());
-        let gradients: Vec<u64> = of(TensorKind::Gradient).map(|s| s.data_ptr).collect();
-        let gradients_freed_us = first_free(&snapshot, cpu, &gradients);
         Ok(Steps {
             snapshot,
             cpu,
-            gradients_freed_us,
-            gradients,
             live_before,
             workspaces_after: stepped.then_some(weights),
             construction,
-            empty_cache_at_us: None,
+            empty_cache_at_us: Vec::new(),
+            step_ends_us,
             start_us,
             peaks,
         })
@@ -240,7 +236,7 @@ impl Steps {
             info.prediction_inputs = Some(memlab_core::export::PredictionInputs {
                 live_before: self.live_before.clone(),
                 workspaces_after: self.workspaces_after,
-                empty_cache_at_us: self.empty_cache_at_us,
+                empty_cache_at_us: self.empty_cache_at_us.clone(),
                 step_peaks: self.peaks.clone(),
                 construction: self.construction.clone(),
                 additions: additions
@@ -252,32 +248,33 @@ impl Steps {
         snapshot.write_pickle(path)
     }
 
-    /// These steps after `earlier`'s in one process, with the allocator's
+    /// These steps after `earlier` in one process, with the allocator's
     /// cache given back between them (what `find_batch_size` does between
     /// its tries): what lived before is what lived before `earlier`, and
     /// the blocks `earlier` left alive keep their places, holes and all.
     ///
-    /// Tries may have run between the two: what `earlier` left alive that
-    /// these steps did not find (its gradients, where each step frees the
-    /// last step's) is freed before the cache goes back, and what these
-    /// steps found that `earlier` did not leave (the last try's gradients)
-    /// is made after it, in the order a step makes it. Where the try just
-    /// before ran out of memory after its first step had freed the
-    /// gradients (`no_gradients`), there are none: these steps' first
-    /// frees of them are left out, and their backward pass makes new ones.
-    pub(crate) fn after(mut self, earlier: &Steps, no_gradients: bool) -> Steps {
+    /// `earlier` may be several tries already joined so, the last of them
+    /// cut where it ran out ([`Steps::ran_out_at`]). What it left alive
+    /// that these steps did not find (a try's gradients, where a later step
+    /// freed them) is freed before the cache goes back. What these steps
+    /// found that it did not leave (gradients a try that ran out did not
+    /// keep) is not there: their first frees are left out, and the steps'
+    /// backward pass makes new ones.
+    pub(crate) fn after(mut self, earlier: &Steps) -> Steps {
         let (Some(before), Some(trace)) =
             (earlier.snapshot.device_traces.get(earlier.cpu), self.snapshot.device_traces.get_mut(self.cpu))
         else {
             return self;
         };
         // What `earlier` left alive, in the order it was made.
-        let mut alive: std::collections::HashMap<u64, (usize, u64)> =
-            earlier.live_before.iter().enumerate().map(|(i, &(a, size))| (a, (i, size))).collect();
+        let mut alive: std::collections::HashMap<u64, usize> =
+            earlier.live_before.iter().enumerate().map(|(i, &(a, _))| (a, i)).collect();
+        let mut sizes: std::collections::HashMap<u64, u64> = earlier.live_before.iter().copied().collect();
         for (i, e) in before.iter().enumerate() {
             match (e.action, e.addr) {
                 (Action::Alloc, Some(addr)) => {
-                    alive.insert(addr, (earlier.live_before.len() + i, e.size));
+                    alive.insert(addr, earlier.live_before.len() + i);
+                    sizes.insert(addr, e.size);
                 }
                 (Action::FreeRequested, Some(addr)) => {
                     alive.remove(&addr);
@@ -285,55 +282,83 @@ impl Steps {
                 _ => {}
             }
         }
-        let mut left: Vec<(usize, u64, u64)> = alive.into_iter().map(|(a, (i, size))| (i, a, size)).collect();
-        left.sort_unstable();
-        let left: Vec<(u64, u64)> = left.into_iter().map(|(_, a, size)| (a, size)).collect();
-        let gone: std::collections::HashSet<u64> =
-            if no_gradients { self.gradients.iter().copied().collect() } else { Default::default() };
-        if no_gradients {
-            // Each gradient's first free, before any allocation at its address.
-            let mut pending = gone.clone();
-            trace.retain(|e| match (e.action, e.addr) {
-                (Action::FreeRequested, Some(a)) => !pending.remove(&a),
-                (Action::Alloc, Some(a)) => {
-                    pending.remove(&a);
-                    true
-                }
-                _ => true,
-            });
-        }
-        let found: std::collections::HashSet<u64> =
-            self.live_before.iter().map(|&(a, _)| a).filter(|a| !gone.contains(a)).collect();
-        let kept: std::collections::HashSet<u64> = left.iter().map(|&(a, _)| a).collect();
-        // Freed before the cache goes back, made after it.
-        let freed = left.iter().filter(|(a, _)| !found.contains(a));
+        let found: std::collections::HashSet<u64> = self.live_before.iter().map(|&(a, _)| a).collect();
+        // Found here, not left there: each one's first free goes, before
+        // any allocation at its address.
+        let mut gone: std::collections::HashSet<u64> =
+            found.iter().copied().filter(|a| !alive.contains_key(a)).collect();
+        trace.retain(|e| match (e.action, e.addr) {
+            (Action::FreeRequested, Some(a)) => !gone.remove(&a),
+            (Action::Alloc, Some(a)) => {
+                gone.remove(&a);
+                true
+            }
+            _ => true,
+        });
+        // Left there, not found here: freed before the cache goes back.
+        let mut freed: Vec<(usize, u64)> =
+            alive.iter().filter(|(a, _)| !found.contains(a)).map(|(&a, &i)| (i, a)).collect();
+        freed.sort_unstable();
         let freed_us = self.start_us.saturating_sub(1);
-        let between = freed.map(|&(a, size)| TraceEntry::new(Action::FreeRequested, Some(a), size, freed_us));
-        let made = self.live_before.iter().filter(|(a, _)| found.contains(a) && !kept.contains(a));
-        let between: Vec<TraceEntry> = between
-            .chain(made.map(|&(a, size)| TraceEntry::new(Action::Alloc, Some(a), size, self.start_us)))
-            .collect();
-        *trace = before.iter().cloned().chain(between).chain(trace.drain(..)).collect();
+        let freed =
+            freed.into_iter().map(|(_, a)| TraceEntry::new(Action::FreeRequested, Some(a), sizes[&a], freed_us));
+        *trace = before.iter().cloned().chain(freed).chain(trace.drain(..)).collect();
         let earlier_ops = earlier.snapshot.memlab.as_ref().and_then(|m| m.ops.as_ref());
         if let (Some(ops), Some(before)) = (self.snapshot.memlab.as_mut().and_then(|m| m.ops.as_mut()), earlier_ops) {
             *ops = before.iter().cloned().chain(ops.drain(..)).collect();
         }
+        let mut empty_cache_at_us = earlier.empty_cache_at_us.clone();
+        empty_cache_at_us.push(self.start_us);
         Steps {
             live_before: earlier.live_before.clone(),
             workspaces_after: earlier.workspaces_after,
             construction: earlier.construction.clone(),
-            empty_cache_at_us: Some(self.start_us),
+            empty_cache_at_us,
             start_us: earlier.start_us,
             ..self
         }
     }
 
-    /// Whether a prediction of these steps that ran out of memory at
-    /// `at_us` (since the history's first event) ran out after the first
-    /// step had freed the gradients it found.
-    pub(crate) fn ran_out_without_gradients(&self, at_us: u64) -> bool {
-        let first = self.snapshot.device_traces.get(self.cpu).and_then(|t| t.first()).map_or(0, |e| e.time_us);
-        self.gradients_freed_us.is_some_and(|freed| first.saturating_add(at_us) >= freed)
+    /// These steps as a process runs them that ran out of memory at `at_us`
+    /// (since the history's first event, as a prediction's
+    /// [`Fit`](memlab_core::replay::Fit) says): the last part's history up
+    /// to the failing request, then, as the failed step unwinds, every
+    /// block that part made and still held freed, except what outlived a
+    /// step that ended before it (the gradients).
+    pub(crate) fn ran_out_at(mut self, at_us: u64) -> Steps {
+        let Some(trace) = self.snapshot.device_traces.get_mut(self.cpu) else { return self };
+        let Some(first) = trace.first().map(|e| e.time_us) else { return self };
+        let failed = first.saturating_add(at_us);
+        let part = self.empty_cache_at_us.last().copied().unwrap_or(0);
+        // The last step that ended before the failure.
+        let ended = self.step_ends_us.iter().copied().filter(|&end| end < failed).max();
+        trace.retain(|e| e.time_us < failed);
+        let mut held: std::collections::HashMap<u64, (usize, TraceEntry)> = std::collections::HashMap::new();
+        for (i, e) in trace.iter().enumerate() {
+            match (e.action, e.addr) {
+                (Action::Alloc, Some(a)) if e.time_us >= part => {
+                    held.insert(a, (i, e.clone()));
+                }
+                (Action::FreeRequested, Some(a)) => {
+                    held.remove(&a);
+                }
+                _ => {}
+            }
+        }
+        let mut unwound: Vec<(usize, TraceEntry)> =
+            held.into_values().filter(|(_, e)| ended.is_none_or(|end| e.time_us > end)).collect();
+        unwound.sort_unstable_by_key(|&(i, _)| std::cmp::Reverse(i));
+        trace.extend(unwound.into_iter().map(|(_, e)| TraceEntry {
+            action: Action::FreeRequested,
+            time_us: failed,
+            ..e
+        }));
+        // Ops still running when it failed never ended.
+        if let Some(ops) = self.snapshot.memlab.as_mut().and_then(|m| m.ops.as_mut()) {
+            ops.retain(|r| r.end_us < failed);
+        }
+        self.step_ends_us.retain(|&end| end < failed);
+        self
     }
 }
 
@@ -432,14 +457,6 @@ fn rnn_of(name: &str) -> Option<(&str, &str)> {
     (!layer.is_empty() && layer.bytes().all(|b| b.is_ascii_digit())).then_some((path, duplicate))
 }
 
-/// When the history at `cpu` first freed one of `addresses`.
-fn first_free(snapshot: &Snapshot, cpu: usize, addresses: &[u64]) -> Option<u64> {
-    let addresses: std::collections::HashSet<u64> = addresses.iter().copied().collect();
-    let trace = snapshot.device_traces.get(cpu)?;
-    let e = trace.iter().find(|e| e.action == Action::FreeRequested && e.addr.is_some_and(|a| addresses.contains(&a)));
-    e.map(|e| e.time_us)
-}
-
 /// The allocator a prediction follows: that of the libtorch this process
 /// runs, where memlab models it, else 2.11's.
 pub(crate) fn process_libtorch() -> memlab_core::replay::Libtorch {
@@ -469,9 +486,8 @@ mod tests {
             live_before,
             workspaces_after: None,
             construction: None,
-            gradients: Vec::new(),
-            gradients_freed_us: None,
-            empty_cache_at_us: None,
+            empty_cache_at_us: Vec::new(),
+            step_ends_us: Vec::new(),
             start_us,
             peaks: Vec::new(),
         }
@@ -490,13 +506,17 @@ mod tests {
         }
     }
 
-    /// A later try after the first: the first try's gradient (which a later
-    /// step freed) is freed before the cache goes back, the gradient the
-    /// later try found is made after it, and the optimizer's state the
-    /// first try made keeps its place.
+    fn actions(steps: &Steps) -> Vec<(Action, u64, u64)> {
+        steps.snapshot.device_traces[0].iter().map(|e| (e.action, e.addr.unwrap(), e.time_us)).collect()
+    }
+
+    /// Tries joined in one process: each later try finds the blocks the
+    /// tries before it left (the first try's optimizer state keeps its
+    /// place), what they left that it did not find is freed before the
+    /// cache goes back, and the cache goes back before each.
     #[test]
-    fn a_later_try_follows_the_first_with_the_gradients_it_found() {
-        let (weight, gradient, state, activation, last_gradient) = (10, 20, 30, 40, 50);
+    fn tries_follow_each_other_with_what_each_left() {
+        let (weight, gradient, state, activation, second_gradient) = (10, 20, 30, 40, 50);
         let first = steps(
             vec![
                 event(Action::Alloc, activation, 64, 100),
@@ -507,61 +527,78 @@ mod tests {
             vec![(weight, 8)],
             100,
         );
-        let later = steps(
-            vec![event(Action::FreeRequested, last_gradient, 8, 500), event(Action::Alloc, 60, 128, 501)],
-            vec![(weight, 8), (last_gradient, 8), (state, 8)],
-            500,
+        let second = steps(
+            vec![event(Action::FreeRequested, gradient, 8, 300), event(Action::Alloc, second_gradient, 8, 301)],
+            vec![(weight, 8), (gradient, 8), (state, 8)],
+            300,
         );
-        let both = later.after(&first, false);
+        let both = second.after(&first);
         assert_eq!(
-            (both.live_before.clone(), both.empty_cache_at_us, both.start_us),
-            (vec![(weight, 8)], Some(500), 100)
+            (both.live_before.clone(), both.empty_cache_at_us.clone(), both.start_us),
+            (vec![(weight, 8)], vec![300], 100)
         );
-        let trace: Vec<(Action, u64, u64)> =
-            both.snapshot.device_traces[0].iter().map(|e| (e.action, e.addr.unwrap(), e.time_us)).collect();
+        // A third try found only the state: the second's gradient is freed
+        // before its cache goes back.
+        let third = steps(vec![event(Action::Alloc, 60, 128, 500)], vec![(weight, 8), (state, 8)], 500);
+        let all = third.after(&both);
+        assert_eq!(all.empty_cache_at_us, vec![300, 500]);
         assert_eq!(
-            trace[4..],
+            actions(&all)[4..],
             [
-                (Action::FreeRequested, gradient, 499),
-                (Action::Alloc, last_gradient, 500),
-                (Action::FreeRequested, last_gradient, 500),
-                (Action::Alloc, 60, 501),
+                (Action::FreeRequested, gradient, 300),
+                (Action::Alloc, second_gradient, 301),
+                (Action::FreeRequested, second_gradient, 499),
+                (Action::Alloc, 60, 500),
             ]
         );
     }
 
-    /// After a try that ran out once its first step had freed the
-    /// gradients, there are none: the later try's frees of them go, and
-    /// its backward pass makes new ones. Whether a try ran out so is told
-    /// by when its first step freed them.
+    /// A try that ran out is cut at its failing request, and what its
+    /// failed step held is freed there, the gradients of the step it
+    /// finished kept. The next try found gradients that a try that ran out
+    /// did not keep: its frees of them go, its backward pass makes new ones.
     #[test]
-    fn after_a_try_that_ran_out_without_gradients_the_next_finds_none() {
-        let (weight, gradient, state, last_gradient, new_gradient) = (10, 20, 30, 50, 60);
-        let first = steps(
-            vec![event(Action::Alloc, gradient, 8, 100), event(Action::Alloc, state, 8, 101)],
-            vec![(weight, 8)],
-            100,
+    fn a_try_that_ran_out_leaves_what_outlived_its_finished_steps() {
+        let (weight, old_gradient, gradient, activation, late, new_gradient) = (10, 20, 30, 40, 45, 60);
+        let first = steps(vec![event(Action::Alloc, old_gradient, 8, 100)], vec![(weight, 8)], 100);
+        let mut failed = steps(
+            vec![
+                // Its first step: frees the first try's gradient, makes its own.
+                event(Action::FreeRequested, old_gradient, 8, 300),
+                event(Action::Alloc, gradient, 8, 301),
+                // Its second: an activation, then the request that fails.
+                event(Action::Alloc, activation, 64, 303),
+                event(Action::Alloc, late, 128, 304),
+            ],
+            vec![(weight, 8), (old_gradient, 8)],
+            300,
         );
-        let mut later = steps(
+        failed.step_ends_us = vec![302, 305];
+        let chain = failed.after(&first).ran_out_at(304 - 100);
+        assert_eq!(
+            actions(&chain)[1..],
+            [
+                (Action::FreeRequested, old_gradient, 300),
+                (Action::Alloc, gradient, 301),
+                (Action::Alloc, activation, 303),
+                (Action::FreeRequested, activation, 304),
+            ]
+        );
+        // The CPU ran the failed try to its end: the next finds the
+        // gradient its last step made, which the process does not hold.
+        let next = steps(
             vec![
                 event(Action::Alloc, 70, 64, 500),
-                event(Action::FreeRequested, last_gradient, 8, 501),
+                event(Action::FreeRequested, new_gradient, 8, 501),
                 event(Action::Alloc, new_gradient, 8, 502),
             ],
-            vec![(weight, 8), (last_gradient, 8), (state, 8)],
+            vec![(weight, 8), (new_gradient, 8)],
             500,
         );
-        later.gradients = vec![last_gradient];
-        later.gradients_freed_us = Some(501);
-        let both = later.after(&first, true);
-        let trace: Vec<(Action, u64, u64)> =
-            both.snapshot.device_traces[0].iter().map(|e| (e.action, e.addr.unwrap(), e.time_us)).collect();
+        let all = next.after(&chain);
         assert_eq!(
-            trace[2..],
+            actions(&all)[5..],
             [(Action::FreeRequested, gradient, 499), (Action::Alloc, 70, 500), (Action::Alloc, new_gradient, 502),]
         );
-        // The history begins at 100: ran out at 500 (before the free), then at 501.
-        assert!(!both.ran_out_without_gradients(400));
-        assert!(both.ran_out_without_gradients(401));
     }
 }

@@ -293,9 +293,11 @@ pub struct PredictionInputs {
     /// Where a step ran before the history: after how many of
     /// `live_before`'s blocks its cuBLAS workspaces came.
     pub workspaces_after: Option<usize>,
-    /// Where the allocator's cache was given back between two parts of the
-    /// history (microseconds, the history's clock).
-    pub empty_cache_at_us: Option<u64>,
+    /// Where the allocator's cache was given back between parts of the
+    /// history (microseconds, the history's clock; files written before
+    /// there could be several give one number).
+    #[serde(deserialize_with = "one_or_many")]
+    pub empty_cache_at_us: Vec<u64>,
     /// The CPU's peak allocated in each step.
     pub step_peaks: Vec<u64>,
     /// What CUDA adds, where the program said otherwise than the defaults
@@ -307,6 +309,23 @@ pub struct PredictionInputs {
     /// (`memlab::record_construction`): the weights are then made as a CUDA
     /// run makes them, temporaries and all, before `live_before`'s others.
     pub construction: Option<Construction>,
+}
+
+/// Reads `PredictionInputs::empty_cache_at_us` as written now (a list)
+/// or before (one number, or none).
+fn one_or_many<'de, D: serde::Deserializer<'de>>(d: D) -> std::result::Result<Vec<u64>, D::Error> {
+    #[derive(serde::Deserialize)]
+    #[serde(untagged)]
+    enum Written {
+        One(u64),
+        Many(Vec<u64>),
+    }
+    let written: Option<Written> = serde::Deserialize::deserialize(d)?;
+    Ok(match written {
+        None => Vec::new(),
+        Some(Written::One(us)) => vec![us],
+        Some(Written::Many(all)) => all,
+    })
 }
 
 /// A model's construction as the CPU recorded it: what it allocated and

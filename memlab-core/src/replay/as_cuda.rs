@@ -100,7 +100,7 @@ pub fn cpu_history_as_cuda(
     live_before: &[(u64, u64)],
     workspaces_after: Option<usize>,
 ) -> Result<(Snapshot, KernelsModelled)> {
-    let before = Before { live_before, workspaces_after, construction: None };
+    let before = Before { live_before, workspaces_after, ..Before::default() };
     as_cuda(snapshot, additions, libtorch, total, before, None).map(|h| (h.snapshot, h.kernels))
 }
 
@@ -178,6 +178,9 @@ struct Before<'a> {
     live_before: &'a [(u64, u64)],
     workspaces_after: Option<usize>,
     construction: Option<&'a Construction>,
+    /// [`PredictOptions::empty_cache_at_us`]: what a part's ops left open
+    /// (a step cut short where it ran out) is freed before the next part.
+    parts_at_us: &'a [u64],
 }
 
 fn as_cuda(
@@ -188,7 +191,7 @@ fn as_cuda(
     before_history: Before<'_>,
     side: Option<Side>,
 ) -> Result<AsCuda> {
-    let Before { live_before, workspaces_after, construction } = before_history;
+    let Before { live_before, workspaces_after, construction, parts_at_us } = before_history;
     let names = snapshot.devices();
     let cpu = names.iter().position(|n| n == "cpu").ok_or_else(|| {
         Error::InvalidArgument(
@@ -317,7 +320,18 @@ fn as_cuda(
     let mut soft = std::collections::HashMap::new();
     // The temporaries that live across others, by number, until closed.
     let mut open: std::collections::HashMap<u32, TraceEntry> = std::collections::HashMap::new();
+    let mut parts = parts_at_us.iter().copied().peekable();
     for (i, e) in trace.iter().enumerate() {
+        if parts.next_if(|&at| e.time_us >= at).is_some() {
+            while parts.next_if(|&at| e.time_us >= at).is_some() {}
+            let mut left: Vec<(u32, TraceEntry)> = open.drain().collect();
+            left.sort_unstable_by_key(|(n, _)| *n);
+            for (_, block) in left {
+                let freed = TraceEntry { time_us: e.time_us, ..block };
+                history.push(TraceEntry { action: Action::FreeRequested, ..freed.clone() });
+                history.push(TraceEntry { action: Action::FreeCompleted, ..freed });
+            }
+        }
         if !plan.dropped[i] {
             match e.action {
                 Action::Alloc => history.push(e.clone()),
@@ -406,12 +420,13 @@ pub struct PredictOptions {
     /// [`Construction`]).
     pub construction: Option<Construction>,
     /// Where the process gave the allocator's cache back (`empty_cache`)
-    /// between two parts of the history, as `find_batch_size` does between
-    /// its tries: before the history's first event at or after this time
-    /// (microseconds, the history's clock). The earlier part then shapes
-    /// the later one through what it left alive: the segments its live
-    /// blocks keep, holes and all.
-    pub empty_cache_at_us: Option<u64>,
+    /// between parts of the history, as `find_batch_size` does between its
+    /// tries: before the history's first event at or after each of these
+    /// times (microseconds, the history's clock). The earlier parts then
+    /// shape the later ones through what they left alive: the segments
+    /// their live blocks keep, holes and all. The prediction's figures are
+    /// those of the last part, the step predicted.
+    pub empty_cache_at_us: Vec<u64>,
     /// The libtorch whose allocator runs the prediction (2.11 by default).
     /// The kernels' additions were measured with 2.11's libraries whichever
     /// is chosen, which the prediction says.
@@ -430,7 +445,9 @@ impl PredictOptions {
                 options.workspaces_after = options.workspaces_after.or(inputs.workspaces_after);
                 options.construction = inputs.construction.clone();
             }
-            options.empty_cache_at_us = options.empty_cache_at_us.or(inputs.empty_cache_at_us);
+            if options.empty_cache_at_us.is_empty() {
+                options.empty_cache_at_us = inputs.empty_cache_at_us.clone();
+            }
             if let (None, Some(additions)) = (&options.additions, &inputs.additions) {
                 options.additions = Some(serde_json::from_value(additions.clone()).map_err(|e| {
                     Error::InvalidArgument(format!(
@@ -679,7 +696,7 @@ struct UnderLimit {
 /// Predicts a CUDA run's peaks from the CPU history of `snapshot` (called
 /// `name` in messages): see [`cpu_history_as_cuda`].
 pub fn predict_cuda(name: &str, snapshot: &Snapshot, options: &PredictOptions) -> Result<CudaPrediction> {
-    use super::{replay_device_at, Card};
+    use super::Card;
     let inputs = Inputs::new(name, snapshot, options)?;
     let (options, additions, total) = (&inputs.options, &inputs.additions, inputs.total);
     let history_of = |side: Option<Side>| inputs.history(side);
@@ -697,7 +714,6 @@ pub fn predict_cuda(name: &str, snapshot: &Snapshot, options: &PredictOptions) -
         range_makers.push("cuDNN's RNN workspace (estimated)".to_string());
     }
     let first_us = as_recorded.device_traces[0].first().map_or(0, |e| e.time_us);
-    let emptied = |h: &Snapshot| inputs.emptied(h);
     let settings = if options.settings.is_empty() { vec![String::new()] } else { options.settings.clone() };
     let mut out = Vec::new();
     let mut notes: Vec<String> = Vec::new();
@@ -781,7 +797,7 @@ pub fn predict_cuda(name: &str, snapshot: &Snapshot, options: &PredictOptions) -
             let mut cudnn = CudnnUnderLimit::new(history, soft);
             loop {
                 let h = cudnn.history();
-                let replay = replay_device_at(h, 0, &config, card, &emptied(h))?;
+                let replay = inputs.replay(h, &config, card)?;
                 // The attempts that fail on purpose are not the step's failure.
                 let Some(oom) = replay.ooms.iter().find(|o| !o.recorded) else {
                     return Ok(UnderLimit {
@@ -982,10 +998,11 @@ struct Inputs<'a> {
 impl<'a> Inputs<'a> {
     fn new(name: &'a str, snapshot: &'a Snapshot, options: &PredictOptions) -> Result<Inputs<'a>> {
         crate::export::check_figures(snapshot).map_err(|why| Error::InvalidArgument(format!("{name}: {why}")))?;
-        let options = options.with_inputs_of(snapshot).map_err(|e| match e {
+        let mut options = options.with_inputs_of(snapshot).map_err(|e| match e {
             Error::InvalidArgument(why) => Error::InvalidArgument(format!("{name}: {why}")),
             other => other,
         })?;
+        options.empty_cache_at_us.sort_unstable();
         let additions = options.additions.clone().unwrap_or_else(|| CudaAdditions::of(options.libtorch, 9));
         if additions.cublas_handles > MAX_HANDLES {
             return Err(Error::InvalidArgument(format!(
@@ -1003,12 +1020,24 @@ impl<'a> Inputs<'a> {
     }
 
     /// Where `empty_cache` runs in history `h`: the first entry at or after
-    /// [`PredictOptions::empty_cache_at_us`] (the cuDNN model inserts
-    /// entries, at the times of those they follow).
+    /// each of [`PredictOptions::empty_cache_at_us`] (the cuDNN model
+    /// inserts entries, at the times of those they follow).
     fn emptied(&self, h: &Snapshot) -> Vec<usize> {
         let trace = &h.device_traces[0];
         let at = |us: u64| trace.iter().position(|e| e.time_us >= us).unwrap_or(trace.len());
-        self.options.empty_cache_at_us.map(at).into_iter().collect()
+        let mut points: Vec<usize> = self.options.empty_cache_at_us.iter().map(|&us| at(us)).collect();
+        points.sort_unstable();
+        points.dedup();
+        points
+    }
+
+    /// `h` replayed under `config` on `card`, its figures those of the part
+    /// after the last `empty_cache` (the step predicted, where parts before
+    /// it ran first).
+    fn replay(&self, h: &Snapshot, config: &super::AllocatorConfig, card: super::Card) -> Result<super::DeviceReplay> {
+        let emptied = self.emptied(h);
+        let from = emptied.last().copied().unwrap_or(0);
+        super::replay_device_part(h, 0, config, card, &emptied, from)
     }
 
     /// `h` replayed under `free` (settings without a memory fraction) on
@@ -1016,7 +1045,7 @@ impl<'a> Inputs<'a> {
     /// ranges no request outgrows.
     fn unlimited(&self, h: &Snapshot, free: &super::AllocatorConfig) -> Result<super::DeviceReplay> {
         let card = super::Card { capacity: super::ONE_EXABYTE, total: super::ONE_EXABYTE };
-        super::replay_device_at(h, 0, free, card, &self.emptied(h))
+        self.replay(h, free, card)
     }
 
     /// The CUDA history of the point (`None`) or of a range's end.
@@ -1026,6 +1055,7 @@ impl<'a> Inputs<'a> {
             live_before: &o.live_before,
             workspaces_after: o.workspaces_after,
             construction: o.construction.as_ref(),
+            parts_at_us: &o.empty_cache_at_us,
         };
         as_cuda(self.snapshot, &self.additions, o.libtorch, self.total, before, side).map_err(|e| match e {
             Error::InvalidArgument(why) => Error::InvalidArgument(format!("{}: {why}", self.name)),
@@ -1630,7 +1660,7 @@ mod tests {
                 .collect::<Vec<_>>()
         };
         let live = [weight, gradient];
-        let before = |workspaces_after| Before { live_before: &live, workspaces_after, construction: None };
+        let before = |workspaces_after| Before { live_before: &live, workspaces_after, ..Before::default() };
         let after = as_cuda(&snapshot, &additions, Libtorch::V2_11, 80 << 30, before(Some(1)), None).unwrap().snapshot;
         assert_eq!(sizes(&after, 5), [4 * MIB, 32 * MIB, MIB, 4 * MIB, 32 * MIB]);
         assert_eq!(workspaces(&after), [(1, 32 * MIB), (2, MIB), (4, 32 * MIB)]);
@@ -1739,7 +1769,7 @@ mod tests {
         };
         let additions =
             CudaAdditions { cublas_handles: 0, cublaslt_workspace: 0, outside_allocator: 0, ..Default::default() };
-        let peak = |snapshot: &Snapshot, live_before: Vec<(u64, u64)>, empty_cache_at_us: Option<u64>| {
+        let peak = |snapshot: &Snapshot, live_before: Vec<(u64, u64)>, empty_cache_at_us: Vec<u64>| {
             let options = PredictOptions {
                 additions: Some(additions.clone()),
                 live_before,
@@ -1750,14 +1780,14 @@ mod tests {
         };
         // Packed: the weight and gradient share a 20 MiB segment whose
         // 12 MiB tail takes the 10 MiB block.
-        assert_eq!(peak(&cpu(later.clone()), vec![(w, 4 * MIB), (g, 4 * MIB)], None), 20 + 40);
+        assert_eq!(peak(&cpu(later.clone()), vec![(w, 4 * MIB), (g, 4 * MIB)], vec![]), 20 + 40);
         // After the first part the segment keeps the temporary's 4 MiB
         // hole and an 8 MiB tail: the 10 MiB block takes a segment of its own.
         let both = cpu(first.into_iter().chain(later).collect());
-        assert_eq!(peak(&both, vec![(w, 4 * MIB)], Some(100)), 20 + 10 + 40);
+        assert_eq!(peak(&both, vec![(w, 4 * MIB)], vec![100]), 20 + 10 + 40);
         // Without the `empty_cache`, the large temporary's cached segment
         // takes the 10 MiB block and stays.
-        assert_eq!(peak(&both, vec![(w, 4 * MIB)], None), 20 + 30 + 40);
+        assert_eq!(peak(&both, vec![(w, 4 * MIB)], vec![]), 20 + 30 + 40);
     }
 
     /// Where a cuDNN workspace cannot be had, the request fails (after the

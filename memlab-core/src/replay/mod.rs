@@ -80,7 +80,9 @@ pub use kernels::{
     KernelSteps, KernelsModelled, Life, Measured, Unmodelled, Workspace, H100_MEASURED,
 };
 pub use reduction::{staging as reduction_staging, ReductionDevice};
-pub use run::{replay_device, replay_device_at, AtPeak, Card, DeviceReplay, Mismatch, ReplayOom, OOMS_KEPT};
+pub use run::{
+    replay_device, replay_device_at, replay_device_part, AtPeak, Card, DeviceReplay, Mismatch, ReplayOom, OOMS_KEPT,
+};
 pub use version::{KernelTables, Libtorch};
 
 #[cfg(test)]

@@ -180,8 +180,8 @@ pub fn replay_device(
     card: Card,
 ) -> Result<DeviceReplay> {
     let empty_cache_at =
-        if recorded == config { None } else { Some(run(snapshot, index, recorded, card, None)?.empty_cache_at) };
-    run(snapshot, index, config, card, empty_cache_at.as_deref())
+        if recorded == config { None } else { Some(run(snapshot, index, recorded, card, None, 0)?.empty_cache_at) };
+    run(snapshot, index, config, card, empty_cache_at.as_deref(), 0)
 }
 
 /// Replays device `index` of `snapshot` under `config` on `card`, calling
@@ -195,7 +195,23 @@ pub fn replay_device_at(
     card: Card,
     empty_cache_at: &[usize],
 ) -> Result<DeviceReplay> {
-    run(snapshot, index, config, card, Some(empty_cache_at))
+    run(snapshot, index, config, card, Some(empty_cache_at), 0)
+}
+
+/// [`replay_device_at`] with the figures of the history's part from entry
+/// `from` on: the peaks, the segments at the reserved peak and the requests
+/// that found the allocator at its limit are counted from there (a batch
+/// search's last try, after the cache given back before it), whatever the
+/// earlier part reached. Its out-of-memory failures are all of them.
+pub fn replay_device_part(
+    snapshot: &Snapshot,
+    index: usize,
+    config: &AllocatorConfig,
+    card: Card,
+    empty_cache_at: &[usize],
+    from: usize,
+) -> Result<DeviceReplay> {
+    run(snapshot, index, config, card, Some(empty_cache_at), from)
 }
 
 fn run(
@@ -204,6 +220,7 @@ fn run(
     config: &AllocatorConfig,
     card: Card,
     empty_cache_at: Option<&[usize]>,
+    from: usize,
 ) -> Result<DeviceReplay> {
     // Replayed under the recorded settings (the caller asks where the
     // cache was given back under others): the driver's addresses hold.
@@ -247,6 +264,8 @@ fn run(
     }
     // Recorded segment events seen so far, and those the model has made.
     let mut seen = 0;
+    // What the part before `from` left in the allocator's count.
+    let mut limit_reached_before = 0;
     let made = |m: &CachingAllocator| m.segment_events().len();
     let gives_back = |a: SegmentAction| matches!(a, SegmentAction::Free | SegmentAction::Unmap);
     for (i, e) in trace.iter().enumerate() {
@@ -277,6 +296,9 @@ fn run(
         if call_empty_cache {
             model.empty_cache();
             out.empty_cache_at.push(i);
+        }
+        if i == from && from > 0 {
+            limit_reached_before = model.limit_reached();
         }
         // The segment the request made, where the recording says so, under
         // the settings it was made with: at the driver's address.
@@ -322,6 +344,9 @@ fn run(
             }
             _ => {}
         }
+        if i < from {
+            continue;
+        }
         let s = model.stats();
         let (reserved, allocated) = (s.reserved_bytes.all.current as u64, s.allocated_bytes.all.current as u64);
         out.peak_allocated = out.peak_allocated.max(allocated);
@@ -339,7 +364,7 @@ fn run(
         model.empty_cache();
         out.empty_cache_at.push(trace.len());
     }
-    out.limit_reached = model.limit_reached();
+    out.limit_reached = model.limit_reached() - limit_reached_before;
     let replayed: Vec<(SegmentAction, u64)> = model.segment_events().iter().map(|s| (s.action, s.size)).collect();
     out.segment_events_matched = recorded.iter().zip(&replayed).filter(|(r, m)| r == m).count();
     let first = recorded.iter().zip(&replayed).take_while(|(r, m)| r == m).count();
@@ -471,6 +496,32 @@ mod tests {
         let other = AllocatorConfig::parse("max_split_size_mb:64").unwrap();
         let r = replay_device(&s, 0, &default, &other, CARD).unwrap();
         assert_eq!(r.empty_cache_at, vec![6]);
+    }
+
+    /// A part's figures are its own: on a 40 MiB card a cached 30 MiB
+    /// block is given back for a 34 MiB one, then the cache goes back and
+    /// 5 MiB follow. The whole history peaks at the 34 MiB; the part after
+    /// it at its own 20 MiB segment, and the request that found the
+    /// allocator at its limit before is not the part's.
+    #[test]
+    fn the_figures_of_a_part_are_counted_from_its_start() {
+        use Action::*;
+        let s = snapshot(&[
+            (Alloc, 1, 30 * MIB),
+            (FreeRequested, 1, 30 * MIB),
+            (FreeCompleted, 1, 30 * MIB),
+            (Alloc, 2, 34 * MIB),
+            (FreeRequested, 2, 34 * MIB),
+            (FreeCompleted, 2, 34 * MIB),
+            (Alloc, 3, 5 * MIB),
+        ]);
+        let default = AllocatorConfig::default();
+        let card = Card { capacity: 40 * MIB, total: 80 << 30 };
+        let whole = replay_device_at(&s, 0, &default, card, &[6]).unwrap();
+        assert_eq!((whole.peak_reserved, whole.peak_allocated, whole.limit_reached), (34 * MIB, 34 * MIB, 1));
+        let part = replay_device_part(&s, 0, &default, card, &[6], 6).unwrap();
+        assert_eq!((part.peak_reserved, part.peak_allocated, part.limit_reached), (20 * MIB, 5 * MIB, 0));
+        assert_eq!((part.at_peak.entry, part.empty_cache_at.clone()), (6, vec![6]));
     }
 
     #[test]
