@@ -395,7 +395,9 @@ fn predicted_need(
     use memlab_core::replay::Fit;
     // A try that panics (the host out of memory at a large batch, a shape
     // bug) fails, as a GPU try would; its panic is reported as usual unless
-    // it says memory ran out.
+    // it says memory ran out. Where CUDA is there, `tch::autocast` turns its
+    // autocast on even for a CPU step, and leaves it on if the step panics.
+    let autocast = memlab_tch::ops::CudaAutocast::now();
     let predicted = catch_unwind(AssertUnwindSafe(|| {
         quiet_oom_panics::trying(u64::MAX, || {
             let cpu = CpuSteps {
@@ -436,6 +438,9 @@ fn predicted_need(
         let message = panic_message(&*panic).unwrap_or("a panic");
         Err(Error::InvalidArgument(format!("the step at batch {n} panicked: {message}")))
     });
+    if let Ok(autocast) = autocast {
+        let _ = autocast.restore();
+    }
     // The setting asked for comes after libtorch's defaults.
     let mut giving_back = false;
     let need = predicted.map_err(|e| e.to_string()).and_then(|p| {
@@ -557,9 +562,15 @@ fn try_once(
         let holders = holders(failure.device, &model.now(), false);
         (diagnose(failure, Some(&holders)).0, holders)
     };
+    let autocast = memlab_tch::ops::CudaAutocast::now();
     let (ran, oom) = memlab_core::oom::quietly(device, first_failure, |ticket| {
         quiet_oom_panics::trying(ticket, || catch_unwind(AssertUnwindSafe(|| step(n))))
     });
+    // A try that failed inside `tch::autocast` left it on, and its cast
+    // weights cached, for every later try: put back as the try found it.
+    if let Ok(autocast) = autocast {
+        let _ = autocast.restore();
+    }
     let measured = watch.finish().map_err(|e| e.to_string());
     let _ = memlab_tch::empty_cache();
     (outcome(ran, measured), oom)

@@ -949,6 +949,47 @@ char* memlab_watch_ops(memlab_op_hook hook) {
   }
 }
 
+// The calling thread's CUDA autocast as tch::autocast leaves it: whether it
+// is on, and how deeply autocast regions nest (read by going one deeper and
+// back).
+char* memlab_cuda_autocast_state(int32_t* enabled, int32_t* nesting) {
+  try {
+    *enabled = at::autocast::is_autocast_enabled(at::kCUDA) ? 1 : 0;
+    *nesting = at::autocast::increment_nesting() - 1;
+    at::autocast::decrement_nesting();
+    return nullptr;
+  } catch (const std::exception& e) {
+    return error_copy(e.what());
+  } catch (...) {
+    return error_copy("libtorch refused to tell its autocast state");
+  }
+}
+
+// Puts the calling thread's CUDA autocast back as memlab_cuda_autocast_state
+// read it: tch::autocast does not unwind, so a panic inside it leaves autocast
+// on, one level deeper, and its cast weights cached. The regions left open
+// are closed, and where none stays open the cache is given back, as the
+// outermost region's end would have. `*left` says whether any was.
+char* memlab_cuda_autocast_restore(int32_t enabled, int32_t nesting, int32_t* left) {
+  try {
+    int now = at::autocast::increment_nesting() - 1;
+    at::autocast::decrement_nesting();
+    *left = (now > nesting || (at::autocast::is_autocast_enabled(at::kCUDA) ? 1 : 0) != enabled) ? 1 : 0;
+    while (now > nesting) {
+      now = at::autocast::decrement_nesting();
+      if (now == 0) {
+        at::autocast::clear_cache();
+      }
+    }
+    at::autocast::set_autocast_enabled(at::kCUDA, enabled != 0);
+    return nullptr;
+  } catch (const std::exception& e) {
+    return error_copy(e.what());
+  } catch (...) {
+    return error_copy("libtorch refused to restore its autocast state");
+  }
+}
+
 char* memlab_cpu_autocast_begin(int32_t dtype, int32_t* was_enabled, int32_t* was_dtype) {
   try {
     *was_enabled = at::autocast::is_autocast_enabled(at::kCPU) ? 1 : 0;

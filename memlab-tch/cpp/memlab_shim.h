@@ -459,6 +459,13 @@ char* memlab_watch_ops(memlab_op_hook hook);
 // weights back). Not nested.
 char* memlab_cpu_autocast_begin(int32_t dtype, int32_t* was_enabled, int32_t* was_dtype);
 char* memlab_cpu_autocast_end(int32_t was_enabled, int32_t was_dtype);
+
+// The calling thread's CUDA autocast: whether it is on and how deeply its
+// regions nest; and that state put back after a panic inside tch::autocast
+// (which does not unwind), the cache of cast weights given back where no
+// region stays open. `*left` says whether the state had been left changed.
+char* memlab_cuda_autocast_state(int32_t* enabled, int32_t* nesting);
+char* memlab_cuda_autocast_restore(int32_t enabled, int32_t nesting, int32_t* left);
 // Counts a CPU allocation (MEMLAB_ACTION_ALLOC) or free
 // (MEMLAB_ACTION_FREE_REQUESTED) of `size` bytes. While a CPU event hook is
 // set, the counting allocator leaves its counting to the hook, which calls

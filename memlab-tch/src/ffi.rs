@@ -369,6 +369,8 @@ extern "C" {
     pub fn memlab_watch_ops(hook: Option<OpHook>) -> *mut c_char;
     pub fn memlab_cpu_autocast_begin(dtype: i32, was_enabled: *mut i32, was_dtype: *mut i32) -> *mut c_char;
     pub fn memlab_cpu_autocast_end(was_enabled: i32, was_dtype: i32) -> *mut c_char;
+    pub fn memlab_cuda_autocast_state(enabled: *mut i32, nesting: *mut i32) -> *mut c_char;
+    pub fn memlab_cuda_autocast_restore(enabled: i32, nesting: i32, left: *mut i32) -> *mut c_char;
     pub fn memlab_cpu_count(action: i32, size: u64);
     pub fn memlab_tensor_storage(tensor: *const c_void, out: *mut StorageInfo) -> *mut c_char;
     pub fn memlab_tensor_facts(tensor: *const c_void, out: *mut TensorFacts, grad: *mut TensorFacts) -> *mut c_char;

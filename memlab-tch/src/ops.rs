@@ -119,6 +119,47 @@ impl Drop for CpuAutocast {
     }
 }
 
+/// The calling thread's CUDA autocast as a step found it, to put back after
+/// the step panics: `tch::autocast` does not unwind, so a panic inside it
+/// (a CUDA out-of-memory error) leaves autocast on for everything the
+/// thread runs after, and the cast weights it cached alive.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CudaAutocast {
+    enabled: i32,
+    nesting: i32,
+}
+
+impl CudaAutocast {
+    /// The calling thread's state now.
+    pub fn now() -> Result<CudaAutocast> {
+        let (mut enabled, mut nesting) = (0, 0);
+        // SAFETY: two valid out-pointers; the shim catches every exception.
+        ffi::check(unsafe { ffi::memlab_cuda_autocast_state(&mut enabled, &mut nesting) })?;
+        Ok(CudaAutocast { enabled, nesting })
+    }
+
+    /// Whether autocast is on.
+    pub fn enabled(&self) -> bool {
+        self.enabled != 0
+    }
+
+    /// How many autocast regions are open.
+    pub fn nesting(&self) -> i32 {
+        self.nesting
+    }
+
+    /// Puts this state back on the calling thread: closes the regions a
+    /// panic left open, giving the cache of cast weights back where none
+    /// stays open, and sets autocast on or off as it was. Whether anything
+    /// had been left changed.
+    pub fn restore(&self) -> Result<bool> {
+        let mut left = 0;
+        // SAFETY: a valid out-pointer; the shim catches every exception.
+        ffi::check(unsafe { ffi::memlab_cuda_autocast_restore(self.enabled, self.nesting, &mut left) })?;
+        Ok(left != 0)
+    }
+}
+
 /// The op the shim reported, as memlab-core's: its kind with its details,
 /// else [`Op::Other`].
 fn op_of(raw: &ffi::Op) -> Op {

@@ -116,6 +116,46 @@ fn batch_size_search_within_a_byte_budget() {
     assert!(search.tried.iter().all(|t| t.batch_size <= 512), "nothing far above the answer is tried: {search}");
 }
 
+/// The calling thread's CUDA autocast, read from libtorch: whether it is
+/// on, and how deeply its regions nest.
+fn cuda_autocast() -> (i32, i32) {
+    // SAFETY: libtorch's own entry points, which catch its exceptions.
+    unsafe {
+        let nesting = torch_sys::at_autocast_increment_nesting() - 1;
+        torch_sys::at_autocast_decrement_nesting();
+        (torch_sys::at_autocast_is_enabled(), nesting)
+    }
+}
+
+/// Where CUDA is there, `tch::autocast` turns autocast on and opens a
+/// region before it runs its closure, and closes it after, without
+/// unwinding: a try that runs out inside it would leave autocast on, and
+/// the cast weights cached, for every later try and the program after the
+/// search. The search puts the thread's autocast back after each try.
+#[test]
+fn a_try_that_runs_out_inside_autocast_leaves_it_as_it_was() {
+    let _s = serial();
+    let before = cuda_autocast();
+    let search = memlab::find_batch_size(Device::Cpu, Budget::Bytes(1 << 30), 1000, |n| {
+        // SAFETY: as tch::autocast calls them, before and after its closure.
+        unsafe {
+            torch_sys::at_autocast_set_enabled(1);
+            torch_sys::at_autocast_increment_nesting();
+        }
+        assert!(n <= 300, "CUDA out of memory (simulated) at batch {n}");
+        unsafe {
+            if torch_sys::at_autocast_decrement_nesting() == 0 {
+                torch_sys::at_autocast_clear_cache();
+            }
+            torch_sys::at_autocast_set_enabled(before.0);
+        }
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(search.largest, Some(300), "{search}");
+    assert_eq!(cuda_autocast(), before, "autocast as the search found it");
+}
+
 #[test]
 fn batch_size_search_survives_failures() {
     let _s = serial();

@@ -37,6 +37,42 @@ fn model_size_and_batch_search_on_cuda() {
     assert_eq!(after.sum(Kind::Float).double_value(&[]), 0.0, "CUDA still works");
 }
 
+/// A try that runs out of memory inside `tch::autocast`, which does not
+/// unwind: the search puts the thread's autocast back after it, so the cast
+/// weights autocast cached are given back and later tries (and the program
+/// after the search) run with autocast as it was.
+#[test]
+#[ignore = "needs a CUDA GPU"]
+fn a_try_that_runs_out_inside_autocast_gives_its_cast_weights_back() {
+    use tch::nn::Module;
+    let _s = serial();
+    let vs = tch::nn::VarStore::new(GPU);
+    let linear = tch::nn::linear(vs.root(), 1024, 1024, Default::default());
+    let x = Tensor::ones([8, 1024], (Kind::Float, GPU));
+    // The thread's cuBLAS workspaces, made at its first product, stay.
+    let _ = tch::autocast(true, || linear.forward(&x));
+    let before = allocated();
+    let search = memlab::find_batch_size(Device::Cuda(0), memlab::Budget::Bytes(i64::MAX), 1 << 12, |batch| {
+        tch::autocast(true, || {
+            // Casts the weight to f16 and keeps the cast for the region.
+            let y = linear.forward(&x);
+            assert_eq!(y.kind(), Kind::Half);
+            // From 512 on, a GiB a sample: more than the card.
+            if batch >= 512 {
+                let _huge = Tensor::empty([batch as i64, 1 << 28], (Kind::Float, GPU));
+            }
+        });
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(search.largest, Some(511), "{search}");
+    // SAFETY: libtorch's own entry point, which catches its exceptions.
+    assert_eq!(unsafe { torch_sys::at_autocast_is_enabled() }, 0, "autocast is off after the search");
+    assert_eq!(allocated(), before, "no cast weight is left cached");
+    let y = linear.forward(&x);
+    assert_eq!(y.kind(), Kind::Float, "the program's ops run in f32 again");
+}
+
 #[test]
 #[ignore = "needs a CUDA GPU"]
 fn where_the_gpu_memory_went() {
