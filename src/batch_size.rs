@@ -458,6 +458,8 @@ fn predicted_need(
             Some(Fit::MayNotFit { .. }) => s.range.map_or(s.peak_device, |r| r.high.device).max(card + 1),
             // No card holds it: the most any figure can say.
             Some(Fit::NoCard { .. }) => u64::MAX,
+            // The steps' recording watches its ops: never so here.
+            Some(Fit::NotPredictable) => return Err(p.not_predictable.clone().unwrap_or_default()),
         })
     });
     (need.map(|b| i64::try_from(b).unwrap_or(i64::MAX)), None, giving_back)

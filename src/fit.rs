@@ -135,7 +135,11 @@
 //! kept so, `fixtures/zoo/steps/`, and predicted again in CI). A step
 //! recorded under a [`Recording`](crate::Recording) with
 //! [`Settings::ops`](crate::events::Settings::ops) and exported is
-//! predicted too, without what lived before it.
+//! predicted too, without what lived before it. One recorded without
+//! `Settings::ops` is not: what CUDA's kernels add and what the CPU's took
+//! for themselves cannot be placed, and no bound holds, so the prediction
+//! says why ([`CudaPrediction::not_predictable`]) and gives no verdict
+//! ([`Fit::NotPredictable`](crate::replay::Fit::NotPredictable)).
 
 use memlab_core::export::Construction;
 use memlab_core::replay::{CudaAdditions, CudaPrediction};

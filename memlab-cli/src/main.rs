@@ -127,12 +127,13 @@ enum Command {
         #[arg(long, conflicts_with = "as_cuda")]
         compare: bool,
         /// Predict a CUDA run from the snapshot's CPU history (a memlab
-        /// recording of the step on the CPU, best with Settings::ops, which
-        /// watches the sums, convolutions and softmax backward passes whose
-        /// CUDA kernels allocate otherwise): its allocations replayed through the CUDA allocator's
-        /// model with what CUDA adds (estimates). With --capacity, the card's
-        /// memory: whether the step fits (a --setting may then carry
-        /// per_process_memory_fraction:F, a share of that card).
+        /// recording of the step on the CPU with Settings::ops, which watches
+        /// the ops whose CUDA kernels allocate otherwise): its allocations
+        /// replayed through the CUDA allocator's model with what CUDA adds
+        /// (estimates). With --capacity, the card's memory: whether the step
+        /// fits (a --setting may then carry per_process_memory_fraction:F, a
+        /// share of that card). A recording made without Settings::ops is
+        /// not predictable: it says why, and gives no verdict.
         #[arg(long = "as-cuda", conflicts_with = "fraction")]
         as_cuda: bool,
         /// The libtorch that made the recording, where the file does not say

@@ -1055,6 +1055,14 @@ fn replay_takes_hostile_settings_and_sizes_as_libtorch_would_and_says_so() {
     let cpu = history_file("exabyte_step.pickle", "cpu", &[(Alloc, 1 << 40, 4 * MIB), (Alloc, 2 << 40, 1 << 60)]);
     let text = stdout(&memlab(&["replay", &cpu, "--as-cuda", "--capacity", "80G"]));
     assert!(text.contains("does not fit on any card") && !text.contains("to spare"), "{text}");
+    // A CPU history recorded without its ops gets no verdict, and says why.
+    let cpu = history_file("step_without_ops.pickle", "cpu", &[(Alloc, 1 << 40, 4 * MIB)]);
+    let text = stdout(&memlab(&["replay", &cpu, "--as-cuda", "--capacity", "80G"]));
+    assert!(text.contains("Not predictable: the recording did not watch its ops (Settings::ops)"), "{text}");
+    assert!(!text.contains("to spare"), "{text}");
+    let out = json(&["replay", &cpu, "--as-cuda", "--capacity", "80G", "--json"]);
+    assert_eq!(out["settings"][0]["fit"], "NotPredictable", "{out}");
+    assert!(out["not_predictable"].as_str().is_some_and(|why| why.contains("Settings::ops")), "{out}");
 }
 
 /// PyTorch's snapshots never say their libtorch: `--libtorch` does, and the

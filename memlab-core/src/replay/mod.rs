@@ -71,7 +71,8 @@ pub use allocator::{
 pub(crate) use as_cuda::site;
 pub use as_cuda::{
     check_settings, check_settings_as, cpu_history_as_cuda, predict_cuda, predicted_history, CudaAdditions,
-    CudaPrediction, Fit, PeakRange, Peaks, PredictOptions, SettingPrediction, NOT_MODELLED, NOT_WATCHED,
+    CudaPrediction, Fit, PeakRange, Peaks, PredictOptions, SettingPrediction, NOT_MODELLED, NOT_PREDICTABLE,
+    NOT_WATCHED,
 };
 pub use compare::{replay_snapshot, DeviceReplays, ReplayOptions, Replayed, COMPARED};
 pub use config::{AllocatorConfig, ReadSettings, DIVISION_BUCKETS, MAX_MB, MIB, MIN_LARGE_ALLOC, ONE_EXABYTE};
