@@ -129,7 +129,10 @@ fn will_it_fit(card: u64) -> Result<(), Box<dyn Error>> {
         None => println!("Not even a batch of 1 fits the card."),
     }
     if let Some(batch) = search.largest_giving_cache_back {
-        println!("Up to {batch} may fit, if the allocator's cache given back leaves room (not modelled).");
+        println!(
+            "Up to {batch} may fit: the model fits it with less than its error to spare, or only by the allocator \
+             giving its cache back."
+        );
     }
     Ok(())
 }

@@ -107,11 +107,12 @@
 //! The largest batch that fits a card, searched on the CPU:
 //! `find_batch_size(Device::Cpu, Budget::CudaCard(80 << 30), max, |batch| step(batch))`
 //! (see [`find_batch_size`](crate::find_batch_size)): each try is a
-//! prediction of this kind, replayed after the search's first try as the
+//! prediction of this kind, replayed after every try before it as the
 //! search's own process on the GPU would run it (on an H100 it named the
 //! batch of the GPU's own search for the three models of BENCHMARKS.md).
-//! It names the largest batch whose step fits outright, and, where larger
-//! ones fit only by the allocator giving its cache back, the largest of
+//! It names the largest batch whose step fits outright, with the model's
+//! error to spare (1 % of its peak), and, where larger ones fit with less
+//! to spare or only by the allocator giving its cache back, the largest of
 //! those as what may fit
 //! ([`BatchSearch::largest_giving_cache_back`](crate::batch_size::BatchSearch::largest_giving_cache_back)).
 //!

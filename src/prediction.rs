@@ -323,15 +323,37 @@ impl Steps {
     /// (since the history's first event, as a prediction's
     /// [`Fit`](memlab_core::replay::Fit) says): the last part's history up
     /// to the failing request, then, as the failed step unwinds, every
-    /// block that part made and still held freed, except what outlived a
-    /// step that ended before it (the gradients).
+    /// block that part made and still held freed, except the gradients:
+    /// what outlived a step that ended before it, and what the failed step
+    /// made before it failed that outlived the step on the CPU (autograd
+    /// gives each parameter its gradient as the backward pass makes it).
     pub(crate) fn ran_out_at(mut self, at_us: u64) -> Steps {
         let Some(trace) = self.snapshot.device_traces.get_mut(self.cpu) else { return self };
         let Some(first) = trace.first().map(|e| e.time_us) else { return self };
         let failed = first.saturating_add(at_us);
         let part = self.empty_cache_at_us.last().copied().unwrap_or(0);
-        // The last step that ended before the failure.
+        // The last step that ended before the failure, and the end of the
+        // step that failed (the CPU ran it to its end).
         let ended = self.step_ends_us.iter().copied().filter(|&end| end < failed).max();
+        let failing_end = self.step_ends_us.iter().copied().filter(|&end| end >= failed).min();
+        // What the failed step made before it failed and kept past its end
+        // on the CPU: gradients, which autograd had given their tensors.
+        let mut kept: std::collections::HashSet<(u64, u64)> = std::collections::HashSet::new();
+        if let Some(end) = failing_end {
+            let mut made: std::collections::HashMap<u64, u64> = std::collections::HashMap::new();
+            for e in trace.iter().take_while(|e| e.time_us <= end) {
+                match (e.action, e.addr) {
+                    (Action::Alloc, Some(a)) if e.time_us < failed && ended.is_none_or(|s| e.time_us > s) => {
+                        made.insert(a, e.time_us);
+                    }
+                    (Action::FreeRequested, Some(a)) => {
+                        made.remove(&a);
+                    }
+                    _ => {}
+                }
+            }
+            kept.extend(made);
+        }
         trace.retain(|e| e.time_us < failed);
         let mut held: std::collections::HashMap<u64, (usize, TraceEntry)> = std::collections::HashMap::new();
         for (i, e) in trace.iter().enumerate() {
@@ -345,8 +367,11 @@ impl Steps {
                 _ => {}
             }
         }
-        let mut unwound: Vec<(usize, TraceEntry)> =
-            held.into_values().filter(|(_, e)| ended.is_none_or(|end| e.time_us > end)).collect();
+        let mut unwound: Vec<(usize, TraceEntry)> = held
+            .into_values()
+            .filter(|(_, e)| ended.is_none_or(|end| e.time_us > end))
+            .filter(|(_, e)| !e.addr.is_some_and(|a| kept.contains(&(a, e.time_us))))
+            .collect();
         unwound.sort_unstable_by_key(|&(i, _)| std::cmp::Reverse(i));
         trace.extend(unwound.into_iter().map(|(_, e)| TraceEntry {
             action: Action::FreeRequested,
@@ -554,29 +579,36 @@ mod tests {
     }
 
     /// A try that ran out is cut at its failing request, and what its
-    /// failed step held is freed there, the gradients of the step it
-    /// finished kept. The next try found gradients that a try that ran out
-    /// did not keep: its frees of them go, its backward pass makes new ones.
+    /// failed step held is freed there, the gradients kept: those of the
+    /// step it finished, or, once its failed step freed them, those the
+    /// failed step made before it failed. The next try found gradients
+    /// that a try that ran out did not keep: its frees of them go, its
+    /// backward pass makes new ones.
     #[test]
-    fn a_try_that_ran_out_leaves_what_outlived_its_finished_steps() {
+    fn a_try_that_ran_out_leaves_its_gradients() {
         let (weight, old_gradient, gradient, activation, late, new_gradient) = (10, 20, 30, 40, 45, 60);
         let first = steps(vec![event(Action::Alloc, old_gradient, 8, 100)], vec![(weight, 8)], 100);
-        let mut failed = steps(
-            vec![
+        let failed = |second_step: Vec<TraceEntry>| {
+            let mut trace = vec![
                 // Its first step: frees the first try's gradient, makes its own.
                 event(Action::FreeRequested, old_gradient, 8, 300),
                 event(Action::Alloc, gradient, 8, 301),
-                // Its second: an activation, then the request that fails.
-                event(Action::Alloc, activation, 64, 303),
-                event(Action::Alloc, late, 128, 304),
-            ],
-            vec![(weight, 8), (old_gradient, 8)],
-            300,
-        );
-        failed.step_ends_us = vec![302, 305];
-        let chain = failed.after(&first).ran_out_at(304 - 100);
+            ];
+            trace.extend(second_step);
+            let mut failed = steps(trace, vec![(weight, 8), (old_gradient, 8)], 300);
+            failed.step_ends_us = vec![302, 307];
+            failed.after(&first)
+        };
+        // Its second step runs out in the forward pass: the first's gradient stays.
+        let forward = failed(vec![
+            event(Action::Alloc, activation, 64, 303),
+            event(Action::Alloc, late, 128, 304),
+            event(Action::FreeRequested, late, 128, 305),
+            event(Action::FreeRequested, activation, 64, 305),
+        ])
+        .ran_out_at(304 - 100);
         assert_eq!(
-            actions(&chain)[1..],
+            actions(&forward)[1..],
             [
                 (Action::FreeRequested, old_gradient, 300),
                 (Action::Alloc, gradient, 301),
@@ -584,7 +616,27 @@ mod tests {
                 (Action::FreeRequested, activation, 304),
             ]
         );
-        // The CPU ran the failed try to its end: the next finds the
+        // In the backward pass, after it freed that gradient and made one
+        // of its own: that one stays.
+        let backward = failed(vec![
+            event(Action::FreeRequested, gradient, 8, 303),
+            event(Action::Alloc, activation, 64, 303),
+            event(Action::Alloc, new_gradient, 8, 304),
+            event(Action::Alloc, late, 128, 305),
+            event(Action::FreeRequested, late, 128, 306),
+            event(Action::FreeRequested, activation, 64, 306),
+        ])
+        .ran_out_at(305 - 100);
+        assert_eq!(
+            actions(&backward)[3..],
+            [
+                (Action::FreeRequested, gradient, 303),
+                (Action::Alloc, activation, 303),
+                (Action::Alloc, new_gradient, 304),
+                (Action::FreeRequested, activation, 305),
+            ]
+        );
+        // The CPU ran the first failed try to its end: the next finds the
         // gradient its last step made, which the process does not hold.
         let next = steps(
             vec![
@@ -595,10 +647,10 @@ mod tests {
             vec![(weight, 8), (new_gradient, 8)],
             500,
         );
-        let all = next.after(&chain);
+        let all = next.after(&forward);
         assert_eq!(
             actions(&all)[5..],
-            [(Action::FreeRequested, gradient, 499), (Action::Alloc, 70, 500), (Action::Alloc, new_gradient, 502),]
+            [(Action::FreeRequested, gradient, 499), (Action::Alloc, 70, 500), (Action::Alloc, new_gradient, 502)]
         );
     }
 }

@@ -392,11 +392,13 @@ fn find_batch_size_searches_a_cuda_card_on_the_cpu() {
         adam.backward_step(&net.forward(&data).cross_entropy_for_logits(&labels));
         Ok(())
     };
-    // What a batch needs on a CUDA card, predicted on its own.
+    // The least card a batch fits, predicted on its own, with the model's
+    // error to spare: its device peak and 1 % of its reserved peak.
     fn need(step: &mut impl FnMut(usize) -> Result<(), Box<dyn std::error::Error>>, batch: usize) -> u64 {
         let as_memlab = |e: Box<dyn std::error::Error>| memlab::Error::InvalidArgument(e.to_string());
         let p = WillItFit::peaks().max_steps(3).run(|| step(batch).map_err(as_memlab)).unwrap();
-        p.settings[0].peak_device
+        let error = (p.settings[0].peak_reserved * memlab::batch_size::MODEL_ERROR_PERCENT).div_ceil(100);
+        p.settings[0].peak_device + error
     }
     let card = need(&mut step, 64);
     let search = memlab::find_batch_size(Device::Cpu, memlab::Budget::CudaCard(card), 512, &mut step).unwrap();
@@ -404,6 +406,11 @@ fn find_batch_size_searches_a_cuda_card_on_the_cpu() {
     assert!((64..512).contains(&largest), "{search:?}");
     let (at, above) = (need(&mut step, largest), need(&mut step, largest + 1));
     assert!(at <= card && above > card, "{largest} ({at}) is the largest that fits {card} ({above} above it)");
+    // A batch that fits with less than the model's error to spare only may fit.
+    let search = memlab::find_batch_size(Device::Cpu, memlab::Budget::CudaCard(card - 1), 512, &mut step).unwrap();
+    assert!(search.largest.is_some_and(|n| n < largest), "{search:?}");
+    assert!(search.largest_giving_cache_back.is_some_and(|n| n >= largest), "{search:?}");
+    assert!(search.tried.iter().any(|t| t.within_error), "{search:?}");
     assert!(search.tried.iter().all(|t| t.outcome.is_ok()), "{search:?}");
     // A try that panics fails, as on a GPU, and the search goes on below it.
     let panicking = |batch: usize| -> Result<(), Box<dyn std::error::Error>> {
@@ -442,7 +449,11 @@ fn find_batch_size_never_counts_on_the_cache_given_back() {
     };
     let at_16 = peaks(&mut step, 16);
     assert!(at_16.peak_reserved >= 40 * MIB && at_16.peak_allocated < 25 * MIB, "{at_16:?}");
-    let card = at_16.peak_device;
+    // With the model's error to spare.
+    let error = |p: &memlab::replay::SettingPrediction| {
+        (p.peak_reserved * memlab::batch_size::MODEL_ERROR_PERCENT).div_ceil(100)
+    };
+    let card = at_16.peak_device + error(&at_16);
     // Giving the cache back, 24 fits the card in the model (36 MiB in use
     // at most, in 24 + 36 MiB reserved without a limit).
     let at_24 = WillItFit::new(card)
@@ -453,7 +464,8 @@ fn find_batch_size_never_counts_on_the_cache_given_back() {
     assert!(at_24.to_string().contains("may not fit"), "{at_24}");
     let search = memlab::find_batch_size(Device::Cpu, memlab::Budget::CudaCard(card), 64, &mut step).unwrap();
     let largest = search.largest.expect("16 fits the card made for it");
-    let (at, above) = (peaks(&mut step, largest).peak_device, peaks(&mut step, largest + 1).peak_device);
+    let need = |p: memlab::replay::SettingPrediction| p.peak_device + error(&p);
+    let (at, above) = (need(peaks(&mut step, largest)), need(peaks(&mut step, largest + 1)));
     assert!(
         at <= card && above > card,
         "{largest} ({at}) is the largest that fits {card} ({above} above it): {search:?}"
