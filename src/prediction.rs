@@ -287,6 +287,12 @@ impl Steps {
         // any allocation at its address.
         let mut gone: std::collections::HashSet<u64> =
             found.iter().copied().filter(|a| !alive.contains_key(a)).collect();
+        // The first of those frees: where these steps' first step frees
+        // the gradients it found (libtorch's `zero_grad`).
+        let zero_grad = trace
+            .iter()
+            .find(|e| e.action == Action::FreeRequested && e.addr.is_some_and(|a| gone.contains(&a)))
+            .map(|e| e.time_us);
         trace.retain(|e| match (e.action, e.addr) {
             (Action::FreeRequested, Some(a)) => !gone.remove(&a),
             (Action::Alloc, Some(a)) => {
@@ -295,14 +301,25 @@ impl Steps {
             }
             _ => true,
         });
-        // Left there, not found here: freed before the cache goes back.
+        // Left there, not found here: freed before the cache goes back; or,
+        // where a try that ran out kept gradients these steps did not find
+        // (they found others), freed where these steps free the gradients.
         let mut freed: Vec<(usize, u64)> =
             alive.iter().filter(|(a, _)| !found.contains(a)).map(|(&a, &i)| (i, a)).collect();
         freed.sort_unstable();
-        let freed_us = self.start_us.saturating_sub(1);
-        let freed =
-            freed.into_iter().map(|(_, a)| TraceEntry::new(Action::FreeRequested, Some(a), sizes[&a], freed_us));
-        *trace = before.iter().cloned().chain(freed).chain(trace.drain(..)).collect();
+        let free_at = |us: u64| -> Vec<TraceEntry> {
+            freed.iter().map(|&(_, a)| TraceEntry::new(Action::FreeRequested, Some(a), sizes[&a], us)).collect()
+        };
+        *trace = match zero_grad {
+            Some(us) => {
+                let at = trace.iter().position(|e| e.time_us >= us).unwrap_or(trace.len());
+                let rest: Vec<TraceEntry> = trace.drain(at..).collect();
+                before.iter().cloned().chain(trace.drain(..)).chain(free_at(us)).chain(rest).collect()
+            }
+            None => {
+                before.iter().cloned().chain(free_at(self.start_us.saturating_sub(1))).chain(trace.drain(..)).collect()
+            }
+        };
         let earlier_ops = earlier.snapshot.memlab.as_ref().and_then(|m| m.ops.as_ref());
         if let (Some(ops), Some(before)) = (self.snapshot.memlab.as_mut().and_then(|m| m.ops.as_mut()), earlier_ops) {
             *ops = before.iter().cloned().chain(ops.drain(..)).collect();
@@ -326,7 +343,8 @@ impl Steps {
     /// block that part made and still held freed, except the gradients:
     /// what outlived a step that ended before it, and what the failed step
     /// made before it failed that outlived the step on the CPU (autograd
-    /// gives each parameter its gradient as the backward pass makes it).
+    /// gives each parameter its gradient as the backward pass makes it);
+    /// the next try's first step frees them ([`Steps::after`]).
     pub(crate) fn ran_out_at(mut self, at_us: u64) -> Steps {
         let Some(trace) = self.snapshot.device_traces.get_mut(self.cpu) else { return self };
         let Some(first) = trace.first().map(|e| e.time_us) else { return self };
@@ -583,7 +601,8 @@ mod tests {
     /// step it finished, or, once its failed step freed them, those the
     /// failed step made before it failed. The next try found gradients
     /// that a try that ran out did not keep: its frees of them go, its
-    /// backward pass makes new ones.
+    /// backward pass makes new ones, and those the try kept are freed
+    /// where its first step frees the gradients.
     #[test]
     fn a_try_that_ran_out_leaves_its_gradients() {
         let (weight, old_gradient, gradient, activation, late, new_gradient) = (10, 20, 30, 40, 45, 60);
@@ -650,7 +669,7 @@ mod tests {
         let all = next.after(&forward);
         assert_eq!(
             actions(&all)[5..],
-            [(Action::FreeRequested, gradient, 499), (Action::Alloc, 70, 500), (Action::Alloc, new_gradient, 502)]
+            [(Action::Alloc, 70, 500), (Action::FreeRequested, gradient, 501), (Action::Alloc, new_gradient, 502)]
         );
     }
 }
