@@ -162,7 +162,7 @@ fn a_prediction_is_the_same_from_2_and_16_threads() {
     }
 }
 
-/// The batch searches of `examples/zoo.rs` on an H200 under a memory
+/// Five batch searches of `examples/zoo.rs` on an H200 under a memory
 /// fraction (`fixtures/zoo/searches/`): every try in one process, the
 /// failed ones included. Replayed under their own settings, each makes
 /// every segment event the GPU made and runs out exactly where it did, the
@@ -174,7 +174,7 @@ fn the_h200s_searches_replay_to_each_of_their_failures() {
     let dir = fixtures().join("../zoo/searches");
     let mut names: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
     names.sort();
-    assert_eq!(names.len(), 3);
+    assert_eq!(names.len(), 5);
     // The H200's memory, as torch gave it.
     let total = 150_109_880_320;
     for path in names {
