@@ -106,7 +106,7 @@ def table(plan_file, results):
                 # A search run again after an error: its last line counts.
                 found[(r["model"], r["setting"], r["device"])] = r
     print("| model | setting | limit (MiB) | GPU's largest batch | fits outright, predicted | "
-          "may fit giving cache back, up to | the GPU's | CPU search took |")
+          "may fit, up to | the GPU's | CPU search took |")
     print("|---|---|---:|---:|---:|---:|---|---:|")
     counts = {}
     with open(plan_file) as f:
