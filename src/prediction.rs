@@ -310,6 +310,17 @@ impl Steps {
         let free_at = |us: u64| -> Vec<TraceEntry> {
             freed.iter().map(|&(_, a)| TraceEntry::new(Action::FreeRequested, Some(a), sizes[&a], us)).collect()
         };
+        // No later than these steps' first allocation at one of their
+        // addresses, which the CPU had freed.
+        let left: std::collections::HashSet<u64> = freed.iter().map(|&(_, a)| a).collect();
+        let reused = trace
+            .iter()
+            .find(|e| e.action == Action::Alloc && e.addr.is_some_and(|a| left.contains(&a)))
+            .map(|e| e.time_us);
+        let zero_grad = match (zero_grad, reused) {
+            (Some(us), Some(reused)) => Some(us.min(reused)),
+            (zero_grad, _) => zero_grad,
+        };
         *trace = match zero_grad {
             Some(us) => {
                 let at = trace.iter().position(|e| e.time_us >= us).unwrap_or(trace.len());
@@ -350,6 +361,11 @@ impl Steps {
         let Some(first) = trace.first().map(|e| e.time_us) else { return self };
         let failed = first.saturating_add(at_us);
         let part = self.empty_cache_at_us.last().copied().unwrap_or(0);
+        // A failure before these steps is not theirs (the prediction counts
+        // only the last part's).
+        if failed < part {
+            return self;
+        }
         // The last step that ended before the failure, and the end of the
         // step that failed (the CPU ran it to its end).
         let ended = self.step_ends_us.iter().copied().filter(|&end| end < failed).max();
@@ -396,9 +412,12 @@ impl Steps {
             time_us: failed,
             ..e
         }));
-        // Ops still running when it failed never ended.
+        // Ops still running when it failed end there.
         if let Some(ops) = self.snapshot.memlab.as_mut().and_then(|m| m.ops.as_mut()) {
-            ops.retain(|r| r.end_us < failed);
+            ops.retain(|r| r.start_us < failed);
+            for r in ops.iter_mut() {
+                r.end_us = r.end_us.min(failed);
+            }
         }
         self.step_ends_us.retain(|&end| end < failed);
         self
@@ -670,6 +689,29 @@ mod tests {
         assert_eq!(
             actions(&all)[5..],
             [(Action::Alloc, 70, 500), (Action::FreeRequested, gradient, 501), (Action::Alloc, new_gradient, 502)]
+        );
+    }
+
+    /// A gradient a failed try kept is freed where the next try frees its
+    /// gradients, but no later than its first allocation at the same
+    /// address (the CPU had freed it): never two blocks at one address.
+    #[test]
+    fn a_kept_gradient_is_freed_before_its_address_is_used_again() {
+        let (weight, kept, found) = (10, 20, 30);
+        let chain = steps(vec![event(Action::Alloc, kept, 8, 100)], vec![(weight, 8)], 100);
+        let next = steps(
+            vec![
+                event(Action::Alloc, kept, 64, 500),
+                event(Action::FreeRequested, found, 8, 501),
+                event(Action::Alloc, found, 8, 502),
+            ],
+            vec![(weight, 8), (found, 8)],
+            500,
+        );
+        let all = next.after(&chain);
+        assert_eq!(
+            actions(&all)[1..],
+            [(Action::FreeRequested, kept, 500), (Action::Alloc, kept, 500), (Action::Alloc, found, 502)]
         );
     }
 }

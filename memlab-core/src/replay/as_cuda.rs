@@ -322,12 +322,14 @@ fn as_cuda(
     let mut open: std::collections::HashMap<u32, TraceEntry> = std::collections::HashMap::new();
     let mut parts = parts_at_us.iter().copied().peekable();
     for (i, e) in trace.iter().enumerate() {
-        if parts.next_if(|&at| e.time_us >= at).is_some() {
+        if let Some(at) = parts.next_if(|&at| e.time_us >= at) {
             while parts.next_if(|&at| e.time_us >= at).is_some() {}
             let mut left: Vec<(u32, TraceEntry)> = open.drain().collect();
             left.sort_unstable_by_key(|(n, _)| *n);
+            // Before the part's first entry, where the cache goes back.
+            let before_part = at.saturating_sub(1).max(history.last().map_or(0, |h: &TraceEntry| h.time_us));
             for (_, block) in left {
-                let freed = TraceEntry { time_us: e.time_us, ..block };
+                let freed = TraceEntry { time_us: before_part, ..block };
                 history.push(TraceEntry { action: Action::FreeRequested, ..freed.clone() });
                 history.push(TraceEntry { action: Action::FreeCompleted, ..freed });
             }
@@ -765,7 +767,12 @@ pub fn predict_cuda(name: &str, snapshot: &Snapshot, options: &PredictOptions) -
         // A request that fails on the largest card the model takes fails on
         // every card: libtorch refuses it at once (1 EiB or more), or the
         // step holds more than any device has. No cache given back helps.
-        let never = unlimited.ooms.iter().find(|o| !o.recorded).map(|o| {
+        // The failures of the part predicted (a batch search's last try):
+        // an earlier part's, which the search cut where it ran out, are not
+        // this step's.
+        let part_of = |h: &Snapshot| inputs.emptied(h).last().copied().unwrap_or(0);
+        let from = part_of(&history);
+        let never = unlimited.ooms.iter().find(|o| !o.recorded && o.entry >= from).map(|o| {
             let entry = &history.device_traces[0][o.entry];
             Fit::NoCard { at_us: entry.time_us.saturating_sub(first_us), site: site(entry), requested: o.oom.requested }
         });
@@ -810,7 +817,8 @@ pub fn predict_cuda(name: &str, snapshot: &Snapshot, options: &PredictOptions) -
                 let h = cudnn.history();
                 let replay = inputs.replay(h, &config, card)?;
                 // The attempts that fail on purpose are not the step's failure.
-                let Some(oom) = replay.ooms.iter().find(|o| !o.recorded) else {
+                let from = part_of(h);
+                let Some(oom) = replay.ooms.iter().find(|o| !o.recorded && o.entry >= from) else {
                     return Ok(UnderLimit {
                         runs_out: None,
                         limit_reached: replay.limit_reached,
@@ -2091,6 +2099,29 @@ mod tests {
             assert!(text.contains("which libtorch refuses at once"), "{text}");
             assert!(!text.contains("to spare"), "{text}");
         }
+    }
+
+    /// The parts before the last `empty_cache` are earlier tries of a
+    /// search: one that ran out there (a try the search kept whole) is not
+    /// the predicted step's failure, whose verdict is its own part's.
+    #[test]
+    fn an_earlier_parts_failure_is_not_the_steps() {
+        let mut snapshot = cpu(&[
+            (Action::Alloc, 1 << 40, 100 << 30),
+            (Action::FreeRequested, 1 << 40, 100 << 30),
+            (Action::Alloc, 2 << 40, 4 * MIB),
+        ]);
+        snapshot.memlab.as_mut().unwrap().ops = Some(Vec::new());
+        // Under a memory fraction, the verdict comes from a replay under the limit.
+        let options = PredictOptions {
+            capacity: Some(80 << 30),
+            settings: vec!["per_process_memory_fraction:0.5".into()],
+            empty_cache_at_us: vec![2],
+            ..PredictOptions::default()
+        };
+        let p = predict_cuda("two tries", &snapshot, &options).unwrap();
+        assert!(matches!(p.settings[0].fit, Some(Fit::Fits { .. })), "{p}");
+        assert_eq!(p.settings[0].peak_allocated, 4 * MIB, "{p}");
     }
 
     /// A request larger than a card's expandable segment (1.125 times the

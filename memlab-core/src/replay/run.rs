@@ -264,8 +264,9 @@ fn run(
     }
     // Recorded segment events seen so far, and those the model has made.
     let mut seen = 0;
-    // What the part before `from` left in the allocator's count.
-    let mut limit_reached_before = 0;
+    // Whether the figures are counted yet (from the first request at or
+    // after `from`), and what the part before left in the allocator's count.
+    let (mut counting, mut limit_reached_before) = (false, 0);
     let made = |m: &CachingAllocator| m.segment_events().len();
     let gives_back = |a: SegmentAction| matches!(a, SegmentAction::Free | SegmentAction::Unmap);
     for (i, e) in trace.iter().enumerate() {
@@ -297,7 +298,8 @@ fn run(
             model.empty_cache();
             out.empty_cache_at.push(i);
         }
-        if i == from && from > 0 {
+        if !counting && i >= from {
+            counting = true;
             limit_reached_before = model.limit_reached();
         }
         // The segment the request made, where the recording says so, under
@@ -344,7 +346,7 @@ fn run(
             }
             _ => {}
         }
-        if i < from {
+        if !counting {
             continue;
         }
         let s = model.stats();
@@ -363,6 +365,13 @@ fn run(
     if at_end {
         model.empty_cache();
         out.empty_cache_at.push(trace.len());
+    }
+    if !counting {
+        // A part with no request: what the allocator holds at its start.
+        let s = model.stats();
+        (out.peak_reserved, out.peak_allocated) =
+            (s.reserved_bytes.all.current as u64, s.allocated_bytes.all.current as u64);
+        limit_reached_before = model.limit_reached();
     }
     out.limit_reached = model.limit_reached() - limit_reached_before;
     let replayed: Vec<(SegmentAction, u64)> = model.segment_events().iter().map(|s| (s.action, s.size)).collect();
@@ -522,6 +531,9 @@ mod tests {
         let part = replay_device_part(&s, 0, &default, card, &[6], 6).unwrap();
         assert_eq!((part.peak_reserved, part.peak_allocated, part.limit_reached), (20 * MIB, 5 * MIB, 0));
         assert_eq!((part.at_peak.entry, part.empty_cache_at.clone()), (6, vec![6]));
+        // A part with no request holds what the allocator holds at its start.
+        let empty = replay_device_part(&s, 0, &default, card, &[6, 7], 7).unwrap();
+        assert_eq!((empty.peak_reserved, empty.peak_allocated, empty.limit_reached), (20 * MIB, 5 * MIB, 0));
     }
 
     #[test]
