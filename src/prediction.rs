@@ -310,22 +310,27 @@ impl Steps {
         let free_at = |us: u64| -> Vec<TraceEntry> {
             freed.iter().map(|&(_, a)| TraceEntry::new(Action::FreeRequested, Some(a), sizes[&a], us)).collect()
         };
-        // No later than these steps' first allocation at one of their
-        // addresses, which the CPU had freed.
-        let left: std::collections::HashSet<u64> = freed.iter().map(|&(_, a)| a).collect();
-        let reused = trace
-            .iter()
-            .find(|e| e.action == Action::Alloc && e.addr.is_some_and(|a| left.contains(&a)))
-            .map(|e| e.time_us);
-        let zero_grad = match (zero_grad, reused) {
-            (Some(us), Some(reused)) => Some(us.min(reused)),
-            (zero_grad, _) => zero_grad,
-        };
         *trace = match zero_grad {
             Some(us) => {
+                // They live on into these steps, whose CPU run had freed
+                // their addresses and may allocate there first: they keep
+                // addresses of their own.
+                let mut before = before.clone();
+                let left: std::collections::HashSet<u64> = freed.iter().map(|&(_, a)| a).collect();
+                let mut renamed = std::collections::HashSet::new();
+                for e in before.iter_mut().rev() {
+                    if let Some(a) = e.addr.filter(|a| left.contains(a) && !renamed.contains(a)) {
+                        e.addr = Some(a | KEPT);
+                        if e.action == Action::Alloc {
+                            renamed.insert(a);
+                        }
+                    }
+                }
+                let kept =
+                    freed.iter().map(|&(_, a)| TraceEntry::new(Action::FreeRequested, Some(a | KEPT), sizes[&a], us));
                 let at = trace.iter().position(|e| e.time_us >= us).unwrap_or(trace.len());
                 let rest: Vec<TraceEntry> = trace.drain(at..).collect();
-                before.iter().cloned().chain(trace.drain(..)).chain(free_at(us)).chain(rest).collect()
+                before.into_iter().chain(trace.drain(..)).chain(kept).chain(rest).collect()
             }
             None => {
                 before.iter().cloned().chain(free_at(self.start_us.saturating_sub(1))).chain(trace.drain(..)).collect()
@@ -423,6 +428,12 @@ impl Steps {
         self
     }
 }
+
+/// The bit that sets apart the address of a block a failed try kept, once
+/// the next try's CPU run may use its address again: above every CPU
+/// address (user space ends below 2^57) and below the replay's own
+/// workspaces (2^62).
+const KEPT: u64 = 1 << 61;
 
 /// Runs `build` under a recording: what it built, and what it allocated
 /// and freed on the CPU, in order (see [`crate::record_construction`]).
@@ -686,15 +697,22 @@ mod tests {
             500,
         );
         let all = next.after(&forward);
+        // The kept gradient, at an address of its own from its allocation on.
+        assert_eq!(actions(&all)[2], (Action::Alloc, gradient | KEPT, 301));
         assert_eq!(
             actions(&all)[5..],
-            [(Action::Alloc, 70, 500), (Action::FreeRequested, gradient, 501), (Action::Alloc, new_gradient, 502)]
+            [
+                (Action::Alloc, 70, 500),
+                (Action::FreeRequested, gradient | KEPT, 501),
+                (Action::Alloc, new_gradient, 502)
+            ]
         );
     }
 
     /// A gradient a failed try kept is freed where the next try frees its
-    /// gradients, but no later than its first allocation at the same
-    /// address (the CPU had freed it): never two blocks at one address.
+    /// gradients; the next try's CPU run had freed its address and may
+    /// allocate there first: it keeps an address of its own, never two
+    /// blocks at one address.
     #[test]
     fn a_kept_gradient_is_freed_before_its_address_is_used_again() {
         let (weight, kept, found) = (10, 20, 30);
@@ -710,8 +728,13 @@ mod tests {
         );
         let all = next.after(&chain);
         assert_eq!(
-            actions(&all)[1..],
-            [(Action::FreeRequested, kept, 500), (Action::Alloc, kept, 500), (Action::Alloc, found, 502)]
+            actions(&all),
+            [
+                (Action::Alloc, kept | KEPT, 100),
+                (Action::Alloc, kept, 500),
+                (Action::FreeRequested, kept | KEPT, 501),
+                (Action::Alloc, found, 502)
+            ]
         );
     }
 }
