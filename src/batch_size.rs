@@ -451,8 +451,8 @@ fn predicted_need(
             let predicted = cpu.predict_from(&steps);
             // The process goes on from where this try left it.
             let ran_out = match &predicted {
-                Ok(p) => match p.settings.last().and_then(|s| s.fit.clone()) {
-                    Some(Fit::DoesNotFit { at_us, .. } | Fit::NoCard { at_us, .. }) => Some(at_us),
+                Ok(p) => match p.settings.last().and_then(|s| s.fit.as_ref()) {
+                    Some(Fit::DoesNotFit { at_us, .. } | Fit::NoCard { at_us, .. }) => Some(*at_us),
                     _ => None,
                 },
                 Err(_) => None,

@@ -304,38 +304,29 @@ impl Steps {
         // Left there, not found here: freed before the cache goes back; or,
         // where a try that ran out kept gradients these steps did not find
         // (they found others), freed where these steps free the gradients.
+        // They then live on into these steps, whose CPU run had freed their
+        // addresses and may allocate there first: they keep addresses of
+        // their own from their allocation on.
         let mut freed: Vec<(usize, u64)> =
             alive.iter().filter(|(a, _)| !found.contains(a)).map(|(&a, &i)| (i, a)).collect();
         freed.sort_unstable();
-        let free_at = |us: u64| -> Vec<TraceEntry> {
-            freed.iter().map(|&(_, a)| TraceEntry::new(Action::FreeRequested, Some(a), sizes[&a], us)).collect()
+        let (freed_us, tag) = match zero_grad {
+            Some(us) => (us, KEPT),
+            None => (self.start_us.saturating_sub(1), 0),
         };
-        *trace = match zero_grad {
-            Some(us) => {
-                // They live on into these steps, whose CPU run had freed
-                // their addresses and may allocate there first: they keep
-                // addresses of their own.
-                let mut before = before.clone();
-                let left: std::collections::HashSet<u64> = freed.iter().map(|&(_, a)| a).collect();
-                let mut renamed = std::collections::HashSet::new();
-                for e in before.iter_mut().rev() {
-                    if let Some(a) = e.addr.filter(|a| left.contains(a) && !renamed.contains(a)) {
-                        e.addr = Some(a | KEPT);
-                        if e.action == Action::Alloc {
-                            renamed.insert(a);
-                        }
-                    }
+        let mut before = before.clone();
+        if tag != 0 {
+            let mut left: std::collections::HashSet<u64> = freed.iter().map(|&(_, a)| a).collect();
+            for e in before.iter_mut().rev().filter(|e| e.action == Action::Alloc) {
+                if let Some(a) = e.addr.filter(|a| left.remove(a)) {
+                    e.addr = Some(a | tag);
                 }
-                let kept =
-                    freed.iter().map(|&(_, a)| TraceEntry::new(Action::FreeRequested, Some(a | KEPT), sizes[&a], us));
-                let at = trace.iter().position(|e| e.time_us >= us).unwrap_or(trace.len());
-                let rest: Vec<TraceEntry> = trace.drain(at..).collect();
-                before.into_iter().chain(trace.drain(..)).chain(kept).chain(rest).collect()
             }
-            None => {
-                before.iter().cloned().chain(free_at(self.start_us.saturating_sub(1))).chain(trace.drain(..)).collect()
-            }
-        };
+        }
+        let frees =
+            freed.iter().map(|&(_, a)| TraceEntry::new(Action::FreeRequested, Some(a | tag), sizes[&a], freed_us));
+        let rest = trace.split_off(trace.iter().position(|e| e.time_us >= freed_us).unwrap_or(trace.len()));
+        *trace = before.into_iter().chain(trace.drain(..)).chain(frees).chain(rest).collect();
         let earlier_ops = earlier.snapshot.memlab.as_ref().and_then(|m| m.ops.as_ref());
         if let (Some(ops), Some(before)) = (self.snapshot.memlab.as_mut().and_then(|m| m.ops.as_mut()), earlier_ops) {
             *ops = before.iter().cloned().chain(ops.drain(..)).collect();
