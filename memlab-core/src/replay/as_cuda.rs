@@ -767,12 +767,7 @@ pub fn predict_cuda(name: &str, snapshot: &Snapshot, options: &PredictOptions) -
         // A request that fails on the largest card the model takes fails on
         // every card: libtorch refuses it at once (1 EiB or more), or the
         // step holds more than any device has. No cache given back helps.
-        // The failures of the part predicted (a batch search's last try):
-        // an earlier part's, which the search cut where it ran out, are not
-        // this step's.
-        let part_of = |h: &Snapshot| inputs.emptied(h).last().copied().unwrap_or(0);
-        let from = part_of(&history);
-        let never = unlimited.ooms.iter().find(|o| !o.recorded && o.entry >= from).map(|o| {
+        let never = unlimited.ooms.iter().find(|o| !o.recorded).map(|o| {
             let entry = &history.device_traces[0][o.entry];
             Fit::NoCard { at_us: entry.time_us.saturating_sub(first_us), site: site(entry), requested: o.oom.requested }
         });
@@ -817,8 +812,7 @@ pub fn predict_cuda(name: &str, snapshot: &Snapshot, options: &PredictOptions) -
                 let h = cudnn.history();
                 let replay = inputs.replay(h, &config, card)?;
                 // The attempts that fail on purpose are not the step's failure.
-                let from = part_of(h);
-                let Some(oom) = replay.ooms.iter().find(|o| !o.recorded && o.entry >= from) else {
+                let Some(oom) = replay.ooms.iter().find(|o| !o.recorded) else {
                     return Ok(UnderLimit {
                         runs_out: None,
                         limit_reached: replay.limit_reached,
@@ -1056,9 +1050,10 @@ impl<'a> Inputs<'a> {
         points
     }
 
-    /// `h` replayed under `config` on `card`, its figures those of the part
-    /// after the last `empty_cache` (the step predicted, where parts before
-    /// it ran first).
+    /// `h` replayed under `config` on `card`, its figures and failures
+    /// those of the part after the last `empty_cache` (the step predicted,
+    /// where parts before it ran first: a batch search's earlier tries,
+    /// which it cut where they ran out).
     fn replay(&self, h: &Snapshot, config: &super::AllocatorConfig, card: super::Card) -> Result<super::DeviceReplay> {
         let emptied = self.emptied(h);
         let from = emptied.last().copied().unwrap_or(0);

@@ -202,7 +202,7 @@ pub fn replay_device_at(
 /// `from` on: the peaks, the segments at the reserved peak and the requests
 /// that found the allocator at its limit are counted from there (a batch
 /// search's last try, after the cache given back before it), whatever the
-/// earlier part reached. Its out-of-memory failures are all of them.
+/// earlier part reached, and so are the failures the model alone makes.
 pub fn replay_device_part(
     snapshot: &Snapshot,
     index: usize,
@@ -317,6 +317,8 @@ fn run(
                         live.insert(addr, id);
                     }
                 }
+                // The part's own failures only.
+                Err(_) if !counting => {}
                 Err(oom) => {
                     out.oom_count += 1;
                     if out.ooms.iter().filter(|o| !o.recorded).count() < OOMS_KEPT {
@@ -346,15 +348,8 @@ fn run(
             }
             _ => {}
         }
-        if !counting {
-            continue;
-        }
-        let s = model.stats();
-        let (reserved, allocated) = (s.reserved_bytes.all.current as u64, s.allocated_bytes.all.current as u64);
-        out.peak_allocated = out.peak_allocated.max(allocated);
-        if reserved > out.peak_reserved || (reserved == out.peak_reserved && allocated > out.at_peak.allocated) {
-            out.peak_reserved = reserved;
-            out.at_peak = AtPeak { entry: i, reserved, allocated, largest_free: model.largest_free_block() };
+        if counting {
+            note_peak(&mut out, &model, i);
         }
     }
     // Segments given back after the last request: an `empty_cache` at the end.
@@ -368,9 +363,7 @@ fn run(
     }
     if !counting {
         // A part with no request: what the allocator holds at its start.
-        let s = model.stats();
-        (out.peak_reserved, out.peak_allocated) =
-            (s.reserved_bytes.all.current as u64, s.allocated_bytes.all.current as u64);
+        note_peak(&mut out, &model, trace.len());
         limit_reached_before = model.limit_reached();
     }
     out.limit_reached = model.limit_reached() - limit_reached_before;
@@ -386,6 +379,18 @@ fn run(
         });
     }
     Ok(out)
+}
+
+/// Counts the allocator's state after history entry `entry` into `out`'s
+/// peaks.
+fn note_peak(out: &mut DeviceReplay, model: &CachingAllocator, entry: usize) {
+    let s = model.stats();
+    let (reserved, allocated) = (s.reserved_bytes.all.current as u64, s.allocated_bytes.all.current as u64);
+    out.peak_allocated = out.peak_allocated.max(allocated);
+    if reserved > out.peak_reserved || (reserved == out.peak_reserved && allocated > out.at_peak.allocated) {
+        out.peak_reserved = reserved;
+        out.at_peak = AtPeak { entry, reserved, allocated, largest_free: model.largest_free_block() };
+    }
 }
 
 /// The first out-of-memory error of `trace` after which the program asked
