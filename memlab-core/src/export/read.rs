@@ -342,7 +342,7 @@ fn read<R: Read + Seek>(source: R) -> std::result::Result<SnapshotFile, String> 
     };
     let pickle = unpickle::read(source, strings, &mut builder).map_err(|f: Fault| f.to_string())?;
     let strings = pickle.strings;
-    let Value::Dict(top) = pickle.value else {
+    let Value::Dict(top) = &pickle.value else {
         return Err(format!(
             "not a memory snapshot: the pickle holds {}, not the dict of `segments` and `device_traces` that \
              torch.cuda.memory._dump_snapshot writes",
@@ -552,14 +552,14 @@ fn read_segments(strings: &Strings, b: &mut Builder, value: &Value) -> std::resu
 fn read_traces(strings: &Strings, b: &mut Builder, value: &Value) -> std::result::Result<Vec<Vec<TraceEntry>>, String> {
     let mut traces = Vec::new();
     for trace in list_of(value, "`device_traces`")? {
-        let Value::List(list) = trace else {
+        let Value::List(list) = &trace else {
             return Err(format!("a device's trace is {}, not a list", trace.kind()));
         };
         let list = std::mem::take(&mut *list.borrow_mut());
         let mut entries = Vec::with_capacity(list.len());
         for item in list {
-            let index = match item {
-                Value::Shaped(index) => index,
+            let index = match &item {
+                Value::Shaped(index) => *index,
                 // A dict the pickle shares was not shaped as it was read.
                 Value::Dict(dict) => match b.shape(strings, &mut dict.borrow().clone())? {
                     Some(Value::Shaped(index)) => index,
@@ -631,10 +631,21 @@ fn read_info(strings: &Strings, b: &mut Builder, value: &Value) -> std::result::
     Ok(info)
 }
 
+/// How deep plain data may nest: serde_json's own limit when it reads JSON.
+/// A list the pickle puts inside itself nests without end.
+const MAX_NESTING: usize = 128;
+
 /// A plain value (`None`, bools, numbers, strings, lists, dicts with string
 /// keys) as JSON.
 fn to_json(strings: &Strings, value: &Value) -> std::result::Result<serde_json::Value, String> {
+    nested_to_json(strings, value, 0)
+}
+
+fn nested_to_json(strings: &Strings, value: &Value, depth: usize) -> std::result::Result<serde_json::Value, String> {
     use serde_json::Value as J;
+    if depth >= MAX_NESTING && matches!(value, Value::List(_) | Value::Tuple(_) | Value::Dict(_)) {
+        return Err(format!("it nests deeper than {MAX_NESTING} lists and dicts (or holds itself)"));
+    }
     Ok(match value {
         Value::None => J::Null,
         Value::Bool(b) => J::Bool(*b),
@@ -645,13 +656,13 @@ fn to_json(strings: &Strings, value: &Value) -> std::result::Result<serde_json::
         Value::List(_) | Value::Tuple(_) => J::Array(
             list_of(value, "a list")?
                 .iter()
-                .map(|v| to_json(strings, v))
+                .map(|v| nested_to_json(strings, v, depth + 1))
                 .collect::<std::result::Result<_, String>>()?,
         ),
         Value::Dict(_) => J::Object(
             items(strings, value, "a dict")?
                 .into_iter()
-                .map(|(k, v)| Ok((k.to_string(), to_json(strings, &v)?)))
+                .map(|(k, v)| Ok((k.to_string(), nested_to_json(strings, &v, depth + 1)?)))
                 .collect::<std::result::Result<_, String>>()?,
         ),
         other => return Err(format!("it holds {}, which plain data has not", other.kind())),
@@ -896,5 +907,16 @@ mod tests {
         assert!(e.contains("is a directory"), "{e}");
         let e = Snapshot::read_pickle(dir.join("memlab-no-such.pickle")).unwrap_err().to_string();
         assert!(e.ends_with("no such file"), "{e}");
+    }
+
+    /// A pickle's list can hold itself; made into JSON, it would nest
+    /// without end and overflow the stack.
+    #[test]
+    fn plain_data_that_holds_itself_is_refused() {
+        // l = []; l.append(l); pickle.dumps({"segments": [], "device_traces": [], "memlab": {"ops": l}}, protocol=2)
+        let bytes = b"\x80\x02}q\x00(X\x08\x00\x00\x00segmentsq\x01]q\x02X\x0d\x00\x00\x00device_tracesq\x03]q\x04\
+                      X\x06\x00\x00\x00memlabq\x05}q\x06X\x03\x00\x00\x00opsq\x07]q\x08h\x08asu.";
+        let e = Snapshot::from_pickle(&bytes[..]).unwrap_err().to_string();
+        assert!(e.contains("`memlab.ops` is not plain data: it nests deeper than 128"), "{e}");
     }
 }

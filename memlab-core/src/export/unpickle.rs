@@ -47,6 +47,20 @@ pub(crate) enum Value {
     Shaped(u32),
 }
 
+/// A value is dropped without recursion: a hostile pickle nests lists a
+/// million deep in two bytes a level, and dropping them one frame a level
+/// would overflow the stack. What a value alone holds is moved out to a list
+/// of its own and dropped from there, level by level.
+impl Drop for Value {
+    fn drop(&mut self) {
+        let mut pending = Vec::new();
+        self.give_up_items(&mut pending);
+        while let Some(mut value) = pending.pop() {
+            value.give_up_items(&mut pending);
+        }
+    }
+}
+
 impl Value {
     /// The number, if the value is a non-negative integer.
     pub(crate) fn as_u64(&self) -> Option<u64> {
@@ -63,6 +77,29 @@ impl Value {
         match *self {
             Value::Str(id) => Some(id),
             _ => None,
+        }
+    }
+
+    /// Moves the items of a list, tuple or dict that nothing else shares
+    /// into `into`, leaving it empty.
+    fn give_up_items(&mut self, into: &mut Vec<Value>) {
+        match self {
+            Value::List(list) => {
+                if let Some(items) = Rc::get_mut(list) {
+                    into.append(items.get_mut());
+                }
+            }
+            Value::Tuple(items) => {
+                if let Some(items) = Rc::get_mut(items) {
+                    into.extend(items.iter_mut().map(|item| std::mem::replace(item, Value::None)));
+                }
+            }
+            Value::Dict(dict) => {
+                if let Some(items) = Rc::get_mut(dict) {
+                    into.extend(items.get_mut().drain(..).flat_map(|(k, v)| [k, v]));
+                }
+            }
+            _ => {}
         }
     }
 
@@ -804,6 +841,24 @@ mod tests {
         }
     }
 
+    /// Two bytes a level: dropped one stack frame a level, a million levels
+    /// overflowed the stack.
+    #[test]
+    fn lists_nested_a_million_deep_are_read_and_dropped() {
+        let depth = 1_000_000;
+        let mut bytes = b"\x80\x02".to_vec();
+        bytes.extend(std::iter::repeat_n(op::EMPTY_LIST, depth));
+        bytes.extend(std::iter::repeat_n(op::APPEND, depth - 1));
+        bytes.push(op::STOP);
+        // On a thread with a small stack.
+        let read = move || {
+            let (value, _) = read_bytes(&bytes).unwrap();
+            let Value::List(outer) = &value else { panic!("{}", value.kind()) };
+            assert_eq!(outer.borrow().len(), 1);
+        };
+        std::thread::Builder::new().stack_size(256 << 10).spawn(read).unwrap().join().unwrap();
+    }
+
     fn read_bytes(bytes: &[u8]) -> Result<(Value, Strings), Fault> {
         let r = read(std::io::Cursor::new(bytes), Strings::default(), &mut Keep)?;
         Ok((r.value, r.strings))
@@ -852,7 +907,7 @@ mod tests {
         // list's "x" is memoized and fetched again for "b".
         let bytes = b"\x80\x04}(\x8c\x01a]\x94(K\x01\x8c\x01x\x94e\x8c\x01bh\x01u.";
         let (value, strings) = read_bytes(bytes).unwrap();
-        let Value::Dict(dict) = value else { panic!("a dict") };
+        let Value::Dict(dict) = &value else { panic!("a dict") };
         let dict = dict.borrow();
         assert_eq!(dict.len(), 2);
         let (Value::Str(a), Value::List(list)) = (&dict[0].0, &dict[0].1) else { panic!("{dict:?}") };
