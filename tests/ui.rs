@@ -26,6 +26,34 @@ fn ui() {
         );
         std::env::set_var("DOCS_RS", "1");
     }
+    skip_torch_sys_cpp();
     let t = trybuild::TestCases::new();
     t.compile_fail("tests/ui/fail/*.rs");
+}
+
+/// A check links nothing, so the C++ library torch-sys's build script
+/// compiles (48 s of the check of memlab's dependencies) is never used:
+/// cargo's override of a `links` build script (`[target.<triple>.tch]` in a
+/// configuration file above trybuild's project, read by its builds alone)
+/// stands in for it. Where the override cannot be written, the build script
+/// runs as it would.
+fn skip_torch_sys_cpp() {
+    let Some(host) = std::process::Command::new(std::env::var_os("RUSTC").unwrap_or_else(|| "rustc".into()))
+        .arg("-vV")
+        .output()
+        .ok()
+        .and_then(|out| String::from_utf8(out.stdout).ok())
+        .and_then(|text| text.lines().find_map(|l| l.strip_prefix("host: ").map(str::to_string)))
+    else {
+        return;
+    };
+    // trybuild builds in `tests/trybuild` of the target directory.
+    let target = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).parent().expect("the target directory");
+    let dir = target.join("tests/trybuild/.cargo");
+    let config = format!(
+        "# Written by memlab's tests/ui.rs: torch-sys's C++ is not compiled for trybuild's checks.\n\
+         [target.{host}.tch]\n\
+         libtorch_lib = \"\"\n"
+    );
+    let _ = std::fs::create_dir_all(&dir).and_then(|()| std::fs::write(dir.join("config.toml"), config));
 }
