@@ -700,6 +700,41 @@ mod tests {
         );
     }
 
+    /// The op that was running when a try ran out is kept, ending where
+    /// the try failed (what it allocates is told by it: a CPU-only
+    /// scratch must not come back as CUDA's); the ops after it go.
+    #[test]
+    fn the_op_running_when_a_try_ran_out_ends_there() {
+        use memlab_core::ops::{Op, OpRecord};
+        let op = |name: &str, start_us, end_us| OpRecord {
+            start_us,
+            end_us,
+            op: Op::Other,
+            name: name.into(),
+            tensors: None,
+            sequence: None,
+            sequence_end: None,
+            scalars: Vec::new(),
+        };
+        let mut failed = steps(
+            vec![
+                event(Action::Alloc, 40, 64, 100),
+                event(Action::Alloc, 41, 128, 103),
+                event(Action::FreeRequested, 41, 128, 104),
+                event(Action::FreeRequested, 40, 64, 105),
+            ],
+            Vec::new(),
+            100,
+        );
+        failed.step_ends_us = vec![107];
+        failed.snapshot.memlab.as_mut().unwrap().ops =
+            Some(vec![op("before", 100, 101), op("running", 102, 106), op("after", 104, 105)]);
+        let cut = failed.ran_out_at(103 - 100);
+        let ops = cut.snapshot.memlab.as_ref().unwrap().ops.as_ref().unwrap();
+        let ops: Vec<_> = ops.iter().map(|r| (r.name.as_str(), r.start_us, r.end_us)).collect();
+        assert_eq!(ops, [("before", 100, 101), ("running", 102, 103)]);
+    }
+
     /// A gradient a failed try kept is freed where the next try frees its
     /// gradients; the next try's CPU run had freed its address and may
     /// allocate there first: it keeps an address of its own, never two

@@ -1922,6 +1922,54 @@ mod tests {
         }
     }
 
+    /// A try cut short where it ran out leaves a model's temporaries open:
+    /// here an LSTM's second final state, which the CPU's run (two blocks
+    /// short) never made. They are freed before the next try's part, where
+    /// the cache goes back, so that their segments are not kept into it.
+    #[test]
+    fn what_a_cut_try_left_open_is_freed_before_the_next_part() {
+        use crate::ops::{Op, OpRecord, Scalar, TensorArg, TensorArgs};
+        let arg = |shape: &[i64]| TensorArg { dtype: Some(crate::DType::Float), shape: Some(shape.to_vec()) };
+        let weights = (2048 * 256 + 2048 * 512 + 2 * 2048) * 4;
+        // tch's `nn::lstm`: 256 features in, 512 hidden, batch 32 first, 64 steps.
+        let lstm = OpRecord {
+            name: "lstm".into(),
+            tensors: Some(TensorArgs {
+                count: 7,
+                bytes: (32 * 64 * 256 + 2 * 32 * 512) * 4 + weights,
+                first: vec![arg(&[32, 64, 256]), arg(&[1, 32, 512]), arg(&[1, 32, 512]), arg(&[2048, 256])],
+            }),
+            scalars: [1.0, 1.0, 0.0, 1.0, 0.0, 1.0].iter().map(|&v| Scalar(v)).collect(),
+            ..OpRecord::new(1, 2, Op::Other)
+        };
+        let (input, output, state, next) = (1 << 40, 2 << 40, 3 << 40, 4 << 40);
+        let mut snapshot = cpu(&[
+            (Action::Alloc, input, 2 * MIB),
+            (Action::Alloc, output, 4 * MIB),
+            (Action::Alloc, state, 64 * 1024),
+            (Action::FreeRequested, output, 4 * MIB),
+            (Action::FreeRequested, input, 2 * MIB),
+            // The next try, after the cache went back.
+            (Action::Alloc, next, MIB),
+        ]);
+        snapshot.memlab.as_mut().unwrap().ops = Some(vec![lstm]);
+        let options = PredictOptions { empty_cache_at_us: vec![5], ..PredictOptions::default() };
+        let history = predicted_history("a cut try", &snapshot, &options).unwrap();
+        let trace = &history.device_traces[0];
+        let mut live = std::collections::HashSet::new();
+        for e in trace.iter().take_while(|e| e.time_us < 5) {
+            match e.action {
+                Action::Alloc => assert!(live.insert(e.addr), "{e:?}"),
+                Action::FreeCompleted => assert!(live.remove(&e.addr), "{e:?}"),
+                _ => {}
+            }
+        }
+        assert!(live.is_empty(), "{} blocks of the first try live into the next: {trace:#?}", live.len());
+        // Its model's blocks: the input's copy, the output, two states, the
+        // workspace and the reserve.
+        assert_eq!(trace.iter().filter(|e| e.action == Action::Alloc && e.time_us == 0).count(), 7);
+    }
+
     /// A model's construction is made before the steps as a CUDA run makes
     /// it: an RNN's two weights, then its flat buffer (right after the last
     /// weight, before the embedding made next), then the weights freed.
