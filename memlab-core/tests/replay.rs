@@ -174,7 +174,7 @@ fn the_h200s_searches_replay_to_each_of_their_failures() {
     let dir = fixtures().join("../zoo/searches");
     let mut names: Vec<_> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
     names.sort();
-    assert_eq!(names.len(), 5);
+    assert_eq!(names.len(), 9);
     // The H200's memory, as torch gave it.
     let total = 150_109_880_320;
     for path in names {

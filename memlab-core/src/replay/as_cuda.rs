@@ -320,11 +320,29 @@ fn as_cuda(
     let mut soft = std::collections::HashMap::new();
     // The temporaries that live across others, by number, until closed.
     let mut open: std::collections::HashMap<u32, TraceEntry> = std::collections::HashMap::new();
+    // The lives something closes: what opens another is kept into the next
+    // part until it is closed there (an RNN's flat weight gradient, freed
+    // where the next try frees the gradients the CPU's run found).
+    let closed: std::collections::HashSet<u32> = plan
+        .temporaries
+        .iter()
+        .filter_map(|t| match t.life {
+            Life::Closes(n) => Some(n),
+            _ => None,
+        })
+        .collect();
     let mut parts = parts_at_us.iter().copied().peekable();
     for (i, e) in trace.iter().enumerate() {
         if let Some(at) = parts.next_if(|&at| e.time_us >= at) {
             while parts.next_if(|&at| e.time_us >= at).is_some() {}
-            let mut left: Vec<(u32, TraceEntry)> = open.drain().collect();
+            let mut left: Vec<(u32, TraceEntry)> = Vec::new();
+            open.retain(|&n, block| {
+                let never_closed = !closed.contains(&n);
+                if never_closed {
+                    left.push((n, block.clone()));
+                }
+                !never_closed
+            });
             left.sort_unstable_by_key(|(n, _)| *n);
             // Before the part's first entry, where the cache goes back.
             let before_part = at.saturating_sub(1).max(history.last().map_or(0, |h: &TraceEntry| h.time_us));
@@ -1926,8 +1944,10 @@ mod tests {
     /// here an LSTM's second final state, which the CPU's run (two blocks
     /// short) never made. They are freed before the next try's part, where
     /// the cache goes back, so that their segments are not kept into it.
+    /// What the CPU's run keeps into the next part and frees there (the
+    /// gradients the next try finds) is kept until then.
     #[test]
-    fn what_a_cut_try_left_open_is_freed_before_the_next_part() {
+    fn what_a_try_left_open_is_freed_before_the_next_part_or_where_freed_there() {
         use crate::ops::{Op, OpRecord, Scalar, TensorArg, TensorArgs};
         let arg = |shape: &[i64]| TensorArg { dtype: Some(crate::DType::Float), shape: Some(shape.to_vec()) };
         let weights = (2048 * 256 + 2048 * 512 + 2 * 2048) * 4;
@@ -1943,31 +1963,52 @@ mod tests {
             ..OpRecord::new(1, 2, Op::Other)
         };
         let (input, output, state, next) = (1 << 40, 2 << 40, 3 << 40, 4 << 40);
-        let mut snapshot = cpu(&[
-            (Action::Alloc, input, 2 * MIB),
-            (Action::Alloc, output, 4 * MIB),
-            (Action::Alloc, state, 64 * 1024),
-            (Action::FreeRequested, output, 4 * MIB),
-            (Action::FreeRequested, input, 2 * MIB),
-            // The next try, after the cache went back.
-            (Action::Alloc, next, MIB),
-        ]);
-        snapshot.memlab.as_mut().unwrap().ops = Some(vec![lstm]);
-        let options = PredictOptions { empty_cache_at_us: vec![5], ..PredictOptions::default() };
-        let history = predicted_history("a cut try", &snapshot, &options).unwrap();
-        let trace = &history.device_traces[0];
-        let mut live = std::collections::HashSet::new();
-        for e in trace.iter().take_while(|e| e.time_us < 5) {
-            match e.action {
-                Action::Alloc => assert!(live.insert(e.addr), "{e:?}"),
-                Action::FreeCompleted => assert!(live.remove(&e.addr), "{e:?}"),
-                _ => {}
+        let snapshot = |state_freed: bool| {
+            let mut trace = vec![
+                (Action::Alloc, input, 2 * MIB),
+                (Action::Alloc, output, 4 * MIB),
+                (Action::Alloc, state, 64 * 1024),
+                (Action::FreeRequested, output, 4 * MIB),
+                (Action::FreeRequested, input, 2 * MIB),
+                // The next try, after the cache went back.
+                (Action::Alloc, next, MIB),
+            ];
+            if state_freed {
+                trace.push((Action::FreeRequested, state, 64 * 1024));
             }
-        }
-        assert!(live.is_empty(), "{} blocks of the first try live into the next: {trace:#?}", live.len());
-        // Its model's blocks: the input's copy, the output, two states, the
-        // workspace and the reserve.
-        assert_eq!(trace.iter().filter(|e| e.action == Action::Alloc && e.time_us == 0).count(), 7);
+            let mut snapshot = cpu(&trace);
+            snapshot.memlab.as_mut().unwrap().ops = Some(vec![lstm.clone()]);
+            snapshot
+        };
+        let options = PredictOptions { empty_cache_at_us: vec![5], ..PredictOptions::default() };
+        // The blocks live when the next try's part begins.
+        let live_into_the_next = |state_freed: bool| {
+            let history = predicted_history("a cut try", &snapshot(state_freed), &options).unwrap();
+            let trace = &history.device_traces[0];
+            // Its model's blocks: the input's copy, the output, two states,
+            // the workspace and the reserve.
+            assert_eq!(trace.iter().filter(|e| e.action == Action::Alloc && e.time_us == 0).count(), 7);
+            let mut live = std::collections::HashMap::new();
+            for e in trace.iter().take_while(|e| e.time_us < 5) {
+                match e.action {
+                    Action::Alloc => assert!(live.insert(e.addr, e.size).is_none(), "{e:?}"),
+                    Action::FreeCompleted => assert!(live.remove(&e.addr).is_some(), "{e:?}"),
+                    _ => {}
+                }
+            }
+            let freed_later: Vec<u64> = trace
+                .iter()
+                .filter(|e| e.action == Action::FreeCompleted && e.time_us >= 5 && live.contains_key(&e.addr))
+                .map(|e| e.size)
+                .collect();
+            (live.into_values().collect::<Vec<_>>(), freed_later)
+        };
+        let (live, _) = live_into_the_next(false);
+        assert!(live.is_empty(), "blocks of the first try live into the next: {live:?}");
+        // The state the CPU's run kept into the next try, which frees it
+        // there (as the next try frees the gradients it found): its CUDA
+        // state lives on until then, and only the other is freed before.
+        assert_eq!(live_into_the_next(true), (vec![64 * 1024], vec![64 * 1024]));
     }
 
     /// A model's construction is made before the steps as a CUDA run makes
