@@ -143,6 +143,8 @@ struct Builder {
     /// their text, named at the end.
     ignored_entry_keys: FastMap<u32, u64>,
     ignored_actions: FastMap<u32, u64>,
+    /// How many more values the file may give as plain data (see `read`).
+    plain_left: usize,
 }
 
 impl Builder {
@@ -328,7 +330,13 @@ impl Stacks {
     }
 }
 
-fn read<R: Read + Seek>(source: R) -> std::result::Result<SnapshotFile, String> {
+fn read<R: Read + Seek>(mut source: R) -> std::result::Result<SnapshotFile, String> {
+    // Each value a pickle holds takes at least a byte of it, unless it is
+    // shared (a memo fetch): plain data made into JSON may hold no more
+    // values than the file has bytes, and one list shared twice over at
+    // every level would hold 2^levels.
+    let bytes = source.seek(std::io::SeekFrom::End(0)).map_err(|e| e.to_string())?;
+    source.seek(std::io::SeekFrom::Start(0)).map_err(|e| e.to_string())?;
     let mut strings = Strings::default();
     let keys = Keys::new(&mut strings);
     let mut builder = Builder {
@@ -339,6 +347,7 @@ fn read<R: Read + Seek>(source: R) -> std::result::Result<SnapshotFile, String> 
         ignored: BTreeMap::new(),
         ignored_entry_keys: FastMap::default(),
         ignored_actions: FastMap::default(),
+        plain_left: usize::try_from(bytes).unwrap_or(usize::MAX).saturating_add(1024),
     };
     let pickle = unpickle::read(source, strings, &mut builder).map_err(|f: Fault| f.to_string())?;
     let strings = pickle.strings;
@@ -361,7 +370,7 @@ fn read<R: Read + Seek>(source: R) -> std::result::Result<SnapshotFile, String> 
             "device_traces" => traces = Some(value),
             "memlab" => memlab = Some(value),
             "allocator_settings" => {
-                let value = to_json(&strings, &value)
+                let value = to_json(&strings, &value, &mut builder.plain_left)
                     .map_err(|e| format!("its `allocator_settings` are not plain data: {e}"))?;
                 allocator_settings = Some(
                     AllocatorSettings::from_json(value)
@@ -591,28 +600,30 @@ fn read_info(strings: &Strings, b: &mut Builder, value: &Value) -> std::result::
             "dropped" => info.dropped = count(&value, "`memlab.dropped`")?,
             "recorded" => info.recorded = count(&value, "`memlab.recorded`")?,
             "run" => {
-                let json = to_json(strings, &value).map_err(|e| format!("`memlab.run` is not plain data: {e}"))?;
+                let json = to_json(strings, &value, &mut b.plain_left)
+                    .map_err(|e| format!("`memlab.run` is not plain data: {e}"))?;
                 info.run = Some(serde_json::from_value(json).map_err(|e| format!("`memlab.run` is not a run: {e}"))?);
             }
             "device_memory" => {
-                let json =
-                    to_json(strings, &value).map_err(|e| format!("`memlab.device_memory` is not plain data: {e}"))?;
+                let json = to_json(strings, &value, &mut b.plain_left)
+                    .map_err(|e| format!("`memlab.device_memory` is not plain data: {e}"))?;
                 info.device_memory = serde_json::from_value(json)
                     .map_err(|e| format!("`memlab.device_memory` is not a list of devices' memory: {e}"))?;
             }
             "unseen_before" => {
-                let json =
-                    to_json(strings, &value).map_err(|e| format!("`memlab.unseen_before` is not plain data: {e}"))?;
+                let json = to_json(strings, &value, &mut b.plain_left)
+                    .map_err(|e| format!("`memlab.unseen_before` is not plain data: {e}"))?;
                 info.unseen_before = serde_json::from_value(json)
                     .map_err(|e| format!("`memlab.unseen_before` is not a list of devices' bytes: {e}"))?;
             }
             "ops" => {
-                let json = to_json(strings, &value).map_err(|e| format!("`memlab.ops` is not plain data: {e}"))?;
+                let json = to_json(strings, &value, &mut b.plain_left)
+                    .map_err(|e| format!("`memlab.ops` is not plain data: {e}"))?;
                 info.ops =
                     Some(serde_json::from_value(json).map_err(|e| format!("`memlab.ops` is not a list of ops: {e}"))?);
             }
             "prediction_inputs" => {
-                let json = to_json(strings, &value)
+                let json = to_json(strings, &value, &mut b.plain_left)
                     .map_err(|e| format!("`memlab.prediction_inputs` is not plain data: {e}"))?;
                 info.prediction_inputs = Some(
                     serde_json::from_value(json)
@@ -620,7 +631,8 @@ fn read_info(strings: &Strings, b: &mut Builder, value: &Value) -> std::result::
                 );
             }
             "profile" => {
-                let json = to_json(strings, &value).map_err(|e| format!("`memlab.profile` is not plain data: {e}"))?;
+                let json = to_json(strings, &value, &mut b.plain_left)
+                    .map_err(|e| format!("`memlab.profile` is not plain data: {e}"))?;
                 info.profile = Some(
                     serde_json::from_value(json).map_err(|e| format!("`memlab.profile` is not a line profile: {e}"))?,
                 );
@@ -631,21 +643,29 @@ fn read_info(strings: &Strings, b: &mut Builder, value: &Value) -> std::result::
     Ok(info)
 }
 
-/// How deep plain data may nest: serde_json's own limit when it reads JSON.
-/// A list the pickle puts inside itself nests without end.
-const MAX_NESTING: usize = 128;
+/// How deep plain data may nest (serde_json refuses JSON nested 128
+/// deep). A list the pickle puts inside itself nests without end.
+const MAX_NESTING: usize = 127;
 
 /// A plain value (`None`, bools, numbers, strings, lists, dicts with string
 /// keys) as JSON.
-fn to_json(strings: &Strings, value: &Value) -> std::result::Result<serde_json::Value, String> {
-    nested_to_json(strings, value, 0)
+/// `left`: how many more values the file may give (see `read`).
+fn to_json(strings: &Strings, value: &Value, left: &mut usize) -> std::result::Result<serde_json::Value, String> {
+    nested_to_json(strings, value, 0, left)
 }
 
-fn nested_to_json(strings: &Strings, value: &Value, depth: usize) -> std::result::Result<serde_json::Value, String> {
+fn nested_to_json(
+    strings: &Strings,
+    value: &Value,
+    depth: usize,
+    left: &mut usize,
+) -> std::result::Result<serde_json::Value, String> {
     use serde_json::Value as J;
     if depth >= MAX_NESTING && matches!(value, Value::List(_) | Value::Tuple(_) | Value::Dict(_)) {
         return Err(format!("it nests deeper than {MAX_NESTING} lists and dicts (or holds itself)"));
     }
+    *left =
+        left.checked_sub(1).ok_or("it holds more values than the file has bytes (a list it shares over and over)")?;
     Ok(match value {
         Value::None => J::Null,
         Value::Bool(b) => J::Bool(*b),
@@ -656,13 +676,13 @@ fn nested_to_json(strings: &Strings, value: &Value, depth: usize) -> std::result
         Value::List(_) | Value::Tuple(_) => J::Array(
             list_of(value, "a list")?
                 .iter()
-                .map(|v| nested_to_json(strings, v, depth + 1))
+                .map(|v| nested_to_json(strings, v, depth + 1, left))
                 .collect::<std::result::Result<_, String>>()?,
         ),
         Value::Dict(_) => J::Object(
             items(strings, value, "a dict")?
                 .into_iter()
-                .map(|(k, v)| Ok((k.to_string(), nested_to_json(strings, &v, depth + 1)?)))
+                .map(|(k, v)| Ok((k.to_string(), nested_to_json(strings, &v, depth + 1, left)?)))
                 .collect::<std::result::Result<_, String>>()?,
         ),
         other => return Err(format!("it holds {}, which plain data has not", other.kind())),
@@ -917,6 +937,34 @@ mod tests {
         let bytes = b"\x80\x02}q\x00(X\x08\x00\x00\x00segmentsq\x01]q\x02X\x0d\x00\x00\x00device_tracesq\x03]q\x04\
                       X\x06\x00\x00\x00memlabq\x05}q\x06X\x03\x00\x00\x00opsq\x07]q\x08h\x08asu.";
         let e = Snapshot::from_pickle(&bytes[..]).unwrap_err().to_string();
-        assert!(e.contains("`memlab.ops` is not plain data: it nests deeper than 128"), "{e}");
+        assert!(e.contains("`memlab.ops` is not plain data: it nests deeper than 127"), "{e}");
+    }
+
+    /// A list that holds the one before it twice, a hundred times over, is
+    /// 1 KB of pickle and 2^100 values as JSON: refused, not built.
+    #[test]
+    fn plain_data_that_shares_a_list_over_and_over_is_refused() {
+        let key = |bytes: &mut Vec<u8>, text: &str| {
+            bytes.push(b'X');
+            bytes.extend((text.len() as u32).to_le_bytes());
+            bytes.extend(text.as_bytes());
+        };
+        let mut bytes = b"\x80\x02}(".to_vec();
+        for name in ["segments", "device_traces"] {
+            key(&mut bytes, name);
+            bytes.push(b']');
+        }
+        key(&mut bytes, "memlab");
+        bytes.extend(b"}(");
+        key(&mut bytes, "ops");
+        // l0 = [], memoized 0; l(i) = [l(i-1), l(i-1)], memoized i, each
+        // popped once memoized.
+        bytes.extend(b"]q\x00");
+        for i in 1..=100u8 {
+            bytes.extend([b'0', b'(', b'h', i - 1, b'h', i - 1, b'l', b'q', i]);
+        }
+        bytes.extend(b"uu.");
+        let e = Snapshot::from_pickle(&bytes[..]).unwrap_err().to_string();
+        assert!(e.contains("more values than the file has bytes"), "{e}");
     }
 }

@@ -50,7 +50,8 @@ pub(crate) enum Value {
 /// A value is dropped without recursion: a hostile pickle nests lists a
 /// million deep in two bytes a level, and dropping them one frame a level
 /// would overflow the stack. What a value alone holds is moved out to a list
-/// of its own and dropped from there, level by level.
+/// of its own and dropped from there, level by level. (A list that holds
+/// itself is never dropped: it leaks, no more than the file's size.)
 impl Drop for Value {
     fn drop(&mut self) {
         let mut pending = Vec::new();
