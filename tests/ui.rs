@@ -14,8 +14,8 @@ fn ui() {
     // included, and the dependencies are checked once.
     //
     // DOCS_RS: memlab-tch's build script then skips compiling its C++ shim,
-    // which a check, linking nothing, never uses (torch-sys still compiles
-    // its own; it has no such switch).
+    // which a check, linking nothing, never uses; torch-sys's build script
+    // has no such switch and is overridden instead (`skip_torch_sys_cpp`).
     //
     // SAFETY: set before trybuild starts any thread, in the one test of this
     // binary.
@@ -36,7 +36,9 @@ fn ui() {
 /// cargo's override of a `links` build script (`[target.<triple>.tch]` in a
 /// configuration file above trybuild's project, read by its builds alone)
 /// stands in for it. Where the override cannot be written, the build script
-/// runs as it would.
+/// runs as it would. It says libtorch is nowhere (`libtorch_lib` empty),
+/// which memlab-tch's build script, under `DOCS_RS`, never reads; a case
+/// that must build and link (`t.pass`) could not be run beside it.
 fn skip_torch_sys_cpp() {
     let Some(host) = std::process::Command::new(std::env::var_os("RUSTC").unwrap_or_else(|| "rustc".into()))
         .arg("-vV")
@@ -52,7 +54,7 @@ fn skip_torch_sys_cpp() {
     let dir = target.join("tests/trybuild/.cargo");
     let config = format!(
         "# Written by memlab's tests/ui.rs: torch-sys's C++ is not compiled for trybuild's checks.\n\
-         [target.{host}.tch]\n\
+         [target.\"{host}\".tch]\n\
          libtorch_lib = \"\"\n"
     );
     let _ = std::fs::create_dir_all(&dir).and_then(|()| std::fs::write(dir.join("config.toml"), config));

@@ -1941,8 +1941,8 @@ mod tests {
     }
 
     /// A try cut short where it ran out leaves a model's temporaries open:
-    /// here an LSTM's second final state, which the CPU's run (two blocks
-    /// short) never made. They are freed before the next try's part, where
+    /// here an LSTM's final state whose CPU block the run never freed.
+    /// They are freed before the next try's part, where
     /// the cache goes back, so that their segments are not kept into it.
     /// What the CPU's run keeps into the next part and frees there (the
     /// gradients the next try finds) is kept until then.

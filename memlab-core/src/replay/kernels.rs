@@ -840,15 +840,18 @@ fn model_attention(
                 push(plan, at, attention::CUDNN_SEED, Life::Opens(n));
             }
             push(plan, at, attention::CUDNN_FORWARD_TEMPORARY, Life::Instant);
-            // Without the logsumexp found (or never freed), they go with the
-            // op's end, or the history's.
+            // Without the logsumexp found, they go with the op's end; where
+            // the CPU never freed it, they are never freed either (a batch
+            // search's next try then gives them back before its own part).
             let freed = match kept {
-                Some(f) if f != usize::MAX => f,
-                Some(_) => last,
-                None => range.end.saturating_sub(1),
+                Some(usize::MAX) => None,
+                Some(f) => Some(f),
+                None => Some(range.end.saturating_sub(1)),
             };
             for n in [base, base + 1] {
-                push(plan, freed, attention::CUDNN_SEED, Life::Closes(n));
+                if let Some(freed) = freed {
+                    push(plan, freed, attention::CUDNN_SEED, Life::Closes(n));
+                }
             }
         }
         AttentionOp::CpuBackward if call.cudnn() => {
