@@ -475,9 +475,21 @@ fn text<'s>(strings: &'s Strings, value: &Value, what: &str) -> std::result::Res
     value.as_str().map(|s| strings.text(s)).ok_or_else(|| format!("{what} is {}, not a string", value.kind()))
 }
 
+/// Counts one more value read out of the file against what it may give
+/// (see `read`): a segment, a block or a trace entry the pickle shares is
+/// read again at every reference.
+fn spend(b: &mut Builder) -> std::result::Result<(), String> {
+    b.plain_left = b
+        .plain_left
+        .checked_sub(1)
+        .ok_or("it holds more segments, blocks and events than the file has bytes (a list it shares over and over)")?;
+    Ok(())
+}
+
 fn read_segments(strings: &Strings, b: &mut Builder, value: &Value) -> std::result::Result<Vec<Segment>, String> {
     let mut segments = Vec::new();
     for segment in list_of(value, "`segments`")? {
+        spend(b)?;
         let mut s = Segment {
             device: 0,
             address: 0,
@@ -516,6 +528,7 @@ fn read_segments(strings: &Strings, b: &mut Builder, value: &Value) -> std::resu
         // each other from the segment's.
         let mut next = s.address;
         for block in list_of(&blocks, "a segment's `blocks`")? {
+            spend(b)?;
             let mut address = None;
             let (mut size, mut block_requested, mut state, mut frames) = (None, None, None, None);
             for (key, value) in items(strings, &block, "a block")? {
@@ -567,6 +580,7 @@ fn read_traces(strings: &Strings, b: &mut Builder, value: &Value) -> std::result
         let list = std::mem::take(&mut *list.borrow_mut());
         let mut entries = Vec::with_capacity(list.len());
         for item in list {
+            spend(b)?;
             let index = match &item {
                 Value::Shaped(index) => *index,
                 // A dict the pickle shares was not shaped as it was read.
@@ -938,6 +952,41 @@ mod tests {
                       X\x06\x00\x00\x00memlabq\x05}q\x06X\x03\x00\x00\x00opsq\x07]q\x08h\x08asu.";
         let e = Snapshot::from_pickle(&bytes[..]).unwrap_err().to_string();
         assert!(e.contains("`memlab.ops` is not plain data: it nests deeper than 127"), "{e}");
+    }
+
+    /// One segment whose list holds one block 300 times, itself listed 300
+    /// times: 1.4 KB of pickle and 90,000 blocks, refused.
+    #[test]
+    fn segments_shared_over_and_over_are_refused() {
+        let key = |bytes: &mut Vec<u8>, text: &str| {
+            bytes.push(b'X');
+            bytes.extend((text.len() as u32).to_le_bytes());
+            bytes.extend(text.as_bytes());
+        };
+        let mut bytes = b"\x80\x02}(".to_vec();
+        key(&mut bytes, "segments");
+        bytes.extend(b"](}q\x01(");
+        for (name, value) in [("address", &b"K\x00"[..]), ("total_size", b"K\x10"), ("stream", b"K\x00")] {
+            key(&mut bytes, name);
+            bytes.extend(value);
+        }
+        key(&mut bytes, "segment_type");
+        key(&mut bytes, "large");
+        key(&mut bytes, "blocks");
+        bytes.extend(b"](}q\x03(");
+        key(&mut bytes, "size");
+        bytes.extend(b"K\x10");
+        key(&mut bytes, "state");
+        key(&mut bytes, "inactive");
+        bytes.push(b'u');
+        bytes.extend(b"h\x03".repeat(299));
+        bytes.extend(b"eu");
+        bytes.extend(b"h\x01".repeat(299));
+        bytes.push(b'e');
+        key(&mut bytes, "device_traces");
+        bytes.extend(b"]u.");
+        let e = Snapshot::from_pickle(&bytes[..]).unwrap_err().to_string();
+        assert!(e.contains("more segments, blocks and events than the file has bytes"), "{e}");
     }
 
     /// A list that holds the one before it twice, a hundred times over, is
