@@ -954,36 +954,38 @@ mod tests {
         assert!(e.contains("`memlab.ops` is not plain data: it nests deeper than 127"), "{e}");
     }
 
+    /// A pickle's string (`BINUNICODE`), appended to `bytes`.
+    fn pickle_text(bytes: &mut Vec<u8>, text: &str) {
+        bytes.push(b'X');
+        bytes.extend((text.len() as u32).to_le_bytes());
+        bytes.extend(text.as_bytes());
+    }
+
     /// One segment whose list holds one block 300 times, itself listed 300
     /// times: 1.4 KB of pickle and 90,000 blocks, refused.
     #[test]
     fn segments_shared_over_and_over_are_refused() {
-        let key = |bytes: &mut Vec<u8>, text: &str| {
-            bytes.push(b'X');
-            bytes.extend((text.len() as u32).to_le_bytes());
-            bytes.extend(text.as_bytes());
-        };
         let mut bytes = b"\x80\x02}(".to_vec();
-        key(&mut bytes, "segments");
+        pickle_text(&mut bytes, "segments");
         bytes.extend(b"](}q\x01(");
         for (name, value) in [("address", &b"K\x00"[..]), ("total_size", b"K\x10"), ("stream", b"K\x00")] {
-            key(&mut bytes, name);
+            pickle_text(&mut bytes, name);
             bytes.extend(value);
         }
-        key(&mut bytes, "segment_type");
-        key(&mut bytes, "large");
-        key(&mut bytes, "blocks");
+        pickle_text(&mut bytes, "segment_type");
+        pickle_text(&mut bytes, "large");
+        pickle_text(&mut bytes, "blocks");
         bytes.extend(b"](}q\x03(");
-        key(&mut bytes, "size");
+        pickle_text(&mut bytes, "size");
         bytes.extend(b"K\x10");
-        key(&mut bytes, "state");
-        key(&mut bytes, "inactive");
+        pickle_text(&mut bytes, "state");
+        pickle_text(&mut bytes, "inactive");
         bytes.push(b'u');
         bytes.extend(b"h\x03".repeat(299));
         bytes.extend(b"eu");
         bytes.extend(b"h\x01".repeat(299));
         bytes.push(b'e');
-        key(&mut bytes, "device_traces");
+        pickle_text(&mut bytes, "device_traces");
         bytes.extend(b"]u.");
         let e = Snapshot::from_pickle(&bytes[..]).unwrap_err().to_string();
         assert!(e.contains("more segments, blocks and events than the file has bytes"), "{e}");
@@ -993,19 +995,14 @@ mod tests {
     /// 1 KB of pickle and 2^100 values as JSON: refused, not built.
     #[test]
     fn plain_data_that_shares_a_list_over_and_over_is_refused() {
-        let key = |bytes: &mut Vec<u8>, text: &str| {
-            bytes.push(b'X');
-            bytes.extend((text.len() as u32).to_le_bytes());
-            bytes.extend(text.as_bytes());
-        };
         let mut bytes = b"\x80\x02}(".to_vec();
         for name in ["segments", "device_traces"] {
-            key(&mut bytes, name);
+            pickle_text(&mut bytes, name);
             bytes.push(b']');
         }
-        key(&mut bytes, "memlab");
+        pickle_text(&mut bytes, "memlab");
         bytes.extend(b"}(");
-        key(&mut bytes, "ops");
+        pickle_text(&mut bytes, "ops");
         // l0 = [], memoized 0; l(i) = [l(i-1), l(i-1)], memoized i, each
         // popped once memoized.
         bytes.extend(b"]q\x00");

@@ -335,14 +335,7 @@ fn as_cuda(
     for (i, e) in trace.iter().enumerate() {
         if let Some(at) = parts.next_if(|&at| e.time_us >= at) {
             while parts.next_if(|&at| e.time_us >= at).is_some() {}
-            let mut left: Vec<(u32, TraceEntry)> = Vec::new();
-            open.retain(|&n, block| {
-                let never_closed = !closed.contains(&n);
-                if never_closed {
-                    left.push((n, block.clone()));
-                }
-                !never_closed
-            });
+            let mut left: Vec<(u32, TraceEntry)> = open.extract_if(|n, _| !closed.contains(n)).collect();
             left.sort_unstable_by_key(|(n, _)| *n);
             // Before the part's first entry, where the cache goes back.
             let before_part = at.saturating_sub(1).max(history.last().map_or(0, |h: &TraceEntry| h.time_us));
