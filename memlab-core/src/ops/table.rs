@@ -8,7 +8,9 @@
 //! For the ops whose CUDA kernels allocate otherwise and whose difference
 //! memlab models (the kinds of [`Op`] with details: reductions'
 //! staging, cuDNN's convolution workspaces, cuBLAS's workspaces, softmax's
-//! and embedding's backward temporaries), it is [`Class::Modelled`]. Every
+//! and embedding's backward temporaries; and batch norm's backward pass,
+//! whose CPU temporary is known from the op's name), it is
+//! [`Class::Modelled`]. Every
 //! other op that allocated, whether the table names it
 //! ([`Class::NotModelled`]) or not, makes the prediction a range: what the op
 //! may add on CUDA is bounded by a rule ([`Bound`]) from its shapes, and
@@ -72,18 +74,26 @@ pub struct Entry {
     pub class: Class,
     /// Why: what its kernels allocate on each device.
     pub why: &'static str,
+    /// A modelled op whose model reads its name alone, no details (its
+    /// runs are recorded as [`Op::Other`]).
+    pub by_name: bool,
 }
 
 const fn same(name: &'static str, why: &'static str) -> Entry {
-    Entry { name, class: Class::Same, why }
+    Entry { name, class: Class::Same, why, by_name: false }
 }
 
 const fn modelled(name: &'static str, why: &'static str) -> Entry {
-    Entry { name, class: Class::Modelled, why }
+    Entry { name, class: Class::Modelled, why, by_name: false }
+}
+
+/// Modelled from the op's name and the allocations inside it.
+const fn modelled_by_name(name: &'static str, why: &'static str) -> Entry {
+    Entry { name, class: Class::Modelled, why, by_name: true }
 }
 
 const fn not_modelled(name: &'static str, bound: Bound, why: &'static str) -> Entry {
-    Entry { name, class: Class::NotModelled(bound), why }
+    Entry { name, class: Class::NotModelled(bound), why, by_name: false }
 }
 
 const ELEMENTWISE: &str = "an elementwise kernel: its output only, on both devices";
@@ -210,7 +220,7 @@ pub const TABLE: &[Entry] = &[
     modelled("mv", MATMUL),
     same("narrow", VIEW),
     same("native_batch_norm", "its output and the saved mean and inverse deviation, on both devices"),
-    modelled(
+    modelled_by_name(
         "native_batch_norm_backward",
         "its three gradients, on both devices; the CPU kernel's temporary of the input's size goes (cuDNN's \
          backward makes none)",
@@ -313,9 +323,10 @@ pub fn class_of(record: &OpRecord) -> Class {
         Op::Other if super::attention::AttentionCall::of(record).is_some() => Class::Modelled,
         // Not an op: the ops inside it are classed.
         Op::BackwardNode => Class::Same,
-        Op::Other => match entry(&record.name).map(|e| e.class) {
-            Some(Class::Modelled) | None => Class::NotModelled(Bound::Workspace),
-            Some(class) => class,
+        Op::Other => match entry(&record.name) {
+            Some(e) if e.by_name => e.class,
+            Some(Entry { class: Class::Modelled, .. }) | None => Class::NotModelled(Bound::Workspace),
+            Some(e) => e.class,
         },
         _ => Class::Modelled,
     }
@@ -345,5 +356,7 @@ mod tests {
         assert_eq!(class_of(&OpRecord::new(0, 1, Op::Matmul { in_backward: false })), Class::Modelled);
         // A sum whose details could not be read is not modelled.
         assert_eq!(class_of(&other("sum")), Class::NotModelled(Bound::Workspace));
+        // Batch norm's backward pass is modelled from its name: it has no details.
+        assert_eq!(class_of(&other("native_batch_norm_backward")), Class::Modelled);
     }
 }
