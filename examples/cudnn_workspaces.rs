@@ -17,8 +17,12 @@
 //! (`fixtures/cudnn/convolution_h200.jsonl`). `--grid heads` measures only
 //! the heads of networks that make images (a U-Net's, an autoencoder's): 1 × 1
 //! convolutions from 16 to 128 channels down to 1 or 3, at sizes 32 to 256.
+//! `--grid dense` measures the convolutions of the zoo's image models
+//! (`examples/zoo.rs`: the ResNet, the U-Net, the ViT's patches) at every
+//! batch from 1 to 256, where cuDNN's choice of algorithm changes between
+//! the powers of 2 (`fixtures/cudnn/convolution_dense_h200.jsonl`).
 //!
-//!     cargo run --release --example cudnn_workspaces [-- --json | --transposed | --grid [heads]]
+//!     cargo run --release --example cudnn_workspaces [-- --json | --transposed | --grid [heads | dense]]
 //!
 //! Needs a CUDA device.
 
@@ -77,7 +81,8 @@ fn main() -> Result<(), Box<dyn Error>> {
     }
     if std::env::args().any(|a| a == "--grid") {
         let heads = std::env::args().any(|a| a == "heads");
-        return grid(device, heads);
+        let dense = std::env::args().any(|a| a == "dense");
+        return grid(device, heads, dense);
     }
     for &(n, c_in, c_out, h, k, s) in SHAPES {
         let vs = nn::VarStore::new(device);
@@ -212,16 +217,44 @@ fn grid_transposed() -> Vec<(i64, i64, i64, i64, i64, i64, i64)> {
     shapes
 }
 
+/// The convolutions of `examples/zoo.rs`'s image models whose searches
+/// stay below batch 256 (the ResNet, the U-Net, the ViT's patches), as
+/// `--grid dense` measures them: (input channels, output channels, size,
+/// kernel, stride, padding, output padding, transposed).
+#[rustfmt::skip]
+const ZOO_SHAPES: &[(i64, i64, i64, i64, i64, i64, i64, bool)] = &[
+    // The ResNet on 64 × 64.
+    (3, 64, 64, 3, 1, 1, 0, false), (64, 64, 64, 3, 1, 1, 0, false), (64, 128, 64, 3, 2, 1, 0, false),
+    (64, 128, 64, 1, 2, 0, 0, false), (128, 128, 32, 3, 1, 1, 0, false), (128, 256, 32, 3, 2, 1, 0, false),
+    (128, 256, 32, 1, 2, 0, 0, false), (256, 256, 16, 3, 1, 1, 0, false),
+    // The U-Net on 128 × 128, its transposed convolution up.
+    (3, 32, 128, 3, 1, 1, 0, false), (32, 32, 128, 3, 1, 1, 0, false), (32, 64, 64, 3, 1, 1, 0, false),
+    (64, 64, 64, 3, 1, 1, 0, false), (64, 32, 128, 3, 1, 1, 0, false), (32, 3, 128, 1, 1, 0, 0, false),
+    (64, 32, 64, 2, 2, 0, 0, true),
+    // The ViT's patches.
+    (3, 384, 64, 8, 8, 0, 0, false),
+];
+
 /// `--grid`: each shape's workspaces, one pass at a time, at every batch
 /// from 4 to 8,192 (powers of 2) whose input and output fit 3 GiB; with
-/// `heads`, the heads' shapes alone.
-fn grid(device: Device, heads_only: bool) -> Result<(), Box<dyn Error>> {
-    let (plain, transposed) = if heads_only { (Vec::new(), Vec::new()) } else { (grid_shapes(), grid_transposed()) };
-    let plain =
-        plain.into_iter().chain(grid_heads()).map(|(c_in, c_out, h, k, s)| (c_in, c_out, h, k, s, k / 2, 0, false));
+/// `heads`, the heads' shapes alone; with `dense`, the zoo's image models'
+/// shapes at every batch from 1 to 256 (cuDNN's choice of algorithm, and
+/// so its workspace, changes between the powers of 2).
+fn grid(device: Device, heads_only: bool, dense: bool) -> Result<(), Box<dyn Error>> {
+    let (plain, transposed) =
+        if heads_only || dense { (Vec::new(), Vec::new()) } else { (grid_shapes(), grid_transposed()) };
+    let heads = if dense { Vec::new() } else { grid_heads() };
+    let plain = plain.into_iter().chain(heads).map(|(c_in, c_out, h, k, s)| (c_in, c_out, h, k, s, k / 2, 0, false));
     let transposed = transposed.into_iter().map(|(c_in, c_out, h, k, s, p, op)| (c_in, c_out, h, k, s, p, op, true));
-    for (c_in, c_out, h, k, s, p, op, is_transposed) in plain.chain(transposed) {
-        for n in (2..=13).map(|e| 1i64 << e) {
+    let zoo = if dense { ZOO_SHAPES.to_vec() } else { Vec::new() };
+    let batches: Vec<i64> = if dense { (1..=256).collect() } else { (2..=13).map(|e| 1i64 << e).collect() };
+    let mut seen = std::collections::HashSet::new();
+    for (c_in, c_out, h, k, s, p, op, is_transposed) in plain.chain(transposed).chain(zoo) {
+        // The U-Net's 64 to 64 at 64 is the ResNet's too.
+        if !seen.insert((c_in, c_out, h, k, s, p, op, is_transposed)) {
+            continue;
+        }
+        for &n in &batches {
             let out_h = if is_transposed { (h - 1) * s - 2 * p + k + op } else { (h + 2 * p - k) / s + 1 };
             let bytes = 4 * n * (c_in * h * h + c_out * out_h * out_h);
             if bytes > 3 << 30 {
@@ -267,8 +300,10 @@ fn grid(device: Device, heads_only: bool) -> Result<(), Box<dyn Error>> {
             });
             if is_transposed {
                 row["transposed"] = true.into();
-                row["padding"] = p.into();
                 row["output_padding"] = op.into();
+            }
+            if is_transposed || p != k / 2 {
+                row["padding"] = p.into();
             }
             println!("{row}");
         }

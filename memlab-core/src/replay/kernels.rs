@@ -1636,38 +1636,45 @@ mod tests {
         assert_eq!(only(&conv(true, 1024, 128, 256, 16, 3, 7))[1], (Computing::WeightGradient, 412_091_047, true));
     }
 
-    /// The H200's grid is the measurement committed beside it
-    /// (fixtures/cudnn/convolution_h200.jsonl, the example's `--grid`): each
-    /// pass's one allocation but the copy of the loss's broadcast gradient
-    /// that a backward pass makes first, row by row.
+    /// The H200's tables are the measurements committed beside them
+    /// (fixtures/cudnn/convolution_h200.jsonl, the example's `--grid`, and
+    /// convolution_dense_h200.jsonl, its `--grid dense`): each pass's one
+    /// allocation but the copy of the loss's broadcast gradient that a
+    /// backward pass makes first, row by row.
     #[test]
-    fn the_h200_grid_is_the_committed_measurement() {
-        let path = format!("{}/../fixtures/cudnn/convolution_h200.jsonl", env!("CARGO_MANIFEST_DIR"));
-        let text = std::fs::read_to_string(path).unwrap();
-        let grid = super::super::cudnn_h200::H200_GRID;
-        let rows: Vec<serde_json::Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
-        assert_eq!(rows.len(), grid.len());
-        for (r, m) in rows.iter().zip(grid) {
-            let int = |key: &str| r[key].as_i64().unwrap();
-            let transposed = r["transposed"].as_bool().unwrap_or(false);
-            let (k, s) = (int("k"), int("stride"));
-            let (p, op) = if transposed { (int("padding"), int("output_padding")) } else { (k / 2, 0) };
-            let shape = (int("n"), int("c_in"), int("c_out"), int("h"), k, s, p, op, transposed);
-            assert_eq!(shape, (m.n, m.c_in, m.c_out, m.h, m.k, m.stride, m.padding, m.output_padding, m.transposed));
-            let pass = |key: &str, backward: bool| {
-                let sizes: Vec<u64> = r[key].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
-                let sizes = match sizes.split_first() {
-                    Some((&first, rest)) if backward && first == m.output_bytes(m.n) => rest.to_vec(),
-                    _ => sizes,
+    fn the_h200_tables_are_the_committed_measurements() {
+        use super::super::cudnn_h200::{H200_DENSE, H200_GRID};
+        for (file, table) in [("convolution_h200", H200_GRID), ("convolution_dense_h200", H200_DENSE)] {
+            let path = format!("{}/../fixtures/cudnn/{file}.jsonl", env!("CARGO_MANIFEST_DIR"));
+            let text = std::fs::read_to_string(path).unwrap();
+            let rows: Vec<serde_json::Value> = text.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+            assert_eq!(rows.len(), table.len(), "{file}");
+            for (r, m) in rows.iter().zip(table) {
+                let int = |key: &str| r[key].as_i64().unwrap();
+                let transposed = r["transposed"].as_bool().unwrap_or(false);
+                let (k, s) = (int("k"), int("stride"));
+                let p = r.get("padding").map_or(k / 2, |p| p.as_i64().unwrap());
+                let op = if transposed { int("output_padding") } else { 0 };
+                let shape = (int("n"), int("c_in"), int("c_out"), int("h"), k, s, p, op, transposed);
+                assert_eq!(
+                    shape,
+                    (m.n, m.c_in, m.c_out, m.h, m.k, m.stride, m.padding, m.output_padding, m.transposed)
+                );
+                let pass = |key: &str, backward: bool| {
+                    let sizes: Vec<u64> = r[key].as_array().unwrap().iter().map(|v| v.as_u64().unwrap()).collect();
+                    let sizes = match sizes.split_first() {
+                        Some((&first, rest)) if backward && first == m.output_bytes(m.n) => rest.to_vec(),
+                        _ => sizes,
+                    };
+                    assert!(sizes.len() <= 1, "{r}");
+                    sizes.first().copied().unwrap_or(0)
                 };
-                assert!(sizes.len() <= 1, "{r}");
-                sizes.first().copied().unwrap_or(0)
-            };
-            assert_eq!(
-                (pass("forward", false), pass("input_grad", true), pass("weight_grad", true)),
-                (m.forward, m.input_grad, m.weight_grad),
-                "{r}"
-            );
+                assert_eq!(
+                    (pass("forward", false), pass("input_grad", true), pass("weight_grad", true)),
+                    (m.forward, m.input_grad, m.weight_grad),
+                    "{r}"
+                );
+            }
         }
     }
 

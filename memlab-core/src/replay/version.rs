@@ -58,11 +58,12 @@ pub struct KernelTables {
 
 /// libtorch 2.11 (CUDA 13) on an H100, measured 2026-11-26, and cuDNN's
 /// convolutions on an H200 (the same heuristics: the two agree on every
-/// shape both measured), 2026-11-29.
+/// shape both measured), 2026-11-29: the grid of common shapes, and the
+/// zoo's image models' shapes at every batch to 256.
 const TABLES_2_11: KernelTables = KernelTables {
     measured_with: Libtorch::V2_11,
     measured_on: "NVIDIA H100 80GB HBM3",
-    cudnn: &[H100_MEASURED, super::cudnn_h200::H200_GRID],
+    cudnn: &[H100_MEASURED, super::cudnn_h200::H200_GRID, super::cudnn_h200::H200_DENSE],
     reduction_device: ReductionDevice::H100,
     cublas_workspace: [32 * MIB, 8 * MIB + 128 * 1024],
     cublas_handles: 2,
