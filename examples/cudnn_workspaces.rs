@@ -217,12 +217,15 @@ fn grid_transposed() -> Vec<(i64, i64, i64, i64, i64, i64, i64)> {
     shapes
 }
 
+/// A convolution of `--grid`: input channels, output channels, size,
+/// kernel, stride, padding, output padding, transposed.
+type Shape = (i64, i64, i64, i64, i64, i64, i64, bool);
+
 /// The convolutions of `examples/zoo.rs`'s image models whose searches
 /// stay below batch 256 (the ResNet, the U-Net, the ViT's patches), as
-/// `--grid dense` measures them: (input channels, output channels, size,
-/// kernel, stride, padding, output padding, transposed).
+/// `--grid dense` measures them.
 #[rustfmt::skip]
-const ZOO_SHAPES: &[(i64, i64, i64, i64, i64, i64, i64, bool)] = &[
+const ZOO_SHAPES: &[Shape] = &[
     // The ResNet on 64 × 64.
     (3, 64, 64, 3, 1, 1, 0, false), (64, 64, 64, 3, 1, 1, 0, false), (64, 128, 64, 3, 2, 1, 0, false),
     (64, 128, 64, 1, 2, 0, 0, false), (128, 128, 32, 3, 1, 1, 0, false), (128, 256, 32, 3, 2, 1, 0, false),

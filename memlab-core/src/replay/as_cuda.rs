@@ -1137,7 +1137,7 @@ pub(crate) fn site(entry: &TraceEntry) -> Option<String> {
 /// cached blocks back, then fails; libtorch catches the failure and runs
 /// the next algorithm, with its own workspace, and keeps that algorithm for
 /// the shape and pass, so that the later steps ask for its workspace alone
-/// (until it too cannot be had).
+/// (until it too cannot be had, and the walk goes on below it).
 struct CudnnUnderLimit<'a> {
     original: &'a Snapshot,
     changed: Option<Snapshot>,
@@ -1153,17 +1153,23 @@ impl<'a> CudnnUnderLimit<'a> {
         self.changed.as_ref().unwrap_or(self.original)
     }
 
-    /// The request at `entry` failed: if it is a cuDNN workspace, its
-    /// convolution does with the next algorithm's (from there on, for its
-    /// shape and pass), and `true`; else `false`, the step's failure.
+    /// The request at `entry` failed: if it is a cuDNN workspace with an
+    /// algorithm below it, its convolution does with the next algorithm's
+    /// (from there on, for its shape and pass), and `true`; else `false`,
+    /// the step's failure.
     fn done_without(&mut self, entry: usize) -> bool {
         let e = &self.history().device_traces[0][entry];
         let Some(soft) = e.addr.and_then(|a| self.soft.get(&a)).copied() else {
             return false;
         };
-        // The first algorithm's workspace fell through to the next's; the
-        // next's to none.
-        let next = if e.size > soft.fallback { soft.fallback } else { 0 };
+        // The next algorithm smaller than the one that failed; after the
+        // last, a gradient's runs without a workspace, and a forward pass
+        // has none: the step fails here.
+        let next = match soft.fallbacks.next.into_iter().find(|&n| n > 0 && n < e.size) {
+            Some(next) => next,
+            None if soft.fallbacks.none_last => 0,
+            None => return false,
+        };
         // One copy of the history a check, changed in place.
         let trace = &mut self.changed.get_or_insert_with(|| self.original.clone()).device_traces[0];
         // This convolution: the failed attempt, then the next algorithm's
@@ -1863,13 +1869,15 @@ mod tests {
 
     /// Where a cuDNN workspace cannot be had, the request fails (after the
     /// allocator gave its cache back), the convolution runs with the next
-    /// algorithm's workspace, and later convolutions of its shape and pass
-    /// ask for that one alone; where that fails too, for none. Another
-    /// allocation's failure is the step's.
+    /// smaller algorithm's workspace, and later convolutions of its shape
+    /// and pass ask for that one alone. Where the last fails too, a
+    /// gradient's pass runs with none, and a forward pass fails: the step's
+    /// failure, as another allocation's is.
     #[test]
     fn a_failed_workspace_falls_to_the_next_algorithm_for_its_shape_from_then_on() {
-        use super::super::kernels::Soft;
+        use super::super::kernels::{Fallbacks, Soft};
         let (w1, w2, other, hard) = (1u64 << 50, (1u64 << 50) + (1 << 40), (1u64 << 50) + (2 << 40), 4096u64);
+        let forward = (1u64 << 50) + (3 << 40);
         let triple = |addr: u64, size: u64| {
             [
                 entry(Action::Alloc, Some(addr), size),
@@ -1881,12 +1889,15 @@ mod tests {
         trace.extend(triple(w1, 300 * MIB));
         trace.extend(triple(other, 200 * MIB));
         trace.extend(triple(w2, 300 * MIB));
+        trace.extend(triple(forward, 300 * MIB));
         let snapshot =
             Snapshot { segments: Vec::new(), device_traces: vec![trace], allocator_settings: None, memlab: None };
+        let gradient = Fallbacks { next: [50 * MIB, 0], none_last: true };
         let soft: std::collections::HashMap<u64, Soft> = [
-            (w1, Soft { key: 0, fallback: 50 * MIB }),
-            (w2, Soft { key: 0, fallback: 50 * MIB }),
-            (other, Soft { key: 1, fallback: 0 }),
+            (w1, Soft { key: 0, fallbacks: gradient }),
+            (w2, Soft { key: 0, fallbacks: gradient }),
+            (other, Soft { key: 1, fallbacks: Fallbacks { next: [0, 0], none_last: true } }),
+            (forward, Soft { key: 2, fallbacks: Fallbacks { next: [200 * MIB, 20 * MIB], none_last: false } }),
         ]
         .into();
         let mut cudnn = CudnnUnderLimit::new(&snapshot, &soft);
@@ -1897,7 +1908,7 @@ mod tests {
         assert!(cudnn.done_without(1));
         use Action::{Alloc, FreeCompleted as Done, FreeRequested as Free, Oom};
         assert_eq!(
-            shape(&cudnn),
+            shape(&cudnn)[..11],
             [
                 (Alloc, Some(hard), 100),
                 (Oom, None, 300),
@@ -1918,6 +1929,17 @@ mod tests {
         assert_eq!(now[..3], [(Alloc, Some(hard), 100), (Oom, None, 300), (Oom, None, 50)]);
         assert!(!now.iter().any(|e| e.1 == Some(w1) || e.1 == Some(w2)), "{now:?}");
         assert_eq!(now.iter().filter(|e| e.1 == Some(other)).count(), 3, "another shape keeps its own");
+        // A forward pass walks down its two, then fails.
+        let at = |c: &CudnnUnderLimit<'_>| {
+            c.history().device_traces[0].iter().position(|e| e.addr == Some(forward) && e.action == Alloc).unwrap()
+        };
+        assert!(cudnn.done_without(at(&cudnn)));
+        assert_eq!(shape(&cudnn)[at(&cudnn) - 1..=at(&cudnn)], [(Oom, None, 300), (Alloc, Some(forward), 200)]);
+        assert!(cudnn.done_without(at(&cudnn)));
+        assert_eq!(shape(&cudnn)[at(&cudnn)], (Alloc, Some(forward), 20));
+        let before = shape(&cudnn);
+        assert!(!cudnn.done_without(at(&cudnn)), "a forward pass without its last workspace is the step's failure");
+        assert_eq!(shape(&cudnn), before, "and changes nothing");
     }
 
     /// A CPU history in memory: `entries` (action, address, bytes), one

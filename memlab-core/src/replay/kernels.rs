@@ -111,8 +111,8 @@ pub enum Life {
 pub(super) struct Soft {
     /// The shape and pass (one number per distinct one in the history).
     pub(super) key: usize,
-    /// What the next algorithm takes where this one cannot be had (0: none).
-    pub(super) fallback: u64,
+    /// What the next algorithms take where this one cannot be had.
+    pub(super) fallbacks: Fallbacks,
 }
 
 /// How a CPU trace changes: which of its events go, and what temporaries
@@ -164,10 +164,13 @@ pub(super) struct Plan {
 /// conv net's larger shapes but for one forward pass (1 MiB more at 1,024).
 ///
 /// Where a workspace cannot be had, libtorch tries cuDNN's next algorithms
-/// until one runs ([`Workspace::fallback`]): under a memory fraction on an
-/// H100, the forward pass settled on one taking the input and weight and
-/// 16 bytes where the first took more, the gradients on ones taking a few
-/// KiB at most (counted as none).
+/// until one runs ([`Workspace::fallbacks`]). The H200's batch searches
+/// recorded 229 such requests for the zoo's ResNet and 211 for its U-Net
+/// (`fixtures/zoo/searches/`): below the first, the walk took an algorithm
+/// holding the input, output and weight (and 147 bytes), then for a
+/// forward pass one holding the input and weight (and 16 bytes), and where
+/// that failed too the step did; the gradients went on to algorithms
+/// taking a few KiB at most (counted as none).
 pub fn cudnn_workspaces(conv: &Convolution, libtorch: Libtorch) -> Vec<Workspace> {
     let batch = conv.input.first().copied().unwrap_or(0);
     let nearest = nearest_measured(conv, libtorch);
@@ -177,9 +180,21 @@ pub fn cudnn_workspaces(conv: &Convolution, libtorch: Libtorch) -> Vec<Workspace
     if let (Some(m), true) = (nearest, conv.transposed && output == 0) {
         output = m.output_bytes(batch);
     }
-    let fallback = |computing: Computing, bytes: u64| match computing {
-        Computing::Output if bytes > input + weight + 16 => input + weight + 16,
-        _ => 0,
+    // The walk down cuDNN's list that the H200's searches recorded: an
+    // algorithm taking the tensors (and 147 bytes), then for the forward
+    // pass one taking the input and weight (and 16 bytes), and nothing
+    // after it; for the gradients, ones taking none.
+    let fallbacks = |computing: Computing, bytes: u64| {
+        let tensors = input + output + weight + 147;
+        let tensors = if tensors < bytes { tensors } else { 0 };
+        match computing {
+            Computing::Output => {
+                let direct = input + weight + 16;
+                let below = if tensors > 0 { tensors } else { bytes };
+                Fallbacks { next: [tensors, if direct < below { direct } else { 0 }], none_last: false }
+            }
+            _ => Fallbacks { next: [tensors, 0], none_last: true },
+        }
     };
     // Transposed shapes not measured are not modelled (the op table says so).
     if output == 0 || (conv.transposed && nearest.is_none()) {
@@ -208,7 +223,7 @@ pub fn cudnn_workspaces(conv: &Convolution, libtorch: Libtorch) -> Vec<Workspace
                 } else {
                     at
                 };
-                Workspace { computing, bytes, measured: m.n == batch, fallback: fallback(computing, bytes) }
+                Workspace { computing, bytes, measured: m.n == batch, fallbacks: fallbacks(computing, bytes) }
             })
             .filter(|w| w.bytes > 0)
             .collect();
@@ -227,7 +242,7 @@ pub fn cudnn_workspaces(conv: &Convolution, libtorch: Libtorch) -> Vec<Workspace
                 Computing::WeightGradient => each + (8 << 20),
                 _ => each,
             };
-            Some(Workspace { computing, bytes, measured: false, fallback: fallback(computing, bytes) })
+            Some(Workspace { computing, bytes, measured: false, fallbacks: fallbacks(computing, bytes) })
         })
         .collect()
 }
@@ -261,10 +276,25 @@ pub struct Workspace {
     pub bytes: u64,
     /// Measured on an H100 for this shape, not estimated.
     pub measured: bool,
-    /// What the algorithm libtorch settles on next takes where these bytes
-    /// cannot be had (0: none): an estimate from an H100 under a memory
-    /// fraction.
-    pub fallback: u64,
+    /// What the algorithms libtorch tries next take where these bytes
+    /// cannot be had: estimates from the walks the H200 recorded.
+    pub fallbacks: Fallbacks,
+}
+
+/// What a convolution's pass does where its workspace cannot be had:
+/// libtorch 2.11 tries cuDNN's next algorithms in the heuristics' order,
+/// each asking for its own workspace, and runs the first that gets one.
+/// Only those smaller than every one before them can get one, so the walk
+/// is these, largest first.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Fallbacks {
+    /// The next algorithms' workspaces that are smaller, largest first (0:
+    /// none there).
+    pub next: [u64; 2],
+    /// Whether an algorithm without a workspace ends the list, as for the
+    /// gradients; a forward pass's ends with a workspace, and where that
+    /// cannot be had the convolution fails.
+    pub none_last: bool,
 }
 
 /// What an H100 allocated for a 2-d float convolution (padding half the
@@ -495,7 +525,7 @@ pub(super) fn plan(
         // cuDNN asks for a workspace once it has allocated the tensor it
         // computes: after the kept allocation of that tensor's size.
         let (input_bytes, weight_bytes, output_bytes) = conv.bytes();
-        for (nth, Workspace { computing, bytes, measured, fallback }) in
+        for (nth, Workspace { computing, bytes, measured, fallbacks }) in
             cudnn_workspaces(conv, libtorch).into_iter().enumerate()
         {
             plan.modelled.workspaces += 1;
@@ -513,7 +543,7 @@ pub(super) fn plan(
                 (&*c.input, &*c.weight, &*c.stride, &*c.padding, &*c.dilation, c.groups, c.element_size, computing);
             let next_key = keys.len();
             let key = *keys.entry(shape).or_insert(next_key);
-            let soft = Some(Soft { key, fallback });
+            let soft = Some(Soft { key, fallbacks });
             plan.temporaries.push(Temporary { after: at, bytes, soft, life: Life::Instant });
         }
         if let Some(sum) = conv.bias_gradient_sum() {
@@ -1634,6 +1664,33 @@ mod tests {
             [(Computing::InputGradient, 441_581_715, false), (Computing::WeightGradient, 449_839_783, false)]
         );
         assert_eq!(only(&conv(true, 1024, 128, 256, 16, 3, 7))[1], (Computing::WeightGradient, 412_091_047, true));
+    }
+
+    /// Below a workspace that cannot be had, the walk the H200 recorded in
+    /// the ResNet's search at batch 101 (256 channels, 16 × 16, 3 × 3): the
+    /// forward pass asked for 63,177,363 bytes, then the tensors' algorithm
+    /// (55,312,531), then the input and weight's (28,835,856), which ran;
+    /// the gradients went down to none.
+    #[test]
+    fn a_workspace_falls_back_as_cudnns_list_was_walked() {
+        let (input, weight) = (101 * 256 * 16 * 16 * 4, 256 * 256 * 9 * 4);
+        let forward = cudnn_workspaces(&conv(false, 101, 256, 256, 16, 3, 0), Libtorch::V2_11);
+        assert_eq!(forward.len(), 1);
+        assert_eq!((forward[0].bytes, forward[0].measured), (63_177_363, true));
+        assert_eq!(forward[0].fallbacks, Fallbacks { next: [55_312_531, 28_835_856], none_last: false });
+        assert_eq!(2 * input + weight + 147, 55_312_531);
+        assert_eq!(input + weight + 16, 28_835_856);
+        let backward = cudnn_workspaces(&conv(true, 101, 256, 256, 16, 3, 3), Libtorch::V2_11);
+        let bytes: Vec<(Computing, u64, Fallbacks)> =
+            backward.iter().map(|w| (w.computing, w.bytes, w.fallbacks)).collect();
+        assert_eq!(
+            bytes,
+            [
+                // The first is the tensors' algorithm already: none below it.
+                (Computing::InputGradient, 55_312_531, Fallbacks { next: [0, 0], none_last: true }),
+                (Computing::WeightGradient, 62_390_879, Fallbacks { next: [55_312_531, 0], none_last: true }),
+            ]
+        );
     }
 
     /// The H200's tables are the measurements committed beside them
