@@ -1153,8 +1153,8 @@ impl<'a> CudnnUnderLimit<'a> {
         self.changed.as_ref().unwrap_or(self.original)
     }
 
-    /// The request at `entry` failed: if it is a cuDNN workspace with an
-    /// algorithm below it, its convolution does with the next algorithm's
+    /// The request at `entry` failed: if it is a cuDNN workspace, its
+    /// convolution does with the next smaller algorithm's, or with none
     /// (from there on, for its shape and pass), and `true`; else `false`,
     /// the step's failure.
     fn done_without(&mut self, entry: usize) -> bool {
@@ -1163,13 +1163,8 @@ impl<'a> CudnnUnderLimit<'a> {
             return false;
         };
         // The next algorithm smaller than the one that failed; after the
-        // last, a gradient's runs without a workspace, and a forward pass
-        // has none: the step fails here.
-        let next = match soft.fallbacks.next.into_iter().find(|&n| n > 0 && n < e.size) {
-            Some(next) => next,
-            None if soft.fallbacks.none_last => 0,
-            None => return false,
-        };
+        // last, one without a workspace.
+        let next = soft.fallbacks.into_iter().find(|&n| n > 0 && n < e.size).unwrap_or(0);
         // One copy of the history a check, changed in place.
         let trace = &mut self.changed.get_or_insert_with(|| self.original.clone()).device_traces[0];
         // This convolution: the failed attempt, then the next algorithm's
@@ -1870,12 +1865,11 @@ mod tests {
     /// Where a cuDNN workspace cannot be had, the request fails (after the
     /// allocator gave its cache back), the convolution runs with the next
     /// smaller algorithm's workspace, and later convolutions of its shape
-    /// and pass ask for that one alone. Where the last fails too, a
-    /// gradient's pass runs with none, and a forward pass fails: the step's
-    /// failure, as another allocation's is.
+    /// and pass ask for that one alone; where the last fails too, for none.
+    /// Another allocation's failure is the step's.
     #[test]
     fn a_failed_workspace_falls_to_the_next_algorithm_for_its_shape_from_then_on() {
-        use super::super::kernels::{Fallbacks, Soft};
+        use super::super::kernels::Soft;
         let (w1, w2, other, hard) = (1u64 << 50, (1u64 << 50) + (1 << 40), (1u64 << 50) + (2 << 40), 4096u64);
         let forward = (1u64 << 50) + (3 << 40);
         let triple = |addr: u64, size: u64| {
@@ -1892,12 +1886,11 @@ mod tests {
         trace.extend(triple(forward, 300 * MIB));
         let snapshot =
             Snapshot { segments: Vec::new(), device_traces: vec![trace], allocator_settings: None, memlab: None };
-        let gradient = Fallbacks { next: [50 * MIB, 0], none_last: true };
         let soft: std::collections::HashMap<u64, Soft> = [
-            (w1, Soft { key: 0, fallbacks: gradient }),
-            (w2, Soft { key: 0, fallbacks: gradient }),
-            (other, Soft { key: 1, fallbacks: Fallbacks { next: [0, 0], none_last: true } }),
-            (forward, Soft { key: 2, fallbacks: Fallbacks { next: [200 * MIB, 20 * MIB], none_last: false } }),
+            (w1, Soft { key: 0, fallbacks: [50 * MIB, 0] }),
+            (w2, Soft { key: 0, fallbacks: [50 * MIB, 0] }),
+            (other, Soft { key: 1, fallbacks: [0, 0] }),
+            (forward, Soft { key: 2, fallbacks: [200 * MIB, 20 * MIB] }),
         ]
         .into();
         let mut cudnn = CudnnUnderLimit::new(&snapshot, &soft);
@@ -1929,7 +1922,7 @@ mod tests {
         assert_eq!(now[..3], [(Alloc, Some(hard), 100), (Oom, None, 300), (Oom, None, 50)]);
         assert!(!now.iter().any(|e| e.1 == Some(w1) || e.1 == Some(w2)), "{now:?}");
         assert_eq!(now.iter().filter(|e| e.1 == Some(other)).count(), 3, "another shape keeps its own");
-        // A forward pass walks down its two, then fails.
+        // A forward pass walks down its two, largest first, then to none.
         let at = |c: &CudnnUnderLimit<'_>| {
             c.history().device_traces[0].iter().position(|e| e.addr == Some(forward) && e.action == Alloc).unwrap()
         };
@@ -1937,9 +1930,8 @@ mod tests {
         assert_eq!(shape(&cudnn)[at(&cudnn) - 1..=at(&cudnn)], [(Oom, None, 300), (Alloc, Some(forward), 200)]);
         assert!(cudnn.done_without(at(&cudnn)));
         assert_eq!(shape(&cudnn)[at(&cudnn)], (Alloc, Some(forward), 20));
-        let before = shape(&cudnn);
-        assert!(!cudnn.done_without(at(&cudnn)), "a forward pass without its last workspace is the step's failure");
-        assert_eq!(shape(&cudnn), before, "and changes nothing");
+        assert!(cudnn.done_without(at(&cudnn)));
+        assert!(!shape(&cudnn).iter().any(|e| e.1 == Some(forward)), "none at last");
     }
 
     /// A CPU history in memory: `entries` (action, address, bytes), one

@@ -111,8 +111,9 @@ pub enum Life {
 pub(super) struct Soft {
     /// The shape and pass (one number per distinct one in the history).
     pub(super) key: usize,
-    /// What the next algorithms take where this one cannot be had.
-    pub(super) fallbacks: Fallbacks,
+    /// What the next algorithms take where this one cannot be had
+    /// ([`Workspace::fallbacks`]).
+    pub(super) fallbacks: [u64; 2],
 }
 
 /// How a CPU trace changes: which of its events go, and what temporaries
@@ -168,9 +169,8 @@ pub(super) struct Plan {
 /// recorded 229 such requests for the zoo's ResNet and 211 for its U-Net
 /// (`fixtures/zoo/searches/`): below the first, the walk took an algorithm
 /// holding the input, output and weight (and 147 bytes), then for a
-/// forward pass one holding the input and weight (and 16 bytes), and where
-/// that failed too the step did; the gradients went on to algorithms
-/// taking a few KiB at most (counted as none).
+/// forward pass one holding the input and weight (and 16 bytes), then
+/// algorithms taking a few KiB at most (counted as none).
 pub fn cudnn_workspaces(conv: &Convolution, libtorch: Libtorch) -> Vec<Workspace> {
     let batch = conv.input.first().copied().unwrap_or(0);
     let nearest = nearest_measured(conv, libtorch);
@@ -182,18 +182,16 @@ pub fn cudnn_workspaces(conv: &Convolution, libtorch: Libtorch) -> Vec<Workspace
     }
     // The walk down cuDNN's list that the H200's searches recorded: an
     // algorithm taking the tensors (and 147 bytes), then for the forward
-    // pass one taking the input and weight (and 16 bytes), and nothing
-    // after it; for the gradients, ones taking none.
+    // pass one taking the input and weight (and 16 bytes), each where
+    // smaller than the ones before it; then one taking none.
     let fallbacks = |computing: Computing, bytes: u64| {
         let tensors = input + output + weight + 147;
         let tensors = if tensors < bytes { tensors } else { 0 };
+        let direct = input + weight + 16;
+        let below = if tensors > 0 { tensors } else { bytes };
         match computing {
-            Computing::Output => {
-                let direct = input + weight + 16;
-                let below = if tensors > 0 { tensors } else { bytes };
-                Fallbacks { next: [tensors, if direct < below { direct } else { 0 }], none_last: false }
-            }
-            _ => Fallbacks { next: [tensors, 0], none_last: true },
+            Computing::Output if direct < below => [tensors, direct],
+            _ => [tensors, 0],
         }
     };
     // Transposed shapes not measured are not modelled (the op table says so).
@@ -276,25 +274,13 @@ pub struct Workspace {
     pub bytes: u64,
     /// Measured on an H100 for this shape, not estimated.
     pub measured: bool,
-    /// What the algorithms libtorch tries next take where these bytes
-    /// cannot be had: estimates from the walks the H200 recorded.
-    pub fallbacks: Fallbacks,
-}
-
-/// What a convolution's pass does where its workspace cannot be had:
-/// libtorch 2.11 tries cuDNN's next algorithms in the heuristics' order,
-/// each asking for its own workspace, and runs the first that gets one.
-/// Only those smaller than every one before them can get one, so the walk
-/// is these, largest first.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Fallbacks {
-    /// The next algorithms' workspaces that are smaller, largest first (0:
-    /// none there).
-    pub next: [u64; 2],
-    /// Whether an algorithm without a workspace ends the list, as for the
-    /// gradients; a forward pass's ends with a workspace, and where that
-    /// cannot be had the convolution fails.
-    pub none_last: bool,
+    /// Where these bytes cannot be had, the workspaces of the algorithms
+    /// libtorch 2.11 walks to, largest first (0: none there): it tries
+    /// cuDNN's next algorithms in the heuristics' order, each asking for its
+    /// own workspace, and runs the first that gets one, so only those
+    /// smaller than every one before them count. Below them, one that takes
+    /// none. Estimates from the walks the H200 recorded.
+    pub fallbacks: [u64; 2],
 }
 
 /// What an H100 allocated for a 2-d float convolution (padding half the
@@ -1677,18 +1663,18 @@ mod tests {
         let forward = cudnn_workspaces(&conv(false, 101, 256, 256, 16, 3, 0), Libtorch::V2_11);
         assert_eq!(forward.len(), 1);
         assert_eq!((forward[0].bytes, forward[0].measured), (63_177_363, true));
-        assert_eq!(forward[0].fallbacks, Fallbacks { next: [55_312_531, 28_835_856], none_last: false });
+        assert_eq!(forward[0].fallbacks, [55_312_531, 28_835_856]);
         assert_eq!(2 * input + weight + 147, 55_312_531);
         assert_eq!(input + weight + 16, 28_835_856);
         let backward = cudnn_workspaces(&conv(true, 101, 256, 256, 16, 3, 3), Libtorch::V2_11);
-        let bytes: Vec<(Computing, u64, Fallbacks)> =
+        let bytes: Vec<(Computing, u64, [u64; 2])> =
             backward.iter().map(|w| (w.computing, w.bytes, w.fallbacks)).collect();
         assert_eq!(
             bytes,
             [
                 // The first is the tensors' algorithm already: none below it.
-                (Computing::InputGradient, 55_312_531, Fallbacks { next: [0, 0], none_last: true }),
-                (Computing::WeightGradient, 62_390_879, Fallbacks { next: [55_312_531, 0], none_last: true }),
+                (Computing::InputGradient, 55_312_531, [0, 0]),
+                (Computing::WeightGradient, 62_390_879, [55_312_531, 0]),
             ]
         );
     }

@@ -77,7 +77,7 @@ pub use as_cuda::{
 pub use compare::{replay_snapshot, DeviceReplays, ReplayOptions, Replayed, COMPARED};
 pub use config::{AllocatorConfig, ReadSettings, DIVISION_BUCKETS, MAX_MB, MIB, MIN_LARGE_ALLOC, ONE_EXABYTE};
 pub use kernels::{
-    cudnn_measured, cudnn_workspaces, embedding_backward_temporaries, scratch_of_ops, unmodelled, Computing, Fallbacks,
+    cudnn_measured, cudnn_workspaces, embedding_backward_temporaries, scratch_of_ops, unmodelled, Computing,
     KernelSteps, KernelsModelled, Life, Measured, Unmodelled, Workspace, H100_MEASURED,
 };
 pub use reduction::{staging as reduction_staging, ReductionDevice};
