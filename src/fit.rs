@@ -28,14 +28,16 @@
 //! - the staging buffer of a CUDA sum or mean that splits its inputs over
 //!   blocks (a bias gradient's over a batch of 1,021 rows or more), sized as
 //!   libtorch 2.11's reductions size it;
-//! - cuDNN's workspaces of each convolution: what an H100 allocated for the
-//!   shapes it was measured on, an estimate for others
+//! - cuDNN's workspaces of each convolution: what an H100 and an H200
+//!   allocated for the shapes and batches they were measured at, an
+//!   estimate for others
 //!   ([`cudnn_workspaces`](crate::replay::cudnn_workspaces)); under a card
 //!   too small for one, the request fails, the allocator having given its
-//!   cache back first, and libtorch runs the next algorithm (for the forward
-//!   pass one taking the input and weight, for the gradients none) and keeps
-//!   it for that shape, as an H100 did under a memory fraction; the CPU
-//!   convolutions' own scratch (oneDNN's) is left out;
+//!   cache back first, and libtorch walks down cuDNN's next algorithms (one
+//!   taking the tensors, for the forward pass then one taking the input and
+//!   weight, then one taking none) and keeps the one that ran for that
+//!   shape, as the H200's searches recorded; the CPU convolutions' own
+//!   scratch (oneDNN's) is left out;
 //! - the product CUDA's softmax backward makes of the gradient and the
 //!   output, of the softmax's size, which the CPU's does not;
 //! - what CUDA's embedding backward makes to sort the indices and sum the

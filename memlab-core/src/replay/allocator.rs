@@ -404,7 +404,7 @@ impl CachingAllocator {
     /// Addresses matter beyond telling blocks apart: of two free blocks of
     /// one size the allocator takes the one at the lower address (2.11's
     /// `BlockComparatorSize`), and which one it splits shapes every segment
-    /// after. Following the H200's driver so, 98 of the zoo's 102
+    /// after. Following the H200's driver so, 99 of the zoo's 102
     /// predictions (`examples/zoo.rs`) give the GPU's peak reserved to the
     /// byte.
     fn driver_address(&mut self, bytes: u64) -> u64 {

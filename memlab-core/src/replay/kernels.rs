@@ -166,8 +166,9 @@ pub(super) struct Plan {
 ///
 /// Where a workspace cannot be had, libtorch tries cuDNN's next algorithms
 /// until one runs ([`Workspace::fallbacks`]). The H200's batch searches
-/// recorded 229 such requests for the zoo's ResNet and 211 for its U-Net
-/// (`fixtures/zoo/searches/`): below the first, the walk took an algorithm
+/// recorded 229 and 176 failed requests for the zoo's ResNet and 211 for
+/// its U-Net (`fixtures/zoo/searches/`), nearly all of them workspaces:
+/// below the first, the walk took an algorithm
 /// holding the input, output and weight (and 147 bytes), then for a
 /// forward pass one holding the input and weight (and 16 bytes), then
 /// algorithms taking a few KiB at most (counted as none).
@@ -272,7 +273,8 @@ pub struct Workspace {
     pub computing: Computing,
     /// Its bytes.
     pub bytes: u64,
-    /// Measured on an H100 for this shape, not estimated.
+    /// Measured (on an H100 or an H200) for this shape at this batch, not
+    /// estimated.
     pub measured: bool,
     /// Where these bytes cannot be had, the workspaces of the algorithms
     /// libtorch 2.11 walks to, largest first (0: none there): it tries
@@ -283,9 +285,10 @@ pub struct Workspace {
     pub fallbacks: [u64; 2],
 }
 
-/// What an H100 allocated for a 2-d float convolution (padding half the
-/// kernel, no dilation, one group) with libtorch 2.11's cuDNN: each shape
-/// of `examples/cudnn_workspaces.rs`, 0 where none.
+/// What an H100 or an H200 allocated for a 2-d float convolution (no
+/// dilation, one group; padding half the kernel but where the table says)
+/// with libtorch 2.11's cuDNN: each shape of
+/// `examples/cudnn_workspaces.rs`, 0 where none.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Measured {
     /// Batch.
