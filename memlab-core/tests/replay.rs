@@ -162,7 +162,7 @@ fn a_prediction_is_the_same_from_2_and_16_threads() {
     }
 }
 
-/// Five batch searches of `examples/zoo.rs` on an H200 under a memory
+/// Nine batch searches of `examples/zoo.rs` on an H200 under a memory
 /// fraction (`fixtures/zoo/searches/`): every try in one process, the
 /// failed ones included. Replayed under their own settings, each makes
 /// every segment event the GPU made and runs out exactly where it did, the

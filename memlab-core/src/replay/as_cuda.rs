@@ -1930,8 +1930,12 @@ mod tests {
         assert_eq!(shape(&cudnn)[at(&cudnn) - 1..=at(&cudnn)], [(Oom, None, 300), (Alloc, Some(forward), 200)]);
         assert!(cudnn.done_without(at(&cudnn)));
         assert_eq!(shape(&cudnn)[at(&cudnn)], (Alloc, Some(forward), 20));
-        assert!(cudnn.done_without(at(&cudnn)));
-        assert!(!shape(&cudnn).iter().any(|e| e.1 == Some(forward)), "none at last");
+        let before = at(&cudnn);
+        assert!(cudnn.done_without(before));
+        let now = shape(&cudnn);
+        assert!(!now.iter().any(|e| e.1 == Some(forward)), "none at last");
+        // Each algorithm tried is a failed request, largest first, where the pass ran.
+        assert_eq!(now[before - 2..=before], [(Oom, None, 300), (Oom, None, 200), (Oom, None, 20)]);
     }
 
     /// A CPU history in memory: `entries` (action, address, bytes), one

@@ -1680,6 +1680,15 @@ mod tests {
                 (Computing::WeightGradient, 62_390_879, [55_312_531, 0]),
             ]
         );
+        // A shape measured at no batch: the estimate holds the tensors
+        // already, so only the input and weight's algorithm lies below it.
+        let c = conv(false, 8, 24, 40, 20, 3, 0);
+        let (input, weight, output) = c.bytes();
+        let estimated = cudnn_workspaces(&c, Libtorch::V2_11);
+        assert_eq!(estimated.len(), 1);
+        assert!(!estimated[0].measured);
+        assert_eq!(estimated[0].bytes, input + output + weight + 147);
+        assert_eq!(estimated[0].fallbacks, [0, input + weight + 16]);
     }
 
     /// The H200's tables are the measurements committed beside them
